@@ -1,0 +1,1 @@
+"""Checkpoint interop: Google TF1 BERT and Hugging Face BERT, in and out."""

@@ -1,0 +1,1 @@
+"""Pretraining data: tokenizers, corpora, instance creation, TFRecords and the tf.data pipeline."""

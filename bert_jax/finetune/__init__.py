@@ -1,0 +1,1 @@
+"""Fine-tuning heads, GLUE tasks and metrics, the fine-tuning loop and the GLUE sweep."""
