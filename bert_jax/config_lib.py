@@ -1,0 +1,102 @@
+"""Default pretraining configs (ml_collections) and the step from config to `BertConfig`.
+
+`configs/bert.py` is thin: `get_config(SIZE)` returns `pretraining_config(SIZE)`, which users then
+override from the command line (`--config.optimizer.learning_rate=5e-5`). Defaults are the paper's
+(Devlin et al., 2018; the small sizes from Turc et al., 2019): Adam lr 1e-4, b1 0.9, b2 0.999,
+eps 1e-6, weight decay 0.01 (not on LayerNorm and biases), 10k warmup steps then linear decay,
+global-norm clipping 1.0, dropout 0.1, batch 256, 1M steps, 90% of them at sequence length 128
+(20 predictions) and 10% at 512 (80 predictions).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from bert_jax.model import BertConfig
+
+# name: (layers, hidden, heads); intermediate size is 4 x hidden throughout.
+SIZES: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+
+def model_config(size: str) -> ml_collections.ConfigDict:
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
+    layers, hidden, heads = SIZES[size]
+    return ml_collections.ConfigDict(
+        {
+            "vocab_size": 30522,
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "intermediate_size": 4 * hidden,
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "initializer_range": 0.02,
+            "layer_norm_eps": 1e-12,
+            "dtype": "float32",
+            "param_dtype": "float32",
+            "attention_impl": "auto",
+        }
+    )
+
+
+def pretraining_config(size: str) -> ml_collections.ConfigDict:
+    """The paper's pretraining recipe for one model size."""
+    config = ml_collections.ConfigDict()
+    config.size = size
+    config.model = model_config(size)
+    config.seed = 0
+    config.total_steps = 1_000_000
+    config.optimizer = ml_collections.ConfigDict(
+        {
+            "name": "adamw",
+            "learning_rate": 1e-4,
+            "end_learning_rate": 0.0,
+            "warmup_steps": 10_000,
+            "b1": 0.9,
+            "b2": 0.999,
+            "eps": 1e-6,
+            "weight_decay": 0.01,
+            "clip_norm": 1.0,
+            "bias_correction": True,
+        }
+    )
+    # Global batch sizes (all hosts together); each phase has its own data and sequence length.
+    config.phase1 = ml_collections.ConfigDict(
+        {"fraction": 0.9, "max_seq_length": 128, "max_predictions_per_seq": 20, "batch_size": 256}
+    )
+    config.phase2 = ml_collections.ConfigDict(
+        {"fraction": 0.1, "max_seq_length": 512, "max_predictions_per_seq": 80, "batch_size": 256}
+    )
+    config.mesh = ml_collections.ConfigDict(
+        {
+            # (data, fsdp, tensor); -1 takes the remaining devices.
+            "shape": (-1, 1, 1),
+            # Logical axis -> mesh axes, tried in order (see bert_jax/partitioning.py).
+            "rules": (
+                ("batch", ("data", "fsdp")),
+                ("vocab", "tensor"),
+                ("mlp", "tensor"),
+                ("heads", "tensor"),
+                ("embed", "fsdp"),
+                ("kv", None),
+                ("length", None),
+            ),
+        }
+    )
+    return config
+
+
+def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
+    """The frozen model config: the ConfigDict stops at the model's door."""
+    return BertConfig(**config.model.to_dict())

@@ -1,0 +1,217 @@
+"""The one table that names every BERT weight in bert-jax, Hugging Face and Google TF1 terms.
+
+Each `Entry` ties a bert-jax parameter path to its Hugging Face `state_dict` name and its original
+TF1 variable name, with the layout change between them. Layouts:
+
+- "vector"  : same 1-D array everywhere (biases, LayerNorm, output bias).
+- "embedding": [rows, hidden] everywhere.
+- "dense"   : bert-jax kernel [in, out]; HF weight [out, in]; TF1 kernel [in, out].
+- "qkv"     : bert-jax kernel [hidden, heads, head_dim]; HF [hidden_out, hidden_in]; TF1 [in, out].
+- "qkv_bias": bert-jax bias [heads, head_dim]; HF and TF1 [hidden].
+- "attn_out": bert-jax kernel [heads, head_dim, hidden]; HF [hidden_out, hidden_in]; TF1 [in, out].
+- "nsp"     : bert-jax kernel [hidden, 2]; HF weight [2, hidden]; TF1 output_weights [2, hidden].
+
+Every importer and exporter goes through `to_bert_jax` / `from_bert_jax`, so a name or a transpose
+is fixed here once for all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+
+from bert_jax.model import BertConfig
+
+Path = tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    path: Path  # bert-jax params path
+    hf: str  # Hugging Face BertForPreTraining state_dict key
+    tf1: str  # google-research/bert variable name
+    layout: str
+    head: bool = False  # part of the pretraining heads (absent from encoder-only checkpoints)
+
+
+def _layer_norm(path: Path, hf: str, tf1: str, head: bool = False) -> Iterator[Entry]:
+    yield Entry((*path, "scale"), f"{hf}.weight", f"{tf1}/gamma", "vector", head)
+    yield Entry((*path, "bias"), f"{hf}.bias", f"{tf1}/beta", "vector", head)
+
+
+def _dense(path: Path, hf: str, tf1: str, layout: str = "dense", head=False) -> Iterator[Entry]:
+    bias_layout = "qkv_bias" if layout == "qkv" else "vector"
+    yield Entry((*path, "kernel"), f"{hf}.weight", f"{tf1}/kernel", layout, head)
+    yield Entry((*path, "bias"), f"{hf}.bias", f"{tf1}/bias", bias_layout, head)
+
+
+def entries(config: BertConfig, with_heads: bool = True) -> list[Entry]:
+    """All weights of BertForPreTraining (or of the encoder + pooler when `with_heads=False`)."""
+    table: list[Entry] = []
+    emb = ("bert", "embeddings")
+    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        table.append(
+            Entry(
+                (*emb, name, "embedding"),
+                f"bert.embeddings.{name}.weight",
+                f"bert/embeddings/{name}",
+                "embedding",
+            )
+        )
+    table += _layer_norm(
+        (*emb, "LayerNorm"), "bert.embeddings.LayerNorm", "bert/embeddings/LayerNorm"
+    )
+    for i in range(config.num_hidden_layers):
+        layer = ("bert", "encoder", f"layer_{i}")
+        hf, tf1 = f"bert.encoder.layer.{i}", f"bert/encoder/layer_{i}"
+        for name in ("query", "key", "value"):
+            table += _dense(
+                (*layer, "attention", name),
+                f"{hf}.attention.self.{name}",
+                f"{tf1}/attention/self/{name}",
+                "qkv",
+            )
+        table += _dense(
+            (*layer, "attention", "output"),
+            f"{hf}.attention.output.dense",
+            f"{tf1}/attention/output/dense",
+            "attn_out",
+        )
+        table += _layer_norm(
+            (*layer, "attention_output_LayerNorm"),
+            f"{hf}.attention.output.LayerNorm",
+            f"{tf1}/attention/output/LayerNorm",
+        )
+        table += _dense(
+            (*layer, "intermediate"), f"{hf}.intermediate.dense", f"{tf1}/intermediate/dense"
+        )
+        table += _dense((*layer, "output"), f"{hf}.output.dense", f"{tf1}/output/dense")
+        table += _layer_norm(
+            (*layer, "output_LayerNorm"), f"{hf}.output.LayerNorm", f"{tf1}/output/LayerNorm"
+        )
+    table += _dense(("bert", "pooler"), "bert.pooler.dense", "bert/pooler/dense")
+    if with_heads:
+        table += _dense(
+            ("predictions", "transform"),
+            "cls.predictions.transform.dense",
+            "cls/predictions/transform/dense",
+            head=True,
+        )
+        table += _layer_norm(
+            ("predictions", "transform_LayerNorm"),
+            "cls.predictions.transform.LayerNorm",
+            "cls/predictions/transform/LayerNorm",
+            head=True,
+        )
+        table.append(
+            Entry(
+                ("predictions", "output_bias"),
+                "cls.predictions.bias",
+                "cls/predictions/output_bias",
+                "vector",
+                True,
+            )
+        )
+        table.append(
+            Entry(
+                ("seq_relationship", "kernel"),
+                "cls.seq_relationship.weight",
+                "cls/seq_relationship/output_weights",
+                "nsp",
+                True,
+            )
+        )
+        table.append(
+            Entry(
+                ("seq_relationship", "bias"),
+                "cls.seq_relationship.bias",
+                "cls/seq_relationship/output_bias",
+                "vector",
+                True,
+            )
+        )
+    return table
+
+
+def expected_shape(entry: Entry, config: BertConfig) -> tuple[int, ...]:
+    """The bert-jax shape of `entry`'s parameter."""
+    d, h, k = config.hidden_size, config.num_attention_heads, config.head_dim
+    name = entry.path
+    if entry.layout == "embedding":
+        rows = {
+            "word_embeddings": config.vocab_size,
+            "position_embeddings": config.max_position_embeddings,
+            "token_type_embeddings": config.type_vocab_size,
+        }[name[-2]]
+        return (rows, d)
+    if entry.layout == "qkv":
+        return (d, h, k)
+    if entry.layout == "qkv_bias":
+        return (h, k)
+    if entry.layout == "attn_out":
+        return (h, k, d)
+    if entry.layout == "nsp":
+        return (d, 2)
+    if entry.layout == "dense":
+        f = config.intermediate_size
+        if name[-2] == "intermediate":
+            return (d, f)
+        if name[-2] == "output" and name[-3].startswith("layer_"):
+            return (f, d)
+        return (d, d)
+    # vectors
+    if name[-1] == "output_bias":
+        return (config.vocab_size,)
+    if name[-2] == "intermediate":
+        return (config.intermediate_size,)
+    if name[-2] == "seq_relationship":
+        return (2,)
+    return (d,)
+
+
+def to_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, source: str) -> np.ndarray:
+    """Converts a source array (`source` is "hf" or "tf1") into the bert-jax layout."""
+    value = np.asarray(value)
+    layout = entry.layout
+    d, h, k = config.hidden_size, config.num_attention_heads, config.head_dim
+    if layout in ("dense", "qkv", "attn_out") and source == "hf":
+        value = value.T
+    if layout == "qkv":
+        value = value.reshape(d, h, k)
+    elif layout == "qkv_bias":
+        value = value.reshape(h, k)
+    elif layout == "attn_out":
+        value = value.reshape(h, k, d)
+    elif layout == "nsp":
+        value = value.T
+    return value
+
+
+def from_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, target: str) -> np.ndarray:
+    """Converts a bert-jax array into the layout of `target` ("hf" or "tf1")."""
+    value = np.asarray(value)
+    layout = entry.layout
+    d = config.hidden_size
+    if layout in ("qkv", "attn_out"):
+        value = value.reshape(d, d) if layout == "qkv" else value.reshape(-1, d)
+    elif layout == "qkv_bias":
+        value = value.reshape(d)
+    elif layout == "nsp":
+        return value.T
+    if layout in ("dense", "qkv", "attn_out") and target == "hf":
+        value = value.T
+    return value
+
+
+def get_path(tree: dict, path: Path):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def set_path(tree: dict, path: Path, value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value

@@ -1,0 +1,69 @@
+"""Pretraining losses and metrics, returned as (sum, weight) pairs.
+
+Sums add up exactly across micro-batches, devices and hosts; the division happens once, where the
+mean is needed (in the loss for the gradient, on the host for logged metrics).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def masked_lm(
+    mlm_logits_BxPxV: Array, masked_lm_ids_BxP: Array, masked_lm_weights_BxP: Array
+) -> dict[str, Array]:
+    """Cross-entropy and accuracy over the weighted masked positions (padded slots weigh 0)."""
+    logits = mlm_logits_BxPxV.astype(jnp.float32)
+    weights = masked_lm_weights_BxP.astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    ids = masked_lm_ids_BxP.astype(jnp.int32)
+    token_nll = -jnp.take_along_axis(log_probs, ids[..., None], axis=-1)[..., 0]
+    correct = (jnp.argmax(logits, axis=-1) == ids).astype(jnp.float32)
+    return {
+        "mlm_loss_sum": jnp.sum(token_nll * weights),
+        "mlm_correct_sum": jnp.sum(correct * weights),
+        "mlm_weight": jnp.sum(weights),
+    }
+
+
+def next_sentence(
+    nsp_logits_Bx2: Array, next_sentence_labels_B: Array, weights_B: Array | None = None
+) -> dict[str, Array]:
+    """Cross-entropy and accuracy of next-sentence prediction (label 1 = B is random)."""
+    logits = nsp_logits_Bx2.astype(jnp.float32)
+    labels = next_sentence_labels_B.astype(jnp.int32)
+    if weights_B is None:
+        weights_B = jnp.ones(labels.shape, jnp.float32)
+    weights = weights_B.astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return {
+        "nsp_loss_sum": jnp.sum(nll * weights),
+        "nsp_correct_sum": jnp.sum(correct * weights),
+        "nsp_weight": jnp.sum(weights),
+    }
+
+
+def pretraining_loss(sums: dict[str, Array]) -> Array:
+    """The paper's objective: mean masked-LM loss + mean next-sentence loss."""
+    mlm = sums["mlm_loss_sum"] / jnp.maximum(sums["mlm_weight"], 1e-5)
+    nsp = sums["nsp_loss_sum"] / jnp.maximum(sums["nsp_weight"], 1e-5)
+    return mlm + nsp
+
+
+def summarize(sums: dict[str, float]) -> dict[str, float]:
+    """Host-side means from accumulated sums (call once, after adding up steps or hosts)."""
+    mlm_w = max(float(sums["mlm_weight"]), 1e-5)
+    nsp_w = max(float(sums["nsp_weight"]), 1e-5)
+    out = {
+        "mlm_loss": float(sums["mlm_loss_sum"]) / mlm_w,
+        "mlm_accuracy": float(sums["mlm_correct_sum"]) / mlm_w,
+        "nsp_loss": float(sums["nsp_loss_sum"]) / nsp_w,
+        "nsp_accuracy": float(sums["nsp_correct_sum"]) / nsp_w,
+    }
+    out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+    return out

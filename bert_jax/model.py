@@ -1,0 +1,408 @@
+"""BERT (Devlin et al., 2018) as pure-functional Flax Linen modules.
+
+The encoder is post-LayerNorm: every sub-layer computes `LayerNorm(x + Dropout(sublayer(x)))`.
+Parameters carry logical axis names (`vocab, embed, mlp, heads, kv`) and activations are constrained
+with (`batch, length, embed`) at block boundaries; which mesh axes those names land on is decided by
+the rules in the config (see `partitioning.py`), never here.
+
+Parameter tree (Flax names; `convert/` maps them to Hugging Face and Google TF1 names):
+
+    bert/embeddings/{word_embeddings,position_embeddings,token_type_embeddings}/embedding
+    bert/embeddings/LayerNorm/{scale,bias}
+    bert/encoder/layer_{i}/attention/{query,key,value}/{kernel [D,H,K], bias [H,K]}
+    bert/encoder/layer_{i}/attention/output/{kernel [H,K,D], bias [D]}
+    bert/encoder/layer_{i}/attention_output_LayerNorm/{scale,bias}
+    bert/encoder/layer_{i}/intermediate/{kernel [D,F], bias [F]}
+    bert/encoder/layer_{i}/output/{kernel [F,D], bias [D]}
+    bert/encoder/layer_{i}/output_LayerNorm/{scale,bias}
+    bert/pooler/{kernel,bias}
+    predictions/transform/{kernel,bias}, predictions/transform_LayerNorm/{scale,bias},
+    predictions/output_bias [V]                      (decoder weights tied to word_embeddings)
+    seq_relationship/{kernel [D,2], bias [2]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+DType = Any
+
+# Names follow Hugging Face's `hidden_act`: "gelu" is the exact erf form; "gelu_new" (alias
+# "gelu_tanh") is the tanh approximation that Google's original TF code calls "gelu".
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Model hyperparameters. Field names follow Hugging Face's `BertConfig` where one exists."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    # Compute dtype of activations and matmuls ("bfloat16" for mixed precision); parameters stay
+    # in `param_dtype` (float32 master weights). Softmax and LayerNorm statistics run in float32.
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    # "xla": explicit einsum attention (supports attention-prob dropout).
+    # "dot_product": jax.nn.dot_product_attention with XLA's implementation.
+    # "cudnn": jax.nn.dot_product_attention through cuDNN's fused kernel (GPU only).
+    # "auto": jax.nn.dot_product_attention whenever attention dropout is inactive (evaluation,
+    #   or attention_probs_dropout_prob == 0), the explicit form otherwise.
+    attention_impl: str = "auto"
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act={self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)} "
+                "(Google's original 'gelu' is the tanh approximation: use 'gelu_new')"
+            )
+        if self.attention_impl not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"attention_impl={self.attention_impl!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def replace(self, **changes: Any) -> BertConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> BertConfig:
+        """Builds a config from a dict (e.g. a Hugging Face config.json), ignoring unknown keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def _init(config: BertConfig, axes: tuple[str | None, ...]) -> Callable:
+    return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
+
+
+def _zeros(axes: tuple[str | None, ...]) -> Callable:
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        # Two-pass variance, as PyTorch and TF compute it (the fast E[x^2] - E[x]^2 form loses
+        # ~1e-5 of precision on real checkpoints).
+        use_fast_variance=False,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=_zeros(("embed",)),
+        name=name,
+    )
+
+
+class Dense(nn.Module):
+    """Dense layer over one or more trailing input axes into one or more output axes.
+
+    The kernel is created in its final shape ([*in, *out]) with logical axis names, so sharding
+    rules and constraints see the real rank (Flax's DenseGeneral initializes a flattened kernel,
+    which clashes with logical constraints in scope during `apply`).
+    """
+
+    features: tuple[int, ...]
+    kernel_axes: tuple[str | None, ...]
+    num_input_axes: int
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        n_in = self.num_input_axes
+        in_shape = x.shape[-n_in:]
+        kernel = self.param(
+            "kernel", _init(cfg, self.kernel_axes), (*in_shape, *self.features), cfg.param_dtype
+        )
+        bias_axes = self.kernel_axes[n_in:]
+        bias = self.param("bias", _zeros(bias_axes), self.features, cfg.param_dtype)
+        x = jnp.asarray(x, cfg.dtype)
+        contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+        y = jax.lax.dot_general(x, jnp.asarray(kernel, cfg.dtype), (contract, ((), ())))
+        bias = jnp.asarray(bias, cfg.dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
+        return y + bias
+
+
+def _dense(
+    config: BertConfig,
+    features: int | tuple[int, ...],
+    kernel_axes: tuple[str | None, ...],
+    name: str,
+    num_input_axes: int = 1,
+) -> Dense:
+    features = (features,) if isinstance(features, int) else tuple(features)
+    return Dense(features, kernel_axes, num_input_axes, config, name=name)
+
+
+def attention_mask(input_mask: Array, packed_segment_ids: Array | None = None) -> Array:
+    """[batch, 1, q, k] boolean mask: True where query q may attend to key k.
+
+    Keys that are padding are hidden. With `packed_segment_ids` ([batch, length], one id per
+    instance packed into the row), queries see only keys of their own instance.
+    """
+    keep = input_mask.astype(bool)[:, None, None, :]
+    if packed_segment_ids is not None:
+        same = packed_segment_ids[:, :, None] == packed_segment_ids[:, None, :]
+        keep = jnp.logical_and(keep, same[:, None, :, :])
+    return keep
+
+
+class BertSelfAttention(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, hidden: Array, mask_Bx1xQxK: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        heads, head_dim = cfg.num_attention_heads, cfg.head_dim
+        qkv_axes = ("embed", "heads", "kv")
+        query = _dense(cfg, (heads, head_dim), qkv_axes, "query")(hidden)
+        key = _dense(cfg, (heads, head_dim), qkv_axes, "key")(hidden)
+        value = _dense(cfg, (heads, head_dim), qkv_axes, "value")(hidden)
+
+        dropout_active = not deterministic and cfg.attention_probs_dropout_prob > 0.0
+        impl = cfg.attention_impl
+        if impl == "auto":
+            impl = "xla" if dropout_active else "dot_product"
+        if impl in ("dot_product", "cudnn"):
+            if dropout_active:
+                raise ValueError(
+                    f"attention_impl={cfg.attention_impl!r} cannot apply attention-probability "
+                    f"dropout (attention_probs_dropout_prob={cfg.attention_probs_dropout_prob}); "
+                    "use 'auto' or 'xla', or set the dropout to 0"
+                )
+            context = jax.nn.dot_product_attention(
+                query,
+                key,
+                value,
+                mask=mask_Bx1xQxK,
+                implementation="cudnn" if impl == "cudnn" else "xla",
+            )
+        else:
+            logits_BxHxQxK = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
+            logits_BxHxQxK = logits_BxHxQxK / jnp.sqrt(jnp.float32(head_dim))
+            big_neg = jnp.finfo(jnp.float32).min
+            logits_BxHxQxK = jnp.where(mask_Bx1xQxK, logits_BxHxQxK, big_neg)
+            probs = jax.nn.softmax(logits_BxHxQxK, axis=-1).astype(cfg.dtype)
+            probs = nn.Dropout(rate=cfg.attention_probs_dropout_prob)(
+                probs, deterministic=deterministic
+            )
+            context = jnp.einsum("bhqk,bkhd->bqhd", probs, value)
+        context = nn.with_logical_constraint(context, ("batch", "length", "heads", "kv"))
+        return _dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", num_input_axes=2)(
+            context
+        )
+
+
+class BertLayer(nn.Module):
+    """One post-LN Transformer block: attention -> add & norm -> GELU FFN -> add & norm."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, hidden: Array, mask_Bx1xQxK: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        dropout = nn.Dropout(rate=cfg.hidden_dropout_prob)
+        attended = BertSelfAttention(cfg, name="attention")(hidden, mask_Bx1xQxK, deterministic)
+        attended = dropout(attended, deterministic=deterministic)
+        hidden = _layer_norm(cfg, "attention_output_LayerNorm")(hidden + attended)
+        hidden = nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
+
+        inner = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(hidden)
+        inner = _ACTIVATIONS[cfg.hidden_act](inner)
+        inner = nn.with_logical_constraint(inner, ("batch", "length", "mlp"))
+        out = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(inner)
+        out = dropout(out, deterministic=deterministic)
+        hidden = _layer_norm(cfg, "output_LayerNorm")(hidden + out)
+        return nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
+
+
+class BertEmbeddings(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(
+        self, input_ids: Array, segment_ids: Array, position_ids: Array, deterministic: bool
+    ) -> Array:
+        cfg = self.config
+
+        def embed(num: int, axes: tuple[str, str], name: str) -> nn.Embed:
+            return nn.Embed(
+                num_embeddings=num,
+                features=cfg.hidden_size,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                embedding_init=_init(cfg, axes),
+                name=name,
+            )
+
+        words = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")(input_ids)
+        positions = embed(cfg.max_position_embeddings, (None, "embed"), "position_embeddings")(
+            position_ids
+        )
+        types = embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")(segment_ids)
+        hidden = _layer_norm(cfg, "LayerNorm")(words + positions + types)
+        hidden = nn.Dropout(rate=cfg.hidden_dropout_prob)(hidden, deterministic=deterministic)
+        return nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
+
+
+class BertEncoder(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(
+        self, hidden: Array, mask_Bx1xQxK: Array, deterministic: bool
+    ) -> tuple[Array, tuple[Array, ...]]:
+        """Returns the last hidden state and all hidden states (embeddings first)."""
+        all_hidden = [hidden]
+        for i in range(self.config.num_hidden_layers):
+            hidden = BertLayer(self.config, name=f"layer_{i}")(hidden, mask_Bx1xQxK, deterministic)
+            all_hidden.append(hidden)
+        return hidden, tuple(all_hidden)
+
+
+class BertModel(nn.Module):
+    """Embeddings + encoder + tanh pooler on [CLS]. Outputs a dict of arrays.
+
+    `cls_positions` ([batch, n]) pools several [CLS] tokens per row (packed instances); without it
+    the pooler reads position 0 and `pooled_output` is [batch, hidden].
+    """
+
+    config: BertConfig
+    add_pooler: bool = True
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array,
+        segment_ids: Array,
+        position_ids: Array | None = None,
+        packed_segment_ids: Array | None = None,
+        cls_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> dict[str, Array]:
+        cfg = self.config
+        if position_ids is None:
+            position_ids = jnp.broadcast_to(
+                jnp.arange(input_ids.shape[-1], dtype=jnp.int32), input_ids.shape
+            )
+        hidden = BertEmbeddings(cfg, name="embeddings")(
+            input_ids, segment_ids, position_ids, deterministic
+        )
+        mask = attention_mask(input_mask, packed_segment_ids)
+        sequence_output, hidden_states = BertEncoder(cfg, name="encoder")(
+            hidden, mask, deterministic
+        )
+        outputs = {"sequence_output": sequence_output, "hidden_states": hidden_states}
+        if self.add_pooler:
+            if cls_positions is None:
+                first = sequence_output[:, 0]
+            else:
+                first = gather_positions(sequence_output, cls_positions)
+            pooled = _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")(first)
+            outputs["pooled_output"] = jnp.tanh(pooled)
+        return outputs
+
+
+def gather_positions(sequence_BxLxD: Array, positions_BxP: Array) -> Array:
+    """Picks the hidden states at `positions` for every row: [B, L, D], [B, P] -> [B, P, D]."""
+    return jnp.take_along_axis(sequence_BxLxD, positions_BxP[..., None].astype(jnp.int32), axis=1)
+
+
+class BertMLMHead(nn.Module):
+    """Dense + GELU + LayerNorm, then scores against the tied word embeddings plus a bias."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, hidden_BxPxD: Array, embedding_VxD: Array) -> Array:
+        cfg = self.config
+        hidden = _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(hidden_BxPxD)
+        hidden = _ACTIVATIONS[cfg.hidden_act](hidden)
+        hidden = _layer_norm(cfg, "transform_LayerNorm")(hidden)
+        logits = jnp.einsum("bpd,vd->bpv", hidden, jnp.asarray(embedding_VxD, cfg.dtype))
+        output_bias = self.param(
+            "output_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype
+        )
+        return logits.astype(jnp.float32) + output_bias.astype(jnp.float32)[None, None, :]
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the masked-LM head (tied decoder, only at `masked_lm_positions`) and NSP head.
+
+    Returns float32 `mlm_logits` [batch, predictions, vocab] and `nsp_logits` ([batch, 2], or
+    [batch, n, 2] with `cls_positions`), plus the outputs of `BertModel`.
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array,
+        segment_ids: Array,
+        masked_lm_positions: Array,
+        position_ids: Array | None = None,
+        packed_segment_ids: Array | None = None,
+        cls_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> dict[str, Array]:
+        cfg = self.config
+        bert = BertModel(cfg, name="bert")
+        outputs = bert(
+            input_ids,
+            input_mask,
+            segment_ids,
+            position_ids=position_ids,
+            packed_segment_ids=packed_segment_ids,
+            cls_positions=cls_positions,
+            deterministic=deterministic,
+        )
+        # Only the gathered positions (~15% of tokens) reach the vocabulary projection.
+        picked = gather_positions(outputs["sequence_output"], masked_lm_positions)
+        embedding_VxD = nn.meta.unbox(
+            bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+        )
+        mlm_logits = BertMLMHead(cfg, name="predictions")(picked, embedding_VxD)
+        outputs["mlm_logits"] = nn.with_logical_constraint(mlm_logits, ("batch", None, "vocab"))
+        nsp_logits = _dense(cfg, 2, ("embed", None), "seq_relationship")(outputs["pooled_output"])
+        outputs["nsp_logits"] = nsp_logits.astype(jnp.float32)
+        return outputs

@@ -1,0 +1,216 @@
+"""TrainState, the pure pretraining step and its sharded, jitted form.
+
+`train_step(state, batch, rng) -> (state, metrics)` is a pure function; `model`, `tx` and `schedule`
+are bound with functools.partial. Metrics are sums and weights (see losses.py) plus the gradient
+norm and learning rate; a step whose loss or gradient is not finite leaves the state untouched
+except for the step counter and is counted in `skipped`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from bert_jax import losses, partitioning
+from bert_jax.model import BertConfig, BertForPreTraining
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+
+BATCH_KEYS = (
+    "input_ids",
+    "input_mask",
+    "segment_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "next_sentence_labels",
+)
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: Array
+    params: Any
+    opt_state: Any
+    # Updates skipped because the loss or a gradient was not finite (total over the run).
+    skipped: Array
+
+
+def model_inputs(batch: Batch) -> dict[str, Array]:
+    """The model's keyword inputs from a pretraining batch (packed-row keys when present)."""
+    names = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
+    optional = ("position_ids", "packed_segment_ids", "cls_positions")
+    out = {name: batch[name] for name in names}
+    out.update({name: batch[name] for name in optional if name in batch})
+    return out
+
+
+def dummy_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[str, Array]:
+    """A shape-only batch for initialization and compilation."""
+    return {
+        "input_ids": jnp.zeros((batch_size, seq_len), jnp.int32),
+        "input_mask": jnp.ones((batch_size, seq_len), jnp.int32),
+        "segment_ids": jnp.zeros((batch_size, seq_len), jnp.int32),
+        "masked_lm_positions": jnp.zeros((batch_size, max_predictions), jnp.int32),
+        "masked_lm_ids": jnp.zeros((batch_size, max_predictions), jnp.int32),
+        "masked_lm_weights": jnp.zeros((batch_size, max_predictions), jnp.float32),
+        "next_sentence_labels": jnp.zeros((batch_size,), jnp.int32),
+    }
+
+
+def init_state(
+    rng: Array, model: BertForPreTraining, tx: optax.GradientTransformation
+) -> TrainState:
+    """A TrainState whose params (and optimizer slots) keep their logical-partitioning boxes."""
+    batch = dummy_batch(1, 8, 2)
+    variables = model.init({"params": rng}, **model_inputs(batch), deterministic=True)
+    params = variables["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        skipped=jnp.zeros((), jnp.int32),
+    )
+
+
+def compute_sums(
+    params: Any,
+    batch: Batch,
+    model: BertForPreTraining,
+    deterministic: bool,
+    dropout_rng: Array | None = None,
+) -> dict[str, Array]:
+    rngs = None if deterministic else {"dropout": dropout_rng}
+    outputs = model.apply(
+        {"params": params}, **model_inputs(batch), deterministic=deterministic, rngs=rngs
+    )
+    nsp_weights = batch.get("next_sentence_weights")
+    return {
+        **losses.masked_lm(
+            outputs["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"]
+        ),
+        **losses.next_sentence(outputs["nsp_logits"], batch["next_sentence_labels"], nsp_weights),
+    }
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    rng: Array,
+    *,
+    model: BertForPreTraining,
+    tx: optax.GradientTransformation,
+    schedule: Callable[[Array], Array] | None = None,
+) -> tuple[TrainState, dict[str, Array]]:
+    """One optimizer update on `batch`. Dropout RNG is `fold_in(rng, state.step)`."""
+    dropout_rng = jax.random.fold_in(rng, state.step)
+
+    def loss_fn(params):
+        sums = compute_sums(params, batch, model, deterministic=False, dropout_rng=dropout_rng)
+        return losses.pretraining_loss(sums), sums
+
+    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # Zero the gradients of a bad step before the optimizer sees them, then keep the old state.
+    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+    updates, new_opt_state = tx.update(safe_grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+    new_state = TrainState(
+        step=state.step + 1,
+        params=keep(new_params, state.params),
+        opt_state=keep(new_opt_state, state.opt_state),
+        skipped=state.skipped + jnp.where(finite, 0, 1).astype(jnp.int32),
+    )
+    metrics = {
+        **sums,
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "finite": finite,
+    }
+    if schedule is not None:
+        metrics["learning_rate"] = schedule(state.step)
+    return new_state, metrics
+
+
+def eval_step(params: Any, batch: Batch, *, model: BertForPreTraining) -> dict[str, Array]:
+    """Loss and accuracy sums without dropout."""
+    return compute_sums(params, batch, model, deterministic=True)
+
+
+class ShardedTrainer:
+    """The model, optimizer, mesh and rules bound together, with jitted sharded step functions.
+
+    >>> trainer = ShardedTrainer(config, tx, mesh)
+    >>> state = trainer.init(jax.random.key(0))
+    >>> state, metrics = trainer.train_step(state, trainer.global_batch(batch), rng)
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        tx: optax.GradientTransformation,
+        mesh: jax.sharding.Mesh,
+        rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
+        schedule: Callable[[Array], Array] | None = None,
+    ):
+        self.config = config
+        self.model = BertForPreTraining(config)
+        self.tx = tx
+        self.mesh = mesh
+        self.rules = rules
+        self.schedule = schedule
+        self._init_fn = functools.partial(init_state, model=self.model, tx=tx)
+        abstract = jax.eval_shape(self._init_fn, jax.random.key(0))
+        # Checked here, on shapes only: an uneven shard fails before anything compiles.
+        self.state_shardings = partitioning.mesh_shardings(abstract, mesh, rules)
+        self.batch_sharding = partitioning.batch_sharding(mesh)
+        replicated = partitioning.replicated(mesh)
+        step = functools.partial(train_step, model=self.model, tx=tx, schedule=schedule)
+        self._train_step = jax.jit(
+            step,
+            in_shardings=(self.state_shardings, self.batch_sharding, replicated),
+            out_shardings=(self.state_shardings, replicated),
+            donate_argnums=0,
+        )
+        self._eval_step = jax.jit(
+            functools.partial(eval_step, model=self.model),
+            in_shardings=(self.state_shardings.params, self.batch_sharding),
+            out_shardings=replicated,
+        )
+
+    def abstract_state(self) -> TrainState:
+        """Shape/dtype/sharding structs of the state (e.g. an Orbax restore target)."""
+        abstract = nn.meta.unbox(jax.eval_shape(self._init_fn, jax.random.key(0)))
+        return jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract,
+            self.state_shardings,
+        )
+
+    def init(self, rng: Array) -> TrainState:
+        state, _ = partitioning.create_sharded(self._init_fn, self.mesh, self.rules, rng)
+        return state
+
+    def global_batch(self, local_batch: Mapping[str, Any]) -> dict[str, Array]:
+        partitioning.check_batch_divisible(
+            len(local_batch["input_ids"]) * jax.process_count(), self.mesh
+        )
+        return partitioning.global_batch(local_batch, self.mesh)
+
+    def train_step(self, state: TrainState, batch: Batch, rng: Array):
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            return self._train_step(state, batch, rng)
+
+    def eval_step(self, params: Any, batch: Batch) -> dict[str, Array]:
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            return self._eval_step(params, batch)

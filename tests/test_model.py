@@ -1,0 +1,221 @@
+"""Model: parity with Hugging Face transformers (PyTorch), real weights, parameter counts."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bert_jax import losses, train
+from bert_jax.convert import hf as hf_convert
+from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from tests.helpers import REAL_SENTENCES, hf_config, minilm_dir, random_batch, tiny_config
+
+
+def _hf_pretraining_model(config: BertConfig, seed: int = 0):
+    torch.manual_seed(seed)
+    model = transformers.BertForPreTraining(hf_config(config)).eval()
+    # Non-trivial biases and LayerNorm parameters, so a mapping mistake cannot hide behind 0/1.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    return model
+
+
+def _torch_inputs(batch):
+    return dict(
+        input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
+        attention_mask=torch.tensor(batch["input_mask"], dtype=torch.long),
+        token_type_ids=torch.tensor(batch["segment_ids"], dtype=torch.long),
+    )
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_new"])
+def test_pretraining_outputs_match_transformers(hidden_act):
+    config = tiny_config(hidden_act=hidden_act, num_hidden_layers=3)
+    hf_model = _hf_pretraining_model(config)
+    params = hf_convert.params_from_hf(hf_model.state_dict(), config)
+    batch = random_batch(np.random.default_rng(0), 4, 32, 6, config.vocab_size)
+    assert batch["input_mask"].min() == 0, "the batch must contain padding"
+
+    ours = BertForPreTraining(config).apply(
+        {"params": params}, **train.model_inputs(batch), deterministic=True
+    )
+    with torch.no_grad():
+        ref = hf_model(**_torch_inputs(batch), output_hidden_states=True)
+        ref_seq = hf_model.bert(**_torch_inputs(batch))
+    positions = torch.tensor(batch["masked_lm_positions"], dtype=torch.long)
+    ref_mlm = torch.gather(
+        ref.prediction_logits, 1, positions[..., None].expand(-1, -1, config.vocab_size)
+    )
+
+    def close(a, b):
+        np.testing.assert_allclose(np.asarray(a), b.numpy(), atol=1e-5, rtol=0)
+
+    close(ours["sequence_output"], ref_seq.last_hidden_state)
+    close(ours["pooled_output"], ref_seq.pooler_output)
+    close(ours["mlm_logits"], ref_mlm)
+    close(ours["nsp_logits"], ref.seq_relationship_logits)
+    for ours_h, ref_h in zip(ours["hidden_states"], ref.hidden_states):
+        close(ours_h, ref_h)
+
+
+def test_loss_and_gradient_norm_match_transformers():
+    config = tiny_config()
+    hf_model = _hf_pretraining_model(config, seed=1)
+    params = hf_convert.params_from_hf(hf_model.state_dict(), config)
+    batch = random_batch(np.random.default_rng(1), 4, 32, 6, config.vocab_size)
+    model = BertForPreTraining(config)
+
+    def loss_fn(p):
+        return losses.pretraining_loss(train.compute_sums(p, batch, model, deterministic=True))
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    grad_norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
+
+    labels = np.full(batch["input_ids"].shape, -100, np.int64)
+    for row in range(len(labels)):
+        for pos, tok, w in zip(
+            batch["masked_lm_positions"][row],
+            batch["masked_lm_ids"][row],
+            batch["masked_lm_weights"][row],
+        ):
+            if w > 0:
+                labels[row, pos] = tok
+    out = hf_model(
+        **_torch_inputs(batch),
+        labels=torch.tensor(labels),
+        next_sentence_label=torch.tensor(batch["next_sentence_labels"], dtype=torch.long),
+    )
+    out.loss.backward()
+    ref_norm = float(
+        torch.sqrt(sum((p.grad**2).sum() for p in hf_model.parameters() if p.grad is not None))
+    )
+    np.testing.assert_allclose(float(loss), out.loss.item(), rtol=1e-4)
+    np.testing.assert_allclose(grad_norm, ref_norm, rtol=1e-4)
+
+
+def test_real_minilm_weights_match_transformers():
+    """all-MiniLM-L6-v2 (6 layers, hidden 384, encoder only) on real sentences."""
+    from safetensors.numpy import load_file
+
+    directory = minilm_dir()
+    hf_model = transformers.BertModel.from_pretrained(directory, attn_implementation="eager").eval()
+    tokenizer = transformers.BertTokenizer(f"{directory}/vocab.txt", do_lower_case=True)
+    state = load_file(f"{directory}/model.safetensors")
+    config = hf_convert.config_from_hf(hf_model.config.to_dict())
+    assert not hf_convert.has_pretraining_heads(state)
+    params = hf_convert.params_from_hf(state, config)
+
+    encoded = tokenizer(REAL_SENTENCES, padding=True, return_tensors="np")
+    ours = BertModel(config).apply(
+        {"params": params["bert"]},
+        encoded["input_ids"],
+        encoded["attention_mask"],
+        encoded["token_type_ids"],
+    )
+    with torch.no_grad():
+        ref = hf_model(**{k: torch.tensor(v) for k, v in encoded.items()})
+    np.testing.assert_allclose(
+        np.asarray(ours["sequence_output"]), ref.last_hidden_state.numpy(), atol=1e-5, rtol=0
+    )
+    np.testing.assert_allclose(
+        np.asarray(ours["pooled_output"]), ref.pooler_output.numpy(), atol=1e-5, rtol=0
+    )
+
+
+def _count(config: BertConfig) -> tuple[int, int]:
+    batch = train.dummy_batch(1, 8, 2)
+    shapes = jax.eval_shape(
+        lambda: BertForPreTraining(config).init(jax.random.key(0), **train.model_inputs(batch))
+    )
+    params = nn.meta.unbox(shapes)["params"]
+    total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    encoder = sum(
+        int(np.prod(x.shape))
+        for path, x in jax.tree_util.tree_flatten_with_path(params["bert"])[0]
+        if "pooler" not in jax.tree_util.keystr(path)
+    )
+    return total, encoder
+
+
+def test_parameter_counts_match_the_paper():
+    base = BertConfig()
+    large = BertConfig(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    )
+    base_total, base_encoder = _count(base)
+    large_total, large_encoder = _count(large)
+    pooler = lambda d: d * d + d  # noqa: E731
+    assert base_total == 110_106_428
+    assert large_total == 336_226_108
+    assert base_encoder + pooler(768) == 109_482_240
+    assert large_encoder + pooler(1024) == 335_141_888
+
+
+def test_outputs_finite_with_and_without_jit_and_in_bfloat16():
+    config = tiny_config()
+    batch = random_batch(np.random.default_rng(2), 2, 16, 4, config.vocab_size)
+    model = BertForPreTraining(config)
+    params = nn.meta.unbox(model.init(jax.random.key(0), **train.model_inputs(batch))["params"])
+    eager = model.apply({"params": params}, **train.model_inputs(batch))
+    jitted = jax.jit(lambda p, b: model.apply({"params": p}, **b))(
+        params, train.model_inputs(batch)
+    )
+    assert eager["mlm_logits"].shape == (2, 4, config.vocab_size)
+    assert eager["nsp_logits"].shape == (2, 2)
+    np.testing.assert_allclose(eager["mlm_logits"], jitted["mlm_logits"], atol=1e-5)
+
+    bf16 = BertForPreTraining(config.replace(dtype="bfloat16"))
+    bf16_params = nn.meta.unbox(bf16.init(jax.random.key(0), **train.model_inputs(batch)))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16_params))
+    out = bf16.apply(bf16_params, **train.model_inputs(batch))
+    assert out["sequence_output"].dtype == jnp.bfloat16
+    assert out["mlm_logits"].dtype == jnp.float32
+    assert np.isfinite(np.asarray(out["mlm_logits"])).all()
+    # bf16 activations track the float32 model to bf16 precision.
+    np.testing.assert_allclose(out["nsp_logits"], eager["nsp_logits"], atol=5e-2)
+
+
+@pytest.mark.parametrize("impl", ["xla", "dot_product"])
+def test_attention_implementations_agree(impl):
+    config = tiny_config()
+    batch = random_batch(np.random.default_rng(3), 3, 16, 4, config.vocab_size)
+    reference = BertForPreTraining(config.replace(attention_impl="xla"))
+    params = nn.meta.unbox(reference.init(jax.random.key(0), **train.model_inputs(batch)))
+    expected = reference.apply(params, **train.model_inputs(batch))
+    got = BertForPreTraining(config.replace(attention_impl=impl)).apply(
+        params, **train.model_inputs(batch)
+    )
+    np.testing.assert_allclose(got["sequence_output"], expected["sequence_output"], atol=1e-5)
+
+
+def test_dropout_is_active_in_training_and_fused_attention_refuses_it():
+    config = tiny_config()
+    batch = random_batch(np.random.default_rng(4), 2, 16, 4, config.vocab_size)
+    model = BertForPreTraining(config)
+    params = nn.meta.unbox(model.init(jax.random.key(0), **train.model_inputs(batch)))
+    run = lambda key: model.apply(  # noqa: E731
+        params, **train.model_inputs(batch), deterministic=False, rngs={"dropout": key}
+    )["nsp_logits"]
+    assert not np.allclose(run(jax.random.key(1)), run(jax.random.key(2)))
+    fused = BertForPreTraining(config.replace(attention_impl="dot_product"))
+    with pytest.raises(ValueError, match="attention_probs_dropout_prob"):
+        fused.apply(
+            params,
+            **train.model_inputs(batch),
+            deterministic=False,
+            rngs={"dropout": jax.random.key(1)},
+        )
+
+
+def test_config_errors_name_the_setting():
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        BertConfig(hidden_size=100, num_attention_heads=3)
+    with pytest.raises(ValueError, match="gelu_new"):
+        BertConfig(hidden_act="gelu_fast")

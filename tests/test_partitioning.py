@@ -1,0 +1,110 @@
+"""Sharding on 8 emulated CPU devices: rules, state born sharded, same numbers as 1 device."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from bert_jax import optim, partitioning
+from bert_jax.train import ShardedTrainer
+from tests.helpers import random_batch, tiny_config
+
+MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 2, 4)]
+
+
+def _trainer(mesh_shape, config=None, devices=None):
+    config = config or tiny_config()
+    schedule = optim.warmup_linear_decay(1e-3, warmup_steps=2, total_steps=10)
+    tx = optim.bert_adamw(schedule)
+    mesh = partitioning.make_mesh(mesh_shape, devices=devices)
+    return ShardedTrainer(config, tx, mesh, schedule=schedule)
+
+
+def _run(trainer, steps=3):
+    state = trainer.init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(steps):
+        batch = trainer.global_batch(random_batch(rng, 8, 32, 5, trainer.config.vocab_size))
+        state, metrics = trainer.train_step(state, batch, jax.random.key(1))
+        losses.append(float(metrics["loss"]))
+    return state, losses
+
+
+@pytest.fixture(scope="module")
+def single_device_run():
+    return _run(_trainer((1, 1, 1), devices=jax.devices()[:1]))
+
+
+def _spec(array) -> P:
+    return array.sharding.spec
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
+    assert jax.device_count() == 8
+    trainer = _trainer(mesh_shape)
+    state, losses = _run(trainer)
+    ref_state, ref_losses = single_device_run
+
+    np.testing.assert_allclose(losses, ref_losses, atol=1e-5, rtol=0)
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+    # The rules: embed -> fsdp, heads/mlp/vocab -> tensor, kv and positions replicated.
+    data, fsdp, tensor = mesh_shape
+    fs = "fsdp" if fsdp > 1 else None
+    tp = "tensor" if tensor > 1 else None
+    params = state.params
+    layer = params["bert"]["encoder"]["layer_0"]
+    norm = lambda spec: P(*[a if a is None or trainer.mesh.shape[a] > 1 else None for a in spec])  # noqa: E731
+    expect = {
+        "word_embeddings": (
+            params["bert"]["embeddings"]["word_embeddings"]["embedding"],
+            P(tp, fs),
+        ),
+        "position_embeddings": (
+            params["bert"]["embeddings"]["position_embeddings"]["embedding"],
+            P(None, fs),
+        ),
+        "query": (layer["attention"]["query"]["kernel"], P(fs, tp, None)),
+        "query_bias": (layer["attention"]["query"]["bias"], P(tp, None)),
+        "attn_out": (layer["attention"]["output"]["kernel"], P(tp, None, fs)),
+        "intermediate": (layer["intermediate"]["kernel"], P(fs, tp)),
+        "output": (layer["output"]["kernel"], P(tp, fs)),
+        "layer_norm": (layer["output_LayerNorm"]["scale"], P(fs)),
+        "output_bias": (params["predictions"]["output_bias"], P(tp)),
+    }
+    for name, (array, spec) in expect.items():
+        assert norm(_spec(array)) == spec, (name, _spec(array), spec)
+        assert array.sharding.mesh.shape == trainer.mesh.shape
+    # Optimizer slots are sharded exactly like their parameters.
+    adam = state.opt_state[1]
+    mu_query = adam.mu["bert"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
+    assert mu_query.sharding == layer["attention"]["query"]["kernel"].sharding
+    # Each device holds only its shard of a sharded parameter.
+    shard = layer["intermediate"]["kernel"].addressable_shards[0].data
+    assert shard.size == layer["intermediate"]["kernel"].size // (fsdp * tensor)
+
+
+def test_uneven_shard_is_refused_before_compiling():
+    config = tiny_config(vocab_size=510)  # 510 does not divide over tensor=4
+    with pytest.raises(ValueError, match=r"word_embeddings.*'vocab', size 510.*'tensor'"):
+        _trainer((1, 2, 4), config=config)
+
+
+def test_batch_not_divisible_names_the_setting():
+    trainer = _trainer((8, 1, 1))
+    batch = random_batch(np.random.default_rng(0), 6, 32, 5, trainer.config.vocab_size)
+    with pytest.raises(ValueError, match="batch_size=6 .*data-parallel size 8"):
+        trainer.global_batch(batch)
+
+
+def test_mesh_shape_errors():
+    assert partitioning.make_mesh((-1, 2, 1)).shape == {"data": 4, "fsdp": 2, "tensor": 1}
+    with pytest.raises(ValueError, match="needs 16 devices, but 8"):
+        partitioning.make_mesh((4, 4, 1))
+    with pytest.raises(ValueError, match="not a multiple of 3"):
+        partitioning.make_mesh((-1, 3, 1))

@@ -1,0 +1,48 @@
+"""Train step: learning really happens, and non-finite steps are skipped and counted."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from bert_jax import optim, partitioning
+from bert_jax.train import ShardedTrainer
+from tests.helpers import random_batch, tiny_config
+
+
+def _trainer(config, lr=1e-3, total_steps=1000, warmup=10):
+    schedule = optim.warmup_linear_decay(lr, warmup, total_steps)
+    mesh = partitioning.make_mesh((-1, 1, 1))
+    return ShardedTrainer(config, optim.bert_adamw(schedule), mesh, schedule=schedule)
+
+
+def test_tiny_model_overfits_one_batch():
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    trainer = _trainer(config, lr=2e-3)
+    state = trainer.init(jax.random.key(0))
+    batch = trainer.global_batch(random_batch(np.random.default_rng(0), 8, 32, 5, 512))
+    first = None
+    for _ in range(150):
+        state, metrics = trainer.train_step(state, batch, jax.random.key(1))
+        first = first if first is not None else float(metrics["loss"])
+    final = float(metrics["loss"])
+    assert first > 5.0, first  # ~ln(512) + ln(2) at initialization
+    assert final < 0.1, (first, final)
+    assert int(state.step) == 150 and int(state.skipped) == 0
+
+
+def test_non_finite_step_is_skipped_and_counted():
+    config = tiny_config()
+    trainer = _trainer(config)
+    state = trainer.init(jax.random.key(0))
+    batch = random_batch(np.random.default_rng(1), 8, 32, 5, 512)
+    state, _ = trainer.train_step(state, trainer.global_batch(batch), jax.random.key(1))
+    before = jax.tree.map(np.asarray, state.params)
+    poisoned = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"], np.nan))
+    state, metrics = trainer.train_step(state, trainer.global_batch(poisoned), jax.random.key(1))
+    assert not bool(metrics["finite"])
+    assert int(state.skipped) == 1 and int(state.step) == 2
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    state, metrics = trainer.train_step(state, trainer.global_batch(batch), jax.random.key(1))
+    assert bool(metrics["finite"]) and int(state.skipped) == 1
