@@ -5,9 +5,9 @@ Public API::
     make_pretrain_iterator(records_or_source, tokenizer=None, *, batch_size, max_seq_length=128,
                            max_predictions_per_seq=20, seed=0, process_index=0, process_count=1,
                            dynamic_masking=False, whole_word_mask=False, masked_lm_prob=0.15,
-                           shuffle_buffer_size=10_000, num_epochs=None, cache_dir=None,
-                           dupe_factor=None, short_seq_prob=0.1, num_workers=1,
-                           tfds_data_dir=None) -> PretrainIterator
+                           shuffle=True, shuffle_buffer_size=10_000, num_epochs=None,
+                           cache_dir=None, dupe_factor=None, short_seq_prob=0.1, num_workers=1,
+                           tfds_data_dir=None, shard_by="auto") -> PretrainIterator
 
 ``records_or_source`` is prepared data (a directory of ``*.tfrecord`` shards, a glob, a file or a
 list of files — ours or written by the original ``create_pretraining_data.py``) or a corpus
@@ -106,36 +106,28 @@ def dynamic_mask_batch(batch: dict, seed, masking: MaskingConfig) -> dict:
     )
     num_to_predict = tf.minimum(tf.minimum(tf.maximum(wanted, 1), num_slots), num_candidates)
 
-    # Words: with whole-word masking a word starts at a word-start id or after a non-candidate
-    # (so never across [SEP]); otherwise every candidate token is its own word.
-    previous_is_candidate = tf.pad(candidates[:, :-1], [[0, 0], [1, 0]])
-    if masking.word_start_table is not None:
-        word_start = tf.gather(tf.constant(masking.word_start_table), input_ids)
-        starts = candidates & (word_start | tf.logical_not(previous_is_candidate))
-    else:
-        starts = candidates
-    word_of_token = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1
-    word_of_token = tf.where(candidates, word_of_token, seq_length)  # sentinel for non-words
-    num_words = tf.reduce_sum(tf.cast(starts, tf.int32), axis=1)
-    word_sizes = tf.math.bincount(
-        word_of_token, minlength=seq_length + 1, maxlength=seq_length + 1, axis=-1
-    )[:, :seq_length]
-
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
-    word_scores = tf.random.stateless_uniform([batch_size, seq_length], seed=seeds[0])
-    word_exists = tf.range(seq_length)[None, :] < num_words[:, None]
-    word_scores = tf.where(word_exists, word_scores, 2.0)
-    order = tf.argsort(word_scores, axis=1)
-    sizes_in_order = tf.gather(word_sizes, order, batch_dims=1)
-    fits_in_order = tf.cumsum(sizes_in_order, axis=1) <= num_to_predict[:, None]
-    fits_in_order &= tf.gather(word_exists, order, batch_dims=1)
-    word_chosen = tf.gather(fits_in_order, tf.argsort(order, axis=1), batch_dims=1)
-    word_chosen = tf.pad(word_chosen, [[0, 0], [0, 1]])  # sentinel word: never chosen
-    selected = tf.gather(word_chosen, word_of_token, batch_dims=1)
-
-    # One 80/10/10 draw per word, shared by its tokens.
-    word_draws = tf.random.stateless_uniform([batch_size, seq_length + 1], seed=seeds[1])
-    token_draws = tf.gather(word_draws, word_of_token, batch_dims=1)
+    positions = tf.range(seq_length)[None, :]
+    if masking.word_start_table is None:
+        # Token level: the num_to_predict candidates with the highest random scores. Scores are
+        # random integers times L plus the position, so they never tie.
+        random_bits = tf.random.stateless_uniform(
+            [batch_size, seq_length],
+            seed=seeds[0],
+            minval=0,
+            maxval=(2**31 - 1) // seq_length,  # keeps bits * L + position within int32
+            dtype=tf.int32,
+        )
+        scores = tf.where(candidates, random_bits * seq_length + positions, -1)
+        top_scores, _ = tf.math.top_k(scores, k=num_slots)
+        kth_index = tf.maximum(num_to_predict - 1, 0)
+        threshold = tf.gather(top_scores, kth_index, batch_dims=1)
+        selected = candidates & (scores >= threshold[:, None]) & (num_to_predict > 0)[:, None]
+        token_draws = tf.random.stateless_uniform([batch_size, seq_length], seed=seeds[1])
+    else:
+        selected, token_draws = _select_whole_words(
+            input_ids, candidates, num_to_predict, masking, seeds
+        )
     ordinary = tf.constant(masking.ordinary_ids)
     random_ids = tf.gather(
         ordinary,
@@ -152,7 +144,6 @@ def dynamic_mask_batch(batch: dict, seed, masking: MaskingConfig) -> dict:
     masked_ids = tf.where(to_mask, masking.mask_id, tf.where(to_random, random_ids, input_ids))
 
     # Selected positions, ascending, padded with position 0 / id 0 / weight 0.
-    positions = tf.range(seq_length)[None, :]
     priority = tf.where(selected, seq_length - positions, 0)
     top_priority, _ = tf.math.top_k(priority, k=num_slots)
     slot_valid = top_priority > 0
@@ -164,6 +155,39 @@ def dynamic_mask_batch(batch: dict, seed, masking: MaskingConfig) -> dict:
     out["masked_lm_ids"] = masked_lm_ids
     out["masked_lm_weights"] = tf.cast(slot_valid, tf.float32)
     return out
+
+
+def _select_whole_words(input_ids, candidates, num_to_predict, masking: MaskingConfig, seeds):
+    """Whole words in random order while they fit the budget (the prefix rule, see module).
+
+    A word starts at a word-start id or after a non-candidate (so never across [SEP]). Returns
+    the selected tokens [B, L] and one uniform draw per token, shared by the tokens of a word.
+    """
+    tf = records_lib.import_tensorflow()
+    batch_size = tf.shape(input_ids)[0]
+    seq_length = input_ids.shape[1]
+    previous_is_candidate = tf.pad(candidates[:, :-1], [[0, 0], [1, 0]])
+    word_start = tf.gather(tf.constant(masking.word_start_table), input_ids)
+    starts = candidates & (word_start | tf.logical_not(previous_is_candidate))
+    word_of_token = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1
+    word_of_token = tf.where(candidates, word_of_token, seq_length)  # sentinel for non-words
+    num_words = tf.reduce_sum(tf.cast(starts, tf.int32), axis=1)
+    word_sizes = tf.math.bincount(
+        word_of_token, minlength=seq_length + 1, maxlength=seq_length + 1, axis=-1
+    )[:, :seq_length]
+    word_scores = tf.random.stateless_uniform([batch_size, seq_length], seed=seeds[0])
+    word_exists = tf.range(seq_length)[None, :] < num_words[:, None]
+    word_scores = tf.where(word_exists, word_scores, 2.0)
+    order = tf.argsort(word_scores, axis=1)
+    sizes_in_order = tf.gather(word_sizes, order, batch_dims=1)
+    fits_in_order = tf.cumsum(sizes_in_order, axis=1) <= num_to_predict[:, None]
+    fits_in_order &= tf.gather(word_exists, order, batch_dims=1)
+    word_chosen = tf.gather(fits_in_order, tf.argsort(order, axis=1), batch_dims=1)
+    word_chosen = tf.pad(word_chosen, [[0, 0], [0, 1]])  # the sentinel word is never chosen
+    selected = tf.gather(word_chosen, word_of_token, batch_dims=1)
+    word_draws = tf.random.stateless_uniform([batch_size, seq_length + 1], seed=seeds[1])
+    token_draws = tf.gather(word_draws, word_of_token, batch_dims=1)
+    return selected, token_draws
 
 
 class PretrainIterator:
@@ -396,6 +420,7 @@ def make_pretrain_iterator(
     dynamic_masking: bool = False,
     whole_word_mask: bool = False,
     masked_lm_prob: float = 0.15,
+    shuffle: bool = True,
     shuffle_buffer_size: int = 10_000,
     num_epochs: int | None = None,
     cache_dir: str | os.PathLike | None = None,
@@ -486,6 +511,7 @@ def make_pretrain_iterator(
         seed=seed,
         process_index=process_index,
         process_count=process_count,
+        shuffle=shuffle,
         shuffle_buffer_size=shuffle_buffer_size,
         masking=masking,
         num_epochs=num_epochs,

@@ -84,6 +84,8 @@ class InstanceStats:
     short_target_instances: int = 0
     tokens: int = 0
     masked_lm_predictions: int = 0
+    # Worker CPU time, immune to other load on the machine; wall time of the same work.
+    cpu_seconds: float = 0.0
     seconds: float = 0.0
 
     def add(self, other: dict) -> None:
@@ -104,10 +106,10 @@ class PrepareResult:
 
     @property
     def instances_per_worker_second(self) -> float:
-        """Instances per second of worker time (tokenize + pair + mask + serialize)."""
-        if self.instance_stats.seconds <= 0:
+        """Instances per worker CPU second (tokenize + pair + mask + serialize)."""
+        if self.instance_stats.cpu_seconds <= 0:
             return 0.0
-        return self.instance_stats.instances / self.instance_stats.seconds
+        return self.instance_stats.instances / self.instance_stats.cpu_seconds
 
     def summary(self) -> str:
         s = self.instance_stats
@@ -187,7 +189,7 @@ def _process_group(
     """
     from bert_jax.data import records
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     tokenizer = _WORKER_TOKENIZER
     assert tokenizer is not None, "worker not initialised"
     tokenized = pretraining.tokenize_documents(documents, tokenizer)
@@ -198,6 +200,7 @@ def _process_group(
             group_index,
         )
         counts["seconds"] = time.perf_counter() - started
+        counts["cpu_seconds"] = time.process_time() - started_cpu
         return counts, []
     masking = pretraining.MaskingConfig.from_tokenizer(
         tokenizer,
@@ -225,6 +228,7 @@ def _process_group(
         tokens=int(arrays["input_mask"].sum()),
         masked_lm_predictions=int(arrays["masked_lm_weights"].sum()),
         seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - started_cpu,
     )
     return counts, serialized
 

@@ -6,8 +6,10 @@ test module reuses the same ones through these cached functions.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 
 from bert_jax.data import corpus, pretraining
@@ -29,7 +31,9 @@ def minilm_vocab_path() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _work_dir() -> str:
-    return tempfile.mkdtemp(prefix="bert_jax_data_tests_")
+    path = tempfile.mkdtemp(prefix="bert_jax_data_tests_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 @functools.lru_cache(maxsize=1)
