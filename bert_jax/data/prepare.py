@@ -45,6 +45,7 @@ import numpy as np
 
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import pretraining
+from bert_jax.data.files import write_json_atomic
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -239,19 +240,11 @@ def _write_group(output_dir: str, group_index: int, counts: dict, serialized: li
     if not serialized:
         return
     # The sidecar goes first: a shard under its final name always has its counts next to it.
-    _write_json(os.path.join(output_dir, part_name(group_index, "json")), counts)
+    write_json_atomic(os.path.join(output_dir, part_name(group_index, "json")), counts)
     records.write_records(os.path.join(output_dir, part_name(group_index)), serialized)
 
 
 # --- driver side ------------------------------------------------------------------------------
-
-
-def _write_json(path: str, payload: dict) -> None:
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _document_groups(
@@ -381,7 +374,7 @@ def prepare_records(
                 for suffix in suffixes:
                     os.remove(os.path.join(output_dir, part_name(group_index, suffix)))
         existing = _existing_parts(output_dir)
-    _write_json(config_path, settings)
+    write_json_atomic(config_path, settings)
     tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
     if not os.path.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json")) or overwrite:
         tokenizer.save(tokenizer_dir)
@@ -472,7 +465,7 @@ def prepare_records(
         wall_seconds=time.perf_counter() - started,
         settings=settings,
     )
-    _write_json(
+    write_json_atomic(
         os.path.join(output_dir, f"stats-{shard_index}-of-{num_shards}.json"),
         {
             "corpus": corpus_stats.as_dict(),

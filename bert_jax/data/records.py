@@ -33,6 +33,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from bert_jax.data.files import temporary_name
+
 INT_FEATURES = ("input_ids", "input_mask", "segment_ids")
 PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids")
 FEATURE_NAMES = (
@@ -170,9 +172,8 @@ def serialize_arrays(arrays: Mapping[str, np.ndarray]) -> list[bytes]:
 def write_records(path: str, serialized: Sequence[bytes]) -> int:
     """Write serialized examples to ``path`` atomically; returns the number written."""
     tf = import_tensorflow()
-    directory, name = os.path.split(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = temporary_name(path)
     try:
         with tf.io.TFRecordWriter(tmp) as writer:
             for record in serialized:

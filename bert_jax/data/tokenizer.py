@@ -40,6 +40,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bert_jax.data.files import write_bytes_atomic, write_json_atomic
+
 CONFIG_NAME = "bert_jax_tokenizer.json"
 SPM_NAME = "spiece.model"
 VOCAB_NAME = "vocab.txt"
@@ -152,7 +154,7 @@ class Tokenizer:
             "vocab_size": self.vocab_size,
             "special_tokens": self.special_ids,
         }
-        _write_json_atomic(os.path.join(directory, CONFIG_NAME), config)
+        write_json_atomic(os.path.join(directory, CONFIG_NAME), config)
 
     def __repr__(self) -> str:
         return (
@@ -305,6 +307,12 @@ class WordPieceTokenizer(Tokenizer):
             dtype=bool,
         )
 
+    def __getstate__(self) -> dict:
+        # The word cache is a per-process speed-up; don't ship it to worker processes.
+        state = dict(self.__dict__)
+        state["_word_cache"] = {}
+        return state
+
     @classmethod
     def from_file(cls, vocab_file: str, lowercase: bool | None = None) -> WordPieceTokenizer:
         with open(vocab_file, encoding="utf-8") as f:
@@ -380,11 +388,8 @@ class WordPieceTokenizer(Tokenizer):
         return text
 
     def _save_files(self, directory: str) -> None:
-        path = os.path.join(directory, VOCAB_NAME)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(token + "\n" for token in self.vocab)
-        os.replace(tmp, path)
+        text = "".join(token + "\n" for token in self.vocab)
+        write_bytes_atomic(os.path.join(directory, VOCAB_NAME), text.encode("utf-8"))
 
     def _fingerprint_bytes(self) -> bytes:
         return "\n".join(self.vocab).encode("utf-8")
@@ -499,11 +504,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self.processor.decode(keep)
 
     def _save_files(self, directory: str) -> None:
-        path = os.path.join(directory, SPM_NAME)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(self._model_proto)
-        os.replace(tmp, path)
+        write_bytes_atomic(os.path.join(directory, SPM_NAME), self._model_proto)
 
     def _fingerprint_bytes(self) -> bytes:
         return self._model_proto
@@ -756,11 +757,3 @@ def encode_pairs(
         empty = np.zeros((0, max_seq_length), dtype=np.int32)
         return {"input_ids": empty, "input_mask": empty.copy(), "segment_ids": empty.copy()}
     return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
-
-
-def _write_json_atomic(path: str, payload: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
