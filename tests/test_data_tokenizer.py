@@ -31,6 +31,7 @@ HARD_TEXTS = [
     "tab\there\x00nul\x07bell \u200b zero-width \u2028 line-sep \x85 next-line end",
     "x" * 101 + " is too long for one word, but " + "y" * 100 + " is not.",
     "[CLS] special[SEP]tokens [mask] lower-case [MASK] stay whole [UNK][PAD]",
+    "a [SE\x00P] b and é [MA\x07SK] ü: a control character inside a special token",
     "Ǆ ﬁ ﬀ ＡＢＣ ｈｅｌｌｏ ﾊﾝｶｸ: compatibility forms are not NFKC-folded.",
     "¿Qué? «quotes» — dashes … ellipsis ‘single’ “double” • bullet",
     "Grüße aus München, Straße; Μεγάλη Ελλάδα; Москва — ПРИВЕТ.",

@@ -103,7 +103,7 @@ class CorpusStats:
 
 # Words that end in a period without ending a sentence (compared lower-case, without the period).
 _ABBREVIATIONS = frozenset(
-    "e.g i.e etc vs cf al mr mrs ms dr prof st jr sr no fig eq sec ch vol approx resp "
+    "e.g i.e etc vs cf al mr mrs ms dr prof st jr sr fig eq sec ch vol approx resp "
     "incl esp viz ca jan feb mar apr jun jul aug sep sept oct nov dec".split()
 )
 _BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*\s+")

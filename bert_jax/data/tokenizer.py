@@ -207,13 +207,20 @@ _ASCII_CLEAN[127] = None
 _ASCII_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")
 
 
-def _basic_tokenize_piece(text: str, lowercase: bool) -> list[str]:
-    """Basic tokenization of text that holds no special token (BERT's BasicTokenizer)."""
+def _basic_tokenize_piece(
+    text: str, lowercase: bool, never_split: frozenset[str] = frozenset()
+) -> list[str]:
+    """BERT's BasicTokenizer on text between special tokens.
+
+    ``never_split`` words stay whole (Hugging Face keeps a special token that only appears once
+    control characters are dropped, e.g. "[SE\\x00P]").
+    """
     if text.isascii():
         text = text.translate(_ASCII_CLEAN)
-        if lowercase:
-            text = text.lower()
-        return _ASCII_PUNCT.sub(r" \1 ", text).split()
+        if not any(token in text for token in never_split):
+            if lowercase:
+                text = text.lower()
+            return _ASCII_PUNCT.sub(r" \1 ", text).split()
 
     cleaned = []
     for char in text:
@@ -229,6 +236,9 @@ def _basic_tokenize_piece(text: str, lowercase: bool) -> list[str]:
     text = unicodedata.normalize("NFC", "".join(cleaned))
     words: list[str] = []
     for word in text.split():
+        if word in never_split:
+            words.append(word)
+            continue
         if lowercase:
             word = word.lower()
             word = "".join(
@@ -293,6 +303,7 @@ class WordPieceTokenizer(Tokenizer):
             + "|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True))
             + ")"
         )
+        self._special_set = frozenset(SPECIAL_TOKENS)
         self._word_cache: dict[str, list[str]] = {}
         self._word_start_table = np.array([not t.startswith("##") for t in self.vocab], dtype=bool)
         # Bracketed entries ([PAD], [unused0], ...) and the original vocab's <S>/<T> markers are
@@ -360,7 +371,8 @@ class WordPieceTokenizer(Tokenizer):
                 continue
             if not part:
                 continue
-            for word in _basic_tokenize_piece(part, self.lowercase):
+            never_split = self._special_set if allow_special else frozenset()
+            for word in _basic_tokenize_piece(part, self.lowercase, never_split):
                 tokens.extend(self._wordpiece(word))
         return tokens
 
