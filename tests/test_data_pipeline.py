@@ -85,7 +85,10 @@ _RESUME_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import numpy as np
+    import tensorflow as tf
     from bert_jax.data.pipeline import make_pretrain_iterator
+
+    tf.random.set_seed(1234)  # another seed than the first process: the order must not care
 
     records_dir, states_path, out_path, count = sys.argv[1:5]
     states = json.load(open(states_path))

@@ -25,8 +25,10 @@ batch k+1, k+2, ... exactly as the uninterrupted run would.
 How. Host ``process_index`` of ``process_count`` reads a disjoint part of the data: whole files
 (``files[process_index::process_count]``) when there are at least as many files as hosts, else
 every ``process_count``-th record of the common stream. Each epoch is a deterministic function of
-``(seed, epoch)``: a NumPy permutation of the files, a deterministic interleave, and a tf.data
-shuffle buffer with a fixed seed; batches use ``drop_remainder``. The state is just
+``(seed, epoch)``: a NumPy permutation of the files, a deterministic interleave, and a shuffle of
+consecutive blocks of ``shuffle_buffer_size`` records by stateless random keys (so, unlike
+``Dataset.shuffle``, the order never depends on TensorFlow's global seed); batches use
+``drop_remainder``. The state is just
 ``(epoch, batches taken in the epoch)``; restoring rebuilds that epoch and skips the consumed
 batches while they are still serialized strings (no parsing, no masking), so resuming costs a
 re-read of part of one epoch and the state stays a few bytes instead of a shuffle buffer.
@@ -324,11 +326,17 @@ class PretrainIterator:
         if self.shard_by == "records" and self.process_count > 1:
             dataset = dataset.shard(self.process_count, self.process_index)
         if self.shuffle:
-            dataset = dataset.shuffle(
-                self.shuffle_buffer_size,
-                seed=_derived_seed(self.seed, epoch, self.process_index, 2),
-                reshuffle_each_iteration=False,
-            )
+            # Blocks of shuffle_buffer_size records, each permuted by stateless random keys.
+            # Not Dataset.shuffle: its order also depends on TensorFlow's global seed, which
+            # any code in the process may set, and a resumed run must reproduce the order.
+            block_key = _derived_seed(self.seed, epoch, self.process_index, 2)
+
+            def permute(block_index, block):
+                seed = tf.stack([tf.constant(block_key, tf.int64), block_index])
+                keys = tf.random.stateless_uniform(tf.shape(block), seed=seed)
+                return tf.gather(block, tf.argsort(keys))
+
+            dataset = dataset.batch(self.shuffle_buffer_size).enumerate().map(permute).unbatch()
         dataset = dataset.batch(self.batch_size, drop_remainder=True)
         if skip_batches:
             dataset = dataset.skip(skip_batches)
