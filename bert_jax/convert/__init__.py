@@ -1,1 +1,11 @@
-"""Checkpoint interop: Google TF1 BERT and Hugging Face BERT, in and out."""
+"""Checkpoint interop: Google TF1 BERT and Hugging Face BERT, in and out.
+
+- `mapping`: the one table of every weight's bert-jax path, Hugging Face key and TF1 name.
+- `strict`: the strict import every reader uses (each tensor used once, each parameter filled
+  with the right shape), `ConversionError` and `ConversionReport`.
+- `tf1`: Google's checkpoints (read with TensorFlow, imported lazily).
+- `hf`: Hugging Face directories (safetensors / pytorch_model.bin in; safetensors out).
+- `convert.convert(src_format, src, dst_format, dst)`: what `bert-jax convert` runs.
+
+Nothing is imported here, so `from bert_jax.convert import mapping` stays light.
+"""

@@ -1,31 +1,61 @@
 """Hugging Face BERT <-> bert-jax params, through the one name table in `mapping.py`.
 
 Conversion is strict: every bert-jax parameter must be filled with the right shape and every source
-tensor must be used exactly once (tied copies and buffers aside); anything else raises
-`ConversionError` naming the tensor.
+tensor must be used exactly once (tied copies and buffers aside, after checking that the copies
+really are copies); anything else raises `ConversionError` naming the tensor.
+
+Reading a Hugging Face directory needs neither `transformers` nor `safetensors`: the safetensors
+format (an 8-byte little-endian header length, a JSON header of name -> dtype/shape/offsets, then
+raw little-endian bytes) is read and written here with NumPy. `pytorch_model.bin` files are read
+with `torch.load(weights_only=True)`, which refuses to unpickle anything but tensors and plain
+containers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import json
+import os
+import struct
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from bert_jax.convert import mapping
+from bert_jax.convert import mapping, strict
+from bert_jax.convert.strict import ConversionError, ConversionReport
 from bert_jax.model import BertConfig
 
-# Keys that Hugging Face state dicts may carry that hold no weights of their own: the decoder is
-# tied to the word embeddings (and its bias to cls.predictions.bias); position_ids is a buffer.
-_TIED_OR_BUFFERS = (
-    "cls.predictions.decoder.weight",
-    "cls.predictions.decoder.bias",
-    "bert.embeddings.position_ids",
-)
+__all__ = [
+    "ConversionError",
+    "config_from_hf",
+    "hf_config_from",
+    "params_from_hf",
+    "hf_state_dict_from",
+    "read_hf_dir",
+    "write_hf_dir",
+    "read_safetensors",
+    "write_safetensors",
+]
+
+SAFETENSORS_NAME = "model.safetensors"
+PYTORCH_NAME = "pytorch_model.bin"
+
+# Keys a Hugging Face state dict may carry that hold no weights of their own: the decoder is tied
+# to the word embeddings (and its bias to cls.predictions.bias); the rest are buffers.
+_TIED = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+_BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
+
+# Hugging Face activation names that compute what one of ours computes.
+_HF_ACTIVATION_ALIASES = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 
 
-class ConversionError(ValueError):
-    """A checkpoint does not match the model it is converted to; the message names the tensor."""
+# ----------------------------------------------------------------------------------------------
+# Configs.
+# ----------------------------------------------------------------------------------------------
 
 
 def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> BertConfig:
@@ -37,20 +67,29 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> BertConfig
             "config.json has position_embedding_type="
             f"{hf_config['position_embedding_type']!r}; only 'absolute' (BERT's) is supported"
         )
-    return BertConfig.from_dict({**hf_config, **overrides})
+    if hf_config.get("is_decoder") or hf_config.get("add_cross_attention"):
+        raise ConversionError("config.json describes a BERT decoder; only the encoder is supported")
+    values = dict(hf_config)
+    act = values.get("hidden_act", "gelu")
+    values["hidden_act"] = _HF_ACTIVATION_ALIASES.get(act, act)
+    try:
+        return BertConfig.from_dict({**values, **overrides})
+    except (TypeError, ValueError) as err:
+        raise ConversionError(f"config.json: {err}") from err
 
 
-def hf_config_from(config: BertConfig) -> dict[str, Any]:
-    """A Hugging Face `config.json` dict for `config`."""
+def hf_config_from(config: BertConfig, with_heads: bool = True) -> dict[str, Any]:
+    """A Hugging Face `config.json` dict for `config` (BertForPreTraining, or BertModel)."""
+    act = "gelu_new" if config.hidden_act == "gelu_tanh" else config.hidden_act
     return {
-        "architectures": ["BertForPreTraining"],
+        "architectures": ["BertForPreTraining" if with_heads else "BertModel"],
         "model_type": "bert",
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
         "intermediate_size": config.intermediate_size,
-        "hidden_act": config.hidden_act,
+        "hidden_act": act,
         "hidden_dropout_prob": config.hidden_dropout_prob,
         "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
         "max_position_embeddings": config.max_position_embeddings,
@@ -63,63 +102,156 @@ def hf_config_from(config: BertConfig) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------------------------
+# State dicts.
+# ----------------------------------------------------------------------------------------------
+
+
+def _normalize_key(key: str) -> str:
+    """Old checkpoints (converted from TF before transformers 2) name LayerNorm gamma/beta."""
+    if ".LayerNorm." in key:
+        if key.endswith(".gamma"):
+            return key[: -len("gamma")] + "weight"
+        if key.endswith(".beta"):
+            return key[: -len("beta")] + "bias"
+    return key
+
+
 def strip_prefix(state_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """Accepts BertModel-style keys ("embeddings.…") as well as BertForPreTraining ("bert.…")."""
-    if any(key.startswith("bert.") for key in state_dict):
-        return dict(state_dict)
-    return {
-        (key if key.startswith("cls.") else f"bert.{key}"): value
-        for key, value in state_dict.items()
-    }
+    """Canonical BertForPreTraining keys: BertModel-style keys ("embeddings.…") get "bert.",
+    old LayerNorm names (gamma/beta) become weight/bias."""
+    names = [_normalize_key(key) for key in state_dict]
+    prefixed = any(name.startswith("bert.") for name in names)
+    out = {}
+    for key, name in zip(state_dict, names):
+        if not prefixed and not name.startswith(("cls.", "bert.")):
+            name = f"bert.{name}"
+        if name in out:
+            raise ConversionError(f"tensor {key!r} appears twice (as {name!r})")
+        out[name] = state_dict[key]
+    return out
 
 
 def has_pretraining_heads(state_dict: Mapping[str, Any]) -> bool:
     return any(key.startswith("cls.") for key in strip_prefix(state_dict))
 
 
+def _ignore_rule(drop_heads: bool) -> Callable[[str], str | None]:
+    def ignore(name: str) -> str | None:
+        if name in _BUFFERS:
+            return "buffer, not a weight"
+        if name in _TIED:
+            return f"tied copy of {_TIED[name]}"
+        if drop_heads and not name.startswith("bert."):
+            return "head dropped on request (encoder-only output)"
+        return None
+
+    return ignore
+
+
+def _check_tied_copies(shapes: Mapping[str, Any], read: Callable[[str], np.ndarray]) -> None:
+    """A decoder that is not an exact copy of what bert-jax ties it to would be lost silently."""
+    for copy, original in _TIED.items():
+        if copy in shapes and original in shapes:
+            if tuple(shapes[copy]) != tuple(shapes[original]) or not np.array_equal(
+                to_numpy(read(copy)), to_numpy(read(original))
+            ):
+                raise ConversionError(
+                    f"tensor {copy!r} differs from {original!r}: the checkpoint has an untied "
+                    "MLM decoder, but bert-jax ties it to the word embeddings (as BERT does)"
+                )
+
+
+def import_state(
+    shapes: Mapping[str, Any],
+    read: Callable[[str], np.ndarray],
+    config: BertConfig,
+    *,
+    with_heads: bool | None = None,
+    drop_heads: bool = False,
+    report: ConversionReport | None = None,
+    origin: str = "Hugging Face checkpoint",
+) -> dict[str, Any]:
+    """`params_from_hf` over lazily read tensors (canonical keys: see `strip_prefix`)."""
+    present_heads = any(name.startswith("cls.") for name in shapes)
+    # Heads of any kind (cls.* for pretraining, classifier.* / qa_outputs.* for fine-tuning).
+    foreign = any(
+        not name.startswith("bert.") and _ignore_rule(False)(name) is None for name in shapes
+    )
+    if with_heads is None:
+        with_heads = present_heads and not drop_heads
+    if with_heads and drop_heads:
+        raise ValueError("with_heads=True and drop_heads=True contradict each other")
+    if with_heads:
+        _check_tied_copies(shapes, read)
+    try:
+        params = strict.import_params(
+            shapes,
+            read,
+            config,
+            "hf",
+            with_heads=with_heads,
+            ignore=_ignore_rule(drop_heads),
+            report=report,
+            origin=origin,
+        )
+    except ConversionError as err:
+        if foreign and not drop_heads:
+            raise ConversionError(
+                f"{err}\n(to convert the encoder alone, drop the heads: --drop-heads)"
+            ) from None
+        raise
+    if report is not None and not with_heads:
+        report.notes.append(
+            "the checkpoint's MLM/NSP heads were dropped"
+            if present_heads
+            else "encoder-only checkpoint: no MLM/NSP pretraining heads (cls.*) to convert"
+        )
+    return params
+
+
 def params_from_hf(
-    state_dict: Mapping[str, Any], config: BertConfig, with_heads: bool | None = None
+    state_dict: Mapping[str, Any],
+    config: BertConfig,
+    with_heads: bool | None = None,
+    *,
+    drop_heads: bool = False,
+    report: ConversionReport | None = None,
 ) -> dict[str, Any]:
     """bert-jax params (nested dict of NumPy arrays) from a Hugging Face state dict.
 
     `with_heads=None` converts the MLM/NSP heads when the checkpoint has them (encoder-only
-    checkpoints such as sentence-transformers models have none).
+    checkpoints such as sentence-transformers models have none); `drop_heads=True` converts the
+    encoder alone from a checkpoint with heads (or task heads such as `classifier.*`).
     """
     state_dict = strip_prefix(state_dict)
-    if with_heads is None:
-        with_heads = has_pretraining_heads(state_dict)
-    params: dict[str, Any] = {}
-    used: set[str] = set()
-    for entry in mapping.entries(config, with_heads=with_heads):
-        if entry.hf not in state_dict:
-            raise ConversionError(
-                f"missing tensor {entry.hf!r} (for bert-jax {'/'.join(entry.path)})"
-            )
-        value = to_numpy(state_dict[entry.hf])
-        converted = (
-            mapping.to_bert_jax(entry, value, config, "hf") if _fits(entry, value, config) else None
-        )
-        want = mapping.expected_shape(entry, config)
-        if converted is None or converted.shape != want:
-            raise ConversionError(
-                f"tensor {entry.hf!r} has shape {tuple(value.shape)}, which does not fit bert-jax "
-                f"{'/'.join(entry.path)} {want} for this config"
-            )
-        mapping.set_path(params, entry.path, converted.astype(np.float32))
-        used.add(entry.hf)
-    unused = sorted(set(state_dict) - used - set(_TIED_OR_BUFFERS))
-    if unused:
-        raise ConversionError(f"{len(unused)} tensors were not used, first: {unused[:5]}")
-    return params
+    shapes = {name: tuple(value.shape) for name, value in state_dict.items()}
+    return import_state(
+        shapes,
+        lambda name: to_numpy(state_dict[name]),
+        config,
+        with_heads=with_heads,
+        drop_heads=drop_heads,
+        report=report,
+    )
 
 
-def hf_state_dict_from(params: Mapping[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
-    """A Hugging Face BertForPreTraining state dict (NumPy, float32) from bert-jax params."""
+def hf_state_dict_from(
+    params: Mapping[str, Any], config: BertConfig, *, base_model_keys: bool = False
+) -> dict[str, np.ndarray]:
+    """A Hugging Face state dict (NumPy, float32) from bert-jax params.
+
+    Keys are BertForPreTraining's ("bert.…", "cls.…"); with `base_model_keys=True` (encoder-only
+    params) they are BertModel's, without the "bert." prefix.
+    """
     with_heads = "predictions" in params
+    if with_heads and base_model_keys:
+        raise ValueError("base_model_keys=True needs encoder-only params (no heads)")
     out: dict[str, np.ndarray] = {}
     for entry in mapping.entries(config, with_heads=with_heads):
         value = np.asarray(mapping.get_path(params, entry.path), dtype=np.float32)
-        out[entry.hf] = np.ascontiguousarray(mapping.from_bert_jax(entry, value, config, "hf"))
+        key = entry.hf[len("bert.") :] if base_model_keys else entry.hf
+        out[key] = np.ascontiguousarray(mapping.from_bert_jax(entry, value, config, "hf"))
     return out
 
 
@@ -130,6 +262,307 @@ def to_numpy(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.float32)
 
 
-def _fits(entry: mapping.Entry, value: np.ndarray, config: BertConfig) -> bool:
-    """Whether `value` has the element count the layout change needs (so reshape cannot fail)."""
-    return value.size == int(np.prod(mapping.expected_shape(entry, config)))
+# ----------------------------------------------------------------------------------------------
+# safetensors (read and written with NumPy; the format is a JSON header plus raw bytes).
+# ----------------------------------------------------------------------------------------------
+
+
+def _safetensors_dtypes() -> dict[str, np.dtype]:
+    import ml_dtypes  # a JAX dependency; NumPy has no bfloat16 of its own
+
+    return {
+        "F64": np.dtype("<f8"),
+        "F32": np.dtype("<f4"),
+        "F16": np.dtype("<f2"),
+        "BF16": np.dtype(ml_dtypes.bfloat16),
+        "I64": np.dtype("<i8"),
+        "I32": np.dtype("<i4"),
+        "I16": np.dtype("<i2"),
+        "I8": np.dtype("i1"),
+        "U8": np.dtype("u1"),
+        "BOOL": np.dtype("?"),
+    }
+
+
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclasses.dataclass
+class SafetensorsFile:
+    """A lazily read safetensors file: `shapes` from the header, `read(name)` per tensor."""
+
+    path: str
+    header: dict[str, Any]
+    data_start: int
+    metadata: dict[str, str]
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(info["shape"]) for name, info in self.header.items()}
+
+    def read(self, name: str) -> np.ndarray:
+        info = self.header[name]
+        dtypes = _safetensors_dtypes()
+        if info["dtype"] not in dtypes:
+            raise ConversionError(
+                f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}"
+            )
+        dtype = dtypes[info["dtype"]]
+        begin, end = (int(x) for x in info["data_offsets"])
+        shape = tuple(int(n) for n in info["shape"])
+        count = int(np.prod(shape))
+        if end - begin != count * dtype.itemsize:
+            raise ConversionError(
+                f"{self.path}: tensor {name!r} claims shape {shape} {info['dtype']} but holds "
+                f"{end - begin} bytes (a truncated or corrupt file)"
+            )
+        with open(self.path, "rb") as f:
+            f.seek(self.data_start + begin)
+            raw = f.read(end - begin)
+        if len(raw) != end - begin:
+            raise ConversionError(
+                f"{self.path}: tensor {name!r} is cut short ({len(raw)} of {end - begin} bytes): "
+                "the file is truncated"
+            )
+        return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+
+
+def read_safetensors(path: str | os.PathLike) -> SafetensorsFile:
+    """Opens a safetensors file and validates its header (tensors are read on demand)."""
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ConversionError(f"{path} is not a safetensors file (shorter than 8 bytes)")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(_MAX_HEADER_BYTES, size - 8):
+            raise ConversionError(f"{path} is not a safetensors file (header length {length})")
+        try:
+            header = json.loads(f.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ConversionError(f"{path}: unreadable safetensors header ({err})") from err
+    metadata = header.pop("__metadata__", None) or {}
+    data_start = 8 + length
+    for name, info in header.items():
+        end = int(info["data_offsets"][1])
+        if data_start + end > size:
+            raise ConversionError(
+                f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has "
+                f"{size} bytes: the file is truncated"
+            )
+    return SafetensorsFile(path, header, data_start, metadata)
+
+
+def write_safetensors(
+    path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: dict[str, str] | None
+) -> None:
+    """Writes NumPy arrays as a safetensors file (what `safetensors.numpy.save_file` writes)."""
+    names = {dtype: name for name, dtype in _safetensors_dtypes().items()}
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    arrays = []
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+        if dtype not in names:
+            raise ValueError(f"tensor {name!r}: dtype {array.dtype} has no safetensors name")
+        array = array.astype(dtype, copy=False)
+        header[name] = {
+            "dtype": names[dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
+        offset += array.nbytes
+        arrays.append(array)
+    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for array in arrays:
+            f.write(array.tobytes())
+
+
+# ----------------------------------------------------------------------------------------------
+# Directories.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class HFCheckpoint:
+    """A Hugging Face BERT directory, opened: its config and lazily readable tensors."""
+
+    path: str
+    config: dict[str, Any]
+    weight_files: list[str]
+    shapes: dict[str, tuple[int, ...]]  # canonical (BertForPreTraining) names
+    read: Callable[[str], np.ndarray]
+
+
+def _load_torch_bin(path: str) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as err:
+        raise ConversionError(
+            f"reading {path} needs PyTorch (pip install torch); or convert from a directory "
+            "holding model.safetensors"
+        ) from err
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError, RuntimeError (truncated zip), ...
+        raise ConversionError(
+            f"{path} could not be loaded with torch.load(weights_only=True), which only accepts "
+            f"tensors and plain containers (arbitrary pickled objects are refused): {err}"
+        ) from err
+    if isinstance(loaded, Mapping) and "state_dict" in loaded and len(loaded) <= 3:
+        loaded = loaded["state_dict"]
+    if not isinstance(loaded, Mapping):
+        raise ConversionError(f"{path} holds a {type(loaded).__name__}, not a state dict")
+    bad = [key for key, value in loaded.items() if not hasattr(value, "detach")]
+    if bad:
+        raise ConversionError(f"{path}: entry {bad[0]!r} is not a tensor")
+    return dict(loaded)
+
+
+def _weight_files(path: str) -> list[str]:
+    for single, index in (
+        (SAFETENSORS_NAME, f"{SAFETENSORS_NAME}.index.json"),
+        (PYTORCH_NAME, f"{PYTORCH_NAME}.index.json"),
+    ):
+        if os.path.exists(os.path.join(path, single)):
+            return [os.path.join(path, single)]
+        index_path = os.path.join(path, index)
+        if os.path.exists(index_path):
+            with open(index_path, encoding="utf-8") as f:
+                weight_map = json.load(f).get("weight_map", {})
+            files = sorted(set(weight_map.values()))
+            if not files:
+                raise ConversionError(f"{index_path} lists no weight files")
+            missing = [name for name in files if not os.path.exists(os.path.join(path, name))]
+            if missing:
+                raise ConversionError(f"{index_path} lists {missing[0]}, which is missing")
+            return [os.path.join(path, name) for name in files]
+    present = ", ".join(sorted(os.listdir(path))) or "nothing"
+    raise ConversionError(
+        f"{path} holds no {SAFETENSORS_NAME} or {PYTORCH_NAME} (found: {present}); only PyTorch "
+        "weights in those files are read"
+    )
+
+
+def read_hf_dir(path: str | os.PathLike) -> HFCheckpoint:
+    """Opens a Hugging Face BERT directory: config.json plus model.safetensors or
+    pytorch_model.bin (single or sharded with an index)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ConversionError(f"{path} is not a directory (expected a Hugging Face model dir)")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise ConversionError(f"{path} has no config.json")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    files = _weight_files(path)
+    shapes: dict[str, tuple[int, ...]] = {}
+    readers: dict[str, Callable[[], np.ndarray]] = {}
+    for file in files:
+        if file.endswith(".safetensors"):
+            st = read_safetensors(file)
+            file_shapes = st.shapes
+            read_one: Callable[[str], np.ndarray] = st.read
+        else:
+            state = _load_torch_bin(file)
+            file_shapes = {key: tuple(value.shape) for key, value in state.items()}
+            read_one = lambda key, state=state: to_numpy(state[key])  # noqa: E731
+        # strip_prefix keeps the order of its input, so canonical names pair up with keys.
+        for canonical, key in zip(strip_prefix(file_shapes), file_shapes):
+            if canonical in shapes:
+                raise ConversionError(f"tensor {key!r} appears in more than one weight file")
+            shapes[canonical] = file_shapes[key]
+            readers[canonical] = lambda read_one=read_one, key=key: read_one(key)
+    return HFCheckpoint(path, config, files, shapes, lambda name: readers[name]())
+
+
+def write_hf_dir(
+    path: str | os.PathLike,
+    config: BertConfig,
+    params: Mapping[str, Any],
+    tokenizer: Any = None,
+) -> list[str]:
+    """Writes config.json, model.safetensors and the tokenizer files into the existing directory
+    `path`. Returns the names written.
+
+    Params with heads become a BertForPreTraining checkpoint; encoder-only params a BertModel one
+    (keys without the "bert." prefix). Tied copies are not written: transformers re-ties them.
+    """
+    path = os.fspath(path)
+    with_heads = "predictions" in params
+    state = hf_state_dict_from(params, config, base_model_keys=not with_heads)
+    written = ["config.json", SAFETENSORS_NAME]
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(hf_config_from(config, with_heads=with_heads), f, indent=2, sort_keys=True)
+        f.write("\n")
+    write_safetensors(os.path.join(path, SAFETENSORS_NAME), state, {"format": "pt"})
+    if tokenizer is not None:
+        written += write_hf_tokenizer(path, tokenizer, config)
+    return written
+
+
+def write_hf_tokenizer(path: str, tokenizer: Any, config: BertConfig) -> list[str]:
+    """Tokenizer files for transformers.
+
+    WordPiece: vocab.txt, tokenizer_config.json (BertTokenizer, do_lower_case) and
+    special_tokens_map.json; `BertTokenizer.from_pretrained` reproduces our ids.
+    SentencePiece: spiece.model and bert_jax_tokenizer.json (what `load_tokenizer` reads), plus
+    tokenizer_config.json naming ALBERT's tokenizer (the one transformers class that runs a
+    SentencePiece model and adds [CLS]/[SEP]) with keep_accents and our special pieces. ALBERT's
+    tokenizer also rewrites `` and '' as a double quote and splits digits from a trailing comma,
+    so for exact ids use bert-jax's tokenizer.
+    """
+    from bert_jax.data import tokenizer as tokenizer_lib
+
+    special = {
+        "unk_token": tokenizer_lib.UNK,
+        "sep_token": tokenizer_lib.SEP,
+        "pad_token": tokenizer_lib.PAD,
+        "cls_token": tokenizer_lib.CLS,
+        "mask_token": tokenizer_lib.MASK,
+    }
+    if tokenizer.kind == "sentencepiece":
+        pieces = tokenizer.convert_ids_to_tokens([tokenizer.pad_id, tokenizer.unk_id])
+        special.update(pad_token=pieces[0], unk_token=pieces[1])
+    tokenizer.save(path)
+    files = sorted(
+        name
+        for name in os.listdir(path)
+        if name in (tokenizer_lib.VOCAB_NAME, tokenizer_lib.SPM_NAME, tokenizer_lib.CONFIG_NAME)
+    )
+    if tokenizer.kind == "wordpiece":
+        tok_config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": tokenizer.lowercase,
+            "do_basic_tokenize": True,
+            "tokenize_chinese_chars": True,
+            "strip_accents": None,
+            "model_max_length": config.max_position_embeddings,
+            **special,
+        }
+    else:
+        tok_config = {
+            "tokenizer_class": "AlbertTokenizer",
+            "do_lower_case": tokenizer.lowercase,
+            "keep_accents": True,
+            "remove_space": True,
+            "model_max_length": config.max_position_embeddings,
+            **special,
+        }
+    for name, payload in (
+        ("tokenizer_config.json", tok_config),
+        ("special_tokens_map.json", special),
+    ):
+        with open(os.path.join(path, name), "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.write("\n")
+        files.append(name)
+    return files

@@ -171,6 +171,29 @@ def expected_shape(entry: Entry, config: BertConfig) -> tuple[int, ...]:
     return (d,)
 
 
+def source_name(entry: Entry, source: str) -> str:
+    """The tensor's name in `source` ("hf" or "tf1")."""
+    if source not in ("hf", "tf1"):
+        raise ValueError(f"unknown checkpoint format {source!r}; expected 'hf' or 'tf1'")
+    return entry.hf if source == "hf" else entry.tf1
+
+
+def source_shape(entry: Entry, config: BertConfig, source: str) -> tuple[int, ...]:
+    """The shape `entry`'s tensor must have in a `source` ("hf" or "tf1") checkpoint."""
+    source_name(entry, source)  # validates `source`
+    d = config.hidden_size
+    shape = expected_shape(entry, config)
+    if entry.layout in ("qkv", "attn_out"):
+        return (d, d)
+    if entry.layout == "qkv_bias":
+        return (d,)
+    if entry.layout == "nsp":
+        return (2, d)
+    if entry.layout == "dense" and source == "hf":
+        return shape[::-1]
+    return shape
+
+
 def to_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, source: str) -> np.ndarray:
     """Converts a source array (`source` is "hf" or "tf1") into the bert-jax layout."""
     value = np.asarray(value)

@@ -1,0 +1,209 @@
+"""`convert(src_format, src, dst_format, dst)`: one checkpoint format to another, with a report.
+
+Sources: "tf1" (Google's checkpoint directory), "hf" (a Hugging Face BERT directory), "bert-jax"
+(a model directory or pretraining workdir). Targets: "bert-jax" (a model directory) and "hf"
+(config.json + model.safetensors + tokenizer files, loadable by transformers'
+`BertForPreTraining.from_pretrained`, or `BertModel` for an encoder-only model).
+
+Everything is read and checked before anything is written, and the destination is written
+atomically: a refused conversion leaves nothing at `dst`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
+from bert_jax.model import BertConfig
+
+SOURCE_FORMATS = ("tf1", "hf", "bert-jax")
+TARGET_FORMATS = ("bert-jax", "hf")
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A source checkpoint in memory: bert-jax params (NumPy) plus config and tokenizer."""
+
+    config: BertConfig
+    params: dict[str, Any]
+    tokenizer: Any  # data.tokenizer.Tokenizer or None
+    report: ConversionReport
+
+
+def _describe(tokenizer: Any, origin: str) -> str:
+    case = "lowercased" if tokenizer.lowercase else "cased"
+    return f"{tokenizer.kind}, {tokenizer.vocab_size} entries, {case} (from {origin})"
+
+
+def _load_tokenizer(path: str, lowercase: bool | None):
+    from bert_jax.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(path, lowercase=lowercase)
+
+
+def load_source(
+    src_format: str,
+    src: str | os.PathLike,
+    *,
+    drop_heads: bool = False,
+    tokenizer: str | os.PathLike | None = None,
+    lowercase: bool | None = None,
+) -> Loaded:
+    """Reads and strictly converts a source checkpoint into bert-jax params (nothing written).
+
+    `tokenizer` replaces the source's own tokenizer files; `lowercase` overrides the case setting
+    (a Google vocab.txt does not record it: it is inferred from the vocabulary unless given).
+    """
+    src = os.fspath(src)
+    report = ConversionReport(source_format=src_format, source=os.path.abspath(src))
+    tok = None
+    tok_origin = None
+    if src_format == "tf1":
+        from bert_jax.convert import tf1
+
+        checkpoint = tf1.read_tf1_dir(src)
+        report.source = os.path.abspath(checkpoint.prefix)
+        config = checkpoint.config
+        params = tf1.params_from_tf1(checkpoint, drop_heads=drop_heads, report=report)
+        if checkpoint.vocab_file is not None:
+            tok_origin = checkpoint.vocab_file
+    elif src_format == "hf":
+        from bert_jax.convert import hf
+
+        checkpoint = hf.read_hf_dir(src)
+        config = hf.config_from_hf(checkpoint.config)
+        params = hf.import_state(
+            checkpoint.shapes,
+            checkpoint.read,
+            config,
+            drop_heads=drop_heads,
+            report=report,
+            origin=f"Hugging Face checkpoint {', '.join(checkpoint.weight_files)}",
+        )
+        if os.path.exists(os.path.join(src, "vocab.txt")) or any(
+            name.endswith(".model") for name in os.listdir(src)
+        ):
+            tok_origin = src
+    elif src_format == "bert-jax":
+        from bert_jax import model_dir
+
+        loaded = model_dir.load_model_dir(src)
+        report.source = loaded.path
+        config = loaded.config
+        params = _to_numpy(loaded.params)
+        if drop_heads and loaded.has_heads:
+            params = {"bert": params["bert"]}
+            report.notes.append("the model's MLM/NSP heads were dropped")
+        report.config = config
+        report.has_heads = "predictions" in params
+        names = sorted(_flat_names(params))
+        report.tensors_read = len(names)
+        report.used = names
+        report.num_parameters = sum(int(np.size(v)) for v in _leaves(params))
+        if not report.has_heads:
+            report.notes.append("encoder-only model: no MLM/NSP pretraining heads")
+        if loaded.has_tokenizer:
+            tok_origin = loaded.tokenizer_path
+    else:
+        raise ValueError(f"unknown source format {src_format!r}; expected one of {SOURCE_FORMATS}")
+
+    if tokenizer is not None:
+        tok_origin = os.fspath(tokenizer)
+    if tok_origin is not None:
+        tok = _load_tokenizer(tok_origin, lowercase)
+        if tok.vocab_size > config.vocab_size:
+            raise ConversionError(
+                f"tokenizer {tok_origin} has {tok.vocab_size} entries but the model's vocab_size "
+                f"is {config.vocab_size} (tensor bert.embeddings.word_embeddings has "
+                f"{config.vocab_size} rows): ids past the embedding table would be produced"
+            )
+        report.tokenizer = _describe(tok, tok_origin)
+        if tok.vocab_size < config.vocab_size:
+            report.notes.append(
+                f"the tokenizer has {tok.vocab_size} entries, the model {config.vocab_size} rows "
+                "(the extra rows are never produced by the tokenizer)"
+            )
+    else:
+        report.notes.append("no tokenizer found in the source; pass --tokenizer to include one")
+    return Loaded(config, params, tok, report)
+
+
+def convert(
+    src_format: str,
+    src: str | os.PathLike,
+    dst_format: str,
+    dst: str | os.PathLike,
+    *,
+    drop_heads: bool = False,
+    tokenizer: str | os.PathLike | None = None,
+    lowercase: bool | None = None,
+    overwrite: bool = False,
+) -> ConversionReport:
+    """Converts `src` (in `src_format`) into `dst` (in `dst_format`) and returns the report.
+
+    Raises `ConversionError` (naming the tensor or setting) before writing anything when the
+    source does not convert exactly; `FileExistsError` when `dst` exists and not `overwrite`.
+    """
+    if dst_format not in TARGET_FORMATS:
+        raise ValueError(f"unknown target format {dst_format!r}; expected one of {TARGET_FORMATS}")
+    dst = os.path.abspath(os.fspath(dst))
+    if os.path.exists(dst) and not overwrite:
+        raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
+    if os.path.abspath(os.fspath(src)) == dst:
+        raise ValueError(f"source and destination are the same path: {dst}")
+    loaded = load_source(
+        src_format, src, drop_heads=drop_heads, tokenizer=tokenizer, lowercase=lowercase
+    )
+    report = loaded.report
+    report.target_format, report.target = dst_format, dst
+    check_params(loaded.params, loaded.config, f"converted {src_format} params")
+    from bert_jax import model_dir
+
+    if dst_format == "bert-jax":
+        model_dir.save_model_dir(
+            dst,
+            loaded.config,
+            loaded.params,
+            loaded.tokenizer,
+            extra={"converted_from": {"format": src_format, "path": report.source}},
+            overwrite=overwrite,
+        )
+        report.written = sorted(os.listdir(dst))
+    else:
+        from bert_jax.convert import hf
+
+        with model_dir.atomic_output_dir(dst, overwrite=overwrite) as tmp:
+            report.written = hf.write_hf_dir(tmp, loaded.config, loaded.params, loaded.tokenizer)
+        if loaded.tokenizer is not None and loaded.tokenizer.kind == "sentencepiece":
+            report.notes.append(
+                "SentencePiece tokenizer written as spiece.model with an AlbertTokenizer "
+                "tokenizer_config.json (ALBERT's text clean-up differs slightly; bert-jax's "
+                "bert_jax_tokenizer.json is written too)"
+            )
+        if not report.has_heads:
+            report.notes.append("written as a BertModel checkpoint (no pretraining heads)")
+    return report
+
+
+def _to_numpy(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {key: _to_numpy(value) for key, value in tree.items()}
+    return np.asarray(tree)
+
+
+def _leaves(tree: Any) -> list[Any]:
+    if isinstance(tree, dict):
+        return [leaf for value in tree.values() for leaf in _leaves(value)]
+    return [tree]
+
+
+def _flat_names(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    names = []
+    for key, value in tree.items():
+        name = f"{prefix}/{key}" if prefix else key
+        names += _flat_names(value, name) if isinstance(value, dict) else [name]
+    return names
