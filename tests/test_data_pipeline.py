@@ -14,7 +14,8 @@ import pytest
 from bert_jax.data import prepare, records
 from bert_jax.data.pipeline import PretrainIterator, make_pretrain_iterator
 from bert_jax.data.pretraining import MaskingConfig
-from tests.data_fixtures import embedded_spm, embedded_spm_dir
+from bert_jax.data.tokenizer import load_tokenizer
+from tests.data_fixtures import embedded_spm, embedded_spm_dir, minilm_vocab_path
 
 LENGTH, SLOTS, BATCH = 128, 20, 8
 
@@ -273,6 +274,13 @@ def test_mismatched_lengths_and_too_little_data_are_clear_errors(records_dir):
         next(_iterator(records_dir, batch_size=100_000))
     with pytest.raises(ValueError, match="corpus, not prepared records"):
         make_pretrain_iterator("embedded:eval", batch_size=BATCH)
+    with pytest.raises(ValueError, match="was prepared with tokenizer .* but dynamic masking"):
+        make_pretrain_iterator(
+            str(records_dir),
+            load_tokenizer(minilm_vocab_path()),
+            batch_size=BATCH,
+            dynamic_masking=True,
+        )
     masking = MaskingConfig.from_tokenizer(embedded_spm(), 0.15, 10)
     with pytest.raises(ValueError, match="must equal max_predictions_per_seq"):
         PretrainIterator(

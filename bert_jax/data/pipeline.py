@@ -28,10 +28,10 @@ every ``process_count``-th record of the common stream. Each epoch is a determin
 ``(seed, epoch)``: a NumPy permutation of the files, a deterministic interleave, and a shuffle of
 consecutive blocks of ``shuffle_buffer_size`` records by stateless random keys (so, unlike
 ``Dataset.shuffle``, the order never depends on TensorFlow's global seed); batches use
-``drop_remainder``. The state is just
-``(epoch, batches taken in the epoch)``; restoring rebuilds that epoch and skips the consumed
-batches while they are still serialized strings (no parsing, no masking), so resuming costs a
-re-read of part of one epoch and the state stays a few bytes instead of a shuffle buffer.
+``drop_remainder``. The state is just ``(epoch, batches taken in the epoch)``; restoring rebuilds
+that epoch and skips the consumed batches while they are still serialized strings (no parsing, no
+masking), so resuming costs a re-read of part of one epoch and the state stays a few bytes
+instead of a shuffle buffer.
 
 Dynamic masking (``dynamic_masking=True``) re-masks every batch with vectorized TF ops: the
 original tokens are first restored from the record's ``masked_lm_ids`` (so any static records,
@@ -460,6 +460,15 @@ def make_pretrain_iterator(
                 if os.path.isdir(item) and os.path.isdir(candidate):
                     tokenizer = load_tokenizer(candidate)
                     break
+        if tokenizer is not None and dynamic_masking:
+            # Re-masking with another vocabulary than the records' would corrupt every batch.
+            for item in items:
+                config = read_prepare_config(item) if os.path.isdir(item) else None
+                if config and config.get("tokenizer_fingerprint") != tokenizer.fingerprint():
+                    raise ValueError(
+                        f"{item} was prepared with tokenizer {config.get('tokenizer_fingerprint')}"
+                        f" but dynamic masking was given {tokenizer!r}"
+                    )
     else:
         if tokenizer is None:
             raise ValueError(
