@@ -1,0 +1,246 @@
+"""Feature extraction (the paper's feature-based approach, section 5.3 / Table 7).
+
+Texts are tokenized with the model's own tokenizer into `[CLS] A [SEP]` (or `[CLS] A [SEP] B [SEP]`
+for a line `A ||| B`, the separator of the original `extract_features.py`), batched into one fixed
+shape (the last batch is padded, so the encoder compiles once), run through the encoder under jit,
+and reduced:
+
+- `pool="cls"`: the hidden state at [CLS] (not the tanh pooler output), [N, D'].
+- `pool="mean"`: the average over real tokens ([CLS] and [SEP] included, padding excluded, by
+  `input_mask`), as sentence-transformers' mean pooling, [N, D'].
+- `pool="none"`: per-token features, zero-padded to the longest row, [N, L, D'], with the number
+  of real tokens of each row in `lengths` ([N], int32).
+
+`layers` index the hidden states as Hugging Face's `hidden_states` does: 0 is the embedding output,
+i the output of layer i, -1 the last layer. Several layers are concatenated along the feature axis
+(D' = len(layers) * hidden), as in the paper's "concat last four hidden" row of Table 7.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.model import BertConfig, BertModel
+
+POOLS = ("cls", "mean", "none")
+PAIR_SEPARATOR = " ||| "
+DEFAULT_MAX_SEQ_LENGTH = 128
+# Rows are padded to a multiple of this many tokens (up to max_seq_length): the compiled shape
+# stays fixed while short inputs do not pay for max_seq_length.
+_LENGTH_MULTIPLE = 8
+
+
+@dataclasses.dataclass
+class Features:
+    features: np.ndarray  # float32 [N, D'] or [N, L, D']
+    lengths: np.ndarray  # int32 [N]: real tokens per row (after truncation)
+    num_truncated: int  # rows whose text was cut to fit max_seq_length
+    max_seq_length: int
+
+
+def read_texts(path: str | os.PathLike) -> list[tuple[str, str | None]]:
+    """One example per line (blank lines included, so row i is line i); `A ||| B` is a pair."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    examples = []
+    for line in lines:
+        if PAIR_SEPARATOR.strip() in line:
+            a, b = line.split(PAIR_SEPARATOR.strip(), 1)
+            examples.append((a.strip(), b.strip()))
+        else:
+            examples.append((line, None))
+    return examples
+
+
+def parse_layers(spec: str | int | Sequence[int]) -> tuple[int, ...]:
+    """`-1`, `"-1"` or `"-4,-3,-2,-1"` -> a tuple of layer indices."""
+    if isinstance(spec, int):
+        return (spec,)
+    if isinstance(spec, str):
+        try:
+            return tuple(int(part) for part in spec.split(",") if part.strip())
+        except ValueError as err:
+            raise ValueError(f"--layer {spec!r}: expected integers such as -1 or -4,-3") from err
+    return tuple(int(x) for x in spec)
+
+
+def _check_layers(layers: tuple[int, ...], config: BertConfig) -> None:
+    count = config.num_hidden_layers + 1
+    if not layers:
+        raise ValueError("no layer given")
+    bad = [layer for layer in layers if not -count <= layer < count]
+    if bad:
+        raise ValueError(
+            f"layer {bad[0]} does not exist: the model has {config.num_hidden_layers} layers, "
+            f"so hidden states are indexed {-count}..{count - 1} (0 = embeddings, -1 = last)"
+        )
+
+
+@functools.partial(jax.jit, static_argnames=("config", "pool", "layers"))
+def _features(params, input_ids, input_mask, segment_ids, *, config, pool, layers):
+    outputs = BertModel(config, add_pooler=False).apply(
+        {"params": params}, input_ids, input_mask, segment_ids, deterministic=True
+    )
+    hidden = jnp.concatenate(
+        [outputs["hidden_states"][layer].astype(jnp.float32) for layer in layers], axis=-1
+    )
+    mask = input_mask.astype(jnp.float32)[..., None]
+    if pool == "cls":
+        return hidden[:, 0]
+    if pool == "mean":
+        return jnp.sum(hidden * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+    return hidden * mask
+
+
+def _tokenize(tokenizer, examples, max_seq_length: int):
+    """input ids etc. per example, unpadded, and how many were truncated."""
+    from bert_jax.data.tokenizer import encode_pair
+
+    rows, truncated = [], 0
+    for text_a, text_b in examples:
+        encoded = encode_pair(tokenizer, text_a, text_b, max_seq_length=max_seq_length)
+        length = int(encoded["input_mask"].sum())
+        full = len(tokenizer.encode(text_a)) + 2
+        if text_b is not None:
+            full += len(tokenizer.encode(text_b)) + 1
+        truncated += full > length
+        rows.append((encoded, length))
+    return rows, truncated
+
+
+def encode_texts(
+    model: Any,
+    texts: Sequence[str | tuple[str, str | None]],
+    *,
+    pool: str = "cls",
+    layers: str | int | Sequence[int] = -1,
+    batch_size: int = 32,
+    max_seq_length: int | None = None,
+    dtype: str | None = None,
+) -> Features:
+    """Features for `texts` (strings or (A, B) pairs) from a loaded `ModelDir` (see module doc).
+
+    `max_seq_length` defaults to 128, or the model's max_position_embeddings when smaller. `dtype`
+    overrides the compute dtype (e.g. "bfloat16"); features are returned as float32.
+    """
+    if pool not in POOLS:
+        raise ValueError(f"pool={pool!r} is not one of {POOLS}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be positive")
+    config: BertConfig = model.config.replace(
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    if dtype is not None:
+        config = config.replace(dtype=dtype)
+    if max_seq_length is None:
+        max_seq_length = min(DEFAULT_MAX_SEQ_LENGTH, config.max_position_embeddings)
+    if max_seq_length > config.max_position_embeddings:
+        raise ValueError(
+            f"max_seq_length={max_seq_length} exceeds the model's max_position_embeddings="
+            f"{config.max_position_embeddings}"
+        )
+    layer_ids = parse_layers(layers)
+    _check_layers(layer_ids, config)
+    if model.params is None:
+        raise ValueError(f"{model.path} was loaded without params")
+    examples = [(t, None) if isinstance(t, str) else (t[0], t[1]) for t in texts]
+    rows, truncated = _tokenize(model.tokenizer, examples, max_seq_length)
+    lengths = np.array([length for _, length in rows], dtype=np.int32)
+    longest = int(lengths.max()) if len(rows) else 1
+    seq_len = min(max_seq_length, -(-longest // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE)
+    # The pooler is not needed for features; leave it on the host.
+    encoder = {k: v for k, v in model.params["bert"].items() if k != "pooler"}
+    device = jax.devices()[0]
+    encoder = jax.device_put(encoder, device)
+
+    hidden = len(layer_ids) * config.hidden_size
+    shape = (len(rows), hidden) if pool != "none" else (len(rows), longest, hidden)
+    out = np.zeros(shape, dtype=np.float32)
+    pending: list[tuple[int, int, Any]] = []
+
+    def drain(keep: int) -> None:
+        while len(pending) > keep:
+            start, count, result = pending.pop(0)
+            values = np.asarray(result)[:count]
+            out[start : start + count] = values if pool != "none" else values[:, :longest]
+
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        batch = {
+            key: np.zeros((batch_size, seq_len), np.int32)
+            for key in ("input_ids", "input_mask", "segment_ids")
+        }
+        # Padding rows get one visible token, so no attention row is fully masked.
+        batch["input_mask"][:, 0] = 1
+        for i, (encoded, _) in enumerate(chunk):
+            for key in batch:
+                batch[key][i] = encoded[key][:seq_len]
+        result = _features(
+            encoder,
+            jax.device_put(batch["input_ids"], device),
+            jax.device_put(batch["input_mask"], device),
+            jax.device_put(batch["segment_ids"], device),
+            config=config,
+            pool=pool,
+            layers=layer_ids,
+        )
+        pending.append((start, len(chunk), result))
+        drain(keep=1)  # the host copies batch k-1 while the device runs batch k
+    drain(keep=0)
+    return Features(out, lengths, int(truncated), max_seq_length)
+
+
+def _save_npy(path: str, array: np.ndarray) -> None:
+    # Through a file object, so the name is kept as given (np.save would append ".npy").
+    with open(path, "wb") as f:
+        np.save(f, array)
+
+
+def lengths_path(output: str | os.PathLike) -> str:
+    """Where `pool="none"` writes the per-row token counts: OUT.npy -> OUT.lengths.npy."""
+    output = os.fspath(output)
+    stem = output[: -len(".npy")] if output.endswith(".npy") else output
+    return stem + ".lengths.npy"
+
+
+def encode_file(
+    model: str | os.PathLike,
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    **options: Any,
+) -> dict[str, Any]:
+    """`bert-jax encode`: features of every line of `input_path` saved to `output_path` (.npy).
+
+    With `pool="none"` the token counts go to `lengths_path(output_path)`. Returns a summary.
+    """
+    from bert_jax.model_dir import load_model_dir
+
+    examples = read_texts(input_path)
+    if not examples:
+        raise ValueError(f"{input_path} holds no lines to encode")
+    loaded = load_model_dir(model)
+    result = encode_texts(loaded, examples, **options)
+    output_path = os.fspath(output_path)
+    parent = os.path.dirname(os.path.abspath(output_path))
+    os.makedirs(parent, exist_ok=True)
+    _save_npy(output_path, result.features)
+    written = [output_path]
+    if options.get("pool") == "none":
+        _save_npy(lengths_path(output_path), result.lengths)
+        written.append(lengths_path(output_path))
+    return {
+        "model": loaded.path,
+        "texts": len(examples),
+        "shape": list(result.features.shape),
+        "truncated": result.num_truncated,
+        "max_seq_length": result.max_seq_length,
+        "written": written,
+    }
