@@ -9,6 +9,8 @@ WordPiece tokenizer (the uncased 30,522-entry vocabulary shipped by gt-all-minil
 installed) and a SentencePiece model trained here; "per worker" divides instances by the worker
 CPU seconds spent tokenizing, pairing, masking and serializing. The pipeline is measured per host
 on the prepared records, static and with dynamic masking, after a warm-up of a few batches.
+Wall rates include spawning workers and the driver's reading and writing; on a machine shared with
+other jobs, trust the per-worker (CPU time) rates.
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ def main(argv=None) -> int:
 
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPU cores, numpy {np.__version__}")
     with tempfile.TemporaryDirectory(prefix="bert_jax_data_bench_") as work_dir:
+        from bert_jax.data import records
+
+        # One-time costs (TensorFlow import, reading the embedded corpus) stay out of the timings.
+        records.import_tensorflow()
         tokenizers = _tokenizers(work_dir)
         prepared = {}
         print("\n`data prepare` on the embedded corpus (train split, dupe factor 5)")
