@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
 
+# A fresh run each time (a kept workdir would resume at its final step and do nothing).
 demo: $(STAMP)
-	$(BIN)/python -m bert_jax.demo --workdir $(DEMO_DIR)
+	rm -rf $(DEMO_DIR)
+	$(BIN)/bert-jax pretrain --config configs/demo.py --workdir $(DEMO_DIR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bert_jax configs tests launch

@@ -8,6 +8,7 @@ and bench never import TensorFlow).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -316,6 +317,410 @@ def _add_encode(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
+# Commands whose flags include ml_collections config overrides (`--config.key=value`): absl
+# parses their arguments; argparse only lists them in `bert-jax --help`.
+_CONFIG_COMMANDS: dict = {}
+
+
+def _config_command(name: str, summary: str):
+    def register(fn):
+        _CONFIG_COMMANDS[name] = fn
+        _ADDERS.append(lambda subparsers: subparsers.add_parser(name, help=summary, add_help=False))
+        return fn
+
+    return register
+
+
+def _parse_config_flags(command: str, argv: list[str], define_extra):
+    """Parses `--config FILE[:ARG] --config.key=value ...` plus the command's own flags."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config",
+        None,
+        "config file, e.g. configs/bert.py:base",
+        flag_values=flag_values,
+        lock_config=True,
+    )
+    define_extra(flags, flag_values)
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(f"usage: bert-jax {command} --config FILE[:ARG] [--config.key=value ...] [flags]\n")
+        print(flag_values.get_help())
+        raise SystemExit(0)
+    # absl spells flags with underscores; accept the dashed spelling the other commands use.
+    normalized = []
+    for arg in argv:
+        if arg.startswith("--") and not arg.startswith("--config"):
+            name, sep, value = arg[2:].partition("=")
+            arg = "--" + name.replace("-", "_") + sep + value
+        normalized.append(arg)
+    try:
+        flag_values([f"bert-jax {command}", *normalized])
+    except flags.Error as err:
+        raise SystemExit(f"bert-jax {command}: error: {err}") from None
+    if flag_values.config is None:
+        raise SystemExit(f"bert-jax {command}: error: --config is required")
+    return flag_values
+
+
+@_config_command(
+    "pretrain",
+    "pretrain BERT: --config configs/bert.py:SIZE --workdir DIR [--config.key=value ...]",
+)
+def _run_pretrain(argv: list[str]) -> int:
+    def define(flags, flag_values):
+        flags.DEFINE_string(
+            "workdir", None, "run directory (created; resumed)", flag_values=flag_values
+        )
+        flags.DEFINE_bool(
+            "dry_run",
+            False,
+            "print the resolved config and phase plan, then exit",
+            flag_values=flag_values,
+        )
+
+    flag_values = _parse_config_flags("pretrain", argv, define)
+    from bert_jax import pretrain
+
+    config = flag_values.config
+    if flag_values.dry_run:
+        print(pretrain.describe(config))
+        return 0
+    if not flag_values.workdir:
+        return _data_error("pretrain", ValueError("--workdir is required"))
+    try:
+        result = pretrain.pretrain(config, flag_values.workdir)
+    except pretrain.NonFiniteError as err:
+        print(f"bert-jax pretrain: stopped: {err}", file=sys.stderr)
+        return 3
+    except (ValueError, FileNotFoundError) as err:
+        return _data_error("pretrain", err)
+    # 143 = 128 + SIGTERM: a preempted run has not finished, and schedulers should see that.
+    return 143 if result.preempted else 0
+
+
+@_subcommand
+def _add_convert(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert checkpoints: Google TF1 / Hugging Face / bert-jax -> bert-jax / Hugging Face",
+        description="Strict conversion: every source tensor is used once (optimizer slots, "
+        "global_step, tied copies and buffers are reported as ignored) and every parameter is "
+        "filled with the right shape; otherwise nothing is written and the error names the tensor.",
+    )
+    parser.add_argument(
+        "--from",
+        dest="source",
+        nargs=2,
+        required=True,
+        metavar=("{tf1,hf,bert-jax}", "SRC"),
+        help="source format and path: a Google checkpoint dir (bert_model.ckpt.*, "
+        "bert_config.json, vocab.txt), a Hugging Face dir, or a bert-jax model dir / workdir",
+    )
+    parser.add_argument(
+        "--to",
+        dest="target",
+        nargs=2,
+        required=True,
+        metavar=("{bert-jax,hf}", "DST"),
+        help="target format and directory (written atomically)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    parser.add_argument(
+        "--drop-heads",
+        action="store_true",
+        help="convert the encoder (with pooler) only, leaving out MLM/NSP or task heads",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="TOK",
+        help="tokenizer to store instead of the source's (dir, .model or vocab.txt)",
+    )
+    parser.add_argument(
+        "--lowercase",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="override the tokenizer's case setting (default: stored, or inferred from vocab.txt)",
+    )
+    parser.add_argument("--report-json", default=None, metavar="FILE", help="also save the report")
+
+    def run(args) -> int:
+        from bert_jax.convert.convert import SOURCE_FORMATS, TARGET_FORMATS, convert
+        from bert_jax.model_dir import ModelDirError
+
+        (src_format, src), (dst_format, dst) = args.source, args.target
+        if src_format not in SOURCE_FORMATS:
+            return _data_error(
+                "convert", ValueError(f"--from {src_format!r}: use {SOURCE_FORMATS}")
+            )
+        if dst_format not in TARGET_FORMATS:
+            return _data_error("convert", ValueError(f"--to {dst_format!r}: use {TARGET_FORMATS}"))
+        try:
+            report = convert(
+                src_format,
+                src,
+                dst_format,
+                dst,
+                drop_heads=args.drop_heads,
+                tokenizer=args.tokenizer,
+                lowercase=args.lowercase,
+                overwrite=args.overwrite,
+            )
+        except (ValueError, FileNotFoundError, FileExistsError, ModelDirError) as err:
+            return _data_error("convert", err)
+        print(report.summary())
+        if args.report_json:
+            with open(args.report_json, "w", encoding="utf-8") as f:
+                f.write(report.to_json() + "\n")
+        return 0
+
+    parser.set_defaults(run=run)
+
+
+@_subcommand
+def _add_encode(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "encode",
+        help="extract features (the paper's feature-based approach) for lines of text",
+        description="One example per line (`A ||| B` for a pair). Writes float32 OUT.npy: [N, D] "
+        "for --pool cls|mean, or [N, L, D] zero-padded per-token features plus OUT.lengths.npy "
+        "(int32 [N], real tokens per row) for --pool none.",
+    )
+    parser.add_argument("--model", required=True, metavar="MODEL", help="model dir or workdir")
+    parser.add_argument("--input", required=True, metavar="TEXTS.txt")
+    parser.add_argument("--output", required=True, metavar="OUT.npy")
+    parser.add_argument(
+        "--pool",
+        default="cls",
+        choices=["cls", "mean", "none"],
+        help="cls: hidden state at [CLS]; mean: average over real tokens; none: every token",
+    )
+    parser.add_argument(
+        "--layer",
+        default="-1",
+        help="hidden state to use: 0 = embeddings, i = layer i, -1 = last; several "
+        "(--layer=-4,-3,-2,-1) are concatenated",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="fixed batch shape (the last batch is padded)"
+    )
+    parser.add_argument(
+        "--max-seq-length",
+        type=int,
+        default=None,
+        help="truncate longer inputs (default 128, or the model's max_position_embeddings)",
+    )
+    parser.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype"
+    )
+
+    def run(args) -> int:
+        from bert_jax.encode import encode_file
+        from bert_jax.model_dir import ModelDirError
+
+        try:
+            summary = encode_file(
+                args.model,
+                args.input,
+                args.output,
+                pool=args.pool,
+                layers=args.layer,
+                batch_size=args.batch_size,
+                max_seq_length=args.max_seq_length,
+                dtype=args.dtype,
+            )
+        except (ValueError, FileNotFoundError, ModelDirError) as err:
+            return _data_error("encode", err)
+        print(
+            f"encoded {summary['texts']} texts with {summary['model']}: features "
+            f"{tuple(summary['shape'])} -> {', '.join(summary['written'])}"
+        )
+        if summary["truncated"]:
+            print(
+                f"  note: {summary['truncated']} texts were truncated to "
+                f"{summary['max_seq_length']} tokens (--max-seq-length)"
+            )
+        return 0
+
+    parser.set_defaults(run=run)
+
+
+def _add_finetune_flags(parser, sweep: bool) -> None:
+    """Flags shared by `finetune` and `glue` (defaults None: the library's defaults apply)."""
+    parser.add_argument("--model", required=True, metavar="MODEL", help="model dir or workdir")
+    parser.add_argument(
+        "--data",
+        required=True,
+        metavar="DATA",
+        help="local GLUE directory (CoLA/train.tsv, MNLI/dev_matched.tsv, ...) or tfds[:DATA_DIR]",
+    )
+    parser.add_argument("--workdir", required=True, metavar="DIR")
+    if not sweep:
+        parser.add_argument("--learning-rate", type=float, default=None, help="default 2e-5")
+        parser.add_argument("--seed", type=int, default=None, help="default 0")
+    parser.add_argument("--epochs", type=float, default=None, help="default 3")
+    parser.add_argument("--batch-size", type=int, default=None, help="default 32")
+    parser.add_argument("--eval-batch-size", type=int, default=None, help="default 32")
+    parser.add_argument("--max-seq-length", type=int, default=None, help="default 128")
+    parser.add_argument("--warmup-proportion", type=float, default=None, help="default 0.1")
+    parser.add_argument("--weight-decay", type=float, default=None, help="default 0.01")
+    parser.add_argument("--dropout", type=float, default=None, help="default 0.1")
+    parser.add_argument(
+        "--adam-bias-correction",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Adam bias correction (default on; --no-adam-bias-correction matches the original "
+        "code's optimizer)",
+    )
+    parser.add_argument(
+        "--eval-every-epoch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also evaluate on dev after every epoch",
+    )
+    parser.add_argument(
+        "--mesh-shape",
+        type=lambda text: tuple(int(x) for x in text.split(",")),
+        default=None,
+        metavar="DATA,FSDP,TENSOR",
+        help="device mesh (default -1,1,1: data parallel over every device)",
+    )
+    parser.add_argument("--log-every", type=int, default=None, help="steps between log lines")
+    parser.add_argument(
+        "--predict-test",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write test-set predictions in the GLUE submission format (default on)",
+    )
+
+
+_FINETUNE_SETTINGS = (
+    "learning_rate",
+    "seed",
+    "epochs",
+    "batch_size",
+    "eval_batch_size",
+    "max_seq_length",
+    "warmup_proportion",
+    "weight_decay",
+    "dropout",
+    "adam_bias_correction",
+    "eval_every_epoch",
+    "mesh_shape",
+    "log_every",
+)
+
+
+def _finetune_overrides(args) -> dict:
+    return {name: getattr(args, name, None) for name in _FINETUNE_SETTINGS}
+
+
+def _log_finetune_progress() -> None:
+    """Our progress lines at INFO; other libraries' (Orbax, absl) only from WARNING up."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("bert_jax.finetune").setLevel(logging.INFO)
+
+
+def _glue_errors():
+    from bert_jax.model_dir import ModelDirError
+
+    return (ValueError, FileNotFoundError, ModelDirError)
+
+
+@_subcommand
+def _add_finetune(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "finetune",
+        help="fine-tune on one GLUE task with one setting (the unit of `bert-jax glue`)",
+        description="Writes DIR/result.json (dev metrics, settings, history) and the test-set "
+        "predictions in the GLUE submission format (e.g. DIR/CoLA.tsv).",
+    )
+    parser.add_argument("--task", required=True, metavar="glue/NAME", help="e.g. glue/MRPC")
+    _add_finetune_flags(parser, sweep=False)
+
+    def run(args) -> int:
+        from bert_jax.finetune import sweep
+
+        _log_finetune_progress()
+        try:
+            options = sweep.sweep_options(overrides=_finetune_overrides(args))
+            record = sweep.run_single(
+                args.model,
+                args.task,
+                args.data,
+                args.workdir,
+                settings=options["settings"],
+                predict_test=args.predict_test is not False,
+            )
+        except _glue_errors() as err:
+            return _data_error("finetune", err)
+        print(f"{record['task']} dev: {record['dev_metrics']} -> {args.workdir}/result.json")
+        return 0
+
+    parser.set_defaults(run=run)
+
+
+@_subcommand
+def _add_glue(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "glue",
+        help="the paper's GLUE protocol: tasks x learning rates x seeds, resumable, with reports",
+        description="Each trial is saved as it ends (DIR/trials/TASK/lr=LR_seed=SEED/result.json); "
+        "running the same command again resumes. Writes DIR/results.{json,csv,md}, "
+        "DIR/plots/TASK.png and DIR/submission/*.tsv (best-on-dev trial per task).",
+    )
+    _add_finetune_flags(parser, sweep=True)
+    parser.add_argument(
+        "--tasks", nargs="+", default=None, metavar="TASK", help="default: all nine GLUE tasks"
+    )
+    parser.add_argument(
+        "--learning-rates",
+        nargs="+",
+        type=float,
+        default=None,
+        metavar="LR",
+        help="default: the paper's 5e-5 4e-5 3e-5 2e-5",
+    )
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=None, metavar="SEED", help="default: 0"
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="sweep options from a .json file or a .py file with get_config() (flags override)",
+    )
+
+    def run(args) -> int:
+        from bert_jax.finetune import sweep
+
+        _log_finetune_progress()
+        overrides = _finetune_overrides(args)
+        overrides.update(
+            tasks=args.tasks,
+            learning_rates=args.learning_rates,
+            seeds=args.seeds,
+            predict_test=args.predict_test,
+        )
+        try:
+            options = sweep.sweep_options(args.config, overrides)
+            outcome = sweep.run_sweep(args.model, args.data, args.workdir, **options)
+        except _glue_errors() as err:
+            return _data_error("glue", err)
+        print(
+            f"{len(outcome.ran)} trials run, {len(outcome.reused)} finished earlier; "
+            f"reports in {args.workdir}/results.md"
+        )
+        return 0
+
+    parser.set_defaults(run=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bert-jax", description="BERT pretraining, conversion and evaluation in JAX/Flax."
@@ -328,6 +733,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # TensorFlow (tf.data only) would otherwise log its CPU-feature banners on every start.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if argv and argv[0] in _CONFIG_COMMANDS:
+        return int(_CONFIG_COMMANDS[argv[0]](argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     result = args.run(args)
     return int(result or 0)

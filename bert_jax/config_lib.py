@@ -71,13 +71,62 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "bias_correction": True,
         }
     )
-    # Global batch sizes (all hosts together); each phase has its own data and sequence length.
-    config.phase1 = ml_collections.ConfigDict(
-        {"fraction": 0.9, "max_seq_length": 128, "max_predictions_per_seq": 20, "batch_size": 256}
+    config.optimizer.schedule = "whole_run"  # or "per_phase" (each phase warms up and decays)
+    config.grad_accum_steps = 1
+    # Global batch sizes (all hosts together); each phase may name its own data (`data`: '' uses
+    # config.data.source) and, with optimizer.schedule="per_phase", its own learning_rate and
+    # warmup_steps (-1: the optimizer's).
+    phase = lambda fraction, length, predictions: ml_collections.ConfigDict(  # noqa: E731
+        {
+            "fraction": fraction,
+            "max_seq_length": length,
+            "max_predictions_per_seq": predictions,
+            "batch_size": 256,
+            "data": "",
+            "learning_rate": -1.0,
+            "warmup_steps": -1,
+        }
     )
-    config.phase2 = ml_collections.ConfigDict(
-        {"fraction": 0.1, "max_seq_length": 512, "max_predictions_per_seq": 80, "batch_size": 256}
+    config.phase1 = phase(0.9, 128, 20)
+    config.phase2 = phase(0.1, 512, 80)
+    small = size in ("tiny", "mini", "small")
+    config.data = ml_collections.ConfigDict(
+        {
+            # Prepared records (`bert-jax data prepare`), a corpus (text files in the original
+            # format, .jsonl, tfds:NAME[/CONFIG][:SPLIT]) prepared on the fly, or "embedded" (text
+            # that ships with Python: the default for the small sizes, so they run anywhere).
+            "source": "embedded" if small else "",
+            # Tokenizer directory, SentencePiece .model or WordPiece vocab.txt. Empty: the one
+            # saved next to prepared records, else a SentencePiece model trained on the corpus.
+            "tokenizer": "",
+            "tokenizer_vocab_size": 4000,
+            "lowercase": True,
+            "dynamic_masking": True,
+            "whole_word_mask": False,
+            "masked_lm_prob": 0.15,
+            "short_seq_prob": 0.1,
+            "dupe_factor": -1,  # on-the-fly preparation; -1: 1 with dynamic masking, else 5
+            "shuffle_buffer_size": 10_000,
+            "cache_dir": "",  # default <workdir>/data
+            "num_workers": 1,
+        }
     )
+    config.eval = ml_collections.ConfigDict(
+        {
+            "every_steps": 10_000,
+            "batches": 20,
+            "batch_size": 64,
+            "source": "",  # default: embedded:eval when training on the embedded corpus
+        }
+    )
+    config.checkpoint = ml_collections.ConfigDict(
+        {"every_steps": 10_000, "keep": 3, "async_save": True}
+    )
+    config.log_every_steps = 100
+    config.resume_from = ""  # a checkpoint directory or workdir of another run
+    config.init_from = ""  # a model directory: params only
+    config.max_consecutive_nonfinite = 10
+    config.export_model = True
     config.mesh = ml_collections.ConfigDict(
         {
             # (data, fsdp, tensor); -1 takes the remaining devices.

@@ -8,11 +8,12 @@ norm to 1.0. The original `AdamWeightDecayOptimizer` applies no bias correction;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 Schedule = Callable[[jax.Array], jax.Array]
@@ -102,20 +103,95 @@ def bert_adamw(
     return optax.chain(*chain)
 
 
-def from_config(opt_config, total_steps: int) -> tuple[optax.GradientTransformation, Schedule]:
-    """The optimizer and schedule named by a config's `optimizer` section."""
-    schedule = warmup_linear_decay(
-        opt_config.learning_rate, opt_config.warmup_steps, total_steps, opt_config.end_learning_rate
-    )
-    if opt_config.name != "adamw":
-        raise ValueError(f"optimizer.name={opt_config.name!r} is not supported (use 'adamw')")
-    tx = bert_adamw(
-        schedule,
+def lamb(
+    schedule: Schedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    weight_decay: float = 0.01,
+    clip_norm: float | None = 1.0,
+) -> optax.GradientTransformation:
+    """LAMB (You et al., 2019) for large batches: Adam direction, layer-wise trust ratio.
+
+    Weight decay skips LayerNorm and biases, as in BERT AdamW.
+    """
+    chain = []
+    if clip_norm:
+        chain.append(optax.clip_by_global_norm(clip_norm))
+    chain += [
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+        optax.add_decayed_weights(weight_decay, mask=decay_mask),
+        optax.scale_by_trust_ratio(),
+        optax.scale_by_learning_rate(schedule),
+    ]
+    return optax.chain(*chain)
+
+
+def phased_schedule(
+    peak_lrs: Sequence[float],
+    warmups: Sequence[int],
+    phase_steps: Sequence[int],
+    end_lr: float = 0.0,
+) -> Schedule:
+    """Warmup + linear decay restarted at every phase boundary (NVIDIA's two-phase LAMB recipe)."""
+    schedules = [
+        warmup_linear_decay(lr, warm, steps, end_lr)
+        for lr, warm, steps in zip(peak_lrs, warmups, phase_steps)
+    ]
+    starts = np.cumsum([0, *phase_steps[:-1]]).tolist()
+
+    def schedule(step: jax.Array) -> jax.Array:
+        step = jnp.asarray(step, jnp.float32)
+        value = schedules[0](step)
+        for start, phase_schedule in zip(starts[1:], schedules[1:]):
+            value = jnp.where(step >= start, phase_schedule(step - start), value)
+        return value
+
+    return schedule
+
+
+def from_config(
+    opt_config, phase_steps: Sequence[int], phase_configs: Sequence[Any] = ()
+) -> tuple[optax.GradientTransformation, Schedule]:
+    """The optimizer and schedule named by a config's `optimizer` section.
+
+    `optimizer.schedule` is "whole_run" (one warmup, linear decay over all phases, as the paper)
+    or "per_phase" (each phase warms up and decays on its own; a phase config may set its own
+    `learning_rate` / `warmup_steps`, where -1 or absent means the optimizer's).
+    """
+    total = int(sum(phase_steps))
+    if opt_config.schedule == "whole_run":
+        schedule = warmup_linear_decay(
+            opt_config.learning_rate, opt_config.warmup_steps, total, opt_config.end_learning_rate
+        )
+    elif opt_config.schedule == "per_phase":
+
+        def own(phase, key, default):
+            value = phase.get(key, -1) if phase is not None else -1
+            return default if value is None or value < 0 else value
+
+        phases = list(phase_configs) + [None] * (len(phase_steps) - len(phase_configs))
+        schedule = phased_schedule(
+            [own(p, "learning_rate", opt_config.learning_rate) for p in phases],
+            [int(own(p, "warmup_steps", opt_config.warmup_steps)) for p in phases],
+            phase_steps,
+            opt_config.end_learning_rate,
+        )
+    else:
+        raise ValueError(
+            f"optimizer.schedule={opt_config.schedule!r} is not one of 'whole_run', 'per_phase'"
+        )
+    common = dict(
         b1=opt_config.b1,
         b2=opt_config.b2,
         eps=opt_config.eps,
         weight_decay=opt_config.weight_decay,
         clip_norm=opt_config.clip_norm,
-        bias_correction=opt_config.bias_correction,
     )
+    if opt_config.name == "adamw":
+        tx = bert_adamw(schedule, bias_correction=opt_config.bias_correction, **common)
+    elif opt_config.name == "lamb":
+        tx = lamb(schedule, **common)
+    else:
+        raise ValueError(f"optimizer.name={opt_config.name!r} is not one of 'adamw', 'lamb'")
     return tx, schedule

@@ -101,6 +101,24 @@ def compute_sums(
     }
 
 
+def _micro_batches(batch: Batch, accum_steps: int) -> Batch:
+    """[B, ...] -> [A, B/A, ...], micro-batch j holding rows j, j + A, j + 2A, ...
+
+    Interleaving (rather than contiguous blocks) keeps every micro-batch spread over all devices
+    of the batch axes, because each device holds a contiguous block of rows.
+    """
+
+    def split(x):
+        if x.shape[0] % accum_steps:
+            raise ValueError(
+                f"batch size {x.shape[0]} is not divisible by grad_accum_steps={accum_steps}"
+            )
+        x = x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+
+    return {key: split(value) for key, value in batch.items()}
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -109,15 +127,51 @@ def train_step(
     model: BertForPreTraining,
     tx: optax.GradientTransformation,
     schedule: Callable[[Array], Array] | None = None,
+    accum_steps: int = 1,
 ) -> tuple[TrainState, dict[str, Array]]:
-    """One optimizer update on `batch`. Dropout RNG is `fold_in(rng, state.step)`."""
+    """One optimizer update on `batch`. Dropout RNG is `fold_in(rng, state.step)`.
+
+    With `accum_steps > 1` the batch is processed in that many micro-batches whose gradients add
+    up to exactly the full batch's: each micro-batch's sums are divided by the full batch's
+    weights (known before the forward pass), so the objective is unchanged.
+    """
     dropout_rng = jax.random.fold_in(rng, state.step)
+    mlm_total = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1e-5)
+    nsp_weights = batch.get("next_sentence_weights")
+    nsp_total = jnp.maximum(
+        jnp.float32(batch["next_sentence_labels"].size)
+        if nsp_weights is None
+        else jnp.sum(nsp_weights.astype(jnp.float32)),
+        1e-5,
+    )
 
-    def loss_fn(params):
-        sums = compute_sums(params, batch, model, deterministic=False, dropout_rng=dropout_rng)
-        return losses.pretraining_loss(sums), sums
+    def loss_fn(params, micro_batch, micro_rng):
+        sums = compute_sums(params, micro_batch, model, deterministic=False, dropout_rng=micro_rng)
+        loss = sums["mlm_loss_sum"] / mlm_total + sums["nsp_loss_sum"] / nsp_total
+        return loss, sums
 
-    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if accum_steps == 1:
+        (loss, sums), grads = grad_fn(state.params, batch, dropout_rng)
+    else:
+
+        def accumulate(carry, xs):
+            index, micro_batch = xs
+            (loss, sums), grads = grad_fn(
+                state.params, micro_batch, jax.random.fold_in(dropout_rng, index)
+            )
+            return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
+
+        micro = _micro_batches(batch, accum_steps)
+        first = jax.tree.map(lambda x: x[0], micro)
+        (loss_shape, sums_shape), grads_shape = jax.eval_shape(
+            grad_fn, state.params, first, dropout_rng
+        )
+        zeros = jax.tree.map(
+            lambda s: jnp.zeros(s.shape, s.dtype), (loss_shape, sums_shape, grads_shape)
+        )
+        (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro))
+
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     # Zero the gradients of a bad step before the optimizer sees them, then keep the old state.
@@ -136,6 +190,8 @@ def train_step(
         "loss": loss,
         "grad_norm": grad_norm,
         "finite": finite,
+        "real_tokens": jnp.sum(batch["input_mask"].astype(jnp.int32)),
+        "skipped_steps": new_state.skipped,
     }
     if schedule is not None:
         metrics["learning_rate"] = schedule(state.step)
@@ -162,6 +218,7 @@ class ShardedTrainer:
         mesh: jax.sharding.Mesh,
         rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
         schedule: Callable[[Array], Array] | None = None,
+        accum_steps: int = 1,
     ):
         self.config = config
         self.model = BertForPreTraining(config)
@@ -175,7 +232,9 @@ class ShardedTrainer:
         self.state_shardings = partitioning.mesh_shardings(abstract, mesh, rules)
         self.batch_sharding = partitioning.batch_sharding(mesh)
         replicated = partitioning.replicated(mesh)
-        step = functools.partial(train_step, model=self.model, tx=tx, schedule=schedule)
+        step = functools.partial(
+            train_step, model=self.model, tx=tx, schedule=schedule, accum_steps=accum_steps
+        )
         self._train_step = jax.jit(
             step,
             in_shardings=(self.state_shardings, self.batch_sharding, replicated),

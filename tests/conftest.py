@@ -13,3 +13,10 @@ import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_platforms", "cpu")
+
+# Many tests compile the same small programs (each pretraining run builds its own jitted step);
+# a persistent compilation cache shared by the test processes compiles each of them once.
+_CACHE_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"), "bert_jax_test_jax_cache")
+jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

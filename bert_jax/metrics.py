@@ -1,0 +1,155 @@
+"""Metric writers (JSONL, TensorBoard, console), FLOPs per token and MFU.
+
+FLOPs per trained token (forward + backward = 3x forward, 2 FLOPs per multiply-add):
+
+    F = 6 * L * (4 d^2 + 2 d f)  +  12 * L * s * d  +  6 * m * (d^2 + d V)
+
+with L layers, hidden d, feed-forward f (4d in BERT, which gives the usual 72 L d^2), sequence
+length s, vocabulary V and m the share of positions that reach the MLM head (predictions / s when
+masked positions are gathered). MFU = real (non-pad) tokens/s x F / peak FLOP/s of the chips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from bert_jax.model import BertConfig
+
+# Dense bf16 peak TFLOP/s per chip, matched against `jax.Device.device_kind` (lower case).
+PEAK_TFLOPS_BF16: tuple[tuple[str, float], ...] = (
+    ("tpu v6", 918.0),  # v6e (Trillium)
+    ("tpu v5p", 459.0),
+    ("tpu v5 lite", 197.0),  # v5e
+    ("tpu v5e", 197.0),
+    ("tpu v4", 275.0),
+    ("h200", 989.0),
+    ("h100", 989.0),
+    ("a100", 312.0),
+)
+
+
+def peak_flops_per_chip(device_kind: str) -> float | None:
+    """Peak bf16 FLOP/s of one chip, or None when unknown (e.g. CPU: no MFU is reported)."""
+    kind = device_kind.lower()
+    for name, tflops in PEAK_TFLOPS_BF16:
+        if name in kind:
+            return tflops * 1e12
+    return None
+
+
+def flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float) -> float:
+    """Training FLOPs per token (model FLOPs: no recomputation counted)."""
+    d, f, n_layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    dense = 6 * n_layers * (4 * d * d + 2 * d * f)
+    attention = 12 * n_layers * seq_len * d
+    head = 6 * mlm_fraction * (d * d + d * config.vocab_size)
+    return float(dense + attention + head)
+
+
+class Throughput:
+    """Tokens and sequences per second over a window of steps, and MFU when the chip is known."""
+
+    def __init__(self, config: BertConfig, num_chips: int, device_kind: str):
+        self.config = config
+        self.num_chips = num_chips
+        self.peak = peak_flops_per_chip(device_kind)
+        self.reset()
+
+    def reset(self) -> None:
+        self._start = time.perf_counter()
+        self._real_tokens = 0
+        self._padded_tokens = 0
+        self._sequences = 0
+        self._flops = 0.0
+
+    def add(self, real_tokens: int, batch_size: int, seq_len: int, predictions: int) -> None:
+        self._real_tokens += real_tokens
+        self._padded_tokens += batch_size * seq_len
+        self._sequences += batch_size
+        share = predictions / seq_len
+        self._flops += real_tokens * flops_per_token(self.config, seq_len, share)
+
+    def summary(self) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        out = {
+            "tokens_per_sec": self._real_tokens / elapsed,
+            "padded_tokens_per_sec": self._padded_tokens / elapsed,
+            "sequences_per_sec": self._sequences / elapsed,
+            "model_tflops_per_sec": self._flops / elapsed / 1e12,
+        }
+        if self.peak:
+            out["mfu"] = self._flops / elapsed / (self.peak * self.num_chips)
+        return out
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+class MetricWriter:
+    """Writes scalars as JSONL (`metrics.jsonl`) and TensorBoard events (`tensorboard/`).
+
+    Only process 0 writes; every process may call it. `log_dir` is created on first use.
+    """
+
+    def __init__(self, log_dir: str, enabled: bool = True, tensorboard: bool = True):
+        self.log_dir = log_dir
+        self.enabled = enabled
+        self._jsonl = None
+        self._tb = None
+        self._tensorboard = tensorboard
+
+    @property
+    def jsonl_path(self) -> str:
+        return os.path.join(self.log_dir, "metrics.jsonl")
+
+    @property
+    def tensorboard_dir(self) -> str:
+        return os.path.join(self.log_dir, "tensorboard")
+
+    def write(self, step: int, scalars: Mapping[str, Any], kind: str = "train") -> None:
+        if not self.enabled:
+            return
+        if self._jsonl is None:
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
+        record = {"step": int(step), "kind": kind, **{k: _plain(v) for k, v in scalars.items()}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tensorboard:
+            if self._tb is None:
+                from tensorboardX import SummaryWriter
+
+                self._tb = SummaryWriter(self.tensorboard_dir)
+            for key, value in scalars.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(f"{kind}/{key}", value, int(step))
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def read_jsonl(path: str, kind: str | None = None) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl file (optionally only one kind: train, eval, event)."""
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if kind is None or r.get("kind") == kind]

@@ -1,0 +1,252 @@
+"""Pretraining runs: phases, exact resume after SIGTERM / SIGKILL, NaN handling, config errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from bert_jax import config_lib, metrics, optim, pretrain
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def shared_dirs(tmp_path_factory):
+    """One tokenizer and one prepared-data cache for every run in this module."""
+    from bert_jax.data import corpus, tokenizer
+
+    root = tmp_path_factory.mktemp("pretrain_shared")
+    text = root / "corpus.txt"
+    with open(text, "w", encoding="utf-8") as f:
+        for document in corpus.embedded_documents("train"):
+            f.write("\n".join(document) + "\n\n")
+    tokenizer.train_sentencepiece([str(text)], 1000, str(root / "tokenizer"), lowercase=True)
+    return {"tokenizer": str(root / "tokenizer"), "cache": str(root / "cache")}
+
+
+def small_config(shared_dirs, total_steps=12, **overrides):
+    """BERT-Tiny-shaped but smaller, two short phases, every step logged."""
+    config = config_lib.pretraining_config("tiny")
+    config.model.vocab_size = 1024
+    config.model.hidden_size = 64
+    config.model.num_attention_heads = 2
+    config.model.intermediate_size = 128
+    config.model.max_position_embeddings = 64
+    config.total_steps = total_steps
+    config.phase1.update(max_seq_length=32, max_predictions_per_seq=5, batch_size=8)
+    config.phase2.update(max_seq_length=64, max_predictions_per_seq=10, batch_size=8)
+    config.optimizer.warmup_steps = 3
+    config.optimizer.learning_rate = 1e-3
+    config.data.tokenizer = shared_dirs["tokenizer"]
+    config.data.cache_dir = shared_dirs["cache"]
+    config.data.shuffle_buffer_size = 100
+    config.eval.every_steps = 0
+    config.checkpoint.every_steps = 4
+    config.log_every_steps = 1
+    config.export_model = False
+    for key, value in overrides.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return config
+
+
+# Single-phase runs compile one train step instead of two.
+ONE_PHASE = {"phase1.fraction": 1.0, "phase2.fraction": 0.0}
+
+
+def losses_by_step(workdir) -> dict[int, float]:
+    """The last logged loss for each step (a resumed run logs its replayed steps again)."""
+    rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
+    return {row["step"]: row["loss"] for row in rows}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(shared_dirs, tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("uninterrupted"))
+    result = pretrain.pretrain(small_config(shared_dirs), workdir)
+    return workdir, result
+
+
+def _params_of(result_workdir, shared_dirs):
+    """Restores the final checkpoint's params as NumPy."""
+    import jax
+
+    from bert_jax import checkpointing, partitioning
+    from bert_jax.train import ShardedTrainer
+
+    config = small_config(shared_dirs)
+    tx, _ = optim.from_config(config.optimizer, [11, 1], [config.phase1, config.phase2])
+    mesh = partitioning.make_mesh(config.mesh.shape)
+    trainer = ShardedTrainer(config_lib.bert_config(config), tx, mesh)
+    ckpt = checkpointing.Checkpointer(os.path.join(result_workdir, "checkpoints"), async_save=False)
+    state, _, _ = ckpt.restore(trainer.abstract_state(), mesh)
+    ckpt.close()
+    return int(state.step), jax.tree.map(np.asarray, jax.device_get(state.params))
+
+
+def test_phase_switch_at_ninety_percent_with_the_schedule(uninterrupted, shared_dirs):
+    workdir, result = uninterrupted
+    assert result.final_step == 12 and not result.preempted
+    rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
+    by_step = {row["step"]: row for row in rows}
+    # round(0.9 * 12) = 11 steps at length 32, then 1 at 64 (steps are counted after the update).
+    assert [by_step[s]["seq_len"] for s in range(1, 13)] == [32] * 11 + [64]
+    assert [by_step[s]["phase"] for s in (11, 12)] == [1, 2]
+    schedule = optim.warmup_linear_decay(1e-3, 3, 12)
+    for step in range(1, 13):
+        # The logged rate is the one applied in that update (schedule at step - 1).
+        np.testing.assert_allclose(
+            by_step[step]["learning_rate"], float(schedule(step - 1)), rtol=1e-6
+        )
+    assert all(np.isfinite(row["loss"]) for row in rows)
+    plan = pretrain.plan_phases(small_config(shared_dirs, total_steps=1000))
+    assert [(p.start, p.steps, p.max_seq_length, p.max_predictions_per_seq) for p in plan] == [
+        (0, 900, 32, 5),
+        (900, 100, 64, 10),
+    ]
+
+
+def test_sigterm_then_resume_is_exact(uninterrupted, shared_dirs, tmp_path):
+    reference_dir, _ = uninterrupted
+    workdir = str(tmp_path / "run")
+
+    def sigterm_at_step_6(step, batch):
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batch
+
+    first = pretrain.pretrain(small_config(shared_dirs), workdir, step_hook=sigterm_at_step_6)
+    assert first.preempted and first.final_step == 7
+    second = pretrain.pretrain(small_config(shared_dirs), workdir)
+    assert second.final_step == 12 and not second.preempted
+
+    expected, got = losses_by_step(reference_dir), losses_by_step(workdir)
+    assert sorted(got) == list(range(1, 13))
+    for step in range(8, 13):
+        assert got[step] == expected[step], step
+    ref_step, ref_params = _params_of(reference_dir, shared_dirs)
+    step, params = _params_of(workdir, shared_dirs)
+    assert step == ref_step == 12
+    for a, b in zip(
+        __import__("jax").tree.leaves(params), __import__("jax").tree.leaves(ref_params)
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sigkill_after_checkpoint_then_resume_is_exact(uninterrupted, shared_dirs, tmp_path):
+    reference_dir, _ = uninterrupted
+    workdir = str(tmp_path / "killed")
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {REPO!r})
+        import tests.conftest  # 8 CPU devices, as in the parent
+        from tests.test_pretrain import small_config
+        from bert_jax import pretrain
+
+        def hook(step, batch):
+            if step == 10:
+                # Killed after its last checkpoint: wait until Orbax has committed step 8.
+                committed = os.path.join({workdir!r}, "checkpoints", "8")
+                for _ in range(600):
+                    if os.path.isdir(committed):
+                        break
+                    time.sleep(0.1)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return batch
+
+        pretrain.pretrain(small_config({shared_dirs!r}), {workdir!r}, step_hook=hook)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+    assert steps and steps[-1] == 8, steps
+
+    resumed = pretrain.pretrain(small_config(shared_dirs), workdir)
+    assert resumed.final_step == 12
+    expected, got = losses_by_step(reference_dir), losses_by_step(workdir)
+    for step in range(9, 13):
+        assert got[step] == expected[step], step
+    _, ref_params = _params_of(reference_dir, shared_dirs)
+    _, params = _params_of(workdir, shared_dirs)
+    import jax
+
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_injected_nan_is_skipped_and_counted(shared_dirs, tmp_path):
+    def poison(step, batch):
+        if step == 2:
+            batch = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"], np.nan))
+        return batch
+
+    config = small_config(shared_dirs, total_steps=5, **ONE_PHASE)
+    result = pretrain.pretrain(config, str(tmp_path / "nan"), step_hook=poison)
+    assert result.final_step == 5 and result.skipped_steps == 1
+    events = metrics.read_jsonl(str(tmp_path / "nan" / "metrics.jsonl"), kind="event")
+    assert [e["step"] for e in events] == [3]
+    assert np.isfinite(result.last_train["loss"])
+
+
+def test_too_many_non_finite_steps_stop_with_the_checkpoint_intact(shared_dirs, tmp_path):
+    def poison_from_5(step, batch):
+        if step >= 5:
+            batch = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"], np.nan))
+        return batch
+
+    config = small_config(shared_dirs, total_steps=12, max_consecutive_nonfinite=2, **ONE_PHASE)
+    with pytest.raises(pretrain.NonFiniteError, match="3 consecutive steps.*checkpoint is step 4"):
+        pretrain.pretrain(config, str(tmp_path / "bad"), step_hook=poison_from_5)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model.vocab_size": 512}, "tokenizer has 1000 tokens but config.model.vocab_size=512"),
+        ({"phase1.batch_size": 12}, "config.phase1.batch_size=12 is not divisible"),
+        ({"phase2.max_seq_length": 128}, "config.phase2.max_seq_length=128 exceeds"),
+        ({"data.source": "", "phase1.data": ""}, "config.phase1.data and config.data.source"),
+        ({"phase1.fraction": 0.8}, "fraction must be 1"),
+    ],
+)
+def test_config_errors_fail_before_compiling(shared_dirs, tmp_path, overrides, message):
+    config = small_config(shared_dirs, **overrides)
+    with pytest.raises(ValueError, match=message):
+        pretrain.pretrain(config, str(tmp_path / "err"))
+    assert not os.path.exists(tmp_path / "err" / "checkpoints")
+
+
+def test_base_and_large_configs_follow_the_paper(capsys):
+    from bert_jax import cli
+
+    for size, params in (("base", "110,106,428"), ("large", "336,226,108")):
+        assert (
+            cli.main(["pretrain", "--config", f"{REPO}/configs/bert.py:{size}", "--dry-run"]) == 0
+        )
+        out = capsys.readouterr().out
+        assert f"parameters: {params}" in out
+        config = config_lib.pretraining_config(size)
+        opt = config.optimizer
+        assert (opt.learning_rate, opt.warmup_steps, opt.b1, opt.b2, opt.eps) == (
+            1e-4,
+            10_000,
+            0.9,
+            0.999,
+            1e-6,
+        )
+        assert (opt.weight_decay, opt.clip_norm, config.total_steps) == (0.01, 1.0, 1_000_000)
+        assert (config.phase1.batch_size, config.phase2.batch_size) == (256, 256)
+        assert config.model.hidden_dropout_prob == config.model.attention_probs_dropout_prob == 0.1
+        assert "steps 0..899999 (900000), seq 128, 20 predictions" in out
+        assert "steps 900000..999999 (100000), seq 512, 80 predictions" in out
