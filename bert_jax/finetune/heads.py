@@ -1,0 +1,91 @@
+"""Fine-tuning heads on the pooled [CLS] output, and their losses as (sum, weight) pairs.
+
+`BertForSequenceClassification` is `BertModel` (parameters under `bert/`, the same tree as the
+pretraining model's `bert` subtree, so a model directory's encoder loads as is) followed by dropout
+and one dense layer under `classifier/output/`: softmax over `num_labels` classes, or one regression
+output (STS-B, mean squared error) when `num_labels == 1`. Sentence pairs are told apart by
+`segment_ids`, as in pretraining.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.model import BertConfig, BertModel, Dense
+
+Array = jax.Array
+
+
+class ClassifierHead(nn.Module):
+    """Dropout, then one dense layer from the pooled [CLS] to `num_labels` float32 outputs."""
+
+    config: BertConfig
+    num_labels: int
+    dropout_rate: float = 0.1
+
+    @nn.compact
+    def __call__(self, pooled_BxD: Array, deterministic: bool = True) -> Array:
+        pooled_BxD = nn.Dropout(rate=self.dropout_rate)(pooled_BxD, deterministic=deterministic)
+        logits = Dense(
+            features=(self.num_labels,),
+            kernel_axes=("embed", None),
+            num_input_axes=1,
+            config=self.config,
+            name="output",
+        )(pooled_BxD)
+        return logits.astype(jnp.float32)
+
+
+class BertForSequenceClassification(nn.Module):
+    """BERT + `ClassifierHead` on the pooled [CLS]; returns float32 logits [batch, num_labels].
+
+    `num_labels=1` is regression: the single output is the predicted score.
+    """
+
+    config: BertConfig
+    num_labels: int
+    classifier_dropout: float = 0.1
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array,
+        segment_ids: Array,
+        deterministic: bool = True,
+    ) -> Array:
+        outputs = BertModel(self.config, name="bert")(
+            input_ids, input_mask, segment_ids, deterministic=deterministic
+        )
+        head = ClassifierHead(
+            self.config, self.num_labels, self.classifier_dropout, name="classifier"
+        )
+        return head(outputs["pooled_output"], deterministic=deterministic)
+
+
+def classification_loss(logits_BxC: Array, labels_B: Array, weights_B: Array) -> dict[str, Array]:
+    """Softmax cross-entropy and accuracy, summed over rows with weight (padding rows have 0)."""
+    log_probs = jax.nn.log_softmax(logits_BxC.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(log_probs, labels_B[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    weights = weights_B.astype(jnp.float32)
+    correct = (jnp.argmax(logits_BxC, axis=-1) == labels_B).astype(jnp.float32)
+    return {
+        "loss_sum": -jnp.sum(picked * weights),
+        "correct_sum": jnp.sum(correct * weights),
+        "weight": jnp.sum(weights),
+    }
+
+
+def regression_loss(predictions_Bx1: Array, targets_B: Array, weights_B: Array) -> dict[str, Array]:
+    """Squared error summed over rows with weight (the mean is taken on the host)."""
+    error = predictions_Bx1[:, 0].astype(jnp.float32) - targets_B.astype(jnp.float32)
+    weights = weights_B.astype(jnp.float32)
+    return {"loss_sum": jnp.sum(jnp.square(error) * weights), "weight": jnp.sum(weights)}
+
+
+def head_loss(logits: Array, labels: Array, weights: Array, regression: bool) -> dict[str, Array]:
+    if regression:
+        return regression_loss(logits, labels, weights)
+    return classification_loss(logits, labels, weights)

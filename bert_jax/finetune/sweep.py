@@ -1,0 +1,402 @@
+"""The paper's GLUE protocol as a resumable sweep: tasks x learning rates x seeds.
+
+Workdir layout:
+
+    trials/<TASK>/lr=<LR>_seed=<SEED>/result.json    one finished trial (written last, atomically)
+    trials/<TASK>/lr=<LR>_seed=<SEED>/<FILE>.tsv     its test predictions, GLUE-server format
+    submission/<FILE>.tsv                            the best-on-dev trial's predictions per task
+    results.json, results.csv, results.md, plots/<TASK>.png     (see report.py)
+
+A trial counts as done when its `result.json` exists; an interrupted sweep, run again with the same
+arguments, skips those and runs the rest. A `result.json` written with different training settings
+(epochs, batch size, sequence length, model, ...) is an error rather than silently mixed in.
+
+Best-on-dev selection: per task, the trial with the highest dev score in the paper's metric (MNLI:
+the mean of matched and mismatched accuracy); ties go to the earlier trial in sweep order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from bert_jax.finetune import report
+from bert_jax.finetune.loop import (
+    FinetuneResult,
+    FinetuneSettings,
+    PretrainedEncoder,
+    TaskData,
+    finetune,
+    load_pretrained,
+    load_task_data,
+    make_mesh,
+)
+from bert_jax.finetune.tasks import (
+    TASK_ORDER,
+    TaskSpec,
+    available_test_splits,
+    check_task_files,
+    get_task,
+    submission_file,
+)
+
+logger = logging.getLogger(__name__)
+
+PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
+RESULT_NAME = "result.json"
+SUBMISSION_DIR = "submission"
+# Settings that change what a trial computes; a finished trial must match them to be reused.
+_MATCHING_SETTINGS = (
+    "epochs",
+    "batch_size",
+    "max_seq_length",
+    "warmup_proportion",
+    "weight_decay",
+    "dropout",
+    "clip_norm",
+    "adam_bias_correction",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    task: TaskSpec
+    learning_rate: float
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.task.name}/lr={self.learning_rate:g}_seed={self.seed}"
+
+    def directory(self, workdir: str) -> str:
+        return os.path.join(
+            workdir, "trials", self.task.name, f"lr={self.learning_rate:g}_seed={self.seed}"
+        )
+
+
+@dataclasses.dataclass
+class SweepOutcome:
+    """Every trial's record (loaded or new), which trials ran now, and the report files."""
+
+    records: list[dict[str, Any]]
+    ran: list[str]
+    reused: list[str]
+    best: dict[str, dict[str, Any]]
+    written: list[str]
+
+
+def trials_for(
+    tasks: Sequence[str], learning_rates: Sequence[float], seeds: Sequence[int]
+) -> list[Trial]:
+    """Every (task, learning rate, seed) in sweep order: tasks as given, then lr, then seed."""
+    if not tasks or not learning_rates or not seeds:
+        raise ValueError("a sweep needs at least one task, learning rate and seed")
+    specs = [get_task(name) for name in tasks]
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a task is listed twice in {list(tasks)}")
+    if len(set(learning_rates)) != len(learning_rates) or len(set(seeds)) != len(seeds):
+        raise ValueError("learning rates and seeds must not repeat")
+    return [
+        Trial(spec, float(lr), int(seed))
+        for spec in specs
+        for lr in learning_rates
+        for seed in seeds
+    ]
+
+
+def write_json_atomic(path: str, payload: Any) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_submission_tsv(path: str, guids: Sequence[str], predictions: Sequence[str]) -> None:
+    """`index<TAB>prediction` per test row, as the GLUE server reads it (written atomically)."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write("index\tprediction\n")
+        for guid, prediction in zip(guids, predictions, strict=True):
+            f.write(f"{guid}\t{prediction}\n")
+    os.replace(tmp, path)
+
+
+def trial_record(
+    trial: Trial, result: FinetuneResult, model: str, data: str, run_id: str
+) -> dict[str, Any]:
+    record = result.to_json()
+    record.update(
+        learning_rate=trial.learning_rate,
+        seed=trial.seed,
+        trial=trial.name,
+        model=model,
+        data=data,
+        run_id=run_id,
+        finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        test_files=sorted(submission_file(trial.task, split) for split in result.test_predictions),
+    )
+    return record
+
+
+def load_finished(
+    trial: Trial, workdir: str, settings: FinetuneSettings, model: str
+) -> dict[str, Any] | None:
+    """The trial's saved record when it finished with matching settings; None when not finished."""
+    path = os.path.join(trial.directory(workdir), RESULT_NAME)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        record = json.load(f)
+    want = settings.to_dict()
+    differ = [
+        f"{key}: saved {record['settings'].get(key)!r}, now {want[key]!r}"
+        for key in _MATCHING_SETTINGS
+        if record["settings"].get(key) != want[key]
+    ]
+    if record.get("model") != model:
+        differ.append(f"model: saved {record.get('model')!r}, now {model!r}")
+    if differ:
+        raise ValueError(
+            f"{path} is a finished trial with different settings ({'; '.join(differ)}); use "
+            "another --workdir, or delete it to run the trial again"
+        )
+    return record
+
+
+def is_writer() -> bool:
+    """Only the first process writes results (every process computes the same ones)."""
+    return jax.process_index() == 0
+
+
+def run_trial(
+    trial: Trial,
+    encoder: PretrainedEncoder,
+    task_data: TaskData,
+    data: str,
+    directory: str,
+    settings: FinetuneSettings,
+    mesh: Any,
+    run_id: str,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Fine-tune one trial, write its test predictions, then its result.json (the done marker)."""
+    trial_settings = dataclasses.replace(
+        settings, learning_rate=trial.learning_rate, seed=trial.seed
+    )
+    result = finetune(encoder, task_data, trial_settings, mesh=mesh, log=log)
+    record = trial_record(trial, result, encoder.source, data, run_id)
+    if is_writer():
+        os.makedirs(directory, exist_ok=True)
+        for split, (guids, predictions) in result.test_predictions.items():
+            write_submission_tsv(
+                os.path.join(directory, submission_file(trial.task, split)), guids, predictions
+            )
+        write_json_atomic(os.path.join(directory, RESULT_NAME), record)
+    return record
+
+
+def run_single(
+    model: str | PretrainedEncoder,
+    task: str,
+    data: str,
+    workdir: str,
+    settings: FinetuneSettings | None = None,
+    predict_test: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """`bert-jax finetune`: one task and setting; writes `workdir/result.json` and the test
+    predictions (`workdir/<FILE>.tsv`, GLUE-server format). Returns the result record."""
+    log = log or logger.info
+    settings = settings or FinetuneSettings()
+    spec = get_task(task)
+    check_task_files(data, spec)
+    mesh = make_mesh(settings)
+    encoder = load_pretrained(model, mesh) if isinstance(model, str) else model
+    test_splits = available_test_splits(data, spec) if predict_test else []
+    task_data = load_task_data(data, spec, encoder.tokenizer, settings.max_seq_length, test_splits)
+    trial = Trial(spec, settings.learning_rate, settings.seed)
+    run_id = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    return run_trial(
+        trial, encoder, task_data, data, os.path.abspath(workdir), settings, mesh, run_id, log
+    )
+
+
+def select_best(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task, the record with the highest selection score (the earliest one on ties)."""
+    best: dict[str, dict[str, Any]] = {}
+    for record in records:
+        current = best.get(record["task"])
+        if current is None or record["selection_score"] > current["selection_score"]:
+            best[record["task"]] = record
+    return best
+
+
+def copy_submission(best: dict[str, dict[str, Any]], workdir: str) -> list[str]:
+    """Copy each task's selected trial's prediction files into `workdir/submission/`."""
+    target = os.path.join(workdir, SUBMISSION_DIR)
+    os.makedirs(target, exist_ok=True)
+    written = []
+    for task_name, record in best.items():
+        source = Trial(get_task(task_name), record["learning_rate"], record["seed"]).directory(
+            workdir
+        )
+        for name in record.get("test_files", []):
+            tmp = os.path.join(target, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+            shutil.copyfile(os.path.join(source, name), tmp)
+            os.replace(tmp, os.path.join(target, name))
+            written.append(os.path.join(target, name))
+    return written
+
+
+SWEEP_OPTIONS = ("tasks", "learning_rates", "seeds", "predict_test")
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    """A JSON file, or a Python file whose `get_config()` returns a dict or ConfigDict."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"sweep config not found: {path}")
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    elif path.endswith(".py"):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_glue_sweep_config", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ValueError(f"{path} defines no get_config()")
+        values = module.get_config()
+        values = values.to_dict() if hasattr(values, "to_dict") else dict(values)
+    else:
+        raise ValueError(f"sweep config {path}: use a .json or .py file")
+    if not isinstance(values, dict):
+        raise ValueError(f"sweep config {path} must hold a mapping, not {type(values).__name__}")
+    return values
+
+
+def sweep_options(
+    config_path: str | None = None, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The sweep's options: the paper's defaults < a config file < explicit overrides (not None).
+
+    Returns keyword arguments for `run_sweep`: tasks, learning_rates, seeds, predict_test and
+    settings (a FinetuneSettings). Unknown keys are an error naming them.
+    """
+    fields = {f.name for f in dataclasses.fields(FinetuneSettings)}
+    values: dict[str, Any] = {}
+    sources = [(config_path, _read_config_file(config_path))] if config_path else []
+    sources.append(("command line", {k: v for k, v in (overrides or {}).items() if v is not None}))
+    for source, given in sources:
+        unknown = sorted(set(given) - fields - set(SWEEP_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown sweep option(s) {unknown}; known: "
+                f"{sorted(fields | set(SWEEP_OPTIONS))}"
+            )
+        values.update(given)
+    settings_values = {k: v for k, v in values.items() if k in fields}
+    if "mesh_shape" in settings_values:
+        settings_values["mesh_shape"] = tuple(int(x) for x in settings_values["mesh_shape"])
+    return {
+        "tasks": tuple(values.get("tasks", TASK_ORDER)),
+        "learning_rates": tuple(
+            float(x) for x in values.get("learning_rates", PAPER_LEARNING_RATES)
+        ),
+        "seeds": tuple(int(x) for x in values.get("seeds", (0,))),
+        "predict_test": bool(values.get("predict_test", True)),
+        "settings": FinetuneSettings(**settings_values),
+    }
+
+
+def run_sweep(
+    model: str | PretrainedEncoder,
+    data: str,
+    workdir: str,
+    tasks: Sequence[str] = TASK_ORDER,
+    learning_rates: Sequence[float] = PAPER_LEARNING_RATES,
+    seeds: Sequence[int] = (0,),
+    settings: FinetuneSettings | None = None,
+    predict_test: bool = True,
+    on_trial_end: Callable[[dict[str, Any]], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> SweepOutcome:
+    """Run (or resume) the sweep in `workdir`, then select best-on-dev and write every report.
+
+    `model`: a model directory / pretraining workdir path, or an already loaded encoder.
+    `on_trial_end` is called with each new trial's record right after it is saved.
+    """
+    log = log or logger.info
+    settings = settings or FinetuneSettings()
+    trials = trials_for(tasks, learning_rates, seeds)
+    for spec in {trial.task.name: trial.task for trial in trials}.values():
+        check_task_files(data, spec)
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    mesh = make_mesh(settings)
+    encoder = load_pretrained(model, mesh) if isinstance(model, str) else model
+    run_id = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+
+    records: list[dict[str, Any]] = []
+    ran: list[str] = []
+    reused: list[str] = []
+    data_by_task: dict[str, Any] = {}
+    for trial in trials:
+        record = load_finished(trial, workdir, settings, encoder.source)
+        if record is not None:
+            log(f"{trial.name}: finished earlier, skipped")
+            records.append(record)
+            reused.append(trial.name)
+            continue
+        if trial.task.name not in data_by_task:
+            # Encoded once per task, only when a trial of it still has to run.
+            data_by_task.clear()
+            test_splits = available_test_splits(data, trial.task) if predict_test else []
+            data_by_task[trial.task.name] = load_task_data(
+                data, trial.task, encoder.tokenizer, settings.max_seq_length, test_splits
+            )
+        log(f"{trial.name}: running")
+        record = run_trial(
+            trial,
+            encoder,
+            data_by_task[trial.task.name],
+            data,
+            trial.directory(workdir),
+            settings,
+            mesh,
+            run_id,
+            log,
+        )
+        log(f"{trial.name}: dev {record['dev_metrics']} ({record['seconds']:.1f}s)")
+        records.append(record)
+        ran.append(trial.name)
+        if on_trial_end is not None:
+            on_trial_end(record)
+
+    best = select_best(records)
+    if not is_writer():
+        return SweepOutcome(records=records, ran=ran, reused=reused, best=best, written=[])
+    written = copy_submission(best, workdir)
+    written += report.write_reports(
+        workdir,
+        records,
+        best,
+        model=encoder.source,
+        data=data,
+        learning_rates=learning_rates,
+        seeds=seeds,
+        settings=settings,
+    )
+    return SweepOutcome(records=records, ran=ran, reused=reused, best=best, written=written)
