@@ -85,6 +85,11 @@ def test_sweep_runs_every_task_writes_reports_and_resumes(model_dir, tmp_path):
     for name, record in kept.items():
         assert records[name] == record  # untouched, not redone
     assert lost in {name for name, r in records.items() if r["run_id"] in resumed_run}
+    # A finished sweep run again trains nothing (and reads no weights); it rewrites the reports.
+    again = sweep.run_sweep(
+        model_dir, GLUE_DIR, str(workdir), learning_rates=(5e-5, 2e-5), seeds=(0, 1), settings=SMALL
+    )
+    assert again.ran == [] and len(again.reused) == 36
 
     # results.json: the selected trial per task is its best on dev; summaries over all nine.
     with open(workdir / "results.json", encoding="utf-8") as f:

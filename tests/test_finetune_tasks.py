@@ -241,3 +241,16 @@ def test_tfds_records_map_onto_glue_labels():
         "validation_mismatched",
         "test_matched",
     ]
+
+
+def test_tfds_reader_on_mocked_glue():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE):
+        dev = tasks.read_split("tfds", "MNLI", "dev_mismatched")
+        test = tasks.read_split("tfds", "CoLA", "test")
+        diagnostic = tasks.read_split("tfds", "MNLI", "diagnostic")
+    assert len(dev) == 4 and all(e.text_b is not None for e in dev)
+    assert {e.label for e in dev} <= set(tasks.get_task("MNLI").labels)
+    assert all(e.label is None and e.text_b is None for e in test)
+    assert all(e.guid.isdigit() for e in test)
+    assert all(e.label is None for e in diagnostic)

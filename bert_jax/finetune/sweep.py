@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 
+from bert_jax import model_dir
 from bert_jax.finetune import report
 from bert_jax.finetune.loop import (
     FinetuneResult,
@@ -346,7 +347,10 @@ def run_sweep(
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
     mesh = make_mesh(settings)
-    encoder = load_pretrained(model, mesh) if isinstance(model, str) else model
+    # The model is loaded only when a trial has to run: a finished sweep rewrites its reports
+    # without reading any weights.
+    encoder = None if isinstance(model, str) else model
+    model_source = model_dir.resolve(model) if isinstance(model, str) else model.source
     run_id = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
     records: list[dict[str, Any]] = []
@@ -354,12 +358,14 @@ def run_sweep(
     reused: list[str] = []
     data_by_task: dict[str, Any] = {}
     for trial in trials:
-        record = load_finished(trial, workdir, settings, encoder.source)
+        record = load_finished(trial, workdir, settings, model_source)
         if record is not None:
             log(f"{trial.name}: finished earlier, skipped")
             records.append(record)
             reused.append(trial.name)
             continue
+        if encoder is None:
+            encoder = load_pretrained(model_source, mesh)
         if trial.task.name not in data_by_task:
             # Encoded once per task, only when a trial of it still has to run.
             data_by_task.clear()
@@ -393,7 +399,7 @@ def run_sweep(
         workdir,
         records,
         best,
-        model=encoder.source,
+        model=model_source,
         data=data,
         learning_rates=learning_rates,
         seeds=seeds,
