@@ -12,6 +12,7 @@ Resume order (`pretrain.py`): latest checkpoint in the workdir > an explicit che
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -68,6 +69,9 @@ def abstract_position(mesh: Mesh) -> jax.ShapeDtypeStruct:
     )
 
 
+_CPU_HANDLER_REGISTERED = False
+
+
 def _serial_saves_on_cpu() -> None:
     """On CPU, save each replicated array whole instead of in per-replica slices.
 
@@ -75,10 +79,19 @@ def _serial_saves_on_cpu() -> None:
     GPU that spreads the write over replicas, on (emulated) CPU devices it only costs a compile
     per shape (~0.3 s each, 30+ per checkpoint of even a tiny model).
     """
-    if jax.default_backend() == "cpu":
-        ocp.type_handlers.register_type_handler(
-            jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True
-        )
+    global _CPU_HANDLER_REGISTERED
+    if jax.default_backend() == "cpu" and not _CPU_HANDLER_REGISTERED:
+        # Orbax warns about every override; this one is deliberate.
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR)
+        try:
+            ocp.type_handlers.register_type_handler(
+                jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True
+            )
+        finally:
+            absl_logger.setLevel(level)
+        _CPU_HANDLER_REGISTERED = True
 
 
 class Checkpointer:
@@ -115,21 +128,39 @@ class Checkpointer:
         )
 
     def restore(
-        self, abstract_state: Any, mesh: Mesh, step: int | None = None
-    ) -> tuple[Any, int, dict[str, Any] | None]:
-        """(state, phase, iterator state of this host) from `step` (default: the latest)."""
+        self, abstract_state: Any, mesh: Mesh, step: int | None = None, with_data: bool = True
+    ) -> tuple[Any, int | None, dict[str, Any] | None]:
+        """(state, phase, iterator state of this host) from `step` (default: the latest).
+
+        The data position is per device; when the device count changed since the save (or with
+        `with_data=False`) only the state is restored and the position comes back as None.
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state),
-                data=ocp.args.StandardRestore({"position": abstract_position(mesh)}),
-            ),
-        )
-        phase, iterator_state = decode_position(restored["data"]["position"])
-        return restored["state"], phase, iterator_state
+        state_args = ocp.args.StandardRestore(abstract_state)
+        if with_data:
+            try:
+                restored = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=state_args,
+                        data=ocp.args.StandardRestore({"position": abstract_position(mesh)}),
+                    ),
+                )
+            except ValueError as err:
+                if "not compatible with the stored shape" not in str(err):
+                    raise
+                logging.getLogger("bert_jax").warning(
+                    "checkpoint %d was saved on a different number of devices: restoring the "
+                    "train state only; the data pipeline starts its phase afresh",
+                    step,
+                )
+            else:
+                phase, iterator_state = decode_position(restored["data"]["position"])
+                return restored["state"], phase, iterator_state
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=state_args))
+        return restored["state"], None, None
 
     def reached_preemption(self, step: int) -> bool:
         """True when the runtime (e.g. a TPU maintenance event) asks for a save and exit."""

@@ -14,9 +14,9 @@ Layout (self-describing: nothing else is needed to load it):
 Writes are atomic: everything goes into a hidden sibling directory that is renamed into place at
 the end, so a failed save or conversion leaves nothing at the destination.
 
-`load_model_dir` is the one loader every command uses. It also accepts a pretraining workdir that
-holds an exported model directory at `<workdir>/model/` (it looks for
-`<workdir>/model/config.json`).
+`load_model_dir` is the one loader every command uses. It also accepts a pretraining workdir: its
+exported model directory `<workdir>/model/` when the run has finished, else its latest checkpoint
+(params, the run's model config and the tokenizer kept in `<workdir>/tokenizer/`).
 """
 
 from __future__ import annotations
@@ -210,6 +210,18 @@ def _read_json(path: str) -> dict[str, Any]:
         return json.load(f)
 
 
+def is_unexported_workdir(path: str | os.PathLike) -> bool:
+    """A pretraining workdir with checkpoints but no exported `model/` (a run in progress or
+    preempted): `load_model_dir` then reads its latest checkpoint."""
+    path = os.fspath(path)
+    return (
+        os.path.isdir(os.path.join(path, "checkpoints"))
+        and os.path.exists(os.path.join(path, CONFIG_NAME))
+        and not os.path.exists(os.path.join(path, WORKDIR_MODEL_SUBDIR, CONFIG_NAME))
+        and "bert_jax" not in _read_json(os.path.join(path, CONFIG_NAME))
+    )
+
+
 def resolve(path: str | os.PathLike) -> str:
     """The model directory `path` names: itself, or `<path>/model` for a pretraining workdir.
 
@@ -320,6 +332,12 @@ def load_model_dir(
     encoder-only directory the matching subtree is used. The tokenizer loads on first use of
     `ModelDir.tokenizer`, or now with `load_tokenizer=True`.
     """
+    if is_unexported_workdir(path):
+        from bert_jax import pretrain
+
+        return pretrain.load_checkpoint_as_model_dir(
+            path, sharding=sharding, load_params=load_params, load_tokenizer=load_tokenizer
+        )
     directory = resolve(path)
     config, info = read_config(directory)
     has_heads = bool(info.get("has_pretraining_heads"))

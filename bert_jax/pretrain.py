@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -370,6 +371,9 @@ def pretrain(
     validate(config, phases, mesh, None)
     tokenizer = resolve_tokenizer(config, phases, workdir)
     validate(config, phases, mesh, tokenizer)
+    own_tokenizer = os.path.join(workdir, "tokenizer")
+    if is_main and not os.path.isdir(own_tokenizer):
+        tokenizer.save(own_tokenizer)  # the workdir alone then describes the model
     if is_main:
         with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
             f.write(config.to_json_best_effort(indent=2))
@@ -640,3 +644,41 @@ def count_parameters(model_config) -> int:
         )
     )
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)["params"])))
+
+
+def load_checkpoint_as_model_dir(
+    workdir: str, *, sharding: Any = None, load_params: bool = True, load_tokenizer: bool = False
+):
+    """A `model_dir.ModelDir` from a workdir's latest checkpoint (a run not yet exported).
+
+    The run's `config.json` gives the model and optimizer (the restore target needs the optimizer
+    state's structure); params come back on the CPU, or with `sharding` (one Sharding, or a tree
+    for the params) when given.
+    """
+    from bert_jax import model_dir
+
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    model_config = config_lib.bert_config(config)
+    checkpoints = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+    step = checkpoints.latest_step()
+    if step is None:
+        raise model_dir.ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
+    params = None
+    if load_params:
+        phases = plan_phases(config)
+        tx, _ = optim.from_config(
+            config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
+        )
+        mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices("cpu")[:1])
+        trainer = ShardedTrainer(model_config, tx, mesh)
+        state, _, _ = checkpoints.restore(trainer.abstract_state(), mesh, step, with_data=False)
+        params = jax.tree.map(np.asarray, jax.device_get(state.params))
+        if sharding is not None:
+            params = jax.device_put(params, sharding)
+    checkpoints.close()
+    info = {"format": model_dir.FORMAT_NAME, "source": "checkpoint", "step": step}
+    loaded = model_dir.ModelDir(os.path.abspath(workdir), model_config, params, True, info)
+    if load_tokenizer and loaded.has_tokenizer:
+        loaded.tokenizer  # noqa: B018 (loads and caches)
+    return loaded

@@ -250,3 +250,26 @@ def test_base_and_large_configs_follow_the_paper(capsys):
         assert config.model.hidden_dropout_prob == config.model.attention_probs_dropout_prob == 0.1
         assert "steps 0..899999 (900000), seq 128, 20 predictions" in out
         assert "steps 900000..999999 (100000), seq 512, 80 predictions" in out
+
+
+def test_workdir_is_a_model_for_later_commands(uninterrupted, shared_dirs, tmp_path):
+    """MODEL may be a workdir: its latest checkpoint while unexported, else its model/ export."""
+    import jax
+
+    from bert_jax import model_dir
+
+    reference_dir, _ = uninterrupted
+    loaded = model_dir.load_model_dir(reference_dir, load_tokenizer=True)
+    assert loaded.info["source"] == "checkpoint" and loaded.info["step"] == 12
+    assert loaded.tokenizer.vocab_size == 1000
+    _, params = _params_of(reference_dir, shared_dirs)
+    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+
+    workdir = str(tmp_path / "exported")
+    config = small_config(shared_dirs, total_steps=3, export_model=True, **ONE_PHASE)
+    result = pretrain.pretrain(config, workdir)
+    assert result.model_dir == os.path.join(workdir, "model")
+    exported = model_dir.load_model_dir(workdir)
+    assert exported.has_heads and exported.config.hidden_size == 64
+    assert exported.tokenizer.vocab_size == 1000

@@ -56,11 +56,13 @@ from typing import Any
 import numpy as np
 
 from bert_jax.data import records as records_lib
+from bert_jax.data.files import write_json_atomic
 from bert_jax.data.prepare import CONFIG_FILE, TOKENIZER_SUBDIR, prepare_records
 from bert_jax.data.pretraining import MASK_SHARE, RANDOM_SHARE, MaskingConfig
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
 
 STATE_VERSION = 1
+_COMPLETE_MARKER = "prepared-complete.json"
 
 __all__ = [
     "PretrainIterator",
@@ -492,23 +494,32 @@ def make_pretrain_iterator(
         if cache_dir is None:
             cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")
         output_dir = os.path.join(os.fspath(cache_dir), f"prepared-{key[:16]}")
-        result = prepare_records(
-            items,
-            tokenizer,
-            output_dir,
-            max_seq_length=max_seq_length,
-            max_predictions_per_seq=max_predictions_per_seq,
-            masked_lm_prob=masked_lm_prob,
-            short_seq_prob=short_seq_prob,
-            dupe_factor=dupe_factor,
-            seed=seed,
-            whole_word_mask=whole_word_mask,
-            num_workers=num_workers,
-            tfds_data_dir=tfds_data_dir,
-        )
-        files = result.files
-        if not files:
-            raise ValueError(f"preparing {', '.join(items)} produced no instances")
+        # A finished on-the-fly preparation leaves a marker listing its files, so restarts and
+        # later phases reuse it without reading the corpus again.
+        marker = os.path.join(output_dir, _COMPLETE_MARKER)
+        if os.path.exists(marker):
+            with open(marker, encoding="utf-8") as f:
+                files = [os.path.join(output_dir, name) for name in json.load(f)["files"]]
+        else:
+            result = prepare_records(
+                items,
+                tokenizer,
+                output_dir,
+                max_seq_length=max_seq_length,
+                max_predictions_per_seq=max_predictions_per_seq,
+                masked_lm_prob=masked_lm_prob,
+                short_seq_prob=short_seq_prob,
+                dupe_factor=dupe_factor,
+                seed=seed,
+                whole_word_mask=whole_word_mask,
+                num_workers=num_workers,
+                tfds_data_dir=tfds_data_dir,
+            )
+            files = result.files
+            if not files:
+                raise ValueError(f"preparing {', '.join(items)} produced no instances")
+            if process_index == 0:
+                write_json_atomic(marker, {"files": [os.path.basename(f) for f in files]})
     _check_record_shapes(files, max_seq_length, max_predictions_per_seq)
     masking = None
     if dynamic_masking:

@@ -530,11 +530,16 @@ class SentencePieceTokenizer(Tokenizer):
 def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> Tokenizer:
     """Load a tokenizer directory, a SentencePiece ``.model`` or a WordPiece ``vocab.txt``.
 
-    ``lowercase`` overrides the stored/inferred setting. A directory is read in this order: our
-    ``bert_jax_tokenizer.json``; else ``spiece.model`` or a single ``*.model``; else ``vocab.txt``
-    with Hugging Face's ``tokenizer_config.json`` (``do_lower_case``) when present.
+    ``lowercase`` overrides the stored/inferred setting. A model directory or pretraining workdir
+    (anything with a ``tokenizer/`` subdirectory) means that subdirectory. A directory is read in
+    this order: our ``bert_jax_tokenizer.json``; else ``spiece.model`` or a single ``*.model``;
+    else ``vocab.txt`` with Hugging Face's ``tokenizer_config.json`` (``do_lower_case``).
     """
     path = os.fspath(path)
+    # A model directory or pretraining workdir keeps its tokenizer in `tokenizer/`.
+    nested = os.path.join(path, "tokenizer")
+    if os.path.isdir(nested) and not os.path.exists(os.path.join(path, CONFIG_NAME)):
+        path = nested
     if os.path.isdir(path):
         config_path = os.path.join(path, CONFIG_NAME)
         if os.path.exists(config_path):
