@@ -91,14 +91,12 @@ class PretrainedEncoder:
         return cls(model_dir.config, params["bert"], model_dir.tokenizer, str(model_dir.path))
 
 
-def load_pretrained(path: str, mesh: jax.sharding.Mesh | None = None) -> PretrainedEncoder:
-    """A model directory or pretraining workdir, via `model_dir`; restored straight onto `mesh`
-    (sharded as the training state is) when one is given, else onto the host."""
+def load_pretrained(path: str) -> PretrainedEncoder:
+    """A model directory or pretraining workdir, through `model_dir.load_model_dir` (the loader
+    every command uses); the params come to the host and are placed on the mesh per trial."""
     from bert_jax import model_dir
 
-    if mesh is None:
-        return PretrainedEncoder.from_model_dir(model_dir.load_model_dir(path))
-    return PretrainedEncoder.from_model_dir(model_dir.load_params_for_mesh(path, mesh))
+    return PretrainedEncoder.from_model_dir(model_dir.load_model_dir(path))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -444,12 +442,10 @@ def place_pretrained(pretrained_bert: Any, abstract_bert: Any, state_shardings: 
             "pretrained encoder params do not fit the model: " + "; ".join(problems[:5])
         )
 
-    # Always a copy: the train step donates the state, and the caller's encoder params must
-    # survive for the next trial.
+    # Always from a fresh host copy: the train step donates the state, and on some backends a
+    # transfer may alias its source; the caller's encoder params must survive for the next trial.
     def place(value: Any, spec: jax.ShapeDtypeStruct, sharding: Any) -> Array:
-        if not isinstance(value, jax.Array):
-            value = np.asarray(value, spec.dtype)
-        return jax.device_put(value.astype(spec.dtype), sharding, may_alias=False)
+        return jax.device_put(np.array(value, dtype=spec.dtype, copy=True), sharding)
 
     return jax.tree.map(place, pretrained_bert, abstract_bert, state_shardings.params["bert"])
 

@@ -29,7 +29,6 @@ from typing import Any
 
 import jax
 
-from bert_jax import model_dir
 from bert_jax.finetune import report
 from bert_jax.finetune.loop import (
     FinetuneResult,
@@ -183,6 +182,7 @@ def is_writer() -> bool:
 def run_trial(
     trial: Trial,
     encoder: PretrainedEncoder,
+    model: str,
     task_data: TaskData,
     data: str,
     directory: str,
@@ -191,12 +191,15 @@ def run_trial(
     run_id: str,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Fine-tune one trial, write its test predictions, then its result.json (the done marker)."""
+    """Fine-tune one trial, write its test predictions, then its result.json (the done marker).
+
+    `model` names the pretrained model in the record (what a resumed sweep compares).
+    """
     trial_settings = dataclasses.replace(
         settings, learning_rate=trial.learning_rate, seed=trial.seed
     )
     result = finetune(encoder, task_data, trial_settings, mesh=mesh, log=log)
-    record = trial_record(trial, result, encoder.source, data, run_id)
+    record = trial_record(trial, result, model, data, run_id)
     if is_writer():
         os.makedirs(directory, exist_ok=True)
         for split, (guids, predictions) in result.test_predictions.items():
@@ -223,13 +226,23 @@ def run_single(
     spec = get_task(task)
     check_task_files(data, spec)
     mesh = make_mesh(settings)
-    encoder = load_pretrained(model, mesh) if isinstance(model, str) else model
+    encoder = load_pretrained(model) if isinstance(model, str) else model
     test_splits = available_test_splits(data, spec) if predict_test else []
     task_data = load_task_data(data, spec, encoder.tokenizer, settings.max_seq_length, test_splits)
     trial = Trial(spec, settings.learning_rate, settings.seed)
     run_id = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    model_name = os.path.abspath(model) if isinstance(model, str) else model.source
     return run_trial(
-        trial, encoder, task_data, data, os.path.abspath(workdir), settings, mesh, run_id, log
+        trial,
+        encoder,
+        model_name,
+        task_data,
+        data,
+        os.path.abspath(workdir),
+        settings,
+        mesh,
+        run_id,
+        log,
     )
 
 
@@ -350,7 +363,7 @@ def run_sweep(
     # The model is loaded only when a trial has to run: a finished sweep rewrites its reports
     # without reading any weights.
     encoder = None if isinstance(model, str) else model
-    model_source = model_dir.resolve(model) if isinstance(model, str) else model.source
+    model_source = os.path.abspath(model) if isinstance(model, str) else model.source
     run_id = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
     records: list[dict[str, Any]] = []
@@ -365,7 +378,7 @@ def run_sweep(
             reused.append(trial.name)
             continue
         if encoder is None:
-            encoder = load_pretrained(model_source, mesh)
+            encoder = load_pretrained(model_source)
         if trial.task.name not in data_by_task:
             # Encoded once per task, only when a trial of it still has to run.
             data_by_task.clear()
@@ -377,6 +390,7 @@ def run_sweep(
         record = run_trial(
             trial,
             encoder,
+            model_source,
             data_by_task[trial.task.name],
             data,
             trial.directory(workdir),
