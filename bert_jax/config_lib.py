@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from bert_jax import partitioning
 from bert_jax.model import BertConfig
 
 # name: (layers, hidden, heads); intermediate size is 4 x hidden throughout.
@@ -132,15 +133,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             # (data, fsdp, tensor); -1 takes the remaining devices.
             "shape": (-1, 1, 1),
             # Logical axis -> mesh axes, tried in order (see bert_jax/partitioning.py).
-            "rules": (
-                ("batch", ("data", "fsdp")),
-                ("vocab", "tensor"),
-                ("mlp", "tensor"),
-                ("heads", "tensor"),
-                ("embed", "fsdp"),
-                ("kv", None),
-                ("length", None),
-            ),
+            "rules": partitioning.DEFAULT_RULES,
         }
     )
     return config

@@ -618,7 +618,9 @@ def describe(config: ml_collections.ConfigDict) -> str:
     """The resolved config, phase plan, parameter count and FLOPs per token (for --dry-run)."""
     phases = plan_phases(config)
     model_config = config_lib.bert_config(config)
-    lines = ["config:", config.to_json_best_effort(indent=2), "", "phases:"]
+    lines = ["config (each line is a --config.KEY=VALUE override):"]
+    lines += [f"  {key} = {value!r}" for key, value in _flatten(config.to_dict())]
+    lines += ["phases:"]
     for phase in phases:
         share = phase.max_predictions_per_seq / phase.max_seq_length
         flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
@@ -630,6 +632,17 @@ def describe(config: ml_collections.ConfigDict) -> str:
         )
     lines.append(f"parameters: {count_parameters(model_config):,}")
     return "\n".join(lines)
+
+
+def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key in sorted(tree):
+        value = tree[key]
+        if isinstance(value, dict):
+            out += _flatten(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
 
 
 def count_parameters(model_config) -> int:

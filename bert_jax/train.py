@@ -24,16 +24,6 @@ from bert_jax.model import BertConfig, BertForPreTraining
 Array = jax.Array
 Batch = Mapping[str, Array]
 
-BATCH_KEYS = (
-    "input_ids",
-    "input_mask",
-    "segment_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "next_sentence_labels",
-)
-
 
 @flax.struct.dataclass
 class TrainState:
