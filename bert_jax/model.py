@@ -253,6 +253,37 @@ class BertLayer(nn.Module):
         return nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
 
 
+def gathered_table(table: Array, rows_axis: str | None) -> Array:
+    """An embedding table as used: its `embed` (FSDP) shards gathered, rows still split.
+
+    FSDP all-gathers weights before use anyway; saying so at the lookup also steers XLA's SPMD
+    partitioner away from gathering rows out of a feature-sharded table, which (jax 0.10.2, CPU)
+    produced wrong gradients for the tied word embeddings with the batch split over
+    ('data', 'fsdp') and tensor > 1 (tests/test_partitioning.py pins the case).
+    """
+    return nn.with_logical_constraint(table, (rows_axis, None))
+
+
+class Embed(nn.Module):
+    """Lookup table [num_embeddings, hidden] with logical axes (rows_axis, 'embed')."""
+
+    num_embeddings: int
+    rows_axis: str | None
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, ids: Array) -> Array:
+        cfg = self.config
+        table = self.param(
+            "embedding",
+            _init(cfg, (self.rows_axis, "embed")),
+            (self.num_embeddings, cfg.hidden_size),
+            cfg.param_dtype,
+        )
+        table = gathered_table(jnp.asarray(table, cfg.dtype), self.rows_axis)
+        return jnp.take(table, ids, axis=0)
+
+
 class BertEmbeddings(nn.Module):
     config: BertConfig
 
@@ -262,21 +293,11 @@ class BertEmbeddings(nn.Module):
     ) -> Array:
         cfg = self.config
 
-        def embed(num: int, axes: tuple[str, str], name: str) -> nn.Embed:
-            return nn.Embed(
-                num_embeddings=num,
-                features=cfg.hidden_size,
-                dtype=cfg.dtype,
-                param_dtype=cfg.param_dtype,
-                embedding_init=_init(cfg, axes),
-                name=name,
-            )
-
-        words = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")(input_ids)
-        positions = embed(cfg.max_position_embeddings, (None, "embed"), "position_embeddings")(
+        words = Embed(cfg.vocab_size, "vocab", cfg, name="word_embeddings")(input_ids)
+        positions = Embed(cfg.max_position_embeddings, None, cfg, name="position_embeddings")(
             position_ids
         )
-        types = embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")(segment_ids)
+        types = Embed(cfg.type_vocab_size, None, cfg, name="token_type_embeddings")(segment_ids)
         hidden = _layer_norm(cfg, "LayerNorm")(words + positions + types)
         hidden = nn.Dropout(rate=cfg.hidden_dropout_prob)(hidden, deterministic=deterministic)
         return nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
@@ -401,7 +422,9 @@ class BertForPreTraining(nn.Module):
         embedding_VxD = nn.meta.unbox(
             bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
         )
-        mlm_logits = BertMLMHead(cfg, name="predictions")(picked, embedding_VxD)
+        mlm_logits = BertMLMHead(cfg, name="predictions")(
+            picked, gathered_table(embedding_VxD, "vocab")
+        )
         outputs["mlm_logits"] = nn.with_logical_constraint(mlm_logits, ("batch", None, "vocab"))
         nsp_logits = _dense(cfg, 2, ("embed", None), "seq_relationship")(outputs["pooled_output"])
         outputs["nsp_logits"] = nsp_logits.astype(jnp.float32)

@@ -273,3 +273,37 @@ def test_workdir_is_a_model_for_later_commands(uninterrupted, shared_dirs, tmp_p
     exported = model_dir.load_model_dir(workdir)
     assert exported.has_heads and exported.config.hidden_size == 64
     assert exported.tokenizer.vocab_size == 1000
+
+
+def test_resume_from_another_run_and_init_from_a_model(uninterrupted, shared_dirs, tmp_path):
+    import jax
+
+    from bert_jax import model_dir
+
+    reference_dir, _ = uninterrupted
+    # resume_from: state and data position of another run; continues at its step.
+    workdir = str(tmp_path / "continued")
+    config = small_config(shared_dirs, total_steps=14, resume_from=reference_dir)
+    result = pretrain.pretrain(config, workdir)
+    assert result.final_step == 14
+    assert sorted(losses_by_step(workdir)) == [13, 14]
+
+    # init_from: params only; with a zero learning rate they come out unchanged.
+    exported = str(tmp_path / "exported")
+    pretrain.pretrain(
+        small_config(shared_dirs, total_steps=2, export_model=True, **ONE_PHASE), exported
+    )
+    source = model_dir.load_model_dir(exported)
+    fresh = str(tmp_path / "fresh")
+    config = small_config(
+        shared_dirs,
+        total_steps=1,
+        init_from=exported,
+        **ONE_PHASE,
+        **{"optimizer.learning_rate": 0.0},
+    )
+    assert pretrain.pretrain(config, fresh).final_step == 1
+    loaded = model_dir.load_model_dir(fresh)
+    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(source.params)):
+        np.testing.assert_array_equal(a, b)
+    assert os.listdir(os.path.join(fresh, "tensorboard")), "TensorBoard events were written"

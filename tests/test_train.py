@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import optax
 
 from bert_jax import optim, partitioning
 from bert_jax.train import ShardedTrainer
@@ -46,3 +47,41 @@ def test_non_finite_step_is_skipped_and_counted():
         np.testing.assert_array_equal(np.asarray(a), b)
     state, metrics = trainer.train_step(state, trainer.global_batch(batch), jax.random.key(1))
     assert bool(metrics["finite"]) and int(state.skipped) == 1
+
+
+def test_gradient_accumulation_equals_the_full_batch():
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    batches = [random_batch(np.random.default_rng(i), 16, 32, 5, 512) for i in range(2)]
+    results = []
+    for accum in (1, 4):
+        # SGD is linear in the gradient, so equal updates mean equal gradients (Adam would turn
+        # rounding noise in gradients that are zero in theory, e.g. the key bias's, into +-lr).
+        trainer = ShardedTrainer(
+            config, optax.sgd(0.5), partitioning.make_mesh((2, 2, 2)), accum_steps=accum
+        )
+        state = trainer.init(jax.random.key(0))
+        losses = []
+        for batch in batches:
+            state, metrics = trainer.train_step(
+                state, trainer.global_batch(batch), jax.random.key(1)
+            )
+            losses.append(float(metrics["loss"]))
+        results.append((losses, jax.tree.map(np.asarray, jax.device_get(state.params))))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(results[0][1]), jax.tree.leaves(results[1][1])):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_lamb_trains():
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    schedule = optim.warmup_linear_decay(5e-2, 2, 100)
+    trainer = ShardedTrainer(
+        config, optim.lamb(schedule), partitioning.make_mesh((-1, 1, 1)), schedule=schedule
+    )
+    state = trainer.init(jax.random.key(0))
+    batch = trainer.global_batch(random_batch(np.random.default_rng(0), 8, 32, 5, 512))
+    losses = []
+    for _ in range(20):
+        state, metrics = trainer.train_step(state, batch, jax.random.key(1))
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < 0.7 * losses[0], losses
