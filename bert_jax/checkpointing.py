@@ -1,10 +1,10 @@
 """Orbax checkpoints of the train state together with every host's data-iterator position.
 
 A checkpoint holds two items: `state` (the TrainState, saved sharded by all hosts) and `data` (a
-small int32 array, one row per device, in which each device's row records its own host's iterator
-position: phase, epoch, batches in epoch, batches in total and a fingerprint of the input
-configuration). Saving the position as a sharded array makes it multi-host for free: every host
-writes its rows and reads back its own, with the same Orbax machinery as the parameters.
+small replicated int32 array with one row per input shard, `data/shards.py`: phase, epoch, batches
+in epoch, batches in total and a fingerprint of the shard's input configuration). Every host
+contributes the rows of the shards it reads (one all-gather per save) and, on restore, picks the
+rows of the shards it reads now, so the position survives a change in the number of hosts.
 
 Resume order (`pretrain.py`): latest checkpoint in the workdir > an explicit checkpoint
 (`config.resume_from`) > a model directory (`config.init_from`, params only) > scratch.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -21,18 +22,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bert_jax import partitioning
-
 # Columns of the data-position array.
 _FIELDS = ("phase", "epoch", "batches_in_epoch", "batches_total", "fp0", "fp1", "fp2", "fp3")
 
 
 def _position_sharding(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, PartitionSpec(partitioning.MESH_AXES))
+    return NamedSharding(mesh, PartitionSpec())
 
 
-def encode_position(phase: int, iterator_state: dict[str, Any] | None, mesh: Mesh) -> jax.Array:
-    """This host's iterator position as rows of a global [num_devices, 8] int32 array."""
+def _position_row(phase: int, iterator_state: dict[str, Any] | None) -> np.ndarray:
     row = np.zeros((len(_FIELDS),), np.int32)
     row[0] = phase
     if iterator_state is not None:
@@ -43,29 +41,57 @@ def encode_position(phase: int, iterator_state: dict[str, Any] | None, mesh: Mes
         row[4:8] = [(fingerprint >> (16 * i)) & 0xFFFF for i in range(4)]
     else:
         row[1:] = -1
-    local = np.tile(row, (len(mesh.local_devices), 1))
+    return row
+
+
+def encode_position(
+    phase: int,
+    shard_states: Sequence[dict[str, Any] | None] | dict[str, Any] | None,
+    mesh: Mesh,
+) -> jax.Array:
+    """The positions of all input shards as a replicated [num_shards, 8] int32 array.
+
+    `shard_states` are this host's shard positions in shard order (one dict or None for a single
+    shard; None: not started). Hosts hold consecutive shards, so the all-gathered rows come out
+    in shard order. A collective in multi-host runs: every host calls it at the same step.
+    """
+    if shard_states is None or isinstance(shard_states, dict):
+        shard_states = [shard_states]
+    local = np.stack([_position_row(phase, state) for state in shard_states])
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        local = np.asarray(multihost_utils.process_allgather(local)).reshape(-1, len(_FIELDS))
     return jax.make_array_from_process_local_data(_position_sharding(mesh), local)
 
 
-def decode_position(position: jax.Array) -> tuple[int, dict[str, Any] | None]:
-    """(phase, iterator state) of this host, from the rows its own devices hold."""
-    row = np.asarray(position.addressable_shards[0].data)[0]
-    phase = int(row[0])
-    if row[1] < 0:
+def decode_position(position: jax.Array) -> tuple[int, list[dict[str, Any] | None] | None]:
+    """(phase, positions of all input shards indexed by shard) or (phase, None) if not started."""
+    table = np.asarray(position.addressable_shards[0].data)
+    phase = int(table[0, 0])
+    states: list[dict[str, Any] | None] = []
+    for row in table:
+        if row[1] < 0:
+            states.append(None)
+            continue
+        fingerprint = sum(int(row[4 + i]) << (16 * i) for i in range(4))
+        states.append(
+            {
+                "version": 1,
+                "epoch": int(row[1]),
+                "batches_in_epoch": int(row[2]),
+                "batches_total": int(row[3]),
+                "fingerprint": f"{fingerprint:016x}",
+            }
+        )
+    if all(state is None for state in states):
         return phase, None
-    fingerprint = sum(int(row[4 + i]) << (16 * i) for i in range(4))
-    return phase, {
-        "version": 1,
-        "epoch": int(row[1]),
-        "batches_in_epoch": int(row[2]),
-        "batches_total": int(row[3]),
-        "fingerprint": f"{fingerprint:016x}",
-    }
+    return phase, states
 
 
-def abstract_position(mesh: Mesh) -> jax.ShapeDtypeStruct:
+def abstract_position(mesh: Mesh, num_shards: int = 1) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(
-        (mesh.devices.size, len(_FIELDS)), np.int32, sharding=_position_sharding(mesh)
+        (num_shards, len(_FIELDS)), np.int32, sharding=_position_sharding(mesh)
     )
 
 
@@ -128,11 +154,17 @@ class Checkpointer:
         )
 
     def restore(
-        self, abstract_state: Any, mesh: Mesh, step: int | None = None, with_data: bool = True
-    ) -> tuple[Any, int | None, dict[str, Any] | None]:
-        """(state, phase, iterator state of this host) from `step` (default: the latest).
+        self,
+        abstract_state: Any,
+        mesh: Mesh,
+        step: int | None = None,
+        with_data: bool = True,
+        num_shards: int = 1,
+    ) -> tuple[Any, int | None, list[dict[str, Any] | None] | None]:
+        """(state, phase, positions of all `num_shards` input shards) from `step` (default: the
+        latest).
 
-        The data position is per device; when the device count changed since the save (or with
+        When the checkpoint was saved with another number of input shards (or with
         `with_data=False`) only the state is restored and the position comes back as None.
         """
         step = self.latest_step() if step is None else step
@@ -145,20 +177,23 @@ class Checkpointer:
                     step,
                     args=ocp.args.Composite(
                         state=state_args,
-                        data=ocp.args.StandardRestore({"position": abstract_position(mesh)}),
+                        data=ocp.args.StandardRestore(
+                            {"position": abstract_position(mesh, num_shards)}
+                        ),
                     ),
                 )
             except ValueError as err:
                 if "not compatible with the stored shape" not in str(err):
                     raise
                 logging.getLogger("bert_jax").warning(
-                    "checkpoint %d was saved on a different number of devices: restoring the "
-                    "train state only; the data pipeline starts its phase afresh",
+                    "checkpoint %d was saved with another number of input shards "
+                    "(config.data.shards, 0 = one per host): restoring the train state only; the "
+                    "data pipeline starts its phase afresh",
                     step,
                 )
             else:
-                phase, iterator_state = decode_position(restored["data"]["position"])
-                return restored["state"], phase, iterator_state
+                phase, shard_states = decode_position(restored["data"]["position"])
+                return restored["state"], phase, shard_states
         restored = self.manager.restore(step, args=ocp.args.Composite(state=state_args))
         return restored["state"], None, None
 

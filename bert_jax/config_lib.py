@@ -110,6 +110,10 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "shuffle_buffer_size": 10_000,
             "cache_dir": "",  # default <workdir>/data
             "num_workers": 1,
+            # Disjoint input shards the global batch is drawn from (data/shards.py); 0: one per
+            # host. A fixed number (a multiple of every host count you will use) keeps the data
+            # order, and exact resume, independent of how many hosts run the job.
+            "shards": 0,
         }
     )
     config.eval = ml_collections.ConfigDict(

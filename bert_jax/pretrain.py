@@ -38,7 +38,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpointing, config_lib, losses, metrics, optim, partitioning
+from bert_jax import checkpointing, config_lib, distributed, losses, metrics, optim, partitioning
+from bert_jax.data import shards as input_shards
 from bert_jax.train import ShardedTrainer, TrainState
 
 log = logging.getLogger("bert_jax")
@@ -128,6 +129,7 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
             "config.model.vocab_size or use a smaller vocabulary"
         )
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    _, _, num_shards = input_shards.layout(data_shards(config), 0, jax.process_count())
     for phase in phases:
         setting = f"config.{phase.name}"
         if not phase.source:
@@ -146,10 +148,10 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
                 f"its max_seq_length={phase.max_seq_length}"
             )
         partitioning.check_batch_divisible(phase.batch_size, mesh, f"{setting}.batch_size")
-        if phase.batch_size % jax.process_count():
+        if phase.batch_size % num_shards:
             raise ValueError(
-                f"{setting}.batch_size={phase.batch_size} is not divisible by the number of "
-                f"hosts ({jax.process_count()})"
+                f"{setting}.batch_size={phase.batch_size} is not divisible by the {num_shards} "
+                f"input shards (config.data.shards; 0 = one per host, {jax.process_count()} here)"
             )
         accum = int(config.grad_accum_steps)
         if accum < 1 or phase.batch_size % (accum * dp):
@@ -159,6 +161,16 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
             )
     if config.eval.every_steps > 0:
         partitioning.check_batch_divisible(config.eval.batch_size, mesh, "config.eval.batch_size")
+        if config.eval.batch_size % num_shards:
+            raise ValueError(
+                f"config.eval.batch_size={config.eval.batch_size} is not divisible by the "
+                f"{num_shards} input shards (config.data.shards)"
+            )
+
+
+def data_shards(config) -> int:
+    """`config.data.shards` (0: one input shard per host; see data/shards.py)."""
+    return int(config.data.get("shards", 0))
 
 
 def _looks_like_corpus(source: str) -> bool:
@@ -226,23 +238,34 @@ def _iterator(
     from bert_jax.data import pipeline
 
     dupe = int(config.data.dupe_factor)
-    return pipeline.make_pretrain_iterator(
-        source,
-        tokenizer,
-        batch_size=batch_size // jax.process_count(),
-        max_seq_length=phase.max_seq_length,
-        max_predictions_per_seq=phase.max_predictions_per_seq,
-        seed=seed,
+
+    def make_reader(shard: int, num_shards: int, shard_batch_size: int):
+        return pipeline.make_pretrain_iterator(
+            source,
+            tokenizer,
+            batch_size=shard_batch_size,
+            max_seq_length=phase.max_seq_length,
+            max_predictions_per_seq=phase.max_predictions_per_seq,
+            seed=seed,
+            process_index=shard,
+            process_count=num_shards,
+            dynamic_masking=dynamic,
+            whole_word_mask=bool(config.data.whole_word_mask),
+            masked_lm_prob=float(config.data.masked_lm_prob),
+            short_seq_prob=float(config.data.short_seq_prob),
+            shuffle_buffer_size=shuffle_buffer,
+            cache_dir=config.data.cache_dir or os.path.join(workdir, "data"),
+            dupe_factor=None if dupe < 0 else dupe,
+            num_workers=int(config.data.num_workers),
+        )
+
+    # This host's input shards, concatenated: the global batch depends on config.data.shards only.
+    return input_shards.ShardedInput.build(
+        make_reader,
+        global_batch_size=batch_size,
+        shards_setting=data_shards(config),
         process_index=jax.process_index(),
         process_count=jax.process_count(),
-        dynamic_masking=dynamic,
-        whole_word_mask=bool(config.data.whole_word_mask),
-        masked_lm_prob=float(config.data.masked_lm_prob),
-        short_seq_prob=float(config.data.short_seq_prob),
-        shuffle_buffer_size=shuffle_buffer,
-        cache_dir=config.data.cache_dir or os.path.join(workdir, "data"),
-        dupe_factor=None if dupe < 0 else dupe,
-        num_workers=int(config.data.num_workers),
     )
 
 
@@ -360,6 +383,8 @@ def pretrain(
     (tests use it to inject NaNs)."""
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
+    # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
+    distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
     if is_main:
         os.makedirs(workdir, exist_ok=True)
     _sync("workdir")
@@ -391,18 +416,27 @@ def pretrain(
         async_save=bool(config.checkpoint.async_save),
     )
 
+    # A host that sees another latest checkpoint (e.g. a workdir not shared by all hosts) would
+    # restore something else than the others: fail now instead.
+    distributed.check_hosts_agree({"latest checkpoint step": str(checkpointer.latest_step())})
+    _, shards_per_host, num_shards = input_shards.layout(
+        data_shards(config), jax.process_index(), jax.process_count()
+    )
+
     # Resume order: latest in workdir > explicit checkpoint > model directory > scratch.
     restored_phase, restored_position = None, None
     if checkpointer.latest_step() is not None:
         state, restored_phase, restored_position = checkpointer.restore(
-            trainer.abstract_state(), mesh
+            trainer.abstract_state(), mesh, num_shards=num_shards
         )
         origin = f"checkpoint {checkpointer.directory} step {checkpointer.latest_step()}"
     elif config.resume_from:
         other = checkpointing.Checkpointer(
             checkpointing.find_checkpoint_dir(config.resume_from), async_save=False
         )
-        state, restored_phase, restored_position = other.restore(trainer.abstract_state(), mesh)
+        state, restored_phase, restored_position = other.restore(
+            trainer.abstract_state(), mesh, num_shards=num_shards
+        )
         origin = f"config.resume_from={config.resume_from} step {int(state.step)}"
         other.close()
     else:
@@ -487,7 +521,7 @@ def pretrain(
     def save(at_step: int) -> None:
         position = checkpointing.encode_position(
             iterator_phase.index if iterator_phase else phase_at(phases, at_step).index,
-            iterator.get_state() if iterator is not None else None,
+            iterator.get_state() if iterator is not None else [None] * shards_per_host,
             mesh,
         )
         checkpointer.save(at_step, state, position)

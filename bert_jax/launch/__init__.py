@@ -1,0 +1,57 @@
+"""Launch helpers, thin over `bert-jax pretrain`: TPU VM pod slices (`tpu.py`) and SLURM GPU
+clusters (`slurm.py`). `launch/README.md` at the top of the repository has the recipes.
+
+Commands are argument lists run without a shell; text that a remote shell will read (the
+command given to `gcloud ... ssh --command`, the lines of an sbatch script) is built with
+`shlex.quote` around every value that came from the user, so names, paths and config overrides
+such as `--config.data.source='a b; rm -rf /'` arrive as one argument each.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+
+class LaunchError(RuntimeError):
+    """A launch step failed (a command's exit status, or an invalid setting)."""
+
+
+class Runner:
+    """Runs commands (argument lists, never through a shell) or, with `dry_run`, prints each
+    one as a line a user can paste (`shlex.join`), with `note`s as `#` comments."""
+
+    def __init__(
+        self,
+        dry_run: bool = False,
+        out: TextIO | None = None,
+        run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    ):
+        self.dry_run = dry_run
+        self.out = out
+        self._run = run
+
+    def show(self, text: str) -> None:
+        print(text, file=self.out or sys.stdout, flush=True)
+
+    def note(self, text: str) -> None:
+        self.show(f"# {text}")
+
+    def __call__(self, argv: Sequence[str], *, check: bool = True, quiet: bool = False) -> int:
+        """Runs `argv`; returns its exit status (0 in a dry run). `check` raises on failure."""
+        argv = [str(a) for a in argv]
+        if self.dry_run:
+            self.show(shlex.join(argv))
+            return 0
+        if not quiet:
+            self.show(f"+ {shlex.join(argv)}")
+        kwargs = {"capture_output": True, "text": True} if quiet else {}
+        result = self._run(argv, check=False, **kwargs)
+        if check and result.returncode != 0:
+            raise LaunchError(
+                f"command failed (exit status {result.returncode}): {shlex.join(argv)}"
+            )
+        return result.returncode

@@ -1,0 +1,146 @@
+"""`bert-jax launch slurm`: an sbatch script for GPU nodes (one process per GPU or per node).
+
+The script exports the coordinator (first host of `scontrol show hostnames $SLURM_JOB_NODELIST`
+and a port), the number of processes (`$SLURM_NTASKS`) and which devices a process drives, then
+starts one `bert-jax pretrain` per task with `srun`; each task takes its process id from
+`$SLURM_PROCID` (see bert_jax/distributed.py). `srun --kill-on-bad-exit=1` ends the whole job
+when one task fails, and JAX's heartbeat does the same when a node vanishes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from collections.abc import Sequence
+
+from bert_jax.launch import LaunchError, Runner
+
+PER_CHOICES = ("gpu", "node")
+# #SBATCH lines are read by sbatch, not by a shell: values are restricted instead of quoted.
+_DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.:,=+@%/\-\[\]]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmJob:
+    nodes: int
+    gpus_per_node: int = 8
+    per: str = "gpu"  # one process per GPU, or per node (driving all its GPUs)
+    job_name: str = "bert-jax"
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    cpus_per_task: int | None = None
+    port: int | None = None  # default: derived from the job id, as JAX does
+    output: str | None = None  # default: <job_name>-%j.out
+    bert_jax: str = "bert-jax"  # the executable on the nodes
+    setup: tuple[str, ...] = ()  # shell lines run first (module load, source venv/bin/activate)
+    env: tuple[tuple[str, str], ...] = ()
+    sbatch_options: tuple[str, ...] = ()  # extra directives, e.g. --exclusive, --mem=0
+
+    def __post_init__(self):
+        # `--sbatch-option mem=0` reads better on a command line than `--sbatch-option=--mem=0`.
+        options = tuple(o if o.startswith("-") else f"--{o}" for o in self.sbatch_options)
+        object.__setattr__(self, "sbatch_options", options)
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise LaunchError("--nodes and --gpus-per-node must be at least 1")
+        if self.per not in PER_CHOICES:
+            raise LaunchError(f"--per {self.per!r}: use gpu or node")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise LaunchError(f"--port {self.port} is not a TCP port")
+        for flag, value in (
+            ("--job-name", self.job_name),
+            ("--partition", self.partition),
+            ("--account", self.account),
+            ("--time", self.time),
+            ("--output", self.output),
+            *(("--sbatch-option", option) for option in self.sbatch_options),
+        ):
+            if value is not None and not _DIRECTIVE_VALUE.match(value):
+                raise LaunchError(
+                    f"{flag} {value!r} cannot go into an #SBATCH line: use letters, digits and "
+                    "_ . : , = + @ % / - [ ] only"
+                )
+        for key, _ in self.env:
+            if not _ENV_NAME.match(key):
+                raise LaunchError(f"--env {key!r}: not a shell variable name")
+
+    @property
+    def tasks_per_node(self) -> int:
+        return self.gpus_per_node if self.per == "gpu" else 1
+
+    def script(self, pretrain_args: Sequence[str]) -> str:
+        if not pretrain_args:
+            raise LaunchError(
+                "nothing to run: give the pretrain arguments after --, e.g. -- --config "
+                "configs/bert.py:base --workdir /shared/runs/base"
+            )
+        processes = self.nodes * self.tasks_per_node
+        unit = "GPU" if self.per == "gpu" else "node"
+        directives = [
+            f"--job-name={self.job_name}",
+            f"--nodes={self.nodes}",
+            f"--ntasks-per-node={self.tasks_per_node}",
+            f"--gpus-per-node={self.gpus_per_node}",
+        ]
+        if self.cpus_per_task:
+            directives.append(f"--cpus-per-task={self.cpus_per_task}")
+        for flag, value in (
+            ("time", self.time),
+            ("partition", self.partition),
+            ("account", self.account),
+        ):
+            if value:
+                directives.append(f"--{flag}={value}")
+        directives.append(f"--output={self.output or self.job_name + '-%j.out'}")
+        directives.extend(self.sbatch_options)
+        port = str(self.port) if self.port else "$((SLURM_JOB_ID % 4096 + 61440))"
+        devices = "local-rank" if self.per == "gpu" else "all"
+        lines = [
+            "#!/bin/bash",
+            *(f"#SBATCH {d}" for d in directives),
+            f"# Written by `bert-jax launch slurm`: {self.nodes} node(s) x {self.gpus_per_node} "
+            f"GPU(s), one process per {unit} ({processes} processes).",
+            *self.setup,  # before `set -eu`: activate scripts and `module` may use unset names
+            "set -eu",
+            "# Process 0 (first task, first node) hosts the coordinator; each task reads its "
+            "process id from SLURM_PROCID.",
+            'coordinator_host="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"',
+            f'export BERT_JAX_COORDINATOR="$coordinator_host:{port}"',
+            'export BERT_JAX_NUM_PROCESSES="$SLURM_NTASKS"',
+            f"export BERT_JAX_LOCAL_DEVICE_IDS={devices}",
+            "export TF_CPP_MIN_LOG_LEVEL=2",
+            *(f"export {key}={shlex.quote(value)}" for key, value in self.env),
+            shlex.join(["srun", "--kill-on-bad-exit=1", self.bert_jax, "pretrain", *pretrain_args]),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def parse_env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise LaunchError(f"--env {pair!r}: use NAME=VALUE")
+        out.append((key, value))
+    return tuple(out)
+
+
+def write_and_submit(
+    job: SlurmJob, pretrain_args: Sequence[str], script_path: str, runner: Runner, submit: bool
+) -> str:
+    """Writes the script and, with `submit`, runs `sbatch` on it. A dry run prints the script as
+    it would be written (so `--dry-run > job.sbatch` works) and the sbatch line as a comment."""
+    text = job.script(pretrain_args)
+    if runner.dry_run:
+        runner.show(text.rstrip("\n"))
+        if submit:
+            runner.note(f"then: {shlex.join(['sbatch', script_path])}")
+        return text
+    with open(script_path, "w", encoding="utf-8") as f:
+        f.write(text)
+    runner.note(f"wrote {script_path}")
+    if submit:
+        runner(["sbatch", script_path])
+    return text

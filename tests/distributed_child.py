@@ -1,0 +1,72 @@
+"""One process of a multi-process pretraining run on localhost (started by test_distributed.py).
+
+    python -m tests.distributed_child '{"process_id": 0, "num_processes": 2, "port": 1234, ...}'
+
+Sets its own device count before JAX is imported (the parent's conftest is not loaded here),
+joins the job through `bert_jax.distributed.initialize`, runs `pretrain.pretrain` on
+`tests.test_pretrain.small_config(shared_dirs, **overrides)` and, with `record`, saves the batch
+this process fed at every step to `<record>-<process_id>.npz`; with `die_at_step`, process
+`die_process` kills itself (SIGKILL) when it reaches that step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+
+def _setup_jax(devices: int):
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_numpy_rank_promotion", "raise")
+    cache = os.path.join(os.environ.get("TMPDIR", "/tmp"), "bert_jax_test_jax_cache")
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return jax
+
+
+def config_from(spec: dict):
+    from tests.test_pretrain import small_config
+
+    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["overrides"].items()}
+    return small_config(spec["shared_dirs"], **overrides)
+
+
+def main(spec: dict) -> None:
+    jax = _setup_jax(int(spec.get("devices", 4)))
+    from bert_jax import distributed, pretrain
+
+    distributed.initialize(
+        coordinator_address=f"localhost:{spec['port']}",
+        num_processes=int(spec["num_processes"]),
+        process_id=int(spec["process_id"]),
+        initialization_timeout=int(spec.get("initialization_timeout", 60)),
+        heartbeat_timeout=int(spec.get("heartbeat_timeout", 10)),
+    )
+    assert jax.process_count() == int(spec["num_processes"]), jax.process_count()
+    fed: dict[str, list] = {}
+
+    def hook(step, batch):
+        if step == spec.get("die_at_step") and jax.process_index() == spec.get("die_process"):
+            os.kill(os.getpid(), signal.SIGKILL)  # a host that vanishes mid-run
+        for key, value in batch.items():
+            fed.setdefault(key, []).append(value)
+        return batch
+
+    result = pretrain.pretrain(config_from(spec), spec["workdir"], step_hook=hook)
+    if spec.get("record"):
+        import numpy as np
+
+        path = f"{spec['record']}-{jax.process_index()}.npz"
+        np.savez(path, **{key: np.stack(values) for key, values in fed.items()})
+    print(f"final step {result.final_step}", flush=True)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

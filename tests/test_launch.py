@@ -1,0 +1,360 @@
+"""`bert-jax launch tpu|slurm`: exact dry-run commands, and hostile values that stay one argument
+when the remote shell (or sbatch's bash) actually runs what we generate."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+
+from bert_jax import cli, distributed
+from bert_jax.launch import Runner, slurm, tpu
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTILE = "a b; rm -rf /"
+TPU = ["--name", "bert-base", "--zone", "us-central2-b", "--project", "my-proj", "--dry-run"]
+WHERE = "--zone=us-central2-b --project=my-proj"
+PRETRAIN = [
+    "--config",
+    "configs/bert.py:base",
+    "--workdir",
+    "/gcs/bucket/runs/base",
+    f"--config.data.source={HOSTILE}",
+]
+
+DESCRIBE = f"gcloud compute tpus tpu-vm describe bert-base {WHERE} '--format=value(state)'"
+CREATE = (
+    f"gcloud compute tpus tpu-vm create bert-base {WHERE} --accelerator-type=v4-32 "
+    "--version=tpu-ubuntu2204-base"
+)
+SSH = f"gcloud compute tpus tpu-vm ssh bert-base {WHERE}"
+MKDIR = f"""{SSH} --worker=all '--command=mkdir -p "$HOME"/bert-jax'"""
+SCP = (
+    f"gcloud compute tpus tpu-vm scp /tmp/src.tar.gz bert-base:bert-jax/src.tar.gz {WHERE} "
+    "--worker=all"
+)
+INSTALL = (
+    f"{SSH} --worker=all '--command=set -e; "
+    'rm -rf "$HOME"/bert-jax/src && mkdir -p "$HOME"/bert-jax/src; '
+    'tar -xzf "$HOME"/bert-jax/src.tar.gz -C "$HOME"/bert-jax/src; '
+    'test -x "$HOME"/bert-jax/venv/bin/python || python3 -m venv "$HOME"/bert-jax/venv || '
+    "{ sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv && "
+    'python3 -m venv "$HOME"/bert-jax/venv; }; '
+    '"$HOME"/bert-jax/venv/bin/pip install -q --upgrade pip; '
+    """"$HOME"/bert-jax/venv/bin/pip install -q '"'"'jax[tpu]==0.10.2'"'"' """
+    """-e "$HOME"/bert-jax/src'"""
+)
+START = (
+    f"""{SSH} --worker=all '--command=cd "$HOME"/bert-jax/src && """
+    """if [ -f "$HOME"/bert-jax/run.pid ] && kill -0 "$(cat "$HOME"/bert-jax/run.pid)" """
+    """2>/dev/null; then echo '"'"'bert-jax: a run is still going on this worker; stop it """
+    """first'"'"' >&2; exit 1; fi; nohup env BERT_JAX_DISTRIBUTED=on TF_CPP_MIN_LOG_LEVEL=2 """
+    "../venv/bin/bert-jax pretrain --config configs/bert.py:base --workdir "
+    """/gcs/bucket/runs/base '"'"'--config.data.source=a b; rm -rf /'"'"' > """
+    """"$HOME"/bert-jax/run.log 2>&1 < /dev/null & echo $! > "$HOME"/bert-jax/run.pid'"""
+)
+LOGS = f"""{SSH} --worker=0 '--command=tail -n +1 -F "$HOME"/bert-jax/run.log'"""
+STOP = (
+    f"""{SSH} --worker=all '--command=if [ -f "$HOME"/bert-jax/run.pid ] && """
+    """kill -TERM "$(cat "$HOME"/bert-jax/run.pid)" 2>/dev/null; then echo "sent SIGTERM to """
+    """bert-jax on $(hostname)"; else echo "no bert-jax run on $(hostname)"; fi'"""
+)
+DELETE = f"gcloud compute tpus tpu-vm delete bert-base {WHERE} --quiet"
+PACK = f"# pack pyproject.toml README.md bert_jax configs launch of {REPO} into /tmp/src.tar.gz"
+SETUP_FLAGS = ["--source", REPO, "--archive", "/tmp/src.tar.gz", "--jax-spec", "jax[tpu]==0.10.2"]
+
+
+def _launch(capsys, *argv) -> list[str]:
+    assert cli.main(["launch", *argv]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(
+    "action, extra, expected",
+    [
+        (
+            "create",
+            [],
+            [DESCRIBE, "# only when the describe above fails (no such TPU VM):", CREATE],
+        ),
+        ("setup", SETUP_FLAGS, [PACK, MKDIR, SCP, INSTALL]),
+        ("run", ["--", *PRETRAIN], [START, LOGS]),
+        ("run", ["--no-follow", "--", *PRETRAIN], [START]),
+        ("logs", [], [LOGS]),
+        ("logs", ["--worker", "3"], [LOGS.replace("--worker=0", "--worker=3")]),
+        ("stop", [], [STOP]),
+        ("delete", [], [DELETE]),
+        (
+            "up",
+            [*SETUP_FLAGS, "--", *PRETRAIN],
+            [
+                DESCRIBE,
+                "# only when the describe above fails (no such TPU VM):",
+                CREATE,
+                PACK,
+                MKDIR,
+                SCP,
+                INSTALL,
+                START,
+                LOGS,
+            ],
+        ),
+    ],
+)
+def test_tpu_dry_run_prints_every_gcloud_command(capsys, action, extra, expected):
+    assert _launch(capsys, "tpu", action, *TPU, *extra) == expected
+
+
+def test_tpu_create_options_and_env(capsys):
+    lines = _launch(
+        capsys,
+        *("tpu", "create", "--name", "bert-large", "--zone", "us-east5-a", "--dry-run"),
+        *("--accelerator-type", "v5p-128", "--version", "v2-alpha-tpuv5", "--spot"),
+    )
+    assert lines[-1] == (
+        "gcloud compute tpus tpu-vm create bert-large --zone=us-east5-a --accelerator-type=v5p-128 "
+        "--version=v2-alpha-tpuv5 --spot"
+    )
+    lines = _launch(
+        capsys,
+        *("tpu", "run", *TPU, "--no-follow", "--env", f"EXTRA={HOSTILE}", "--", "--config", "c"),
+    )
+    assert (
+        "TF_CPP_MIN_LOG_LEVEL=2 '\"'\"'EXTRA=a b; rm -rf /'\"'\"' ../venv/bin/bert-jax" in lines[0]
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tpu", "run", "--name", HOSTILE, "--zone", "z", "--", "--config", "c"], "not valid"),
+        (["tpu", "up", "--name", "ok", "--zone", "z", "--dry-run"], "nothing to run"),
+        (["tpu", "run", "--name", "ok", "--zone", "z", "--env", "A B=1", "--", "x"], "--env"),
+        (["tpu", "logs", "--name", "ok", "--zone", "z", "--remote-dir", "/etc"], "relative path"),
+        (["slurm", "--nodes", "2", "--job-name", HOSTILE, "--dry-run", "--", "x"], "#SBATCH"),
+        (["slurm", "--nodes", "2", "--partition", "gpu\nrm", "--dry-run", "--", "x"], "#SBATCH"),
+        (["slurm", "--nodes", "2", "--env", "1A=x", "--dry-run", "--", "x"], "variable name"),
+        (["slurm", "--nodes", "2", "--dry-run"], "nothing to run"),
+    ],
+)
+def test_bad_values_are_refused_with_one_line(capsys, argv, message):
+    assert cli.main(["launch", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def _executable(path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+
+
+ARGV_RECORDER = """#!{python}
+import json, os, sys, time
+names = ("BERT_JAX_DISTRIBUTED", "BERT_JAX_COORDINATOR", "BERT_JAX_NUM_PROCESSES",
+         "BERT_JAX_LOCAL_DEVICE_IDS", "TF_CPP_MIN_LOG_LEVEL", "EXTRA")
+with open({out!r}, "w") as f:
+    json.dump({{"argv": sys.argv[1:], "cwd": os.getcwd(),
+               "env": {{n: os.environ.get(n) for n in names}}}}, f)
+time.sleep(float(os.environ.get("FAKE_SECONDS", "0")))
+"""
+
+
+def _wait_for(path, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    time.sleep(0.05)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_tpu_remote_commands_run_in_a_real_shell(tmp_path):
+    """The start/stop command lines, run by bash as sshd would, pass hostile values as single
+    arguments, refuse a second start while a run is alive, and SIGTERM it on stop."""
+    home = tmp_path / "home"
+    (home / "bert-jax" / "src").mkdir(parents=True)
+    (home / "bert-jax" / "venv" / "bin").mkdir(parents=True)
+    out = tmp_path / "argv.json"
+    _executable(
+        home / "bert-jax" / "venv" / "bin" / "bert-jax",
+        ARGV_RECORDER.format(python=sys.executable, out=str(out)),
+    )
+    canary = tmp_path / "canary"
+    hostile = [f"--config.data.source=x; touch {canary}", f"--workdir=$(touch {canary})", "a'b"]
+    vm = tpu.TpuVm("bert-base", "us-central2-b")
+    start = vm.start_script(
+        ["--config", "configs/bert.py:base", *hostile],
+        tpu.run_environment({"EXTRA": f"`touch {canary}`"}),
+    )
+    env = dict(os.environ, HOME=str(home), FAKE_SECONDS="30")
+
+    def remote(command):
+        return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+
+    assert remote(start).returncode == 0
+    seen = _wait_for(out)
+    assert seen["argv"] == ["pretrain", "--config", "configs/bert.py:base", *hostile]
+    assert seen["cwd"] == str(home / "bert-jax" / "src")
+    assert seen["env"]["BERT_JAX_DISTRIBUTED"] == "on"
+    assert seen["env"]["EXTRA"] == f"`touch {canary}`"
+    assert not canary.exists()
+
+    again = remote(start)
+    assert again.returncode == 1 and "still going" in again.stderr
+    stopped = remote(vm.stop_script())
+    assert stopped.returncode == 0 and "sent SIGTERM" in stopped.stdout
+    pid = int((home / "bert-jax" / "run.pid").read_text())
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read()
+    assert "no bert-jax run" in remote(vm.stop_script()).stdout
+
+
+def test_tpu_up_reuses_an_existing_vm_and_packs_the_source(tmp_path):
+    calls = []
+
+    def fake_run(argv, check=False, **kwargs):
+        calls.append(argv)
+        exists = argv[4] == "describe" and fake_run.exists
+        return subprocess.CompletedProcess(argv, 0 if exists or argv[4] != "describe" else 1)
+
+    archive = str(tmp_path / "src.tar.gz")
+    for exists in (False, True):
+        fake_run.exists = exists
+        calls.clear()
+        vm = tpu.TpuVm("bert-base", "us-central2-b")
+        runner = Runner(out=open(os.devnull, "w"), run=fake_run)  # noqa: SIM115
+        tpu.perform("up", vm, runner, pretrain_args=["--config", "c"], archive=archive)
+        verbs = [argv[4] for argv in calls]
+        expected = ["describe"] + ([] if exists else ["create"]) + ["ssh", "scp", "ssh", "ssh"]
+        assert verbs == expected + ["ssh"], verbs  # the last ssh streams worker 0's log
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert {"pyproject.toml", "bert_jax/cli.py", "configs/bert.py", "launch/mount_gcs.sh"} <= set(
+        names
+    )
+    assert not [n for n in names if "__pycache__" in n or n.startswith((".venv", "tests"))]
+
+
+SLURM_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=bert-base
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=8
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=12
+#SBATCH --time=2-00:00:00
+#SBATCH --partition=gpu
+#SBATCH --account=lab
+#SBATCH --output=bert-base-%j.out
+#SBATCH --exclusive
+#SBATCH --mem=0
+# Written by `bert-jax launch slurm`: 2 node(s) x 8 GPU(s), one process per GPU (16 processes).
+source ~/venv/bin/activate
+set -eu
+# Process 0 (first task, first node) hosts the coordinator; each task reads its process id from \
+SLURM_PROCID.
+coordinator_host="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
+export BERT_JAX_COORDINATOR="$coordinator_host:$((SLURM_JOB_ID % 4096 + 61440))"
+export BERT_JAX_NUM_PROCESSES="$SLURM_NTASKS"
+export BERT_JAX_LOCAL_DEVICE_IDS=local-rank
+export TF_CPP_MIN_LOG_LEVEL=2
+export EXTRA='a b; rm -rf /'
+srun --kill-on-bad-exit=1 bert-jax pretrain --config configs/bert.py:base --workdir \
+/gcs/bucket/runs/base '--config.data.source=a b; rm -rf /'
+"""
+SLURM_FLAGS = [
+    *("--nodes", "2", "--job-name", "bert-base", "--partition", "gpu", "--account", "lab"),
+    *("--time", "2-00:00:00", "--cpus-per-task", "12", "--sbatch-option=--exclusive"),
+    *("--sbatch-option", "mem=0"),
+    *("--setup", "source ~/venv/bin/activate", "--env", f"EXTRA={HOSTILE}"),
+]
+
+
+def test_slurm_dry_run_prints_the_script(capsys):
+    out = "\n".join(_launch(capsys, "slurm", *SLURM_FLAGS, "--dry-run", "--", *PRETRAIN))
+    assert out + "\n" == SLURM_SCRIPT
+    out = _launch(capsys, "slurm", *SLURM_FLAGS, "--submit", "--dry-run", "--", *PRETRAIN)
+    assert out[-1] == "# then: sbatch bert-base.sbatch"
+    per_node = "\n".join(
+        _launch(
+            capsys,
+            *("slurm", "--nodes", "4", "--per", "node", "--port", "7777", "--dry-run"),
+            *("--", "--config", "c"),
+        )
+    )
+    assert "#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=8" in per_node
+    assert 'BERT_JAX_COORDINATOR="$coordinator_host:7777"' in per_node
+    assert "export BERT_JAX_LOCAL_DEVICE_IDS=all" in per_node
+    assert "one process per node (4 processes)" in per_node
+
+
+def test_slurm_script_runs_under_bash_and_feeds_distributed(tmp_path):
+    """The script, run by bash with fake scontrol/srun, hands srun the arguments intact and
+    exports what `distributed.plan` turns into the right coordinator, count, id and devices."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    out = tmp_path / "srun.json"
+    _executable(bin_dir / "scontrol", "#!/bin/sh\nprintf 'gpu017\\ngpu018\\n'\n")
+    _executable(bin_dir / "srun", ARGV_RECORDER.format(python=sys.executable, out=str(out)))
+    canary = tmp_path / "canary"
+    args = ["--config", "c.py", f"--config.data.source=$(touch {canary})", f"x; touch {canary}"]
+    job = slurm.SlurmJob(nodes=2, env=(("EXTRA", f"`touch {canary}`"),))
+    script = tmp_path / "job.sbatch"
+    slurm.write_and_submit(job, args, str(script), Runner(out=open(os.devnull, "w")), False)  # noqa: SIM115
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        SLURM_JOB_NODELIST="gpu[017-018]",
+        SLURM_NTASKS="16",
+        SLURM_JOB_ID="123456",
+    )
+    assert subprocess.run(["bash", str(script)], env=env, capture_output=True).returncode == 0
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == ["--kill-on-bad-exit=1", "bert-jax", "pretrain", *args]
+    assert seen["env"]["EXTRA"] == f"`touch {canary}`" and not canary.exists()
+    port = 123456 % 4096 + 61440
+    assert seen["env"]["BERT_JAX_COORDINATOR"] == f"gpu017:{port}"
+
+    # What one srun task (global rank 11 = node 1, local rank 3) makes of that environment.
+    task_env = {
+        **{k: v for k, v in seen["env"].items() if v is not None},
+        "SLURM_JOB_ID": "123456",
+        "SLURM_STEP_NODELIST": "gpu[017-018]",
+        "SLURM_NTASKS": "16",
+        "SLURM_PROCID": "11",
+        "SLURM_LOCALID": "3",
+    }
+    assert distributed.plan(env=task_env) == distributed.Plan(
+        "explicit", f"gpu017:{port}", 16, 11, (3,), "deactivate"
+    )
+
+
+def test_gcs_mount_script_is_valid_bash():
+    assert (
+        subprocess.run(["bash", "-n", os.path.join(REPO, "launch", "mount_gcs.sh")]).returncode == 0
+    )
+
+
+def test_slurm_submit_writes_the_script_and_calls_sbatch(tmp_path):
+    calls = []
+    runner = Runner(
+        out=open(os.devnull, "w"),  # noqa: SIM115
+        run=lambda argv, check=False, **kw: (
+            calls.append(argv) or subprocess.CompletedProcess(argv, 0)
+        ),
+    )
+    path = str(tmp_path / "job.sbatch")
+    slurm.write_and_submit(slurm.SlurmJob(nodes=1), ["--config", "c"], path, runner, submit=True)
+    assert calls == [["sbatch", path]]
+    assert open(path, encoding="utf-8").read().endswith("bert-jax pretrain --config c\n")
+    assert shlex.split(open(path).read().splitlines()[-1])[0] == "srun"
