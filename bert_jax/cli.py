@@ -189,19 +189,6 @@ def _parse_config_flags(command: str, argv: list[str], define_extra):
     from absl import flags
     from ml_collections import config_flags
 
-    flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file(
-        "config",
-        None,
-        "config file, e.g. configs/bert.py:base",
-        flag_values=flag_values,
-        lock_config=True,
-    )
-    define_extra(flags, flag_values)
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(f"usage: bert-jax {command} --config FILE[:ARG] [--config.key=value ...] [flags]\n")
-        print(flag_values.get_help())
-        raise SystemExit(0)
     # absl spells flags with underscores; accept the dashed spelling the other commands use.
     normalized = []
     for arg in argv:
@@ -209,6 +196,21 @@ def _parse_config_flags(command: str, argv: list[str], define_extra):
             name, sep, value = arg[2:].partition("=")
             arg = "--" + name.replace("-", "_") + sep + value
         normalized.append(arg)
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config",
+        None,
+        "config file, e.g. configs/bert.py:base",
+        flag_values=flag_values,
+        lock_config=True,
+        # The overrides come from `argv` (so `main([...])` works in-process), not sys.argv.
+        sys_argv=[f"bert-jax {command}", *normalized],
+    )
+    define_extra(flags, flag_values)
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(f"usage: bert-jax {command} --config FILE[:ARG] [--config.key=value ...] [flags]\n")
+        print(flag_values.get_help())
+        raise SystemExit(0)
     try:
         flag_values([f"bert-jax {command}", *normalized])
     except flags.Error as err:

@@ -32,3 +32,12 @@ def test_console_script_runs():
 def test_pretrain_without_config_is_a_clear_error():
     with pytest.raises(SystemExit, match="--config is required"):
         cli.main(["pretrain", "--workdir", "/tmp/x"])
+
+
+def test_config_overrides_work_in_process(capsys):
+    config = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "bert.py")
+    argv = ["pretrain", "--config", f"{config}:tiny", "--config.total_steps=1234", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "total_steps = 1234" in out
+    assert "steps 0..1110 (1111), seq 128" in out
