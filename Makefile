@@ -7,7 +7,7 @@ DEMO_DIR ?= demo_workdir
 # Tests run on 2 workers by default; override with `make test PYTEST_WORKERS=auto`.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test demo lint format clean
+.PHONY: venv test demo lint format clean bench bench-peer
 
 venv: $(STAMP)
 
@@ -33,6 +33,27 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format bert_jax configs tests launch
 	$(BIN)/ruff check --fix bert_jax configs tests launch
+
+# Throughput: ours beside Hugging Face's FlaxBertForPreTraining (see `bert-jax bench --help`).
+# `make bench BENCH_FLAGS="--config configs/bert.py:base --batch 16"` for another size.
+BENCH_FLAGS ?= --config configs/bert.py:mini --seq-len 128 --batch 32 --steps 10 --windows 5
+PEER_VENV := .venv-peer
+PEER_STAMP := $(PEER_VENV)/.installed
+
+bench: $(STAMP) $(PEER_STAMP)
+	$(BIN)/bert-jax bench $(BENCH_FLAGS) --peer hf-flax
+
+bench-peer: $(PEER_STAMP)
+
+# The peer's own environment: transformers 4.57.6 (the last release with Flax models; a plain
+# install, no torch) beside the jax, jaxlib, flax and optax versions of $(VENV), so both sides
+# run the same XLA. bert_jax reaches it through PYTHONPATH, not an install.
+$(PEER_STAMP): $(STAMP)
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEER_VENV)/bin/pip install --quiet transformers==4.57.6 $$($(BIN)/python -c \
+	  'from importlib.metadata import version; print(*(f"{n}=={version(n)}" for n in ("jax", "jaxlib", "flax", "optax")))')
+	touch $(PEER_STAMP)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache

@@ -604,6 +604,68 @@ def _add_glue(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
+@_config_command(
+    "bench",
+    "training throughput (tokens/s, MFU) of the real train step, optionally beside Hugging "
+    "Face's Flax BERT: --config configs/bert.py:SIZE [--peer hf-flax]",
+)
+def _run_bench(argv: list[str]) -> int:
+    def define(flags, flag_values):
+        define = lambda kind, name, default, help: getattr(flags, f"DEFINE_{kind}")(  # noqa: E731
+            name, default, help, flag_values=flag_values
+        )
+        define("integer", "steps", 10, "timed steps per window")
+        define("integer", "windows", 5, "timed windows; figures are medians over windows")
+        define("integer", "warmup", 2, "untimed steps after compiling")
+        define("integer", "seq_len", None, "sequence length (default: phase 1's)")
+        define("integer", "batch", None, "global batch size (default: that phase's)")
+        define("string", "peer", None, "also time a peer in the same run: hf-flax")
+        define("string", "peer_python", None, "the peer's Python (default: .venv-peer/bin/python)")
+        define("bool", "real_data", False, "instances from the embedded corpus, real lengths")
+        define("bool", "packing", False, "pack several instances per row (implies --real-data)")
+        define("bool", "compare_unpacked", False, "with --packing: also time the rows unpacked")
+        define("float", "packing_factor", 0.0, "unpacked rows per packed row (0: from the data)")
+        define("string", "tokenizer", None, "tokenizer for --real-data (default: see bench.py)")
+        define("string", "rng_impl", "", "our dropout PRNG: threefry2x32 (default), rbg, ...")
+        define("string", "peer_rng_impl", "", "the peer's dropout PRNG (default threefry2x32)")
+        define("integer", "devices", 0, "devices to use (default: all; 1 with --peer)")
+        define("float", "peak_tflops", 0.0, "peak TFLOP/s per chip, for MFU on unlisted chips")
+        define("string", "json", None, "also write the report as JSON to this file")
+
+    flag_values = _parse_config_flags("bench", argv, define)
+    from bert_jax import bench
+
+    try:
+        spec = bench.spec_from_config(
+            flag_values.config,
+            seq_len=flag_values.seq_len,
+            batch_size=flag_values.batch,
+            steps=flag_values.steps,
+            windows=flag_values.windows,
+            warmup_steps=flag_values.warmup,
+            data="embedded" if flag_values.real_data or flag_values.packing else "synthetic",
+            packing=flag_values.packing,
+            packing_factor=flag_values.packing_factor,
+            tokenizer=flag_values.tokenizer or "",
+            rng_impl=flag_values.rng_impl,
+            peer_rng_impl=flag_values.peer_rng_impl,
+            num_devices=flag_values.devices,
+            peak_tflops=flag_values.peak_tflops,
+        )
+        report = bench.run(
+            spec,
+            peer=flag_values.peer,
+            peer_python=flag_values.peer_python,
+            compare_unpacked=flag_values.compare_unpacked,
+        )
+    except (ValueError, FileNotFoundError, bench.PeerMissingError) as err:
+        return _data_error("bench", err)
+    print(report.render())
+    if flag_values.json:
+        bench.write_json(report, flag_values.json)
+    return 0
+
+
 @_subcommand
 def _add_launch(subparsers) -> None:
     parser = subparsers.add_parser(

@@ -234,10 +234,19 @@ def _iterator(
     seed: int,
     dynamic: bool,
     shuffle_buffer: int,
+    packing_factor: float = 0.0,
 ):
-    from bert_jax.data import pipeline
+    from bert_jax.data import packing, pipeline
 
     dupe = int(config.data.dupe_factor)
+    # Several instances per row (data/packing.py): `packing_factor` records per packed row.
+    pack = None
+    if packing_factor > 0:
+        pack = packing.PackingConfig(
+            max_seq_length=phase.max_seq_length,
+            max_predictions_per_row=phase.max_predictions_per_seq,
+            factor=packing_factor,
+        )
 
     def make_reader(shard: int, num_shards: int, shard_batch_size: int):
         return pipeline.make_pretrain_iterator(
@@ -257,6 +266,7 @@ def _iterator(
             cache_dir=config.data.cache_dir or os.path.join(workdir, "data"),
             dupe_factor=None if dupe < 0 else dupe,
             num_workers=int(config.data.num_workers),
+            packing=pack,
         )
 
     # This host's input shards, concatenated: the global batch depends on config.data.shards only.
@@ -541,6 +551,7 @@ def pretrain(
                     seed=int(config.seed) + phase.index,
                     dynamic=bool(config.data.dynamic_masking),
                     shuffle_buffer=int(config.data.shuffle_buffer_size),
+                    packing_factor=float(config[phase.name].get("packing_factor", 0.0)),
                 )
                 if restored_position is not None and restored_phase == phase.index:
                     iterator.set_state(restored_position)

@@ -7,7 +7,8 @@ Public API::
                            dynamic_masking=False, whole_word_mask=False, masked_lm_prob=0.15,
                            shuffle=True, shuffle_buffer_size=10_000, num_epochs=None,
                            cache_dir=None, dupe_factor=None, short_seq_prob=0.1, num_workers=1,
-                           tfds_data_dir=None, shard_by="auto") -> PretrainIterator
+                           tfds_data_dir=None, shard_by="auto", packing=None)
+        -> PretrainIterator (or packing.PackedIterator with ``packing``)
 
 ``records_or_source`` is prepared data (a directory of ``*.tfrecord`` shards, a glob, a file or a
 list of files — ours or written by the original ``create_pretraining_data.py``) or a corpus
@@ -57,6 +58,7 @@ import numpy as np
 
 from bert_jax.data import records as records_lib
 from bert_jax.data.files import write_json_atomic
+from bert_jax.data.packing import PackedIterator, PackingConfig
 from bert_jax.data.prepare import CONFIG_FILE, TOKENIZER_SUBDIR, prepare_records
 from bert_jax.data.pretraining import MASK_SHARE, RANDOM_SHARE, MaskingConfig
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
@@ -439,8 +441,13 @@ def make_pretrain_iterator(
     num_workers: int = 1,
     tfds_data_dir: str | None = None,
     shard_by: str = "auto",
-) -> PretrainIterator:
+    packing: PackingConfig | None = None,
+) -> PretrainIterator | PackedIterator:
     """One call from data (prepared records or a raw corpus) to a resumable per-host iterator.
+
+    With ``packing`` (``data/packing.py``), every batch of ``batch_size`` rows packs the
+    instances of ``packing.instances_per_batch(batch_size)`` records; the position is the same
+    kind of state as without.
 
     The tokenizer is needed to prepare a raw corpus and for dynamic masking; for prepared
     records it defaults to the ``tokenizer/`` saved next to them by ``data prepare``.
@@ -531,9 +538,13 @@ def make_pretrain_iterator(
         masking = MaskingConfig.from_tokenizer(
             tokenizer, masked_lm_prob, max_predictions_per_seq, whole_word_mask
         )
-    return PretrainIterator(
+    if packing is not None and packing.max_seq_length != max_seq_length:
+        raise ValueError(
+            f"packed rows of {packing.max_seq_length} tokens for records of {max_seq_length}"
+        )
+    iterator = PretrainIterator(
         files,
-        batch_size=batch_size,
+        batch_size=batch_size if packing is None else packing.instances_per_batch(batch_size),
         max_seq_length=max_seq_length,
         max_predictions_per_seq=max_predictions_per_seq,
         seed=seed,
@@ -545,6 +556,7 @@ def make_pretrain_iterator(
         num_epochs=num_epochs,
         shard_by=shard_by,
     )
+    return iterator if packing is None else PackedIterator(iterator, batch_size, packing)
 
 
 def read_prepare_config(directory: str | os.PathLike) -> dict | None:

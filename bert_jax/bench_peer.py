@@ -1,0 +1,207 @@
+"""The peer of `bert-jax bench --peer hf-flax`: Hugging Face's FlaxBertForPreTraining, trained.
+
+Runs in its own environment (`make bench-peer`: transformers 4.57.6 beside this project's jax,
+flax and optax versions), started by `bench.PeerRunner`:
+
+    .venv-peer/bin/python -m bert_jax.bench_peer --spec SPEC.json --batches BATCHES.npz
+
+It builds the same model size from the spec, the step an experienced Flax user would write
+(`jax.jit` with donated params and optimizer state; optax's AdamW with the same settings as ours:
+b1, b2, eps, decoupled weight decay on kernels and embeddings only, global-norm clipping, the
+same warmup + linear decay; MLM cross-entropy on the labeled positions plus NSP cross-entropy;
+dropout on, PRNG implementation `spec.peer_rng_impl`), compiles it ahead of time and then
+answers commands on stdin with JSON lines on stdout:
+
+    -> {"event": "ready", "compile_seconds": ..., "warmup_loss": ..., "device_kind": ...}
+    <- {"cmd": "window", "steps": N}   -> {"event": "window", "seconds": ..., "real_tokens": ...}
+    <- {"cmd": "finish"}               -> {"event": "done", "peak_memory_bytes": ...}
+
+Batches are ours (unpacked), turned into Hugging Face inputs: `labels` is -100 except at the
+masked positions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _emit(**message: Any) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def hf_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Hugging Face's names, and `labels` [B, L] (-100 where nothing is predicted)."""
+    input_ids = np.asarray(batch["input_ids"], np.int32)
+    labels = np.full(input_ids.shape, -100, np.int32)
+    rows, slots = np.nonzero(np.asarray(batch["masked_lm_weights"]) > 0)
+    labels[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": np.asarray(batch["input_mask"], np.int32),
+        "token_type_ids": np.asarray(batch["segment_ids"], np.int32),
+        "labels": labels,
+        "next_sentence_label": np.asarray(batch["next_sentence_labels"], np.int32).reshape(-1),
+    }
+
+
+def _load_batches(path: str) -> list[dict[str, np.ndarray]]:
+    with np.load(path) as archive:
+        grouped: dict[int, dict[str, np.ndarray]] = {}
+        for name in archive.files:
+            index, key = name.split("/", 1)
+            grouped.setdefault(int(index), {})[key] = archive[name]
+    return [grouped[i] for i in sorted(grouped)]
+
+
+def _decay_mask(params: Any) -> Any:
+    from flax import traverse_util
+
+    flat = traverse_util.flatten_dict(params)
+    return traverse_util.unflatten_dict(
+        {path: path[-1] in ("kernel", "embedding") for path in flat}
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--batches", required=True)
+    args = parser.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+    import transformers
+
+    from bert_jax import optim
+    from bert_jax.bench import batch_counts, rng_key, spec_from_json
+
+    with open(args.spec, encoding="utf-8") as f:
+        spec = spec_from_json(json.load(f))
+    ours = spec.model
+    config = transformers.BertConfig(
+        vocab_size=ours.vocab_size,
+        hidden_size=ours.hidden_size,
+        num_hidden_layers=ours.num_hidden_layers,
+        num_attention_heads=ours.num_attention_heads,
+        intermediate_size=ours.intermediate_size,
+        hidden_act=ours.hidden_act,
+        hidden_dropout_prob=ours.hidden_dropout_prob,
+        attention_probs_dropout_prob=ours.attention_probs_dropout_prob,
+        max_position_embeddings=ours.max_position_embeddings,
+        type_vocab_size=ours.type_vocab_size,
+        initializer_range=ours.initializer_range,
+        layer_norm_eps=ours.layer_norm_eps,
+    )
+    model = transformers.FlaxBertForPreTraining(
+        config, input_shape=(1, spec.seq_len), seed=spec.seed, dtype=jnp.dtype(ours.dtype)
+    )
+    opt = spec.optimizer
+    schedule = optim.warmup_linear_decay(opt.learning_rate, opt.warmup_steps, opt.total_steps)
+    chain = [optax.clip_by_global_norm(opt.clip_norm)] if opt.clip_norm else []
+    chain.append(
+        optax.adamw(
+            schedule,
+            b1=opt.b1,
+            b2=opt.b2,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+            mask=_decay_mask,
+        )
+    )
+    tx = optax.chain(*chain)
+
+    def loss_fn(params, batch, dropout_rng):
+        out = model(
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["token_type_ids"],
+            params=params,
+            dropout_rng=dropout_rng,
+            train=True,
+        )
+        labels = batch["labels"]
+        labeled = labels >= 0
+        token_loss = optax.softmax_cross_entropy_with_integer_labels(
+            out.prediction_logits.astype(jnp.float32), jnp.where(labeled, labels, 0)
+        )
+        mlm = jnp.sum(token_loss * labeled) / jnp.maximum(jnp.sum(labeled), 1)
+        nsp = optax.softmax_cross_entropy_with_integer_labels(
+            out.seq_relationship_logits.astype(jnp.float32), batch["next_sentence_label"]
+        ).mean()
+        return mlm + nsp
+
+    def train_step(params, opt_state, step, batch, rng):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, jax.random.fold_in(rng, step))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, step + 1, loss
+
+    device = jax.devices()[0]
+    host_batches = _load_batches(args.batches)
+    counts = [batch_counts(b) for b in host_batches]
+    batches = [jax.device_put(hf_inputs(b), device) for b in host_batches]
+    params = jax.device_put(model.params, device)
+    opt_state = tx.init(params)
+    step = jnp.zeros((), jnp.int32)
+    rng = rng_key(spec.seed + 1, spec.peer_rng_impl)
+
+    start = time.perf_counter()
+    compiled = (
+        jax.jit(train_step, donate_argnums=(0, 1))
+        .lower(params, opt_state, step, batches[0], rng)
+        .compile()
+    )
+    compile_seconds = time.perf_counter() - start
+    taken = 0
+
+    def run(steps: int) -> tuple[int, int, int, Any]:
+        nonlocal params, opt_state, step, taken
+        real = padded = instances = 0
+        loss = None
+        for _ in range(steps):
+            index = taken % len(batches)
+            taken += 1
+            params, opt_state, step, loss = compiled(params, opt_state, step, batches[index], rng)
+            r, p, n = counts[index]
+            real, padded, instances = real + r, padded + p, instances + n
+        return real, padded, instances, loss
+
+    _, _, _, loss = run(max(spec.warmup_steps, 1))
+    jax.block_until_ready(params)
+    _emit(
+        event="ready",
+        compile_seconds=compile_seconds,
+        warmup_loss=float(loss),
+        device_kind=device.device_kind,
+        transformers=transformers.__version__,
+    )
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "window":
+            start, cpu = time.perf_counter(), time.process_time()
+            real, padded, instances, loss = run(int(command["steps"]))
+            jax.block_until_ready((params, loss))
+            _emit(
+                event="window",
+                seconds=time.perf_counter() - start,
+                cpu_seconds=time.process_time() - cpu,
+                real_tokens=real,
+                padded_tokens=padded,
+                instances=instances,
+            )
+        elif command["cmd"] == "finish":
+            stats = device.memory_stats() or {}
+            _emit(event="done", peak_memory_bytes=stats.get("peak_bytes_in_use"))
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""`bert-jax bench` machinery on tiny models (2 steps; no timing is asserted)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from helpers import minilm_dir, tiny_config
+
+from bert_jax import bench, bench_peer, cli
+from bert_jax.data import packing
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_spec(**overrides) -> bench.BenchSpec:
+    values = dict(
+        model=tiny_config(),
+        batch_size=8,
+        seq_len=32,
+        max_predictions=4,
+        steps=2,
+        windows=2,
+        warmup_steps=1,
+        optimizer=bench.OptimizerSpec(warmup_steps=10, total_steps=100),
+    )
+    values.update(overrides)
+    return bench.BenchSpec(**values)
+
+
+def test_bench_times_packed_real_instances_on_the_sharded_step():
+    # BERT's uncased WordPiece vocabulary (30,522 ids) needs the full embedding table.
+    spec = tiny_spec(
+        model=tiny_config(vocab_size=30522, max_position_embeddings=128),
+        seq_len=128,
+        max_predictions=20,
+        data="embedded",
+        packing=True,
+        tokenizer=os.path.join(minilm_dir(), "vocab.txt"),
+        peak_tflops=1.0,
+    )
+    data = bench.make_data(spec)
+    assert data.packing_stats.instances_per_row > 1.0
+    assert set(data.batches[0]) == set(packing.PACKED_KEYS)
+    assert "next_sentence_weights" not in data.peer_batches[0]  # the peer gets them unpacked
+    report = bench.run(spec, log=lambda *_: None, compare_unpacked=True)
+    ours, unpacked = report.sides
+    assert unpacked.name == "bert-jax unpacked" and unpacked.windows[0].instances == 2 * 8
+    assert report.ratio > 0 and set(report.paired_ratios()) == {"wall", "cpu"}
+    assert ours.name == "bert-jax" and ours.num_devices == 8 and len(ours.windows) == 2
+    for window in ours.windows:
+        assert window.steps == 2 and window.real_tokens < window.padded_tokens == 2 * 8 * 128
+        assert window.instances > window.steps * spec.batch_size  # several instances per row
+    assert ours.compile_seconds > 0 and np.isfinite(ours.warmup_loss)
+    assert "packed at factor" in report.data
+    # MFU counts real tokens, HFU every position (padding included), both with our head.
+    flops = bench.model_flops_per_token(spec)
+    assert ours.mfu == pytest.approx(ours.tokens_per_sec * flops / 8e12)
+    assert ours.hfu == pytest.approx(ours.padded_tokens_per_sec * flops / 8e12)
+    assert ours.mfu < ours.hfu
+    text = report.render()
+    assert "| bert-jax " in text and "| bert-jax unpacked |" in text and "tok/s real" in text
+    assert report.to_dict()["sides"][0]["tokens_per_sec"] == ours.tokens_per_sec
+
+
+def test_synthetic_batches_are_full_rows_and_cpu_has_no_mfu():
+    spec = tiny_spec()
+    data = bench.make_data(spec)
+    assert bench.batch_counts(data.batches[0]) == (8 * 32, 8 * 32, 8)
+    assert data.batches is data.peer_batches
+    assert bench.peak_flops(spec, "cpu") is None
+    assert bench.peak_flops(spec, "NVIDIA H100 80GB HBM3") == 989e12
+
+
+def test_spec_from_config_follows_the_phase_and_model_overrides():
+    from ml_collections import config_flags  # noqa: F401 (the config path needs it anyway)
+
+    from bert_jax import config_lib
+
+    config = config_lib.pretraining_config("base")
+    config.model.attention_impl = "dot_product"
+    spec = bench.spec_from_config(config, seq_len=512, batch_size=4)
+    assert (spec.seq_len, spec.max_predictions, spec.batch_size) == (512, 80, 4)
+    assert spec.model.attention_impl == "dot_product" and spec.model.hidden_size == 768
+    assert bench.spec_from_config(config).max_predictions == 20
+    assert bench.spec_from_config(config, seq_len=256).max_predictions == 40
+    assert bench.spec_from_json(bench.spec_to_json(spec)) == spec
+    with pytest.raises(ValueError, match="packing needs real lengths"):
+        bench.spec_from_config(config, packing=True)
+
+
+def test_missing_peer_environment_says_how_to_make_it(capsys):
+    with pytest.raises(bench.PeerMissingError, match="make bench-peer"):
+        bench.run(tiny_spec(), peer="hf-flax", peer_python="/nonexistent/python")
+    status = cli.main(
+        [
+            "bench",
+            "--config",
+            os.path.join(REPO, "configs", "bert.py:tiny"),
+            "--peer",
+            "hf-flax",
+            "--peer-python",
+            "/nonexistent/python",
+        ]
+    )
+    assert status == 2
+    assert "make bench-peer" in capsys.readouterr().err
+
+
+def test_peer_labels_are_the_masked_positions():
+    batch = {
+        "input_ids": np.array([[2, 7, 4, 3], [2, 4, 9, 3]], np.int32),
+        "input_mask": np.ones((2, 4), np.int32),
+        "segment_ids": np.zeros((2, 4), np.int32),
+        "masked_lm_positions": np.array([[2, 0], [1, 2]], np.int32),
+        "masked_lm_ids": np.array([[8, 0], [5, 6]], np.int32),
+        "masked_lm_weights": np.array([[1, 0], [1, 1]], np.float32),
+        "next_sentence_labels": np.array([0, 1], np.int32),
+    }
+    inputs = bench_peer.hf_inputs(batch)
+    np.testing.assert_array_equal(inputs["labels"], [[-100, -100, 8, -100], [-100, 5, 6, -100]])
+    assert inputs["next_sentence_label"].tolist() == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.path.exists(bench.default_peer_python()), reason="no .venv-peer (make bench-peer)"
+)
+def test_peer_runs_beside_ours_and_gives_a_ratio():
+    spec = tiny_spec(model=tiny_config(num_hidden_layers=1), seq_len=16, windows=1, steps=1)
+    report = bench.run(spec, peer="hf-flax", log=lambda *_: None)
+    ours, peer = report.sides
+    assert peer.name == "hf-flax" and ours.num_devices == peer.num_devices == 1
+    assert len(peer.windows) == 1 and peer.windows[0].real_tokens == 8 * 16
+    # Same model size and data from a fresh init: both start near ln(vocab) + ln(2).
+    assert abs(peer.warmup_loss - ours.warmup_loss) < 0.5
+    assert report.ratio > 0 and "bert-jax / hf-flax" in report.render()
