@@ -624,7 +624,7 @@ def _run_bench(argv: list[str]) -> int:
         define("bool", "real_data", False, "instances from the embedded corpus, real lengths")
         define("bool", "packing", False, "pack several instances per row (implies --real-data)")
         define("bool", "compare_unpacked", False, "with --packing: also time the rows unpacked")
-        define("float", "packing_factor", 0.0, "unpacked rows per packed row (0: from the data)")
+        define("float", "packing_factor", 0.0, "rows read per packed row (0: most, <1% dropped)")
         define("string", "tokenizer", None, "tokenizer for --real-data (default: see bench.py)")
         define("string", "rng_impl", "", "our dropout PRNG: threefry2x32 (default), rbg, ...")
         define("string", "peer_rng_impl", "", "the peer's dropout PRNG (default threefry2x32)")
