@@ -37,6 +37,7 @@ def test_bench_times_packed_real_instances_on_the_sharded_step():
         max_predictions=20,
         data="embedded",
         packing=True,
+        packing_factor=1.5,
         tokenizer=os.path.join(minilm_dir(), "vocab.txt"),
         peak_tflops=1.0,
     )
