@@ -152,16 +152,18 @@ def assign_rows(
     num_rows: int,
     config: PackingConfig,
 ) -> np.ndarray:
-    """Row of every instance by first-fit decreasing (longest first), -1 when none has room.
+    """Row of every instance by first fit in input order, -1 when none has room.
 
-    An instance fits a row with enough tokens, prediction slots and instance slots left.
-    Deterministic: ties keep the input order.
+    An instance fits a row with enough tokens, prediction slots and instance slots left. Input
+    order rather than longest first: when a batch overflows, what is dropped is whatever came
+    last in the (shuffled) input, not systematically the short instances (first-fit decreasing
+    fills rows with long instances and leaves the short ones out, which would skew the data).
     """
     tokens_left = np.full((num_rows,), config.max_seq_length, np.int64)
     slots_left = np.full((num_rows,), config.max_predictions_per_row, np.int64)
     count = np.zeros((num_rows,), np.int64)
     rows = np.full((len(lengths),), -1, np.int64)
-    for index in np.argsort(-np.asarray(lengths), kind="stable"):
+    for index in range(len(lengths)):
         fits = (
             (tokens_left >= lengths[index])
             & (slots_left >= predictions[index])
