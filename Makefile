@@ -56,4 +56,4 @@ $(PEER_STAMP): $(STAMP)
 	touch $(PEER_STAMP)
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-peer $(DEMO_DIR) .pytest_cache .ruff_cache
