@@ -47,6 +47,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
             "dtype": "float32",
             "param_dtype": "float32",
             "attention_impl": "auto",
+            "sparse_last_layer": True,
         }
     )
 

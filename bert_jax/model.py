@@ -74,6 +74,11 @@ class BertConfig:
     # "auto": jax.nn.dot_product_attention whenever attention dropout is inactive (evaluation,
     #   or attention_probs_dropout_prob == 0), the explicit form otherwise.
     attention_impl: str = "auto"
+    # BertForPreTraining computes the last encoder layer only at the positions its heads read
+    # (masked_lm_positions, and the [CLS] positions for NSP): the other positions' final states
+    # never reach a loss, so the losses and gradients are the same, for ~6% fewer FLOPs at Base.
+    # Its `sequence_output` is then [batch, predictions, hidden]. False: every position.
+    sparse_last_layer: bool = True
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -171,28 +176,49 @@ def _dense(
     return Dense(features, kernel_axes, num_input_axes, config, name=name)
 
 
-def attention_mask(input_mask: Array, packed_segment_ids: Array | None = None) -> Array:
+def attention_mask(
+    input_mask: Array,
+    packed_segment_ids: Array | None = None,
+    query_positions: Array | None = None,
+) -> Array:
     """[batch, 1, q, k] boolean mask: True where query q may attend to key k.
 
     Keys that are padding are hidden. With `packed_segment_ids` ([batch, length], one id per
-    instance packed into the row), queries see only keys of their own instance.
+    instance packed into the row), queries see only keys of their own instance. Queries are all
+    positions, or those at `query_positions` ([batch, q]). Without packing the mask does not
+    depend on the query and its q axis has size 1.
     """
     keep = input_mask.astype(bool)[:, None, None, :]
     if packed_segment_ids is not None:
-        same = packed_segment_ids[:, :, None] == packed_segment_ids[:, None, :]
+        query_ids = packed_segment_ids
+        if query_positions is not None:
+            query_ids = jnp.take_along_axis(
+                packed_segment_ids, query_positions.astype(jnp.int32), axis=1
+            )
+        same = query_ids[:, :, None] == packed_segment_ids[:, None, :]
         keep = jnp.logical_and(keep, same[:, None, :, :])
     return keep
 
 
 class BertSelfAttention(nn.Module):
+    """Multi-head self-attention. Queries come from `query_hidden` when given (a subset of the
+    positions, [batch, q, hidden]), keys and values always from every position of `hidden`."""
+
     config: BertConfig
 
     @nn.compact
-    def __call__(self, hidden: Array, mask_Bx1xQxK: Array, deterministic: bool) -> Array:
+    def __call__(
+        self,
+        hidden: Array,
+        mask_Bx1xQxK: Array,
+        deterministic: bool,
+        query_hidden: Array | None = None,
+    ) -> Array:
         cfg = self.config
         heads, head_dim = cfg.num_attention_heads, cfg.head_dim
         qkv_axes = ("embed", "heads", "kv")
-        query = _dense(cfg, (heads, head_dim), qkv_axes, "query")(hidden)
+        query_input = hidden if query_hidden is None else query_hidden
+        query = _dense(cfg, (heads, head_dim), qkv_axes, "query")(query_input)
         key = _dense(cfg, (heads, head_dim), qkv_axes, "key")(hidden)
         value = _dense(cfg, (heads, head_dim), qkv_axes, "value")(hidden)
 
@@ -224,33 +250,56 @@ class BertSelfAttention(nn.Module):
                 probs, deterministic=deterministic
             )
             context = jnp.einsum("bhqk,bkhd->bqhd", probs, value)
-        context = nn.with_logical_constraint(context, ("batch", "length", "heads", "kv"))
+        # A subset of positions is not a `length` axis: it stays whole wherever `length` goes.
+        length = "length" if query_hidden is None else None
+        context = nn.with_logical_constraint(context, ("batch", length, "heads", "kv"))
         return _dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", num_input_axes=2)(
             context
         )
 
 
 class BertLayer(nn.Module):
-    """One post-LN Transformer block: attention -> add & norm -> GELU FFN -> add & norm."""
+    """One post-LN Transformer block: attention -> add & norm -> GELU FFN -> add & norm.
+
+    With `query_positions` ([batch, q]) the block is computed only at those positions (their
+    queries attend to every key), and returns [batch, q, hidden]; `mask_Bx1xQxK` then has q rows.
+    """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, hidden: Array, mask_Bx1xQxK: Array, deterministic: bool) -> Array:
+    def __call__(
+        self,
+        hidden: Array,
+        mask_Bx1xQxK: Array,
+        deterministic: bool,
+        query_positions: Array | None = None,
+    ) -> Array:
         cfg = self.config
         dropout = nn.Dropout(rate=cfg.hidden_dropout_prob)
-        attended = BertSelfAttention(cfg, name="attention")(hidden, mask_Bx1xQxK, deterministic)
+        length = "length"
+        residual = hidden
+        if query_positions is not None:
+            residual = gather_positions(hidden, query_positions)
+            length = None
+        attention = BertSelfAttention(cfg, name="attention")
+        attended = attention(
+            hidden,
+            mask_Bx1xQxK,
+            deterministic,
+            query_hidden=None if query_positions is None else residual,
+        )
         attended = dropout(attended, deterministic=deterministic)
-        hidden = _layer_norm(cfg, "attention_output_LayerNorm")(hidden + attended)
-        hidden = nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
+        hidden = _layer_norm(cfg, "attention_output_LayerNorm")(residual + attended)
+        hidden = nn.with_logical_constraint(hidden, ("batch", length, "embed"))
 
         inner = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(hidden)
         inner = _ACTIVATIONS[cfg.hidden_act](inner)
-        inner = nn.with_logical_constraint(inner, ("batch", "length", "mlp"))
+        inner = nn.with_logical_constraint(inner, ("batch", length, "mlp"))
         out = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(inner)
         out = dropout(out, deterministic=deterministic)
         hidden = _layer_norm(cfg, "output_LayerNorm")(hidden + out)
-        return nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
+        return nn.with_logical_constraint(hidden, ("batch", length, "embed"))
 
 
 def gathered_table(table: Array, rows_axis: str | None) -> Array:
@@ -308,12 +357,26 @@ class BertEncoder(nn.Module):
 
     @nn.compact
     def __call__(
-        self, hidden: Array, mask_Bx1xQxK: Array, deterministic: bool
+        self,
+        hidden: Array,
+        mask_Bx1xQxK: Array,
+        deterministic: bool,
+        last_layer_positions: Array | None = None,
+        last_layer_mask: Array | None = None,
     ) -> tuple[Array, tuple[Array, ...]]:
-        """Returns the last hidden state and all hidden states (embeddings first)."""
+        """Returns the last hidden state and all hidden states (embeddings first).
+
+        With `last_layer_positions` ([batch, q]; `last_layer_mask` holds its q query rows) the
+        last layer runs only at those positions and its output is [batch, q, hidden].
+        """
         all_hidden = [hidden]
+        last = self.config.num_hidden_layers - 1
         for i in range(self.config.num_hidden_layers):
-            hidden = BertLayer(self.config, name=f"layer_{i}")(hidden, mask_Bx1xQxK, deterministic)
+            layer = BertLayer(self.config, name=f"layer_{i}")
+            if i == last and last_layer_positions is not None:
+                hidden = layer(hidden, last_layer_mask, deterministic, last_layer_positions)
+            else:
+                hidden = layer(hidden, mask_Bx1xQxK, deterministic)
             all_hidden.append(hidden)
         return hidden, tuple(all_hidden)
 
@@ -323,6 +386,10 @@ class BertModel(nn.Module):
 
     `cls_positions` ([batch, n]) pools several [CLS] tokens per row (packed instances); without it
     the pooler reads position 0 and `pooled_output` is [batch, hidden].
+
+    `output_positions` ([batch, p]) computes the last layer only at those positions (and at the
+    [CLS] positions the pooler reads): `sequence_output`, and the last of `hidden_states`, are
+    then [batch, p, hidden], the states at `output_positions` in order.
     """
 
     config: BertConfig
@@ -338,6 +405,7 @@ class BertModel(nn.Module):
         packed_segment_ids: Array | None = None,
         cls_positions: Array | None = None,
         deterministic: bool = True,
+        output_positions: Array | None = None,
     ) -> dict[str, Array]:
         cfg = self.config
         if position_ids is None:
@@ -348,12 +416,35 @@ class BertModel(nn.Module):
             input_ids, segment_ids, position_ids, deterministic
         )
         mask = attention_mask(input_mask, packed_segment_ids)
-        sequence_output, hidden_states = BertEncoder(cfg, name="encoder")(
-            hidden, mask, deterministic
-        )
+        encoder = BertEncoder(cfg, name="encoder")
+        if output_positions is None:
+            sequence_output, hidden_states = encoder(hidden, mask, deterministic)
+        else:
+            # The last layer at the requested positions, then at the [CLS] the pooler reads.
+            num_outputs = output_positions.shape[1]
+            queries = output_positions.astype(jnp.int32)
+            if self.add_pooler:
+                cls = (
+                    jnp.zeros((input_ids.shape[0], 1), jnp.int32)
+                    if cls_positions is None
+                    else cls_positions.astype(jnp.int32)
+                )
+                queries = jnp.concatenate([queries, cls], axis=1)
+            last, hidden_states = encoder(
+                hidden,
+                mask,
+                deterministic,
+                last_layer_positions=queries,
+                last_layer_mask=attention_mask(input_mask, packed_segment_ids, queries),
+            )
+            sequence_output = last[:, :num_outputs]
+            hidden_states = (*hidden_states[:-1], sequence_output)
         outputs = {"sequence_output": sequence_output, "hidden_states": hidden_states}
         if self.add_pooler:
-            if cls_positions is None:
+            if output_positions is not None:
+                first = last[:, num_outputs:]
+                first = first[:, 0] if cls_positions is None else first
+            elif cls_positions is None:
                 first = sequence_output[:, 0]
             else:
                 first = gather_positions(sequence_output, cls_positions)
@@ -389,7 +480,9 @@ class BertForPreTraining(nn.Module):
     """BERT with the masked-LM head (tied decoder, only at `masked_lm_positions`) and NSP head.
 
     Returns float32 `mlm_logits` [batch, predictions, vocab] and `nsp_logits` ([batch, 2], or
-    [batch, n, 2] with `cls_positions`), plus the outputs of `BertModel`.
+    [batch, n, 2] with `cls_positions`), plus the outputs of `BertModel`: with
+    `config.sparse_last_layer` the last layer runs only where the heads read, and
+    `sequence_output` is [batch, predictions, hidden] (the states at `masked_lm_positions`).
     """
 
     config: BertConfig
@@ -416,9 +509,13 @@ class BertForPreTraining(nn.Module):
             packed_segment_ids=packed_segment_ids,
             cls_positions=cls_positions,
             deterministic=deterministic,
+            output_positions=masked_lm_positions if cfg.sparse_last_layer else None,
         )
         # Only the gathered positions (~15% of tokens) reach the vocabulary projection.
-        picked = gather_positions(outputs["sequence_output"], masked_lm_positions)
+        if cfg.sparse_last_layer:
+            picked = outputs["sequence_output"]
+        else:
+            picked = gather_positions(outputs["sequence_output"], masked_lm_positions)
         embedding_VxD = nn.meta.unbox(
             bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
         )

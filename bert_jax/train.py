@@ -164,15 +164,25 @@ def train_step(
 
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    # Zero the gradients of a bad step before the optimizer sees them, then keep the old state.
-    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
-    updates, new_opt_state = tx.update(safe_grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+
+    def apply_update(operands):
+        params, opt_state, grads = operands
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def skip_update(operands):
+        params, opt_state, _ = operands
+        return params, opt_state
+
+    # A branch rather than a select over the state: a select keeps the old parameters and Adam
+    # slots alive beside the new ones, which costs XLA a copy of all of them every step.
+    new_params, new_opt_state = jax.lax.cond(
+        finite, apply_update, skip_update, (state.params, state.opt_state, grads)
+    )
     new_state = TrainState(
         step=state.step + 1,
-        params=keep(new_params, state.params),
-        opt_state=keep(new_opt_state, state.opt_state),
+        params=new_params,
+        opt_state=new_opt_state,
         skipped=state.skipped + jnp.where(finite, 0, 1).astype(jnp.int32),
     )
     metrics = {

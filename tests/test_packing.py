@@ -121,7 +121,9 @@ def test_packed_losses_and_gradients_equal_unpacked(impl):
     packed, stats = packing.pack_batch(unpacked, 4, pack_config)
     assert stats.dropped == 0 and stats.instances_per_row > 2
 
-    reference = BertForPreTraining(config.replace(attention_impl="xla"))
+    # The reference runs every position through every layer; the packed model only the
+    # positions its heads read in the last layer (config.sparse_last_layer, the default).
+    reference = BertForPreTraining(config.replace(attention_impl="xla", sparse_last_layer=False))
     model = BertForPreTraining(config.replace(attention_impl=impl))
     params = nn.meta.unbox(
         reference.init(jax.random.key(0), **train.model_inputs(unpacked))["params"]
@@ -146,7 +148,8 @@ def test_packed_losses_and_gradients_equal_unpacked(impl):
 
     # No attention across instances: changing every other instance of a row leaves the first
     # instance's outputs exactly as they were.
-    outputs = jax.jit(lambda b: model.apply({"params": params}, **train.model_inputs(b)))
+    dense = BertForPreTraining(config.replace(attention_impl=impl, sparse_last_layer=False))
+    outputs = jax.jit(lambda b: dense.apply({"params": params}, **train.model_inputs(b)))
     before = outputs(packed)
     changed = {k: v.copy() for k, v in packed.items()}
     others = changed["packed_segment_ids"][0] > 1
