@@ -56,6 +56,11 @@ PEER_DIFFERENCES = (
     "same value",
     "our step also checks the loss and gradient for NaN/Inf and skips a bad update (the peer "
     "has no such guard), and returns accuracy sums and the gradient norm",
+    "our last encoder layer runs only at the positions the heads read (config.model."
+    "sparse_last_layer; the same losses and gradients), the peer's at every position",
+    "dropout masks have the same rates on both sides; each side draws them with its own PRNG "
+    "(the header names both: ours is the config's dropout_rng_impl, rbg by default; the peer "
+    "keeps JAX's default threefry2x32 unless --peer-rng-impl says otherwise)",
     "packed batches (--packing) exist on our side only: the peer gets the same instances "
     "unpacked, one per row, so compare real tokens per second",
     "the same work otherwise: model size, batch, sequence length, dropout rates (attention "
@@ -100,7 +105,8 @@ class BenchSpec:
     rules: tuple | None = None
     num_devices: int = 0  # 0: all
     # PRNG implementation for our dropout masks (jax.random.key impl): "" = JAX's default
-    # (threefry2x32), "rbg" or "unsafe_rbg" (cheaper to generate, same dropout rates).
+    # (threefry2x32), "rbg" or "unsafe_rbg" (cheaper to generate, same dropout rates). From a
+    # config: its `dropout_rng_impl` (rbg by default), as pretraining uses.
     rng_impl: str = ""
     # The peer's ("" = JAX's default, what a Hugging Face Flax user runs).
     peer_rng_impl: str = ""
@@ -166,6 +172,10 @@ def spec_from_config(
         mesh_shape=tuple(int(s) for s in config.mesh.shape),
         rules=rules,
     )
+    # Our dropout PRNG is the pretraining config's unless the command line names one.
+    values["rng_impl"] = str(config.get("dropout_rng_impl", "") or "")
+    if not overrides.get("rng_impl"):
+        overrides.pop("rng_impl", None)
     if overrides.get("data") == "embedded" and not overrides.get("tokenizer"):
         overrides["tokenizer"] = str(config.data.get("tokenizer", "") or "")
     values.update(overrides)
@@ -395,6 +405,18 @@ def model_flops_per_token(spec: BenchSpec) -> float:
     return metrics.flops_per_token(spec.model, spec.seq_len, spec.max_predictions / spec.seq_len)
 
 
+def hardware_flops_per_position(spec: BenchSpec) -> float:
+    """What our step computes per row position: the MLM head on the predicted slots and, with
+    `sparse_last_layer`, the last layer only at those slots and [CLS]."""
+    share = spec.max_predictions / spec.seq_len
+    last = 1.0
+    if spec.model.sparse_last_layer:
+        last = min(1.0, (spec.max_predictions + spec.max_instances_per_row) / spec.seq_len)
+        if not spec.packing:
+            last = min(1.0, (spec.max_predictions + 1) / spec.seq_len)
+    return metrics.flops_per_token(spec.model, spec.seq_len, share, last_layer_fraction=last)
+
+
 def peak_flops(spec: BenchSpec, device_kind: str) -> float | None:
     if spec.peak_tflops:
         return spec.peak_tflops * 1e12
@@ -458,7 +480,7 @@ class OursRunner:
             bias_correction=opt.bias_correction,
         )
         trainer = ShardedTrainer(spec.model, tx, mesh, rules, schedule=schedule)
-        self.state = trainer.init(rng_key(spec.seed, spec.rng_impl))
+        self.state = trainer.init(rng_key(spec.seed, ""))
         self.rng = rng_key(spec.seed + 1, spec.rng_impl)
         self.batches = [trainer.global_batch(b) for b in batches]
         self.counts = [batch_counts(b) for b in batches]
@@ -815,7 +837,7 @@ def run(
             if isinstance(runner, OursRunner):
                 device_kind = runner.devices[0].device_kind
                 num_devices = len(runner.devices)
-                hardware = model_flops_per_token(spec)
+                hardware = hardware_flops_per_position(spec)
             else:
                 device_kind, num_devices = runner.device_kind, runner.num_devices
                 # The peer's MLM head runs on every position.

@@ -626,7 +626,7 @@ def _run_bench(argv: list[str]) -> int:
         define("bool", "compare_unpacked", False, "with --packing: also time the rows unpacked")
         define("float", "packing_factor", 0.0, "rows read per packed row (0: most, <1% dropped)")
         define("string", "tokenizer", None, "tokenizer for --real-data (default: see bench.py)")
-        define("string", "rng_impl", "", "our dropout PRNG: threefry2x32 (default), rbg, ...")
+        define("string", "rng_impl", "", "our dropout PRNG (default: config.dropout_rng_impl)")
         define("string", "peer_rng_impl", "", "the peer's dropout PRNG (default threefry2x32)")
         define("integer", "devices", 0, "devices to use (default: all; 1 with --peer)")
         define("float", "peak_tflops", 0.0, "peak TFLOP/s per chip, for MFU on unlisted chips")

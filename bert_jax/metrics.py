@@ -41,13 +41,21 @@ def peak_flops_per_chip(device_kind: str) -> float | None:
     return None
 
 
-def flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float) -> float:
-    """Training FLOPs per token (model FLOPs: no recomputation counted)."""
+def flops_per_token(
+    config: BertConfig, seq_len: int, mlm_fraction: float, last_layer_fraction: float = 1.0
+) -> float:
+    """Training FLOPs per token (model FLOPs: no recomputation counted).
+
+    `last_layer_fraction` < 1 counts what a sparse last layer computes (`sparse_last_layer`):
+    keys and values at every position, the rest of the layer at that share of positions only.
+    """
     d, f, n_layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     dense = 6 * n_layers * (4 * d * d + 2 * d * f)
     attention = 12 * n_layers * seq_len * d
     head = 6 * mlm_fraction * (d * d + d * config.vocab_size)
-    return float(dense + attention + head)
+    # Skipped in the last layer: queries, attention output, FFN, and the attention itself.
+    skipped = (1.0 - last_layer_fraction) * (6 * (2 * d * d + 2 * d * f) + 12 * seq_len * d)
+    return float(dense + attention + head - skipped)
 
 
 class Throughput:

@@ -40,7 +40,7 @@ import numpy as np
 
 from bert_jax import checkpointing, config_lib, distributed, losses, metrics, optim, partitioning
 from bert_jax.data import shards as input_shards
-from bert_jax.train import ShardedTrainer, TrainState
+from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
 log = logging.getLogger("bert_jax")
 
@@ -419,7 +419,9 @@ def pretrain(
     trainer = ShardedTrainer(
         model_config, tx, mesh, rules, schedule=schedule, accum_steps=int(config.grad_accum_steps)
     )
-    init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
+    init_rng, dropout_rng = init_and_dropout_keys(
+        int(config.seed), str(config.get("dropout_rng_impl", "threefry2x32"))
+    )
     checkpointer = checkpointing.Checkpointer(
         os.path.join(workdir, "checkpoints"),
         keep=int(config.checkpoint.keep),

@@ -198,6 +198,26 @@ def train_step(
     return new_state, metrics
 
 
+DROPOUT_RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def init_and_dropout_keys(seed: int, dropout_rng_impl: str = "threefry2x32") -> tuple[Array, Array]:
+    """The parameter-init key (threefry2x32) and the dropout key (`dropout_rng_impl`) of a run.
+
+    With threefry2x32 both come from splitting `key(seed)`; another implementation seeds its own
+    key from the second half of that split, so init is the same whatever draws the masks.
+    """
+    if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
+        raise ValueError(
+            f"config.dropout_rng_impl={dropout_rng_impl!r} is not one of {DROPOUT_RNG_IMPLS}"
+        )
+    init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
+    if dropout_rng_impl != "threefry2x32":
+        seed_bits = jax.random.bits(dropout_rng, (), jnp.uint32)
+        dropout_rng = jax.random.key(seed_bits, impl=dropout_rng_impl)
+    return init_rng, dropout_rng
+
+
 def eval_step(params: Any, batch: Batch, *, model: BertForPreTraining) -> dict[str, Array]:
     """Loss and accuracy sums without dropout."""
     return compute_sums(params, batch, model, deterministic=True)

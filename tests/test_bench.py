@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -55,11 +56,14 @@ def test_bench_times_packed_real_instances_on_the_sharded_step():
         assert window.instances > window.steps * spec.batch_size  # several instances per row
     assert ours.compile_seconds > 0 and np.isfinite(ours.warmup_loss)
     assert "packed at factor" in report.data
-    # MFU counts real tokens, HFU every position (padding included), both with our head.
+    # MFU counts the model's FLOPs on real tokens; HFU what is computed at every position
+    # (padding included): our head on the predicted slots, our last layer only where heads read.
     flops = bench.model_flops_per_token(spec)
+    computed = bench.hardware_flops_per_position(spec)
     assert ours.mfu == pytest.approx(ours.tokens_per_sec * flops / 8e12)
-    assert ours.hfu == pytest.approx(ours.padded_tokens_per_sec * flops / 8e12)
-    assert ours.mfu < ours.hfu
+    assert ours.hfu == pytest.approx(ours.padded_tokens_per_sec * computed / 8e12)
+    dense = dataclasses.replace(spec, model=spec.model.replace(sparse_last_layer=False))
+    assert bench.hardware_flops_per_position(dense) == flops > computed
     text = report.render()
     assert "| bert-jax " in text and "| bert-jax unpacked |" in text and "tok/s real" in text
     assert report.to_dict()["sides"][0]["tokens_per_sec"] == ours.tokens_per_sec

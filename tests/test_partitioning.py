@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from bert_jax import optim, partitioning
-from bert_jax.train import ShardedTrainer
+from bert_jax.train import ShardedTrainer, init_and_dropout_keys
 from tests.helpers import random_batch, tiny_config
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 2, 4)]
@@ -22,7 +22,8 @@ def _trainer(mesh_shape, config=None, devices=None):
     return ShardedTrainer(config, tx, mesh, schedule=schedule)
 
 
-def _run(trainer, steps=3):
+def _run(trainer, steps=3, dropout_rng=None):
+    dropout_rng = jax.random.key(1) if dropout_rng is None else dropout_rng
     state = trainer.init(jax.random.key(0))
     rng = np.random.default_rng(0)
     losses = []
@@ -30,7 +31,7 @@ def _run(trainer, steps=3):
         # 16 rows: with 4-way batch sharding this is the shape where XLA once produced wrong
         # embedding gradients on the (2, 2, 2) mesh (see model.gathered_table).
         batch = trainer.global_batch(random_batch(rng, 16, 32, 5, trainer.config.vocab_size))
-        state, metrics = trainer.train_step(state, batch, jax.random.key(1))
+        state, metrics = trainer.train_step(state, batch, dropout_rng)
         losses.append(float(metrics["loss"]))
     return state, losses
 
@@ -89,6 +90,16 @@ def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
     # Each device holds only its shard of a sharded parameter.
     shard = layer["intermediate"]["kernel"].addressable_shards[0].data
     assert shard.size == layer["intermediate"]["kernel"].size // (fsdp * tensor)
+
+
+def test_rbg_dropout_masks_are_the_same_on_any_mesh():
+    """Pretraining's default dropout PRNG (rbg) draws the same masks however the batch is split."""
+    _, dropout_rng = init_and_dropout_keys(0, "rbg")
+    _, want = _run(_trainer((1, 1, 1), devices=jax.devices()[:1]), 2, dropout_rng)
+    _, got = _run(_trainer((2, 2, 2)), 2, dropout_rng)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    _, threefry = _run(_trainer((1, 1, 1), devices=jax.devices()[:1]), 2)
+    assert abs(threefry[0] - want[0]) > 1e-4, "dropout did not change with the PRNG"
 
 
 def test_uneven_shard_is_refused_before_compiling():

@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 import optax
+import pytest
 
-from bert_jax import optim, partitioning
+from bert_jax import optim, partitioning, train
 from bert_jax.train import ShardedTrainer
 from tests.helpers import random_batch, tiny_config
 
@@ -85,3 +86,16 @@ def test_lamb_trains():
         state, metrics = trainer.train_step(state, batch, jax.random.key(1))
         losses.append(float(metrics["loss"]))
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_init_and_dropout_keys():
+    init, dropout = train.init_and_dropout_keys(3, "threefry2x32")
+    want_init, want_dropout = jax.random.split(jax.random.key(3))
+    assert (jax.random.key_data(init) == jax.random.key_data(want_init)).all()
+    assert (jax.random.key_data(dropout) == jax.random.key_data(want_dropout)).all()
+    init_rbg, dropout_rbg = train.init_and_dropout_keys(3, "rbg")
+    # Init does not depend on the dropout PRNG; the dropout key is of the asked implementation.
+    assert (jax.random.key_data(init_rbg) == jax.random.key_data(want_init)).all()
+    assert jax.random.key_impl(dropout_rbg) == jax.random.key_impl(jax.random.key(0, impl="rbg"))
+    with pytest.raises(ValueError, match="dropout_rng_impl"):
+        train.init_and_dropout_keys(3, "philox")
