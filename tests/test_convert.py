@@ -55,7 +55,8 @@ def _torch_inputs(batch):
 def _compare_pretraining(params, config, hf_model, seed: int = 0, label: str = "") -> None:
     """bert-jax BertForPreTraining vs a transformers BertForPreTraining on a padded batch."""
     batch = random_batch(np.random.default_rng(seed), 3, 24, 5, config.vocab_size)
-    ours = BertForPreTraining(config).apply(
+    # Every position through the last layer, to compare the whole sequence output.
+    ours = BertForPreTraining(config.replace(sparse_last_layer=False)).apply(
         {"params": params}, **train.model_inputs(batch), deterministic=True
     )
     with torch.no_grad():
