@@ -411,9 +411,8 @@ def hardware_flops_per_position(spec: BenchSpec) -> float:
     share = spec.max_predictions / spec.seq_len
     last = 1.0
     if spec.model.sparse_last_layer:
-        last = min(1.0, (spec.max_predictions + spec.max_instances_per_row) / spec.seq_len)
-        if not spec.packing:
-            last = min(1.0, (spec.max_predictions + 1) / spec.seq_len)
+        cls_slots = spec.max_instances_per_row if spec.packing else 1
+        last = min(1.0, (spec.max_predictions + cls_slots) / spec.seq_len)
     return metrics.flops_per_token(spec.model, spec.seq_len, share, last_layer_fraction=last)
 
 
