@@ -58,9 +58,11 @@ PEER_DIFFERENCES = (
     "has no such guard), and returns accuracy sums and the gradient norm",
     "our last encoder layer runs only at the positions the heads read (config.model."
     "sparse_last_layer; the same losses and gradients), the peer's at every position",
-    "dropout masks have the same rates on both sides; each side draws them with its own PRNG "
-    "(the header names both: ours is the config's dropout_rng_impl, rbg by default; the peer "
-    "keeps JAX's default threefry2x32 unless --peer-rng-impl says otherwise)",
+    "dropout masks have the same rates on both sides but come from different generators (the "
+    "header names both): ours from a keyed counter hash fused into the masked op (config.model."
+    "dropout_impl='hash'; 'prng' draws them with jax.random and the config's dropout_rng_impl), "
+    "the peer's from jax.random with JAX's default threefry2x32 unless --peer-rng-impl says "
+    "otherwise",
     "packed batches (--packing) exist on our side only: the peer gets the same instances "
     "unpacked, one per row, so compare real tokens per second",
     "the same work otherwise: model size, batch, sequence length, dropout rates (attention "
@@ -747,10 +749,14 @@ class BenchReport:
             f"{model.num_attention_heads} heads, vocab {model.vocab_size}, {model.dtype}; global "
             f"batch {spec.batch_size} x seq {spec.seq_len}, {spec.max_predictions} predictions "
             f"per row; attention {model.attention_impl}, dropout "
-            f"{model.hidden_dropout_prob}/{model.attention_probs_dropout_prob}, dropout PRNG "
-            f"{spec.rng_impl or 'threefry2x32'}"
+            f"{model.hidden_dropout_prob}/{model.attention_probs_dropout_prob}, dropout masks "
             + (
-                f" (peer: {spec.peer_rng_impl or 'threefry2x32'})"
+                f"from a counter hash keyed by {spec.rng_impl or 'threefry2x32'}"
+                if model.dropout_impl == "hash"
+                else f"from the {spec.rng_impl or 'threefry2x32'} PRNG"
+            )
+            + (
+                f" (peer: the {spec.peer_rng_impl or 'threefry2x32'} PRNG)"
                 if len(self.sides) > 1 and self.sides[1].name in PEERS
                 else ""
             ),

@@ -32,6 +32,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.dropout import DROPOUT_IMPLEMENTATIONS, Dropout
+
 Array = jax.Array
 DType = Any
 
@@ -79,6 +81,10 @@ class BertConfig:
     # never reach a loss, so the losses and gradients are the same, for ~6% fewer FLOPs at Base.
     # Its `sequence_output` is then [batch, predictions, hidden]. False: every position.
     sparse_last_layer: bool = True
+    # Where dropout masks come from (`dropout.py`): "hash", a keyed counter hash fused into the
+    # masked op (the Base step ~8% faster on CPU than with rbg masks); "prng", Flax's
+    # `nn.Dropout` (jax.random.bernoulli with the key's PRNG). Same rates either way.
+    dropout_impl: str = "hash"
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -90,6 +96,10 @@ class BertConfig:
             raise ValueError(
                 f"hidden_act={self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)} "
                 "(Google's original 'gelu' is the tanh approximation: use 'gelu_new')"
+            )
+        if self.dropout_impl not in DROPOUT_IMPLEMENTATIONS:
+            raise ValueError(
+                f"dropout_impl={self.dropout_impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}"
             )
         if self.attention_impl not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(
@@ -246,7 +256,7 @@ class BertSelfAttention(nn.Module):
             big_neg = jnp.finfo(jnp.float32).min
             logits_BxHxQxK = jnp.where(mask_Bx1xQxK, logits_BxHxQxK, big_neg)
             probs = jax.nn.softmax(logits_BxHxQxK, axis=-1).astype(cfg.dtype)
-            probs = nn.Dropout(rate=cfg.attention_probs_dropout_prob)(
+            probs = Dropout(cfg.attention_probs_dropout_prob, cfg.dropout_impl)(
                 probs, deterministic=deterministic
             )
             context = jnp.einsum("bhqk,bkhd->bqhd", probs, value)
@@ -276,7 +286,7 @@ class BertLayer(nn.Module):
         query_positions: Array | None = None,
     ) -> Array:
         cfg = self.config
-        dropout = nn.Dropout(rate=cfg.hidden_dropout_prob)
+        dropout = Dropout(cfg.hidden_dropout_prob, cfg.dropout_impl)
         length = "length"
         residual = hidden
         if query_positions is not None:
@@ -348,7 +358,7 @@ class BertEmbeddings(nn.Module):
         )
         types = Embed(cfg.type_vocab_size, None, cfg, name="token_type_embeddings")(segment_ids)
         hidden = _layer_norm(cfg, "LayerNorm")(words + positions + types)
-        hidden = nn.Dropout(rate=cfg.hidden_dropout_prob)(hidden, deterministic=deterministic)
+        hidden = Dropout(cfg.hidden_dropout_prob, cfg.dropout_impl)(hidden, deterministic)
         return nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
 
 

@@ -92,14 +92,22 @@ def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
     assert shard.size == layer["intermediate"]["kernel"].size // (fsdp * tensor)
 
 
-def test_rbg_dropout_masks_are_the_same_on_any_mesh():
-    """Pretraining's default dropout PRNG (rbg) draws the same masks however the batch is split."""
+@pytest.mark.parametrize("dropout_impl", ["hash", "prng"])
+def test_dropout_masks_are_the_same_on_any_mesh(dropout_impl):
+    """Pretraining's dropout (hash masks by default, rbg keys) draws the same masks however the
+    batch and the model are split; so do rbg masks drawn through jax.random ("prng")."""
+    config = tiny_config(dropout_impl=dropout_impl)
     _, dropout_rng = init_and_dropout_keys(0, "rbg")
-    _, want = _run(_trainer((1, 1, 1), devices=jax.devices()[:1]), 2, dropout_rng)
-    _, got = _run(_trainer((2, 2, 2)), 2, dropout_rng)
+    _, want = _run(_trainer((1, 1, 1), config, devices=jax.devices()[:1]), 2, dropout_rng)
+    _, got = _run(_trainer((2, 2, 2), config), 2, dropout_rng)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-    _, threefry = _run(_trainer((1, 1, 1), devices=jax.devices()[:1]), 2)
-    assert abs(threefry[0] - want[0]) > 1e-4, "dropout did not change with the PRNG"
+    other = "prng" if dropout_impl == "hash" else "hash"
+    _, changed = _run(
+        _trainer((1, 1, 1), tiny_config(dropout_impl=other), devices=jax.devices()[:1]),
+        2,
+        dropout_rng,
+    )
+    assert abs(changed[0] - want[0]) > 1e-4, "the loss did not depend on the dropout masks"
 
 
 def test_uneven_shard_is_refused_before_compiling():

@@ -1,0 +1,120 @@
+"""Dropout masks: the counter-hash masks have the exact rate and look independent; "prng" is
+Flax's nn.Dropout."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from bert_jax.dropout import Dropout, drop_threshold, hash_bits
+from bert_jax.model import BertConfig
+
+
+def _apply(module: nn.Module, x, key, deterministic=False):
+    return module.apply({}, x, deterministic, rngs={"dropout": key})
+
+
+class _OursThenFlax(nn.Module):
+    impl: str
+
+    @nn.compact
+    def __call__(self, x, deterministic):
+        return Dropout(0.3, self.impl)(x, deterministic), Dropout(0.3, self.impl)(x, deterministic)
+
+
+class _Flax(nn.Module):
+    @nn.compact
+    def __call__(self, x, deterministic):
+        return nn.Dropout(0.3)(x, deterministic), nn.Dropout(0.3)(x, deterministic)
+
+
+def test_prng_impl_is_flax_dropout():
+    x = jnp.arange(1.0, 4097.0).reshape(4, 32, 32)
+    key = jax.random.key(7)
+    ours = _apply(_OursThenFlax("prng"), x, key)
+    flax_ = _apply(_Flax(), x, key)
+    for a, b in zip(ours, flax_, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
+def test_hash_dropout_has_the_rate_and_scales_the_kept_values(rate):
+    x = jnp.ones((64, 128, 96), jnp.float32)
+    y = np.asarray(Dropout(rate).apply({}, x, False, rngs={"dropout": jax.random.key(3)}))
+    dropped = float(np.mean(y == 0.0))
+    sigma = np.sqrt(rate * (1 - rate) / y.size)
+    assert abs(dropped - rate) < 5 * sigma, (dropped, rate)
+    np.testing.assert_allclose(y[y != 0.0], 1.0 / (1.0 - rate), rtol=1e-6)
+    assert drop_threshold(rate) == round(rate * 2**32)
+
+
+def test_hash_bits_are_uniform_and_uncorrelated():
+    """Each bit is a fair coin, bytes are uniform (chi-square), and keep masks are uncorrelated
+    with their neighbours along every axis, across keys and across consecutive steps' keys."""
+    shape = (16, 12, 64, 64)  # [batch, heads, queries, keys]: 786k words
+    key = jax.random.key(11)
+    bits = np.asarray(hash_bits(key, shape))
+    n = bits.size
+    bit_means = [np.mean((bits >> b) & 1) for b in range(32)]
+    np.testing.assert_allclose(bit_means, 0.5, atol=5 * 0.5 / np.sqrt(n))
+    byte_counts = np.bincount((bits & 0xFF).ravel(), minlength=256)
+    assert stats.chisquare(byte_counts).pvalue > 1e-4
+
+    def corr(a, b):
+        return abs(np.corrcoef(a.ravel().astype(np.float64), b.ravel().astype(np.float64))[0, 1])
+
+    bound = 5 / np.sqrt(n / 2)
+    keep = bits >= 2**31
+    for axis in range(len(shape)):
+        a = np.take(keep, np.arange(shape[axis] - 1), axis=axis)
+        b = np.take(keep, np.arange(1, shape[axis]), axis=axis)
+        assert corr(a, b) < bound, f"neighbours along axis {axis} are correlated"
+    for other in (jax.random.fold_in(key, 1), jax.random.key(12)):
+        assert corr(keep, np.asarray(hash_bits(other, shape)) >= 2**31) < bound
+    # Neighbouring rows' words are not related by a shift or an xor of their columns.
+    rows = bits.reshape(shape[0], -1)
+    assert len(np.intersect1d(rows[0], rows[1])) < 10
+
+
+def test_hash_masks_differ_by_site_and_key_and_repeat_for_the_same_key():
+    x = jnp.ones((8, 16, 32))
+    a1, b1 = _apply(_OursThenFlax("hash"), x, jax.random.key(0))
+    a2, b2 = _apply(_OursThenFlax("hash"), x, jax.random.key(0))
+    c1, _ = _apply(_OursThenFlax("hash"), x, jax.random.key(1))
+    np.testing.assert_array_equal(a1, a2)
+    np.testing.assert_array_equal(b1, b2)
+    assert np.mean(np.asarray(a1) != np.asarray(b1)) > 0.1
+    assert np.mean(np.asarray(a1) != np.asarray(c1)) > 0.1
+    # Any key implementation seeds it (pretraining's dropout keys are rbg).
+    r1, _ = _apply(_OursThenFlax("hash"), x, jax.random.key(0, impl="rbg"))
+    assert np.mean(np.asarray(r1) != np.asarray(a1)) > 0.1
+
+
+def test_gradient_is_the_scaled_mask():
+    x = jnp.linspace(-1.0, 1.0, 4096).reshape(8, 512)
+    key = jax.random.key(5)
+    y = _apply(Dropout(0.25), x, key)
+    grad = jax.grad(lambda v: jnp.sum(_apply(Dropout(0.25), v, key)))(x)
+    np.testing.assert_allclose(grad, np.where(np.asarray(y) != 0, 1 / 0.75, 0.0), rtol=1e-6)
+
+
+def test_edge_cases_and_bad_settings():
+    x = jnp.ones((4, 8))
+    key = jax.random.key(0)
+    np.testing.assert_array_equal(_apply(Dropout(0.5), x, key, deterministic=True), x)
+    np.testing.assert_array_equal(_apply(Dropout(0.0), x, key), x)
+    np.testing.assert_array_equal(_apply(Dropout(1.0), x, key), np.zeros((4, 8)))
+    assert hash_bits(key, ()).shape == ()
+    with pytest.raises(ValueError, match=r"rate 1.5 is not in \[0, 1\]"):
+        _apply(Dropout(1.5), x, key)
+    with pytest.raises(ValueError, match="'philox' is not one of"):
+        _apply(Dropout(0.1, "philox"), x, key)
+    with pytest.raises(ValueError, match="dropout_impl='philox'"):
+        BertConfig(dropout_impl="philox")
+    # Counted in uint32 within a row of axis 0; a larger row is refused before anything is built.
+    with pytest.raises(ValueError, match=r"shape \(1, 65536, 65536\).*dropout_impl='prng'"):
+        hash_bits(key, (1, 65536, 65536))
