@@ -86,9 +86,7 @@ class Dropout(nn.Module):
         if not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"dropout rate {self.rate} is not in [0, 1]")
         if self.impl not in DROPOUT_IMPLEMENTATIONS:
-            raise ValueError(
-                f"dropout impl {self.impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}"
-            )
+            raise ValueError(f"dropout impl {self.impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}")
         if deterministic or self.rate == 0.0:
             return inputs
         if self.rate == 1.0:
