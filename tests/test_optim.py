@@ -66,6 +66,50 @@ def test_bert_adamw_equals_optax_adamw_with_the_same_mask():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"bias_correction": False},
+        {"clip_norm": None, "weight_decay": 0.0},
+        {"clip_norm": 1e3},
+    ],
+    ids=["paper", "original-code", "plain-adam", "clip-inactive"],
+)
+def test_bert_adamw_is_its_optax_chain_in_one_pass(settings):
+    """The one-pass update equals the chain of optax transforms, clipping on and off, and keeps
+    the chain's state (so checkpoints restore into either)."""
+    rng = np.random.default_rng(1)
+    shapes = {
+        "embeddings": {"word_embeddings": {"embedding": (50, 8)}, "LayerNorm": {"scale": (8,)}},
+        "dense": {"kernel": (8, 16), "bias": (16,)},
+    }
+    params = jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(size=s), jnp.float32),
+        shapes,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
+    schedule = optim.warmup_linear_decay(1e-2, 2, 10)
+    fused = optim.bert_adamw(schedule, **settings)
+    chain = optim.bert_adamw_chain(schedule, **settings)
+    p1, p2, s1, s2 = params, params, fused.init(params), chain.init(params)
+    assert jax.tree.structure(s1) == jax.tree.structure(s2)
+    update1, update2 = jax.jit(fused.update), jax.jit(chain.update)
+    for scale in (1.0, 0.01, 3.0, 0.001, 1.0):  # global norms ~30, 0.3, 90, 0.03, 30
+        g = jax.tree.map(lambda p, s=scale: jnp.asarray(s * rng.normal(size=p.shape), p.dtype), p1)
+        u1, s1 = update1(g, s1, p1)
+        u2, s2 = update2(g, s2, p2)
+        for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9)
+        p1, p2 = optax.apply_updates(p1, u1), optax.apply_updates(p2, u2)
+    assert jax.tree.structure(s1) == jax.tree.structure(s2)
+    for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s2), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
+    if settings.get("weight_decay", 0.01):
+        with pytest.raises(ValueError, match="needs the parameters"):
+            fused.update(g, s1)
+
+
 def test_no_bias_correction_follows_the_original_update_rule():
     params, grads = _params_and_grads()
     lr, wd, b1, b2, eps = 1e-2, 0.01, 0.9, 0.999, 1e-6
