@@ -63,6 +63,9 @@ class ScaleByAdamNoBiasCorrectionState(NamedTuple):
     nu: Any
 
 
+_ADAM_STATES = (optax.ScaleByAdamState, ScaleByAdamNoBiasCorrectionState)
+
+
 def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float):
     """m / (sqrt(v) + eps) without bias correction, as google-research/bert's optimizer."""
 
@@ -105,20 +108,18 @@ def bert_adamw(
         if clip_norm:
             norm = optax.tree.norm(updates)
             keep = jnp.squeeze(norm < clip_norm)
-        # A constant learning rate (not a schedule) is a scale with no state.
-        new_state, moments, lr = [], None, None if callable(schedule) else schedule
-        for part in state:
-            if isinstance(part, (optax.ScaleByAdamState, ScaleByAdamNoBiasCorrectionState)):
-                moments = part
-            elif isinstance(part, optax.ScaleByScheduleState):
+        parts = list(state)  # the chain's states, in order
+        (adam,) = [i for i, part in enumerate(parts) if isinstance(part, _ADAM_STATES)]
+        moments = parts[adam]
+        lr = schedule  # a constant learning rate is a scale with no state
+        for i, part in enumerate(parts):
+            if isinstance(part, optax.ScaleByScheduleState):
                 lr = schedule(part.count)
-                part = part._replace(count=optax.safe_increment(part.count))
-            new_state.append(part)
+                parts[i] = part._replace(count=optax.safe_increment(part.count))
         if bias_correction:
             count = optax.safe_increment(moments.count)
             correction1, correction2 = 1 - b1**count, 1 - b2**count
         decays = decay_mask(updates) if weight_decay else jax.tree.map(lambda _: False, updates)
-        params = params if params is not None else updates
 
         def one(g, m, v, p, decay):
             if clip_norm:
@@ -134,15 +135,15 @@ def bert_adamw(
                 step = step + weight_decay * p
             return jnp.array(-lr, dtype=step.dtype) * step, m, v
 
+        # Without weight decay the parameters are never read; the gradients stand in for them.
+        params = updates if params is None else params
         out = jax.tree.map(one, updates, moments.mu, moments.nu, params, decays)
         treedef = jax.tree.structure(updates)
         leaves = treedef.flatten_up_to(out)
         steps, mu, nu = (treedef.unflatten([leaf[i] for leaf in leaves]) for i in range(3))
-        moments_state = moments._replace(mu=mu, nu=nu)
-        if bias_correction:
-            moments_state = moments_state._replace(count=count)
-        new_state = [moments_state if part is moments else part for part in new_state]
-        return steps, tuple(new_state)
+        moments = moments._replace(mu=mu, nu=nu)
+        parts[adam] = moments._replace(count=count) if bias_correction else moments
+        return steps, tuple(parts)
 
     return optax.GradientTransformation(chain.init, update)
 
