@@ -27,12 +27,12 @@ demo: $(STAMP)
 	$(BIN)/bert-jax pretrain --config configs/demo.py --workdir $(DEMO_DIR)
 
 lint: $(STAMP)
-	$(BIN)/ruff check bert_jax configs tests launch
-	$(BIN)/ruff format --check bert_jax configs tests launch
+	$(BIN)/ruff check bert_jax configs tests launch benchmarks
+	$(BIN)/ruff format --check bert_jax configs tests launch benchmarks
 
 format: $(STAMP)
-	$(BIN)/ruff format bert_jax configs tests launch
-	$(BIN)/ruff check --fix bert_jax configs tests launch
+	$(BIN)/ruff format bert_jax configs tests launch benchmarks
+	$(BIN)/ruff check --fix bert_jax configs tests launch benchmarks
 
 # Throughput: ours beside Hugging Face's FlaxBertForPreTraining (see `bert-jax bench --help`).
 # `make bench BENCH_FLAGS="--config configs/bert.py:base --batch 16"` for another size.

@@ -49,6 +49,28 @@ def make_batch(rng: np.random.Generator, batch: int, seq_len: int, packed: bool)
     return out
 
 
+def fwd_bwd(config, params, data, precision: str = "default"):
+    """Jitted value-and-grad of a fixed projection of the sequence output; its first result."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.model import BertModel
+
+    inputs, projection, valid = data
+    model = BertModel(config, add_pooler=False)
+
+    def objective(p):
+        out = model.apply(p, **inputs, deterministic=True)["sequence_output"]
+        out = out.astype(jnp.float32)
+        return jnp.sum(out * projection * valid), out
+
+    with jax.default_matmul_precision(precision):
+        fn = jax.jit(jax.value_and_grad(objective, has_aux=True))
+        (_, out), grads = fn(params)
+        jax.block_until_ready(grads)
+    return fn, out, grads
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[128, 512])
@@ -77,26 +99,14 @@ def main(argv: list[str] | None = None) -> int:
             projection = jnp.asarray(rng.standard_normal((seq_len, base.hidden_size)), jnp.float32)
             valid = inputs["input_mask"][..., None].astype(jnp.float32)
 
-            def objective(params, model):
-                out = model.apply(params, **inputs, deterministic=True)["sequence_output"]
-                out = out.astype(jnp.float32)
-                return jnp.sum(out * projection * valid), out
-
-            def run(config, precision="default"):
-                model = BertModel(config, add_pooler=False)
-                with jax.default_matmul_precision(precision):
-                    fn = jax.jit(jax.value_and_grad(lambda p: objective(p, model), has_aux=True))
-                    (_, out), grads = fn(params)
-                    jax.block_until_ready(grads)
-                return fn, out, grads
-
             reference_config = base.replace(attention_impl="xla")
             params = nn.meta.unbox(
                 BertModel(reference_config, add_pooler=False).init(
                     jax.random.key(0), **inputs, deterministic=True
                 )
             )
-            _, ref_out, ref_grads = run(reference_config, "highest")
+            data = (inputs, projection, valid)
+            _, ref_out, ref_grads = fwd_bwd(reference_config, params, data, "highest")
             ref_flat = jnp.concatenate([g.ravel() for g in jax.tree.leaves(ref_grads)])
 
             def rel(a, b):
@@ -111,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                         "dtype": dtype,
                     }
                     try:
-                        fn, out, grads = run(base.replace(attention_impl=impl, dtype=dtype))
+                        config = base.replace(attention_impl=impl, dtype=dtype)
+                        fn, out, grads = fwd_bwd(config, params, data)
                         flat = jnp.concatenate([g.ravel() for g in jax.tree.leaves(grads)])
                         row["output_rel_err"] = rel(out * valid, ref_out * valid)
                         row["grad_rel_err"] = rel(flat, ref_flat)

@@ -5,20 +5,20 @@
 
 Each `--variant NAME[:field=value,...]` overrides `BertConfig` fields of the `configs/bert.py`
 size; the field `bf16_lookup=True` instead restores the earlier embedding lookup (the table cast
-to the compute dtype before the gather, so its gradient is a bf16 scatter-add), for comparison. Per variant: our real train step (`bench.OursRunner`: forward, backward, BERT AdamW,
+to the compute dtype before the gather, so its gradient is a bf16 scatter-add), for comparison.
+Per variant: our real train step (`bench.OursRunner`: forward, backward, BERT AdamW,
 dropout, donated state) is compiled, timed (median of windows), and 3 steps are traced with
-`jax.profiler`. Printed: step time and MFU, then the device ops that took the most time,
-summed over the traced steps (from the trace's JSON). Written to DIR: `NAME.xplane.pb` (for
-xprof's hlo_stats / trace viewer) and `NAME.ops.json` (time per op name).
+`jax.profiler`. Printed: step time and MFU, then the device kernels that took the most time
+per step (where `xprof` is installed; else run `--summarize DIR/NAME.xplane.pb` on a machine
+that has it: the profile is read offline). Written to DIR: `NAME.xplane.pb` (xprof's kernel
+stats, hlo_stats and trace viewer read it).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 import glob
-import gzip
 import json
 import os
 import shutil
@@ -44,24 +44,30 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, overrides
 
 
-def device_op_times(trace_json_gz: str) -> dict[str, float]:
-    """Microseconds per op name over the device (GPU/TPU) threads of a profiler trace."""
-    with gzip.open(trace_json_gz, "rt") as f:
-        trace = json.load(f)
-    device_pids = {
-        e["pid"]
-        for e in trace["traceEvents"]
-        if e.get("ph") == "M"
-        and e.get("name") == "process_name"
-        and "/device:" in str(e.get("args", {}).get("name", ""))
-    }
-    totals: dict[str, float] = collections.defaultdict(float)
-    for e in trace["traceEvents"]:
-        if e.get("ph") == "X" and e.get("pid") in device_pids:
-            args = e.get("args", {})
-            name = args.get("hlo_op") or args.get("long_name") or e.get("name", "?")
-            totals[str(name)[:120]] += float(e.get("dur", 0.0))
-    return dict(totals)
+def kernel_stats(xplane_path: str, steps: int, top: int) -> list[str]:
+    """The `top` device kernels by total time, per step, from a profile (needs `xprof`).
+
+    XLA:GPU runs most of a step as one CUDA graph ("command buffer"), so the trace's op events
+    show a single op; the kernels inside come from xprof's kernel_stats.
+    """
+    from xprof.convert import raw_to_tool_data
+
+    data, _ = raw_to_tool_data.xspace_to_tool_data([xplane_path], "kernel_stats", {})
+    table = json.loads(data)
+    names = [column["id"] for column in table["cols"]]
+    rows = [dict(zip(names, (cell["v"] for cell in row["c"]))) for row in table["rows"]]
+    total = sum(r["total_duration_us"] for r in rows)
+    lines = [
+        f"device kernels: {total / steps / 1e3:.1f} ms per step, "
+        f"{sum(r['occurrences'] for r in rows) / steps:.0f} launches per step"
+    ]
+    for r in sorted(rows, key=lambda r: -r["total_duration_us"])[:top]:
+        us = r["total_duration_us"]
+        lines.append(
+            f"  {us / steps / 1e3:8.2f} ms {us / total:6.1%} {r['occurrences'] / steps:5.0f}x"
+            f"  {r['kernel_name'][:90]}"
+        )
+    return lines
 
 
 def _cast_then_gather(gathered_table, dtype, table, rows_axis):
@@ -79,8 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--variant", action="append", default=[])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="directory for the profiles")
+    parser.add_argument(
+        "--summarize", metavar="XPLANE", help="only print the kernels of a profile taken earlier"
+    )
     args = parser.parse_args(argv)
+    if args.summarize:
+        print("\n".join(kernel_stats(args.summarize, 3, args.top)))
+        return 0
+    if not args.out:
+        parser.error("--out is required")
 
     import jax
 
@@ -132,15 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         jax.profiler.stop_trace()
         for path in glob.glob(os.path.join(trace_dir, "plugins/profile/*/*.xplane.pb")):
             shutil.copy(path, os.path.join(args.out, f"{name}.xplane.pb"))
-        traces = glob.glob(os.path.join(trace_dir, "plugins/profile/*/*.trace.json.gz"))
-        if traces:
-            ops = device_op_times(traces[0])
-            with open(os.path.join(args.out, f"{name}.ops.json"), "w") as f:
-                json.dump(ops, f, indent=1)
-            total = sum(ops.values())
-            print(f"  device time per step {total / 3 / 1e3:.1f} ms over {len(ops)} op names")
-            for op, us in sorted(ops.items(), key=lambda kv: -kv[1])[: args.top]:
-                print(f"  {us / 3 / 1e3:8.2f} ms {us / total:6.1%}  {op}")
+        try:
+            print("\n".join(kernel_stats(os.path.join(args.out, f"{name}.xplane.pb"), 3, args.top)))
+        except ImportError:
+            print(f"  kernels: `pip install xprof`, then --summarize {name}.xplane.pb")
         runner.close()
         del runner
     print("\n".join(summary))
