@@ -17,6 +17,7 @@ stats, hlo_stats and trace viewer read it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import glob
 import json
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             windows=args.windows,
         )
-        spec = bench.dataclasses.replace(
+        spec = dataclasses.replace(
             spec, model=spec.model.replace(**{"dtype": args.dtype, **overrides})
         )
         runner = bench.OursRunner(spec, bench.synthetic_data(spec).batches)
