@@ -809,6 +809,9 @@ def run(
             "compare_unpacked compares packing with ours unpacked: needs packing, no peer"
         )
     if peer is not None:
+        # Two processes share the accelerator: neither may take most of its memory up front
+        # (JAX preallocates 75% of a GPU's memory when its backend starts, unless told not to).
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         peer_python = PeerRunner.check(peer_python)  # before any slow work
         if not spec.num_devices:
             spec = dataclasses.replace(spec, num_devices=1)  # the peer runs on one chip

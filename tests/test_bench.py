@@ -95,9 +95,12 @@ def test_spec_from_config_follows_the_phase_and_model_overrides():
         bench.spec_from_config(config, packing=True)
 
 
-def test_missing_peer_environment_says_how_to_make_it(capsys):
+def test_missing_peer_environment_says_how_to_make_it(capsys, monkeypatch):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
     with pytest.raises(bench.PeerMissingError, match="make bench-peer"):
         bench.run(tiny_spec(), peer="hf-flax", peer_python="/nonexistent/python")
+    # With a peer, our process does not take most of a GPU's memory up front either.
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     status = cli.main(
         [
             "bench",
