@@ -11,8 +11,6 @@ shift
 mkdir -p "$out"
 bert_jax=${BERT_JAX:-.venv/bin/bert-jax}
 peer=(--peer hf-flax ${PEER_PYTHON:+--peer-python "$PEER_PYTHON"})
-# Two processes share the GPU: neither may take most of its memory up front.
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
 bench() {
   local name=$1
   shift

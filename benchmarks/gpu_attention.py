@@ -26,12 +26,14 @@ import time
 import numpy as np
 
 
-def make_batch(rng: np.random.Generator, batch: int, seq_len: int, packed: bool) -> dict:
+def make_batch(
+    rng: np.random.Generator, batch: int, seq_len: int, vocab_size: int, packed: bool
+) -> dict:
     """Rows with padding at the end; `packed`: 1-4 instances per row, positions restarting."""
     lengths = rng.integers(seq_len // 4, seq_len + 1, size=batch)
     input_mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int32)
     out = {
-        "input_ids": rng.integers(5, 30522, size=(batch, seq_len)).astype(np.int32),
+        "input_ids": rng.integers(5, vocab_size, size=(batch, seq_len)).astype(np.int32),
         "input_mask": input_mask,
         "segment_ids": (np.arange(seq_len)[None, :] >= lengths[:, None] // 2).astype(np.int32),
     }
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for seq_len in args.seq_lens:
         for packed in (False, True):
-            batch = make_batch(rng, args.batch, seq_len, packed)
+            batch = make_batch(rng, args.batch, seq_len, base.vocab_size, packed)
             inputs = {k: jnp.asarray(v) for k, v in batch.items()}
             projection = jnp.asarray(rng.standard_normal((seq_len, base.hidden_size)), jnp.float32)
             valid = inputs["input_mask"][..., None].astype(jnp.float32)

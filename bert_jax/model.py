@@ -47,6 +47,7 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn")
+EMBED_LOOKUPS = ("gather", "one_hot")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,6 +354,8 @@ class Embed(nn.Module):
     @nn.compact
     def __call__(self, ids: Array | None = None, length: int | None = None) -> Array:
         cfg = self.config
+        if self.lookup not in EMBED_LOOKUPS:
+            raise ValueError(f"Embed lookup={self.lookup!r} is not one of {EMBED_LOOKUPS}")
         table = self.param(
             "embedding",
             _init(cfg, (self.rows_axis, "embed")),

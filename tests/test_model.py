@@ -297,6 +297,8 @@ def test_embedding_lookups_read_the_same_rows_with_the_same_gradients():
         return jnp.sum(module.apply(p, ids) * weights)
 
     np.testing.assert_array_equal(one_hot.apply(params, ids), gather.apply(params, ids))
+    with pytest.raises(ValueError, match="one_hot"):
+        Embed(7, None, config, lookup="onehot").init(jax.random.key(0), ids)
     np.testing.assert_allclose(
         jax.grad(lambda p: objective(one_hot, p))(params)["params"]["embedding"],
         jax.grad(lambda p: objective(gather, p))(params)["params"]["embedding"],
