@@ -49,6 +49,9 @@ def model_config(size: str) -> ml_collections.ConfigDict:
             "attention_impl": "auto",
             "sparse_last_layer": True,
             "dropout_impl": "hash",
+            # Word-embedding rows padded to a multiple of 128 (30522 -> 30592): the table then
+            # divides over a tensor axis of up to 128 devices (see model.BertConfig).
+            "vocab_pad_multiple": 128,
         }
     )
 

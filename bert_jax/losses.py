@@ -15,7 +15,11 @@ Array = jax.Array
 def masked_lm(
     mlm_logits_BxPxV: Array, masked_lm_ids_BxP: Array, masked_lm_weights_BxP: Array
 ) -> dict[str, Array]:
-    """Cross-entropy and accuracy over the weighted masked positions (padded slots weigh 0)."""
+    """Cross-entropy and accuracy over the weighted masked positions (padded slots weigh 0).
+
+    The logits may have more columns than the vocabulary (`mlm_logits_padded`) when those hold
+    the lowest float: they add nothing to the softmax and never win the argmax.
+    """
     logits = mlm_logits_BxPxV.astype(jnp.float32)
     weights = masked_lm_weights_BxP.astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)

@@ -86,8 +86,25 @@ class BertConfig:
     # masked op (the Base step ~8% faster on CPU than with rbg masks); "prng", Flax's
     # `nn.Dropout` (jax.random.bernoulli with the key's PRNG). Same rates either way.
     dropout_impl: str = "hash"
+    # The word-embedding table and the MLM output bias hold `padded_vocab_size` rows: vocab_size
+    # rounded up to this multiple. The extra rows start at zero, no id reads them and no logit
+    # comes from them (the MLM logits are cut back to vocab_size), so they stay zero and the
+    # model computes what the unpadded one does. What it buys: a table that divides over a
+    # `tensor` mesh axis (30522 = 2 x 3 x 5087 divides over 2 devices at most; 30592 = 239 x 128
+    # over up to 128), and an MLM projection whose width suits matmul tiles. Checkpoint
+    # converters pad on import and cut on export; parameter counts leave the padding out.
+    vocab_pad_multiple: int = 1
 
     def __post_init__(self):
+        if (
+            isinstance(self.vocab_pad_multiple, bool)
+            or not isinstance(self.vocab_pad_multiple, int)
+            or self.vocab_pad_multiple < 1
+        ):
+            raise ValueError(
+                f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be a positive integer "
+                "(1: no padding)"
+            )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by "
@@ -108,6 +125,11 @@ class BertConfig:
             )
 
     @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the word-embedding table: vocab_size rounded up to vocab_pad_multiple."""
+        return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -126,6 +148,19 @@ class BertConfig:
 
 def _init(config: BertConfig, axes: tuple[str | None, ...]) -> Callable:
     return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
+
+
+def _init_rows(config: BertConfig, axes: tuple[str | None, ...], rows: int | None) -> Callable:
+    """`_init`, with the rows from `rows` on (a table's padding) set to zero."""
+    normal = nn.initializers.normal(config.initializer_range)
+
+    def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+        table = normal(key, shape, dtype)
+        if rows is None or rows >= shape[0]:
+            return table
+        return jnp.where(jnp.arange(shape[0])[:, None] < rows, table, jnp.zeros((), dtype))
+
+    return nn.with_logical_partitioning(init, axes)
 
 
 def _zeros(axes: tuple[str | None, ...]) -> Callable:
@@ -339,7 +374,8 @@ class Embed(nn.Module):
       every token reads (token types), where a scatter-add's atomic updates would all land
       on the same rows and serialize (on GPUs).
     Called without ids, it returns the first `length` rows as [1, length, hidden] (the default
-    positions 0..length-1), whose gradient is a sum over the batch.
+    positions 0..length-1), whose gradient is a sum over the batch. Rows from `used_rows` on
+    (a padded table's tail) start at zero.
 
     Rows are read in the parameter dtype and cast after, so gradients accumulate in float32: a
     bf16 scatter-add runs as compare-and-swap loops on GPUs (on one H100 it took 75 of 142 ms
@@ -350,6 +386,7 @@ class Embed(nn.Module):
     rows_axis: str | None
     config: BertConfig
     lookup: str = "gather"
+    used_rows: int | None = None
 
     @nn.compact
     def __call__(self, ids: Array | None = None, length: int | None = None) -> Array:
@@ -358,7 +395,7 @@ class Embed(nn.Module):
             raise ValueError(f"Embed lookup={self.lookup!r} is not one of {EMBED_LOOKUPS}")
         table = self.param(
             "embedding",
-            _init(cfg, (self.rows_axis, "embed")),
+            _init_rows(cfg, (self.rows_axis, "embed"), self.used_rows),
             (self.num_embeddings, cfg.hidden_size),
             cfg.param_dtype,
         )
@@ -387,7 +424,9 @@ class BertEmbeddings(nn.Module):
         """`position_ids` None: positions 0..length-1 in every row."""
         cfg = self.config
 
-        words = Embed(cfg.vocab_size, "vocab", cfg, name="word_embeddings")(input_ids)
+        words = Embed(
+            cfg.padded_vocab_size, "vocab", cfg, used_rows=cfg.vocab_size, name="word_embeddings"
+        )(input_ids)
         position_table = Embed(cfg.max_position_embeddings, None, cfg, name="position_embeddings")
         if position_ids is None:
             positions = position_table(length=input_ids.shape[-1])
@@ -516,15 +555,26 @@ class BertMLMHead(nn.Module):
         hidden = _layer_norm(cfg, "transform_LayerNorm")(hidden)
         logits = jnp.einsum("bpd,vd->bpv", hidden, jnp.asarray(embedding_VxD, cfg.dtype))
         output_bias = self.param(
-            "output_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype
+            "output_bias", _zeros(("vocab",)), (cfg.padded_vocab_size,), cfg.param_dtype
         )
-        return logits.astype(jnp.float32) + output_bias.astype(jnp.float32)[None, None, :]
+        bias = output_bias.astype(jnp.float32)
+        if cfg.padded_vocab_size != cfg.vocab_size:
+            # The padding rows' columns get the lowest float added: exp() of them is 0, so a
+            # softmax over all columns is the unpadded one and its gradient there is exactly 0
+            # (to the padding rows and bias entries). An added constant has no backward op of
+            # its own; a select added a pass over the logits' gradient (seen in XLA:CPU's HLO).
+            real = jnp.arange(cfg.padded_vocab_size) < cfg.vocab_size
+            bias = bias + jnp.where(real, 0.0, jnp.finfo(jnp.float32).min)
+        logits = logits.astype(jnp.float32) + bias[None, None, :]
+        return nn.with_logical_constraint(logits, ("batch", None, "vocab"))
 
 
 class BertForPreTraining(nn.Module):
     """BERT with the masked-LM head (tied decoder, only at `masked_lm_positions`) and NSP head.
 
-    Returns float32 `mlm_logits` [batch, predictions, vocab] and `nsp_logits` ([batch, 2], or
+    Returns float32 `mlm_logits` [batch, predictions, vocab] (and, with a padded vocabulary,
+    `mlm_logits_padded` [batch, predictions, padded_vocab_size], whose padding columns hold the
+    lowest float32 and which the losses read) and `nsp_logits` ([batch, 2], or
     [batch, n, 2] with `cls_positions`), plus the outputs of `BertModel`: with
     `config.sparse_last_layer` the last layer runs only where the heads read, and
     `sequence_output` is [batch, predictions, hidden] (the states at `masked_lm_positions`).
@@ -567,7 +617,13 @@ class BertForPreTraining(nn.Module):
         mlm_logits = BertMLMHead(cfg, name="predictions")(
             picked, gathered_table(embedding_VxD, "vocab")
         )
-        outputs["mlm_logits"] = nn.with_logical_constraint(mlm_logits, ("batch", None, "vocab"))
+        outputs["mlm_logits"] = mlm_logits[..., : cfg.vocab_size]
+        if cfg.padded_vocab_size != cfg.vocab_size:
+            # What the losses read: cutting the padding off instead costs a slice forward and a
+            # pad of the logits' gradient backward (an extra pass over [batch, predictions,
+            # vocab] in float32), and, with the vocabulary split over `tensor`, a re-split of
+            # the cut logits between shards.
+            outputs["mlm_logits_padded"] = mlm_logits
         nsp_logits = _dense(cfg, 2, ("embed", None), "seq_relationship")(outputs["pooled_output"])
         outputs["nsp_logits"] = nsp_logits.astype(jnp.float32)
         return outputs

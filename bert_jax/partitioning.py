@@ -109,10 +109,14 @@ def check_divisible(abstract_boxed: Any, mesh: Mesh, rules: LogicalRules) -> Non
         for dim, (logical, mesh_axes) in enumerate(zip(leaf.names, spec)):
             size, names = _mesh_axis_size(mesh, mesh_axes)
             if shape[dim] % size:
+                hint = "change mesh.shape or the rules"
+                if logical == "vocab":
+                    multiple = math.lcm(128, size)
+                    hint += f", or pad the vocabulary: model.vocab_pad_multiple={multiple}"
                 raise ValueError(
                     f"parameter {jax.tree_util.keystr(path)} dimension {dim} (logical axis "
                     f"'{logical}', size {shape[dim]}) does not divide over mesh axes {names} of "
-                    f"total size {size} (mesh {dict(mesh.shape)}); change mesh.shape or the rules"
+                    f"total size {size} (mesh {dict(mesh.shape)}); {hint}"
                 )
 
 

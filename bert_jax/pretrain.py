@@ -351,6 +351,7 @@ def evaluate(
 def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str) -> TrainState:
     """Params from a model directory on top of a fresh state (optimizer and step fresh)."""
     from bert_jax import model_dir
+    from bert_jax.convert import mapping
 
     loaded = model_dir.load_model_dir(path)
     shape_fields = (
@@ -372,7 +373,8 @@ def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str)
             f"config.init_from={path} does not match config.model ({'; '.join(mismatched)})"
         )
     params = jax.tree.map(np.asarray, jax.device_get(state.params))
-    incoming = loaded.params
+    # The vocabulary padding may differ (e.g. a converted Google checkpoint has none).
+    incoming = mapping.repad_vocab(loaded.params, trainer.config)
     params["bert"] = incoming["bert"]
     if "predictions" in incoming:
         params["predictions"] = incoming["predictions"]
@@ -693,13 +695,14 @@ def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def count_parameters(model_config) -> int:
+    """Parameters of BertForPreTraining, not counting vocabulary padding rows."""
     import flax.linen as nn
 
     from bert_jax.model import BertForPreTraining
     from bert_jax.train import dummy_batch, model_inputs
 
     shapes = jax.eval_shape(
-        lambda: BertForPreTraining(model_config).init(
+        lambda: BertForPreTraining(model_config.replace(vocab_pad_multiple=1)).init(
             jax.random.key(0), **model_inputs(dummy_batch(1, 8, 2))
         )
     )

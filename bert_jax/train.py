@@ -85,7 +85,9 @@ def compute_sums(
     nsp_weights = batch.get("next_sentence_weights")
     return {
         **losses.masked_lm(
-            outputs["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"]
+            outputs.get("mlm_logits_padded", outputs["mlm_logits"]),
+            batch["masked_lm_ids"],
+            batch["masked_lm_weights"],
         ),
         **losses.next_sentence(outputs["nsp_logits"], batch["next_sentence_labels"], nsp_weights),
     }

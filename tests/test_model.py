@@ -12,6 +12,7 @@ import transformers
 
 from bert_jax import losses, train
 from bert_jax.convert import hf as hf_convert
+from bert_jax.convert import mapping
 from bert_jax.model import BertConfig, BertForPreTraining, BertModel, Embed
 from tests.helpers import REAL_SENTENCES, hf_config, minilm_dir, random_batch, tiny_config
 
@@ -361,3 +362,75 @@ def test_bf16_gradients_never_scatter_add_in_bf16(packed):
     rows = {int(eqn.invars[0].aval.shape[0]) for eqn in table_scatters}
     assert config.type_vocab_size not in rows
     assert (config.max_position_embeddings in rows) == packed
+
+
+def test_padded_vocabulary_computes_what_the_unpadded_model_does():
+    """Padding rows (init zero, logits cut off): same outputs, losses and gradients; the padding
+    rows' gradients are exactly zero, so AdamW with weight decay leaves them at zero."""
+    config = tiny_config(vocab_size=300)
+    padded_config = config.replace(vocab_pad_multiple=128)
+    assert padded_config.padded_vocab_size == 384
+    batch = random_batch(np.random.default_rng(7), 4, 32, 6, config.vocab_size)
+    inputs = train.model_inputs(batch)
+    model, padded_model = BertForPreTraining(config), BertForPreTraining(padded_config)
+
+    fresh = nn.meta.unbox(padded_model.init(jax.random.key(3), **inputs)["params"])
+    fresh_table = fresh["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert fresh_table.shape == (384, config.hidden_size)
+    assert not np.any(fresh_table[300:]) and np.all(np.std(fresh_table[:300], axis=1) > 0)
+    assert fresh["predictions"]["output_bias"].shape == (384,)
+
+    params = nn.meta.unbox(model.init(jax.random.key(0), **inputs)["params"])
+    # Nonzero biases, so that a padding column leaking into the softmax would show.
+    params["predictions"]["output_bias"] = jnp.linspace(-1.0, 1.0, config.vocab_size)
+    padded = mapping.repad_vocab(jax.device_get(params), padded_config)
+
+    out = model.apply({"params": params}, **inputs)
+    out_padded = padded_model.apply({"params": padded}, **inputs)
+    assert out_padded["mlm_logits"].shape == out["mlm_logits"].shape == (4, 6, 300)
+    assert "mlm_logits_padded" not in out
+    full = np.asarray(out_padded["mlm_logits_padded"])
+    assert full.shape == (4, 6, 384) and np.all(full[..., 300:] == np.finfo(np.float32).min)
+    np.testing.assert_array_equal(full[..., :300], out_padded["mlm_logits"])
+    for key in ("mlm_logits", "nsp_logits", "pooled_output"):
+        np.testing.assert_allclose(out_padded[key], out[key], atol=1e-5, err_msg=key)
+
+    def run(m, p):
+        def loss(p):
+            return losses.pretraining_loss(train.compute_sums(p, batch, m, deterministic=True))
+
+        return jax.jit(jax.value_and_grad(loss))(p)
+
+    loss, grads = run(model, params)
+    loss_padded, grads_padded = run(padded_model, padded)
+    np.testing.assert_allclose(loss_padded, loss, rtol=1e-6)
+    want = mapping.repad_vocab(jax.device_get(grads), padded_config)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads_padded):
+        np.testing.assert_allclose(g, _at(want, path), rtol=1e-4, atol=1e-7, err_msg=str(path))
+    table_grad = grads_padded["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert not np.any(table_grad[300:])
+    assert not np.any(grads_padded["predictions"]["output_bias"][300:])
+
+
+def test_vocabulary_padding_is_checked_and_round_trips_through_conversion():
+    with pytest.raises(ValueError, match="vocab_pad_multiple"):
+        BertConfig(vocab_pad_multiple=0)
+    assert BertConfig().padded_vocab_size == 30522
+    assert BertConfig(vocab_pad_multiple=128).padded_vocab_size == 30592 == 239 * 128
+    assert BertConfig(vocab_size=256, vocab_pad_multiple=128).padded_vocab_size == 256
+
+    config = tiny_config(vocab_size=300, vocab_pad_multiple=64)
+    hf_model = _hf_pretraining_model(config.replace(vocab_pad_multiple=1), seed=2)
+    state_dict = hf_model.state_dict()
+    params = hf_convert.params_from_hf(state_dict, config)
+    table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert table.shape == (320, config.hidden_size) and not np.any(table[300:])
+    np.testing.assert_array_equal(
+        table[:300], state_dict["bert.embeddings.word_embeddings.weight"].numpy()
+    )
+    assert params["predictions"]["output_bias"].shape == (320,)
+    exported = hf_convert.hf_state_dict_from(params, config)
+    for key, value in state_dict.items():
+        if key in exported:
+            np.testing.assert_array_equal(exported[key], value.numpy(), err_msg=key)
+    assert exported["cls.predictions.bias"].shape == (300,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -112,8 +113,45 @@ def test_dropout_masks_are_the_same_on_any_mesh(dropout_impl):
 
 def test_uneven_shard_is_refused_before_compiling():
     config = tiny_config(vocab_size=510)  # 510 does not divide over tensor=4
-    with pytest.raises(ValueError, match=r"word_embeddings.*'vocab', size 510.*'tensor'"):
+    with pytest.raises(
+        ValueError, match=r"word_embeddings.*'vocab', size 510.*'tensor'.*vocab_pad_multiple=128"
+    ):
         _trainer((1, 2, 4), config=config)
+
+
+def test_padded_vocabulary_shards_over_tensor_and_its_padding_stays_zero():
+    """510 rows padded to 512 divide over tensor=4; AdamW (weight decay 0.01) leaves the
+    padding rows at zero, and the run matches the same padded model on one device."""
+    config = tiny_config(vocab_size=510, vocab_pad_multiple=128)
+    state, losses = _run(_trainer((1, 2, 4), config=config))
+    ref_state, ref_losses = _run(_trainer((1, 1, 1), config=config, devices=jax.devices()[:1]))
+    np.testing.assert_allclose(losses, ref_losses, atol=1e-5, rtol=0)
+    table = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert table.shape == (512, 64) and _spec(table) == P("tensor", "fsdp")
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+    assert not np.any(np.asarray(table)[510:])
+    assert not np.any(np.asarray(state.params["predictions"]["output_bias"])[510:])
+
+
+def test_padded_vocabulary_adds_no_collectives():
+    """The losses read the padded logits (padding columns pushed to the lowest float) rather
+    than a cut: a cut makes XLA re-split the logits between tensor shards."""
+    import collections
+    import re
+
+    def collectives(config):
+        trainer = _trainer((1, 2, 4), config=config)
+        batch = trainer.global_batch(random_batch(np.random.default_rng(0), 16, 32, 5, 1000))
+        state = trainer.abstract_state()
+        with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
+            text = trainer._train_step.lower(state, batch, jax.random.key(1)).compile().as_text()
+        ops = "all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute"
+        return collections.Counter(re.findall(rf"= \S+ ({ops})\(", text))
+
+    unpadded = collectives(tiny_config(vocab_size=1024))
+    padded = collectives(tiny_config(vocab_size=1000, vocab_pad_multiple=128))
+    assert sum(unpadded.values()) > 0 and padded == unpadded
 
 
 def test_batch_not_divisible_names_the_setting():

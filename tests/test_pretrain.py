@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib, metrics, optim, pretrain
+from bert_jax.convert import mapping
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -288,10 +289,13 @@ def test_resume_from_another_run_and_init_from_a_model(uninterrupted, shared_dir
     assert result.final_step == 14
     assert sorted(losses_by_step(workdir)) == [13, 14]
 
-    # init_from: params only; with a zero learning rate they come out unchanged.
+    # init_from: params only; with a zero learning rate they come out unchanged. The source
+    # has an unpadded vocabulary (as a converted Google checkpoint), the run pads it to 1024.
     exported = str(tmp_path / "exported")
+    unpadded = {"model.vocab_size": 1000, "model.vocab_pad_multiple": 1}
     pretrain.pretrain(
-        small_config(shared_dirs, total_steps=2, export_model=True, **ONE_PHASE), exported
+        small_config(shared_dirs, total_steps=2, export_model=True, **ONE_PHASE, **unpadded),
+        exported,
     )
     source = model_dir.load_model_dir(exported)
     fresh = str(tmp_path / "fresh")
@@ -300,10 +304,14 @@ def test_resume_from_another_run_and_init_from_a_model(uninterrupted, shared_dir
         total_steps=1,
         init_from=exported,
         **ONE_PHASE,
-        **{"optimizer.learning_rate": 0.0},
+        **{"optimizer.learning_rate": 0.0, "model.vocab_size": 1000},
     )
     assert pretrain.pretrain(config, fresh).final_step == 1
     loaded = model_dir.load_model_dir(fresh)
-    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(source.params)):
+    assert loaded.config.padded_vocab_size == 1024
+    table = loaded.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert table.shape == (1024, 64) and not np.any(table[1000:])
+    want = mapping.repad_vocab(source.params, loaded.config)
+    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(want)):
         np.testing.assert_array_equal(a, b)
     assert os.listdir(os.path.join(fresh, "tensorboard")), "TensorBoard events were written"

@@ -11,6 +11,9 @@ TF1 variable name, with the layout change between them. Layouts:
 - "attn_out": bert-jax kernel [heads, head_dim, hidden]; HF [hidden_out, hidden_in]; TF1 [in, out].
 - "nsp"     : bert-jax kernel [hidden, 2]; HF weight [2, hidden]; TF1 output_weights [2, hidden].
 
+With `config.vocab_pad_multiple` > 1 the bert-jax word embeddings and MLM output bias hold
+`padded_vocab_size` rows, the checkpoints `vocab_size`: imports append zero rows, exports drop them.
+
 Every importer and exporter goes through `to_bert_jax` / `from_bert_jax`, so a name or a transpose
 is fixed here once for all of them.
 """
@@ -18,7 +21,7 @@ is fixed here once for all of them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -141,7 +144,7 @@ def expected_shape(entry: Entry, config: BertConfig) -> tuple[int, ...]:
     name = entry.path
     if entry.layout == "embedding":
         rows = {
-            "word_embeddings": config.vocab_size,
+            "word_embeddings": config.padded_vocab_size,
             "position_embeddings": config.max_position_embeddings,
             "token_type_embeddings": config.type_vocab_size,
         }[name[-2]]
@@ -163,7 +166,7 @@ def expected_shape(entry: Entry, config: BertConfig) -> tuple[int, ...]:
         return (d, d)
     # vectors
     if name[-1] == "output_bias":
-        return (config.vocab_size,)
+        return (config.padded_vocab_size,)
     if name[-2] == "intermediate":
         return (config.intermediate_size,)
     if name[-2] == "seq_relationship":
@@ -191,7 +194,14 @@ def source_shape(entry: Entry, config: BertConfig, source: str) -> tuple[int, ..
         return (2, d)
     if entry.layout == "dense" and source == "hf":
         return shape[::-1]
+    if _vocab_rows(entry):
+        return (config.vocab_size, *shape[1:])
     return shape
+
+
+def _vocab_rows(entry: Entry) -> bool:
+    """Whether `entry`'s first axis runs over the vocabulary (padded in bert-jax)."""
+    return entry.path[-2:] == ("word_embeddings", "embedding") or entry.path[-1] == "output_bias"
 
 
 def to_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, source: str) -> np.ndarray:
@@ -209,7 +219,16 @@ def to_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, source: str
         value = value.reshape(h, k, d)
     elif layout == "nsp":
         value = value.T
+    if _vocab_rows(entry):
+        value = _with_rows(value, config)
     return value
+
+
+def _with_rows(value: np.ndarray, config: BertConfig) -> np.ndarray:
+    """A vocabulary-row array cut to `vocab_size`, then zero-padded to `padded_vocab_size`."""
+    value = value[: config.vocab_size]
+    padding = [(0, config.padded_vocab_size - value.shape[0])] + [(0, 0)] * (value.ndim - 1)
+    return np.pad(value, padding)
 
 
 def from_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, target: str) -> np.ndarray:
@@ -217,6 +236,8 @@ def from_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, target: s
     value = np.asarray(value)
     layout = entry.layout
     d = config.hidden_size
+    if _vocab_rows(entry):
+        value = value[: config.vocab_size]
     if layout in ("qkv", "attn_out"):
         value = value.reshape(d, d) if layout == "qkv" else value.reshape(-1, d)
     elif layout == "qkv_bias":
@@ -226,6 +247,32 @@ def from_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, target: s
     if layout in ("dense", "qkv", "attn_out") and target == "hf":
         value = value.T
     return value
+
+
+def repad_vocab(params: dict, config: BertConfig) -> dict:
+    """`params` (any vocabulary padding) with the vocabulary rows padded as `config` says.
+
+    Rows past `config.vocab_size` are dropped, then zero rows appended up to
+    `config.padded_vocab_size`; other leaves are passed through. For a model directory saved
+    with another `vocab_pad_multiple` than the run loading it.
+    """
+    out = _copy_dicts(params)
+    for entry in entries(config):
+        if not _vocab_rows(entry):
+            continue
+        try:
+            value = np.asarray(get_path(out, entry.path))
+        except KeyError:
+            continue  # an encoder-only tree has no output bias
+        set_path(out, entry.path, _with_rows(value, config))
+    return out
+
+
+def _copy_dicts(tree):
+    """The nested dicts copied, the arrays in them shared."""
+    if isinstance(tree, Mapping):
+        return {key: _copy_dicts(value) for key, value in tree.items()}
+    return tree
 
 
 def get_path(tree: dict, path: Path):

@@ -159,7 +159,9 @@ def import_params(
         report.tensors_read = len(shapes)
         report.used = sorted(wanted)
         report.ignored = dict(sorted(ignored.items()))
-        report.num_parameters = sum(int(np.prod(mapping.expected_shape(e, config))) for e in table)
+        report.num_parameters = sum(
+            int(np.prod(mapping.source_shape(e, config, source))) for e in table
+        )
     return params
 
 
