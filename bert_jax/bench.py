@@ -749,9 +749,12 @@ class BenchReport:
     def render(self) -> str:
         spec, model = self.spec, self.spec.model
         ours = self.sides[0]
+        vocab = f"vocab {model.vocab_size}"
+        if model.padded_vocab_size != model.vocab_size:
+            vocab += f" (ours padded to {model.padded_vocab_size})"
         lines = [
             f"bert-jax bench: {model.num_hidden_layers} layers, hidden {model.hidden_size}, "
-            f"{model.num_attention_heads} heads, vocab {model.vocab_size}, {model.dtype}; global "
+            f"{model.num_attention_heads} heads, {vocab}, {model.dtype}; global "
             f"batch {spec.batch_size} x seq {spec.seq_len}, {spec.max_predictions} predictions "
             f"per row; attention {model.attention_impl}, dropout "
             f"{model.hidden_dropout_prob}/{model.attention_probs_dropout_prob}, dropout masks "

@@ -33,7 +33,7 @@ def tiny_spec(**overrides) -> bench.BenchSpec:
 def test_bench_times_packed_real_instances_on_the_sharded_step():
     # BERT's uncased WordPiece vocabulary (30,522 ids) needs the full embedding table.
     spec = tiny_spec(
-        model=tiny_config(vocab_size=30522, max_position_embeddings=128),
+        model=tiny_config(vocab_size=30522, max_position_embeddings=128, vocab_pad_multiple=128),
         seq_len=128,
         max_predictions=20,
         data="embedded",
@@ -62,9 +62,13 @@ def test_bench_times_packed_real_instances_on_the_sharded_step():
     computed = bench.hardware_flops_per_position(spec)
     assert ours.mfu == pytest.approx(ours.tokens_per_sec * flops / 8e12)
     assert ours.hfu == pytest.approx(ours.padded_tokens_per_sec * computed / 8e12)
+    # The padding rows (30592 - 30522) count as computed, not as model FLOPs.
     dense = dataclasses.replace(spec, model=spec.model.replace(sparse_last_layer=False))
-    assert bench.hardware_flops_per_position(dense) == flops > computed
+    padding = 6 * (20 / 128) * spec.model.hidden_size * 70
+    assert bench.hardware_flops_per_position(dense) == pytest.approx(flops + padding)
+    assert computed < flops
     text = report.render()
+    assert "vocab 30522 (ours padded to 30592)" in text
     assert "| bert-jax " in text and "| bert-jax unpacked |" in text and "tok/s real" in text
     assert report.to_dict()["sides"][0]["tokens_per_sec"] == ours.tokens_per_sec
 
