@@ -271,7 +271,9 @@ class ShardedTrainer:
 
     def abstract_state(self) -> TrainState:
         """Shape/dtype/sharding structs of the state (e.g. an Orbax restore target)."""
-        abstract = nn.meta.unbox(jax.eval_shape(self._init_fn, jax.random.key(0)))
+        # Unboxed inside the trace: unboxing applies the logical constraints, which need
+        # traced values when a mesh and rules are active (as in `train_step`).
+        abstract = jax.eval_shape(lambda key: nn.meta.unbox(self._init_fn(key)), jax.random.key(0))
         return jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             abstract,

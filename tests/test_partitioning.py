@@ -143,8 +143,8 @@ def test_padded_vocabulary_adds_no_collectives():
     def collectives(config):
         trainer = _trainer((1, 2, 4), config=config)
         batch = trainer.global_batch(random_batch(np.random.default_rng(0), 16, 32, 5, 1000))
-        state = trainer.abstract_state()
         with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
+            state = trainer.abstract_state()  # inside the mesh and rules too
             text = trainer._train_step.lower(state, batch, jax.random.key(1)).compile().as_text()
         ops = "all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute"
         return collections.Counter(re.findall(rf"= \S+ ({ops})\(", text))
