@@ -328,6 +328,14 @@ def _add_convert(subparsers) -> None:
         default=None,
         help="override the tokenizer's case setting (default: stored, or inferred from vocab.txt)",
     )
+    parser.add_argument(
+        "--vocab-pad-multiple",
+        type=int,
+        default=None,
+        metavar="N",
+        help="(--to bert-jax) pad the word-embedding rows to a multiple of N, as "
+        "model.vocab_pad_multiple (128 in configs/bert.py); default: the source's (none)",
+    )
     parser.add_argument("--report-json", default=None, metavar="FILE", help="also save the report")
 
     def run(args) -> int:
@@ -351,6 +359,7 @@ def _add_convert(subparsers) -> None:
                 tokenizer=args.tokenizer,
                 lowercase=args.lowercase,
                 overwrite=args.overwrite,
+                vocab_pad_multiple=args.vocab_pad_multiple,
             )
         except (ValueError, FileNotFoundError, FileExistsError, ModelDirError) as err:
             return _data_error("convert", err)

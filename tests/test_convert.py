@@ -233,6 +233,47 @@ def test_hf_safetensors_converts_with_parity(hf_setup, tmp_path, capsys):
     _compare_pretraining(jax.tree.map(np.asarray, loaded.params), config, model, label="hf")
 
 
+def test_vocab_padding_on_import_keeps_parity_and_is_dropped_on_export(hf_setup, tmp_path, capsys):
+    config, model, directory = hf_setup
+    out = tmp_path / "padded"
+    argv = ["convert", "--from", "hf", directory, "--to", "bert-jax", out]
+    code, stdout, _ = _run_cli(capsys, *argv, "--vocab-pad-multiple", 384)
+    assert code == 0, stdout
+    loaded = load_model_dir(out)
+    assert loaded.config.vocab_pad_multiple == 384 and loaded.config.padded_vocab_size == 768
+    table = np.asarray(loaded.params["bert"]["embeddings"]["word_embeddings"]["embedding"])
+    assert table.shape == (768, config.hidden_size) and not np.any(table[config.vocab_size :])
+    params = jax.tree.map(np.asarray, loaded.params)
+    _compare_pretraining(params, loaded.config, model, seed=4, label="padded")
+
+    back = tmp_path / "hf"
+    code, stdout, _ = _run_cli(capsys, "convert", "--from", "bert-jax", out, "--to", "hf", back)
+    assert code == 0, stdout
+    exported = hf_convert.read_hf_dir(back)
+    assert exported.config["vocab_size"] == config.vocab_size
+    assert exported.shapes["bert.embeddings.word_embeddings.weight"][0] == config.vocab_size
+    for key, value in model.state_dict().items():
+        if key in exported.shapes:
+            np.testing.assert_array_equal(exported.read(key), value.numpy(), err_msg=key)
+
+    code, _, stderr = _run_cli(capsys, *argv[:-1], tmp_path / "bad", "--vocab-pad-multiple", 0)
+    assert code != 0 and "vocab_pad_multiple=0" in stderr
+    _assert_nothing_written(tmp_path / "bad")
+    code, _, stderr = _run_cli(
+        capsys,
+        "convert",
+        "--from",
+        "bert-jax",
+        out,
+        "--to",
+        "hf",
+        tmp_path / "hf2",
+        "--vocab-pad-multiple",
+        128,
+    )
+    assert code != 0 and "applies to --to bert-jax only" in stderr
+
+
 def test_hf_pytorch_bin_is_read_with_weights_only(hf_setup, tmp_path):
     config, model, _ = hf_setup
     directory = tmp_path / "bin"

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.model import BertConfig
 
@@ -142,14 +143,24 @@ def convert(
     tokenizer: str | os.PathLike | None = None,
     lowercase: bool | None = None,
     overwrite: bool = False,
+    vocab_pad_multiple: int | None = None,
 ) -> ConversionReport:
     """Converts `src` (in `src_format`) into `dst` (in `dst_format`) and returns the report.
+
+    `vocab_pad_multiple` (bert-jax targets only) pads the word-embedding rows as
+    `BertConfig.vocab_pad_multiple` says, e.g. 128 to match the pretraining configs; default:
+    the source's padding (none for Google and Hugging Face checkpoints).
 
     Raises `ConversionError` (naming the tensor or setting) before writing anything when the
     source does not convert exactly; `FileExistsError` when `dst` exists and not `overwrite`.
     """
     if dst_format not in TARGET_FORMATS:
         raise ValueError(f"unknown target format {dst_format!r}; expected one of {TARGET_FORMATS}")
+    if vocab_pad_multiple is not None and dst_format != "bert-jax":
+        raise ValueError(
+            f"--vocab-pad-multiple applies to --to bert-jax only (a {dst_format} checkpoint "
+            "holds exactly vocab_size rows)"
+        )
     dst = os.path.abspath(os.fspath(dst))
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
@@ -160,6 +171,12 @@ def convert(
     )
     report = loaded.report
     report.target_format, report.target = dst_format, dst
+    if vocab_pad_multiple is not None:
+        config = loaded.config.replace(vocab_pad_multiple=vocab_pad_multiple)
+        loaded = dataclasses.replace(
+            loaded, config=config, params=mapping.repad_vocab(loaded.params, config)
+        )
+        report.config = config
     check_params(loaded.params, loaded.config, f"converted {src_format} params")
     from bert_jax import model_dir
 
