@@ -87,12 +87,13 @@ class BertConfig:
     # `nn.Dropout` (jax.random.bernoulli with the key's PRNG). Same rates either way.
     dropout_impl: str = "hash"
     # The word-embedding table and the MLM output bias hold `padded_vocab_size` rows: vocab_size
-    # rounded up to this multiple. The extra rows start at zero, no id reads them and no logit
-    # comes from them (the MLM logits are cut back to vocab_size), so they stay zero and the
-    # model computes what the unpadded one does. What it buys: a table that divides over a
-    # `tensor` mesh axis (30522 = 2 x 3 x 5087 divides over 2 devices at most; 30592 = 239 x 128
-    # over up to 128), and an MLM projection whose width suits matmul tiles. Checkpoint
-    # converters pad on import and cut on export; parameter counts leave the padding out.
+    # rounded up to this multiple. The extra rows start at zero and no id reads them; their MLM
+    # logits get the lowest float added (softmax weight and gradient exactly 0), so they stay
+    # zero and the model computes what the unpadded one does. What it buys: a table that
+    # divides over a `tensor` mesh axis (30522 = 2 x 3 x 5087 divides over 2 devices at most;
+    # 30592 = 239 x 128 over up to 128), and an MLM projection whose width suits matmul tiles.
+    # Exports cut the padding, `convert --vocab-pad-multiple` and `init_from` add it; parameter
+    # counts leave it out.
     vocab_pad_multiple: int = 1
 
     def __post_init__(self):
@@ -146,19 +147,17 @@ class BertConfig:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def _init(config: BertConfig, axes: tuple[str | None, ...]) -> Callable:
-    return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
-
-
-def _init_rows(config: BertConfig, axes: tuple[str | None, ...], rows: int | None) -> Callable:
-    """`_init`, with the rows from `rows` on (a table's padding) set to zero."""
+def _init(
+    config: BertConfig, axes: tuple[str | None, ...], used_rows: int | None = None
+) -> Callable:
+    """Normal(initializer_range); rows from `used_rows` on (a table's padding) are zero."""
     normal = nn.initializers.normal(config.initializer_range)
+    if used_rows is None:
+        return nn.with_logical_partitioning(normal, axes)
 
     def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-        table = normal(key, shape, dtype)
-        if rows is None or rows >= shape[0]:
-            return table
-        return jnp.where(jnp.arange(shape[0])[:, None] < rows, table, jnp.zeros((), dtype))
+        used = jnp.arange(shape[0])[:, None] < used_rows
+        return jnp.where(used, normal(key, shape, dtype), jnp.zeros((), dtype))
 
     return nn.with_logical_partitioning(init, axes)
 
@@ -395,7 +394,7 @@ class Embed(nn.Module):
             raise ValueError(f"Embed lookup={self.lookup!r} is not one of {EMBED_LOOKUPS}")
         table = self.param(
             "embedding",
-            _init_rows(cfg, (self.rows_axis, "embed"), self.used_rows),
+            _init(cfg, (self.rows_axis, "embed"), self.used_rows),
             (self.num_embeddings, cfg.hidden_size),
             cfg.param_dtype,
         )

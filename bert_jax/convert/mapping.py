@@ -194,12 +194,12 @@ def source_shape(entry: Entry, config: BertConfig, source: str) -> tuple[int, ..
         return (2, d)
     if entry.layout == "dense" and source == "hf":
         return shape[::-1]
-    if _vocab_rows(entry):
+    if vocab_rows(entry):
         return (config.vocab_size, *shape[1:])
     return shape
 
 
-def _vocab_rows(entry: Entry) -> bool:
+def vocab_rows(entry: Entry) -> bool:
     """Whether `entry`'s first axis runs over the vocabulary (padded in bert-jax)."""
     return entry.path[-2:] == ("word_embeddings", "embedding") or entry.path[-1] == "output_bias"
 
@@ -219,7 +219,7 @@ def to_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, source: str
         value = value.reshape(h, k, d)
     elif layout == "nsp":
         value = value.T
-    if _vocab_rows(entry):
+    if vocab_rows(entry):
         value = _with_rows(value, config)
     return value
 
@@ -236,7 +236,7 @@ def from_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, target: s
     value = np.asarray(value)
     layout = entry.layout
     d = config.hidden_size
-    if _vocab_rows(entry):
+    if vocab_rows(entry):
         value = value[: config.vocab_size]
     if layout in ("qkv", "attn_out"):
         value = value.reshape(d, d) if layout == "qkv" else value.reshape(-1, d)
@@ -258,7 +258,7 @@ def repad_vocab(params: dict, config: BertConfig) -> dict:
     """
     out = _copy_dicts(params)
     for entry in entries(config):
-        if not _vocab_rows(entry):
+        if not vocab_rows(entry):
             continue
         try:
             value = np.asarray(get_path(out, entry.path))

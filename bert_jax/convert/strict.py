@@ -167,7 +167,7 @@ def import_params(
 
 def _shape_hint(entry: mapping.Entry, config: BertConfig) -> str:
     name = entry.path[-2] if len(entry.path) > 1 else entry.path[-1]
-    if name == "word_embeddings" or entry.path[-1] == "output_bias":
+    if mapping.vocab_rows(entry):
         return f"vocab_size={config.vocab_size}, hidden_size={config.hidden_size}"
     if name == "position_embeddings":
         return f"max_position_embeddings={config.max_position_embeddings}"
