@@ -1,7 +1,10 @@
-"""The `bert-jax` entry point: every subcommand of the design is registered exactly once."""
+"""The `bert-jax` command line: every command is registered once with its help, user errors end
+in one line and exit status 2 from one place, config overrides are checked against the config,
+and a bug keeps its traceback."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -9,8 +12,21 @@ import sys
 import pytest
 
 from bert_jax import cli
+from bert_jax.errors import UserError
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "configs", "bert.py:tiny")
 DESIGNED = ("tokenizer", "data", "pretrain", "convert", "encode", "finetune", "glue")
+
+
+def _user_error(capsys, argv, command: str) -> str:
+    """Runs argv, which must fail as a user error; returns the message of its one stderr line."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    prefix = f"bert-jax {command}: error: "
+    assert err.startswith(prefix), err
+    return err[len(prefix) :]
 
 
 def test_help_lists_every_designed_subcommand(capsys):
@@ -18,8 +34,82 @@ def test_help_lists_every_designed_subcommand(capsys):
         cli.main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for name in DESIGNED:
+    for name in (*DESIGNED, "bench", "launch"):
         assert f"\n    {name}" in out, name
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["tokenizer", "train"], "--vocab-size VOCAB_SIZE"),
+        (["data", "prepare"], "--max-predictions-per-seq"),
+        (["pretrain"], "--[no]dry_run"),
+        (["convert"], "--vocab-pad-multiple N"),
+        (["encode"], "--pool {cls,mean,none}"),
+        (["finetune"], "--task glue/NAME"),
+        (["glue"], "--learning-rates LR"),
+        (["bench"], "--peer_python"),
+        (["launch", "tpu", "up"], "--accelerator-type"),
+        (["launch", "tpu", "logs"], "--worker"),
+        (["launch", "slurm"], "--gpus-per-node"),
+    ],
+)
+def test_every_command_has_help(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: bert-jax {' '.join(argv)} ") and flag in out, out
+
+
+def test_config_commands_list_their_flags_under_one_heading(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["pretrain", "-h"])
+    out = capsys.readouterr().out
+    ours = out.split("\nbert_jax.cli:\n", 1)[1].split("\n\n", 1)[0]
+    for flag in ("--config:", "--workdir:", "--[no]compile_only:", "--device_memory_gib:"):
+        assert flag in ours, out
+    assert "\nbert_jax.distributed:\n" in out and "--coordinator_address" in out
+
+
+def _leaves(parser, path=(), run=None):
+    """(command path, leaf parser, its run function, maybe bound on a parent) of the parser tree."""
+    run = parser.get_default("run") or run
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        yield " ".join(path), parser, run
+    for name, child in (subcommands[0].choices if subcommands else {}).items():
+        yield from _leaves(child, (*path, name), run)
+
+
+def test_every_argparse_command_runs_something_and_names_itself_for_errors():
+    leaves = {path: (leaf, run) for path, leaf, run in _leaves(cli.build_parser())}
+    assert set(leaves) >= {"pretrain", "bench"}  # listed only: absl parses their arguments
+    del leaves["pretrain"], leaves["bench"]
+    assert len(leaves) == 14  # tokenizer train, data prepare, 4 more, launch tpu (7), slurm
+    for path, (leaf, run) in leaves.items():
+        assert leaf.get_default("command_name") == path and callable(run), path
+
+
+def test_help_imports_no_library_and_module_entry_point_works():
+    code = (
+        "import sys\n"
+        "from bert_jax import cli\n"
+        "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('jax', 'tensorflow', 'flax', 'numpy', 'absl', 'ml_collections')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bert_jax.cli", "tokenizer", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0 and "usage: bert-jax tokenizer" in proc.stdout, proc.stderr
 
 
 def test_console_script_runs():
@@ -29,15 +119,151 @@ def test_console_script_runs():
     assert "--config" in proc.stdout and "--workdir" in proc.stdout
 
 
-def test_pretrain_without_config_is_a_clear_error():
-    with pytest.raises(SystemExit, match="--config is required"):
-        cli.main(["pretrain", "--workdir", "/tmp/x"])
-
-
 def test_config_overrides_work_in_process(capsys):
-    config = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "bert.py")
-    argv = ["pretrain", "--config", f"{config}:tiny", "--config.total_steps=1234", "--dry-run"]
+    argv = ["pretrain", "--config", TINY, "--config.total_steps=1234", "--dry-run"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "total_steps = 1234" in out
     assert "steps 0..1110 (1111), seq 128" in out
+    # absl's underscore spelling and `--config=FILE` work as well.
+    assert cli.main(["pretrain", f"--config={TINY}", "--dry_run"]) == 0
+
+
+def test_pretrain_without_config_is_a_clear_error(capsys):
+    assert "--config is required" in _user_error(
+        capsys, ["pretrain", "--workdir", "/x"], "pretrain"
+    )
+
+
+def test_config_file_errors_are_one_line(capsys, tmp_path):
+    missing = str(tmp_path / "nope.py")
+    message = _user_error(capsys, ["pretrain", "--config", missing, "--dry-run"], "pretrain")
+    assert message == f"--config {missing}: no such file\n"
+    argv = ["pretrain", "--config", TINY.replace(":tiny", ":hugee"), "--dry-run"]
+    message = _user_error(capsys, argv, "pretrain")
+    assert "Error whilst parsing config file: ValueError: unknown model size 'hugee'" in message
+    argv = ["bench", "--config", TINY, "--config.phase1.batch_size=1.5"]
+    message = _user_error(capsys, argv, "bench")
+    assert message.startswith("flag --config.phase1.batch_size=1.5: invalid literal for int()")
+    message = _user_error(capsys, ["bench", "--config", TINY, "--steps", "x"], "bench")
+    assert message.startswith("flag --steps=x: invalid literal")
+    message = _user_error(capsys, ["pretrain", "--config", TINY, "--workdirr", "w"], "pretrain")
+    assert "Unknown command line flag 'workdirr'. Did you mean: workdir ?" in message
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "--config.optimzer.learning_rate=1",
+            "--config.optimzer.learning_rate: the config has no setting 'optimzer'; "
+            "did you mean --config.optimizer.learning_rate?",
+        ),
+        (
+            "--config.optimizer.learning_rat=1",
+            "--config.optimizer.learning_rat: config.optimizer has no setting 'learning_rat'; "
+            "did you mean --config.optimizer.learning_rate?",
+        ),
+        (
+            "--config.total_steps.x=1",
+            "--config.total_steps.x: config.total_steps is a int, it has no setting 'x'",
+        ),
+    ],
+)
+def test_config_key_typo_names_the_key_and_the_closest_setting(capsys, override, expected):
+    for command in ("pretrain", "bench"):
+        argv = [command, "--config", TINY, "--dry-run" if command == "pretrain" else "--steps=1"]
+        assert _user_error(capsys, [*argv, override], command) == expected + "\n"
+
+
+def test_config_key_typo_without_a_close_match_lists_the_settings(capsys):
+    argv = ["pretrain", "--config", TINY, "--config.optimizer.zzz=1", "--dry-run"]
+    message = _user_error(capsys, argv, "pretrain")
+    assert message.startswith("--config.optimizer.zzz: config.optimizer has no setting 'zzz' (it")
+    assert "learning_rate" in message
+
+
+def test_pretrain_needs_a_workdir_to_train(capsys):
+    message = _user_error(capsys, ["pretrain", "--config", TINY], "pretrain")
+    assert message == "--workdir is required\n"
+
+
+def test_data_commands_name_the_missing_file(capsys, tmp_path):
+    missing = str(tmp_path / "missing.txt")
+    argv = ["tokenizer", "train", "--input", missing, "--vocab-size", "100", "--output", "t"]
+    assert missing in _user_error(capsys, argv, "tokenizer train")
+    argv = ["data", "prepare", "--input", "embedded", "--tokenizer", missing]
+    assert missing in _user_error(capsys, [*argv, "--output", str(tmp_path / "o")], "data prepare")
+
+
+def test_convert_and_encode_errors(capsys, tmp_path):
+    argv = ["convert", "--from", "tf2", "a", "--to", "hf", "b"]
+    assert _user_error(capsys, argv, "convert").startswith("--from 'tf2': use ")
+    argv = ["convert", "--from", "hf", "a", "--to", "onnx", "b"]
+    assert _user_error(capsys, argv, "convert").startswith("--to 'onnx': use ")
+    missing = str(tmp_path / "no_model")
+    argv = ["convert", "--from", "hf", missing, "--to", "bert-jax", str(tmp_path / "out")]
+    assert missing in _user_error(capsys, argv, "convert")
+    argv = ["encode", "--model", missing, "--input", "x.txt", "--output", "y.npy"]
+    assert "x.txt" in _user_error(capsys, argv, "encode")  # the input is read first
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error, as before
+        cli.main([*argv, "--pool", "max"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'max'" in capsys.readouterr().err
+
+
+def test_finetune_and_glue_errors(capsys, tmp_path):
+    missing = str(tmp_path / "no_model")
+    common = ["--model", missing, "--data", str(tmp_path), "--workdir", str(tmp_path / "w")]
+    message = _user_error(capsys, ["glue", *common, "--tasks", "XNLI"], "glue")
+    assert message.startswith("unknown GLUE task 'XNLI'; choose one of MNLI")
+    data = str(tmp_path / "no_glue")
+    common[3] = data
+    message = _user_error(capsys, ["finetune", *common, "--task", "glue/MRPC"], "finetune")
+    assert message == f"GLUE data directory not found: {data}\n"
+
+
+def test_launch_errors_name_the_action(capsys):
+    argv = ["launch", "tpu", "run", "--name", "n", "--zone", "z", "--dry-run", "--env", "BAD"]
+    assert "--env" in _user_error(capsys, argv, "launch tpu run")
+    argv = ["launch", "slurm", "--nodes", "2", "--dry-run"]
+    assert "nothing to run" in _user_error(capsys, argv, "launch slurm")
+
+
+def test_a_user_error_raised_by_the_library_is_one_line(capsys, monkeypatch):
+    from bert_jax import encode
+
+    def refuse(*args, **kwargs):
+        raise UserError("--input texts.txt: line 3 is empty")
+
+    monkeypatch.setattr(encode, "encode_file", refuse)
+    argv = ["encode", "--model", "m", "--input", "texts.txt", "--output", "o.npy"]
+    assert _user_error(capsys, argv, "encode") == "--input texts.txt: line 3 is empty\n"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
+    from bert_jax import encode, pretrain
+
+    def bug(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(encode, "encode_file", bug)
+    with pytest.raises(KeyError, match="a bug"):
+        cli.main(["encode", "--model", "m", "--input", "t.txt", "--output", "o.npy"])
+    monkeypatch.setattr(pretrain, "describe", bug)
+    with pytest.raises(KeyError, match="a bug"):
+        cli.main(["pretrain", "--config", TINY, "--dry-run"])
+    # A config file with a bug is not mistaken for an override typo.
+    config = tmp_path / "buggy.py"
+    config.write_text("def get_config():\n    return {}.missing\n", encoding="utf-8")
+    with pytest.raises(AttributeError, match="missing"):
+        cli.main(["pretrain", "--config", str(config), "--config.x=1", "--dry-run"])
+
+
+def test_library_user_error_types_are_caught(capsys):
+    from bert_jax import bench, launch
+
+    caught = cli.user_error_types()
+    assert bench.PeerMissingError in caught and launch.LaunchError in caught
+    assert issubclass(UserError, caught) and issubclass(FileExistsError, caught)
+    assert not issubclass(RuntimeError, caught) and not issubclass(KeyError, caught)

@@ -240,9 +240,12 @@ def test_tpu_up_reuses_an_existing_vm_and_packs_the_source(tmp_path):
         assert verbs == expected + ["ssh"], verbs  # the last ssh streams worker 0's log
     with tarfile.open(archive) as tar:
         names = tar.getnames()
-    assert {"pyproject.toml", "bert_jax/cli.py", "configs/bert.py", "launch/mount_gcs.sh"} <= set(
-        names
-    )
+    assert {
+        "pyproject.toml",
+        "bert_jax/cli/__init__.py",
+        "configs/bert.py",
+        "launch/mount_gcs.sh",
+    } <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.startswith((".venv", "tests"))]
 
 

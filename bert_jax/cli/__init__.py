@@ -1,0 +1,79 @@
+"""The `bert-jax` command: one parser from the command modules, one dispatch, one error line.
+
+One module per command family declares its flags and a `run` that calls the library, imported
+lazily (so `bert-jax --help` stays fast and the model, train step and bench never import
+TensorFlow). `pretrain` and `bench` take an ml_collections config (`--config FILE[:ARG]
+--config.key=value`), which `config_flags` parses for both. A user error raised anywhere below
+(see `bert_jax.errors`) becomes one line on stderr and exit status 2 here, and only here;
+any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from bert_jax.cli import bench, config_flags, convert, data, encode, finetune, launch, pretrain
+
+# `bert-jax --help` lists the commands in this order (data: tokenizer, data; finetune:
+# finetune, glue).
+_FAMILIES = (data, pretrain, convert, encode, finetune, bench, launch)
+# Their arguments go to absl (config_flags) instead of argparse.
+_CONFIG_COMMANDS: dict[str, config_flags.ConfigCommand] = {
+    command.name: command for command in (pretrain.COMMAND, bench.COMMAND)
+}
+
+# What `bert_jax.errors` calls user errors. ValueError covers UserError and the library's own
+# ValueError subclasses. The last two are RuntimeErrors named by module, so that `--help` imports
+# neither (an exception of a class whose module was never imported cannot occur).
+_USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
+_USER_ERRORS_BY_NAME = (("bert_jax.bench", "PeerMissingError"), ("bert_jax.launch", "LaunchError"))
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """The exception types that `main` reports as one line with exit status 2."""
+    named = tuple(
+        getattr(sys.modules[module], name)
+        for module, name in _USER_ERRORS_BY_NAME
+        if module in sys.modules
+    )
+    return _USER_ERRORS + named
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bert-jax", description="BERT pretraining, conversion and evaluation in JAX/Flax."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for family in _FAMILIES:
+        family.add_to(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # TensorFlow (tf.data only) would otherwise log its CPU-feature banners on every start.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if argv and argv[0] in _CONFIG_COMMANDS:
+        command = _CONFIG_COMMANDS[argv[0]]
+        name, run = command.name, lambda: command.main(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+        name, run = args.command_name, lambda: args.run(args)
+    try:
+        return int(run() or 0)
+    except user_error_types() as err:
+        print(f"bert-jax {name}: error: {err}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["build_parser", "main", "user_error_types"]

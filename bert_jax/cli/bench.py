@@ -1,0 +1,64 @@
+"""`bert-jax bench --config configs/bert.py:SIZE [--peer hf-flax]`: train-step speed and MFU."""
+
+from __future__ import annotations
+
+from bert_jax.cli.config_flags import ConfigCommand
+
+
+def _run(flag_values) -> int:
+    from bert_jax import bench
+
+    spec = bench.spec_from_config(
+        flag_values.config,
+        seq_len=flag_values.seq_len,
+        batch_size=flag_values.batch,
+        steps=flag_values.steps,
+        windows=flag_values.windows,
+        warmup_steps=flag_values.warmup,
+        data="embedded" if flag_values.real_data or flag_values.packing else "synthetic",
+        packing=flag_values.packing,
+        packing_factor=flag_values.packing_factor,
+        tokenizer=flag_values.tokenizer or "",
+        rng_impl=flag_values.rng_impl,
+        peer_rng_impl=flag_values.peer_rng_impl,
+        num_devices=flag_values.devices,
+        peak_tflops=flag_values.peak_tflops,
+    )
+    report = bench.run(
+        spec,
+        peer=flag_values.peer,
+        peer_python=flag_values.peer_python,
+        compare_unpacked=flag_values.compare_unpacked,
+    )
+    print(report.render())
+    if flag_values.json:
+        bench.write_json(report, flag_values.json)
+    return 0
+
+
+COMMAND = ConfigCommand(
+    name="bench",
+    summary="training throughput (tokens/s, MFU) of the real train step, optionally beside Hugging "
+    "Face's Flax BERT: --config configs/bert.py:SIZE [--peer hf-flax]",
+    own_flags=(
+        ("integer", "steps", 10, "timed steps per window"),
+        ("integer", "windows", 5, "timed windows; figures are medians over windows"),
+        ("integer", "warmup", 2, "untimed steps after compiling"),
+        ("integer", "seq_len", None, "sequence length (default: phase 1's)"),
+        ("integer", "batch", None, "global batch size (default: that phase's)"),
+        ("string", "peer", None, "also time a peer in the same run: hf-flax"),
+        ("string", "peer_python", None, "the peer's Python (default: .venv-peer/bin/python)"),
+        ("bool", "real_data", False, "instances from the embedded corpus, real lengths"),
+        ("bool", "packing", False, "pack several instances per row (implies --real-data)"),
+        ("bool", "compare_unpacked", False, "with --packing: also time the rows unpacked"),
+        ("float", "packing_factor", 0.0, "rows read per packed row (0: most, <1% dropped)"),
+        ("string", "tokenizer", None, "tokenizer for --real-data (default: see bench.py)"),
+        ("string", "rng_impl", "", "our dropout PRNG (default: config.dropout_rng_impl)"),
+        ("string", "peer_rng_impl", "", "the peer's dropout PRNG (default threefry2x32)"),
+        ("integer", "devices", 0, "devices to use (default: all; 1 with --peer)"),
+        ("float", "peak_tflops", 0.0, "peak TFLOP/s per chip, for MFU on unlisted chips"),
+        ("string", "json", None, "also write the report as JSON to this file"),
+    ),
+    run=_run,
+)
+add_to = COMMAND.add_to

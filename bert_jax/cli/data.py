@@ -1,0 +1,143 @@
+"""`bert-jax tokenizer train` and `bert-jax data prepare`: a tokenizer, then TFRecord shards."""
+
+from __future__ import annotations
+
+
+def add_to(subparsers) -> None:
+    _add_tokenizer(subparsers)
+    _add_data(subparsers)
+
+
+def _add_tokenizer(subparsers) -> None:
+    parser = subparsers.add_parser("tokenizer", help="train a SentencePiece tokenizer")
+    actions = parser.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
+    train = actions.add_parser(
+        "train",
+        help="train SentencePiece with BERT's special tokens ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 "
+        "[MASK]=4)",
+    )
+    train.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="text files (one sentence per line), .jsonl, tfds:NAME[/CONFIG][:SPLIT] or embedded",
+    )
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--output", required=True, metavar="DIR")
+    train.add_argument("--lowercase", action="store_true", help="fold case (uncased model)")
+    train.add_argument("--model-type", default="unigram", choices=["unigram", "bpe"])
+    train.add_argument("--character-coverage", type=float, default=0.9995)
+    train.add_argument(
+        "--input-sentence-size",
+        type=int,
+        default=2_000_000,
+        help="sample at most this many sentences (bounds memory on large corpora)",
+    )
+    train.add_argument("--tfds-data-dir", default=None)
+    train.set_defaults(run=_train_tokenizer, command_name="tokenizer train")
+
+
+def _train_tokenizer(args) -> int:
+    from bert_jax.data.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(
+        args.input,
+        args.vocab_size,
+        args.output,
+        lowercase=args.lowercase,
+        tfds_data_dir=args.tfds_data_dir,
+        model_type=args.model_type,
+        character_coverage=args.character_coverage,
+        input_sentence_size=args.input_sentence_size,
+    )
+    print(f"wrote {tokenizer!r} to {args.output}")
+    return 0
+
+
+def _add_data(subparsers) -> None:
+    parser = subparsers.add_parser("data", help="prepare pretraining data")
+    actions = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    prepare = actions.add_parser(
+        "prepare", help="corpus -> masked sentence pairs -> TFRecord shards (original format)"
+    )
+    prepare.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="SRC",
+        help="text files/globs (one sentence per line, blank line between documents), .jsonl "
+        "(text field), tfds:NAME[/CONFIG][:SPLIT], or embedded[:train|eval]",
+    )
+    prepare.add_argument(
+        "--tokenizer", required=True, metavar="TOK", help="tokenizer dir, .model or vocab.txt"
+    )
+    prepare.add_argument("--output", required=True, metavar="DIR")
+    prepare.add_argument("--max-seq-length", type=int, default=128)
+    prepare.add_argument("--max-predictions-per-seq", type=int, default=20)
+    prepare.add_argument("--masked-lm-prob", type=float, default=0.15)
+    prepare.add_argument("--short-seq-prob", type=float, default=0.1)
+    prepare.add_argument("--dupe-factor", type=int, default=5)
+    prepare.add_argument("--seed", type=int, default=12345)
+    prepare.add_argument("--whole-word-mask", action="store_true")
+    prepare.add_argument("--num-workers", type=int, default=1)
+    prepare.add_argument(
+        "--shard-index", type=int, default=0, help="this machine's index when several share work"
+    )
+    prepare.add_argument("--num-shards", type=int, default=1, help="number of machines")
+    prepare.add_argument(
+        "--documents-per-shard",
+        type=int,
+        default=1000,
+        help="documents per output file; bounds memory (random next sentences come from the same "
+        "group of documents)",
+    )
+    prepare.add_argument("--tfds-data-dir", default=None)
+    prepare.add_argument("--text-field", default="text", help="JSONL / TFDS field with the text")
+    prepare.add_argument(
+        "--sentence-split",
+        action="store_true",
+        help="split the lines of text files into sentences (for a paragraph per line)",
+    )
+    prepare.add_argument("--max-line-bytes", type=int, default=200_000)
+    prepare.add_argument(
+        "--strict", action="store_true", help="stop at the first bad line instead of skipping it"
+    )
+    prepare.add_argument(
+        "--overwrite", action="store_true", help="rewrite this machine's shards in --output"
+    )
+    prepare.set_defaults(run=_prepare, command_name="data prepare")
+
+
+def _prepare(args) -> int:
+    import logging
+
+    from bert_jax.data.prepare import prepare_records
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    result = prepare_records(
+        args.input,
+        args.tokenizer,
+        args.output,
+        max_seq_length=args.max_seq_length,
+        max_predictions_per_seq=args.max_predictions_per_seq,
+        masked_lm_prob=args.masked_lm_prob,
+        short_seq_prob=args.short_seq_prob,
+        dupe_factor=args.dupe_factor,
+        seed=args.seed,
+        whole_word_mask=args.whole_word_mask,
+        num_workers=args.num_workers,
+        shard_index=args.shard_index,
+        num_shards=args.num_shards,
+        documents_per_shard=args.documents_per_shard,
+        tfds_data_dir=args.tfds_data_dir,
+        text_field=args.text_field,
+        sentence_split=args.sentence_split,
+        max_line_bytes=args.max_line_bytes,
+        strict=args.strict,
+        overwrite=args.overwrite,
+    )
+    print(result.summary())
+    for problem in result.corpus_stats.problems:
+        print(f"  skipped: {problem}")
+    return 0

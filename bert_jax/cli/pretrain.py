@@ -1,0 +1,64 @@
+"""`bert-jax pretrain --config configs/bert.py:SIZE --workdir DIR [--config.key=value ...]`."""
+
+from __future__ import annotations
+
+import sys
+
+from bert_jax.cli.config_flags import ConfigCommand
+from bert_jax.errors import UserError
+
+
+def _run(flag_values) -> int:
+    from bert_jax import distributed, pretrain
+
+    config = flag_values.config
+    if flag_values.dry_run:
+        print(pretrain.describe(config))
+        return 0
+    # Multi-process jobs join up before anything touches a device.
+    distributed.initialize_from_flags(flag_values)
+    if flag_values.compile_only:
+        from bert_jax import compile_check
+
+        return compile_check.main(config, flag_values.device_memory_gib)
+    if not flag_values.workdir:
+        raise UserError("--workdir is required")
+    try:
+        result = pretrain.pretrain(config, flag_values.workdir)
+    except pretrain.NonFiniteError as err:
+        print(f"bert-jax pretrain: stopped: {err}", file=sys.stderr)
+        return 3
+    # 143 = 128 + SIGTERM: a preempted run has not finished, and schedulers should see that.
+    return 143 if result.preempted else 0
+
+
+def _define_distributed(flags, flag_values) -> None:
+    from bert_jax import distributed
+
+    distributed.define_flags(flags, flag_values)
+
+
+COMMAND = ConfigCommand(
+    name="pretrain",
+    summary="pretrain BERT: --config configs/bert.py:SIZE --workdir DIR [--config.key=value ...]",
+    own_flags=(
+        ("string", "workdir", None, "run directory (created; resumed)"),
+        ("bool", "dry_run", False, "print the resolved config and phase plan, then exit"),
+        (
+            "bool",
+            "compile_only",
+            False,
+            "compile the train step of every phase for the mesh from shapes alone (no state, no "
+            "data), print its memory per device and exit (status 4: does not fit)",
+        ),
+        (
+            "float",
+            "device_memory_gib",
+            None,
+            "with --compile-only: device memory to check against (default: reported by the device)",
+        ),
+    ),
+    run=_run,
+    define_more=_define_distributed,
+)
+add_to = COMMAND.add_to
