@@ -165,6 +165,11 @@ def test_config_file_errors_are_one_line(capsys, tmp_path):
             "did you mean --config.optimizer.learning_rate?",
         ),
         (
+            "--noconfig.data.whole_word_mas",
+            "--noconfig.data.whole_word_mas: config.data has no setting 'whole_word_mas'; "
+            "did you mean --noconfig.data.whole_word_mask?",
+        ),
+        (
             "--config.total_steps.x=1",
             "--config.total_steps.x: config.total_steps is a int, it has no setting 'x'",
         ),

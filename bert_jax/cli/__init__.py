@@ -41,12 +41,8 @@ _USER_ERRORS_BY_NAME = (("bert_jax.bench", "PeerMissingError"), ("bert_jax.launc
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """The exception types that `main` reports as one line with exit status 2."""
-    named = tuple(
-        getattr(sys.modules[module], name)
-        for module, name in _USER_ERRORS_BY_NAME
-        if module in sys.modules
-    )
-    return _USER_ERRORS + named
+    named = (getattr(sys.modules.get(module), name, None) for module, name in _USER_ERRORS_BY_NAME)
+    return _USER_ERRORS + tuple(error for error in named if error is not None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +70,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except user_error_types() as err:
         print(f"bert-jax {name}: error: {err}", file=sys.stderr)
         return 2
-
-
-__all__ = ["build_parser", "main", "user_error_types"]

@@ -140,13 +140,13 @@ def _unknown_override(spec: str, argv: list[str]) -> str | None:
         path = flag.split(".", 1)[1]
         if "[" in path:  # indexing (a[0].b): let ml_collections' own message stand
             continue
-        problem = _missing_setting(config, path.split("."))
+        problem = _missing_setting(config, path.split("."), prefix=flag.split(".", 1)[0])
         if problem is not None:
             return f"{flag}: {problem}"
     return None
 
 
-def _missing_setting(config, keys: list[str]) -> str | None:
+def _missing_setting(config, keys: list[str], prefix: str) -> str | None:
     node, walked = config, []
     for key in keys:
         where = "config." + ".".join(walked) if walked else "the config"
@@ -157,7 +157,7 @@ def _missing_setting(config, keys: list[str]) -> str | None:
             close = difflib.get_close_matches(key, names, n=1)
             if close:
                 guess = ".".join([*walked, close[0], *keys[len(walked) + 1 :]])
-                return f"{where} has no setting {key!r}; did you mean --config.{guess}?"
+                return f"{where} has no setting {key!r}; did you mean {prefix}.{guess}?"
             return f"{where} has no setting {key!r} (it has: {', '.join(sorted(names))})"
         node = node[key] if hasattr(node, "keys") else getattr(node, key)
         walked.append(key)
