@@ -18,7 +18,9 @@ import sys
 
 
 def _setup_jax(devices: int):
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    from tests.xla_flags import with_devices
+
+    os.environ["XLA_FLAGS"] = with_devices(devices)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import jax
 

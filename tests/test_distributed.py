@@ -18,6 +18,7 @@ import pytest
 from bert_jax import cli, compile_check, distributed, metrics, pretrain
 from bert_jax.data import shards
 from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, small_config  # noqa: F401
+from tests.xla_flags import with_devices
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Six steps with a checkpoint at 3, on a (data, fsdp) mesh: data spans the two processes.
@@ -204,7 +205,7 @@ def test_hosts_with_different_configs_stop_with_a_clear_error(shared_dirs, tmp_p
         f"def get_config():\n    return small_config({shared_dirs!r}, **{RUN!r})\n"
     )
     port = _free_port()
-    env = dict(_child_env(), XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(_child_env(), XLA_FLAGS=with_devices(4))
     env["JAX_PLATFORMS"] = "cpu"
     procs = []
     for process_id, learning_rate in ((0, "0.001"), (1, "0.002")):

@@ -77,7 +77,7 @@ def test_loss_and_gradient_norm_match_transformers():
     def loss_fn(p):
         return losses.pretraining_loss(train.compute_sums(p, batch, model, deterministic=True))
 
-    loss, grads = jax.value_and_grad(loss_fn)(params)
+    loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
     grad_norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
 
     labels = np.full(batch["input_ids"].shape, -100, np.int64)
@@ -180,7 +180,7 @@ def test_outputs_finite_with_and_without_jit_and_in_bfloat16():
     bf16 = BertForPreTraining(config.replace(dtype="bfloat16"))
     bf16_params = nn.meta.unbox(bf16.init(jax.random.key(0), **train.model_inputs(batch)))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16_params))
-    out = bf16.apply(bf16_params, **train.model_inputs(batch))
+    out = jax.jit(bf16.apply)(bf16_params, **train.model_inputs(batch))
     assert out["sequence_output"].dtype == jnp.bfloat16
     assert out["mlm_logits"].dtype == jnp.float32
     assert np.isfinite(np.asarray(out["mlm_logits"])).all()

@@ -13,10 +13,18 @@ from bert_jax.train import ShardedTrainer, init_and_dropout_keys
 from tests.helpers import random_batch, tiny_config
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 2, 4)]
+# 510 rows do not divide over tensor=4; padded to 512 they do. Every run of this module uses the
+# padded table, so each mesh also checks that the padding shards and stays zero (one compile per
+# mesh serves both properties).
+VOCAB_SIZE = 510
+
+
+def _padded_config(**overrides):
+    return tiny_config(vocab_size=VOCAB_SIZE, vocab_pad_multiple=128, **overrides)
 
 
 def _trainer(mesh_shape, config=None, devices=None):
-    config = config or tiny_config()
+    config = config or _padded_config()
     schedule = optim.warmup_linear_decay(1e-3, warmup_steps=2, total_steps=10)
     tx = optim.bert_adamw(schedule)
     mesh = partitioning.make_mesh(mesh_shape, devices=devices)
@@ -24,7 +32,8 @@ def _trainer(mesh_shape, config=None, devices=None):
 
 
 def _run(trainer, steps=3, dropout_rng=None):
-    dropout_rng = jax.random.key(1) if dropout_rng is None else dropout_rng
+    # Pretraining's dropout keys (rbg) and hash masks (the model's default).
+    dropout_rng = init_and_dropout_keys(0, "rbg")[1] if dropout_rng is None else dropout_rng
     state = trainer.init(jax.random.key(0))
     rng = np.random.default_rng(0)
     losses = []
@@ -48,6 +57,8 @@ def _spec(array) -> P:
 
 @pytest.mark.parametrize("mesh_shape", MESHES)
 def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
+    """Same losses and parameters as one device, with pretraining's dropout (hash masks, rbg
+    keys) on; the rules place every parameter as documented."""
     assert jax.device_count() == 8
     trainer = _trainer(mesh_shape)
     state, losses = _run(trainer)
@@ -84,6 +95,12 @@ def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
     for name, (array, spec) in expect.items():
         assert norm(_spec(array)) == spec, (name, _spec(array), spec)
         assert array.sharding.mesh.shape == trainer.mesh.shape
+    # The padded table (510 -> 512 rows) divides over tensor; AdamW (weight decay 0.01) leaves
+    # its padding rows, and the MLM bias's padding, at zero.
+    table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert table.shape == (512, 64)
+    assert not np.any(np.asarray(table)[VOCAB_SIZE:])
+    assert not np.any(np.asarray(params["predictions"]["output_bias"])[VOCAB_SIZE:])
     # Optimizer slots are sharded exactly like their parameters.
     adam = state.opt_state[1]
     mu_query = adam.mu["bert"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
@@ -93,22 +110,15 @@ def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
     assert shard.size == layer["intermediate"]["kernel"].size // (fsdp * tensor)
 
 
-@pytest.mark.parametrize("dropout_impl", ["hash", "prng"])
-def test_dropout_masks_are_the_same_on_any_mesh(dropout_impl):
-    """Pretraining's dropout (hash masks by default, rbg keys) draws the same masks however the
-    batch and the model are split; so do rbg masks drawn through jax.random ("prng")."""
-    config = tiny_config(dropout_impl=dropout_impl)
-    _, dropout_rng = init_and_dropout_keys(0, "rbg")
-    _, want = _run(_trainer((1, 1, 1), config, devices=jax.devices()[:1]), 2, dropout_rng)
-    _, got = _run(_trainer((2, 2, 2), config), 2, dropout_rng)
+def test_prng_dropout_masks_are_the_same_on_any_mesh(single_device_run):
+    """Masks drawn through jax.random with rbg keys ("prng") are also the same however the batch
+    and the model are split (the default hash masks are checked on every mesh above)."""
+    config = _padded_config(dropout_impl="prng")
+    _, want = _run(_trainer((1, 1, 1), config, devices=jax.devices()[:1]), 2)
+    _, got = _run(_trainer((2, 2, 2), config), 2)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-    other = "prng" if dropout_impl == "hash" else "hash"
-    _, changed = _run(
-        _trainer((1, 1, 1), tiny_config(dropout_impl=other), devices=jax.devices()[:1]),
-        2,
-        dropout_rng,
-    )
-    assert abs(changed[0] - want[0]) > 1e-4, "the loss did not depend on the dropout masks"
+    _, hash_losses = single_device_run
+    assert abs(hash_losses[0] - want[0]) > 1e-4, "the loss did not depend on the dropout masks"
 
 
 def test_uneven_shard_is_refused_before_compiling():
@@ -117,21 +127,6 @@ def test_uneven_shard_is_refused_before_compiling():
         ValueError, match=r"word_embeddings.*'vocab', size 510.*'tensor'.*vocab_pad_multiple=128"
     ):
         _trainer((1, 2, 4), config=config)
-
-
-def test_padded_vocabulary_shards_over_tensor_and_its_padding_stays_zero():
-    """510 rows padded to 512 divide over tensor=4; AdamW (weight decay 0.01) leaves the
-    padding rows at zero, and the run matches the same padded model on one device."""
-    config = tiny_config(vocab_size=510, vocab_pad_multiple=128)
-    state, losses = _run(_trainer((1, 2, 4), config=config))
-    ref_state, ref_losses = _run(_trainer((1, 1, 1), config=config, devices=jax.devices()[:1]))
-    np.testing.assert_allclose(losses, ref_losses, atol=1e-5, rtol=0)
-    table = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
-    assert table.shape == (512, 64) and _spec(table) == P("tensor", "fsdp")
-    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
-    assert not np.any(np.asarray(table)[510:])
-    assert not np.any(np.asarray(state.params["predictions"]["output_bias"])[510:])
 
 
 def test_padded_vocabulary_adds_no_collectives():
