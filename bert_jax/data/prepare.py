@@ -373,7 +373,7 @@ def _write_stats(result: PrepareResult, settings: PrepareSettings) -> None:
 
 def prepare_cached(
     sources: Sequence[str | os.PathLike] | str | os.PathLike,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | str | os.PathLike,
     settings: PrepareSettings,
     cache_dir: str | os.PathLike | None = None,
     *,
@@ -387,6 +387,8 @@ def prepare_cached(
     same bytes; only the one given ``write_marker`` (the first) writes the marker.
     ``cache_dir`` defaults to ``bert_jax_data`` in the system's temporary directory.
     """
+    if not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
     items = (
         [os.fspath(sources)]
         if isinstance(sources, (str, os.PathLike))

@@ -148,7 +148,7 @@ def _example_class():
 
 
 def serialize_arrays(arrays: Mapping[str, np.ndarray]) -> list[bytes]:
-    """Serialize rows of batch-format arrays (``pretraining.instances_to_arrays``) as Examples.
+    """Serialize rows of batch-format arrays (``instances.instances_to_arrays``) as Examples.
 
     Pure protobuf (no TensorFlow). Serialization is deterministic (map entries in key order), so
     the bytes never depend on the process that made them.
