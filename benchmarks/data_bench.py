@@ -25,7 +25,7 @@ import numpy as np
 
 
 def _tokenizers(work_dir: str) -> dict:
-    from bert_jax.data import corpus
+    from bert_jax.data import sources
     from bert_jax.data.tokenizer import load_tokenizer, train_sentencepiece
 
     found = {}
@@ -41,7 +41,7 @@ def _tokenizers(work_dir: str) -> dict:
         pass
     sentences = os.path.join(work_dir, "sentences.txt")
     with open(sentences, "w", encoding="utf-8") as f:
-        for document in corpus.embedded_documents("train"):
+        for document in sources.embedded_documents("train"):
             f.write("\n".join(document) + "\n\n")
     found["sentencepiece-4000"] = train_sentencepiece(
         [sentences], 4000, os.path.join(work_dir, "spm"), lowercase=True
@@ -50,13 +50,10 @@ def _tokenizers(work_dir: str) -> dict:
 
 
 def bench_prepare(tokenizer, work_dir: str, length: int, slots: int, workers: int) -> tuple:
-    from bert_jax.data.prepare import prepare_records
+    from bert_jax.data.prepare import PrepareSettings, prepare_records
 
     output = tempfile.mkdtemp(dir=work_dir, prefix=f"prepare-{length}-")
-    result = prepare_records(
-        ["embedded:train"],
-        tokenizer,
-        output,
+    settings = PrepareSettings(
         max_seq_length=length,
         max_predictions_per_seq=slots,
         dupe_factor=5,
@@ -64,15 +61,14 @@ def bench_prepare(tokenizer, work_dir: str, length: int, slots: int, workers: in
         num_workers=workers,
         documents_per_shard=50,
     )
+    result = prepare_records(["embedded:train"], tokenizer, output, settings)
     return result, output
 
 
 def bench_pipeline(output: str, tokenizer, length: int, slots: int, args, dynamic: bool) -> float:
-    from bert_jax.data.pipeline import make_pretrain_iterator
+    from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
 
-    iterator = make_pretrain_iterator(
-        output,
-        tokenizer,
+    settings = PipelineSettings(
         batch_size=args.batch_size,
         max_seq_length=length,
         max_predictions_per_seq=slots,
@@ -80,6 +76,7 @@ def bench_pipeline(output: str, tokenizer, length: int, slots: int, args, dynami
         dynamic_masking=dynamic,
         shuffle_buffer_size=10_000,
     )
+    iterator = make_pretrain_iterator(output, settings, tokenizer)
     for _ in range(5):
         next(iterator)
     started = time.perf_counter()

@@ -670,7 +670,7 @@ def train_tokenizer(
     ``tfds:`` and ``embedded`` sources are first read with the corpus reader (which counts and
     skips bad input) into a temporary one-sentence-per-line file.
     """
-    from bert_jax.data import corpus as corpus_lib
+    from bert_jax.data import sources as corpus_lib
 
     resolved = corpus_lib.expand_sources(list(sources))
 
