@@ -44,14 +44,18 @@ def run(
             spec = dataclasses.replace(spec, num_devices=1)  # the peer runs on one chip
     data = make_data(spec)
     log(f"data: {data.description}")
+    # Each side reads one batch per step, in order: batches past the last step would only be
+    # placed on the devices (or sent to the peer) and never read.
+    used = max(spec.warmup_steps, 1) + spec.windows * spec.steps
+    batches, peer_batches = data.batches[:used], data.peer_batches[:used]
     runners: list[Any] = []
     try:
         if peer is not None:
             # Started first: it loads while our side compiles (and fails fast when missing).
-            runners.append(PeerRunner(spec, data.peer_batches, peer_python))
-        runners.insert(0, OursRunner(spec, data.batches))
+            runners.append(PeerRunner(spec, peer_batches, peer_python))
+        runners.insert(0, OursRunner(spec, batches))
         if compare_unpacked:
-            runners.append(OursRunner(spec, data.peer_batches, name="bert-jax unpacked"))
+            runners.append(OursRunner(spec, peer_batches, name="bert-jax unpacked"))
         for runner in runners:
             log(f"{runner.name}: compiled in {runner.compile_seconds:.1f}s")
         windows: list[list[Window]] = [[] for _ in runners]
