@@ -172,6 +172,8 @@ def test_bench_and_the_train_step_import_without_tensorflow():
         "sys.modules['tensorflow'] = None\n"
         "import bert_jax.bench.timing, bert_jax.bench.peer, bert_jax.train, bert_jax.model\n"
         "import bert_jax.finetune.loop, bert_jax.cli.bench\n"
+        # What `--real-data` reads (the embedded corpus, pairs and masking, packing).
+        "import bert_jax.data.corpus, bert_jax.data.pretraining, bert_jax.data.tokenizer\n"
         "from bert_jax.bench import data, spec\n"
         "from tests.helpers import tiny_config\n"
         "s = spec.BenchSpec(model=tiny_config(), batch_size=2, seq_len=8, max_predictions=2)\n"
