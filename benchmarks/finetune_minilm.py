@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from bert_jax.data.tokenizer import encode_pairs
-    from bert_jax.finetune.loop import EncodedSplit, FinetuneSettings, TaskData, finetune
+    from bert_jax.finetune.features import EncodedSplit, TaskData
+    from bert_jax.finetune.loop import FinetuneSettings, finetune
     from bert_jax.finetune.tasks import get_task
 
     started = time.time()

@@ -6,7 +6,7 @@
 Each `--variant NAME[:field=value,...]` overrides `BertConfig` fields of the `configs/bert.py`
 size; the field `bf16_lookup=True` instead restores the earlier embedding lookup (the table cast
 to the compute dtype before the gather, so its gradient is a bf16 scatter-add), for comparison.
-Per variant: our real train step (`bench.OursRunner`: forward, backward, BERT AdamW,
+Per variant: our real train step (`bench.ours.OursRunner`: forward, backward, BERT AdamW,
 dropout, donated state) is compiled, timed (median of windows), and 3 steps are traced with
 `jax.profiler`. Printed: step time and MFU, then the device kernels that took the most time
 per step (where `xprof` is installed; else run `--summarize DIR/NAME.xplane.pb` on a machine
@@ -99,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from bert_jax import bench
     from bert_jax import model as model_lib
+    from bert_jax.bench import data as bench_data
+    from bert_jax.bench import spec as bench_spec
+    from bert_jax.bench.ours import OursRunner
     from bert_jax.config_lib import pretraining_config
 
     original_gathered_table = model_lib.gathered_table
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             if bf16_lookup
             else original_gathered_table
         )
-        spec = bench.spec_from_config(
+        spec = bench_spec.spec_from_config(
             config,
             seq_len=args.seq_len,
             batch_size=args.batch,
@@ -126,13 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = dataclasses.replace(
             spec, model=spec.model.replace(**{"dtype": args.dtype, **overrides})
         )
-        runner = bench.OursRunner(spec, bench.synthetic_data(spec).batches)
+        runner = OursRunner(spec, bench_data.synthetic_data(spec).batches)
         seconds = statistics.median(
             w.seconds / w.steps for w in (runner.window(args.steps) for _ in range(args.windows))
         )
         tokens = args.batch * args.seq_len
-        flops = bench.model_flops_per_token(spec) * tokens / seconds
-        peak = bench.peak_flops(spec, runner.devices[0].device_kind)
+        flops = bench_spec.model_flops_per_token(spec) * tokens / seconds
+        peak = bench_spec.peak_flops(spec, runner.devices[0].device_kind)
         mfu = f"{flops / peak:.1%}" if peak else "-"
         line = (
             f"{name}: {seconds * 1e3:.1f} ms/step, {tokens / seconds:,.0f} tok/s, "

@@ -83,8 +83,8 @@ class BertConfig:
     # Its `sequence_output` is then [batch, predictions, hidden]. False: every position.
     sparse_last_layer: bool = True
     # Where dropout masks come from (`dropout.py`): "hash", a keyed counter hash fused into the
-    # masked op (the Base step ~8% faster on CPU than with rbg masks); "prng", Flax's
-    # `nn.Dropout` (jax.random.bernoulli with the key's PRNG). Same rates either way.
+    # masked op, no mask array drawn and stored (README, Performance, has the figures); "prng",
+    # Flax's `nn.Dropout` (jax.random.bernoulli with the key's PRNG). Same rates either way.
     dropout_impl: str = "hash"
     # The word-embedding table and the MLM output bias hold `padded_vocab_size` rows: vocab_size
     # rounded up to this multiple. The extra rows start at zero and no id reads them; their MLM
@@ -377,8 +377,8 @@ class Embed(nn.Module):
     (a padded table's tail) start at zero.
 
     Rows are read in the parameter dtype and cast after, so gradients accumulate in float32: a
-    bf16 scatter-add runs as compare-and-swap loops on GPUs (on one H100 it took 75 of 142 ms
-    of a BERT-Base step at batch 256 x 128).
+    bf16 scatter-add runs as compare-and-swap loops on GPUs, which can take a large share of a
+    step's time (README, Performance, has the figures).
     """
 
     num_embeddings: int

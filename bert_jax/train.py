@@ -1,9 +1,17 @@
-"""TrainState, the pure pretraining step and its sharded, jitted form.
+"""The train state and step, generic over the loss, and their sharded, jitted form.
 
-`train_step(state, batch, rng) -> (state, metrics)` is a pure function; `model`, `tx` and `schedule`
-are bound with functools.partial. Metrics are sums and weights (see losses.py) plus the gradient
-norm and learning rate; a step whose loss or gradient is not finite leaves the state untouched
-except for the step counter and is counted in `skipped`.
+Shared by pretraining and fine-tuning:
+- `TrainState` (`TrainState.create(params, tx)`); `init_state` initialises a model into one.
+- `update(state, batch, rng, learning_rate=None, *, loss_fn, tx, accum_steps=1)`: one optimizer
+  update on the gradients of `loss_fn(params, batch, dropout_rng) -> (loss, aux)`, accumulated
+  over micro-batches if asked; a step whose loss or gradient is not finite leaves the state
+  untouched except for the step counter and is counted in `skipped`.
+- `ShardedSteps`: a state's shardings on a mesh (from the shapes alone), global batches, and
+  steps jitted with those shardings and a donated state.
+
+Pretraining's pieces follow: `train_step(state, batch, rng)` (a pure function; `model`, `tx` and
+`schedule` are bound with functools.partial) whose metrics are sums and weights (see losses.py)
+plus the gradient norm and learning rate, and `ShardedTrainer`, which binds them to a mesh.
 """
 
 from __future__ import annotations
@@ -33,6 +41,12 @@ class TrainState:
     # Updates skipped because the loss or a gradient was not finite (total over the run).
     skipped: Array
 
+    @classmethod
+    def create(cls, params: Any, tx: optax.GradientTransformation) -> TrainState:
+        """Step 0: `params`, fresh optimizer slots, nothing skipped."""
+        zero = jnp.zeros((), jnp.int32)
+        return cls(step=zero, params=params, opt_state=tx.init(params), skipped=zero)
+
 
 def model_inputs(batch: Batch) -> dict[str, Array]:
     """The model's keyword inputs from a pretraining batch (packed-row keys when present)."""
@@ -57,18 +71,19 @@ def dummy_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[str
 
 
 def init_state(
-    rng: Array, model: BertForPreTraining, tx: optax.GradientTransformation
+    rng: Array,
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    inputs: Mapping[str, Any] | None = None,
 ) -> TrainState:
-    """A TrainState whose params (and optimizer slots) keep their logical-partitioning boxes."""
-    batch = dummy_batch(1, 8, 2)
-    variables = model.init({"params": rng}, **model_inputs(batch), deterministic=True)
-    params = variables["params"]
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        opt_state=tx.init(params),
-        skipped=jnp.zeros((), jnp.int32),
-    )
+    """A TrainState whose params (and optimizer slots) keep their logical-partitioning boxes.
+
+    `inputs`: the model's keyword inputs to initialise with (default: a tiny pretraining batch).
+    """
+    if inputs is None:
+        inputs = model_inputs(dummy_batch(1, 8, 2))
+    variables = model.init({"params": rng}, **inputs, deterministic=True)
+    return TrainState.create(variables["params"], tx)
 
 
 def compute_sums(
@@ -111,58 +126,50 @@ def _micro_batches(batch: Batch, accum_steps: int) -> Batch:
     return {key: split(value) for key, value in batch.items()}
 
 
-def train_step(
+LossFn = Callable[[Any, Batch, Array], tuple[Array, dict[str, Array]]]
+
+
+def update(
     state: TrainState,
     batch: Batch,
     rng: Array,
+    learning_rate: Array | None = None,
     *,
-    model: BertForPreTraining,
+    loss_fn: LossFn,
     tx: optax.GradientTransformation,
-    schedule: Callable[[Array], Array] | None = None,
     accum_steps: int = 1,
 ) -> tuple[TrainState, dict[str, Array]]:
-    """One optimizer update on `batch`. Dropout RNG is `fold_in(rng, state.step)`.
+    """One optimizer update on the gradients of `loss_fn(params, batch, dropout_rng)`.
 
-    With `accum_steps > 1` the batch is processed in that many micro-batches whose gradients add
-    up to exactly the full batch's: each micro-batch's sums are divided by the full batch's
-    weights (known before the forward pass), so the objective is unchanged.
+    `loss_fn` returns (loss, aux); the metrics are `aux` (summed over micro-batches), `loss`,
+    `grad_norm`, `finite` and `skipped_steps`. Dropout RNG is `fold_in(rng, state.step)`.
+    `learning_rate`, when given, scales the optimizer's update: an optimizer with a unit schedule
+    then takes its rate per step as an argument, so one compiled step serves every rate.
+    With `accum_steps > 1` the batch runs as that many micro-batches whose losses and gradients
+    add up; `loss_fn` must weigh each by the full batch's totals (see `pretraining_loss`).
     """
     dropout_rng = jax.random.fold_in(rng, state.step)
-    mlm_total = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1e-5)
-    nsp_weights = batch.get("next_sentence_weights")
-    nsp_total = jnp.maximum(
-        jnp.float32(batch["next_sentence_labels"].size)
-        if nsp_weights is None
-        else jnp.sum(nsp_weights.astype(jnp.float32)),
-        1e-5,
-    )
-
-    def loss_fn(params, micro_batch, micro_rng):
-        sums = compute_sums(params, micro_batch, model, deterministic=False, dropout_rng=micro_rng)
-        loss = sums["mlm_loss_sum"] / mlm_total + sums["nsp_loss_sum"] / nsp_total
-        return loss, sums
-
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum_steps == 1:
-        (loss, sums), grads = grad_fn(state.params, batch, dropout_rng)
+        (loss, aux), grads = grad_fn(state.params, batch, dropout_rng)
     else:
 
         def accumulate(carry, xs):
             index, micro_batch = xs
-            (loss, sums), grads = grad_fn(
+            (loss, aux), grads = grad_fn(
                 state.params, micro_batch, jax.random.fold_in(dropout_rng, index)
             )
-            return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
+            return jax.tree.map(jnp.add, carry, (loss, aux, grads)), None
 
         micro = _micro_batches(batch, accum_steps)
         first = jax.tree.map(lambda x: x[0], micro)
-        (loss_shape, sums_shape), grads_shape = jax.eval_shape(
+        (loss_shape, aux_shape), grads_shape = jax.eval_shape(
             grad_fn, state.params, first, dropout_rng
         )
         zeros = jax.tree.map(
-            lambda s: jnp.zeros(s.shape, s.dtype), (loss_shape, sums_shape, grads_shape)
+            lambda s: jnp.zeros(s.shape, s.dtype), (loss_shape, aux_shape, grads_shape)
         )
-        (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro))
+        (loss, aux, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro))
 
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -170,6 +177,8 @@ def train_step(
     def apply_update(operands):
         params, opt_state, grads = operands
         updates, opt_state = tx.update(grads, opt_state, params)
+        if learning_rate is not None:
+            updates = jax.tree.map(lambda u: (learning_rate * u).astype(u.dtype), updates)
         return optax.apply_updates(params, updates), opt_state
 
     def skip_update(operands):
@@ -188,13 +197,56 @@ def train_step(
         skipped=state.skipped + jnp.where(finite, 0, 1).astype(jnp.int32),
     )
     metrics = {
-        **sums,
+        **aux,
         "loss": loss,
         "grad_norm": grad_norm,
         "finite": finite,
-        "real_tokens": jnp.sum(batch["input_mask"].astype(jnp.int32)),
         "skipped_steps": new_state.skipped,
     }
+    return new_state, metrics
+
+
+def pretraining_loss(batch: Batch, *, model: BertForPreTraining) -> LossFn:
+    """MLM + NSP loss of a (micro-)batch of `batch`, each divided by `batch`'s total weight.
+
+    The totals are the full batch's (known before the forward pass), so micro-batches' gradients
+    add up to exactly the full batch's and the objective is unchanged by accumulation.
+    """
+    mlm_total = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1e-5)
+    nsp_weights = batch.get("next_sentence_weights")
+    nsp_total = jnp.maximum(
+        jnp.float32(batch["next_sentence_labels"].size)
+        if nsp_weights is None
+        else jnp.sum(nsp_weights.astype(jnp.float32)),
+        1e-5,
+    )
+
+    def loss_fn(params, micro_batch, micro_rng):
+        sums = compute_sums(params, micro_batch, model, deterministic=False, dropout_rng=micro_rng)
+        loss = sums["mlm_loss_sum"] / mlm_total + sums["nsp_loss_sum"] / nsp_total
+        return loss, sums
+
+    return loss_fn
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    rng: Array,
+    *,
+    model: BertForPreTraining,
+    tx: optax.GradientTransformation,
+    schedule: Callable[[Array], Array] | None = None,
+    accum_steps: int = 1,
+) -> tuple[TrainState, dict[str, Array]]:
+    """One pretraining update on `batch` (`update` with `pretraining_loss`).
+
+    Metrics: the loss and accuracy sums, `loss`, `grad_norm`, `finite`, `skipped_steps`,
+    `real_tokens` and (with a schedule) this step's `learning_rate`.
+    """
+    loss_fn = pretraining_loss(batch, model=model)
+    new_state, metrics = update(state, batch, rng, loss_fn=loss_fn, tx=tx, accum_steps=accum_steps)
+    metrics["real_tokens"] = jnp.sum(batch["input_mask"].astype(jnp.int32))
     if schedule is not None:
         metrics["learning_rate"] = schedule(state.step)
     return new_state, metrics
@@ -225,8 +277,60 @@ def eval_step(params: Any, batch: Batch, *, model: BertForPreTraining) -> dict[s
     return compute_sums(params, batch, model, deterministic=True)
 
 
-class ShardedTrainer:
-    """The model, optimizer, mesh and rules bound together, with jitted sharded step functions.
+class ShardedSteps:
+    """A train state laid out on a mesh: its shardings (from `init_fn`'s shapes; nothing runs),
+    per-host batches made global, and steps jitted with those shardings."""
+
+    def __init__(
+        self,
+        init_fn: Callable[[Array], TrainState],
+        mesh: jax.sharding.Mesh,
+        rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
+    ):
+        self.mesh = mesh
+        self.rules = rules
+        self._init_fn = init_fn
+        # The state's shapes, with their logical-partitioning boxes (nothing runs).
+        self.state_shapes = jax.eval_shape(init_fn, jax.random.key(0))
+        # Checked here, on shapes only: an uneven shard fails before anything compiles.
+        self.state_shardings = partitioning.mesh_shardings(self.state_shapes, mesh, rules)
+        self.batch_sharding = partitioning.batch_sharding(mesh)
+        self.replicated = partitioning.replicated(mesh)
+
+    def jit_train_step(self, step: Callable[..., Any], num_scalars: int = 1) -> Callable[..., Any]:
+        """`step(state, batch, *scalars) -> (state, metrics)` jitted with the state donated;
+        the scalars (rng, learning rate, ...) and the metrics replicated."""
+        return jax.jit(
+            step,
+            in_shardings=(self.state_shardings, self.batch_sharding)
+            + (self.replicated,) * num_scalars,
+            out_shardings=(self.state_shardings, self.replicated),
+            donate_argnums=0,
+        )
+
+    def jit_params_fn(self, fn: Callable[[Any, Batch], Any]) -> Callable[..., Any]:
+        """`fn(params, batch) -> outputs` (evaluation, prediction) jitted; outputs replicated."""
+        return jax.jit(
+            fn,
+            in_shardings=(self.state_shardings.params, self.batch_sharding),
+            out_shardings=self.replicated,
+        )
+
+    def global_batch(self, local_batch: Mapping[str, Any]) -> dict[str, Array]:
+        partitioning.check_batch_divisible(
+            len(local_batch["input_ids"]) * jax.process_count(), self.mesh
+        )
+        return partitioning.global_batch(local_batch, self.mesh)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` with this mesh and logical-axis rules active (for jitted steps)."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            return fn(*args)
+
+
+class ShardedTrainer(ShardedSteps):
+    """The pretraining model, optimizer, mesh and rules bound together, with jitted sharded
+    train and eval steps.
 
     >>> trainer = ShardedTrainer(config, tx, mesh)
     >>> state = trainer.init(jax.random.key(0))
@@ -245,29 +349,13 @@ class ShardedTrainer:
         self.config = config
         self.model = BertForPreTraining(config)
         self.tx = tx
-        self.mesh = mesh
-        self.rules = rules
         self.schedule = schedule
-        self._init_fn = functools.partial(init_state, model=self.model, tx=tx)
-        abstract = jax.eval_shape(self._init_fn, jax.random.key(0))
-        # Checked here, on shapes only: an uneven shard fails before anything compiles.
-        self.state_shardings = partitioning.mesh_shardings(abstract, mesh, rules)
-        self.batch_sharding = partitioning.batch_sharding(mesh)
-        replicated = partitioning.replicated(mesh)
+        super().__init__(functools.partial(init_state, model=self.model, tx=tx), mesh, rules)
         step = functools.partial(
             train_step, model=self.model, tx=tx, schedule=schedule, accum_steps=accum_steps
         )
-        self._train_step = jax.jit(
-            step,
-            in_shardings=(self.state_shardings, self.batch_sharding, replicated),
-            out_shardings=(self.state_shardings, replicated),
-            donate_argnums=0,
-        )
-        self._eval_step = jax.jit(
-            functools.partial(eval_step, model=self.model),
-            in_shardings=(self.state_shardings.params, self.batch_sharding),
-            out_shardings=replicated,
-        )
+        self._train_step = self.jit_train_step(step)
+        self._eval_step = self.jit_params_fn(functools.partial(eval_step, model=self.model))
 
     def abstract_state(self) -> TrainState:
         """Shape/dtype/sharding structs of the state (e.g. an Orbax restore target)."""
@@ -284,16 +372,8 @@ class ShardedTrainer:
         state, _ = partitioning.create_sharded(self._init_fn, self.mesh, self.rules, rng)
         return state
 
-    def global_batch(self, local_batch: Mapping[str, Any]) -> dict[str, Array]:
-        partitioning.check_batch_divisible(
-            len(local_batch["input_ids"]) * jax.process_count(), self.mesh
-        )
-        return partitioning.global_batch(local_batch, self.mesh)
-
     def train_step(self, state: TrainState, batch: Batch, rng: Array):
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            return self._train_step(state, batch, rng)
+        return self.call(self._train_step, state, batch, rng)
 
     def eval_step(self, params: Any, batch: Batch) -> dict[str, Array]:
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            return self._eval_step(params, batch)
+        return self.call(self._eval_step, params, batch)

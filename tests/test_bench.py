@@ -1,21 +1,26 @@
-"""`bert-jax bench` machinery on tiny models (2 steps; no timing is asserted)."""
+"""`bert-jax bench` (the bench/ package) on tiny models (2 steps; no timing is asserted)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from helpers import minilm_dir, tiny_config
 
-from bert_jax import bench, bench_peer, cli
+from bert_jax import cli
+from bert_jax.bench import data as bench_data
+from bert_jax.bench import peer, timing
+from bert_jax.bench import spec as bench_spec
 from bert_jax.data import packing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tiny_spec(**overrides) -> bench.BenchSpec:
+def tiny_spec(**overrides) -> bench_spec.BenchSpec:
     values = dict(
         model=tiny_config(),
         batch_size=8,
@@ -24,16 +29,26 @@ def tiny_spec(**overrides) -> bench.BenchSpec:
         steps=2,
         windows=2,
         warmup_steps=1,
-        optimizer=bench.OptimizerSpec(warmup_steps=10, total_steps=100),
+        optimizer=bench_spec.OptimizerSpec(warmup_steps=10, total_steps=100),
     )
     values.update(overrides)
-    return bench.BenchSpec(**values)
+    return bench_spec.BenchSpec(**values)
 
 
 def test_bench_times_packed_real_instances_on_the_sharded_step():
-    # BERT's uncased WordPiece vocabulary (30,522 ids) needs the full embedding table.
+    # BERT's uncased WordPiece vocabulary (30,522 ids) needs the full embedding table; one narrow
+    # layer keeps that table, its optimizer update and the compiles small.
+    model = tiny_config(
+        vocab_size=30522,
+        max_position_embeddings=128,
+        vocab_pad_multiple=128,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+    )
     spec = tiny_spec(
-        model=tiny_config(vocab_size=30522, max_position_embeddings=128, vocab_pad_multiple=128),
+        model=model,
         seq_len=128,
         max_predictions=20,
         data="embedded",
@@ -42,11 +57,11 @@ def test_bench_times_packed_real_instances_on_the_sharded_step():
         tokenizer=os.path.join(minilm_dir(), "vocab.txt"),
         peak_tflops=1.0,
     )
-    data = bench.make_data(spec)
+    data = bench_data.make_data(spec)
     assert data.packing_stats.instances_per_row > 1.0
     assert set(data.batches[0]) == set(packing.PACKED_KEYS)
     assert "next_sentence_weights" not in data.peer_batches[0]  # the peer gets them unpacked
-    report = bench.run(spec, log=lambda *_: None, compare_unpacked=True)
+    report = timing.run(spec, log=lambda *_: None, compare_unpacked=True)
     ours, unpacked = report.sides
     assert unpacked.name == "bert-jax unpacked" and unpacked.windows[0].instances == 2 * 8
     assert report.ratio > 0 and set(report.paired_ratios()) == {"wall", "cpu"}
@@ -58,14 +73,14 @@ def test_bench_times_packed_real_instances_on_the_sharded_step():
     assert "packed at factor" in report.data
     # MFU counts the model's FLOPs on real tokens; HFU what is computed at every position
     # (padding included): our head on the predicted slots, our last layer only where heads read.
-    flops = bench.model_flops_per_token(spec)
-    computed = bench.hardware_flops_per_position(spec)
+    flops = bench_spec.model_flops_per_token(spec)
+    computed = bench_spec.hardware_flops_per_position(spec)
     assert ours.mfu == pytest.approx(ours.tokens_per_sec * flops / 8e12)
     assert ours.hfu == pytest.approx(ours.padded_tokens_per_sec * computed / 8e12)
     # The padding rows (30592 - 30522) count as computed, not as model FLOPs.
     dense = dataclasses.replace(spec, model=spec.model.replace(sparse_last_layer=False))
     padding = 6 * (20 / 128) * spec.model.hidden_size * 70
-    assert bench.hardware_flops_per_position(dense) == pytest.approx(flops + padding)
+    assert bench_spec.hardware_flops_per_position(dense) == pytest.approx(flops + padding)
     assert computed < flops
     text = report.render()
     assert "vocab 30522 (ours padded to 30592)" in text
@@ -75,11 +90,11 @@ def test_bench_times_packed_real_instances_on_the_sharded_step():
 
 def test_synthetic_batches_are_full_rows_and_cpu_has_no_mfu():
     spec = tiny_spec()
-    data = bench.make_data(spec)
-    assert bench.batch_counts(data.batches[0]) == (8 * 32, 8 * 32, 8)
+    data = bench_data.make_data(spec)
+    assert bench_data.batch_counts(data.batches[0]) == (8 * 32, 8 * 32, 8)
     assert data.batches is data.peer_batches
-    assert bench.peak_flops(spec, "cpu") is None
-    assert bench.peak_flops(spec, "NVIDIA H100 80GB HBM3") == 989e12
+    assert bench_spec.peak_flops(spec, "cpu") is None
+    assert bench_spec.peak_flops(spec, "NVIDIA H100 80GB HBM3") == 989e12
 
 
 def test_spec_from_config_follows_the_phase_and_model_overrides():
@@ -89,20 +104,20 @@ def test_spec_from_config_follows_the_phase_and_model_overrides():
 
     config = config_lib.pretraining_config("base")
     config.model.attention_impl = "dot_product"
-    spec = bench.spec_from_config(config, seq_len=512, batch_size=4)
+    spec = bench_spec.spec_from_config(config, seq_len=512, batch_size=4)
     assert (spec.seq_len, spec.max_predictions, spec.batch_size) == (512, 80, 4)
     assert spec.model.attention_impl == "dot_product" and spec.model.hidden_size == 768
-    assert bench.spec_from_config(config).max_predictions == 20
-    assert bench.spec_from_config(config, seq_len=256).max_predictions == 40
-    assert bench.spec_from_json(bench.spec_to_json(spec)) == spec
+    assert bench_spec.spec_from_config(config).max_predictions == 20
+    assert bench_spec.spec_from_config(config, seq_len=256).max_predictions == 40
+    assert bench_spec.spec_from_json(bench_spec.spec_to_json(spec)) == spec
     with pytest.raises(ValueError, match="packing needs real lengths"):
-        bench.spec_from_config(config, packing=True)
+        bench_spec.spec_from_config(config, packing=True)
 
 
 def test_missing_peer_environment_says_how_to_make_it(capsys, monkeypatch):
     monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
-    with pytest.raises(bench.PeerMissingError, match="make bench-peer"):
-        bench.run(tiny_spec(), peer="hf-flax", peer_python="/nonexistent/python")
+    with pytest.raises(peer.PeerMissingError, match="make bench-peer"):
+        timing.run(tiny_spec(), peer="hf-flax", peer_python="/nonexistent/python")
     # With a peer, our process does not take most of a GPU's memory up front either.
     assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     status = cli.main(
@@ -130,21 +145,44 @@ def test_peer_labels_are_the_masked_positions():
         "masked_lm_weights": np.array([[1, 0], [1, 1]], np.float32),
         "next_sentence_labels": np.array([0, 1], np.int32),
     }
-    inputs = bench_peer.hf_inputs(batch)
+    inputs = peer.hf_inputs(batch)
     np.testing.assert_array_equal(inputs["labels"], [[-100, -100, 8, -100], [-100, 5, 6, -100]])
     assert inputs["next_sentence_label"].tolist() == [0, 1]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not os.path.exists(bench.default_peer_python()), reason="no .venv-peer (make bench-peer)"
+    not os.path.exists(peer.default_peer_python()), reason="no .venv-peer (make bench-peer)"
 )
 def test_peer_runs_beside_ours_and_gives_a_ratio():
     spec = tiny_spec(model=tiny_config(num_hidden_layers=1), seq_len=16, windows=1, steps=1)
-    report = bench.run(spec, peer="hf-flax", log=lambda *_: None)
-    ours, peer = report.sides
-    assert peer.name == "hf-flax" and ours.num_devices == peer.num_devices == 1
-    assert len(peer.windows) == 1 and peer.windows[0].real_tokens == 8 * 16
+    report = timing.run(spec, peer="hf-flax", log=lambda *_: None)
+    ours, other = report.sides
+    assert other.name == "hf-flax" and ours.num_devices == other.num_devices == 1
+    assert len(other.windows) == 1 and other.windows[0].real_tokens == 8 * 16
     # Same model size and data from a fresh init: both start near ln(vocab) + ln(2).
-    assert abs(peer.warmup_loss - ours.warmup_loss) < 0.5
+    assert abs(other.warmup_loss - ours.warmup_loss) < 0.5
     assert report.ratio > 0 and "bert-jax / hf-flax" in report.render()
+
+
+def test_bench_and_the_train_step_import_without_tensorflow():
+    # The GPU machines that run `bert-jax bench` have no TensorFlow: any import of it fails here.
+    code = (
+        "import sys\n"
+        "sys.modules['tensorflow'] = None\n"
+        "import bert_jax.bench.timing, bert_jax.bench.peer, bert_jax.train, bert_jax.model\n"
+        "import bert_jax.finetune.loop, bert_jax.cli.bench\n"
+        # What `--real-data` reads (the embedded corpus, pairs and masking, packing).
+        "import bert_jax.data.sources, bert_jax.data.instances, bert_jax.data.masking\n"
+        "import bert_jax.data.tokenizer\n"
+        "from bert_jax.bench import data, spec\n"
+        "from tests.helpers import tiny_config\n"
+        "s = spec.BenchSpec(model=tiny_config(), batch_size=2, seq_len=8, max_predictions=2)\n"
+        "assert data.batch_counts(data.synthetic_data(s).batches[0]) == (16, 16, 2)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    env["JAX_PLATFORMS"] = "cpu"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

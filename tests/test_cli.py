@@ -266,9 +266,10 @@ def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
 
 
 def test_library_user_error_types_are_caught(capsys):
-    from bert_jax import bench, launch
+    from bert_jax import launch
+    from bert_jax.bench import peer
 
     caught = cli.user_error_types()
-    assert bench.PeerMissingError in caught and launch.LaunchError in caught
+    assert peer.PeerMissingError in caught and launch.LaunchError in caught
     assert issubclass(UserError, caught) and issubclass(FileExistsError, caught)
     assert not issubclass(RuntimeError, caught) and not issubclass(KeyError, caught)

@@ -14,6 +14,7 @@ import pytest
 from bert_jax import partitioning
 from bert_jax.data.tokenizer import encode_pairs
 from bert_jax.finetune import heads, loop
+from bert_jax.finetune.features import EncodedSplit, TaskData
 from bert_jax.finetune.tasks import get_task
 from tests.glue_fixtures.tiny import fixture_tokenizer, tiny_encoder, tiny_pretrained
 
@@ -22,7 +23,7 @@ NEGATIVE = ("dull", "boring", "bad", "worst", "mess", "tedious")
 FILLER = ("the", "film", "movie", "a", "is", "story", "cast", "and", "it", "of")
 
 
-def sentiment_split(tokenizer, split: str, size: int, seed: int) -> loop.EncodedSplit:
+def sentiment_split(tokenizer, split: str, size: int, seed: int) -> EncodedSplit:
     """Sentences of filler words with one sentiment word; the label says which kind it is."""
     rng = np.random.default_rng(seed)
     sentences, labels = [], []
@@ -34,12 +35,12 @@ def sentiment_split(tokenizer, split: str, size: int, seed: int) -> loop.Encoded
         labels.append(label)
     features = encode_pairs(tokenizer, sentences, max_seq_length=16)
     guids = tuple(f"{split}-{i}" for i in range(size))
-    return loop.EncodedSplit(split, guids, features, np.asarray(labels, np.int32))
+    return EncodedSplit(split, guids, features, np.asarray(labels, np.int32))
 
 
-def sentiment_data(tokenizer) -> loop.TaskData:
+def sentiment_data(tokenizer) -> TaskData:
     task = dataclasses.replace(get_task("SST-2"), dev_splits={"dev": "SST-2"})
-    return loop.TaskData(
+    return TaskData(
         task,
         train=sentiment_split(tokenizer, "train", 64, seed=0),
         dev={"dev": sentiment_split(tokenizer, "dev", 36, seed=1)},
@@ -75,19 +76,6 @@ def test_losses_ignore_rows_of_weight_zero():
     assert float(sums["correct_sum"]) == 2.0 and float(sums["weight"]) == 2.0
     sums = heads.regression_loss(jnp.array([[1.0], [3.0]]), jnp.array([2.0, 0.0]), jnp.ones(2))
     assert float(sums["loss_sum"]) == pytest.approx(1.0 + 9.0)
-
-
-def test_train_order_sees_every_example_once_per_epoch():
-    order = loop.train_order(num_examples=10, epochs=3, batch_size=4, seed=0)
-    assert order.shape == (8, 4)  # ceil(30 / 4) fixed-shape batches
-    flat = order.ravel()
-    assert np.sum(flat == -1) == 2  # the last batch is filled up with weight-0 rows
-    assert np.array_equal(np.bincount(flat[flat >= 0]), np.full(10, 3))
-    assert np.array_equal(order, loop.train_order(10, 3, 4, seed=0))
-    assert not np.array_equal(order, loop.train_order(10, 3, 4, seed=1))
-    half = loop.train_order(num_examples=10, epochs=1.5, batch_size=4, seed=0).ravel()
-    assert np.sum(half >= 0) == 15
-    assert loop.epoch_end_steps(10, 3, 4) == [3, 5, 8]
 
 
 def test_finetuning_learns_is_deterministic_and_pads_evaluation():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -99,3 +100,28 @@ def test_init_and_dropout_keys():
     assert jax.random.key_impl(dropout_rbg) == jax.random.key_impl(jax.random.key(0, impl="rbg"))
     with pytest.raises(ValueError, match="dropout_rng_impl"):
         train.init_and_dropout_keys(3, "philox")
+
+
+def test_update_is_generic_over_the_loss_and_scales_by_the_learning_rate():
+    # Fine-tuning's use: its own loss, a unit-rate optimizer and this step's rate as an argument.
+    def loss_fn(params, batch, dropout_rng):
+        del dropout_rng
+        loss = jnp.sum((params["w"] * batch["x"]) ** 2)
+        return loss, {"loss_sum": loss}
+
+    tx = optax.sgd(1.0)
+    w = jnp.array([1.0, -2.0, 3.0])
+    batch = {"x": jnp.array([1.0, 0.5, 2.0])}
+    state = train.TrainState.create({"w": w}, tx)
+    state, metrics = train.update(
+        state, batch, jax.random.key(0), jnp.float32(0.25), loss_fn=loss_fn, tx=tx
+    )
+    np.testing.assert_allclose(state.params["w"], w - 0.25 * 2 * w * batch["x"] ** 2, rtol=1e-6)
+    assert int(state.step) == 1 and float(metrics["loss"]) == float(metrics["loss_sum"])
+    assert bool(metrics["finite"]) and float(metrics["grad_norm"]) > 0
+    poisoned = {"x": batch["x"].at[0].set(jnp.inf)}
+    after, metrics = train.update(
+        state, poisoned, jax.random.key(0), jnp.float32(0.25), loss_fn=loss_fn, tx=tx
+    )
+    assert not bool(metrics["finite"]) and int(after.skipped) == 1 and int(after.step) == 2
+    np.testing.assert_array_equal(after.params["w"], state.params["w"])

@@ -36,7 +36,10 @@ _USER_ERRORS = (
     IsADirectoryError,
     PermissionError,
 )
-_USER_ERRORS_BY_NAME = (("bert_jax.bench", "PeerMissingError"), ("bert_jax.launch", "LaunchError"))
+_USER_ERRORS_BY_NAME = (
+    ("bert_jax.bench.peer", "PeerMissingError"),
+    ("bert_jax.launch", "LaunchError"),
+)
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:

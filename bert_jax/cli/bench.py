@@ -6,9 +6,11 @@ from bert_jax.cli.config_flags import ConfigCommand
 
 
 def _run(flag_values) -> int:
-    from bert_jax import bench
+    from bert_jax.bench import report as report_lib
+    from bert_jax.bench import spec as spec_lib
+    from bert_jax.bench import timing
 
-    spec = bench.spec_from_config(
+    spec = spec_lib.spec_from_config(
         flag_values.config,
         seq_len=flag_values.seq_len,
         batch_size=flag_values.batch,
@@ -24,7 +26,7 @@ def _run(flag_values) -> int:
         num_devices=flag_values.devices,
         peak_tflops=flag_values.peak_tflops,
     )
-    report = bench.run(
+    report = timing.run(
         spec,
         peer=flag_values.peer,
         peer_python=flag_values.peer_python,
@@ -32,7 +34,7 @@ def _run(flag_values) -> int:
     )
     print(report.render())
     if flag_values.json:
-        bench.write_json(report, flag_values.json)
+        report_lib.write_json(report, flag_values.json)
     return 0
 
 
@@ -52,7 +54,7 @@ COMMAND = ConfigCommand(
         ("bool", "packing", False, "pack several instances per row (implies --real-data)"),
         ("bool", "compare_unpacked", False, "with --packing: also time the rows unpacked"),
         ("float", "packing_factor", 0.0, "rows read per packed row (0: most, <1% dropped)"),
-        ("string", "tokenizer", None, "tokenizer for --real-data (default: see bench.py)"),
+        ("string", "tokenizer", None, "tokenizer for --real-data (default: see bench/data.py)"),
         ("string", "rng_impl", "", "our dropout PRNG (default: config.dropout_rng_impl)"),
         ("string", "peer_rng_impl", "", "the peer's dropout PRNG (default threefry2x32)"),
         ("integer", "devices", 0, "devices to use (default: all; 1 with --peer)"),

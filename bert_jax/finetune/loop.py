@@ -4,14 +4,12 @@ The paper's recipe: BERT AdamW (weight decay 0.01, not on LayerNorm and biases; 
 norm 1.0), linear warmup over the first 10% of steps then linear decay to 0, dropout 0.1, batch 32,
 3 epochs; evaluation on dev at the end (and after every epoch with `eval_every_epoch`).
 
-Sharding reuses `partitioning`: state shardings come from the logical axis names via
-`mesh_shardings`, batches become global arrays via `global_batch`, and the steps are jitted with
-those shardings and a donated state, as `train.ShardedTrainer` does for pretraining. The learning
-rate enters the step as an argument (the optimizer runs with a unit schedule and the update is
-scaled by it), so every trial of a sweep with the same model and head reuses one compiled step.
-
-Batches have a fixed shape: the last training and evaluation batches are filled up with rows of
-weight 0. A run is deterministic given its seed (head initialisation, shuffling and dropout).
+The state and step are pretraining's (`train.TrainState`, `train.update`, `train.ShardedSteps`:
+shardings from the logical axis names, global batches, a donated state), with the classifier's
+loss. The learning rate enters the step as an argument (the optimizer runs with a unit schedule and
+the update is scaled by it), so every trial of a sweep with the same model and head reuses one
+compiled step. Batches come from `features`; a run is deterministic given its seed (head
+initialisation, shuffling and dropout).
 """
 
 from __future__ import annotations
@@ -19,28 +17,32 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from bert_jax import optim, partitioning
+from bert_jax import optim, partitioning, train
 from bert_jax.finetune import metrics as glue_metrics
+from bert_jax.finetune.features import (
+    EncodedSplit,
+    TaskData,
+    epoch_end_steps,
+    gather_batch,
+    host_rows,
+    train_order,
+)
 from bert_jax.finetune.heads import BertForSequenceClassification, ClassifierHead, head_loss
-from bert_jax.finetune.tasks import Example, TaskSpec, read_split
+from bert_jax.finetune.tasks import TaskSpec
 from bert_jax.model import BertConfig
 from bert_jax.train import TrainState
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
-
-FEATURE_KEYS = ("input_ids", "input_mask", "segment_ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,125 +102,6 @@ def load_pretrained(path: str) -> PretrainedEncoder:
 
 
 # ------------------------------------------------------------------------------------------------
-# Data: examples -> fixed-length features
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedSplit:
-    """One split as arrays: features [N, max_seq_length] (int32), labels [N] or None (test).
-
-    Labels are class indices (int32) for classification and scores (float32) for regression.
-    """
-
-    split: str
-    guids: tuple[str, ...]
-    features: Mapping[str, np.ndarray]
-    labels: np.ndarray | None
-
-    def __len__(self) -> int:
-        return len(self.guids)
-
-
-def encode_split(
-    task: TaskSpec, split: str, examples: Sequence[Example], tokenizer: Any, max_seq_length: int
-) -> EncodedSplit:
-    from bert_jax.data.tokenizer import encode_pairs
-
-    texts_b = [e.text_b or "" for e in examples] if task.is_pair else None
-    features = encode_pairs(
-        tokenizer, [e.text_a for e in examples], texts_b, max_seq_length=max_seq_length
-    )
-    labels = None
-    if examples and examples[0].label is not None:
-        if task.is_regression:
-            labels = np.asarray([float(e.label) for e in examples], np.float32)
-        else:
-            assert task.labels is not None
-            index = {label: i for i, label in enumerate(task.labels)}
-            labels = np.asarray([index[e.label] for e in examples], np.int32)
-    return EncodedSplit(split, tuple(e.guid for e in examples), features, labels)
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskData:
-    """A task's encoded train, dev and (optionally) test splits."""
-
-    task: TaskSpec
-    train: EncodedSplit
-    dev: Mapping[str, EncodedSplit]
-    test: Mapping[str, EncodedSplit]
-
-
-def load_task_data(
-    data: str,
-    task: TaskSpec,
-    tokenizer: Any,
-    max_seq_length: int,
-    test_splits: Sequence[str] = (),
-) -> TaskData:
-    """Read and encode a task's train and dev splits (and the given test splits)."""
-
-    def encoded(split: str) -> EncodedSplit:
-        return encode_split(task, split, read_split(data, task, split), tokenizer, max_seq_length)
-
-    return TaskData(
-        task=task,
-        train=encoded("train"),
-        dev={split: encoded(split) for split in task.dev_splits},
-        test={split: encoded(split) for split in test_splits},
-    )
-
-
-def train_order(num_examples: int, epochs: float, batch_size: int, seed: int) -> np.ndarray:
-    """Row indices of every training batch, [steps, batch_size]; -1 marks padding rows.
-
-    Each epoch is a fresh permutation; epochs run on without a break, so every example is seen
-    exactly `epochs` times (fractional epochs take the start of the last permutation).
-    """
-    if num_examples <= 0:
-        raise ValueError("no training examples")
-    if epochs <= 0:
-        raise ValueError(f"epochs must be positive, got {epochs}")
-    rng = np.random.default_rng(seed)
-    total = max(1, round(num_examples * epochs))
-    permutations = [rng.permutation(num_examples) for _ in range(math.ceil(epochs))]
-    order = np.concatenate(permutations)[:total]
-    steps = math.ceil(total / batch_size)
-    padded = np.full(steps * batch_size, -1, np.int64)
-    padded[:total] = order
-    return padded.reshape(steps, batch_size)
-
-
-def epoch_end_steps(num_examples: int, epochs: float, batch_size: int) -> list[int]:
-    """The number of steps after which each (whole) epoch has been seen completely."""
-    return [
-        math.ceil(num_examples * epoch / batch_size) for epoch in range(1, math.floor(epochs) + 1)
-    ]
-
-
-def host_rows(global_rows: np.ndarray) -> np.ndarray:
-    """This host's contiguous share of a global batch's rows."""
-    count = jax.process_count()
-    if len(global_rows) % count:
-        raise ValueError(f"batch of {len(global_rows)} rows does not split over {count} hosts")
-    share = len(global_rows) // count
-    index = jax.process_index()
-    return global_rows[index * share : (index + 1) * share]
-
-
-def gather_batch(split: EncodedSplit, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Features, labels and weights of `rows`; padding rows (-1) repeat row 0 with weight 0."""
-    valid = rows >= 0
-    picked = np.where(valid, rows, 0)
-    batch = {key: split.features[key][picked] for key in FEATURE_KEYS}
-    batch["weights"] = valid.astype(np.float32)
-    if split.labels is not None:
-        batch["labels"] = split.labels[picked]
-    return batch
-
-
-# ------------------------------------------------------------------------------------------------
 # Compiled steps
 # ------------------------------------------------------------------------------------------------
 
@@ -228,36 +111,11 @@ def _unit_schedule(count: Array) -> Array:
     return jnp.ones((), jnp.float32)
 
 
-def init_state(rng: Array, model: BertForSequenceClassification, tx: Any) -> TrainState:
-    """A TrainState whose params (and optimizer slots) keep their logical-partitioning boxes."""
-    dummy = jnp.zeros((1, 8), jnp.int32)
-    params = model.init({"params": rng}, dummy, jnp.ones_like(dummy), dummy)["params"]
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        opt_state=tx.init(params),
-        skipped=jnp.zeros((), jnp.int32),
-    )
+def classifier_loss(model: BertForSequenceClassification, regression: bool) -> train.LossFn:
+    """The head's loss on a batch, averaged over its rows of nonzero weight (`train.update`'s
+    `loss_fn`); the aux are the head's sums."""
 
-
-def train_step(
-    state: TrainState,
-    batch: Mapping[str, Array],
-    rng: Array,
-    learning_rate: Array,
-    *,
-    model: BertForSequenceClassification,
-    tx: Any,
-    regression: bool,
-) -> tuple[TrainState, dict[str, Array]]:
-    """One update; the optimizer's unit-lr update is scaled by `learning_rate` (this step's lr).
-
-    A step whose loss or gradient is not finite leaves params and optimizer state untouched and is
-    counted in `skipped`, as in pretraining.
-    """
-    dropout_rng = jax.random.fold_in(rng, state.step)
-
-    def loss_fn(params):
+    def loss_fn(params, batch, dropout_rng):
         logits = model.apply(
             {"params": params},
             batch["input_ids"],
@@ -269,21 +127,7 @@ def train_step(
         sums = head_loss(logits, batch["labels"], batch["weights"], regression)
         return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
 
-    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
-    updates, new_opt_state = tx.update(safe_grads, state.opt_state, state.params)
-    updates = jax.tree.map(lambda u: (learning_rate * u).astype(u.dtype), updates)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-    new_state = TrainState(
-        step=state.step + 1,
-        params=keep(new_params, state.params),
-        opt_state=keep(new_opt_state, state.opt_state),
-        skipped=state.skipped + jnp.where(finite, 0, 1).astype(jnp.int32),
-    )
-    return new_state, {**sums, "grad_norm": grad_norm}
+    return loss_fn
 
 
 def predict_step(
@@ -298,7 +142,7 @@ def predict_step(
     )
 
 
-class FineTuner:
+class FineTuner(train.ShardedSteps):
     """The classification model, optimizer, mesh and rules bound together, compiled once.
 
     Use `fine_tuner(...)` to get a cached instance: trials that differ only in learning rate, seed
@@ -319,8 +163,6 @@ class FineTuner:
         self.config = config
         self.num_labels = num_labels
         self.regression = num_labels == 1
-        self.mesh = mesh
-        self.rules = rules
         self.model = BertForSequenceClassification(config, num_labels, classifier_dropout)
         self.tx = optim.bert_adamw(
             _unit_schedule,
@@ -328,14 +170,11 @@ class FineTuner:
             clip_norm=clip_norm or None,
             bias_correction=adam_bias_correction,
         )
-        init_fn = functools.partial(init_state, model=self.model, tx=self.tx)
-        # Shapes only (nothing runs): the full state's shardings from the logical axis names. An
-        # uneven shard fails here, before anything compiles.
-        abstract = jax.eval_shape(init_fn, jax.random.key(0))
-        self.state_shardings = partitioning.mesh_shardings(abstract, mesh, rules)
-        self.abstract_bert = nn.meta.unbox(abstract.params["bert"])
-        batch_sharding = partitioning.batch_sharding(mesh)
-        replicated = partitioning.replicated(mesh)
+        tokens = np.zeros((1, 8), np.int32)
+        inputs = {"input_ids": tokens, "input_mask": np.ones_like(tokens), "segment_ids": tokens}
+        init_fn = functools.partial(train.init_state, model=self.model, tx=self.tx, inputs=inputs)
+        super().__init__(init_fn, mesh, rules)
+        self.abstract_bert = nn.meta.unbox(self.state_shapes.params["bert"])
         # Born sharded, as `partitioning.create_sharded` does, but only the parts that are not
         # loaded: the head from its own init and the optimizer slots from the placed params (the
         # encoder is never initialised at random only to be overwritten). Jitted once per
@@ -352,17 +191,10 @@ class FineTuner:
             in_shardings=(self.state_shardings.params,),
             out_shardings=self.state_shardings.opt_state,
         )
-        self._train_step = jax.jit(
-            functools.partial(train_step, model=self.model, tx=self.tx, regression=self.regression),
-            in_shardings=(self.state_shardings, batch_sharding, replicated, replicated),
-            out_shardings=(self.state_shardings, replicated),
-            donate_argnums=0,
-        )
-        self._predict_step = jax.jit(
-            functools.partial(predict_step, model=self.model),
-            in_shardings=(self.state_shardings.params, batch_sharding),
-            out_shardings=replicated,
-        )
+        loss_fn = classifier_loss(self.model, self.regression)
+        step = functools.partial(train.update, loss_fn=loss_fn, tx=self.tx)
+        self._train_step = self.jit_train_step(step, num_scalars=2)  # rng, learning rate
+        self._predict_step = self.jit_params_fn(functools.partial(predict_step, model=self.model))
 
     def init(self, rng: Array, pretrained_bert: Any) -> TrainState:
         """Sharded state: the encoder from `pretrained_bert`, a fresh head from `rng`."""
@@ -370,29 +202,17 @@ class FineTuner:
             "bert": place_pretrained(pretrained_bert, self.abstract_bert, self.state_shardings),
             "classifier": self._init_head(rng),
         }
-        replicated = partitioning.replicated(self.mesh)
-        return TrainState(
-            step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
-            params=params,
-            opt_state=self._init_opt_state(params),
-            skipped=jax.device_put(jnp.zeros((), jnp.int32), replicated),
-        )
-
-    def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict[str, Array]:
-        partitioning.check_batch_divisible(
-            len(local_batch["input_ids"]) * jax.process_count(), self.mesh
-        )
-        return partitioning.global_batch(local_batch, self.mesh)
+        # Two counters, two buffers: the train step donates each of them.
+        step, skipped = (jax.device_put(jnp.zeros((), jnp.int32), self.replicated) for _ in "ab")
+        return TrainState(step, params, self._init_opt_state(params), skipped)
 
     def train_step(
         self, state: TrainState, batch: Mapping[str, Array], rng: Array, learning_rate: float
     ) -> tuple[TrainState, dict[str, Array]]:
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            return self._train_step(state, batch, rng, jnp.float32(learning_rate))
+        return self.call(self._train_step, state, batch, rng, jnp.float32(learning_rate))
 
     def predict(self, params: Any, batch: Mapping[str, Array]) -> Array:
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            return self._predict_step(params, batch)
+        return self.call(self._predict_step, params, batch)
 
 
 @functools.lru_cache(maxsize=8)

@@ -30,14 +30,13 @@ from typing import Any
 import jax
 
 from bert_jax.finetune import report
+from bert_jax.finetune.features import TaskData, load_task_data
 from bert_jax.finetune.loop import (
     FinetuneResult,
     FinetuneSettings,
     PretrainedEncoder,
-    TaskData,
     finetune,
     load_pretrained,
-    load_task_data,
     make_mesh,
 )
 from bert_jax.finetune.tasks import (

@@ -1,9 +1,10 @@
 """The peer of `bert-jax bench --peer hf-flax`: Hugging Face's FlaxBertForPreTraining, trained.
 
-Runs in its own environment (`make bench-peer`: transformers 4.57.6 beside this project's jax,
-flax and optax versions), started by `bench.PeerRunner`:
+This file holds both ends: `main`, the peer's process, and `PeerRunner`, our side's driver of it.
+The process runs in its own environment (`make bench-peer`: transformers 4.57.6 beside this
+project's jax, flax and optax versions), started by `PeerRunner` (below):
 
-    .venv-peer/bin/python -m bert_jax.bench_peer --spec SPEC.json --batches BATCHES.npz
+    .venv-peer/bin/python -m bert_jax.bench.peer --spec SPEC.json --batches BATCHES.npz
 
 It builds the same model size from the spec, the step an experienced Flax user would write
 (`jax.jit` with donated params and optimizer state; optax's AdamW with the same settings as ours:
@@ -24,11 +25,129 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from bert_jax.bench.report import Window
+from bert_jax.bench.spec import BenchSpec, spec_to_json
+
+PEER_VENV = ".venv-peer"
+
+
+class PeerMissingError(RuntimeError):
+    """The peer's environment is not there."""
+
+
+def _repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def default_peer_python() -> str:
+    return os.path.join(_repo_root(), PEER_VENV, "bin", "python")
+
+
+class PeerRunner:
+    """`python -m bert_jax.bench.peer` in the peer's Python, driven window by window over pipes."""
+
+    name = "hf-flax"
+
+    def __init__(
+        self,
+        spec: BenchSpec,
+        batches: Sequence[dict[str, np.ndarray]],
+        python: str | None = None,
+    ):
+        python = self.check(python)
+        self._dir = tempfile.mkdtemp(prefix="bert_jax_bench_peer_")
+        spec_path = os.path.join(self._dir, "spec.json")
+        with open(spec_path, "w", encoding="utf-8") as f:
+            json.dump(spec_to_json(spec), f)
+        batches_path = os.path.join(self._dir, "batches.npz")
+        np.savez(
+            batches_path,
+            **{f"{i}/{k}": v for i, batch in enumerate(batches) for k, v in batch.items()},
+        )
+        root = _repo_root()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+        # Two processes share the accelerator: neither may grab most of its memory up front.
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        self._stderr = open(os.path.join(self._dir, "stderr.txt"), "w+", encoding="utf-8")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [python, "-m", "bert_jax.bench.peer", "--spec", spec_path, "--batches", batches_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+        )
+        ready = self._receive("ready")
+        self.compile_seconds = float(ready["compile_seconds"])
+        self.warmup_loss = float(ready["warmup_loss"])
+        self.device_kind = str(ready["device_kind"])
+        self.num_devices = 1
+
+    @staticmethod
+    def check(python: str | None) -> str:
+        """The peer's Python, or PeerMissingError saying how to make it."""
+        python = python or default_peer_python()
+        if not os.path.exists(python):
+            raise PeerMissingError(
+                f"the hf-flax peer needs its own environment ({python} is missing): run "
+                "`make bench-peer` in the repository (it makes .venv-peer with transformers "
+                "4.57.6 and this venv's jax, flax and optax), or pass --peer-python"
+            )
+        return python
+
+    def _receive(self, event: str) -> dict[str, Any]:
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                self.process.wait()
+                self._stderr.seek(0)
+                tail = self._stderr.read()[-3000:]
+                raise RuntimeError(
+                    f"the hf-flax peer exited (status {self.process.returncode}) before "
+                    f"'{event}':\n{tail}"
+                )
+            if line.startswith("{"):
+                message = json.loads(line)
+                if message.get("event") == event:
+                    return message
+
+    def _send(self, **command: Any) -> None:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+
+    def window(self, steps: int) -> Window:
+        self._send(cmd="window", steps=steps)
+        message = self._receive("window")
+        return Window(
+            float(message["seconds"]),
+            steps,
+            int(message["real_tokens"]),
+            int(message["padded_tokens"]),
+            int(message["instances"]),
+            float(message.get("cpu_seconds", 0.0)),
+        )
+
+    def finish(self) -> dict[str, Any]:
+        self._send(cmd="finish")
+        return self._receive("done")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._stderr.close()
 
 
 def _emit(**message: Any) -> None:
@@ -81,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from bert_jax import optim
-    from bert_jax.bench import batch_counts, rng_key, spec_from_json
+    from bert_jax.bench.data import batch_counts
+    from bert_jax.bench.ours import rng_key
+    from bert_jax.bench.spec import spec_from_json
 
     with open(args.spec, encoding="utf-8") as f:
         spec = spec_from_json(json.load(f))

@@ -1,0 +1,199 @@
+"""What one benchmark is: model, batch shape, optimizer, data, windows; and its FLOPs per token.
+
+`spec_from_config` reads a pretraining ConfigDict by attribute only (no ml_collections import);
+`spec_to_json` / `spec_from_json` carry a spec to the peer's process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bert_jax import metrics
+from bert_jax.model import BertConfig
+
+PEERS = ("hf-flax",)
+DATA_SOURCES = ("synthetic", "embedded")
+
+# What differs between our step and the peer's (beyond the implementation itself).
+PEER_DIFFERENCES = (
+    "the peer computes MLM logits (and their softmax) on every position, we only on the "
+    "masked_lm_positions slots (HFU counts each side's own head)",
+    "MLM loss: the peer takes the mean over labeled positions, we over masked_lm_weights: the "
+    "same value",
+    "our step also checks the loss and gradient for NaN/Inf and skips a bad update (the peer "
+    "has no such guard), and returns accuracy sums and the gradient norm",
+    "our last encoder layer runs only at the positions the heads read (config.model."
+    "sparse_last_layer; the same losses and gradients), the peer's at every position",
+    "dropout masks have the same rates on both sides but come from different generators (the "
+    "header names both): ours from a keyed counter hash fused into the masked op (config.model."
+    "dropout_impl='hash'; 'prng' draws them with jax.random and the config's dropout_rng_impl), "
+    "the peer's from jax.random with JAX's default threefry2x32 unless --peer-rng-impl says "
+    "otherwise",
+    "our word-embedding table and MLM projection have config.model.vocab_pad_multiple's "
+    "padded rows (30592 for 30522 at 128; 0.2% more MLM-head work, counted in HFU, not in "
+    "MFU), the peer's 30522",
+    "packed batches (--packing) exist on our side only: the peer gets the same instances "
+    "unpacked, one per row, so compare real tokens per second",
+    "the same work otherwise: model size, batch, sequence length, dropout rates (attention "
+    "dropout included), AdamW math, and the batches themselves",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+    """BERT AdamW (`optim.bert_adamw`) settings; the peer builds the same chain from optax."""
+
+    learning_rate: float = 1e-4
+    warmup_steps: int = 10_000
+    total_steps: int = 1_000_000
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    bias_correction: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSpec:
+    """One benchmark: model, global batch shape, data, timing windows."""
+
+    model: BertConfig
+    batch_size: int
+    seq_len: int
+    max_predictions: int
+    steps: int = 10  # per window
+    windows: int = 5
+    warmup_steps: int = 2
+    data: str = "synthetic"
+    packing: bool = False
+    packing_factor: float = 0.0  # unpacked rows per packed row; 0: from the data's lengths
+    max_instances_per_row: int = 16
+    tokenizer: str = ""  # for embedded data; "" picks one (see `resolve_tokenizer`)
+    seed: int = 0
+    optimizer: OptimizerSpec = OptimizerSpec()
+    mesh_shape: tuple[int, ...] = (-1, 1, 1)
+    rules: tuple | None = None
+    num_devices: int = 0  # 0: all
+    # PRNG implementation for our dropout masks (jax.random.key impl): "" = JAX's default
+    # (threefry2x32), "rbg" or "unsafe_rbg" (cheaper to generate, same dropout rates). From a
+    # config: its `dropout_rng_impl` (rbg by default), as pretraining uses.
+    rng_impl: str = ""
+    # The peer's ("" = JAX's default, what a Hugging Face Flax user runs).
+    peer_rng_impl: str = ""
+    peak_tflops: float = 0.0  # per chip; 0: from metrics.PEAK_TFLOPS_BF16 by device kind
+
+    def __post_init__(self):
+        if self.data not in DATA_SOURCES:
+            raise ValueError(f"data={self.data!r} is not one of {DATA_SOURCES}")
+        if self.packing and self.data != "embedded":
+            raise ValueError("packing needs real lengths: use the embedded corpus (--real-data)")
+        if min(self.batch_size, self.seq_len, self.max_predictions, self.steps, self.windows) < 1:
+            raise ValueError("batch, seq_len, max_predictions, steps and windows must be >= 1")
+        if self.seq_len > self.model.max_position_embeddings:
+            raise ValueError(
+                f"seq_len={self.seq_len} exceeds max_position_embeddings="
+                f"{self.model.max_position_embeddings}"
+            )
+
+
+def spec_from_config(
+    config: Any,
+    *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    **overrides: Any,
+) -> BenchSpec:
+    """A BenchSpec from a pretraining ConfigDict (`configs/bert.py:SIZE`).
+
+    The sequence length defaults to phase 1's; predictions come from the phase with that length
+    (else phase 1's share of positions); the batch defaults to that phase's global batch.
+    """
+    phases = [config[key] for key in ("phase1", "phase2") if key in config]
+    length = int(seq_len or phases[0].max_seq_length)
+    phase = next((p for p in phases if int(p.max_seq_length) == length), None)
+    if phase is not None:
+        predictions = int(phase.max_predictions_per_seq)
+    else:
+        first = phases[0]
+        share = first.max_predictions_per_seq / first.max_seq_length
+        predictions = max(1, int(round(share * length)))
+    opt = config.optimizer
+    optimizer = OptimizerSpec(
+        learning_rate=float(opt.learning_rate),
+        warmup_steps=int(opt.warmup_steps),
+        total_steps=int(config.total_steps),
+        b1=float(opt.b1),
+        b2=float(opt.b2),
+        eps=float(opt.eps),
+        weight_decay=float(opt.weight_decay),
+        clip_norm=float(opt.clip_norm or 0.0),
+        bias_correction=bool(opt.get("bias_correction", True)),
+    )
+    if str(opt.name) != "adamw":
+        raise ValueError(f"bench times BERT AdamW; config.optimizer.name={opt.name!r}")
+    rules = tuple((str(name), _tuple(axes)) for name, axes in config.mesh.rules)
+    values = dict(
+        model=BertConfig(**config.model.to_dict()),
+        batch_size=int(batch_size or (phase or phases[0]).batch_size),
+        seq_len=length,
+        max_predictions=predictions,
+        seed=int(config.seed),
+        optimizer=optimizer,
+        mesh_shape=tuple(int(s) for s in config.mesh.shape),
+        rules=rules,
+    )
+    # Our dropout PRNG is the pretraining config's unless the command line names one.
+    values["rng_impl"] = str(config.get("dropout_rng_impl", "") or "")
+    if not overrides.get("rng_impl"):
+        overrides.pop("rng_impl", None)
+    if overrides.get("data") == "embedded" and not overrides.get("tokenizer"):
+        overrides["tokenizer"] = str(config.data.get("tokenizer", "") or "")
+    values.update(overrides)
+    return BenchSpec(**values)
+
+
+def _tuple(axes: Any) -> Any:
+    return tuple(axes) if isinstance(axes, (list, tuple)) else axes
+
+
+def spec_to_json(spec: BenchSpec) -> dict[str, Any]:
+    out = dataclasses.asdict(spec)
+    out["model"] = spec.model.to_dict()
+    return out
+
+
+def spec_from_json(values: dict[str, Any]) -> BenchSpec:
+    values = dict(values)
+    values["model"] = BertConfig.from_dict(values["model"])
+    values["optimizer"] = OptimizerSpec(**values["optimizer"])
+    values["mesh_shape"] = tuple(values["mesh_shape"])
+    values["rules"] = (
+        tuple((name, _tuple(axes)) for name, axes in values["rules"]) if values["rules"] else None
+    )
+    return BenchSpec(**values)
+
+
+def model_flops_per_token(spec: BenchSpec) -> float:
+    """Model FLOPs per real token: the MLM head on the predicted slots only."""
+    return metrics.flops_per_token(spec.model, spec.seq_len, spec.max_predictions / spec.seq_len)
+
+
+def hardware_flops_per_position(spec: BenchSpec) -> float:
+    """What our step computes per row position: the MLM head on the predicted slots and, with
+    `sparse_last_layer`, the last layer only at those slots and [CLS], against the padded
+    vocabulary."""
+    share = spec.max_predictions / spec.seq_len
+    last = 1.0
+    if spec.model.sparse_last_layer:
+        cls_slots = spec.max_instances_per_row if spec.packing else 1
+        last = min(1.0, (spec.max_predictions + cls_slots) / spec.seq_len)
+    computed = spec.model.replace(vocab_size=spec.model.padded_vocab_size)
+    return metrics.flops_per_token(computed, spec.seq_len, share, last_layer_fraction=last)
+
+
+def peak_flops(spec: BenchSpec, device_kind: str) -> float | None:
+    if spec.peak_tflops:
+        return spec.peak_tflops * 1e12
+    return metrics.peak_flops_per_chip(device_kind)
