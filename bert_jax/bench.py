@@ -240,15 +240,9 @@ def resolve_tokenizer(name: str, vocab_size: int):
             return tokenizer
     except (ImportError, FileNotFoundError):
         pass
-    from bert_jax.data import corpus
-
     work = tempfile.mkdtemp(prefix="bert_jax_bench_tokenizer_")
-    text = os.path.join(work, "corpus.txt")
-    with open(text, "w", encoding="utf-8") as f:
-        for document in corpus.embedded_documents("train"):
-            f.write("\n".join(document) + "\n\n")
-    return tokenizer_lib.train_sentencepiece(
-        [text], min(4000, vocab_size), os.path.join(work, "spm"), lowercase=True
+    return tokenizer_lib.train_tokenizer(
+        ["embedded:train"], min(4000, vocab_size), os.path.join(work, "spm"), lowercase=True
     )
 
 
