@@ -38,6 +38,8 @@ HARD_TEXTS = [
     "\u00a0non-breaking\u3000ideographic space\ufeffBOM \ufffdreplacement",
     "emoji 🙂👍🏽 and math ∑ℝ≠ and currency €£¥$ and ~^`|\\ symbols",
     "It's the U.S.A.'s 3.14159 best-in-class e-mail: a@b.co (really!)",
+    "ΟΔΟΣ ΟΔΟΣ. σΣ: a capital sigma ending a word lower-cases to a final sigma",
+    "x[SE\x00P]y [MA\x00SK] ascii controls around special tokens",
     "",
     "   ",
 ]
@@ -68,6 +70,55 @@ def test_wordpiece_matches_hugging_face_slow_tokenizer(real_sentences, lowercase
     ids = ours.encode(HARD_TEXTS[0])
     assert ours.decode(ids) == reference.decode(ids)
     assert ours.convert_ids_to_tokens(ids) == reference.convert_ids_to_tokens(ids)
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_encode_batch_is_encode_without_special_tokens_on_every_document(lowercase):
+    tokenizer = load_tokenizer(minilm_vocab_path(), lowercase=lowercase)
+    documents = corpus.embedded_documents("all")
+    documents += [HARD_TEXTS, ["two\nlines", "[SEP] stays text", ""], ["plain ascii [CLS]"], []]
+    for document in documents:
+        expected = [tokenizer.encode(s, allow_special=False) for s in document]
+        assert tokenizer.encode_batch(document) == expected, document
+    (ids,) = tokenizer.encode_batch(["a [SEP] b"])
+    assert len(ids) == 5 and tokenizer.sep_id not in ids  # "[", "sep" (or [UNK] if cased), "]"
+    spm = embedded_spm()
+    for document in documents[:50] + documents[-4:]:
+        assert spm.encode_batch(document) == [spm.encode(s) for s in document]
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_hugging_face_tokenizer_json_loads_as_its_vocab_txt(tmp_path, real_sentences, lowercase):
+    """transformers 5 saves BertTokenizer as tokenizer.json alone; it reads as the vocab.txt."""
+    import transformers
+
+    path = minilm_vocab_path()
+    lines = open(path, encoding="utf-8").read().splitlines()
+    vocab = {token: index for index, token in enumerate(lines)}
+    saved = tmp_path / "hf"
+    transformers.BertTokenizerFast(vocab=vocab, do_lower_case=lowercase).save_pretrained(saved)
+    assert "vocab.txt" not in os.listdir(saved)
+    reference = load_tokenizer(path, lowercase=lowercase)
+    for tokenizer in (load_tokenizer(saved), load_tokenizer(saved / "tokenizer.json")):
+        assert isinstance(tokenizer, WordPieceTokenizer) and tokenizer.lowercase is lowercase
+        assert tokenizer.fingerprint() == reference.fingerprint()
+        assert [tokenizer.encode(t) for t in real_sentences] == [
+            reference.encode(t) for t in real_sentences
+        ]
+    assert load_tokenizer(saved, lowercase=not lowercase).lowercase is not lowercase
+
+    spec = json.loads((saved / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["normalizer"]["strip_accents"] = not lowercase
+    (saved / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ValueError, match="strips accents exactly when it lower-cases"):
+        load_tokenizer(saved)
+    spec["model"] = {"type": "BPE", "vocab": {}, "merges": []}
+    (saved / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ValueError, match="a 'BPE' tokenizer model; only BERT's WordPiece"):
+        load_tokenizer(saved / "tokenizer.json")
+    os.remove(saved / "tokenizer.json")
+    with pytest.raises(FileNotFoundError, match="vocab.txt or tokenizer.json"):
+        load_tokenizer(saved)
 
 
 def test_wordpiece_lowercase_is_inferred_and_read_from_hugging_face_config(tmp_path):
