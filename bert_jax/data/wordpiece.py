@@ -78,6 +78,33 @@ _ASCII_TABLE = dict(_ASCII_CLEAN)
 _ASCII_TABLE.update({cp: f" {chr(cp)} " for cp in range(33, 127) if _is_punctuation(chr(cp))})
 
 
+class _CharTable(dict):
+    """A ``str.translate`` table that computes a character's replacement on first sight."""
+
+    def __init__(self, rule):
+        super().__init__()
+        self._rule = rule
+
+    def __missing__(self, cp: int) -> str | None:
+        value = self[cp] = self._rule(chr(cp))
+        return value
+
+
+def _clean_char(char: str) -> str | None:
+    """BERT's text cleaning: drop NUL, U+FFFD and controls, whitespace to " ", CJK spaced out."""
+    cp = ord(char)
+    if cp == 0 or cp == 0xFFFD or _is_control(char):
+        return None
+    if _is_whitespace(char):
+        return " "
+    return f" {char} " if _is_cjk(cp) else char
+
+
+# Any text: the same rules, one table lookup per character after the first sight of it.
+_CLEAN_TABLE = _CharTable(_clean_char)
+_PUNCT_TABLE = _CharTable(lambda char: f" {char} " if _is_punctuation(char) else char)
+
+
 def _basic_tokenize_piece(
     text: str, lowercase: bool, never_split: frozenset[str] = frozenset()
 ) -> list[str]:
@@ -93,18 +120,7 @@ def _basic_tokenize_piece(
             text = text.lower()
         return text.translate(_ASCII_TABLE).split()
 
-    cleaned = []
-    for char in text:
-        cp = ord(char)
-        if cp == 0 or cp == 0xFFFD or _is_control(char):
-            continue
-        if _is_whitespace(char):
-            cleaned.append(" ")
-        elif _is_cjk(cp):
-            cleaned.append(f" {char} ")
-        else:
-            cleaned.append(char)
-    text = unicodedata.normalize("NFC", "".join(cleaned))
+    text = unicodedata.normalize("NFC", text.translate(_CLEAN_TABLE))
     words: list[str] = []
     for word in text.split():
         if word in never_split:
@@ -112,20 +128,11 @@ def _basic_tokenize_piece(
             continue
         if lowercase:
             word = word.lower()
-            word = "".join(
-                c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn"
-            )
-        current: list[str] = []
-        for char in word:
-            if _is_punctuation(char):
-                if current:
-                    words.append("".join(current))
-                    current = []
-                words.append(char)
-            else:
-                current.append(char)
-        if current:
-            words.append("".join(current))
+            if not word.isascii():
+                word = "".join(
+                    c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn"
+                )
+        words.append(word.translate(_PUNCT_TABLE))
     # Accent stripping can leave a word empty or with inner whitespace; re-split like the original.
     return " ".join(words).split()
 
