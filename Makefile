@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_workdir
-# Tests run on 2 workers by default; override with `make test PYTEST_WORKERS=auto`.
+# Tests run on 2 workers by default; override with `make test PYTEST_WORKERS=auto`. Work
+# stealing keeps both workers busy to the end; the slowest tests are listed after the run.
 PYTEST_WORKERS ?= 2
 
 .PHONY: venv test demo lint format clean bench bench-peer
@@ -19,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=15 -q
 
 # A fresh run each time (a kept workdir would resume at its final step and do nothing).
 demo: $(STAMP)

@@ -62,14 +62,14 @@ def _rust_wordpiece(tokenizer):
 
 def bench_wordpiece(tokenizer, repeats: int) -> None:
     """Ours against the Rust WordPiece: exactness on every embedded sentence, sentences/s."""
-    from bert_jax.data import corpus
+    from bert_jax.data import sources
 
     try:
         rust = _rust_wordpiece(tokenizer)
     except ImportError:
         print("(Hugging Face tokenizers is not installed: no WordPiece comparison)")
         return
-    documents = corpus.embedded_documents("all")
+    documents = sources.embedded_documents("all")
     sentences = sum(len(d) for d in documents)
 
     def ours():
@@ -94,13 +94,10 @@ def bench_wordpiece(tokenizer, repeats: int) -> None:
 
 
 def bench_prepare(tokenizer, work_dir: str, length: int, slots: int, workers: int) -> tuple:
-    from bert_jax.data.prepare import prepare_records
+    from bert_jax.data.prepare import PrepareSettings, prepare_records
 
     output = tempfile.mkdtemp(dir=work_dir, prefix=f"prepare-{length}-")
-    result = prepare_records(
-        ["embedded:train"],
-        tokenizer,
-        output,
+    settings = PrepareSettings(
         max_seq_length=length,
         max_predictions_per_seq=slots,
         dupe_factor=5,
@@ -108,15 +105,14 @@ def bench_prepare(tokenizer, work_dir: str, length: int, slots: int, workers: in
         num_workers=workers,
         documents_per_shard=50,
     )
+    result = prepare_records(["embedded:train"], tokenizer, output, settings)
     return result, output
 
 
 def bench_pipeline(output: str, tokenizer, length: int, slots: int, args, dynamic: bool) -> float:
-    from bert_jax.data.pipeline import make_pretrain_iterator
+    from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
 
-    iterator = make_pretrain_iterator(
-        output,
-        tokenizer,
+    settings = PipelineSettings(
         batch_size=args.batch_size,
         max_seq_length=length,
         max_predictions_per_seq=slots,
@@ -124,6 +120,7 @@ def bench_pipeline(output: str, tokenizer, length: int, slots: int, args, dynami
         dynamic_masking=dynamic,
         shuffle_buffer_size=10_000,
     )
+    iterator = make_pretrain_iterator(output, settings, tokenizer)
     for _ in range(5):
         next(iterator)
     started = time.perf_counter()

@@ -249,15 +249,17 @@ def resolve_tokenizer(name: str, vocab_size: int):
 def embedded_data(spec: BenchSpec) -> BenchData:
     """Instances from the embedded corpus at `seq_len` (the original pairing and masking, one
     pass), in batches of `batch_size` rows: one instance per row, or packed."""
-    from bert_jax.data import corpus, pretraining
+    from bert_jax.data import instances as instances_lib
+    from bert_jax.data import sources
+    from bert_jax.data.masking import MaskingConfig
 
     tokenizer = resolve_tokenizer(spec.tokenizer, spec.model.vocab_size)
-    documents = pretraining.tokenize_documents(corpus.embedded_documents("train"), tokenizer)
-    masking = pretraining.MaskingConfig.from_tokenizer(tokenizer, 0.15, spec.max_predictions)
-    instances = pretraining.create_instances(
+    documents = instances_lib.tokenize_documents(sources.embedded_documents("train"), tokenizer)
+    masking = MaskingConfig.from_tokenizer(tokenizer, 0.15, spec.max_predictions)
+    instances = instances_lib.create_instances(
         documents, masking, spec.seq_len, short_seq_prob=0.1, dupe_factor=1, seed=spec.seed
     )
-    rows = pretraining.instances_to_arrays(instances, spec.seq_len, spec.max_predictions)
+    rows = instances_lib.instances_to_arrays(instances, spec.seq_len, spec.max_predictions)
     lengths = packing_lib.instance_lengths(rows)
     fill = lengths.mean() / spec.seq_len
     what = (

@@ -173,29 +173,23 @@ def data_shards(config) -> int:
     return int(config.data.get("shards", 0))
 
 
-def _looks_like_corpus(source: str) -> bool:
-    from bert_jax.data import pipeline
-
-    return not pipeline._looks_like_records(source)  # noqa: SLF001
-
-
 def resolve_tokenizer(config, phases: list[Phase], workdir: str):
     """The run's tokenizer: `config.data.tokenizer`, the one saved next to prepared records, or
     (for raw corpora only) a SentencePiece model trained on the first phase's corpus and kept in
     `<workdir>/tokenizer` so that restarts reuse it."""
-    from bert_jax.data import prepare
+    from bert_jax.data import layout, sources
     from bert_jax.data import tokenizer as tokenizer_lib
 
     if config.data.tokenizer:
         return tokenizer_lib.load_tokenizer(config.data.tokenizer)
     for phase in phases:
-        candidate = os.path.join(phase.source, prepare.TOKENIZER_SUBDIR)
+        candidate = os.path.join(phase.source, layout.TOKENIZER_SUBDIR)
         if os.path.isdir(candidate):
             return tokenizer_lib.load_tokenizer(candidate)
     own = os.path.join(workdir, "tokenizer")
     if os.path.isdir(own):
         return tokenizer_lib.load_tokenizer(own)
-    corpora = [p.source for p in phases if _looks_like_corpus(p.source)]
+    corpora = [p.source for p in phases if sources.source_kind(p.source) != "records"]
     if not corpora:
         raise ValueError(
             "no tokenizer: set config.data.tokenizer (a tokenizer directory, .model or vocab.txt)"
@@ -230,7 +224,7 @@ def _iterator(
     shuffle_buffer: int,
     packing_factor: float = 0.0,
 ):
-    from bert_jax.data import packing, pipeline
+    from bert_jax.data import packing, pipeline, prepare, sources
 
     dupe = int(config.data.dupe_factor)
     # Several instances per row (data/packing.py): `packing_factor` records per packed row.
@@ -242,10 +236,29 @@ def _iterator(
             factor=packing_factor,
         )
 
-    def make_reader(shard: int, num_shards: int, shard_batch_size: int):
-        return pipeline.make_pretrain_iterator(
+    records = source
+    if sources.source_kind(source) != "records":
+        # A raw corpus: prepared once into the cache (every host the same bytes), then read.
+        # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
+        records = prepare.prepare_cached(
             source,
             tokenizer,
+            prepare.PrepareSettings(
+                max_seq_length=phase.max_seq_length,
+                max_predictions_per_seq=phase.max_predictions_per_seq,
+                masked_lm_prob=float(config.data.masked_lm_prob),
+                short_seq_prob=float(config.data.short_seq_prob),
+                dupe_factor=dupe if dupe >= 0 else (1 if dynamic else 5),
+                seed=seed,
+                whole_word_mask=bool(config.data.whole_word_mask),
+                num_workers=int(config.data.num_workers),
+            ),
+            config.data.cache_dir or os.path.join(workdir, "data"),
+            write_marker=jax.process_index() == 0,
+        )
+
+    def make_reader(shard: int, num_shards: int, shard_batch_size: int):
+        settings = pipeline.PipelineSettings(
             batch_size=shard_batch_size,
             max_seq_length=phase.max_seq_length,
             max_predictions_per_seq=phase.max_predictions_per_seq,
@@ -255,13 +268,10 @@ def _iterator(
             dynamic_masking=dynamic,
             whole_word_mask=bool(config.data.whole_word_mask),
             masked_lm_prob=float(config.data.masked_lm_prob),
-            short_seq_prob=float(config.data.short_seq_prob),
             shuffle_buffer_size=shuffle_buffer,
-            cache_dir=config.data.cache_dir or os.path.join(workdir, "data"),
-            dupe_factor=None if dupe < 0 else dupe,
-            num_workers=int(config.data.num_workers),
             packing=pack,
         )
+        return pipeline.make_pretrain_iterator(records, settings, tokenizer)
 
     # This host's input shards, concatenated: the global batch depends on config.data.shards only.
     return input_shards.ShardedInput.build(
@@ -277,7 +287,9 @@ def eval_source(config, phase: Phase) -> str:
     """`config.eval.source`, or the embedded corpus's held-out split for embedded training."""
     if config.eval.source:
         return config.eval.source
-    if phase.source.split(":")[0] == "embedded":
+    from bert_jax.data import sources
+
+    if sources.source_kind(phase.source) == "embedded":
         return "embedded:eval"
     return ""
 

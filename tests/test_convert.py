@@ -494,11 +494,11 @@ def test_bert_jax_to_hf_loads_strictly_and_reproduces_outputs(tmp_path):
 
 
 def test_sentencepiece_tokenizer_is_exported_for_transformers(tmp_path):
-    from bert_jax.data import corpus
+    from bert_jax.data import sources
     from bert_jax.data.tokenizer import load_tokenizer, train_sentencepiece
 
     text = tmp_path / "corpus.txt"
-    text.write_text("\n".join(s for d in corpus.embedded_documents("train")[:20] for s in d))
+    text.write_text("\n".join(s for d in sources.embedded_documents("train")[:20] for s in d))
     spm = train_sentencepiece(
         [str(text)], 200, str(tmp_path / "spm"), lowercase=True, num_threads=1
     )

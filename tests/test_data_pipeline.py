@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from bert_jax.data import prepare, records
-from bert_jax.data.pipeline import PretrainIterator, make_pretrain_iterator
-from bert_jax.data.pretraining import MaskingConfig
+from bert_jax.data.masking import MaskingConfig
+from bert_jax.data.pipeline import PipelineSettings, PretrainIterator, make_pretrain_iterator
 from bert_jax.data.tokenizer import load_tokenizer
-from tests.data_fixtures import embedded_spm, embedded_spm_dir, minilm_vocab_path
+from tests.data_fixtures import embedded_spm, minilm_vocab_path
 
 LENGTH, SLOTS, BATCH = 128, 20, 8
 
@@ -33,16 +33,14 @@ BATCH_FORMAT = {
 @pytest.fixture(scope="module")
 def records_dir(tmp_path_factory):
     output = tmp_path_factory.mktemp("records")
-    result = prepare.prepare_records(
-        ["embedded:eval"],
-        embedded_spm(),
-        output,
+    settings = prepare.PrepareSettings(
         max_seq_length=LENGTH,
         max_predictions_per_seq=SLOTS,
         dupe_factor=2,
         seed=3,
         documents_per_shard=6,
     )
+    result = prepare.prepare_records(["embedded:eval"], embedded_spm(), output, settings)
     assert len(result.files) >= 3
     return output
 
@@ -68,7 +66,7 @@ def _restore(batch: dict) -> np.ndarray:
 def _iterator(records_dir, **overrides) -> PretrainIterator:
     options = dict(batch_size=BATCH, seed=9, shuffle_buffer_size=64)
     options.update(overrides)
-    return make_pretrain_iterator(str(records_dir), **options)
+    return make_pretrain_iterator(str(records_dir), PipelineSettings(**options))
 
 
 def test_batches_have_the_fixed_format(records_dir):
@@ -87,7 +85,7 @@ _RESUME_SCRIPT = textwrap.dedent(
     import json, sys
     import numpy as np
     import tensorflow as tf
-    from bert_jax.data.pipeline import make_pretrain_iterator
+    from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
 
     tf.random.set_seed(1234)  # another seed than the first process: the order must not care
 
@@ -95,10 +93,10 @@ _RESUME_SCRIPT = textwrap.dedent(
     states = json.load(open(states_path))
     arrays = {}
     for name, state in states.items():
-        iterator = make_pretrain_iterator(
-            records_dir, batch_size=8, seed=9, shuffle_buffer_size=64,
-            dynamic_masking=(name == "dynamic"),
+        settings = PipelineSettings(
+            batch_size=8, seed=9, shuffle_buffer_size=64, dynamic_masking=(name == "dynamic"),
         )
+        iterator = make_pretrain_iterator(records_dir, settings)
         iterator.set_state(state)
         for step in range(int(count)):
             for key, value in next(iterator).items():
@@ -237,49 +235,20 @@ def test_a_state_from_another_configuration_is_refused(records_dir):
     assert restored.get_state() == state
 
 
-def test_on_the_fly_preparation_from_a_corpus(tmp_path):
-    iterator = make_pretrain_iterator(
-        "embedded:eval",
-        embedded_spm_dir(),
-        batch_size=BATCH,
-        max_seq_length=64,
-        max_predictions_per_seq=10,
-        seed=1,
-        dynamic_masking=True,
-        cache_dir=tmp_path,
-    )
-    batch = next(iterator)
-    assert batch["input_ids"].shape == (BATCH, 64) and batch["masked_lm_ids"].shape == (BATCH, 10)
-    (prepared,) = list(tmp_path.iterdir())
-    written = sorted(p.name for p in prepared.glob("*.tfrecord"))
-    again = make_pretrain_iterator(
-        "embedded:eval",
-        embedded_spm(),
-        batch_size=BATCH,
-        max_seq_length=64,
-        max_predictions_per_seq=10,
-        seed=1,
-        dynamic_masking=True,
-        cache_dir=tmp_path,
-    )
-    assert sorted(p.name for p in prepared.glob("*.tfrecord")) == written  # reused, not redone
-    for key, value in next(again).items():
-        np.testing.assert_array_equal(value, batch[key])
-
-
 def test_mismatched_lengths_and_too_little_data_are_clear_errors(records_dir):
     with pytest.raises(ValueError, match="max_seq_length=128 and max_predictions_per_seq=20"):
-        make_pretrain_iterator(str(records_dir), batch_size=BATCH, max_seq_length=512)
+        make_pretrain_iterator(
+            str(records_dir), PipelineSettings(batch_size=BATCH, max_seq_length=512)
+        )
     with pytest.raises(ValueError, match="fewer than batch_size=100000 examples"):
         next(_iterator(records_dir, batch_size=100_000))
     with pytest.raises(ValueError, match="corpus, not prepared records"):
-        make_pretrain_iterator("embedded:eval", batch_size=BATCH)
+        make_pretrain_iterator("embedded:eval", PipelineSettings(batch_size=BATCH))
     with pytest.raises(ValueError, match="was prepared with tokenizer .* but dynamic masking"):
         make_pretrain_iterator(
             str(records_dir),
+            PipelineSettings(batch_size=BATCH, dynamic_masking=True),
             load_tokenizer(minilm_vocab_path()),
-            batch_size=BATCH,
-            dynamic_masking=True,
         )
     masking = MaskingConfig.from_tokenizer(embedded_spm(), 0.15, 10)
     with pytest.raises(ValueError, match="must equal max_predictions_per_seq"):

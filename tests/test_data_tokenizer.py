@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax import cli
-from bert_jax.data import corpus
+from bert_jax.data import sources as corpus
 from bert_jax.data.tokenizer import (
     SentencePieceTokenizer,
     WordPieceTokenizer,

@@ -208,15 +208,14 @@ def test_suggest_factor_fills_rows():
 
 def test_pipeline_packs_records_and_resumes_exactly(tmp_path):
     from bert_jax.data import records
-    from bert_jax.data.pipeline import make_pretrain_iterator
+    from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
 
     rng = np.random.default_rng(5)
     lengths = [int(n) for n in rng.integers(5, 16, size=48)]
     unpacked = unpacked_instances(rng, lengths, 32, 3, 100)
     records.write_records(str(tmp_path / "part-00000.tfrecord"), records.serialize_arrays(unpacked))
     config = packing.PackingConfig(32, max_predictions_per_row=12, factor=2.0)
-    make = lambda: make_pretrain_iterator(  # noqa: E731
-        str(tmp_path),
+    settings = PipelineSettings(
         batch_size=4,
         max_seq_length=32,
         max_predictions_per_seq=3,
@@ -224,6 +223,7 @@ def test_pipeline_packs_records_and_resumes_exactly(tmp_path):
         shuffle_buffer_size=16,
         packing=config,
     )
+    make = lambda: make_pretrain_iterator(str(tmp_path), settings)  # noqa: E731
     it = make()
     first = next(it)
     assert first["input_ids"].shape == (4, 32) and first["cls_positions"].shape == (4, 16)

@@ -112,13 +112,10 @@ def _add_data(subparsers) -> None:
 def _prepare(args) -> int:
     import logging
 
-    from bert_jax.data.prepare import prepare_records
+    from bert_jax.data.prepare import PrepareSettings, prepare_records
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    result = prepare_records(
-        args.input,
-        args.tokenizer,
-        args.output,
+    settings = PrepareSettings(
         max_seq_length=args.max_seq_length,
         max_predictions_per_seq=args.max_predictions_per_seq,
         masked_lm_prob=args.masked_lm_prob,
@@ -137,6 +134,7 @@ def _prepare(args) -> int:
         strict=args.strict,
         overwrite=args.overwrite,
     )
+    result = prepare_records(args.input, args.tokenizer, args.output, settings)
     print(result.summary())
     for problem in result.corpus_stats.problems:
         print(f"  skipped: {problem}")

@@ -1,12 +1,21 @@
-"""Pretraining data: tokenizers, corpora, instance creation, TFRecords and the tf.data pipeline.
+"""Pretraining data, by stage; each module imports only the stages above it in this list.
 
-- ``tokenizer``: ``load_tokenizer``, ``train_sentencepiece`` / ``train_tokenizer``, ``encode_pair``.
-- ``corpus``: ``embedded_documents``, ``read_documents`` / ``iter_documents``.
-- ``pretraining``: ``create_instances``, ``mask_instance`` (pure NumPy, deterministic by seed).
-- ``records``: the original BERT TFRecord features; ``prepare``: ``prepare_records``
-  (``bert-jax data prepare``).
-- ``pipeline``: ``make_pretrain_iterator`` -> per-host batches with ``get_state``/``set_state``.
+- ``layout``: names on disk of prepared data (record suffix, ``prepare_config.json``,
+  ``tokenizer/``); ``files``: atomic writes.
+- ``sentences``: ``split_sentences``; ``embedded``: the corpus that ships with Python;
+  ``sources``: ``source_kind`` (what a path or name is), ``read_documents`` / ``iter_documents``.
+- ``tokenizer``: ``load_tokenizer``, ``train_sentencepiece`` / ``train_tokenizer``, ``encode_pair``
+  (the interface in ``tokenizer_base``; ``wordpiece`` and ``sentencepiece_tokenizer`` implement it).
+- ``masking``: ``MaskingConfig``, static ``mask_instance``, the pipeline's ``dynamic_mask_batch``.
+- ``instances``: ``tokenize_documents``, ``create_instances``, ``instances_to_arrays``.
+- ``records``: the original BERT TFRecord features (serialize, write, parse, read).
+- ``groups``: prepare's unit of work (a group of documents -> one shard);
+  ``prepare``: ``prepare_records(sources, tokenizer, output_dir, PrepareSettings)``
+  (``bert-jax data prepare``) and ``prepare_cached`` (a corpus prepared once for a run).
+- ``packing``: several instances per row; ``pipeline``: ``make_pretrain_iterator(records,
+  PipelineSettings)`` -> per-host batches with ``get_state``/``set_state``; ``shards``: the
+  global batch from a fixed number of readers.
 
-Importing ``tokenizer``, ``corpus`` and ``pretraining`` never imports TensorFlow; the other modules
-import it lazily, inside the functions that read or write records.
+Importing ``tokenizer``, ``sources``, ``masking`` and ``instances`` never imports TensorFlow; the
+other modules import it lazily, inside the functions that read or write records.
 """

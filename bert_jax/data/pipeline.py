@@ -2,19 +2,12 @@
 
 Public API::
 
-    make_pretrain_iterator(records_or_source, tokenizer=None, *, batch_size, max_seq_length=128,
-                           max_predictions_per_seq=20, seed=0, process_index=0, process_count=1,
-                           dynamic_masking=False, whole_word_mask=False, masked_lm_prob=0.15,
-                           shuffle=True, shuffle_buffer_size=10_000, num_epochs=None,
-                           cache_dir=None, dupe_factor=None, short_seq_prob=0.1, num_workers=1,
-                           tfds_data_dir=None, shard_by="auto", packing=None)
-        -> PretrainIterator (or packing.PackedIterator with ``packing``)
+    make_pretrain_iterator(records, settings: PipelineSettings, tokenizer=None)
+        -> PretrainIterator (or packing.PackedIterator with ``settings.packing``)
 
-``records_or_source`` is prepared data (a directory of ``*.tfrecord`` shards, a glob, a file or a
-list of files — ours or written by the original ``create_pretraining_data.py``) or a corpus
-source as accepted by ``corpus.read_documents`` (``"embedded"``, text/JSONL files,
-``tfds:NAME``), which is first prepared into ``cache_dir`` with ``prepare.prepare_records``
-(reused when already there; every host prepares the same bytes, then reads its own part).
+``records`` is prepared data: a directory of ``*.tfrecord`` shards, a glob, a file or a list of
+files — ours or written by the original ``create_pretraining_data.py``. A raw corpus is prepared
+first by the caller (``prepare.prepare_cached``); this module never prepares.
 
 ``PretrainIterator`` yields per-host batches in the fixed format: ``input_ids``, ``input_mask``,
 ``segment_ids`` [B, L] int32; ``masked_lm_positions``, ``masked_lm_ids`` [B, P] int32;
@@ -34,166 +27,59 @@ that epoch and skips the consumed batches while they are still serialized string
 masking), so resuming costs a re-read of part of one epoch and the state stays a few bytes
 instead of a shuffle buffer.
 
-Dynamic masking (``dynamic_masking=True``) re-masks every batch with vectorized TF ops: the
-original tokens are first restored from the record's ``masked_lm_ids`` (so any static records,
-including the original tool's, can be re-masked), then each example gets a fresh selection of 15%
-of its non-special tokens with 80/10/10 replacement, drawn with stateless RNG seeded by
-``(seed, epoch, process_index, batch index)``: every epoch sees a new masking, and a restored
-iterator re-creates exactly the same one. With ``whole_word_mask`` whole words are taken in random
-order while they fit the budget; unlike static preparation, the first word that does not fit ends
-the selection (a prefix rule has a closed vectorized form; skipping needs a sequential loop), so
-slightly fewer than 15% of tokens may be selected.
+Dynamic masking (``dynamic_masking=True``) re-masks every batch (``masking.dynamic_mask_batch``)
+with stateless RNG seeded by ``(seed, epoch, process_index, batch index)``: every epoch sees a new
+masking, and a restored iterator re-creates exactly the same one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from bert_jax.data import records as records_lib
-from bert_jax.data.files import write_json_atomic
+from bert_jax.data.layout import TOKENIZER_SUBDIR, read_prepare_config
+from bert_jax.data.masking import MaskingConfig, dynamic_mask_batch
 from bert_jax.data.packing import PackedIterator, PackingConfig
-from bert_jax.data.prepare import CONFIG_FILE, TOKENIZER_SUBDIR, prepare_records
-from bert_jax.data.pretraining import MASK_SHARE, RANDOM_SHARE, MaskingConfig
+from bert_jax.data.sources import source_kind
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
 
 STATE_VERSION = 1
-_COMPLETE_MARKER = "prepared-complete.json"
 
-__all__ = [
-    "PretrainIterator",
-    "make_pretrain_iterator",
-    "prepare_records",
-    "synthetic_batch",
-    "dynamic_mask_batch",
-]
+__all__ = ["PipelineSettings", "PretrainIterator", "make_pretrain_iterator", "synthetic_batch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSettings:
+    """How to read prepared records: batch shape, this host's part, order and masking."""
+
+    batch_size: int
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    seed: int = 0
+    # This reader's part of the data: ``process_index`` of ``process_count`` disjoint parts.
+    process_index: int = 0
+    process_count: int = 1
+    dynamic_masking: bool = False
+    whole_word_mask: bool = False
+    masked_lm_prob: float = 0.15
+    shuffle: bool = True
+    shuffle_buffer_size: int = 10_000
+    num_epochs: int | None = None
+    shard_by: str = "auto"  # "files", "records" or "auto" (files when there are enough)
+    packing: PackingConfig | None = None
 
 
 def _derived_seed(*parts: int) -> int:
     """A 63-bit seed from integers (tf.data and stateless ops take signed int64)."""
     state = np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint32)
     return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
-
-
-def dynamic_mask_batch(batch: dict, seed, masking: MaskingConfig) -> dict:
-    """Re-mask a parsed batch with TF ops (no Python per example); ``seed`` is an int64 [2].
-
-    Returns a new batch dict with ``input_ids`` and the ``masked_lm_*`` features replaced.
-    """
-    tf = records_lib.import_tensorflow()
-    input_ids = batch["input_ids"]
-    input_mask = batch["input_mask"]
-    batch_size = tf.shape(input_ids)[0]
-    seq_length = input_ids.shape[1]
-    num_slots = masking.max_predictions_per_seq
-
-    # Undo the static masking: put the original ids back at the predicted positions.
-    record_positions = batch["masked_lm_positions"]
-    was_predicted = batch["masked_lm_weights"] > 0
-    rows = tf.broadcast_to(tf.range(batch_size)[:, None], tf.shape(record_positions))
-    indices = tf.stack([rows, record_positions], axis=-1)
-    input_ids = tf.tensor_scatter_nd_update(
-        input_ids,
-        tf.boolean_mask(indices, was_predicted),
-        tf.boolean_mask(batch["masked_lm_ids"], was_predicted),
-    )
-
-    never_mask = tf.constant(masking.never_mask_table)
-    candidates = tf.logical_and(input_mask > 0, tf.logical_not(tf.gather(never_mask, input_ids)))
-    num_candidates = tf.reduce_sum(tf.cast(candidates, tf.int32), axis=1)
-    wanted = tf.cast(
-        tf.round(tf.cast(num_candidates, tf.float32) * masking.masked_lm_prob), tf.int32
-    )
-    num_to_predict = tf.minimum(tf.minimum(tf.maximum(wanted, 1), num_slots), num_candidates)
-
-    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
-    positions = tf.range(seq_length)[None, :]
-    if masking.word_start_table is None:
-        # Token level: the num_to_predict candidates with the highest random scores. Scores are
-        # random integers times L plus the position, so they never tie.
-        random_bits = tf.random.stateless_uniform(
-            [batch_size, seq_length],
-            seed=seeds[0],
-            minval=0,
-            maxval=(2**31 - 1) // seq_length,  # keeps bits * L + position within int32
-            dtype=tf.int32,
-        )
-        scores = tf.where(candidates, random_bits * seq_length + positions, -1)
-        top_scores, _ = tf.math.top_k(scores, k=num_slots)
-        kth_index = tf.maximum(num_to_predict - 1, 0)
-        threshold = tf.gather(top_scores, kth_index, batch_dims=1)
-        selected = candidates & (scores >= threshold[:, None]) & (num_to_predict > 0)[:, None]
-        token_draws = tf.random.stateless_uniform([batch_size, seq_length], seed=seeds[1])
-    else:
-        selected, token_draws = _select_whole_words(
-            input_ids, candidates, num_to_predict, masking, seeds
-        )
-    ordinary = tf.constant(masking.ordinary_ids)
-    random_ids = tf.gather(
-        ordinary,
-        tf.random.stateless_uniform(
-            [batch_size, seq_length],
-            seed=seeds[2],
-            minval=0,
-            maxval=int(masking.ordinary_ids.shape[0]),
-            dtype=tf.int32,
-        ),
-    )
-    to_mask = selected & (token_draws < MASK_SHARE)
-    to_random = selected & (token_draws >= MASK_SHARE) & (token_draws < MASK_SHARE + RANDOM_SHARE)
-    masked_ids = tf.where(to_mask, masking.mask_id, tf.where(to_random, random_ids, input_ids))
-
-    # Selected positions, ascending, padded with position 0 / id 0 / weight 0.
-    priority = tf.where(selected, seq_length - positions, 0)
-    top_priority, _ = tf.math.top_k(priority, k=num_slots)
-    slot_valid = top_priority > 0
-    masked_lm_positions = tf.where(slot_valid, seq_length - top_priority, 0)
-    masked_lm_ids = tf.where(slot_valid, tf.gather(input_ids, masked_lm_positions, batch_dims=1), 0)
-    out = dict(batch)
-    out["input_ids"] = masked_ids
-    out["masked_lm_positions"] = masked_lm_positions
-    out["masked_lm_ids"] = masked_lm_ids
-    out["masked_lm_weights"] = tf.cast(slot_valid, tf.float32)
-    return out
-
-
-def _select_whole_words(input_ids, candidates, num_to_predict, masking: MaskingConfig, seeds):
-    """Whole words in random order while they fit the budget (the prefix rule, see module).
-
-    A word starts at a word-start id or after a non-candidate (so never across [SEP]). Returns
-    the selected tokens [B, L] and one uniform draw per token, shared by the tokens of a word.
-    """
-    tf = records_lib.import_tensorflow()
-    batch_size = tf.shape(input_ids)[0]
-    seq_length = input_ids.shape[1]
-    previous_is_candidate = tf.pad(candidates[:, :-1], [[0, 0], [1, 0]])
-    word_start = tf.gather(tf.constant(masking.word_start_table), input_ids)
-    starts = candidates & (word_start | tf.logical_not(previous_is_candidate))
-    word_of_token = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1
-    word_of_token = tf.where(candidates, word_of_token, seq_length)  # sentinel for non-words
-    num_words = tf.reduce_sum(tf.cast(starts, tf.int32), axis=1)
-    word_sizes = tf.math.bincount(
-        word_of_token, minlength=seq_length + 1, maxlength=seq_length + 1, axis=-1
-    )[:, :seq_length]
-    word_scores = tf.random.stateless_uniform([batch_size, seq_length], seed=seeds[0])
-    word_exists = tf.range(seq_length)[None, :] < num_words[:, None]
-    word_scores = tf.where(word_exists, word_scores, 2.0)
-    order = tf.argsort(word_scores, axis=1)
-    sizes_in_order = tf.gather(word_sizes, order, batch_dims=1)
-    fits_in_order = tf.cumsum(sizes_in_order, axis=1) <= num_to_predict[:, None]
-    fits_in_order &= tf.gather(word_exists, order, batch_dims=1)
-    word_chosen = tf.gather(fits_in_order, tf.argsort(order, axis=1), batch_dims=1)
-    word_chosen = tf.pad(word_chosen, [[0, 0], [0, 1]])  # the sentinel word is never chosen
-    selected = tf.gather(word_chosen, word_of_token, batch_dims=1)
-    word_draws = tf.random.stateless_uniform([batch_size, seq_length + 1], seed=seeds[1])
-    token_draws = tf.gather(word_draws, word_of_token, batch_dims=1)
-    return selected, token_draws
 
 
 class PretrainIterator:
@@ -394,12 +280,6 @@ class PretrainIterator:
             return batch
 
 
-def _looks_like_records(item: str) -> bool:
-    if os.path.isdir(item):
-        return any(records_lib.RECORD_SUFFIX in f for f in os.listdir(item))
-    return records_lib.RECORD_SUFFIX in os.path.basename(item)
-
-
 def _check_record_shapes(files: Sequence[str], max_seq_length: int, slots: int) -> None:
     """Fail up front, naming the file, when records were prepared with other lengths."""
     tf = records_lib.import_tensorflow()
@@ -419,153 +299,88 @@ def _check_record_shapes(files: Sequence[str], max_seq_length: int, slots: int) 
             )
 
 
+def _masking_tokenizer(items: list[str], tokenizer: Tokenizer | None) -> Tokenizer:
+    """The tokenizer dynamic masking uses: the one given, else the one saved with the records.
+
+    Refuses one that differs from the records' own (re-masking with another vocabulary would
+    corrupt every batch).
+    """
+    if tokenizer is None:
+        for item in items:
+            candidate = os.path.join(item, TOKENIZER_SUBDIR)
+            if os.path.isdir(item) and os.path.isdir(candidate):
+                tokenizer = load_tokenizer(candidate)
+                break
+    if tokenizer is None:
+        raise ValueError(
+            "dynamic masking needs the tokenizer (special ids, vocabulary, word starts); "
+            f"pass one or keep the {TOKENIZER_SUBDIR}/ directory next to the records"
+        )
+    for item in items:
+        config = read_prepare_config(item) if os.path.isdir(item) else None
+        if config and config.get("tokenizer_fingerprint") != tokenizer.fingerprint():
+            raise ValueError(
+                f"{item} was prepared with tokenizer {config.get('tokenizer_fingerprint')}"
+                f" but dynamic masking was given {tokenizer!r}"
+            )
+    return tokenizer
+
+
 def make_pretrain_iterator(
-    records_or_source: str | os.PathLike | Sequence[str | os.PathLike],
+    records: str | os.PathLike | Sequence[str | os.PathLike],
+    settings: PipelineSettings,
     tokenizer: Tokenizer | str | os.PathLike | None = None,
-    *,
-    batch_size: int,
-    max_seq_length: int = 128,
-    max_predictions_per_seq: int = 20,
-    seed: int = 0,
-    process_index: int = 0,
-    process_count: int = 1,
-    dynamic_masking: bool = False,
-    whole_word_mask: bool = False,
-    masked_lm_prob: float = 0.15,
-    shuffle: bool = True,
-    shuffle_buffer_size: int = 10_000,
-    num_epochs: int | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    dupe_factor: int | None = None,
-    short_seq_prob: float = 0.1,
-    num_workers: int = 1,
-    tfds_data_dir: str | None = None,
-    shard_by: str = "auto",
-    packing: PackingConfig | None = None,
 ) -> PretrainIterator | PackedIterator:
-    """One call from data (prepared records or a raw corpus) to a resumable per-host iterator.
+    """One call from prepared records to a resumable per-host iterator.
 
-    With ``packing`` (``data/packing.py``), every batch of ``batch_size`` rows packs the
+    With ``settings.packing`` (``data/packing.py``), every batch of ``batch_size`` rows packs the
     instances of ``packing.instances_per_batch(batch_size)`` records; the position is the same
-    kind of state as without.
-
-    The tokenizer is needed to prepare a raw corpus and for dynamic masking; for prepared
-    records it defaults to the ``tokenizer/`` saved next to them by ``data prepare``.
-    ``dupe_factor`` for on-the-fly preparation defaults to 1 with dynamic masking (each epoch is
-    re-masked anyway) and 5 without.
+    kind of state as without. The tokenizer is needed for dynamic masking only; it defaults to
+    the ``tokenizer/`` saved next to the records by ``data prepare``.
     """
     items = (
-        [os.fspath(records_or_source)]
-        if isinstance(records_or_source, (str, os.PathLike))
-        else [os.fspath(s) for s in records_or_source]
+        [os.fspath(records)]
+        if isinstance(records, (str, os.PathLike))
+        else [os.fspath(s) for s in records]
     )
+    corpora = [item for item in items if source_kind(item) != "records"]
+    if corpora:
+        raise ValueError(
+            f"{', '.join(corpora)} is a corpus, not prepared records: prepare it first "
+            "(`bert-jax data prepare`, or data.prepare.prepare_cached)"
+        )
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer)
-    if all(_looks_like_records(item) for item in items):
-        files = records_lib.list_record_files(items)
-        if tokenizer is None and dynamic_masking:
-            for item in items:
-                candidate = os.path.join(item, TOKENIZER_SUBDIR)
-                if os.path.isdir(item) and os.path.isdir(candidate):
-                    tokenizer = load_tokenizer(candidate)
-                    break
-        if tokenizer is not None and dynamic_masking:
-            # Re-masking with another vocabulary than the records' would corrupt every batch.
-            for item in items:
-                config = read_prepare_config(item) if os.path.isdir(item) else None
-                if config and config.get("tokenizer_fingerprint") != tokenizer.fingerprint():
-                    raise ValueError(
-                        f"{item} was prepared with tokenizer {config.get('tokenizer_fingerprint')}"
-                        f" but dynamic masking was given {tokenizer!r}"
-                    )
-    else:
-        if tokenizer is None:
-            raise ValueError(
-                f"{', '.join(items)} is a corpus, not prepared records: pass a tokenizer to "
-                "prepare it"
-            )
-        if dupe_factor is None:
-            dupe_factor = 1 if dynamic_masking else 5
-        prepare_settings = {
-            "items": items,
-            "tokenizer": tokenizer.fingerprint(),
-            "max_seq_length": max_seq_length,
-            "max_predictions_per_seq": max_predictions_per_seq,
-            "masked_lm_prob": masked_lm_prob,
-            "short_seq_prob": short_seq_prob,
-            "dupe_factor": dupe_factor,
-            "whole_word_mask": whole_word_mask,
-            "seed": seed,
-        }
-        key = hashlib.sha256(json.dumps(prepare_settings, sort_keys=True).encode()).hexdigest()
-        if cache_dir is None:
-            cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")
-        output_dir = os.path.join(os.fspath(cache_dir), f"prepared-{key[:16]}")
-        # A finished on-the-fly preparation leaves a marker listing its files, so restarts and
-        # later phases reuse it without reading the corpus again.
-        marker = os.path.join(output_dir, _COMPLETE_MARKER)
-        if os.path.exists(marker):
-            with open(marker, encoding="utf-8") as f:
-                files = [os.path.join(output_dir, name) for name in json.load(f)["files"]]
-        else:
-            result = prepare_records(
-                items,
-                tokenizer,
-                output_dir,
-                max_seq_length=max_seq_length,
-                max_predictions_per_seq=max_predictions_per_seq,
-                masked_lm_prob=masked_lm_prob,
-                short_seq_prob=short_seq_prob,
-                dupe_factor=dupe_factor,
-                seed=seed,
-                whole_word_mask=whole_word_mask,
-                num_workers=num_workers,
-                tfds_data_dir=tfds_data_dir,
-            )
-            files = result.files
-            if not files:
-                raise ValueError(f"preparing {', '.join(items)} produced no instances")
-            if process_index == 0:
-                write_json_atomic(marker, {"files": [os.path.basename(f) for f in files]})
-    _check_record_shapes(files, max_seq_length, max_predictions_per_seq)
+    files = records_lib.list_record_files(items)
+    length, slots = settings.max_seq_length, settings.max_predictions_per_seq
+    _check_record_shapes(files, length, slots)
     masking = None
-    if dynamic_masking:
-        if tokenizer is None:
-            raise ValueError(
-                "dynamic masking needs the tokenizer (special ids, vocabulary, word starts); "
-                f"pass one or keep the {TOKENIZER_SUBDIR}/ directory next to the records"
-            )
+    if settings.dynamic_masking:
         masking = MaskingConfig.from_tokenizer(
-            tokenizer, masked_lm_prob, max_predictions_per_seq, whole_word_mask
+            _masking_tokenizer(items, tokenizer),
+            settings.masked_lm_prob,
+            slots,
+            settings.whole_word_mask,
         )
-    if packing is not None and packing.max_seq_length != max_seq_length:
-        raise ValueError(
-            f"packed rows of {packing.max_seq_length} tokens for records of {max_seq_length}"
-        )
+    packing = settings.packing
+    if packing is not None and packing.max_seq_length != length:
+        raise ValueError(f"packed rows of {packing.max_seq_length} tokens for records of {length}")
+    batch_size = settings.batch_size
     iterator = PretrainIterator(
         files,
         batch_size=batch_size if packing is None else packing.instances_per_batch(batch_size),
-        max_seq_length=max_seq_length,
-        max_predictions_per_seq=max_predictions_per_seq,
-        seed=seed,
-        process_index=process_index,
-        process_count=process_count,
-        shuffle=shuffle,
-        shuffle_buffer_size=shuffle_buffer_size,
+        max_seq_length=length,
+        max_predictions_per_seq=slots,
+        seed=settings.seed,
+        process_index=settings.process_index,
+        process_count=settings.process_count,
+        shuffle=settings.shuffle,
+        shuffle_buffer_size=settings.shuffle_buffer_size,
         masking=masking,
-        num_epochs=num_epochs,
-        shard_by=shard_by,
+        num_epochs=settings.num_epochs,
+        shard_by=settings.shard_by,
     )
     return iterator if packing is None else PackedIterator(iterator, batch_size, packing)
-
-
-def read_prepare_config(directory: str | os.PathLike) -> dict | None:
-    """The settings ``data prepare`` recorded in ``directory``, or None for foreign records."""
-    path = os.path.join(os.fspath(directory), CONFIG_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def synthetic_batch(

@@ -2,18 +2,20 @@
 
 Public API::
 
-    prepare_records(sources, tokenizer, output_dir, *, max_seq_length=128,
-                    max_predictions_per_seq=20, masked_lm_prob=0.15, short_seq_prob=0.1,
-                    dupe_factor=1, seed=12345, whole_word_mask=False, num_workers=1,
-                    shard_index=0, num_shards=1, documents_per_shard=1000, ...) -> PrepareResult
+    prepare_records(sources, tokenizer, output_dir, settings=PrepareSettings()) -> PrepareResult
+    prepare_cached(sources, tokenizer, settings, cache_dir=None) -> list of record files
+
+``PrepareSettings`` holds every knob of ``bert-jax data prepare`` (one field per flag).
+``prepare_cached`` is preparation for a pretraining run given a raw corpus: the records go to a
+directory of ``cache_dir`` named by a hash of the settings, and a finished preparation is reused.
 
 How it scales. Documents are streamed from the sources and cut into consecutive groups of
 ``documents_per_shard`` documents (a final group of one document joins the group before it).
-Group ``g`` becomes the output file ``part-{g:05d}.tfrecord``: a worker process (without
-TensorFlow) tokenizes its documents, makes ``dupe_factor`` passes of masked instances (random next
-sentences are drawn from the other documents of the same group), shuffles and serializes them;
-the driver writes the file. Memory is therefore bounded by the group size times the groups in
-flight (two per worker), never by the corpus. Group ``g`` is seeded by
+Group ``g`` becomes the output file ``part-{g:05d}.tfrecord`` (``groups.py``): a worker process
+(without TensorFlow) tokenizes its documents, makes ``dupe_factor`` passes of masked instances
+(random next sentences are drawn from the other documents of the same group), shuffles and
+serializes them; the driver writes the file. Memory is therefore bounded by the group size
+times the groups in flight (two per worker), never by the corpus. Group ``g`` is seeded by
 ``(seed, g)`` alone, so the output is byte-identical whatever ``num_workers`` is and however the
 work is split across machines: machine ``shard_index`` of ``num_shards`` writes the groups with
 ``g % num_shards == shard_index`` (every machine streams the whole input, which is cheap next to
@@ -31,29 +33,29 @@ pipeline can re-mask dynamically), and a summary goes to
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import multiprocessing
 import os
-import re
+import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from bert_jax.data import corpus as corpus_lib
-from bert_jax.data import pretraining
+from bert_jax.data import groups as groups_lib
+from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
+from bert_jax.data.groups import InstanceStats, part_name
+from bert_jax.data.layout import CONFIG_FILE, TOKENIZER_SUBDIR
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "prepare_config.json"
-TOKENIZER_SUBDIR = "tokenizer"
 FORMAT_VERSION = 1
-_PART_RE = re.compile(r"^part-(\d{5,})\.(tfrecord|json)$")
+# Written by ``prepare_cached`` when a preparation is complete: the list of its record files.
+_COMPLETE_MARKER = "prepared-complete.json"
 
 # Settings that change the bytes written; a resumed run must agree on all of them.
 _OUTPUT_SETTINGS = (
@@ -73,25 +75,56 @@ _OUTPUT_SETTINGS = (
 )
 
 
-@dataclass
-class InstanceStats:
-    """What instance creation produced; summed over groups."""
+@dataclass(frozen=True)
+class PrepareSettings:
+    """How to prepare: one field per ``bert-jax data prepare`` flag (same names, same meaning)."""
 
-    groups: int = 0
-    documents: int = 0
-    instances: int = 0
-    random_next: int = 0
-    forced_random_next: int = 0
-    short_target_instances: int = 0
-    tokens: int = 0
-    masked_lm_predictions: int = 0
-    # Worker CPU time, immune to other load on the machine; wall time of the same work.
-    cpu_seconds: float = 0.0
-    seconds: float = 0.0
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 1
+    seed: int = 12345
+    whole_word_mask: bool = False
+    num_workers: int = 1
+    # This machine's part when several machines prepare one output directory.
+    shard_index: int = 0
+    num_shards: int = 1
+    documents_per_shard: int = 1000
+    tfds_data_dir: str | None = None
+    text_field: str = "text"
+    sentence_split: bool = False
+    max_line_bytes: int = sources_lib.DEFAULT_MAX_LINE_BYTES
+    strict: bool = False
+    overwrite: bool = False
 
-    def add(self, other: dict) -> None:
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(self, f.name) + other.get(f.name, 0))
+    def check(self) -> None:
+        """Raises a ValueError naming every out-of-range setting by its flag."""
+        problems = []
+        if self.max_seq_length < 5:
+            problems.append(f"--max-seq-length {self.max_seq_length} must be at least 5")
+        if not 1 <= self.max_predictions_per_seq <= self.max_seq_length:
+            problems.append(
+                f"--max-predictions-per-seq {self.max_predictions_per_seq} must be in [1, "
+                f"--max-seq-length {self.max_seq_length}]"
+            )
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            problems.append(f"--masked-lm-prob {self.masked_lm_prob} must be in (0, 1)")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            problems.append(f"--short-seq-prob {self.short_seq_prob} must be in [0, 1]")
+        if self.dupe_factor < 1:
+            problems.append(f"--dupe-factor {self.dupe_factor} must be at least 1")
+        if self.num_workers < 1:
+            problems.append(f"--num-workers {self.num_workers} must be at least 1")
+        if self.num_shards < 1 or not 0 <= self.shard_index < self.num_shards:
+            problems.append(
+                f"--shard-index {self.shard_index} must be in [0, --num-shards "
+                f"{self.num_shards}) and --num-shards at least 1"
+            )
+        if self.documents_per_shard < 2:
+            problems.append(f"--documents-per-shard {self.documents_per_shard} must be at least 2")
+        if problems:
+            raise ValueError("invalid data prepare settings: " + "; ".join(problems))
 
 
 @dataclass
@@ -100,7 +133,7 @@ class PrepareResult:
     files: list[str]
     groups_written: int
     groups_skipped: int
-    corpus_stats: corpus_lib.CorpusStats
+    corpus_stats: sources_lib.CorpusStats
     instance_stats: InstanceStats
     wall_seconds: float
     settings: dict = field(default_factory=dict)
@@ -125,187 +158,141 @@ class PrepareResult:
         )
 
 
-def _check_settings(
-    max_seq_length: int,
-    max_predictions_per_seq: int,
-    masked_lm_prob: float,
-    short_seq_prob: float,
-    dupe_factor: int,
+def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources: list[str]) -> dict:
+    """What ``prepare_config.json`` holds: the settings that shape the output, and the inputs."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "max_seq_length": settings.max_seq_length,
+        "max_predictions_per_seq": settings.max_predictions_per_seq,
+        "masked_lm_prob": settings.masked_lm_prob,
+        "short_seq_prob": settings.short_seq_prob,
+        "dupe_factor": settings.dupe_factor,
+        "seed": settings.seed,
+        "whole_word_mask": settings.whole_word_mask,
+        "documents_per_shard": settings.documents_per_shard,
+        "sentence_split": settings.sentence_split,
+        "text_field": settings.text_field,
+        "tokenizer_fingerprint": tokenizer.fingerprint(),
+        "vocab_size": tokenizer.vocab_size,
+        "sources": [
+            s if sources_lib.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
+            for s in sources
+        ],
+    }
+
+
+def _open_output(
+    output_dir: str, recorded: dict, settings: PrepareSettings, tokenizer: Tokenizer
+) -> dict[int, set[str]]:
+    """Check ``output_dir`` against an earlier run, record the settings and the tokenizer.
+
+    Returns the parts already there (``groups.existing_parts``) once ``overwrite`` has removed
+    this machine's.
+    """
+    config_path = os.path.join(output_dir, CONFIG_FILE)
+    if os.path.exists(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            previous = json.load(f)
+        changed = [
+            f"{key}: {previous.get(key)!r} -> {recorded[key]!r}"
+            for key in _OUTPUT_SETTINGS
+            if previous.get(key) != recorded[key]
+        ]
+        if changed and not settings.overwrite:
+            raise ValueError(
+                f"{output_dir} already holds data prepared with different settings "
+                f"({'; '.join(changed)}); choose a new --output directory or pass --overwrite"
+            )
+    existing = groups_lib.existing_parts(output_dir)
+    if settings.overwrite:
+        for group_index, suffixes in existing.items():
+            if group_index % settings.num_shards == settings.shard_index:
+                for suffix in suffixes:
+                    os.remove(os.path.join(output_dir, part_name(group_index, suffix)))
+        existing = groups_lib.existing_parts(output_dir)
+    write_json_atomic(config_path, recorded)
+    tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
+    saved = os.path.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json"))
+    if not saved or settings.overwrite:
+        tokenizer.save(tokenizer_dir)
+    return existing
+
+
+class _Progress:
+    """The driver's tally: groups finished, skipped (already written) and their record files."""
+
+    def __init__(self, output_dir: str):
+        self.output_dir = output_dir
+        self.instance_stats = InstanceStats()
+        self.files: list[str] = []
+        self.groups_written = 0
+        self.groups_skipped = 0
+        self.total_groups = 0
+
+    def skip(self, group_index: int) -> None:
+        self.groups_skipped += 1
+        self.files.append(os.path.join(self.output_dir, part_name(group_index)))
+
+    def finished(self, group_index: int, counts: dict, serialized: list[bytes]) -> None:
+        groups_lib.write_group(self.output_dir, group_index, counts, serialized)
+        self.instance_stats.add(counts)
+        if counts.get("instances"):
+            self.files.append(os.path.join(self.output_dir, part_name(group_index)))
+            self.groups_written += 1
+        logger.info("group %d: %d instances", group_index, counts.get("instances", 0))
+
+
+def _run_groups(
+    groups: Iterator[tuple[int, list[list[str]]]],
+    existing: dict[int, set[str]],
+    tokenizer: Tokenizer,
+    recorded: dict,
     num_workers: int,
-    shard_index: int,
-    num_shards: int,
-    documents_per_shard: int,
+    progress: _Progress,
 ) -> None:
-    problems = []
-    if max_seq_length < 5:
-        problems.append(f"--max-seq-length {max_seq_length} must be at least 5")
-    if not 1 <= max_predictions_per_seq <= max_seq_length:
-        problems.append(
-            f"--max-predictions-per-seq {max_predictions_per_seq} must be in [1, "
-            f"--max-seq-length {max_seq_length}]"
-        )
-    if not 0.0 < masked_lm_prob < 1.0:
-        problems.append(f"--masked-lm-prob {masked_lm_prob} must be in (0, 1)")
-    if not 0.0 <= short_seq_prob <= 1.0:
-        problems.append(f"--short-seq-prob {short_seq_prob} must be in [0, 1]")
-    if dupe_factor < 1:
-        problems.append(f"--dupe-factor {dupe_factor} must be at least 1")
-    if num_workers < 1:
-        problems.append(f"--num-workers {num_workers} must be at least 1")
-    if num_shards < 1 or not 0 <= shard_index < num_shards:
-        problems.append(
-            f"--shard-index {shard_index} must be in [0, --num-shards {num_shards}) and "
-            "--num-shards at least 1"
-        )
-    if documents_per_shard < 2:
-        problems.append(f"--documents-per-shard {documents_per_shard} must be at least 2")
-    if problems:
-        raise ValueError("invalid data prepare settings: " + "; ".join(problems))
-
-
-def _group_seed(seed: int, group_index: int) -> int:
-    return int(np.random.SeedSequence([seed, group_index]).generate_state(1, np.uint64)[0])
-
-
-def part_name(group_index: int, suffix: str = "tfrecord") -> str:
-    return f"part-{group_index:05d}.{suffix}"
-
-
-# --- worker side ------------------------------------------------------------------------------
-
-_WORKER_TOKENIZER: Tokenizer | None = None
-
-
-def _init_worker(tokenizer: Tokenizer) -> None:
-    global _WORKER_TOKENIZER
-    _WORKER_TOKENIZER = tokenizer
-
-
-def _process_group(
-    group_index: int, documents: list[list[str]], settings: dict
-) -> tuple[dict, list[bytes]]:
-    """Tokenize, pair, mask and serialize one group; returns its counts and its records.
-
-    Runs in a worker without TensorFlow; the driver writes the records.
-    """
-    from bert_jax.data import records
-
-    started, started_cpu = time.perf_counter(), time.process_time()
-    tokenizer = _WORKER_TOKENIZER
-    assert tokenizer is not None, "worker not initialised"
-    tokenized = pretraining.tokenize_documents(documents, tokenizer)
-    counts = {"groups": 1, "documents": len(tokenized)}
-    if len(tokenized) < 2:
-        logger.warning(
-            "group %d: fewer than two documents left after tokenization; nothing written",
-            group_index,
-        )
-        counts["seconds"] = time.perf_counter() - started
-        counts["cpu_seconds"] = time.process_time() - started_cpu
-        return counts, []
-    masking = pretraining.MaskingConfig.from_tokenizer(
-        tokenizer,
-        settings["masked_lm_prob"],
-        settings["max_predictions_per_seq"],
-        settings["whole_word_mask"],
-    )
-    instances = pretraining.create_instances(
-        tokenized,
-        masking,
-        max_seq_length=settings["max_seq_length"],
-        short_seq_prob=settings["short_seq_prob"],
-        dupe_factor=settings["dupe_factor"],
-        seed=_group_seed(settings["seed"], group_index),
-    )
-    arrays = pretraining.instances_to_arrays(
-        instances, settings["max_seq_length"], settings["max_predictions_per_seq"]
-    )
-    serialized = records.serialize_arrays(arrays)
-    counts.update(
-        instances=len(instances),
-        random_next=sum(i.is_random_next for i in instances),
-        forced_random_next=sum(i.forced_random_next for i in instances),
-        short_target_instances=sum(i.is_short_target for i in instances),
-        tokens=int(arrays["input_mask"].sum()),
-        masked_lm_predictions=int(arrays["masked_lm_weights"].sum()),
-        seconds=time.perf_counter() - started,
-        cpu_seconds=time.process_time() - started_cpu,
-    )
-    return counts, serialized
-
-
-def _write_group(output_dir: str, group_index: int, counts: dict, serialized: list[bytes]) -> None:
-    from bert_jax.data import records
-
-    if not serialized:
+    """Process every group not already written, in this process or in ``num_workers`` workers."""
+    if num_workers == 1:
+        groups_lib.init_worker(tokenizer)
+        for group_index, group in groups:
+            progress.total_groups += 1
+            if "tfrecord" in existing.get(group_index, ()):
+                progress.skip(group_index)
+                continue
+            progress.finished(group_index, *groups_lib.process_group(group_index, group, recorded))
         return
-    # The sidecar goes first: a shard under its final name always has its counts next to it.
-    write_json_atomic(os.path.join(output_dir, part_name(group_index, "json")), counts)
-    records.write_records(os.path.join(output_dir, part_name(group_index)), serialized)
-
-
-# --- driver side ------------------------------------------------------------------------------
-
-
-def _document_groups(
-    documents: Iterator[list[str]], documents_per_shard: int
-) -> Iterator[tuple[int, list[list[str]]]]:
-    """Consecutive groups; a trailing group of a single document joins the previous group.
-
-    One full group is held back until the next document arrives so that the merge decision can
-    be made; every machine makes the same decision because every machine reads the same stream.
-    """
-    pending: list[list[str]] | None = None
-    current: list[list[str]] = []
-    index = 0
-    for document in documents:
-        current.append(document)
-        if len(current) == documents_per_shard:
-            if pending is not None:
-                yield index, pending
-                index += 1
-            pending, current = current, []
-    if pending is not None:
-        if len(current) == 1:
-            pending.extend(current)
-            current = []
-        yield index, pending
-        index += 1
-    if current:
-        yield index, current
-
-
-def _existing_parts(output_dir: str) -> dict[int, set[str]]:
-    parts: dict[int, set[str]] = {}
-    for name in os.listdir(output_dir):
-        match = _PART_RE.match(name)
-        if match:
-            parts.setdefault(int(match.group(1)), set()).add(match.group(2))
-    return parts
+    # spawn, not fork: the parent may already hold TensorFlow or JAX threads. Workers do the
+    # CPU-heavy part (tokenize, pair, mask, serialize) without TensorFlow; this process
+    # writes, which costs a few microseconds per record.
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(
+        num_workers, initializer=groups_lib.init_worker, initargs=(tokenizer,)
+    ) as pool:
+        in_flight: deque = deque()
+        for group_index, group in groups:
+            progress.total_groups += 1
+            if "tfrecord" in existing.get(group_index, ()):
+                progress.skip(group_index)
+                continue
+            in_flight.append(
+                (
+                    group_index,
+                    pool.apply_async(groups_lib.process_group, (group_index, group, recorded)),
+                )
+            )
+            # Bounded look-ahead keeps memory at a few groups per worker.
+            while len(in_flight) >= 2 * num_workers:
+                index, result = in_flight.popleft()
+                progress.finished(index, *result.get())
+        while in_flight:
+            index, result = in_flight.popleft()
+            progress.finished(index, *result.get())
 
 
 def prepare_records(
     sources: Sequence[str | os.PathLike] | str,
     tokenizer: Tokenizer | str | os.PathLike,
     output_dir: str | os.PathLike,
-    *,
-    max_seq_length: int = 128,
-    max_predictions_per_seq: int = 20,
-    masked_lm_prob: float = 0.15,
-    short_seq_prob: float = 0.1,
-    dupe_factor: int = 1,
-    seed: int = 12345,
-    whole_word_mask: bool = False,
-    num_workers: int = 1,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    documents_per_shard: int = 1000,
-    tfds_data_dir: str | None = None,
-    text_field: str = "text",
-    sentence_split: bool = False,
-    max_line_bytes: int = corpus_lib.DEFAULT_MAX_LINE_BYTES,
-    strict: bool = False,
-    overwrite: bool = False,
+    settings: PrepareSettings = PrepareSettings(),
 ) -> PrepareResult:
     """Write masked pretraining instances from ``sources`` as TFRecord shards (module docstring).
 
@@ -313,168 +300,122 @@ def prepare_records(
     the input (``corpus_stats``) and of the instances written by this call (``instance_stats``).
     """
     started = time.perf_counter()
-    _check_settings(
-        max_seq_length,
-        max_predictions_per_seq,
-        masked_lm_prob,
-        short_seq_prob,
-        dupe_factor,
-        num_workers,
-        shard_index,
-        num_shards,
-        documents_per_shard,
-    )
+    settings.check()
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     # Resolve inputs before touching the output directory: a typo must not leave debris.
-    sources = corpus_lib.expand_sources(
+    sources = sources_lib.expand_sources(
         [sources] if isinstance(sources, (str, os.PathLike)) else sources
     )
     output_dir = os.path.abspath(os.fspath(output_dir))
     os.makedirs(output_dir, exist_ok=True)
-    settings = {
-        "format_version": FORMAT_VERSION,
-        "max_seq_length": max_seq_length,
-        "max_predictions_per_seq": max_predictions_per_seq,
-        "masked_lm_prob": masked_lm_prob,
-        "short_seq_prob": short_seq_prob,
-        "dupe_factor": dupe_factor,
-        "seed": seed,
-        "whole_word_mask": whole_word_mask,
-        "documents_per_shard": documents_per_shard,
-        "sentence_split": sentence_split,
-        "text_field": text_field,
-        "tokenizer_fingerprint": tokenizer.fingerprint(),
-        "vocab_size": tokenizer.vocab_size,
-        "sources": [
-            s
-            if s.startswith(corpus_lib.TFDS_PREFIX) or s.startswith(corpus_lib.EMBEDDED)
-            else os.path.basename(s)
-            for s in sources
-        ],
-    }
-    config_path = os.path.join(output_dir, CONFIG_FILE)
-    if os.path.exists(config_path):
-        with open(config_path, encoding="utf-8") as f:
-            previous = json.load(f)
-        changed = [
-            f"{key}: {previous.get(key)!r} -> {settings[key]!r}"
-            for key in _OUTPUT_SETTINGS
-            if previous.get(key) != settings[key]
-        ]
-        if changed and not overwrite:
-            raise ValueError(
-                f"{output_dir} already holds data prepared with different settings "
-                f"({'; '.join(changed)}); choose a new --output directory or pass --overwrite"
-            )
-    existing = _existing_parts(output_dir)
-    if overwrite:
-        for group_index, suffixes in existing.items():
-            if group_index % num_shards == shard_index:
-                for suffix in suffixes:
-                    os.remove(os.path.join(output_dir, part_name(group_index, suffix)))
-        existing = _existing_parts(output_dir)
-    write_json_atomic(config_path, settings)
-    tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
-    if not os.path.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json")) or overwrite:
-        tokenizer.save(tokenizer_dir)
+    recorded = _recorded_settings(settings, tokenizer, sources)
+    existing = _open_output(output_dir, recorded, settings, tokenizer)
 
-    corpus_stats = corpus_lib.CorpusStats()
-    documents = corpus_lib.iter_documents(
+    corpus_stats = sources_lib.CorpusStats()
+    documents = sources_lib.iter_documents(
         sources,
         corpus_stats,
-        tfds_data_dir=tfds_data_dir,
-        text_field=text_field,
-        max_line_bytes=max_line_bytes,
-        strict=strict,
-        sentence_split=sentence_split,
+        tfds_data_dir=settings.tfds_data_dir,
+        text_field=settings.text_field,
+        max_line_bytes=settings.max_line_bytes,
+        strict=settings.strict,
+        sentence_split=settings.sentence_split,
     )
-    instance_stats = InstanceStats()
-    files: list[str] = []
-    groups_written = groups_skipped = 0
-
-    def finished(group_index: int, counts: dict, serialized: list[bytes]) -> None:
-        nonlocal groups_written
-        _write_group(output_dir, group_index, counts, serialized)
-        instance_stats.add(counts)
-        if counts.get("instances"):
-            files.append(os.path.join(output_dir, part_name(group_index)))
-            groups_written += 1
-        logger.info("group %d: %d instances", group_index, counts.get("instances", 0))
-
-    total_groups = 0
     mine = (
         (g, docs)
-        for g, docs in _document_groups(documents, documents_per_shard)
-        if g % num_shards == shard_index
+        for g, docs in groups_lib.document_groups(documents, settings.documents_per_shard)
+        if g % settings.num_shards == settings.shard_index
     )
-    if num_workers == 1:
-        _init_worker(tokenizer)
-        for group_index, group in mine:
-            total_groups += 1
-            if "tfrecord" in existing.get(group_index, ()):
-                groups_skipped += 1
-                files.append(os.path.join(output_dir, part_name(group_index)))
-                continue
-            finished(group_index, *_process_group(group_index, group, settings))
-    else:
-        # spawn, not fork: the parent may already hold TensorFlow or JAX threads. Workers do the
-        # CPU-heavy part (tokenize, pair, mask, serialize) without TensorFlow; this process
-        # writes, which costs a few microseconds per record.
-        context = multiprocessing.get_context("spawn")
-        with context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
-            in_flight: deque = deque()
-            for group_index, group in mine:
-                total_groups += 1
-                if "tfrecord" in existing.get(group_index, ()):
-                    groups_skipped += 1
-                    files.append(os.path.join(output_dir, part_name(group_index)))
-                    continue
-                in_flight.append(
-                    (
-                        group_index,
-                        pool.apply_async(_process_group, (group_index, group, settings)),
-                    )
-                )
-                # Bounded look-ahead keeps memory at a few groups per worker.
-                while len(in_flight) >= 2 * num_workers:
-                    index, result = in_flight.popleft()
-                    finished(index, *result.get())
-            while in_flight:
-                index, result = in_flight.popleft()
-                finished(index, *result.get())
+    progress = _Progress(output_dir)
+    _run_groups(mine, existing, tokenizer, recorded, settings.num_workers, progress)
 
     if corpus_stats.documents < 2:
         raise ValueError(
             f"inputs {', '.join(sources)} hold {corpus_stats.documents} usable document(s); "
             f"sentence pairs need at least two ({corpus_stats.summary()})"
         )
-    if total_groups == 0 and num_shards > 1:
+    if progress.total_groups == 0 and settings.num_shards > 1:
         logger.warning(
             "shard %d of %d received no document groups: the input has fewer groups than shards",
-            shard_index,
-            num_shards,
+            settings.shard_index,
+            settings.num_shards,
         )
     result = PrepareResult(
         output_dir=output_dir,
-        files=sorted(files),
-        groups_written=groups_written,
-        groups_skipped=groups_skipped,
+        files=sorted(progress.files),
+        groups_written=progress.groups_written,
+        groups_skipped=progress.groups_skipped,
         corpus_stats=corpus_stats,
-        instance_stats=instance_stats,
+        instance_stats=progress.instance_stats,
         wall_seconds=time.perf_counter() - started,
-        settings=settings,
+        settings=recorded,
     )
+    _write_stats(result, settings)
+    return result
+
+
+def _write_stats(result: PrepareResult, settings: PrepareSettings) -> None:
+    name = f"stats-{settings.shard_index}-of-{settings.num_shards}.json"
     write_json_atomic(
-        os.path.join(output_dir, f"stats-{shard_index}-of-{num_shards}.json"),
+        os.path.join(result.output_dir, name),
         {
-            "corpus": corpus_stats.as_dict(),
-            "instances": dataclasses.asdict(instance_stats),
-            "groups_written": groups_written,
-            "groups_skipped": groups_skipped,
+            "corpus": result.corpus_stats.as_dict(),
+            "instances": dataclasses.asdict(result.instance_stats),
+            "groups_written": result.groups_written,
+            "groups_skipped": result.groups_skipped,
             "wall_seconds": result.wall_seconds,
             "instances_per_worker_second": result.instances_per_worker_second,
-            "num_workers": num_workers,
+            "num_workers": settings.num_workers,
         },
     )
-    return result
+
+
+def prepare_cached(
+    sources: Sequence[str | os.PathLike] | str | os.PathLike,
+    tokenizer: Tokenizer | str | os.PathLike,
+    settings: PrepareSettings,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    write_marker: bool = True,
+) -> list[str]:
+    """Record files for a raw corpus: prepared once into ``cache_dir``, then reused.
+
+    The directory is ``prepared-<hash>`` of the sources, the tokenizer and the settings that
+    shape the instances; a finished preparation leaves a marker listing its files, so restarts
+    and later phases reuse it without reading the corpus again. Every host of a job prepares the
+    same bytes; only the one given ``write_marker`` (the first) writes the marker.
+    ``cache_dir`` defaults to ``bert_jax_data`` in the system's temporary directory.
+    """
+    if not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
+    items = (
+        [os.fspath(sources)]
+        if isinstance(sources, (str, os.PathLike))
+        else [os.fspath(s) for s in sources]
+    )
+    key_settings = {
+        "items": items,
+        "tokenizer": tokenizer.fingerprint(),
+        "max_seq_length": settings.max_seq_length,
+        "max_predictions_per_seq": settings.max_predictions_per_seq,
+        "masked_lm_prob": settings.masked_lm_prob,
+        "short_seq_prob": settings.short_seq_prob,
+        "dupe_factor": settings.dupe_factor,
+        "whole_word_mask": settings.whole_word_mask,
+        "seed": settings.seed,
+    }
+    key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
+    if cache_dir is None:
+        cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")
+    output_dir = os.path.join(os.fspath(cache_dir), f"prepared-{key[:16]}")
+    marker = os.path.join(output_dir, _COMPLETE_MARKER)
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as f:
+            return [os.path.join(output_dir, name) for name in json.load(f)["files"]]
+    files = prepare_records(items, tokenizer, output_dir, settings).files
+    if not files:
+        raise ValueError(f"preparing {', '.join(items)} produced no instances")
+    if write_marker:
+        write_json_atomic(marker, {"files": [os.path.basename(f) for f in files]})
+    return files

@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from bert_jax.data.files import temporary_name
+from bert_jax.data.layout import RECORD_SUFFIX
 
 INT_FEATURES = ("input_ids", "input_mask", "segment_ids")
 PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids")
@@ -46,7 +47,6 @@ FEATURE_NAMES = (
     "masked_lm_weights",
     "next_sentence_labels",
 )
-RECORD_SUFFIX = ".tfrecord"
 # Read-ahead per open record file; saying it explicitly also keeps TF from logging its default.
 READ_BUFFER_BYTES = 1 << 20
 
@@ -148,7 +148,7 @@ def _example_class():
 
 
 def serialize_arrays(arrays: Mapping[str, np.ndarray]) -> list[bytes]:
-    """Serialize rows of batch-format arrays (``pretraining.instances_to_arrays``) as Examples.
+    """Serialize rows of batch-format arrays (``instances.instances_to_arrays``) as Examples.
 
     Pure protobuf (no TensorFlow). Serialization is deterministic (map entries in key order), so
     the bytes never depend on the process that made them.

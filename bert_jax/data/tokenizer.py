@@ -166,16 +166,13 @@ def train_tokenizer(
     ``tfds:`` and ``embedded`` sources are first read with the corpus reader (which counts and
     skips bad input) into a temporary one-sentence-per-line file.
     """
-    from bert_jax.data import corpus as corpus_lib
+    from bert_jax.data import sources as sources_lib
 
-    resolved = corpus_lib.expand_sources(list(sources))
+    resolved = sources_lib.expand_sources(list(sources))
 
-    def is_plain(source: str) -> bool:
-        base = source[:-3] if source.endswith(".gz") else source
-        special = source.startswith(corpus_lib.TFDS_PREFIX) or source.split(":", 1)[0] == (
-            corpus_lib.EMBEDDED
-        )
-        return not special and not base.endswith(".jsonl") and not source.endswith(".gz")
+    def is_plain(source: str) -> bool:  # original-format text: SentencePiece reads it as it is
+        kind = sources_lib.source_kind(source)
+        return kind == "text" and not source.endswith((".jsonl", ".gz"))
 
     plain = [s for s in resolved if is_plain(s)]
     others = [s for s in resolved if not is_plain(s)]
@@ -188,7 +185,7 @@ def train_tokenizer(
     with tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", suffix=".txt", dir=output_dir, prefix=".sentences-", delete=False
     ) as f:
-        for document in corpus_lib.iter_documents(others, tfds_data_dir=tfds_data_dir):
+        for document in sources_lib.iter_documents(others, tfds_data_dir=tfds_data_dir):
             f.writelines(sentence + "\n" for sentence in document)
         sentences_path = f.name
     try:

@@ -44,7 +44,7 @@ class Tokenizer:
     _word_start_table: np.ndarray
     _ordinary_table: np.ndarray
 
-    # --- to implement -----------------------------------------------------------------------
+    # --- to implement (encode_batch: where one call for many texts is faster) ---------------
     def tokenize(self, text: str, allow_special: bool = True) -> list[str]:
         raise NotImplementedError
 
@@ -52,7 +52,7 @@ class Tokenizer:
         raise NotImplementedError
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        raise NotImplementedError
+        return [self.encode(text, allow_special=False) for text in texts]
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         raise NotImplementedError

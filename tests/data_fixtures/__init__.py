@@ -12,7 +12,8 @@ import os
 import shutil
 import tempfile
 
-from bert_jax.data import corpus, pretraining
+from bert_jax.data import instances, sources
+from bert_jax.data.masking import MaskingConfig
 from bert_jax.data.tokenizer import SentencePieceTokenizer, Tokenizer, train_sentencepiece
 
 SPM_VOCAB_SIZE = 3000
@@ -41,7 +42,7 @@ def embedded_spm() -> SentencePieceTokenizer:
     """An uncased SentencePiece model trained on the embedded corpus's train split."""
     sentences_path = os.path.join(_work_dir(), "embedded_train.txt")
     with open(sentences_path, "w", encoding="utf-8") as f:
-        for document in corpus.embedded_documents("train"):
+        for document in sources.embedded_documents("train"):
             f.write("\n".join(document) + "\n\n")
     return train_sentencepiece(
         [sentences_path],
@@ -60,8 +61,8 @@ def embedded_spm_dir() -> str:
 @functools.lru_cache(maxsize=1)
 def embedded_tokenized() -> tuple:
     """The embedded train split tokenized with ``embedded_spm``; a tuple, so callers can't edit."""
-    return tuple(pretraining.tokenize_documents(corpus.embedded_documents("train"), embedded_spm()))
+    return tuple(instances.tokenize_documents(sources.embedded_documents("train"), embedded_spm()))
 
 
-def masking_config(tokenizer: Tokenizer | None = None, **kwargs) -> pretraining.MaskingConfig:
-    return pretraining.MaskingConfig.from_tokenizer(tokenizer or embedded_spm(), **kwargs)
+def masking_config(tokenizer: Tokenizer | None = None, **kwargs) -> MaskingConfig:
+    return MaskingConfig.from_tokenizer(tokenizer or embedded_spm(), **kwargs)

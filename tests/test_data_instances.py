@@ -1,4 +1,4 @@
-"""Sentence pairs and masking: the original semantics, measured over >10,000 instances."""
+"""Sentence pairs (and their static masking): the original semantics, over >10,000 instances."""
 
 from __future__ import annotations
 
@@ -7,16 +7,13 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax.data import corpus, pretraining
-from bert_jax.data.pretraining import (
-    MaskingConfig,
+from bert_jax.data import instances as instances_lib
+from bert_jax.data.instances import (
     create_instances,
     create_instances_from_document,
     instances_to_arrays,
-    mask_instance,
 )
-from bert_jax.data.tokenizer import load_tokenizer
-from tests.data_fixtures import embedded_spm, embedded_tokenized, masking_config, minilm_vocab_path
+from tests.data_fixtures import embedded_spm, embedded_tokenized, masking_config
 
 MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS = 20
@@ -212,58 +209,6 @@ def test_short_target_share_is_short_seq_prob_per_document_pass():
     )
 
 
-def test_whole_word_masking_masks_whole_words_and_decides_per_word():
-    tokenizer = embedded_spm()
-    masking = masking_config(whole_word_mask=True)
-    instances = create_instances(embedded_tokenized(), masking, max_seq_length=128, seed=5)
-    arrays = instances_to_arrays(instances, 128, 20)
-    restored = _restore(arrays)
-    word_start = tokenizer.word_start_table
-    special = np.isin(restored, [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id])
-    starts = word_start[restored] | special | np.roll(special, 1, axis=1)
-    word_ids = np.cumsum(starts, axis=1)
-    word_counts = {"mask": 0, "random": 0, "keep": 0}
-    for row in range(len(instances)):
-        valid = arrays["masked_lm_weights"][row] > 0
-        positions = arrays["masked_lm_positions"][row][valid]
-        assert len(positions) <= 20
-        selected_words = np.unique(word_ids[row][positions])
-        word_positions = np.flatnonzero(np.isin(word_ids[row], selected_words))
-        np.testing.assert_array_equal(positions, word_positions)  # whole words only
-        for word in selected_words:
-            at = np.flatnonzero(word_ids[row] == word)
-            seen = arrays["input_ids"][row][at]
-            if (seen == tokenizer.mask_id).all():
-                word_counts["mask"] += 1
-            elif (seen == restored[row][at]).all():
-                word_counts["keep"] += 1
-            else:
-                assert not (seen == tokenizer.mask_id).any()  # one decision per word
-                word_counts["random"] += 1
-    total = sum(word_counts.values())
-    assert total > 10_000
-    assert abs(word_counts["mask"] / total - 0.8) < 0.015
-    assert abs(word_counts["random"] / total - 0.1) < 0.015
-    assert abs(word_counts["keep"] / total - 0.1) < 0.015
-
-
-def test_wordpiece_random_replacements_avoid_special_and_unused_tokens():
-    tokenizer = load_tokenizer(minilm_vocab_path())
-    documents = pretraining.tokenize_documents(corpus.embedded_documents("eval"), tokenizer)
-    masking = MaskingConfig.from_tokenizer(tokenizer, 0.15, 20)
-    rng = np.random.default_rng(0)
-    input_ids = np.asarray([tokenizer.cls_id, *documents[0][0], tokenizer.sep_id], dtype=np.int32)
-    replacements = []
-    for _ in range(3000):
-        masked, positions, labels = mask_instance(input_ids, masking, rng)
-        np.testing.assert_array_equal(input_ids[positions], labels)
-        changed = masked[positions]
-        replacements.extend(changed[(changed != tokenizer.mask_id) & (changed != labels)].tolist())
-    assert len(replacements) > 500
-    vocab = tokenizer.vocab
-    assert not any(vocab[i].startswith("[") and vocab[i].endswith("]") for i in replacements)
-
-
 def test_instances_are_deterministic_by_seed_and_truncated_to_fit():
     documents = list(embedded_tokenized()[:80])
     masking = masking_config()
@@ -285,12 +230,14 @@ def test_instances_are_deterministic_by_seed_and_truncated_to_fit():
 def test_truncation_keeps_both_segments_and_cuts_the_longer_side():
     rng = random.Random(0)
     tokens_a, tokens_b = list(range(100)), list(range(1000, 1010))
-    a, b = pretraining._truncate_pair(tokens_a, tokens_b, 30, rng)
+    a, b = instances_lib._truncate_pair(tokens_a, tokens_b, 30, rng)
     assert (len(a), len(b)) == (20, 10) and b == tokens_b
     assert a == tokens_a[a[0] : a[0] + 20]  # a contiguous window: cut from both ends
-    a, b = pretraining._truncate_pair(list(range(20)), list(range(20)), 15, rng)
+    a, b = instances_lib._truncate_pair(list(range(20)), list(range(20)), 15, rng)
     assert (len(a), len(b)) == (8, 7)  # on a tie B loses first, so B loses the odd token
-    fronts = [pretraining._truncate_pair(list(range(50)), [1], 11, rng)[0][0] for _ in range(2000)]
+    fronts = [
+        instances_lib._truncate_pair(list(range(50)), [1], 11, rng)[0][0] for _ in range(2000)
+    ]
     assert abs(np.mean(fronts) - 20) < 1.0  # 40 cuts, half from the front on average
 
 

@@ -1,4 +1,4 @@
-"""Sentence-pair instances and masked-LM masking with the original BERT semantics.
+"""Instance creation: tokenized documents -> ``[CLS] A [SEP] B [SEP]`` pairs, statically masked.
 
 Pure NumPy/Python (no TensorFlow, no JAX) and deterministic for a given seed.
 
@@ -7,15 +7,13 @@ Public API:
 - ``tokenize_documents(documents, tokenizer) -> list[TokenizedDocument]``: each sentence to ids
   (special tokens in the text are treated as text), dropping sentences and documents that end up
   empty.
-- ``MaskingConfig.from_tokenizer(tokenizer, masked_lm_prob=0.15, max_predictions_per_seq=20,
-  whole_word_mask=False)``: what masking needs to know; also used by the pipeline's dynamic mode.
 - ``create_instances_from_document(documents, document_index, max_seq_length, short_seq_prob,
   cls_id, sep_id, rng) -> list[Instance]``: the unmasked sentence pairs of one document.
 - ``create_instances(documents, masking, max_seq_length=128, short_seq_prob=0.1,
   dupe_factor=1, seed=0, shuffle=True) -> list[Instance]``: every document, ``dupe_factor``
-  times, each pass with a fresh masking, then shuffled — as the original.
-- ``mask_instance(input_ids, masking, rng) -> (masked_input_ids, masked_lm_positions,
-  masked_lm_ids)`` and ``mask_tokens`` (the same on an ``Instance``).
+  times, each pass with a fresh masking (``masking.mask_instance``), then shuffled — as the
+  original.
+- ``mask_tokens(instance, masking, rng)``: ``masking.mask_instance`` on an ``Instance``.
 - ``instances_to_arrays(instances, max_seq_length, max_predictions_per_seq) -> dict`` in the
   batch format (fixed shapes, int32/float32; ``next_sentence_labels`` is [N]).
 
@@ -33,19 +31,10 @@ Semantics (Devlin et al. and google-research/bert's create_pretraining_data.py):
   more than half of the instances are random-next.
 - Truncation removes tokens from the longer segment until both fit, each from the front or back
   with probability 0.5.
-- Masking selects ``max(1, round(masked_lm_prob * n))`` of the ``n`` non-special tokens (capped by
-  ``max_predictions_per_seq``); [CLS], [SEP] and [PAD] are never selected. Each selected token
-  becomes [MASK] (80%), a random ordinary token (10%) or stays (10%).
 
-Deliberate differences from the original, each a fix of a known flaw:
-
-- ``n`` counts non-special tokens only (the original counted [CLS] and the two [SEP]s).
-- A random next always comes from another document (the original tried 10 times and could pick
-  the same one); at least two documents are required.
-- Random replacements come from ``tokenizer.ordinary_ids`` (the original could insert [CLS],
-  [SEP], [MASK] or [unused*]).
-- With ``whole_word_mask``, the 80/10/10 decision is made once per word (the original decided
-  per sub-token), and a word never continues across a [SEP].
+A deliberate difference from the original (a fix of a known flaw): a random next always comes
+from another document (the original tried 10 times and could pick the same one); at least two
+documents are required. Masking's own differences are listed in ``masking.py``.
 """
 
 from __future__ import annotations
@@ -56,70 +45,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bert_jax.data.masking import MaskingConfig, mask_instance
 from bert_jax.data.tokenizer import Tokenizer
 
 TokenizedDocument = list[list[int]]
-
-# Thresholds on one uniform draw per selected unit: [0, 0.8) -> [MASK], [0.8, 0.9) -> random
-# ordinary token, [0.9, 1) -> unchanged.
-MASK_SHARE = 0.8
-RANDOM_SHARE = 0.1
-
-
-@dataclass(frozen=True)
-class MaskingConfig:
-    """What masking needs from the tokenizer, plus the masking hyperparameters."""
-
-    masked_lm_prob: float
-    max_predictions_per_seq: int
-    mask_id: int
-    never_mask_table: np.ndarray  # bool[vocab]: [CLS], [SEP], [PAD]
-    ordinary_ids: np.ndarray  # int32 ids a random replacement may take
-    word_start_table: np.ndarray | None  # bool[vocab] when whole-word masking, else None
-    cls_id: int
-    sep_id: int
-    pad_id: int
-    vocab_size: int
-
-    @classmethod
-    def from_tokenizer(
-        cls,
-        tokenizer: Tokenizer,
-        masked_lm_prob: float = 0.15,
-        max_predictions_per_seq: int = 20,
-        whole_word_mask: bool = False,
-    ) -> MaskingConfig:
-        if not 0.0 < masked_lm_prob < 1.0:
-            raise ValueError(f"masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
-        if max_predictions_per_seq < 1:
-            raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
-        never_mask = np.zeros(tokenizer.vocab_size, dtype=bool)
-        never_mask[[tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id]] = True
-        ordinary_ids = tokenizer.ordinary_ids
-        if ordinary_ids.size == 0:
-            raise ValueError("the tokenizer has no ordinary tokens to use as random replacements")
-        return cls(
-            masked_lm_prob=float(masked_lm_prob),
-            max_predictions_per_seq=int(max_predictions_per_seq),
-            mask_id=tokenizer.mask_id,
-            never_mask_table=never_mask,
-            ordinary_ids=ordinary_ids,
-            word_start_table=tokenizer.word_start_table.copy() if whole_word_mask else None,
-            cls_id=tokenizer.cls_id,
-            sep_id=tokenizer.sep_id,
-            pad_id=tokenizer.pad_id,
-            vocab_size=tokenizer.vocab_size,
-        )
-
-    @property
-    def whole_word_mask(self) -> bool:
-        return self.word_start_table is not None
-
-    def num_to_predict(self, num_candidates: int) -> int:
-        if num_candidates <= 0:
-            return 0
-        wanted = max(1, int(round(num_candidates * self.masked_lm_prob)))
-        return min(self.max_predictions_per_seq, wanted, num_candidates)
 
 
 @dataclass
@@ -259,64 +188,6 @@ def create_instances_from_document(
             chunk_length = 0
         i += 1
     return instances
-
-
-def mask_instance(
-    input_ids: np.ndarray,
-    masking: MaskingConfig,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Masked-LM corruption of one unpadded sequence.
-
-    Returns (masked input ids, masked_lm_positions ascending, masked_lm_ids = original ids there).
-    """
-    input_ids = np.asarray(input_ids, dtype=np.int32)
-    candidates = np.flatnonzero(~masking.never_mask_table[input_ids])
-    num_to_predict = masking.num_to_predict(len(candidates))
-    if num_to_predict == 0:
-        empty = np.zeros(0, dtype=np.int32)
-        return input_ids.copy(), empty, empty.copy()
-
-    if masking.word_start_table is None:
-        positions = np.sort(rng.choice(candidates, size=num_to_predict, replace=False))
-        unit_draws = rng.random(num_to_predict)
-        token_draws = unit_draws
-    else:
-        # A word starts at a word-start id or right after a special token (never across [SEP]).
-        starts = masking.word_start_table[input_ids[candidates]]
-        starts[0] = True
-        starts[1:] |= np.diff(candidates) > 1
-        word_of_token = np.cumsum(starts) - 1
-        word_first = np.flatnonzero(starts)
-        word_sizes = np.diff(np.append(word_first, len(candidates)))
-        chosen_words = []
-        total = 0
-        for word in rng.permutation(len(word_first)):
-            if total >= num_to_predict:
-                break
-            size = int(word_sizes[word])
-            # Like the original: a word that would overflow the budget is skipped, not split.
-            if total + size > num_to_predict:
-                continue
-            chosen_words.append(word)
-            total += size
-        chosen = np.zeros(len(word_first), dtype=bool)
-        chosen[chosen_words] = True
-        selected = chosen[word_of_token]
-        positions = candidates[selected]
-        unit_draws = rng.random(len(word_first))
-        token_draws = unit_draws[word_of_token[selected]]
-
-    labels = input_ids[positions]
-    masked = input_ids.copy()
-    to_mask = token_draws < MASK_SHARE
-    to_random = (token_draws >= MASK_SHARE) & (token_draws < MASK_SHARE + RANDOM_SHARE)
-    masked[positions[to_mask]] = masking.mask_id
-    num_random = int(to_random.sum())
-    if num_random:
-        picks = rng.integers(0, len(masking.ordinary_ids), size=num_random)
-        masked[positions[to_random]] = masking.ordinary_ids[picks]
-    return masked, positions.astype(np.int32), labels.astype(np.int32)
 
 
 def mask_tokens(instance: Instance, masking: MaskingConfig, rng: np.random.Generator) -> Instance:

@@ -1,22 +1,20 @@
-"""Documents (lists of sentences) from text files, JSONL, TFDS and an embedded default corpus.
+"""Reading sources: what kind a data source is, and the documents (lists of sentences) it holds.
 
 Public API:
 
-- ``embedded_documents(split="train") -> list[Document]``: real English prose that ships with
-  Python itself (the language reference in ``pydoc_data.topics`` and the standard library's
-  docstrings, read with ``ast`` so nothing is imported or executed). Deterministic order for a
-  given Python installation; ``split`` is "train", "eval" (about 5% of documents, chosen by a hash
-  of the document's name, so the split is stable) or "all".
+- ``source_kind(source) -> "records" | "tfds" | "embedded" | "text"``: the one place that decides
+  what a path or name is (``records``: prepared TFRecords, a directory holding ``*.tfrecord*``
+  files or a path/glob naming them; ``text``: anything else on disk, i.e. text or JSONL files).
 - ``read_documents(sources, **options) -> (list[Document], CorpusStats)`` and the streaming
   ``iter_documents(sources, stats, **options)``. A source is
     * a path, directory or glob of text files in the original format (one sentence per line, a
       blank line between documents); ``.gz`` files are read transparently;
     * a ``.jsonl`` (or ``.jsonl.gz``) file with one JSON object per line holding a ``text`` field,
-      split into sentences here;
+      split into sentences (``sentences.split_sentences``);
     * ``tfds:NAME[/CONFIG][:SPLIT]`` (split defaults to "train"), read offline from
       ``tfds_data_dir`` (or TFDS's default data dir) — it must already be prepared;
-    * ``embedded[:train|eval|all]``.
-- ``split_sentences(text) -> list[str]``: the rule-based splitter used for JSONL and TFDS text.
+    * ``embedded[:train|eval|all]`` (``embedded.embedded_documents``, re-exported here).
+- ``expand_sources(sources) -> list[str]``: directories and globs to files, special sources kept.
 
 Bad input is handled and counted in ``CorpusStats`` rather than crashing hours into a run:
 bytes that are not UTF-8 are dropped from their line (``invalid_utf8_lines``), empty files are
@@ -31,28 +29,59 @@ nothing, or an unknown TFDS dataset is always an error.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import glob
 import gzip
 import json
 import os
-import re
-import sysconfig
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Literal
 
-Document = list[str]
+from bert_jax.data.embedded import Document, embedded_document_names, embedded_documents
+from bert_jax.data.layout import RECORD_SUFFIX
+from bert_jax.data.sentences import split_sentences
+
+__all__ = [
+    "CorpusStats",
+    "Document",
+    "embedded_document_names",
+    "embedded_documents",
+    "expand_sources",
+    "iter_documents",
+    "read_documents",
+    "source_kind",
+    "split_sentences",
+]
+
+SourceKind = Literal["records", "tfds", "embedded", "text"]
 
 EMBEDDED = "embedded"
 TFDS_PREFIX = "tfds:"
 DEFAULT_MAX_LINE_BYTES = 200_000
-# One document in twenty is held out for evaluation.
-_EVAL_MODULUS = 20
 _MAX_PROBLEM_EXAMPLES = 20
+
+
+def source_kind(source: str | os.PathLike) -> SourceKind:
+    """What ``source`` is; nothing else in the package inspects a source's name or contents.
+
+    ``tfds:...`` and ``embedded[:SPLIT]`` by name; a directory is ``records`` when it holds any
+    ``*.tfrecord*`` file; a file or glob is ``records`` when its name contains ``.tfrecord``;
+    everything else is ``text`` (original-format text or JSONL, told apart per file by name).
+    """
+    source = os.fspath(source)
+    if source.startswith(TFDS_PREFIX):
+        return "tfds"
+    if source.split(":", 1)[0] == EMBEDDED:
+        return "embedded"
+    if os.path.isdir(source):
+        return "records" if any(RECORD_SUFFIX in f for f in os.listdir(source)) else "text"
+    return "records" if RECORD_SUFFIX in os.path.basename(source) else "text"
+
+
+def _is_jsonl(path: str) -> bool:
+    base = path[:-3] if path.endswith(".gz") else path
+    return base.endswith(".jsonl")
 
 
 @dataclass
@@ -97,191 +126,6 @@ class CorpusStats:
         return ", ".join(f"{k}={v}" for k, v in counts.items()) or "nothing read"
 
 
-# ----------------------------------------------------------------------------------------------
-# Sentence splitting.
-# ----------------------------------------------------------------------------------------------
-
-# Words that end in a period without ending a sentence (compared lower-case, without the period).
-_ABBREVIATIONS = frozenset(
-    "e.g i.e etc vs cf al mr mrs ms dr prof st jr sr fig eq sec ch vol approx resp "
-    "incl esp viz ca jan feb mar apr jun jul aug sep sept oct nov dec".split()
-)
-_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*\s+")
-_OPENS_SENTENCE = re.compile(r"[\"'“‘(\[]?[A-Z0-9]")
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split prose into sentences; newlines always end a sentence (they separate paragraphs).
-
-    Rule-based: a boundary is ``.``, ``!`` or ``?`` (plus closing quotes/brackets) and whitespace
-    before an upper-case letter, digit or opening quote, unless the word before the period is a
-    common abbreviation or a single letter (an initial).
-    """
-    sentences: list[str] = []
-    for paragraph in text.splitlines():
-        paragraph = " ".join(paragraph.split())
-        if not paragraph:
-            continue
-        start = 0
-        for match in _BOUNDARY.finditer(paragraph):
-            end = match.end()
-            if not _OPENS_SENTENCE.match(paragraph, end):
-                continue
-            head = paragraph[start : match.start()]
-            last_word = head.rsplit(" ", 1)[-1].lstrip("(\"'[").lower()
-            if paragraph[match.start()] == "." and (
-                last_word in _ABBREVIATIONS or (len(last_word) == 1 and last_word.isalpha())
-            ):
-                continue
-            sentence = paragraph[start:end].strip()
-            if sentence:
-                sentences.append(sentence)
-            start = end
-        tail = paragraph[start:].strip()
-        if tail:
-            sentences.append(tail)
-    return sentences
-
-
-# ----------------------------------------------------------------------------------------------
-# Embedded corpus.
-# ----------------------------------------------------------------------------------------------
-
-_UNDERLINE = re.compile(r"^([*=\-~^#])\1{2,}$")
-# Parts of the standard library that are tests, tools or GUI code rather than documented API.
-_SKIPPED_STDLIB_DIRS = frozenset(
-    {
-        "test",
-        "tests",
-        "idlelib",
-        "lib2to3",
-        "turtledemo",
-        "tkinter",
-        "ensurepip",
-        "site-packages",
-        "dist-packages",
-        "__pycache__",
-        "pydoc_data",
-        # Generated codec tables: one boilerplate docstring each, repeated a hundred times.
-        "encodings",
-    }
-)
-
-
-def _prose_sentences(text: str) -> list[str]:
-    """Sentences from the prose paragraphs of reST-like text (pydoc topics, docstrings).
-
-    Drops headings, indented blocks (code, grammar, argument tables) and doctest lines, so what
-    remains is running English text.
-    """
-    lines = text.expandtabs().splitlines()
-    paragraphs: list[str] = []
-    current: list[str] = []
-
-    def flush() -> None:
-        if current:
-            paragraphs.append(" ".join(current))
-            current.clear()
-
-    for index, line in enumerate(lines):
-        stripped = line.strip()
-        next_line = lines[index + 1].strip() if index + 1 < len(lines) else ""
-        if (
-            not stripped
-            or line[0].isspace()
-            or _UNDERLINE.match(stripped)
-            or _UNDERLINE.match(next_line)
-            or stripped.startswith((">>>", "..."))
-        ):
-            flush()
-            continue
-        current.append(stripped)
-    flush()
-    sentences: list[str] = []
-    for paragraph in paragraphs:
-        letters = sum(c.isalpha() for c in paragraph)
-        if len(paragraph.split()) < 3 or letters < 0.6 * len(paragraph):
-            continue
-        sentences.extend(s for s in split_sentences(paragraph) if any(c.isalpha() for c in s))
-    return sentences
-
-
-def _stdlib_docstrings(path: str) -> str:
-    with open(path, "rb") as f:
-        source = f.read()
-    try:
-        tree = ast.parse(source, filename=path)
-    except (SyntaxError, ValueError):
-        return ""
-    parts = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node)
-            if doc:
-                parts.append(doc)
-    return "\n\n".join(parts)
-
-
-@functools.lru_cache(maxsize=1)
-def _embedded_corpus() -> tuple[tuple[str, tuple[str, ...]], ...]:
-    documents: list[tuple[str, tuple[str, ...]]] = []
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:  # some distributions strip pydoc_data; the docstrings still suffice
-        topics = {}
-    for name in sorted(topics):
-        sentences = _prose_sentences(topics[name])
-        if sentences:
-            documents.append((f"pydoc:{name}", tuple(sentences)))
-    stdlib = sysconfig.get_paths()["stdlib"]
-    for root, dirs, files in os.walk(stdlib):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_STDLIB_DIRS)
-        for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(root, name)
-            sentences = _prose_sentences(_stdlib_docstrings(path))
-            if sentences:
-                documents.append((f"stdlib:{os.path.relpath(path, stdlib)}", tuple(sentences)))
-    if len(documents) < 2:
-        raise RuntimeError(
-            f"the embedded corpus found only {len(documents)} documents in {stdlib}; this Python "
-            "installation ships without its standard-library sources"
-        )
-    return tuple(documents)
-
-
-def _is_eval_document(name: str) -> bool:
-    return zlib.crc32(name.encode("utf-8")) % _EVAL_MODULUS == 0
-
-
-def embedded_documents(split: str = "train") -> list[Document]:
-    """The embedded English corpus; ``split`` is "train", "eval" or "all" (see module docstring)."""
-    if split not in ("train", "eval", "all"):
-        raise ValueError(f"embedded corpus split must be train, eval or all, not {split!r}")
-    return [
-        list(sentences)
-        for name, sentences in _embedded_corpus()
-        if split == "all" or (split == "eval") == _is_eval_document(name)
-    ]
-
-
-def embedded_document_names(split: str = "train") -> list[str]:
-    """Names (``pydoc:TOPIC`` / ``stdlib:PATH``) of ``embedded_documents(split)``, same order."""
-    if split not in ("train", "eval", "all"):
-        raise ValueError(f"embedded corpus split must be train, eval or all, not {split!r}")
-    return [
-        name
-        for name, _ in _embedded_corpus()
-        if split == "all" or (split == "eval") == _is_eval_document(name)
-    ]
-
-
-# ----------------------------------------------------------------------------------------------
-# Sources.
-# ----------------------------------------------------------------------------------------------
-
-
 def expand_sources(sources: Sequence[str | os.PathLike]) -> list[str]:
     """Resolve paths, directories and globs to files (sorted per pattern); keep special sources."""
     if isinstance(sources, (str, os.PathLike)):
@@ -289,7 +133,7 @@ def expand_sources(sources: Sequence[str | os.PathLike]) -> list[str]:
     resolved: list[str] = []
     for source in sources:
         source = os.fspath(source)
-        if source.startswith(TFDS_PREFIX) or source.split(":", 1)[0] == EMBEDDED:
+        if source_kind(source) in ("tfds", "embedded"):
             resolved.append(source)
         elif os.path.isdir(source):
             files = sorted(
@@ -499,18 +343,18 @@ def iter_documents(
     """
     stats = CorpusStats() if stats is None else stats
     for source in expand_sources(sources):
-        if source.startswith(TFDS_PREFIX):
+        kind = source_kind(source)
+        if kind == "tfds":
             documents: Iterator[Document] = _iter_tfds(
                 source, stats, tfds_data_dir, text_field, strict
             )
-        elif source.split(":", 1)[0] == EMBEDDED:
+        elif kind == "embedded":
             _, _, split = source.partition(":")
             stats.files += 1
             documents = iter(embedded_documents(split or "train"))
         else:
             stats.files += 1
-            base = source[:-3] if source.endswith(".gz") else source
-            if base.endswith(".jsonl"):
+            if _is_jsonl(source):
                 documents = _iter_jsonl_file(source, stats, max_line_bytes, strict, text_field)
             else:
                 documents = _iter_text_file(source, stats, max_line_bytes, strict, sentence_split)

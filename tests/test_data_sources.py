@@ -1,4 +1,4 @@
-"""Corpus readers: embedded corpus, original-format text, JSONL, TFDS, and bad input."""
+"""Reading sources: what kind a source is, original-format text, JSONL, TFDS, bad input."""
 
 from __future__ import annotations
 
@@ -9,37 +9,14 @@ import sys
 
 import pytest
 
-from bert_jax.data import corpus
-from bert_jax.data.corpus import read_documents, split_sentences
-
-
-def test_embedded_corpus_is_real_deterministic_and_split():
-    train = corpus.embedded_documents("train")
-    held_out = corpus.embedded_documents("eval")
-    everything = corpus.embedded_documents("all")
-    assert train == corpus.embedded_documents("train")
-    assert len(train) + len(held_out) == len(everything)
-    assert len(train) > 300 and 0.02 < len(held_out) / len(everything) < 0.1
-    train_names = set(corpus.embedded_document_names("train"))
-    eval_names = set(corpus.embedded_document_names("eval"))
-    assert not train_names & eval_names
-    assert any(name.startswith("pydoc:") for name in train_names | eval_names)
-    sentences = [s for d in everything for s in d]
-    assert len(sentences) > 10_000
-    assert sum(len(s.split()) for s in sentences) > 200_000  # words of running English prose
-    assert all(isinstance(s, str) and s == s.strip() and s for s in sentences)
-    assert not any(s.startswith(">>>") for s in sentences)
-    # Multi-sentence documents dominate: sentence pairs need them.
-    assert sum(len(d) >= 2 for d in everything) > 0.7 * len(everything)
-    documents, stats = read_documents(["embedded:eval"])
-    assert documents == held_out and stats.documents == len(held_out)
+from bert_jax.data.sources import read_documents, source_kind
 
 
 def test_importing_data_modules_does_not_import_tensorflow_or_jax():
     code = (
-        "import sys; import bert_jax.data.tokenizer, bert_jax.data.corpus, "
-        "bert_jax.data.pretraining, bert_jax.data.prepare, bert_jax.data.records, "
-        "bert_jax.data.pipeline; "
+        "import sys; import bert_jax.data.tokenizer, bert_jax.data.sources, "
+        "bert_jax.data.masking, bert_jax.data.instances, bert_jax.data.groups, "
+        "bert_jax.data.prepare, bert_jax.data.records, bert_jax.data.pipeline; "
         "print(sorted(m for m in ('tensorflow', 'jax') if m in sys.modules))"
     )
     output = subprocess.run(
@@ -48,26 +25,20 @@ def test_importing_data_modules_does_not_import_tensorflow_or_jax():
     assert output.strip() == "[]"
 
 
-def test_split_sentences():
-    text = (
-        "The if statement is used for conditional execution. It selects exactly one suite, "
-        "e.g. the first true one! Does Mr. Smith agree? Yes: see section 3.2. "
-        'Version 2 came later. "Quoted sentences" count too.\nA new line is a new sentence'
-    )
-    assert split_sentences(text) == [
-        "The if statement is used for conditional execution.",
-        "It selects exactly one suite, e.g. the first true one!",
-        "Does Mr. Smith agree?",
-        "Yes: see section 3.2.",
-        "Version 2 came later.",
-        '"Quoted sentences" count too.',
-        "A new line is a new sentence",
-    ]
-    assert split_sentences("  \n\n ") == []
-    assert split_sentences("J. R. R. Tolkien wrote it. Then more.") == [
-        "J. R. R. Tolkien wrote it.",
-        "Then more.",
-    ]
+def test_source_kind_tells_records_from_corpora(tmp_path):
+    assert source_kind("tfds:wikipedia/20230601.en:train") == "tfds"
+    assert source_kind("embedded") == source_kind("embedded:eval") == "embedded"
+    (tmp_path / "prepared").mkdir()
+    (tmp_path / "prepared" / "part-00000.tfrecord").write_bytes(b"")
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("One.\n", encoding="utf-8")
+    assert source_kind(tmp_path / "prepared") == "records"
+    assert source_kind(str(tmp_path / "prepared" / "*.tfrecord")) == "records"
+    assert source_kind("gs://bucket/tf_examples.tfrecord-00001-of-00010") == "records"
+    assert source_kind(tmp_path / "text") == "text"
+    assert source_kind(str(tmp_path / "text" / "*.txt")) == "text"
+    assert source_kind("corpus.jsonl.gz") == "text"
+    assert source_kind("embedded_notes.txt") == "text"
 
 
 def test_original_format_text_files_with_bad_input(tmp_path):

@@ -1,0 +1,25 @@
+"""Names on disk of prepared pretraining data, shared by every stage that reads or writes it.
+
+A directory written by ``bert-jax data prepare`` holds ``part-NNNNN.tfrecord`` shards (each with a
+``part-NNNNN.json`` of counts), the settings in ``prepare_config.json`` and the tokenizer in
+``tokenizer/``. Records from the original ``create_pretraining_data.py`` are recognised by the
+same ``.tfrecord`` in their names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+RECORD_SUFFIX = ".tfrecord"
+CONFIG_FILE = "prepare_config.json"
+TOKENIZER_SUBDIR = "tokenizer"
+
+
+def read_prepare_config(directory: str | os.PathLike) -> dict | None:
+    """The settings ``data prepare`` recorded in ``directory``, or None for foreign records."""
+    path = os.path.join(os.fspath(directory), CONFIG_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,218 @@
+"""`data prepare`: the original TFRecord format, parallel/sharded determinism, resume, errors,
+and the cached preparation a pretraining run makes from a raw corpus."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax import cli
+from bert_jax.data import prepare, records, sources
+from bert_jax.data.groups import part_name
+from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
+from bert_jax.data.tokenizer import load_tokenizer
+from tests.data_fixtures import embedded_spm, embedded_spm_dir
+
+LENGTH, SLOTS = 64, 10
+DOCUMENTS_PER_SHARD = 10
+
+
+def _expected_parts() -> list[str]:
+    """Groups of ten documents; a single leftover document joins the last group."""
+    count = len(sources.embedded_documents("eval"))
+    groups = count // DOCUMENTS_PER_SHARD + (count % DOCUMENTS_PER_SHARD >= 2)
+    return [part_name(g) for g in range(groups)]
+
+
+def _original_feature_spec(tf, max_seq_length, max_predictions_per_seq):
+    """The parsing spec of google-research/bert's run_pretraining.py, written out by hand."""
+    return {
+        "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+
+
+def _prepare_args(output, *extra):
+    return [
+        "data",
+        "prepare",
+        "--input",
+        "embedded:eval",
+        "--tokenizer",
+        embedded_spm_dir(),
+        "--output",
+        str(output),
+        "--max-seq-length",
+        str(LENGTH),
+        "--max-predictions-per-seq",
+        str(SLOTS),
+        "--masked-lm-prob",
+        "0.15",
+        "--short-seq-prob",
+        "0.1",
+        "--dupe-factor",
+        "2",
+        "--seed",
+        "5",
+        "--documents-per-shard",
+        str(DOCUMENTS_PER_SHARD),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    output = tmp_path_factory.mktemp("prepared")
+    assert cli.main(_prepare_args(output)) == 0
+    return output
+
+
+def test_prepared_records_parse_with_the_original_feature_spec(prepared):
+    import tensorflow as tf
+
+    names = sorted(os.listdir(prepared))
+    parts = [n for n in names if n.endswith(".tfrecord")]
+    assert parts == _expected_parts() and len(parts) >= 2
+    assert {"prepare_config.json", "stats-0-of-1.json", "tokenizer"} <= set(names)
+    assert not [n for n in names if n.startswith(".")]  # no temporary files left behind
+    spec = _original_feature_spec(tf, LENGTH, SLOTS)
+    total = 0
+    for part in parts:
+        with open(prepared / part.replace(".tfrecord", ".json")) as f:
+            sidecar = json.load(f)
+        dataset = tf.data.TFRecordDataset(str(prepared / part)).map(
+            lambda s: tf.io.parse_single_example(s, spec)
+        )
+        rows = list(dataset.as_numpy_iterator())
+        assert len(rows) == sidecar["instances"] > 0
+        total += len(rows)
+        for row in rows:
+            assert row["input_ids"].dtype == np.int64 and row["input_ids"].shape == (LENGTH,)
+            assert row["masked_lm_weights"].dtype == np.float32
+            assert row["next_sentence_labels"].shape == (1,)
+            assert row["next_sentence_labels"][0] in (0, 1)
+            length = row["input_mask"].sum()
+            assert row["input_ids"][0] == 2 and row["input_ids"][length - 1] == 3
+            count = int(row["masked_lm_weights"].sum())
+            assert count >= 1 and (row["masked_lm_weights"][:count] == 1).all()
+            assert (row["masked_lm_positions"][count:] == 0).all()
+            assert (row["masked_lm_positions"][:count] < length).all()
+    with open(prepared / "stats-0-of-1.json") as f:
+        stats = json.load(f)
+    assert stats["instances"]["instances"] == total and stats["corpus"]["documents"] == len(
+        sources.embedded_documents("eval")
+    )
+
+    # The batch format (contract 1) from the same files.
+    batch = next(records.read_records(str(prepared), LENGTH, SLOTS, batch_size=8))
+    assert {k: (v.shape, v.dtype.name) for k, v in batch.items()} == {
+        "input_ids": ((8, LENGTH), "int32"),
+        "input_mask": ((8, LENGTH), "int32"),
+        "segment_ids": ((8, LENGTH), "int32"),
+        "masked_lm_positions": ((8, SLOTS), "int32"),
+        "masked_lm_ids": ((8, SLOTS), "int32"),
+        "masked_lm_weights": ((8, SLOTS), "float32"),
+        "next_sentence_labels": ((8,), "int32"),
+    }
+
+
+def test_output_is_the_same_for_any_worker_count_and_machine_split(prepared, tmp_path):
+    parallel = tmp_path / "parallel"
+    assert cli.main(_prepare_args(parallel, "--num-workers", "2")) == 0
+    machines = tmp_path / "machines"
+    for index in ("1", "0"):
+        assert cli.main(_prepare_args(machines, "--num-shards", "2", "--shard-index", index)) == 0
+    assert os.path.exists(machines / "stats-0-of-2.json")
+    for part in _expected_parts():
+        assert filecmp.cmp(prepared / part, parallel / part, shallow=False)
+        assert filecmp.cmp(prepared / part, machines / part, shallow=False)
+
+
+def test_rerun_resumes_and_changed_settings_are_refused(prepared, tmp_path, capsys):
+    output = tmp_path / "resume"
+    assert cli.main(_prepare_args(output)) == 0
+    os.remove(output / "part-00001.tfrecord")  # as if the job died before this shard finished
+    settings = prepare.PrepareSettings(
+        max_seq_length=LENGTH,
+        max_predictions_per_seq=SLOTS,
+        dupe_factor=2,
+        seed=5,
+        documents_per_shard=DOCUMENTS_PER_SHARD,
+    )
+    result = prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
+    assert (result.groups_written, result.groups_skipped) == (1, len(_expected_parts()) - 1)
+    assert filecmp.cmp(prepared / "part-00001.tfrecord", output / "part-00001.tfrecord", False)
+
+    capsys.readouterr()
+    changed = _prepare_args(output)
+    changed[changed.index("--seed") + 1] = "6"
+    assert cli.main(changed) == 2
+    err = capsys.readouterr().err
+    assert "different settings" in err and "seed: 5 -> 6" in err and "--overwrite" in err
+    before = (output / "part-00000.tfrecord").read_bytes()
+    assert cli.main([*changed, "--overwrite"]) == 0
+    assert (output / "part-00000.tfrecord").read_bytes() != before
+
+
+def test_bad_input_and_settings_are_clear_errors(tmp_path, capsys):
+    out = tmp_path / "out"
+    cases = [
+        (["--input", str(tmp_path / "missing.txt")], "missing.txt"),
+        (["--max-predictions-per-seq", "100"], "--max-predictions-per-seq 100 must be in [1"),
+        (["--masked-lm-prob", "0"], "--masked-lm-prob 0.0 must be in (0, 1)"),
+        (["--num-shards", "2", "--shard-index", "2"], "--shard-index 2 must be in [0"),
+        (["--tokenizer", str(tmp_path / "no_tokenizer")], "no_tokenizer"),
+    ]
+    for override, message in cases:
+        args = _prepare_args(out)
+        flag = override[0]
+        if flag in args:
+            args[args.index(flag) + 1] = override[1]
+            args += override[2:]
+        else:
+            args += override
+        assert cli.main(args) == 2, override
+        assert message in capsys.readouterr().err, override
+    assert not os.path.exists(out)  # nothing was created for bad input
+
+    one_document = tmp_path / "one.txt"
+    one_document.write_text("A lonely sentence.\nAnother one.\n", encoding="utf-8")
+    args = _prepare_args(tmp_path / "out2")
+    args[args.index("--input") + 1] = str(one_document)
+    assert cli.main(args) == 2
+    assert "1 usable document(s); sentence pairs need at least two" in capsys.readouterr().err
+
+
+def test_cached_preparation_of_a_corpus_is_reused(tmp_path):
+    """What a pretraining run does with a raw corpus: prepare once, then read the records."""
+    settings = prepare.PrepareSettings(
+        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1, seed=1
+    )
+    spm = load_tokenizer(embedded_spm_dir())
+    files = prepare.prepare_cached("embedded:eval", spm, settings, tmp_path)
+    reader = PipelineSettings(
+        batch_size=8,
+        max_seq_length=LENGTH,
+        max_predictions_per_seq=SLOTS,
+        seed=1,
+        dynamic_masking=True,
+    )
+    iterator = make_pretrain_iterator(files, reader, embedded_spm_dir())
+    batch = next(iterator)
+    assert batch["input_ids"].shape == (8, LENGTH) and batch["masked_lm_ids"].shape == (8, SLOTS)
+    (prepared,) = list(tmp_path.iterdir())
+    written = sorted(p.name for p in prepared.glob("*.tfrecord"))
+    again = prepare.prepare_cached("embedded:eval", embedded_spm(), settings, tmp_path)
+    assert again == files
+    assert sorted(p.name for p in prepared.glob("*.tfrecord")) == written  # reused, not redone
+    for key, value in next(make_pretrain_iterator(again, reader, embedded_spm())).items():
+        np.testing.assert_array_equal(value, batch[key])
