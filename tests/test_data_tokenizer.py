@@ -121,6 +121,20 @@ def test_hugging_face_tokenizer_json_loads_as_its_vocab_txt(tmp_path, real_sente
         load_tokenizer(saved)
 
 
+def test_cased_wordpiece_composes_accents_like_the_reference(tmp_path):
+    """A cased vocabulary sees "e" + U+0301 as "é" (NFC), as the reference does; Hugging Face's
+    Rust pipeline does not (one reason the hand-written tokenizer stays, see wordpiece.py)."""
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncaf\n##é\n##e\n##\u0301\n")
+    ours = load_tokenizer(vocab, lowercase=False)
+    reference = BertTokenizerLegacy(str(vocab), do_lower_case=False)
+    for text in ("cafe\u0301", "caf\u00e9", "CAFE\u0301"):
+        assert ours.tokenize(text) == reference.tokenize(text), text
+    assert ours.tokenize("cafe\u0301") == ["caf", "##é"]
+
+
 def test_wordpiece_lowercase_is_inferred_and_read_from_hugging_face_config(tmp_path):
     vocab = minilm_vocab_path()
     assert load_tokenizer(vocab).lowercase is True  # uncased vocabulary, even with "ℝ" in it

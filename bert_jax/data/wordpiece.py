@@ -7,14 +7,16 @@ accents, punctuation is split off, and a word longer than 100 characters becomes
 preparation passes ``allow_special=False`` (``encode_batch``) so that a literal "[SEP]" in a
 corpus is ordinary text and can never inject a control token.
 
-Why this is hand-written rather than Hugging Face ``tokenizers``' Rust WordPiece (measured with
-``benchmarks/data_bench.py``, tokenizers 0.23.3, uncased 30,522-entry vocabulary, the embedded
-corpus's 17,565 sentences, one process on a 2-core machine): the Rust pipeline took 1.3-1.9 s
-(``encode_batch``; 1.4 s one sentence at a time) against 0.6 s for this code before the changes
-below and 0.3 s after them (its per-word cache and ASCII fast path skip work the Rust
-normaliser redoes on every word). It is also not exact: it lower-cases character by character, so
-a capital sigma ending a word becomes "σ" where Python's ``str.lower`` (and the reference) gives
-"ς" ("ΟΔΟΣ" -> ο ##δ ##ος here, ο ##δ ##ο ##σ there), and it does not NFC-normalise.
+Why this is hand-written rather than Hugging Face ``tokenizers``' Rust WordPiece
+(``benchmarks/data_bench.py``, tokenizers 0.23.3, the uncased 30,522-entry vocabulary, all 17,562
+sentences of the embedded corpus, one process on a shared 2-core machine, median of 3): this code
+encodes 33,900 sentences/s, the Rust pipeline (BertNormalizer + BertPreTokenizer + WordPiece,
+``encode_batch``) 11,700, so it would be the slower choice; the per-word id cache and the ASCII
+fast path below skip work the Rust normaliser redoes on every word. It is not exact either: it
+lower-cases character by character, so a capital sigma ending a word becomes "σ" where
+``str.lower`` and the reference give "ς" ("ΟΔΟΣ" -> ο ##δ ##ος here, ο ##δ ##ο ##σ there), and
+it does not NFC-normalise, so a cased vocabulary sees "e" + U+0301 as two pieces, not "é"
+(tests/test_data_tokenizer.py pins both cases against the reference).
 """
 
 from __future__ import annotations
