@@ -16,7 +16,7 @@ fast path below skip work the Rust normaliser redoes on every word. It is not ex
 lower-cases character by character, so a capital sigma ending a word becomes "σ" where
 ``str.lower`` and the reference give "ς" ("ΟΔΟΣ" -> ο ##δ ##ος here, ο ##δ ##ο ##σ there), and
 it does not NFC-normalise, so a cased vocabulary sees "e" + U+0301 as two pieces, not "é"
-(tests/test_data_tokenizer.py pins both cases against the reference).
+(tests/test_data_wordpiece.py pins both cases against the reference).
 """
 
 from __future__ import annotations
