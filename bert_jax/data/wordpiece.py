@@ -37,6 +37,7 @@ HF_TOKENIZER_JSON = "tokenizer.json"
 # Bound on the per-word cache; natural text has a heavy-tailed vocabulary, so a modest cache
 # catches nearly every repeat while keeping worker memory flat on huge corpora.
 _WORD_CACHE_SIZE = 200_000
+_CHAR_TABLE_SIZE = 65_536
 
 
 def _is_whitespace(char: str) -> bool:
@@ -88,6 +89,8 @@ class _CharTable(dict):
         self._rule = rule
 
     def __missing__(self, cp: int) -> str | None:
+        if len(self) >= _CHAR_TABLE_SIZE:  # bounded, whatever scripts a corpus mixes
+            self.clear()
         value = self[cp] = self._rule(chr(cp))
         return value
 
