@@ -195,17 +195,11 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str):
             "no tokenizer: set config.data.tokenizer (a tokenizer directory, .model or vocab.txt)"
         )
     vocab_size = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
-    text_path = os.path.join(workdir, "tokenizer_corpus.txt")
     if jax.process_index() == 0:
-        documents, _ = sources.read_documents([corpora[0]])
-        with open(text_path, "w", encoding="utf-8") as f:
-            for document in documents:
-                f.write("\n".join(document) + "\n\n")
         log.info("training a %d-token SentencePiece model on %s", vocab_size, corpora[0])
-        tokenizer_lib.train_sentencepiece(
-            [text_path], vocab_size, own, lowercase=bool(config.data.lowercase)
+        tokenizer_lib.train_tokenizer(
+            [corpora[0]], vocab_size, own, lowercase=bool(config.data.lowercase)
         )
-        os.remove(text_path)
     _sync("tokenizer")
     return tokenizer_lib.load_tokenizer(own)
 

@@ -274,6 +274,38 @@ def test_vocab_padding_on_import_keeps_parity_and_is_dropped_on_export(hf_setup,
     assert code != 0 and "applies to --to bert-jax only" in stderr
 
 
+def test_hf_directory_with_only_tokenizer_json_converts_with_its_tokenizer(
+    hf_setup, tmp_path, capsys
+):
+    """transformers 5 saves a BERT tokenizer as tokenizer.json alone (no vocab.txt): the converted
+    model directory must still carry the tokenizer, equal to the vocab.txt one, and encode."""
+    from bert_jax.data.tokenizer import load_tokenizer
+
+    _, _, directory = hf_setup
+    source = tmp_path / "hf5"
+    source.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (source / name).write_bytes((directory / name).read_bytes())
+    lines = (directory / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab = {token: index for index, token in enumerate(lines)}
+    transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True).save_pretrained(source)
+    assert "tokenizer.json" in os.listdir(source) and "vocab.txt" not in os.listdir(source)
+    out = tmp_path / "model"
+    code, stdout, _ = _run_cli(capsys, "convert", "--from", "hf", source, "--to", "bert-jax", out)
+    assert code == 0 and "wordpiece" in stdout, stdout
+    tokenizer = load_model_dir(out, load_tokenizer=True).tokenizer
+    reference = load_tokenizer(directory / "vocab.txt")
+    assert tokenizer.lowercase and tokenizer.vocab == reference.vocab
+    for sentence in REAL_SENTENCES:
+        assert tokenizer.encode(sentence) == reference.encode(sentence)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(REAL_SENTENCES[:2]) + "\n", encoding="utf-8")
+    features = tmp_path / "features.npy"
+    argv = ["encode", "--model", out, "--input", texts, "--output", features]
+    assert _run_cli(capsys, *argv)[0] == 0
+    assert np.load(features).shape[0] == 2
+
+
 def test_hf_pytorch_bin_is_read_with_weights_only(hf_setup, tmp_path):
     config, model, _ = hf_setup
     directory = tmp_path / "bin"

@@ -1,109 +1,17 @@
-"""Tokenizers: WordPiece parity with Hugging Face, SentencePiece training, loading and errors."""
+"""Tokenizers behind one interface: load errors, the vocabulary check, pair encoding, training."""
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 
 import numpy as np
 import pytest
 
 from bert_jax import cli
 from bert_jax.data import sources as corpus
-from bert_jax.data.tokenizer import (
-    SentencePieceTokenizer,
-    WordPieceTokenizer,
-    encode_pair,
-    encode_pairs,
-    load_tokenizer,
-    train_sentencepiece,
-)
-from tests.data_fixtures import embedded_spm, embedded_spm_dir, minilm_vocab_path
-
-# Text that exercises every branch of BERT's basic tokenizer: accents (composed and combining),
-# CJK ideographs, control and zero-width characters, unusual whitespace, a word over 100
-# characters, special tokens inside text, full-width forms, emoji and punctuation classes.
-HARD_TEXTS = [
-    "Héllo Wörld! Ça va? naïve café, résumé and Ångström.",
-    "e\u0301cole vs \u00e9cole: combining accents normalise the same way.",
-    "北京欢迎你 and 東京タワー are CJK; 한국어 is Hangul, not split per character.",
-    "tab\there\x00nul\x07bell \u200b zero-width \u2028 line-sep \x85 next-line end",
-    "x" * 101 + " is too long for one word, but " + "y" * 100 + " is not.",
-    "[CLS] special[SEP]tokens [mask] lower-case [MASK] stay whole [UNK][PAD]",
-    "a [SE\x00P] b and é [MA\x07SK] ü: a control character inside a special token",
-    "Ǆ ﬁ ﬀ ＡＢＣ ｈｅｌｌｏ ﾊﾝｶｸ: compatibility forms are not NFKC-folded.",
-    "¿Qué? «quotes» — dashes … ellipsis ‘single’ “double” • bullet",
-    "Grüße aus München, Straße; Μεγάλη Ελλάδα; Москва — ПРИВЕТ.",
-    "\u00a0non-breaking\u3000ideographic space\ufeffBOM \ufffdreplacement",
-    "emoji 🙂👍🏽 and math ∑ℝ≠ and currency €£¥$ and ~^`|\\ symbols",
-    "It's the U.S.A.'s 3.14159 best-in-class e-mail: a@b.co (really!)",
-    "",
-    "   ",
-]
-
-
-@pytest.fixture(scope="module")
-def real_sentences() -> list[str]:
-    sentences = [s for d in corpus.embedded_documents("all") for s in d]
-    return sentences[::40] + HARD_TEXTS
-
-
-@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
-def test_wordpiece_matches_hugging_face_slow_tokenizer(real_sentences, lowercase):
-    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
-
-    vocab = minilm_vocab_path()
-    ours = load_tokenizer(vocab, lowercase=lowercase)
-    reference = BertTokenizerLegacy(vocab, do_lower_case=lowercase)
-    assert len(real_sentences) > 300
-    mismatches = [
-        (text, ours.tokenize(text), reference.tokenize(text))
-        for text in real_sentences
-        if ours.tokenize(text) != reference.tokenize(text)
-    ]
-    assert not mismatches, mismatches[:3]
-    for text in real_sentences:
-        assert ours.encode(text) == reference.encode(text, add_special_tokens=False), text
-    ids = ours.encode(HARD_TEXTS[0])
-    assert ours.decode(ids) == reference.decode(ids)
-    assert ours.convert_ids_to_tokens(ids) == reference.convert_ids_to_tokens(ids)
-
-
-def test_wordpiece_lowercase_is_inferred_and_read_from_hugging_face_config(tmp_path):
-    vocab = minilm_vocab_path()
-    assert load_tokenizer(vocab).lowercase is True  # uncased vocabulary, even with "ℝ" in it
-    cased_vocab = tmp_path / "cased" / "vocab.txt"
-    cased_vocab.parent.mkdir()
-    lines = open(vocab, encoding="utf-8").read().splitlines()
-    cased_vocab.write_text("\n".join(lines + ["Paris", "##The"]) + "\n", encoding="utf-8")
-    cased = load_tokenizer(cased_vocab)
-    assert cased.lowercase is False and cased.vocab_size == len(lines) + 2
-    assert cased.tokenize("Paris") == ["Paris"]
-    (tmp_path / "cased" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    assert load_tokenizer(tmp_path / "cased").lowercase is True
-
-
-def test_wordpiece_word_starts_special_ids_and_ordinary_ids():
-    tokenizer = load_tokenizer(minilm_vocab_path())
-    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id) == (0, 100, 101)
-    assert (tokenizer.sep_id, tokenizer.mask_id, tokenizer.vocab_size) == (102, 103, 30522)
-    tokens = tokenizer.tokenize("unaffable tokenization")
-    assert any(t.startswith("##") for t in tokens)
-    starts = tokenizer.word_start(tokenizer.convert_tokens_to_ids(tokens))
-    np.testing.assert_array_equal(starts, [not t.startswith("##") for t in tokens])
-    ordinary = set(tokenizer.ordinary_ids.tolist())
-    vocab = tokenizer.vocab
-    assert not ordinary & {0, 100, 101, 102, 103}
-    assert not any(vocab[i].startswith("[unused") for i in ordinary)
-    assert vocab.index("the") in ordinary and vocab.index("##ing") in ordinary
-    assert len(ordinary) == 30522 - 5 - 994  # 994 [unusedN] entries
-
-
-def test_special_tokens_in_text_can_be_switched_off_for_pretraining():
-    tokenizer = load_tokenizer(minilm_vocab_path())
-    assert tokenizer.tokenize("a [SEP] b") == ["a", "[SEP]", "b"]
-    assert tokenizer.tokenize("a [SEP] b", allow_special=False) == ["a", "[", "sep", "]", "b"]
+from bert_jax.data.tokenizer import encode_pair, encode_pairs, load_tokenizer
+from tests.data_fixtures import minilm_vocab_path
 
 
 def test_missing_special_tokens_are_clear_errors(tmp_path):
@@ -129,44 +37,6 @@ def test_vocabulary_larger_than_the_model_is_refused():
     tokenizer.check_vocab_size(30592)
     with pytest.raises(ValueError, match="30522 entries but the model's vocab_size is 30000"):
         tokenizer.check_vocab_size(30000)
-
-
-def test_trained_sentencepiece_has_fixed_special_ids_and_round_trips(tmp_path):
-    tokenizer = embedded_spm()
-    assert isinstance(tokenizer, SentencePieceTokenizer)
-    assert tokenizer.special_ids == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
-    assert tokenizer.vocab_size == 3000 and tokenizer.lowercase
-    text = "The Statement is executed Unconditionally, [MASK] or not."
-    ids = tokenizer.encode(text)
-    assert ids == tokenizer.encode(text.lower())  # case folded
-    assert not set(ids) & {2, 3, 4}  # control pieces never come from text
-    assert tokenizer.decode(ids) == text.lower()
-    pieces = tokenizer.convert_ids_to_tokens(ids)
-    np.testing.assert_array_equal(tokenizer.word_start(ids), [p.startswith("▁") for p in pieces])
-    assert not set(tokenizer.ordinary_ids.tolist()) & {0, 1, 2, 3, 4}
-
-    reloaded = load_tokenizer(embedded_spm_dir())
-    assert reloaded.fingerprint() == tokenizer.fingerprint() and reloaded.lowercase
-    assert (
-        load_tokenizer(os.path.join(embedded_spm_dir(), "spiece.model"), lowercase=True).encode(
-            text
-        )
-        == ids
-    )
-    assert pickle.loads(pickle.dumps(tokenizer)).encode(text) == ids
-    tokenizer.save(tmp_path / "copy")
-    assert sorted(os.listdir(tmp_path / "copy")) == ["bert_jax_tokenizer.json", "spiece.model"]
-    assert load_tokenizer(tmp_path / "copy").encode(text) == ids
-
-
-def test_wordpiece_save_and_load_round_trip(tmp_path):
-    tokenizer = load_tokenizer(minilm_vocab_path())
-    tokenizer.save(tmp_path / "model_dir")
-    reloaded = load_tokenizer(tmp_path / "model_dir")
-    assert isinstance(reloaded, WordPieceTokenizer)
-    assert reloaded.fingerprint() == tokenizer.fingerprint() and reloaded.lowercase
-    text = HARD_TEXTS[2]
-    assert reloaded.encode(text) == tokenizer.encode(text)
 
 
 def test_encode_pair_matches_hugging_face_truncation_and_padding():
@@ -228,8 +98,3 @@ def test_cli_tokenizer_train_writes_a_loadable_directory(tmp_path, capsys):
         == 2
     )
     assert "nope.txt" in capsys.readouterr().err
-
-
-def test_train_sentencepiece_rejects_a_tiny_vocabulary(tmp_path):
-    with pytest.raises(ValueError, match="--vocab-size 3"):
-        train_sentencepiece([tmp_path / "x.txt"], 3, tmp_path / "out")

@@ -85,9 +85,9 @@ def load_source(
             report=report,
             origin=f"Hugging Face checkpoint {', '.join(checkpoint.weight_files)}",
         )
-        if os.path.exists(os.path.join(src, "vocab.txt")) or any(
-            name.endswith(".model") for name in os.listdir(src)
-        ):
+        from bert_jax.data.tokenizer import has_tokenizer_files
+
+        if has_tokenizer_files(src):  # vocab.txt, tokenizer.json or a SentencePiece .model
             tok_origin = src
     elif src_format == "bert-jax":
         from bert_jax import model_dir

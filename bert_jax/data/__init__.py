@@ -4,7 +4,8 @@
   ``tokenizer/``); ``files``: atomic writes.
 - ``sentences``: ``split_sentences``; ``embedded``: the corpus that ships with Python;
   ``sources``: ``source_kind`` (what a path or name is), ``read_documents`` / ``iter_documents``.
-- ``tokenizer``: ``load_tokenizer``, ``train_sentencepiece`` / ``train_tokenizer``, ``encode_pair``.
+- ``tokenizer``: ``load_tokenizer``, ``train_sentencepiece`` / ``train_tokenizer``, ``encode_pair``
+  (the interface in ``tokenizer_base``; ``wordpiece`` and ``sentencepiece_tokenizer`` implement it).
 - ``masking``: ``MaskingConfig``, static ``mask_instance``, the pipeline's ``dynamic_mask_batch``.
 - ``instances``: ``tokenize_documents``, ``create_instances``, ``instances_to_arrays``.
 - ``records``: the original BERT TFRecord features (serialize, write, parse, read).

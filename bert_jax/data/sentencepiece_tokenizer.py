@@ -1,0 +1,193 @@
+"""SentencePiece models with BERT's five special pieces: loading, encoding and training.
+
+``train_sentencepiece`` trains on one-sentence-per-line text files (``tokenizer.train_tokenizer``
+is the one path from any corpus source to it). Encoding many sentences is one C++ call
+(``encode_batch``), which is what data preparation uses.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from bert_jax.data.files import write_bytes_atomic
+from bert_jax.data.tokenizer_base import (
+    CLS,
+    MASK,
+    PAD,
+    SEP,
+    SPECIAL_TOKENS,
+    SPM_NAME,
+    UNK,
+    Tokenizer,
+)
+
+# SentencePiece models from other projects (ALBERT, T5) spell pad/unk differently.
+_SPM_ALIASES = {PAD: (PAD, "<pad>"), UNK: (UNK, "<unk>")}
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model with BERT's five special tokens as (control or user) pieces."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes, lowercase: bool = False):
+        import sentencepiece as spm
+
+        self._model_proto = bytes(model_proto)
+        self.processor = spm.SentencePieceProcessor(model_proto=self._model_proto)
+        self.lowercase = bool(lowercase)
+        self.vocab_size = int(self.processor.get_piece_size())
+        ids = {}
+        missing = []
+        for token in SPECIAL_TOKENS:
+            found = None
+            for alias in _SPM_ALIASES.get(token, (token,)):
+                piece_id = self.processor.piece_to_id(alias)
+                # piece_to_id answers unk_id for an unknown piece; confirm by reading it back.
+                if self.processor.id_to_piece(piece_id) == alias:
+                    found = piece_id
+                    break
+            if found is None:
+                missing.append(token)
+            else:
+                ids[token] = found
+        if missing:
+            raise ValueError(
+                f"SentencePiece model lacks the special piece(s) {', '.join(missing)}; train it "
+                "with `bert-jax tokenizer train`, which reserves [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 "
+                "[MASK]=4."
+            )
+        self.pad_id, self.unk_id = ids[PAD], ids[UNK]
+        self.cls_id, self.sep_id, self.mask_id = ids[CLS], ids[SEP], ids[MASK]
+        self.pieces = [self.processor.id_to_piece(i) for i in range(self.vocab_size)]
+        special = set(ids.values())
+        not_text = np.array(
+            [
+                i in special
+                or self.processor.is_control(i)
+                or self.processor.is_unknown(i)
+                or self.processor.is_unused(i)
+                for i in range(self.vocab_size)
+            ],
+            dtype=bool,
+        )
+        self._word_start_table = np.array([p.startswith("▁") for p in self.pieces], dtype=bool)
+        self._word_start_table |= not_text
+        # A bare "▁" piece is only the space before something else; never a useful replacement.
+        self._ordinary_table = ~not_text & (np.array(self.pieces) != "▁")
+
+    @classmethod
+    def from_file(cls, model_file: str, lowercase: bool = False) -> SentencePieceTokenizer:
+        with open(model_file, "rb") as f:
+            return cls(f.read(), lowercase=lowercase)
+
+    def __getstate__(self) -> dict:
+        return {"model_proto": self._model_proto, "lowercase": self.lowercase}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_proto"], state["lowercase"])
+
+    def _prepare(self, text: str) -> str:
+        return text.lower() if self.lowercase else text
+
+    def tokenize(self, text: str, allow_special: bool = True) -> list[str]:
+        # Special pieces are control symbols: SentencePiece never produces them from text, so
+        # `allow_special` has nothing to switch off here.
+        return self.processor.encode(self._prepare(text), out_type=str)
+
+    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+        return self.processor.encode(self._prepare(text), out_type=int)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Many sentences in one C++ call (SentencePiece releases the GIL per batch)."""
+        return self.processor.encode([self._prepare(t) for t in texts], out_type=int)
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.pieces[int(i)] if 0 <= int(i) < self.vocab_size else UNK for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        return [self.processor.piece_to_id(t) for t in tokens]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        special = set(self.special_ids.values())
+        keep = [int(i) for i in ids if not (skip_special_tokens and int(i) in special)]
+        return self.processor.decode(keep)
+
+    def _save_files(self, directory: str) -> None:
+        write_bytes_atomic(os.path.join(directory, SPM_NAME), self._model_proto)
+
+    def _fingerprint_bytes(self) -> bytes:
+        return self._model_proto
+
+
+def train_sentencepiece(
+    input_files: Sequence[str | os.PathLike],
+    vocab_size: int,
+    output_dir: str | os.PathLike,
+    lowercase: bool = False,
+    model_type: str = "unigram",
+    character_coverage: float = 0.9995,
+    input_sentence_size: int = 2_000_000,
+    seed_sentencepiece_size: int = 1_000_000,
+    num_threads: int | None = None,
+    max_sentence_length: int = 16384,
+) -> SentencePieceTokenizer:
+    """Train a SentencePiece model on text files (one sentence per line) and save it.
+
+    The five BERT special tokens get fixed ids [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; [CLS],
+    [SEP] and [MASK] are control symbols, so no text can ever encode to them. ``lowercase`` folds
+    case inside the model (``nmt_nfkc_cf``) and in Python, so loaders that ignore our JSON still
+    lower-case. Blank lines (document breaks) are skipped by SentencePiece. Sentences beyond
+    ``input_sentence_size`` are sampled away, which bounds memory on huge corpora.
+    """
+    import sentencepiece as spm
+
+    if vocab_size < len(SPECIAL_TOKENS) + 1:
+        raise ValueError(f"--vocab-size {vocab_size} is too small; it must exceed 5")
+    files = [os.fspath(f) for f in input_files]
+    if not files:
+        raise ValueError("no input files to train the tokenizer on")
+    for f in files:
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"tokenizer training input not found: {f}")
+    output_dir = os.fspath(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".spm-train-") as tmp:
+        prefix = os.path.join(tmp, "spiece")
+        try:
+            spm.SentencePieceTrainer.train(
+                input=files,
+                model_prefix=prefix,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                input_sentence_size=input_sentence_size,
+                shuffle_input_sentence=True,
+                seed_sentencepiece_size=seed_sentencepiece_size,
+                max_sentence_length=max_sentence_length,
+                num_threads=num_threads or max(1, os.cpu_count() or 1),
+                pad_id=0,
+                unk_id=1,
+                bos_id=-1,
+                eos_id=-1,
+                pad_piece=PAD,
+                unk_piece=UNK,
+                control_symbols=[CLS, SEP, MASK],
+                normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+                minloglevel=2,
+            )
+        except RuntimeError as err:
+            raise ValueError(
+                f"SentencePiece training failed on {', '.join(files)} with vocab_size "
+                f"{vocab_size}: {err}"
+            ) from err
+        with open(prefix + ".model", "rb") as f:
+            tokenizer = SentencePieceTokenizer(f.read(), lowercase=lowercase)
+        # The human-readable piece list, for inspection only (loading needs just the model).
+        os.replace(prefix + ".vocab", os.path.join(output_dir, "spiece.vocab"))
+    tokenizer.save(output_dir)
+    return tokenizer
