@@ -322,6 +322,16 @@ def _digest(text: str):
     return np.frombuffer(hashlib.sha256(text.encode()).digest()[:16], dtype="<i4").copy()
 
 
+def sync_hosts(name: str) -> None:
+    """A barrier across all processes (a no-op in a single-process job)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def allgather_texts(texts: Sequence[str]) -> list[list[str]]:
     """Every process's `texts` (same count on each), indexed [process][i]."""
     import numpy as np

@@ -38,7 +38,16 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpointing, config_lib, distributed, losses, metrics, optim, partitioning
+from bert_jax import (
+    checkpointing,
+    config_lib,
+    distributed,
+    inputs,
+    losses,
+    metrics,
+    optim,
+    partitioning,
+)
 from bert_jax.data import shards as input_shards
 from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
@@ -129,7 +138,7 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
             "config.model.vocab_size or use a smaller vocabulary"
         )
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    _, _, num_shards = input_shards.layout(data_shards(config), 0, jax.process_count())
+    _, _, num_shards = input_shards.layout(inputs.data_shards(config), 0, jax.process_count())
     for phase in phases:
         setting = f"config.{phase.name}"
         if not phase.source:
@@ -166,126 +175,6 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
                 f"config.eval.batch_size={config.eval.batch_size} is not divisible by the "
                 f"{num_shards} input shards (config.data.shards)"
             )
-
-
-def data_shards(config) -> int:
-    """`config.data.shards` (0: one input shard per host; see data/shards.py)."""
-    return int(config.data.get("shards", 0))
-
-
-def _looks_like_corpus(source: str) -> bool:
-    from bert_jax.data import pipeline
-
-    return not pipeline._looks_like_records(source)  # noqa: SLF001
-
-
-def resolve_tokenizer(config, phases: list[Phase], workdir: str):
-    """The run's tokenizer: `config.data.tokenizer`, the one saved next to prepared records, or
-    (for raw corpora only) a SentencePiece model trained on the first phase's corpus and kept in
-    `<workdir>/tokenizer` so that restarts reuse it."""
-    from bert_jax.data import corpus, prepare
-    from bert_jax.data import tokenizer as tokenizer_lib
-
-    if config.data.tokenizer:
-        return tokenizer_lib.load_tokenizer(config.data.tokenizer)
-    for phase in phases:
-        candidate = os.path.join(phase.source, prepare.TOKENIZER_SUBDIR)
-        if os.path.isdir(candidate):
-            return tokenizer_lib.load_tokenizer(candidate)
-    own = os.path.join(workdir, "tokenizer")
-    if os.path.isdir(own):
-        return tokenizer_lib.load_tokenizer(own)
-    corpora = [p.source for p in phases if _looks_like_corpus(p.source)]
-    if not corpora:
-        raise ValueError(
-            "no tokenizer: set config.data.tokenizer (a tokenizer directory, .model or vocab.txt)"
-        )
-    vocab_size = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
-    text_path = os.path.join(workdir, "tokenizer_corpus.txt")
-    if jax.process_index() == 0:
-        documents, _ = corpus.read_documents([corpora[0]])
-        with open(text_path, "w", encoding="utf-8") as f:
-            for document in documents:
-                f.write("\n".join(document) + "\n\n")
-        log.info("training a %d-token SentencePiece model on %s", vocab_size, corpora[0])
-        tokenizer_lib.train_sentencepiece(
-            [text_path], vocab_size, own, lowercase=bool(config.data.lowercase)
-        )
-        os.remove(text_path)
-    _sync("tokenizer")
-    return tokenizer_lib.load_tokenizer(own)
-
-
-def _sync(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
-def _iterator(
-    config,
-    phase: Phase,
-    source: str,
-    tokenizer,
-    workdir: str,
-    *,
-    batch_size: int,
-    seed: int,
-    dynamic: bool,
-    shuffle_buffer: int,
-    packing_factor: float = 0.0,
-):
-    from bert_jax.data import packing, pipeline
-
-    dupe = int(config.data.dupe_factor)
-    # Several instances per row (data/packing.py): `packing_factor` records per packed row.
-    pack = None
-    if packing_factor > 0:
-        pack = packing.PackingConfig(
-            max_seq_length=phase.max_seq_length,
-            max_predictions_per_row=phase.max_predictions_per_seq,
-            factor=packing_factor,
-        )
-
-    def make_reader(shard: int, num_shards: int, shard_batch_size: int):
-        return pipeline.make_pretrain_iterator(
-            source,
-            tokenizer,
-            batch_size=shard_batch_size,
-            max_seq_length=phase.max_seq_length,
-            max_predictions_per_seq=phase.max_predictions_per_seq,
-            seed=seed,
-            process_index=shard,
-            process_count=num_shards,
-            dynamic_masking=dynamic,
-            whole_word_mask=bool(config.data.whole_word_mask),
-            masked_lm_prob=float(config.data.masked_lm_prob),
-            short_seq_prob=float(config.data.short_seq_prob),
-            shuffle_buffer_size=shuffle_buffer,
-            cache_dir=config.data.cache_dir or os.path.join(workdir, "data"),
-            dupe_factor=None if dupe < 0 else dupe,
-            num_workers=int(config.data.num_workers),
-            packing=pack,
-        )
-
-    # This host's input shards, concatenated: the global batch depends on config.data.shards only.
-    return input_shards.ShardedInput.build(
-        make_reader,
-        global_batch_size=batch_size,
-        shards_setting=data_shards(config),
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
-
-
-def eval_source(config, phase: Phase) -> str:
-    """`config.eval.source`, or the embedded corpus's held-out split for embedded training."""
-    if config.eval.source:
-        return config.eval.source
-    if phase.source.split(":")[0] == "embedded":
-        return "embedded:eval"
-    return ""
 
 
 class _Preemption:
@@ -399,14 +288,14 @@ def pretrain(
     distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
     if is_main:
         os.makedirs(workdir, exist_ok=True)
-    _sync("workdir")
+    distributed.sync_hosts("workdir")
     phases = plan_phases(config)
     total = phases[-1].end
     mesh = partitioning.make_mesh(config.mesh.shape)
     rules = partitioning.rules_from_config(config.mesh.rules)
     model_config = config_lib.bert_config(config)
     validate(config, phases, mesh, None)
-    tokenizer = resolve_tokenizer(config, phases, workdir)
+    tokenizer = inputs.resolve_tokenizer(config, phases, workdir)
     validate(config, phases, mesh, tokenizer)
     own_tokenizer = os.path.join(workdir, "tokenizer")
     if is_main and not os.path.isdir(own_tokenizer):
@@ -434,7 +323,7 @@ def pretrain(
     # restore something else than the others: fail now instead.
     distributed.check_hosts_agree({"latest checkpoint step": str(checkpointer.latest_step())})
     _, shards_per_host, num_shards = input_shards.layout(
-        data_shards(config), jax.process_index(), jax.process_count()
+        inputs.data_shards(config), jax.process_index(), jax.process_count()
     )
 
     # Resume order: latest in workdir > explicit checkpoint > model directory > scratch.
@@ -545,7 +434,7 @@ def pretrain(
         while step < total:
             phase = phase_at(phases, step)
             if iterator_phase is None or iterator_phase.index != phase.index:
-                iterator = _iterator(
+                iterator = inputs._iterator(
                     config,
                     phase,
                     phase.source,
@@ -562,9 +451,9 @@ def pretrain(
                 restored_position = None
                 iterator_phase = phase
                 eval_batches = []
-                source = eval_source(config, phase)
+                source = inputs.eval_source(config, phase)
                 if config.eval.every_steps > 0 and source:
-                    eval_iterator = _iterator(
+                    eval_iterator = inputs._iterator(
                         config,
                         phase,
                         source,
@@ -659,7 +548,7 @@ def export_model(trainer: ShardedTrainer, state: TrainState, tokenizer, path: st
         params = jax.device_get(state.params)
     if jax.process_index() == 0:
         model_dir.save_model_dir(path, trainer.config, params, tokenizer=tokenizer, overwrite=True)
-    _sync("export")
+    distributed.sync_hosts("export")
     return path
 
 

@@ -1,0 +1,130 @@
+"""The pretraining run's input side: tokenizer, input shards, iterators per phase, eval source."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import jax
+
+from bert_jax import distributed
+from bert_jax.data import shards as input_shards
+
+if TYPE_CHECKING:
+    from bert_jax.pretrain import Phase
+
+log = logging.getLogger("bert_jax")
+
+
+def data_shards(config) -> int:
+    """`config.data.shards` (0: one input shard per host; see data/shards.py)."""
+    return int(config.data.get("shards", 0))
+
+
+def _looks_like_corpus(source: str) -> bool:
+    from bert_jax.data import pipeline
+
+    return not pipeline._looks_like_records(source)  # noqa: SLF001
+
+
+def resolve_tokenizer(config, phases: list[Phase], workdir: str):
+    """The run's tokenizer: `config.data.tokenizer`, the one saved next to prepared records, or
+    (for raw corpora only) a SentencePiece model trained on the first phase's corpus and kept in
+    `<workdir>/tokenizer` so that restarts reuse it."""
+    from bert_jax.data import corpus, prepare
+    from bert_jax.data import tokenizer as tokenizer_lib
+
+    if config.data.tokenizer:
+        return tokenizer_lib.load_tokenizer(config.data.tokenizer)
+    for phase in phases:
+        candidate = os.path.join(phase.source, prepare.TOKENIZER_SUBDIR)
+        if os.path.isdir(candidate):
+            return tokenizer_lib.load_tokenizer(candidate)
+    own = os.path.join(workdir, "tokenizer")
+    if os.path.isdir(own):
+        return tokenizer_lib.load_tokenizer(own)
+    corpora = [p.source for p in phases if _looks_like_corpus(p.source)]
+    if not corpora:
+        raise ValueError(
+            "no tokenizer: set config.data.tokenizer (a tokenizer directory, .model or vocab.txt)"
+        )
+    vocab_size = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
+    text_path = os.path.join(workdir, "tokenizer_corpus.txt")
+    if jax.process_index() == 0:
+        documents, _ = corpus.read_documents([corpora[0]])
+        with open(text_path, "w", encoding="utf-8") as f:
+            for document in documents:
+                f.write("\n".join(document) + "\n\n")
+        log.info("training a %d-token SentencePiece model on %s", vocab_size, corpora[0])
+        tokenizer_lib.train_sentencepiece(
+            [text_path], vocab_size, own, lowercase=bool(config.data.lowercase)
+        )
+        os.remove(text_path)
+    distributed.sync_hosts("tokenizer")
+    return tokenizer_lib.load_tokenizer(own)
+
+
+def _iterator(
+    config,
+    phase: Phase,
+    source: str,
+    tokenizer,
+    workdir: str,
+    *,
+    batch_size: int,
+    seed: int,
+    dynamic: bool,
+    shuffle_buffer: int,
+    packing_factor: float = 0.0,
+):
+    from bert_jax.data import packing, pipeline
+
+    dupe = int(config.data.dupe_factor)
+    # Several instances per row (data/packing.py): `packing_factor` records per packed row.
+    pack = None
+    if packing_factor > 0:
+        pack = packing.PackingConfig(
+            max_seq_length=phase.max_seq_length,
+            max_predictions_per_row=phase.max_predictions_per_seq,
+            factor=packing_factor,
+        )
+
+    def make_reader(shard: int, num_shards: int, shard_batch_size: int):
+        return pipeline.make_pretrain_iterator(
+            source,
+            tokenizer,
+            batch_size=shard_batch_size,
+            max_seq_length=phase.max_seq_length,
+            max_predictions_per_seq=phase.max_predictions_per_seq,
+            seed=seed,
+            process_index=shard,
+            process_count=num_shards,
+            dynamic_masking=dynamic,
+            whole_word_mask=bool(config.data.whole_word_mask),
+            masked_lm_prob=float(config.data.masked_lm_prob),
+            short_seq_prob=float(config.data.short_seq_prob),
+            shuffle_buffer_size=shuffle_buffer,
+            cache_dir=config.data.cache_dir or os.path.join(workdir, "data"),
+            dupe_factor=None if dupe < 0 else dupe,
+            num_workers=int(config.data.num_workers),
+            packing=pack,
+        )
+
+    # This host's input shards, concatenated: the global batch depends on config.data.shards only.
+    return input_shards.ShardedInput.build(
+        make_reader,
+        global_batch_size=batch_size,
+        shards_setting=data_shards(config),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+
+def eval_source(config, phase: Phase) -> str:
+    """`config.eval.source`, or the embedded corpus's held-out split for embedded training."""
+    if config.eval.source:
+        return config.eval.source
+    if phase.source.split(":")[0] == "embedded":
+        return "embedded:eval"
+    return ""
