@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
 import jax
 
-from bert_jax import distributed
+from bert_jax import config_lib, distributed
+from bert_jax.config_lib import Phase
 from bert_jax.data import shards as input_shards
 
-if TYPE_CHECKING:
-    from bert_jax.pretrain import Phase
-
 log = logging.getLogger("bert_jax")
-
-
-def data_shards(config) -> int:
-    """`config.data.shards` (0: one input shard per host; see data/shards.py)."""
-    return int(config.data.get("shards", 0))
 
 
 def _looks_like_corpus(source: str) -> bool:
@@ -115,7 +107,7 @@ def _iterator(
     return input_shards.ShardedInput.build(
         make_reader,
         global_batch_size=batch_size,
-        shards_setting=data_shards(config),
+        shards_setting=config_lib.data_shards(config),
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )

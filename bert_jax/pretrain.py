@@ -27,7 +27,6 @@ import collections
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import time
@@ -53,27 +52,9 @@ from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
 log = logging.getLogger("bert_jax")
 
-PHASE_KEYS = ("phase1", "phase2")
-
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Phase:
-    index: int
-    name: str
-    start: int  # first step (0-based) of the phase
-    steps: int
-    max_seq_length: int
-    max_predictions_per_seq: int
-    batch_size: int  # global
-    source: str
-
-    @property
-    def end(self) -> int:
-        return self.start + self.steps
 
 
 @dataclasses.dataclass
@@ -85,96 +66,6 @@ class PretrainResult:
     last_eval: dict[str, float]
     workdir: str
     model_dir: str | None
-
-
-def plan_phases(config: ml_collections.ConfigDict) -> list[Phase]:
-    """Phases with their step ranges: phase 1 gets round(fraction x total_steps)."""
-    total = int(config.total_steps)
-    if total <= 0:
-        raise ValueError(f"config.total_steps={total} must be positive")
-    specs = [(key, config[key]) for key in PHASE_KEYS if key in config]
-    fractions = [float(spec.fraction) for _, spec in specs]
-    if any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
-        raise ValueError(
-            "config.phase1.fraction + config.phase2.fraction must be 1, got "
-            + " + ".join(str(f) for f in fractions)
-        )
-    phases, start = [], 0
-    for i, (key, spec) in enumerate(specs):
-        steps = total - start if i == len(specs) - 1 else int(round(spec.fraction * total))
-        if steps <= 0:
-            continue
-        source = spec.get("data", "") or config.data.source
-        phases.append(
-            Phase(
-                index=i,
-                name=key,
-                start=start,
-                steps=steps,
-                max_seq_length=int(spec.max_seq_length),
-                max_predictions_per_seq=int(spec.max_predictions_per_seq),
-                batch_size=int(spec.batch_size),
-                source=source,
-            )
-        )
-        start += steps
-    return phases
-
-
-def phase_at(phases: list[Phase], step: int) -> Phase:
-    for phase in phases:
-        if step < phase.end:
-            return phase
-    return phases[-1]
-
-
-def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
-    """Config errors that must fail before compilation, each naming its setting."""
-    model = config.model
-    if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but config.model.vocab_size="
-            f"{model.vocab_size}; ids beyond the embedding table give NaN losses. Raise "
-            "config.model.vocab_size or use a smaller vocabulary"
-        )
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    _, _, num_shards = input_shards.layout(inputs.data_shards(config), 0, jax.process_count())
-    for phase in phases:
-        setting = f"config.{phase.name}"
-        if not phase.source:
-            raise ValueError(
-                f"{setting}.data and config.data.source are empty: name prepared records "
-                "(`bert-jax data prepare`), a corpus (text files, .jsonl, tfds:NAME) or 'embedded'"
-            )
-        if phase.max_seq_length > model.max_position_embeddings:
-            raise ValueError(
-                f"{setting}.max_seq_length={phase.max_seq_length} exceeds "
-                f"config.model.max_position_embeddings={model.max_position_embeddings}"
-            )
-        if phase.max_predictions_per_seq > phase.max_seq_length:
-            raise ValueError(
-                f"{setting}.max_predictions_per_seq={phase.max_predictions_per_seq} exceeds "
-                f"its max_seq_length={phase.max_seq_length}"
-            )
-        partitioning.check_batch_divisible(phase.batch_size, mesh, f"{setting}.batch_size")
-        if phase.batch_size % num_shards:
-            raise ValueError(
-                f"{setting}.batch_size={phase.batch_size} is not divisible by the {num_shards} "
-                f"input shards (config.data.shards; 0 = one per host, {jax.process_count()} here)"
-            )
-        accum = int(config.grad_accum_steps)
-        if accum < 1 or phase.batch_size % (accum * dp):
-            raise ValueError(
-                f"{setting}.batch_size={phase.batch_size} must be divisible by "
-                f"config.grad_accum_steps={accum} x data-parallel size {dp}"
-            )
-    if config.eval.every_steps > 0:
-        partitioning.check_batch_divisible(config.eval.batch_size, mesh, "config.eval.batch_size")
-        if config.eval.batch_size % num_shards:
-            raise ValueError(
-                f"config.eval.batch_size={config.eval.batch_size} is not divisible by the "
-                f"{num_shards} input shards (config.data.shards)"
-            )
 
 
 class _Preemption:
@@ -289,14 +180,14 @@ def pretrain(
     if is_main:
         os.makedirs(workdir, exist_ok=True)
     distributed.sync_hosts("workdir")
-    phases = plan_phases(config)
+    phases = config_lib.plan_phases(config)
     total = phases[-1].end
     mesh = partitioning.make_mesh(config.mesh.shape)
     rules = partitioning.rules_from_config(config.mesh.rules)
     model_config = config_lib.bert_config(config)
-    validate(config, phases, mesh, None)
+    config_lib.validate(config, phases, mesh, None)
     tokenizer = inputs.resolve_tokenizer(config, phases, workdir)
-    validate(config, phases, mesh, tokenizer)
+    config_lib.validate(config, phases, mesh, tokenizer)
     own_tokenizer = os.path.join(workdir, "tokenizer")
     if is_main and not os.path.isdir(own_tokenizer):
         tokenizer.save(own_tokenizer)  # the workdir alone then describes the model
@@ -323,7 +214,7 @@ def pretrain(
     # restore something else than the others: fail now instead.
     distributed.check_hosts_agree({"latest checkpoint step": str(checkpointer.latest_step())})
     _, shards_per_host, num_shards = input_shards.layout(
-        inputs.data_shards(config), jax.process_index(), jax.process_count()
+        config_lib.data_shards(config), jax.process_index(), jax.process_count()
     )
 
     # Resume order: latest in workdir > explicit checkpoint > model directory > scratch.
@@ -423,7 +314,7 @@ def pretrain(
 
     def save(at_step: int) -> None:
         position = checkpointing.encode_position(
-            iterator_phase.index if iterator_phase else phase_at(phases, at_step).index,
+            iterator_phase.index if iterator_phase else config_lib.phase_at(phases, at_step).index,
             iterator.get_state() if iterator is not None else [None] * shards_per_host,
             mesh,
         )
@@ -432,7 +323,7 @@ def pretrain(
     preempted = False
     try:
         while step < total:
-            phase = phase_at(phases, step)
+            phase = config_lib.phase_at(phases, step)
             if iterator_phase is None or iterator_phase.index != phase.index:
                 iterator = inputs._iterator(
                     config,
@@ -552,52 +443,6 @@ def export_model(trainer: ShardedTrainer, state: TrainState, tokenizer, path: st
     return path
 
 
-def describe(config: ml_collections.ConfigDict) -> str:
-    """The resolved config, phase plan, parameter count and FLOPs per token (for --dry-run)."""
-    phases = plan_phases(config)
-    model_config = config_lib.bert_config(config)
-    lines = ["config (each line is a --config.KEY=VALUE override):"]
-    lines += [f"  {key} = {value!r}" for key, value in _flatten(config.to_dict())]
-    lines += ["phases:"]
-    for phase in phases:
-        share = phase.max_predictions_per_seq / phase.max_seq_length
-        flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
-        lines.append(
-            f"  {phase.name}: steps {phase.start}..{phase.end - 1} ({phase.steps}), seq "
-            f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, global batch "
-            f"{phase.batch_size}, data {phase.source or '(unset)'}, "
-            f"{flops / 1e9:.3f} GFLOP/token (gathered MLM positions)"
-        )
-    lines.append(f"parameters: {count_parameters(model_config):,}")
-    return "\n".join(lines)
-
-
-def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for key in sorted(tree):
-        value = tree[key]
-        if isinstance(value, dict):
-            out += _flatten(value, f"{prefix}{key}.")
-        else:
-            out.append((f"{prefix}{key}", value))
-    return out
-
-
-def count_parameters(model_config) -> int:
-    """Parameters of BertForPreTraining, not counting vocabulary padding rows."""
-    import flax.linen as nn
-
-    from bert_jax.model import BertForPreTraining
-    from bert_jax.train import dummy_batch, model_inputs
-
-    shapes = jax.eval_shape(
-        lambda: BertForPreTraining(model_config.replace(vocab_pad_multiple=1)).init(
-            jax.random.key(0), **model_inputs(dummy_batch(1, 8, 2))
-        )
-    )
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)["params"])))
-
-
 def load_checkpoint_as_model_dir(
     workdir: str, *, sharding: Any = None, load_params: bool = True, load_tokenizer: bool = False
 ):
@@ -618,7 +463,7 @@ def load_checkpoint_as_model_dir(
         raise model_dir.ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
     params = None
     if load_params:
-        phases = plan_phases(config)
+        phases = config_lib.plan_phases(config)
         tx, _ = optim.from_config(
             config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
         )

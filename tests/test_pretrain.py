@@ -109,7 +109,7 @@ def test_phase_switch_at_ninety_percent_with_the_schedule(uninterrupted, shared_
             by_step[step]["learning_rate"], float(schedule(step - 1)), rtol=1e-6
         )
     assert all(np.isfinite(row["loss"]) for row in rows)
-    plan = pretrain.plan_phases(small_config(shared_dirs, total_steps=1000))
+    plan = config_lib.plan_phases(small_config(shared_dirs, total_steps=1000))
     assert [(p.start, p.steps, p.max_seq_length, p.max_predictions_per_seq) for p in plan] == [
         (0, 900, 32, 5),
         (900, 100, 64, 10),
