@@ -197,6 +197,28 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(state=state_args))
         return restored["state"], None, None
 
+    def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+        """(params, step) from the train state saved at `step` (default: the latest).
+
+        An Orbax partial restore: only the params are read, never the optimizer state, so no
+        optimizer (nor its config) is needed to build the target.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        target = {"params": abstract_params}
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item=target,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                    partial_restore=True,
+                )
+            ),
+        )
+        return restored["state"]["params"], step
+
     def reached_preemption(self, step: int) -> bool:
         """True when the runtime (e.g. a TPU maintenance event) asks for a save and exit."""
         return self.manager.reached_preemption(step)

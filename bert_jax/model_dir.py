@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 
 from bert_jax.convert import mapping
@@ -333,9 +334,7 @@ def load_model_dir(
     `ModelDir.tokenizer`, or now with `load_tokenizer=True`.
     """
     if is_unexported_workdir(path):
-        from bert_jax import pretrain
-
-        return pretrain.load_checkpoint_as_model_dir(
+        return load_workdir_checkpoint(
             path, sharding=sharding, load_params=load_params, load_tokenizer=load_tokenizer
         )
     directory = resolve(path)
@@ -365,6 +364,53 @@ def load_model_dir(
     if load_tokenizer and model.has_tokenizer:
         model.tokenizer  # noqa: B018 (loads and caches)
     return model
+
+
+def load_workdir_checkpoint(
+    workdir: str | os.PathLike,
+    *,
+    sharding: Any = None,
+    load_params: bool = True,
+    load_tokenizer: bool = False,
+) -> ModelDir:
+    """A `ModelDir` from a pretraining workdir's latest checkpoint (a run not yet exported).
+
+    The run's `config.json` gives the model; only the params are read from the checkpoint (an
+    Orbax partial restore, see `checkpointing.Checkpointer.restore_params`). They come back on
+    the CPU, or with `sharding` (one Sharding, or a tree for the params) when given.
+    """
+    from bert_jax import checkpointing, config_lib
+
+    workdir = os.path.abspath(os.fspath(workdir))
+    run_config = ml_collections.ConfigDict(_read_json(os.path.join(workdir, CONFIG_NAME)))
+    config = config_lib.bert_config(run_config)
+    checkpoints = checkpointing.Checkpointer(
+        checkpointing.find_checkpoint_dir(workdir), async_save=False
+    )
+    try:
+        step = checkpoints.latest_step()
+        if step is None:
+            raise ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
+        params = None
+        if load_params:
+            cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+            dtype = np.dtype(config.param_dtype)
+            target = jax.tree.map(
+                lambda shape: jax.ShapeDtypeStruct(shape, dtype, sharding=cpu),
+                _expected_tree(config, has_heads=True),
+                is_leaf=lambda x: isinstance(x, tuple),
+            )
+            params, _ = checkpoints.restore_params(target, step)
+            params = jax.tree.map(np.asarray, params)
+            if sharding is not None:
+                params = jax.device_put(params, sharding)
+    finally:
+        checkpoints.close()
+    info = {"format": FORMAT_NAME, "source": "checkpoint", "step": step}
+    loaded = ModelDir(workdir, config, params, True, info)
+    if load_tokenizer and loaded.has_tokenizer:
+        loaded.tokenizer  # noqa: B018 (loads and caches)
+    return loaded
 
 
 def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -429,6 +475,7 @@ __all__ = [
     "atomic_output_dir",
     "load_model_dir",
     "load_params_for_mesh",
+    "load_workdir_checkpoint",
     "param_shardings",
     "read_config",
     "resolve",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -44,9 +43,11 @@ from bert_jax import (
     inputs,
     losses,
     metrics,
+    model_dir,
     optim,
     partitioning,
 )
+from bert_jax.convert import mapping
 from bert_jax.data import shards as input_shards
 from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
@@ -130,9 +131,6 @@ def evaluate(
 
 def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str) -> TrainState:
     """Params from a model directory on top of a fresh state (optimizer and step fresh)."""
-    from bert_jax import model_dir
-    from bert_jax.convert import mapping
-
     loaded = model_dir.load_model_dir(path)
     shape_fields = (
         "vocab_size",
@@ -429,8 +427,6 @@ def pretrain(
 
 def export_model(trainer: ShardedTrainer, state: TrainState, tokenizer, path: str) -> str:
     """Writes the model directory (DESIGN.md) that `convert`, `encode` and `glue` read."""
-    from bert_jax import model_dir
-
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -441,41 +437,3 @@ def export_model(trainer: ShardedTrainer, state: TrainState, tokenizer, path: st
         model_dir.save_model_dir(path, trainer.config, params, tokenizer=tokenizer, overwrite=True)
     distributed.sync_hosts("export")
     return path
-
-
-def load_checkpoint_as_model_dir(
-    workdir: str, *, sharding: Any = None, load_params: bool = True, load_tokenizer: bool = False
-):
-    """A `model_dir.ModelDir` from a workdir's latest checkpoint (a run not yet exported).
-
-    The run's `config.json` gives the model and optimizer (the restore target needs the optimizer
-    state's structure); params come back on the CPU, or with `sharding` (one Sharding, or a tree
-    for the params) when given.
-    """
-    from bert_jax import model_dir
-
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    model_config = config_lib.bert_config(config)
-    checkpoints = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-    step = checkpoints.latest_step()
-    if step is None:
-        raise model_dir.ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
-    params = None
-    if load_params:
-        phases = config_lib.plan_phases(config)
-        tx, _ = optim.from_config(
-            config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
-        )
-        mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices("cpu")[:1])
-        trainer = ShardedTrainer(model_config, tx, mesh)
-        state, _, _ = checkpoints.restore(trainer.abstract_state(), mesh, step, with_data=False)
-        params = jax.tree.map(np.asarray, jax.device_get(state.params))
-        if sharding is not None:
-            params = jax.device_put(params, sharding)
-    checkpoints.close()
-    info = {"format": model_dir.FORMAT_NAME, "source": "checkpoint", "step": step}
-    loaded = model_dir.ModelDir(os.path.abspath(workdir), model_config, params, True, info)
-    if load_tokenizer and loaded.has_tokenizer:
-        loaded.tokenizer  # noqa: B018 (loads and caches)
-    return loaded

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import model_dir
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.model import BertConfig
@@ -90,8 +91,6 @@ def load_source(
         ):
             tok_origin = src
     elif src_format == "bert-jax":
-        from bert_jax import model_dir
-
         loaded = model_dir.load_model_dir(src)
         report.source = loaded.path
         config = loaded.config
@@ -178,8 +177,6 @@ def convert(
         )
         report.config = config
     check_params(loaded.params, loaded.config, f"converted {src_format} params")
-    from bert_jax import model_dir
-
     if dst_format == "bert-jax":
         model_dir.save_model_dir(
             dst,
