@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -228,6 +229,35 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+class Preemption:
+    """Whether to save and stop at this step boundary.
+
+    Single-process runs turn SIGTERM into a flag (installed here, put back by `restore`);
+    multi-process runs rely on JAX's distributed preemption notice instead (through Orbax's
+    `reached_preemption`), so that all hosts stop at the same step.
+    """
+
+    def __init__(self, checkpointer: Checkpointer):
+        self.checkpointer = checkpointer
+        self.sigterm = False
+        self._previous = None
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        del signum, frame
+        self.sigterm = True
+
+    def requested(self, step: int) -> bool:
+        return self.sigterm or (
+            jax.process_count() > 1 and self.checkpointer.reached_preemption(step)
+        )
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def find_checkpoint_dir(path: str) -> str:

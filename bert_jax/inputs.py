@@ -120,3 +120,38 @@ def eval_source(config, phase: Phase) -> str:
     if phase.source.split(":")[0] == "embedded":
         return "embedded:eval"
     return ""
+
+
+def train_iterator(config, phase: Phase, tokenizer, workdir: str):
+    """This host's training batches for `phase` (`get_state`/`set_state`: its data position)."""
+    return _iterator(
+        config,
+        phase,
+        phase.source,
+        tokenizer,
+        workdir,
+        batch_size=phase.batch_size,
+        seed=int(config.seed) + phase.index,
+        dynamic=bool(config.data.dynamic_masking),
+        shuffle_buffer=int(config.data.shuffle_buffer_size),
+        packing_factor=float(config[phase.name].get("packing_factor", 0.0)),
+    )
+
+
+def eval_batches(config, phase: Phase, tokenizer, workdir: str) -> list:
+    """The held-out batches evaluated during `phase`; [] when evaluation is off or has no source."""
+    source = eval_source(config, phase)
+    if config.eval.every_steps <= 0 or not source:
+        return []
+    iterator = _iterator(
+        config,
+        phase,
+        source,
+        tokenizer,
+        workdir,
+        batch_size=int(config.eval.batch_size),
+        seed=12345,
+        dynamic=False,
+        shuffle_buffer=1,
+    )
+    return [next(iterator) for _ in range(int(config.eval.batches))]

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import check_params
@@ -89,9 +90,7 @@ class ModelDir:
         return dict(self.info.get("extra") or {})
 
 
-# ----------------------------------------------------------------------------------------------
-# Atomic output directories.
-# ----------------------------------------------------------------------------------------------
+# --- Atomic output directories ---
 
 
 @contextlib.contextmanager
@@ -122,9 +121,7 @@ def atomic_output_dir(path: str | os.PathLike, overwrite: bool = False) -> Itera
         raise
 
 
-# ----------------------------------------------------------------------------------------------
-# Save.
-# ----------------------------------------------------------------------------------------------
+# --- Save ---
 
 
 def _as_tokenizer(tokenizer: Any):
@@ -201,9 +198,7 @@ def save_model_dir(
     return os.path.abspath(os.fspath(path))
 
 
-# ----------------------------------------------------------------------------------------------
-# Load.
-# ----------------------------------------------------------------------------------------------
+# --- Load ---
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -413,20 +408,10 @@ def load_workdir_checkpoint(
     return loaded
 
 
-def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            out.update(_flat(value, name))
-        else:
-            out[name] = value
-    return out
-
-
 def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any]:
     """Compares stored Orbax metadata with the config's tree; returns the stored dtypes."""
-    have, want = _flat(stored), _flat(expected)
+    have = traverse_util.flatten_dict(stored, sep="/")
+    want = traverse_util.flatten_dict(expected, sep="/")
     problems = [f"missing parameter {p} {s}" for p, s in want.items() if p not in have]
     problems += [f"unexpected parameter {p}" for p in have if p not in want]
     problems += [
@@ -439,10 +424,9 @@ def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any
             f"{directory}: the saved params do not match config.json ({len(problems)} "
             "problem(s)):\n  - " + "\n  - ".join(problems[:20])
         )
-    dtypes: dict[str, Any] = {}
-    for name in want:
-        mapping.set_path(dtypes, tuple(name.split("/")), np.dtype(have[name].dtype))
-    return dtypes
+    return traverse_util.unflatten_dict(
+        {name: np.dtype(have[name].dtype) for name in want}, sep="/"
+    )
 
 
 def param_shardings(config: BertConfig, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
