@@ -261,6 +261,16 @@ class Preemption:
 
 
 def find_checkpoint_dir(path: str) -> str:
-    """A workdir (`<path>/checkpoints`) or a checkpoints directory itself."""
+    """A workdir (`<path>/checkpoints`) or a checkpoints directory itself.
+
+    Raises FileNotFoundError for a path that does not exist (rather than creating an empty
+    checkpoint directory there).
+    """
     candidate = os.path.join(path, "checkpoints")
-    return candidate if os.path.isdir(candidate) else path
+    if os.path.isdir(candidate):
+        return candidate
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"no checkpoints at {path}: expected a pretraining workdir or its checkpoints/"
+        )
+    return path
