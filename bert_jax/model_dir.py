@@ -379,28 +379,22 @@ def load_workdir_checkpoint(
     workdir = os.path.abspath(os.fspath(workdir))
     run_config = ml_collections.ConfigDict(_read_json(os.path.join(workdir, CONFIG_NAME)))
     config = config_lib.bert_config(run_config)
-    checkpoints = checkpointing.Checkpointer(
-        checkpointing.find_checkpoint_dir(workdir), async_save=False
-    )
-    try:
-        step = checkpoints.latest_step()
-        if step is None:
-            raise ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
-        params = None
-        if load_params:
-            cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-            dtype = np.dtype(config.param_dtype)
-            target = jax.tree.map(
-                lambda shape: jax.ShapeDtypeStruct(shape, dtype, sharding=cpu),
-                _expected_tree(config, has_heads=True),
-                is_leaf=lambda x: isinstance(x, tuple),
-            )
-            params, _ = checkpoints.restore_params(target, step)
-            params = jax.tree.map(np.asarray, params)
-            if sharding is not None:
-                params = jax.device_put(params, sharding)
-    finally:
-        checkpoints.close()
+    checkpoints = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+    step, params = checkpoints.latest_step(), None
+    if step is not None and load_params:
+        # The params as the run holds them (padded vocabulary, `param_dtype`), onto the CPU.
+        cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+        target = jax.tree.map(
+            lambda shape: jax.ShapeDtypeStruct(shape, np.dtype(config.param_dtype), sharding=cpu),
+            _expected_tree(config, has_heads=True),
+            is_leaf=lambda x: isinstance(x, tuple),
+        )
+        params = jax.tree.map(np.asarray, checkpoints.restore_params(target, step)[0])
+        if sharding is not None:
+            params = jax.device_put(params, sharding)
+    checkpoints.close()
+    if step is None:
+        raise ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
     info = {"format": FORMAT_NAME, "source": "checkpoint", "step": step}
     loaded = ModelDir(workdir, config, params, True, info)
     if load_tokenizer and loaded.has_tokenizer:
@@ -451,17 +445,3 @@ def load_params_for_mesh(
     training state is (so fine-tuning and pretraining can start from it without a host copy)."""
     config, _ = read_config(path)
     return load_model_dir(path, sharding=param_shardings(config, mesh, rules))
-
-
-__all__ = [
-    "ModelDir",
-    "ModelDirError",
-    "atomic_output_dir",
-    "load_model_dir",
-    "load_params_for_mesh",
-    "load_workdir_checkpoint",
-    "param_shardings",
-    "read_config",
-    "resolve",
-    "save_model_dir",
-]
