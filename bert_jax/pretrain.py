@@ -1,4 +1,4 @@
-"""The pretraining run: phases, resume, checkpoints, evaluation, metrics, preemption, export.
+"""The pretraining loop: phases, resume, checkpoints, evaluation, metrics, preemption, export.
 
 `pretrain(config, workdir)` runs the paper's schedule: phase 1 takes `phase1.fraction` of
 `total_steps` at `phase1.max_seq_length` (128, 20 predictions), phase 2 the rest at 512 / 80; the
@@ -79,13 +79,13 @@ def pretrain(
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
     console = print if is_main else (lambda *a, **k: None)
+    model_config = config_lib.bert_config(config)  # a bad model setting fails first
+    rules = partitioning.rules_from_config(config.mesh.rules)
     phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main)
     total = phases[-1].end
-    model_config = config_lib.bert_config(config)
     tx, schedule = optim.from_config(
         config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
     )
-    rules = partitioning.rules_from_config(config.mesh.rules)
     accum_steps = int(config.grad_accum_steps)
     trainer = ShardedTrainer(model_config, tx, mesh, rules, schedule, accum_steps=accum_steps)
     init_rng, dropout_rng = init_and_dropout_keys(
