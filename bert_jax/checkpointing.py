@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -197,6 +198,28 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(state=state_args))
         return restored["state"], None, None
 
+    def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+        """(params, step) from the train state saved at `step` (default: the latest).
+
+        An Orbax partial restore: only the params are read, never the optimizer state, so no
+        optimizer (nor its config) is needed to build the target.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        target = {"params": abstract_params}
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item=target,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                    partial_restore=True,
+                )
+            ),
+        )
+        return restored["state"]["params"], step
+
     def reached_preemption(self, step: int) -> bool:
         """True when the runtime (e.g. a TPU maintenance event) asks for a save and exit."""
         return self.manager.reached_preemption(step)
@@ -208,7 +231,46 @@ class Checkpointer:
         self.manager.close()
 
 
+class Preemption:
+    """Whether to save and stop at this step boundary.
+
+    Single-process runs turn SIGTERM into a flag (installed here, put back by `restore`);
+    multi-process runs rely on JAX's distributed preemption notice instead (through Orbax's
+    `reached_preemption`), so that all hosts stop at the same step.
+    """
+
+    def __init__(self, checkpointer: Checkpointer):
+        self.checkpointer = checkpointer
+        self.sigterm = False
+        self._previous = None
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        del signum, frame
+        self.sigterm = True
+
+    def requested(self, step: int) -> bool:
+        return self.sigterm or (
+            jax.process_count() > 1 and self.checkpointer.reached_preemption(step)
+        )
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
 def find_checkpoint_dir(path: str) -> str:
-    """A workdir (`<path>/checkpoints`) or a checkpoints directory itself."""
+    """A workdir (`<path>/checkpoints`) or a checkpoints directory itself.
+
+    Raises FileNotFoundError for a path that does not exist (rather than creating an empty
+    checkpoint directory there).
+    """
     candidate = os.path.join(path, "checkpoints")
-    return candidate if os.path.isdir(candidate) else path
+    if os.path.isdir(candidate):
+        return candidate
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"no checkpoints at {path}: expected a pretraining workdir or its checkpoints/"
+        )
+    return path

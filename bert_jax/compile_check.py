@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bert_jax import config_lib, optim, partitioning, pretrain
+from bert_jax import config_lib, optim, partitioning
 from bert_jax.train import ShardedTrainer, dummy_batch
 
 GIB = 1024**3
@@ -96,7 +96,7 @@ def check(
     Raises ValueError for shapes that do not divide the mesh (naming the setting) and
     DoesNotFitError when XLA itself runs out of device memory while compiling.
     """
-    phases = pretrain.plan_phases(config)
+    phases = config_lib.plan_phases(config)
     mesh = partitioning.make_mesh(config.mesh.shape)
     rules = partitioning.rules_from_config(config.mesh.rules)
     accum = int(config.grad_accum_steps)

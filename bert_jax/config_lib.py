@@ -1,4 +1,4 @@
-"""Default pretraining configs (ml_collections) and the step from config to `BertConfig`.
+"""Pretraining configs: the paper's defaults, the phase plan, validation, `describe` and sizes.
 
 `configs/bert.py` is thin: `get_config(SIZE)` returns `pretraining_config(SIZE)`, which users then
 override from the command line (`--config.optimizer.learning_rate=5e-5`). Defaults are the paper's
@@ -10,10 +10,20 @@ global-norm clipping 1.0, dropout 0.1, batch 256, 1M steps, 90% of them at seque
 
 from __future__ import annotations
 
-import ml_collections
+import dataclasses
+import math
+from typing import Any
 
-from bert_jax import partitioning
+import jax
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from bert_jax import metrics, partitioning
+from bert_jax.data import shards as input_shards
 from bert_jax.model import BertConfig
+
+PHASE_KEYS = ("phase1", "phase2")
 
 # name: (layers, hidden, heads); intermediate size is 4 x hidden throughout.
 SIZES: dict[str, tuple[int, int, int]] = {
@@ -64,9 +74,9 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
     config.seed = 0
     # PRNG of the dropout keys (jax.random key implementations). With the default hash masks
     # (model.dropout_impl) it only derives three words per dropout site and step; with "prng"
-    # masks it draws every bit: "rbg" through XLA's RngBitGenerator, "threefry2x32" (~13% more
-    # thread time per Base step than rbg on CPU, recomputed in backward fusions). Same masks on
-    # any mesh (tested). Parameter init always uses threefry2x32.
+    # masks it draws every bit: "rbg" through XLA's RngBitGenerator, "threefry2x32" (slower:
+    # recomputed in backward fusions). Same masks on any mesh (tested). Parameter init always
+    # uses threefry2x32.
     config.dropout_rng_impl = "rbg"
     config.total_steps = 1_000_000
     config.optimizer = ml_collections.ConfigDict(
@@ -162,3 +172,156 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
 def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
     """The frozen model config: the ConfigDict stops at the model's door."""
     return BertConfig(**config.model.to_dict())
+
+
+def data_shards(config: ml_collections.ConfigDict) -> int:
+    """`config.data.shards` (0: one input shard per host; see data/shards.py)."""
+    return int(config.data.get("shards", 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    index: int
+    name: str
+    start: int  # first step (0-based) of the phase
+    steps: int
+    max_seq_length: int
+    max_predictions_per_seq: int
+    batch_size: int  # global
+    source: str
+
+    @property
+    def end(self) -> int:
+        return self.start + self.steps
+
+
+def plan_phases(config: ml_collections.ConfigDict) -> list[Phase]:
+    """Phases with their step ranges: phase 1 gets round(fraction x total_steps)."""
+    total = int(config.total_steps)
+    if total <= 0:
+        raise ValueError(f"config.total_steps={total} must be positive")
+    specs = [(key, config[key]) for key in PHASE_KEYS if key in config]
+    fractions = [float(spec.fraction) for _, spec in specs]
+    if any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
+        raise ValueError(
+            "config.phase1.fraction + config.phase2.fraction must be 1, got "
+            + " + ".join(str(f) for f in fractions)
+        )
+    phases, start = [], 0
+    for i, (key, spec) in enumerate(specs):
+        steps = total - start if i == len(specs) - 1 else int(round(spec.fraction * total))
+        if steps <= 0:
+            continue
+        source = spec.get("data", "") or config.data.source
+        phases.append(
+            Phase(
+                index=i,
+                name=key,
+                start=start,
+                steps=steps,
+                max_seq_length=int(spec.max_seq_length),
+                max_predictions_per_seq=int(spec.max_predictions_per_seq),
+                batch_size=int(spec.batch_size),
+                source=source,
+            )
+        )
+        start += steps
+    return phases
+
+
+def phase_at(phases: list[Phase], step: int) -> Phase:
+    """The phase that runs step `step` (0-based); the last phase past the end."""
+    for phase in phases:
+        if step < phase.end:
+            return phase
+    return phases[-1]
+
+
+def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
+    """Config errors that must fail before compilation, each naming its setting."""
+    model = config.model
+    if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but config.model.vocab_size="
+            f"{model.vocab_size}; ids beyond the embedding table give NaN losses. Raise "
+            "config.model.vocab_size or use a smaller vocabulary"
+        )
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    _, _, num_shards = input_shards.layout(data_shards(config), 0, jax.process_count())
+    for phase in phases:
+        setting = f"config.{phase.name}"
+        if not phase.source:
+            raise ValueError(
+                f"{setting}.data and config.data.source are empty: name prepared records "
+                "(`bert-jax data prepare`), a corpus (text files, .jsonl, tfds:NAME) or 'embedded'"
+            )
+        if phase.max_seq_length > model.max_position_embeddings:
+            raise ValueError(
+                f"{setting}.max_seq_length={phase.max_seq_length} exceeds "
+                f"config.model.max_position_embeddings={model.max_position_embeddings}"
+            )
+        if phase.max_predictions_per_seq > phase.max_seq_length:
+            raise ValueError(
+                f"{setting}.max_predictions_per_seq={phase.max_predictions_per_seq} exceeds "
+                f"its max_seq_length={phase.max_seq_length}"
+            )
+        partitioning.check_batch_divisible(phase.batch_size, mesh, f"{setting}.batch_size")
+        if phase.batch_size % num_shards:
+            raise ValueError(
+                f"{setting}.batch_size={phase.batch_size} is not divisible by the {num_shards} "
+                f"input shards (config.data.shards; 0 = one per host, {jax.process_count()} here)"
+            )
+        accum = int(config.grad_accum_steps)
+        if accum < 1 or phase.batch_size % (accum * dp):
+            raise ValueError(
+                f"{setting}.batch_size={phase.batch_size} must be divisible by "
+                f"config.grad_accum_steps={accum} x data-parallel size {dp}"
+            )
+    if config.eval.every_steps > 0:
+        partitioning.check_batch_divisible(config.eval.batch_size, mesh, "config.eval.batch_size")
+        if config.eval.batch_size % num_shards:
+            raise ValueError(
+                f"config.eval.batch_size={config.eval.batch_size} is not divisible by the "
+                f"{num_shards} input shards (config.data.shards)"
+            )
+
+
+def describe(config: ml_collections.ConfigDict) -> str:
+    """The resolved config, phase plan, parameter count and FLOPs per token (for --dry-run)."""
+    phases = plan_phases(config)
+    model_config = bert_config(config)
+    lines = ["config (each line is a --config.KEY=VALUE override):"]
+    lines += [f"  {key} = {value!r}" for key, value in _flat_settings(config)]
+    lines += ["phases:"]
+    for phase in phases:
+        share = phase.max_predictions_per_seq / phase.max_seq_length
+        flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
+        lines.append(
+            f"  {phase.name}: steps {phase.start}..{phase.end - 1} ({phase.steps}), seq "
+            f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, global batch "
+            f"{phase.batch_size}, data {phase.source or '(unset)'}, "
+            f"{flops / 1e9:.3f} GFLOP/token (gathered MLM positions)"
+        )
+    lines.append(f"parameters: {count_parameters(model_config):,}")
+    return "\n".join(lines)
+
+
+def count_parameters(model_config) -> int:
+    """Parameters of BertForPreTraining, not counting vocabulary padding rows."""
+    import flax.linen as nn
+
+    from bert_jax.model import BertForPreTraining
+    from bert_jax.train import dummy_batch, model_inputs
+
+    shapes = jax.eval_shape(
+        lambda: BertForPreTraining(model_config.replace(vocab_pad_multiple=1)).init(
+            jax.random.key(0), **model_inputs(dummy_batch(1, 8, 2))
+        )
+    )
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)["params"])))
+
+
+def _flat_settings(config: ml_collections.ConfigDict) -> list[tuple[str, Any]]:
+    """(dotted key, value) for every setting, in the order of the nested keys."""
+    flat = traverse_util.flatten_dict(config.to_dict())
+    return [(".".join(path), flat[path]) for path in sorted(flat)]

@@ -322,6 +322,16 @@ def _digest(text: str):
     return np.frombuffer(hashlib.sha256(text.encode()).digest()[:16], dtype="<i4").copy()
 
 
+def sync_hosts(name: str) -> None:
+    """A barrier across all processes (a no-op in a single-process job)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def allgather_texts(texts: Sequence[str]) -> list[list[str]]:
     """Every process's `texts` (same count on each), indexed [process][i]."""
     import numpy as np
@@ -338,15 +348,6 @@ def allgather_texts(texts: Sequence[str]) -> list[list[str]]:
     ]
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value}
-
-
 def describe_difference(name: str, reference: str, other: str, limit: int = 8) -> list[str]:
     """'name.key=B (process 0: A)' lines for two JSON objects, else the two values themselves."""
     try:
@@ -355,7 +356,9 @@ def describe_difference(name: str, reference: str, other: str, limit: int = 8) -
         ref = oth = None
     if not (isinstance(ref, dict) and isinstance(oth, dict)):
         return [f"{name}={other[:200]} (process 0: {reference[:200]})"]
-    ref, oth = _flatten(ref), _flatten(oth)
+    from flax import traverse_util
+
+    ref, oth = traverse_util.flatten_dict(ref, sep="."), traverse_util.flatten_dict(oth, sep=".")
     missing = object()
     show = lambda v: "(absent)" if v is missing else json.dumps(v)  # noqa: E731
     lines = [

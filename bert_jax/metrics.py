@@ -1,4 +1,4 @@
-"""Metric writers (JSONL, TensorBoard, console), FLOPs per token and MFU.
+"""Metrics: writers (JSONL, TensorBoard, console), training windows, evaluation, FLOPs and MFU.
 
 FLOPs per trained token (forward + backward = 3x forward, 2 FLOPs per multiply-add):
 
@@ -11,12 +11,17 @@ masked positions are gathered). MFU = real (non-pad) tokens/s x F / peak FLOP/s 
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+import numpy as np
+
+from bert_jax import losses
 from bert_jax.model import BertConfig
 
 # Dense bf16 peak TFLOP/s per chip, matched against `jax.Device.device_kind` (lower case).
@@ -92,6 +97,88 @@ class Throughput:
         if self.peak:
             out["mfu"] = self._flops / elapsed / (self.peak * self.num_chips)
         return out
+
+
+class TrainWindow:
+    """The training steps since the last metrics row: summed losses, gradient norms, throughput.
+
+    `count` takes every step's tokens (skipped steps took time too), `add` the finite steps'
+    sums; `row` turns the window into a metrics row and starts a new one.
+    """
+
+    SUMMED = (
+        "mlm_loss_sum",
+        "mlm_correct_sum",
+        "mlm_weight",
+        "nsp_loss_sum",
+        "nsp_correct_sum",
+        "nsp_weight",
+    )
+
+    def __init__(self, config: BertConfig, num_chips: int, device_kind: str):
+        self.throughput = Throughput(config, num_chips, device_kind)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.sums: collections.Counter = collections.Counter()
+        self.grad_norms: list[float] = []
+
+    def count(self, values: Mapping[str, Any], batch_size: int, seq_len: int, predictions: int):
+        self.throughput.add(int(values["real_tokens"]), batch_size, seq_len, predictions)
+
+    def add(self, values: Mapping[str, Any]) -> None:
+        for key in self.SUMMED:
+            self.sums[key] += float(values[key])
+        self.grad_norms.append(float(values["grad_norm"]))
+
+    def row(self, values: Mapping[str, Any], phase: int, seq_len: int) -> dict[str, Any]:
+        """The metrics row (losses, accuracies, rates) ending with the step of `values`."""
+        summary = losses.summarize(self.sums)
+        summary["grad_norm"] = float(np.mean(self.grad_norms))
+        summary["learning_rate"] = float(values["learning_rate"])
+        summary["phase"] = phase
+        summary["seq_len"] = seq_len
+        summary.update(self.throughput.summary())
+        summary["skipped_steps_total"] = int(values["skipped_steps"])
+        self._clear()
+        self.throughput.reset()
+        return summary
+
+
+def train_line(step: int, total: int, row: Mapping[str, Any], eta_seconds: float) -> str:
+    """The console line for a metrics row."""
+    mfu = f" MFU {row['mfu']:.1%}" if "mfu" in row else ""
+    return (
+        f"step {step}/{total} [phase {row['phase']}, seq {row['seq_len']}] "
+        f"loss {row['loss']:.4f} mlm {row['mlm_loss']:.3f}/"
+        f"{row['mlm_accuracy']:.3f} nsp {row['nsp_loss']:.3f}/"
+        f"{row['nsp_accuracy']:.3f} lr {row['learning_rate']:.2e} "
+        f"gnorm {row['grad_norm']:.2f} {row['tokens_per_sec']:.0f} tok/s "
+        f"{row['sequences_per_sec']:.1f} seq/s "
+        f"{row['model_tflops_per_sec']:.3f} TFLOP/s{mfu} ETA "
+        f"{format_duration(eta_seconds)}"
+    )
+
+
+def evaluate(
+    eval_step: Callable[[dict[str, np.ndarray]], Mapping[str, Any]],
+    batches: list[dict[str, np.ndarray]],
+    vocab_size: int,
+) -> dict[str, float]:
+    """Held-out MLM and NSP accuracy, with the always-the-most-frequent-token baseline.
+
+    `eval_step(local_batch)` returns the batch's summed losses and weights (all hosts together).
+    """
+    sums: collections.Counter = collections.Counter()
+    counts = np.zeros((vocab_size,), np.float64)
+    for local in batches:
+        out = jax.device_get(eval_step(local))
+        sums.update({k: float(v) for k, v in out.items()})
+        np.add.at(counts, local["masked_lm_ids"].ravel(), local["masked_lm_weights"].ravel())
+    summary = losses.summarize(sums)
+    summary["mlm_baseline_accuracy"] = float(counts.max() / max(counts.sum(), 1e-9))
+    summary["examples"] = sum(len(b["input_ids"]) for b in batches)
+    return summary
 
 
 def format_duration(seconds: float) -> str:

@@ -31,7 +31,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
+from flax import traverse_util
 
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import check_params
@@ -88,9 +90,7 @@ class ModelDir:
         return dict(self.info.get("extra") or {})
 
 
-# ----------------------------------------------------------------------------------------------
-# Atomic output directories.
-# ----------------------------------------------------------------------------------------------
+# --- Atomic output directories ---
 
 
 @contextlib.contextmanager
@@ -121,9 +121,7 @@ def atomic_output_dir(path: str | os.PathLike, overwrite: bool = False) -> Itera
         raise
 
 
-# ----------------------------------------------------------------------------------------------
-# Save.
-# ----------------------------------------------------------------------------------------------
+# --- Save ---
 
 
 def _as_tokenizer(tokenizer: Any):
@@ -200,9 +198,7 @@ def save_model_dir(
     return os.path.abspath(os.fspath(path))
 
 
-# ----------------------------------------------------------------------------------------------
-# Load.
-# ----------------------------------------------------------------------------------------------
+# --- Load ---
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -333,9 +329,7 @@ def load_model_dir(
     `ModelDir.tokenizer`, or now with `load_tokenizer=True`.
     """
     if is_unexported_workdir(path):
-        from bert_jax import pretrain
-
-        return pretrain.load_checkpoint_as_model_dir(
+        return load_workdir_checkpoint(
             path, sharding=sharding, load_params=load_params, load_tokenizer=load_tokenizer
         )
     directory = resolve(path)
@@ -367,20 +361,51 @@ def load_model_dir(
     return model
 
 
-def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            out.update(_flat(value, name))
-        else:
-            out[name] = value
-    return out
+def load_workdir_checkpoint(
+    workdir: str | os.PathLike,
+    *,
+    sharding: Any = None,
+    load_params: bool = True,
+    load_tokenizer: bool = False,
+) -> ModelDir:
+    """A `ModelDir` from a pretraining workdir's latest checkpoint (a run not yet exported).
+
+    The run's `config.json` gives the model; only the params are read from the checkpoint (an
+    Orbax partial restore, see `checkpointing.Checkpointer.restore_params`). They come back on
+    the CPU, or with `sharding` (one Sharding, or a tree for the params) when given.
+    """
+    from bert_jax import checkpointing, config_lib
+
+    workdir = os.path.abspath(os.fspath(workdir))
+    run_config = ml_collections.ConfigDict(_read_json(os.path.join(workdir, CONFIG_NAME)))
+    config = config_lib.bert_config(run_config)
+    checkpoints = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+    step, params = checkpoints.latest_step(), None
+    if step is not None and load_params:
+        # The params as the run holds them (padded vocabulary, `param_dtype`), onto the CPU.
+        cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+        target = jax.tree.map(
+            lambda shape: jax.ShapeDtypeStruct(shape, np.dtype(config.param_dtype), sharding=cpu),
+            _expected_tree(config, has_heads=True),
+            is_leaf=lambda x: isinstance(x, tuple),
+        )
+        params = jax.tree.map(np.asarray, checkpoints.restore_params(target, step)[0])
+        if sharding is not None:
+            params = jax.device_put(params, sharding)
+    checkpoints.close()
+    if step is None:
+        raise ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
+    info = {"format": FORMAT_NAME, "source": "checkpoint", "step": step}
+    loaded = ModelDir(workdir, config, params, True, info)
+    if load_tokenizer and loaded.has_tokenizer:
+        loaded.tokenizer  # noqa: B018 (loads and caches)
+    return loaded
 
 
 def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any]:
     """Compares stored Orbax metadata with the config's tree; returns the stored dtypes."""
-    have, want = _flat(stored), _flat(expected)
+    have = traverse_util.flatten_dict(stored, sep="/")
+    want = traverse_util.flatten_dict(expected, sep="/")
     problems = [f"missing parameter {p} {s}" for p, s in want.items() if p not in have]
     problems += [f"unexpected parameter {p}" for p in have if p not in want]
     problems += [
@@ -393,10 +418,9 @@ def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any
             f"{directory}: the saved params do not match config.json ({len(problems)} "
             "problem(s)):\n  - " + "\n  - ".join(problems[:20])
         )
-    dtypes: dict[str, Any] = {}
-    for name in want:
-        mapping.set_path(dtypes, tuple(name.split("/")), np.dtype(have[name].dtype))
-    return dtypes
+    return traverse_util.unflatten_dict(
+        {name: np.dtype(have[name].dtype) for name in want}, sep="/"
+    )
 
 
 def param_shardings(config: BertConfig, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
@@ -421,16 +445,3 @@ def load_params_for_mesh(
     training state is (so fine-tuning and pretraining can start from it without a host copy)."""
     config, _ = read_config(path)
     return load_model_dir(path, sharding=param_shardings(config, mesh, rules))
-
-
-__all__ = [
-    "ModelDir",
-    "ModelDirError",
-    "atomic_output_dir",
-    "load_model_dir",
-    "load_params_for_mesh",
-    "param_shardings",
-    "read_config",
-    "resolve",
-    "save_model_dir",
-]

@@ -1,4 +1,4 @@
-"""The pretraining run: phases, resume, checkpoints, evaluation, metrics, preemption, export.
+"""The pretraining loop: phases, resume, checkpoints, evaluation, metrics, preemption, export.
 
 `pretrain(config, workdir)` runs the paper's schedule: phase 1 takes `phase1.fraction` of
 `total_steps` at `phase1.max_seq_length` (128, 20 predictions), phase 2 the rest at 512 / 80; the
@@ -23,13 +23,9 @@ SIGTERM (or a TPU preemption notice) saves a checkpoint at the next step boundar
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import json
 import logging
-import math
 import os
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,33 +34,26 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpointing, config_lib, distributed, losses, metrics, optim, partitioning
+from bert_jax import (
+    checkpointing,
+    config_lib,
+    distributed,
+    inputs,
+    metrics,
+    model_dir,
+    optim,
+    partitioning,
+)
+from bert_jax.config_lib import Phase
+from bert_jax.convert import mapping
 from bert_jax.data import shards as input_shards
 from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
 log = logging.getLogger("bert_jax")
 
-PHASE_KEYS = ("phase1", "phase2")
-
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Phase:
-    index: int
-    name: str
-    start: int  # first step (0-based) of the phase
-    steps: int
-    max_seq_length: int
-    max_predictions_per_seq: int
-    batch_size: int  # global
-    source: str
-
-    @property
-    def end(self) -> int:
-        return self.start + self.steps
 
 
 @dataclasses.dataclass
@@ -78,297 +67,264 @@ class PretrainResult:
     model_dir: str | None
 
 
-def plan_phases(config: ml_collections.ConfigDict) -> list[Phase]:
-    """Phases with their step ranges: phase 1 gets round(fraction x total_steps)."""
-    total = int(config.total_steps)
-    if total <= 0:
-        raise ValueError(f"config.total_steps={total} must be positive")
-    specs = [(key, config[key]) for key in PHASE_KEYS if key in config]
-    fractions = [float(spec.fraction) for _, spec in specs]
-    if any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
-        raise ValueError(
-            "config.phase1.fraction + config.phase2.fraction must be 1, got "
-            + " + ".join(str(f) for f in fractions)
-        )
-    phases, start = [], 0
-    for i, (key, spec) in enumerate(specs):
-        steps = total - start if i == len(specs) - 1 else int(round(spec.fraction * total))
-        if steps <= 0:
-            continue
-        source = spec.get("data", "") or config.data.source
-        phases.append(
-            Phase(
-                index=i,
-                name=key,
-                start=start,
-                steps=steps,
-                max_seq_length=int(spec.max_seq_length),
-                max_predictions_per_seq=int(spec.max_predictions_per_seq),
-                batch_size=int(spec.batch_size),
-                source=source,
-            )
-        )
-        start += steps
-    return phases
-
-
-def phase_at(phases: list[Phase], step: int) -> Phase:
-    for phase in phases:
-        if step < phase.end:
-            return phase
-    return phases[-1]
-
-
-def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
-    """Config errors that must fail before compilation, each naming its setting."""
-    model = config.model
-    if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but config.model.vocab_size="
-            f"{model.vocab_size}; ids beyond the embedding table give NaN losses. Raise "
-            "config.model.vocab_size or use a smaller vocabulary"
-        )
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    _, _, num_shards = input_shards.layout(data_shards(config), 0, jax.process_count())
-    for phase in phases:
-        setting = f"config.{phase.name}"
-        if not phase.source:
-            raise ValueError(
-                f"{setting}.data and config.data.source are empty: name prepared records "
-                "(`bert-jax data prepare`), a corpus (text files, .jsonl, tfds:NAME) or 'embedded'"
-            )
-        if phase.max_seq_length > model.max_position_embeddings:
-            raise ValueError(
-                f"{setting}.max_seq_length={phase.max_seq_length} exceeds "
-                f"config.model.max_position_embeddings={model.max_position_embeddings}"
-            )
-        if phase.max_predictions_per_seq > phase.max_seq_length:
-            raise ValueError(
-                f"{setting}.max_predictions_per_seq={phase.max_predictions_per_seq} exceeds "
-                f"its max_seq_length={phase.max_seq_length}"
-            )
-        partitioning.check_batch_divisible(phase.batch_size, mesh, f"{setting}.batch_size")
-        if phase.batch_size % num_shards:
-            raise ValueError(
-                f"{setting}.batch_size={phase.batch_size} is not divisible by the {num_shards} "
-                f"input shards (config.data.shards; 0 = one per host, {jax.process_count()} here)"
-            )
-        accum = int(config.grad_accum_steps)
-        if accum < 1 or phase.batch_size % (accum * dp):
-            raise ValueError(
-                f"{setting}.batch_size={phase.batch_size} must be divisible by "
-                f"config.grad_accum_steps={accum} x data-parallel size {dp}"
-            )
-    if config.eval.every_steps > 0:
-        partitioning.check_batch_divisible(config.eval.batch_size, mesh, "config.eval.batch_size")
-        if config.eval.batch_size % num_shards:
-            raise ValueError(
-                f"config.eval.batch_size={config.eval.batch_size} is not divisible by the "
-                f"{num_shards} input shards (config.data.shards)"
-            )
-
-
-def data_shards(config) -> int:
-    """`config.data.shards` (0: one input shard per host; see data/shards.py)."""
-    return int(config.data.get("shards", 0))
-
-
-def resolve_tokenizer(config, phases: list[Phase], workdir: str):
-    """The run's tokenizer: `config.data.tokenizer`, the one saved next to prepared records, or
-    (for raw corpora only) a SentencePiece model trained on the first phase's corpus and kept in
-    `<workdir>/tokenizer` so that restarts reuse it."""
-    from bert_jax.data import layout, sources
-    from bert_jax.data import tokenizer as tokenizer_lib
-
-    if config.data.tokenizer:
-        return tokenizer_lib.load_tokenizer(config.data.tokenizer)
-    for phase in phases:
-        candidate = os.path.join(phase.source, layout.TOKENIZER_SUBDIR)
-        if os.path.isdir(candidate):
-            return tokenizer_lib.load_tokenizer(candidate)
-    own = os.path.join(workdir, "tokenizer")
-    if os.path.isdir(own):
-        return tokenizer_lib.load_tokenizer(own)
-    corpora = [p.source for p in phases if sources.source_kind(p.source) != "records"]
-    if not corpora:
-        raise ValueError(
-            "no tokenizer: set config.data.tokenizer (a tokenizer directory, .model or vocab.txt)"
-        )
-    vocab_size = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
-    if jax.process_index() == 0:
-        log.info("training a %d-token SentencePiece model on %s", vocab_size, corpora[0])
-        tokenizer_lib.train_tokenizer(
-            [corpora[0]], vocab_size, own, lowercase=bool(config.data.lowercase)
-        )
-    _sync("tokenizer")
-    return tokenizer_lib.load_tokenizer(own)
-
-
-def _sync(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
-def _iterator(
-    config,
-    phase: Phase,
-    source: str,
-    tokenizer,
+def pretrain(
+    config: ml_collections.ConfigDict,
     workdir: str,
     *,
-    batch_size: int,
-    seed: int,
-    dynamic: bool,
-    shuffle_buffer: int,
-    packing_factor: float = 0.0,
-):
-    from bert_jax.data import packing, pipeline, prepare, sources
+    step_hook: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+) -> PretrainResult:
+    """Runs (or resumes) pretraining in `workdir`. `step_hook(step, batch)` may alter batches
+    (tests use it to inject NaNs)."""
+    # --- Set-up: hosts agree, config checked, tokenizer resolved (nothing compiled yet). ---
+    workdir = os.path.abspath(workdir)
+    is_main = jax.process_index() == 0
+    console = print if is_main else (lambda *a, **k: None)
+    model_config = config_lib.bert_config(config)  # a bad model setting fails first
+    rules = partitioning.rules_from_config(config.mesh.rules)
+    phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main)
+    total = phases[-1].end
+    tx, schedule = optim.from_config(
+        config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
+    )
+    accum_steps = int(config.grad_accum_steps)
+    trainer = ShardedTrainer(model_config, tx, mesh, rules, schedule, accum_steps=accum_steps)
+    init_rng, dropout_rng = init_and_dropout_keys(
+        int(config.seed), str(config.get("dropout_rng_impl", "threefry2x32"))
+    )
+    checkpointer = checkpointing.Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        keep=int(config.checkpoint.keep),
+        async_save=bool(config.checkpoint.async_save),
+    )
 
-    dupe = int(config.data.dupe_factor)
-    # Several instances per row (data/packing.py): `packing_factor` records per packed row.
-    pack = None
-    if packing_factor > 0:
-        pack = packing.PackingConfig(
-            max_seq_length=phase.max_seq_length,
-            max_predictions_per_row=phase.max_predictions_per_seq,
-            factor=packing_factor,
+    # --- Resume: latest in workdir > explicit checkpoint > model directory > scratch. ---
+    state, restored_phase, restored_position, origin = _restore_or_init(
+        config, trainer, checkpointer, init_rng
+    )
+    step = int(state.step)
+    console(
+        f"bert-jax pretrain: {model_config.num_hidden_layers} layers, hidden "
+        f"{model_config.hidden_size}, {total} steps in {len(phases)} phase(s) on "
+        f"{jax.device_count()} {jax.devices()[0].platform} device(s) mesh {dict(mesh.shape)}; "
+        f"starting at step {step} from {origin}"
+    )
+
+    # --- The loop: dispatch step N, then read step N-1's metrics (never block the device). ---
+    writer = metrics.MetricWriter(workdir, enabled=is_main)
+    step_log = _StepLog(config, total, model_config, writer, console, checkpointer)
+    preemption = checkpointing.Preemption(checkpointer)
+    iterator, phase, eval_batches, last_eval, preempted = None, None, [], {}, False
+    try:
+        while step < total:
+            if phase is None or step >= phase.end:  # a new phase: its own inputs
+                phase = config_lib.phase_at(phases, step)
+                iterator = inputs.train_iterator(config, phase, tokenizer, workdir)
+                if restored_position is not None and restored_phase == phase.index:
+                    iterator.set_state(restored_position)
+                restored_position = None
+                eval_batches = inputs.eval_batches(config, phase, tokenizer, workdir)
+                console(
+                    f"phase {phase.index + 1}: steps {phase.start}-{phase.end - 1}, seq "
+                    f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, "
+                    f"global batch {phase.batch_size}, data {phase.source}"
+                )
+            local = next(iterator)
+            if step_hook is not None:
+                local = step_hook(step, local)
+            state, step_metrics = trainer.train_step(
+                state, trainer.global_batch(local), dropout_rng
+            )
+            step += 1
+            step_log.push(step, step_metrics, phase)
+
+            preempted = preemption.requested(step)
+            if _every(step, config.checkpoint.every_steps, total) or preempted:
+                step_log.flush()
+                _save_checkpoint(checkpointer, step, state, phase, iterator, mesh)
+            if eval_batches and _every(step, config.eval.every_steps, total):
+                last_eval = _evaluate_and_log(trainer, state, eval_batches, step, writer, console)
+                step_log.window.throughput.reset()  # evaluation time is not training throughput
+            if preempted:
+                console(f"preemption requested: saved checkpoint at step {step}; exiting")
+                break
+        step_log.flush()
+    finally:
+        checkpointer.wait()
+        preemption.restore()
+        writer.close()
+
+    # --- Export and summary. ---
+    model_path = None
+    if not preempted and config.export_model:
+        model_path = export_model(trainer, state, tokenizer, os.path.join(workdir, "model"))
+        console(f"exported model directory {model_path}")
+    checkpointer.close()
+    if last_eval:
+        console(
+            f"final eval: MLM accuracy {last_eval['mlm_accuracy']:.4f} vs "
+            f"{last_eval['mlm_baseline_accuracy']:.4f} for always predicting the most frequent "
+            f"token; NSP accuracy {last_eval['nsp_accuracy']:.4f} (chance 0.5)"
         )
-
-    records = source
-    if sources.source_kind(source) != "records":
-        # A raw corpus: prepared once into the cache (every host the same bytes), then read.
-        # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
-        records = prepare.prepare_cached(
-            source,
-            tokenizer,
-            prepare.PrepareSettings(
-                max_seq_length=phase.max_seq_length,
-                max_predictions_per_seq=phase.max_predictions_per_seq,
-                masked_lm_prob=float(config.data.masked_lm_prob),
-                short_seq_prob=float(config.data.short_seq_prob),
-                dupe_factor=dupe if dupe >= 0 else (1 if dynamic else 5),
-                seed=seed,
-                whole_word_mask=bool(config.data.whole_word_mask),
-                num_workers=int(config.data.num_workers),
-            ),
-            config.data.cache_dir or os.path.join(workdir, "data"),
-            write_marker=jax.process_index() == 0,
-        )
-
-    def make_reader(shard: int, num_shards: int, shard_batch_size: int):
-        settings = pipeline.PipelineSettings(
-            batch_size=shard_batch_size,
-            max_seq_length=phase.max_seq_length,
-            max_predictions_per_seq=phase.max_predictions_per_seq,
-            seed=seed,
-            process_index=shard,
-            process_count=num_shards,
-            dynamic_masking=dynamic,
-            whole_word_mask=bool(config.data.whole_word_mask),
-            masked_lm_prob=float(config.data.masked_lm_prob),
-            shuffle_buffer_size=shuffle_buffer,
-            packing=pack,
-        )
-        return pipeline.make_pretrain_iterator(records, settings, tokenizer)
-
-    # This host's input shards, concatenated: the global batch depends on config.data.shards only.
-    return input_shards.ShardedInput.build(
-        make_reader,
-        global_batch_size=batch_size,
-        shards_setting=data_shards(config),
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
+    console(
+        f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
+        f"tensorboard: tensorboard --logdir {writer.tensorboard_dir}"
+    )
+    return PretrainResult(
+        final_step=step,
+        preempted=preempted,
+        skipped_steps=int(jax.device_get(state.skipped)),
+        last_train=step_log.last_train,
+        last_eval=last_eval,
+        workdir=workdir,
+        model_dir=model_path,
     )
 
 
-def eval_source(config, phase: Phase) -> str:
-    """`config.eval.source`, or the embedded corpus's held-out split for embedded training."""
-    if config.eval.source:
-        return config.eval.source
-    from bert_jax.data import sources
-
-    if sources.source_kind(phase.source) == "embedded":
-        return "embedded:eval"
-    return ""
+def _every(step: int, every_steps: int, total: int) -> bool:
+    return step % int(every_steps) == 0 or step == total
 
 
-class _Preemption:
-    """Turns SIGTERM into a flag checked at step boundaries (single-process runs).
+def _prepare_workdir(config, workdir: str, is_main: bool):
+    """(phases, mesh, tokenizer) after every check that must fail before compiling; writes the
+    workdir's config.json and tokenizer/."""
+    # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
+    distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
+    if is_main:
+        os.makedirs(workdir, exist_ok=True)
+    distributed.sync_hosts("workdir")
+    phases = config_lib.plan_phases(config)
+    mesh = partitioning.make_mesh(config.mesh.shape)
+    config_lib.validate(config, phases, mesh, None)
+    tokenizer = inputs.resolve_tokenizer(config, phases, workdir)
+    config_lib.validate(config, phases, mesh, tokenizer)
+    own_tokenizer = os.path.join(workdir, "tokenizer")
+    if is_main and not os.path.isdir(own_tokenizer):
+        tokenizer.save(own_tokenizer)  # the workdir alone then describes the model
+    if is_main:
+        with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+            f.write(config.to_json_best_effort(indent=2))
+    return phases, mesh, tokenizer
 
-    Multi-process runs rely on JAX's distributed preemption notice instead (through Orbax's
-    `reached_preemption`), so that all hosts stop at the same step.
+
+def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
+    """(state, phase, data position, origin) by the resume order in the module docstring."""
+    # A host that sees another latest checkpoint (e.g. a workdir not shared by all hosts) would
+    # restore something else than the others: fail now instead.
+    distributed.check_hosts_agree({"latest checkpoint step": str(checkpointer.latest_step())})
+    _, _, num_shards = input_shards.layout(
+        config_lib.data_shards(config), jax.process_index(), jax.process_count()
+    )
+    if checkpointer.latest_step() is not None:
+        origin = f"checkpoint {checkpointer.directory} step {checkpointer.latest_step()}"
+        restored = checkpointer.restore(
+            trainer.abstract_state(), trainer.mesh, num_shards=num_shards
+        )
+        return (*restored, origin)
+    if config.resume_from:
+        other = checkpointing.Checkpointer(
+            checkpointing.find_checkpoint_dir(config.resume_from), async_save=False
+        )
+        state, phase, position = other.restore(
+            trainer.abstract_state(), trainer.mesh, num_shards=num_shards
+        )
+        other.close()
+        origin = f"config.resume_from={config.resume_from} step {int(state.step)}"
+        return state, phase, position, origin
+    state = trainer.init(init_rng)
+    if not config.init_from:
+        return state, None, None, "scratch"
+    state = _state_from_model_dir(trainer, state, config.init_from)
+    return state, None, None, f"config.init_from={config.init_from} (params only)"
+
+
+def _save_checkpoint(checkpointer, step: int, state, phase: Phase, iterator, mesh) -> None:
+    """Saves the train state with every input shard's position (a collective on all hosts)."""
+    position = checkpointing.encode_position(phase.index, iterator.get_state(), mesh)
+    checkpointer.save(step, state, position)
+
+
+class _StepLog:
+    """Reads each step's metrics one step behind the device: a non-finite step is skipped and
+    counted (too many in a row stop the run), the others go into the window, written as a row
+    every `log_every_steps` and at the last step.
+
+    `push` hands over the step just dispatched and reads the one before; `flush` reads the
+    pending step now (before a checkpoint and at the end).
     """
 
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-        if jax.process_count() == 1:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+    def __init__(self, config, total: int, model_config, writer, console, checkpointer):
+        self.config, self.total, self.writer, self.console = config, total, writer, console
+        self.checkpointer = checkpointer
+        self.window = metrics.TrainWindow(
+            model_config, jax.device_count(), jax.devices()[0].device_kind
+        )
+        self.last_train: dict[str, float] = {}
+        self.consecutive_bad = 0
+        self.dispatched = 0  # steps run by this process (for the ETA)
+        self.start = time.perf_counter()
+        self._pending = None
 
-    def _handle(self, signum, frame):
-        del signum, frame
-        self.requested = True
+    def push(self, step: int, device_metrics: Any, phase: Phase) -> None:
+        self.dispatched += 1
+        self.flush()
+        self._pending = (step, device_metrics, phase)
 
-    def restore(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+    def flush(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._read(*pending)
+
+    def _read(self, step: int, device_metrics: Any, phase: Phase) -> None:
+        values = jax.device_get(device_metrics)
+        self.window.count(
+            values, phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
+        )
+        if not bool(values["finite"]):
+            self._skipped(step)
+            return
+        self.consecutive_bad = 0
+        self.window.add(values)
+        if step % int(self.config.log_every_steps) == 0 or step == self.total:
+            row = self.window.row(values, phase.index + 1, phase.max_seq_length)
+            eta = (time.perf_counter() - self.start) / max(self.dispatched, 1) * (self.total - step)
+            self.writer.write(step, row)
+            self.console(metrics.train_line(step, self.total, row, eta))
+            self.last_train = row
+
+    def _skipped(self, step: int) -> None:
+        self.consecutive_bad += 1
+        self.writer.write(step, {"event": "non_finite_step_skipped"}, kind="event")
+        self.console(f"step {step}: non-finite loss or gradient; update skipped")
+        limit = int(self.config.max_consecutive_nonfinite)
+        if self.consecutive_bad > limit:
+            raise NonFiniteError(
+                f"{self.consecutive_bad} consecutive steps up to step {step} had a "
+                f"non-finite loss or gradient (config.max_consecutive_nonfinite={limit}); "
+                f"stopping. The last good checkpoint is step {self.checkpointer.latest_step()} "
+                f"in {self.checkpointer.directory}"
+            )
 
 
-class _Window:
-    """Host-side sums of the steps since the last log line."""
-
-    def __init__(self):
-        self.sums = collections.Counter()
-        self.grad_norms: list[float] = []
-        self.steps = 0
-
-    def add(self, values: dict[str, Any]) -> None:
-        for key in (
-            "mlm_loss_sum",
-            "mlm_correct_sum",
-            "mlm_weight",
-            "nsp_loss_sum",
-            "nsp_correct_sum",
-            "nsp_weight",
-        ):
-            self.sums[key] += float(values[key])
-        self.grad_norms.append(float(values["grad_norm"]))
-        self.steps += 1
-
-
-def evaluate(
-    trainer: ShardedTrainer, params, batches: list[dict[str, np.ndarray]], vocab_size: int
-) -> dict[str, float]:
-    """Held-out MLM and NSP accuracy, with the always-the-most-frequent-token baseline."""
-    sums = collections.Counter()
-    counts = np.zeros((vocab_size,), np.float64)
-    for local in batches:
-        out = jax.device_get(trainer.eval_step(params, trainer.global_batch(local)))
-        sums.update({k: float(v) for k, v in out.items()})
-        np.add.at(counts, local["masked_lm_ids"].ravel(), local["masked_lm_weights"].ravel())
-    summary = losses.summarize(sums)
-    summary["mlm_baseline_accuracy"] = float(counts.max() / max(counts.sum(), 1e-9))
-    summary["examples"] = sum(len(b["input_ids"]) for b in batches)
-    return summary
+def _evaluate_and_log(trainer, state, batches, step: int, writer, console) -> dict[str, float]:
+    result = metrics.evaluate(
+        lambda local: trainer.eval_step(state.params, trainer.global_batch(local)),
+        batches,
+        trainer.config.vocab_size,
+    )
+    writer.write(step, result, kind="eval")
+    console(
+        f"eval step {step}: mlm accuracy {result['mlm_accuracy']:.4f} (most "
+        f"frequent token {result['mlm_baseline_accuracy']:.4f}), nsp accuracy "
+        f"{result['nsp_accuracy']:.4f}, loss {result['loss']:.4f}"
+    )
+    return result
 
 
 def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str) -> TrainState:
     """Params from a model directory on top of a fresh state (optimizer and step fresh)."""
-    from bert_jax import model_dir
-    from bert_jax.convert import mapping
-
     loaded = model_dir.load_model_dir(path)
-    shape_fields = (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-        "type_vocab_size",
-    )
+    shape_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    shape_fields += ("intermediate_size", "max_position_embeddings", "type_vocab_size")
     mismatched = [
         f"{f}: {getattr(loaded.config, f)} there, {getattr(trainer.config, f)} here"
         for f in shape_fields
@@ -391,272 +347,8 @@ def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str)
     return state.replace(params=params)
 
 
-def pretrain(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    *,
-    step_hook: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-) -> PretrainResult:
-    """Runs (or resumes) pretraining in `workdir`. `step_hook(step, batch)` may alter batches
-    (tests use it to inject NaNs)."""
-    workdir = os.path.abspath(workdir)
-    is_main = jax.process_index() == 0
-    # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
-    distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
-    if is_main:
-        os.makedirs(workdir, exist_ok=True)
-    _sync("workdir")
-    phases = plan_phases(config)
-    total = phases[-1].end
-    mesh = partitioning.make_mesh(config.mesh.shape)
-    rules = partitioning.rules_from_config(config.mesh.rules)
-    model_config = config_lib.bert_config(config)
-    validate(config, phases, mesh, None)
-    tokenizer = resolve_tokenizer(config, phases, workdir)
-    validate(config, phases, mesh, tokenizer)
-    own_tokenizer = os.path.join(workdir, "tokenizer")
-    if is_main and not os.path.isdir(own_tokenizer):
-        tokenizer.save(own_tokenizer)  # the workdir alone then describes the model
-    if is_main:
-        with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-            f.write(config.to_json_best_effort(indent=2))
-
-    tx, schedule = optim.from_config(
-        config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
-    )
-    trainer = ShardedTrainer(
-        model_config, tx, mesh, rules, schedule=schedule, accum_steps=int(config.grad_accum_steps)
-    )
-    init_rng, dropout_rng = init_and_dropout_keys(
-        int(config.seed), str(config.get("dropout_rng_impl", "threefry2x32"))
-    )
-    checkpointer = checkpointing.Checkpointer(
-        os.path.join(workdir, "checkpoints"),
-        keep=int(config.checkpoint.keep),
-        async_save=bool(config.checkpoint.async_save),
-    )
-
-    # A host that sees another latest checkpoint (e.g. a workdir not shared by all hosts) would
-    # restore something else than the others: fail now instead.
-    distributed.check_hosts_agree({"latest checkpoint step": str(checkpointer.latest_step())})
-    _, shards_per_host, num_shards = input_shards.layout(
-        data_shards(config), jax.process_index(), jax.process_count()
-    )
-
-    # Resume order: latest in workdir > explicit checkpoint > model directory > scratch.
-    restored_phase, restored_position = None, None
-    if checkpointer.latest_step() is not None:
-        state, restored_phase, restored_position = checkpointer.restore(
-            trainer.abstract_state(), mesh, num_shards=num_shards
-        )
-        origin = f"checkpoint {checkpointer.directory} step {checkpointer.latest_step()}"
-    elif config.resume_from:
-        other = checkpointing.Checkpointer(
-            checkpointing.find_checkpoint_dir(config.resume_from), async_save=False
-        )
-        state, restored_phase, restored_position = other.restore(
-            trainer.abstract_state(), mesh, num_shards=num_shards
-        )
-        origin = f"config.resume_from={config.resume_from} step {int(state.step)}"
-        other.close()
-    else:
-        state = trainer.init(init_rng)
-        origin = "scratch"
-        if config.init_from:
-            state = _state_from_model_dir(trainer, state, config.init_from)
-            origin = f"config.init_from={config.init_from} (params only)"
-    step = int(state.step)
-    writer = metrics.MetricWriter(workdir, enabled=is_main)
-    console = print if is_main else (lambda *a, **k: None)
-    console(
-        f"bert-jax pretrain: {model_config.num_hidden_layers} layers, hidden "
-        f"{model_config.hidden_size}, {total} steps in {len(phases)} phase(s) on "
-        f"{jax.device_count()} {jax.devices()[0].platform} device(s) mesh {dict(mesh.shape)}; "
-        f"starting at step {step} from {origin}"
-    )
-
-    throughput = metrics.Throughput(model_config, jax.device_count(), jax.devices()[0].device_kind)
-    preemption = _Preemption()
-    window = _Window()
-    iterator, iterator_phase, eval_batches = None, None, []
-    pending = None
-    consecutive_bad = 0
-    last_train: dict[str, float] = {}
-    last_eval: dict[str, float] = {}
-    run_start = time.perf_counter()
-    steps_this_run = 0
-
-    def flush(item) -> None:
-        """Reads one step's metrics (a step behind the device) and logs windows."""
-        nonlocal consecutive_bad, last_train
-        done_step, device_metrics, phase = item
-        values = jax.device_get(device_metrics)
-        throughput.add(
-            int(values["real_tokens"]),
-            phase.batch_size,
-            phase.max_seq_length,
-            phase.max_predictions_per_seq,
-        )
-        if not bool(values["finite"]):
-            consecutive_bad += 1
-            writer.write(done_step, {"event": "non_finite_step_skipped"}, kind="event")
-            console(f"step {done_step}: non-finite loss or gradient; update skipped")
-            if consecutive_bad > int(config.max_consecutive_nonfinite):
-                raise NonFiniteError(
-                    f"{consecutive_bad} consecutive steps up to step {done_step} had a "
-                    "non-finite loss or gradient (config.max_consecutive_nonfinite="
-                    f"{config.max_consecutive_nonfinite}); stopping. The last good checkpoint "
-                    f"is step {checkpointer.latest_step()} in {checkpointer.directory}"
-                )
-            return
-        consecutive_bad = 0
-        window.add(values)
-        if done_step % int(config.log_every_steps) and done_step != total:
-            return
-        summary = losses.summarize(window.sums)
-        summary["grad_norm"] = float(np.mean(window.grad_norms))
-        summary["learning_rate"] = float(values["learning_rate"])
-        summary["phase"] = phase.index + 1
-        summary["seq_len"] = phase.max_seq_length
-        summary.update(throughput.summary())
-        summary["skipped_steps_total"] = int(values["skipped_steps"])
-        elapsed = time.perf_counter() - run_start
-        eta = elapsed / max(steps_this_run, 1) * (total - done_step)
-        writer.write(done_step, summary)
-        mfu = f" MFU {summary['mfu']:.1%}" if "mfu" in summary else ""
-        console(
-            f"step {done_step}/{total} [phase {phase.index + 1}, seq {phase.max_seq_length}] "
-            f"loss {summary['loss']:.4f} mlm {summary['mlm_loss']:.3f}/"
-            f"{summary['mlm_accuracy']:.3f} nsp {summary['nsp_loss']:.3f}/"
-            f"{summary['nsp_accuracy']:.3f} lr {summary['learning_rate']:.2e} "
-            f"gnorm {summary['grad_norm']:.2f} {summary['tokens_per_sec']:.0f} tok/s "
-            f"{summary['sequences_per_sec']:.1f} seq/s "
-            f"{summary['model_tflops_per_sec']:.3f} TFLOP/s{mfu} ETA "
-            f"{metrics.format_duration(eta)}"
-        )
-        last_train = summary
-        window.__init__()
-        throughput.reset()
-
-    def save(at_step: int) -> None:
-        position = checkpointing.encode_position(
-            iterator_phase.index if iterator_phase else phase_at(phases, at_step).index,
-            iterator.get_state() if iterator is not None else [None] * shards_per_host,
-            mesh,
-        )
-        checkpointer.save(at_step, state, position)
-
-    preempted = False
-    try:
-        while step < total:
-            phase = phase_at(phases, step)
-            if iterator_phase is None or iterator_phase.index != phase.index:
-                iterator = _iterator(
-                    config,
-                    phase,
-                    phase.source,
-                    tokenizer,
-                    workdir,
-                    batch_size=phase.batch_size,
-                    seed=int(config.seed) + phase.index,
-                    dynamic=bool(config.data.dynamic_masking),
-                    shuffle_buffer=int(config.data.shuffle_buffer_size),
-                    packing_factor=float(config[phase.name].get("packing_factor", 0.0)),
-                )
-                if restored_position is not None and restored_phase == phase.index:
-                    iterator.set_state(restored_position)
-                restored_position = None
-                iterator_phase = phase
-                eval_batches = []
-                source = eval_source(config, phase)
-                if config.eval.every_steps > 0 and source:
-                    eval_iterator = _iterator(
-                        config,
-                        phase,
-                        source,
-                        tokenizer,
-                        workdir,
-                        batch_size=int(config.eval.batch_size),
-                        seed=12345,
-                        dynamic=False,
-                        shuffle_buffer=1,
-                    )
-                    eval_batches = [next(eval_iterator) for _ in range(int(config.eval.batches))]
-                console(
-                    f"phase {phase.index + 1}: steps {phase.start}-{phase.end - 1}, seq "
-                    f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, "
-                    f"global batch {phase.batch_size}, data {phase.source}"
-                )
-            local = next(iterator)
-            if step_hook is not None:
-                local = step_hook(step, local)
-            state, step_metrics = trainer.train_step(
-                state, trainer.global_batch(local), dropout_rng
-            )
-            step += 1
-            steps_this_run += 1
-            if pending is not None:
-                flush(pending)
-            pending = (step, step_metrics, phase)
-
-            preempted = preemption.requested or (
-                jax.process_count() > 1 and checkpointer.reached_preemption(step)
-            )
-            at_checkpoint = step % int(config.checkpoint.every_steps) == 0 or step == total
-            if at_checkpoint or preempted:
-                flush(pending)
-                pending = None
-                save(step)
-            if eval_batches and (step % int(config.eval.every_steps) == 0 or step == total):
-                last_eval = evaluate(trainer, state.params, eval_batches, model_config.vocab_size)
-                writer.write(step, last_eval, kind="eval")
-                throughput.reset()  # evaluation time is not training throughput
-                console(
-                    f"eval step {step}: mlm accuracy {last_eval['mlm_accuracy']:.4f} (most "
-                    f"frequent token {last_eval['mlm_baseline_accuracy']:.4f}), nsp accuracy "
-                    f"{last_eval['nsp_accuracy']:.4f}, loss {last_eval['loss']:.4f}"
-                )
-            if preempted:
-                console(f"preemption requested: saved checkpoint at step {step}; exiting")
-                break
-        if pending is not None:
-            flush(pending)
-    finally:
-        checkpointer.wait()
-        preemption.restore()
-        writer.close()
-
-    model_path = None
-    if not preempted and config.export_model:
-        model_path = export_model(trainer, state, tokenizer, os.path.join(workdir, "model"))
-        console(f"exported model directory {model_path}")
-    checkpointer.close()
-    if last_eval:
-        console(
-            f"final eval: MLM accuracy {last_eval['mlm_accuracy']:.4f} vs "
-            f"{last_eval['mlm_baseline_accuracy']:.4f} for always predicting the most frequent "
-            f"token; NSP accuracy {last_eval['nsp_accuracy']:.4f} (chance 0.5)"
-        )
-    if is_main:
-        console(
-            f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
-            f"tensorboard: tensorboard --logdir {writer.tensorboard_dir}"
-        )
-    return PretrainResult(
-        final_step=step,
-        preempted=preempted,
-        skipped_steps=int(jax.device_get(state.skipped)),
-        last_train=last_train,
-        last_eval=last_eval,
-        workdir=workdir,
-        model_dir=model_path,
-    )
-
-
 def export_model(trainer: ShardedTrainer, state: TrainState, tokenizer, path: str) -> str:
     """Writes the model directory (DESIGN.md) that `convert`, `encode` and `glue` read."""
-    from bert_jax import model_dir
-
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -665,89 +357,5 @@ def export_model(trainer: ShardedTrainer, state: TrainState, tokenizer, path: st
         params = jax.device_get(state.params)
     if jax.process_index() == 0:
         model_dir.save_model_dir(path, trainer.config, params, tokenizer=tokenizer, overwrite=True)
-    _sync("export")
+    distributed.sync_hosts("export")
     return path
-
-
-def describe(config: ml_collections.ConfigDict) -> str:
-    """The resolved config, phase plan, parameter count and FLOPs per token (for --dry-run)."""
-    phases = plan_phases(config)
-    model_config = config_lib.bert_config(config)
-    lines = ["config (each line is a --config.KEY=VALUE override):"]
-    lines += [f"  {key} = {value!r}" for key, value in _flatten(config.to_dict())]
-    lines += ["phases:"]
-    for phase in phases:
-        share = phase.max_predictions_per_seq / phase.max_seq_length
-        flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
-        lines.append(
-            f"  {phase.name}: steps {phase.start}..{phase.end - 1} ({phase.steps}), seq "
-            f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, global batch "
-            f"{phase.batch_size}, data {phase.source or '(unset)'}, "
-            f"{flops / 1e9:.3f} GFLOP/token (gathered MLM positions)"
-        )
-    lines.append(f"parameters: {count_parameters(model_config):,}")
-    return "\n".join(lines)
-
-
-def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for key in sorted(tree):
-        value = tree[key]
-        if isinstance(value, dict):
-            out += _flatten(value, f"{prefix}{key}.")
-        else:
-            out.append((f"{prefix}{key}", value))
-    return out
-
-
-def count_parameters(model_config) -> int:
-    """Parameters of BertForPreTraining, not counting vocabulary padding rows."""
-    import flax.linen as nn
-
-    from bert_jax.model import BertForPreTraining
-    from bert_jax.train import dummy_batch, model_inputs
-
-    shapes = jax.eval_shape(
-        lambda: BertForPreTraining(model_config.replace(vocab_pad_multiple=1)).init(
-            jax.random.key(0), **model_inputs(dummy_batch(1, 8, 2))
-        )
-    )
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)["params"])))
-
-
-def load_checkpoint_as_model_dir(
-    workdir: str, *, sharding: Any = None, load_params: bool = True, load_tokenizer: bool = False
-):
-    """A `model_dir.ModelDir` from a workdir's latest checkpoint (a run not yet exported).
-
-    The run's `config.json` gives the model and optimizer (the restore target needs the optimizer
-    state's structure); params come back on the CPU, or with `sharding` (one Sharding, or a tree
-    for the params) when given.
-    """
-    from bert_jax import model_dir
-
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    model_config = config_lib.bert_config(config)
-    checkpoints = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-    step = checkpoints.latest_step()
-    if step is None:
-        raise model_dir.ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
-    params = None
-    if load_params:
-        phases = plan_phases(config)
-        tx, _ = optim.from_config(
-            config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
-        )
-        mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices("cpu")[:1])
-        trainer = ShardedTrainer(model_config, tx, mesh)
-        state, _, _ = checkpoints.restore(trainer.abstract_state(), mesh, step, with_data=False)
-        params = jax.tree.map(np.asarray, jax.device_get(state.params))
-        if sharding is not None:
-            params = jax.device_put(params, sharding)
-    checkpoints.close()
-    info = {"format": model_dir.FORMAT_NAME, "source": "checkpoint", "step": step}
-    loaded = model_dir.ModelDir(os.path.abspath(workdir), model_config, params, True, info)
-    if load_tokenizer and loaded.has_tokenizer:
-        loaded.tokenizer  # noqa: B018 (loads and caches)
-    return loaded

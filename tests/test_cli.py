@@ -247,7 +247,7 @@ def test_a_user_error_raised_by_the_library_is_one_line(capsys, monkeypatch):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
-    from bert_jax import encode, pretrain
+    from bert_jax import config_lib, encode
 
     def bug(*args, **kwargs):
         raise KeyError("a bug")
@@ -255,7 +255,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(encode, "encode_file", bug)
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["encode", "--model", "m", "--input", "t.txt", "--output", "o.npy"])
-    monkeypatch.setattr(pretrain, "describe", bug)
+    monkeypatch.setattr(config_lib, "describe", bug)
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["pretrain", "--config", TINY, "--dry-run"])
     # A config file with a bug is not mistaken for an override typo.

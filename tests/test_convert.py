@@ -18,8 +18,8 @@ import torch
 import transformers
 
 from bert_jax import cli, train
+from bert_jax.conversion import convert
 from bert_jax.convert import hf as hf_convert
-from bert_jax.convert.convert import convert
 from bert_jax.convert.strict import ConversionError
 from bert_jax.model import BertForPreTraining, BertModel
 from bert_jax.model_dir import load_model_dir, save_model_dir

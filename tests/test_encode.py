@@ -10,7 +10,7 @@ import transformers
 
 from bert_jax import cli
 from bert_jax import encode as encode_lib
-from bert_jax.convert.convert import convert
+from bert_jax.conversion import convert
 from bert_jax.model import BertModel
 from bert_jax.model_dir import load_model_dir, save_model_dir
 from tests.convert_fixtures import random_params, write_vocab

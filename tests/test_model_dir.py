@@ -204,3 +204,18 @@ def test_refusals_say_what_was_found(tmp_path, params):
         md.ModelDirError, match=r"bert/encoder/layer_0/intermediate/bias has shape \(128,\)"
     ):
         md.load_model_dir(path)
+
+
+def test_a_workdir_without_a_checkpoint_or_export_is_an_error(tmp_path):
+    """A pretraining workdir is read from its latest checkpoint until it exports model/; one
+    that has neither says so (the checkpoint read itself is tested in test_pretrain)."""
+    from bert_jax import config_lib
+
+    workdir = tmp_path / "run"
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "config.json").write_text(
+        config_lib.pretraining_config("tiny").to_json_best_effort(), encoding="utf-8"
+    )
+    assert md.is_unexported_workdir(workdir)
+    with pytest.raises(md.ModelDirError, match="has no checkpoint yet and no exported model/"):
+        md.load_model_dir(workdir)

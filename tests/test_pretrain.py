@@ -1,4 +1,9 @@
-"""Pretraining runs: phases, exact resume after SIGTERM / SIGKILL, NaN handling, config errors."""
+"""Pretraining runs: phases, exact resume after SIGTERM / SIGKILL, resume_from and init_from,
+NaN handling, config errors.
+
+The runs share one uninterrupted reference (module fixture) and compare their losses with it step
+by step; every run uses the same tiny model, so compiled steps come from the persistent cache.
+"""
 
 from __future__ import annotations
 
@@ -32,9 +37,11 @@ def shared_dirs(tmp_path_factory):
 
 
 def small_config(shared_dirs, total_steps=12, **overrides):
-    """BERT-Tiny-shaped but smaller, two short phases, every step logged."""
+    """BERT-Tiny-shaped but smaller (one layer), two short phases, every step logged. The
+    vocabulary is the tokenizer's 1000 tokens, padded to 1024 rows."""
     config = config_lib.pretraining_config("tiny")
-    config.model.vocab_size = 1024
+    config.model.vocab_size = 1000
+    config.model.num_hidden_layers = 1
     config.model.hidden_size = 64
     config.model.num_attention_heads = 2
     config.model.intermediate_size = 128
@@ -70,15 +77,27 @@ def losses_by_step(workdir) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in rows}
 
 
+def sigterm_at(at_step):
+    def hook(step, batch):
+        if step == at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batch
+
+    return hook
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(shared_dirs, tmp_path_factory):
+    """The reference run: 12 steps, 11 at length 32 then 1 at 64; its losses and final params."""
     workdir = str(tmp_path_factory.mktemp("uninterrupted"))
     result = pretrain.pretrain(small_config(shared_dirs), workdir)
-    return workdir, result
+    step, params = _params_of(workdir, shared_dirs)
+    assert step == 12
+    return workdir, result, losses_by_step(workdir), params
 
 
 def _params_of(result_workdir, shared_dirs):
-    """Restores the final checkpoint's params as NumPy."""
+    """Restores the final checkpoint's params as NumPy (the whole train state, as a resume does)."""
     import jax
 
     from bert_jax import checkpointing, partitioning
@@ -94,8 +113,23 @@ def _params_of(result_workdir, shared_dirs):
     return int(state.step), jax.tree.map(np.asarray, jax.device_get(state.params))
 
 
-def test_phase_switch_at_ninety_percent_with_the_schedule(uninterrupted, shared_dirs):
-    workdir, result = uninterrupted
+def assert_same_run(uninterrupted, workdir, steps, shared_dirs=None):
+    """Equal losses at `steps` (exactly: same data, dropout and arithmetic), and with
+    `shared_dirs` equal final params."""
+    import jax
+
+    _, _, expected, ref_params = uninterrupted
+    got = losses_by_step(workdir)
+    assert [got[step] for step in steps] == [expected[step] for step in steps]
+    if shared_dirs is not None:
+        step, params = _params_of(workdir, shared_dirs)
+        assert step == 12
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_phase_switch_at_ninety_percent_with_the_schedule(uninterrupted):
+    workdir, result, _, _ = uninterrupted
     assert result.final_step == 12 and not result.preempted
     rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
     by_step = {row["step"]: row for row in rows}
@@ -109,42 +143,24 @@ def test_phase_switch_at_ninety_percent_with_the_schedule(uninterrupted, shared_
             by_step[step]["learning_rate"], float(schedule(step - 1)), rtol=1e-6
         )
     assert all(np.isfinite(row["loss"]) for row in rows)
-    plan = pretrain.plan_phases(small_config(shared_dirs, total_steps=1000))
-    assert [(p.start, p.steps, p.max_seq_length, p.max_predictions_per_seq) for p in plan] == [
-        (0, 900, 32, 5),
-        (900, 100, 64, 10),
-    ]
 
 
 def test_sigterm_then_resume_is_exact(uninterrupted, shared_dirs, tmp_path):
-    reference_dir, _ = uninterrupted
     workdir = str(tmp_path / "run")
-
-    def sigterm_at_step_6(step, batch):
-        if step == 6:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return batch
-
-    first = pretrain.pretrain(small_config(shared_dirs), workdir, step_hook=sigterm_at_step_6)
+    first = pretrain.pretrain(small_config(shared_dirs), workdir, step_hook=sigterm_at(6))
     assert first.preempted and first.final_step == 7
+    saved = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+    assert max(saved) == 7
     second = pretrain.pretrain(small_config(shared_dirs), workdir)
     assert second.final_step == 12 and not second.preempted
 
-    expected, got = losses_by_step(reference_dir), losses_by_step(workdir)
-    assert sorted(got) == list(range(1, 13))
-    for step in range(8, 13):
-        assert got[step] == expected[step], step
-    ref_step, ref_params = _params_of(reference_dir, shared_dirs)
-    step, params = _params_of(workdir, shared_dirs)
-    assert step == ref_step == 12
-    for a, b in zip(
-        __import__("jax").tree.leaves(params), __import__("jax").tree.leaves(ref_params)
-    ):
-        np.testing.assert_array_equal(a, b)
+    assert sorted(losses_by_step(workdir)) == list(range(1, 13))
+    assert_same_run(uninterrupted, workdir, range(1, 13), shared_dirs)
 
 
-def test_sigkill_after_checkpoint_then_resume_is_exact(uninterrupted, shared_dirs, tmp_path):
-    reference_dir, _ = uninterrupted
+def test_sigkill_after_checkpoint_then_resume_from_is_exact(uninterrupted, shared_dirs, tmp_path):
+    """A process killed after its step-8 checkpoint; `config.resume_from` then continues it in
+    another workdir (state and data position of the killed run) exactly as if never stopped."""
     workdir = str(tmp_path / "killed")
     script = textwrap.dedent(
         f"""
@@ -173,17 +189,11 @@ def test_sigkill_after_checkpoint_then_resume_is_exact(uninterrupted, shared_dir
     steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     assert steps and steps[-1] == 8, steps
 
-    resumed = pretrain.pretrain(small_config(shared_dirs), workdir)
-    assert resumed.final_step == 12
-    expected, got = losses_by_step(reference_dir), losses_by_step(workdir)
-    for step in range(9, 13):
-        assert got[step] == expected[step], step
-    _, ref_params = _params_of(reference_dir, shared_dirs)
-    _, params = _params_of(workdir, shared_dirs)
-    import jax
-
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
-        np.testing.assert_array_equal(a, b)
+    continued = str(tmp_path / "continued")
+    result = pretrain.pretrain(small_config(shared_dirs, resume_from=workdir), continued)
+    assert result.final_step == 12
+    assert sorted(losses_by_step(continued)) == [9, 10, 11, 12]  # its own steps only
+    assert_same_run(uninterrupted, continued, range(9, 13), shared_dirs)
 
 
 def test_injected_nan_is_skipped_and_counted(shared_dirs, tmp_path):
@@ -228,43 +238,17 @@ def test_config_errors_fail_before_compiling(shared_dirs, tmp_path, overrides, m
     assert not os.path.exists(tmp_path / "err" / "checkpoints")
 
 
-def test_base_and_large_configs_follow_the_paper(capsys):
-    from bert_jax import cli
-
-    for size, params in (("base", "110,106,428"), ("large", "336,226,108")):
-        assert (
-            cli.main(["pretrain", "--config", f"{REPO}/configs/bert.py:{size}", "--dry-run"]) == 0
-        )
-        out = capsys.readouterr().out
-        assert f"parameters: {params}" in out
-        config = config_lib.pretraining_config(size)
-        opt = config.optimizer
-        assert (opt.learning_rate, opt.warmup_steps, opt.b1, opt.b2, opt.eps) == (
-            1e-4,
-            10_000,
-            0.9,
-            0.999,
-            1e-6,
-        )
-        assert (opt.weight_decay, opt.clip_norm, config.total_steps) == (0.01, 1.0, 1_000_000)
-        assert (config.phase1.batch_size, config.phase2.batch_size) == (256, 256)
-        assert config.model.hidden_dropout_prob == config.model.attention_probs_dropout_prob == 0.1
-        assert "steps 0..899999 (900000), seq 128, 20 predictions" in out
-        assert "steps 900000..999999 (100000), seq 512, 80 predictions" in out
-
-
 def test_workdir_is_a_model_for_later_commands(uninterrupted, shared_dirs, tmp_path):
     """MODEL may be a workdir: its latest checkpoint while unexported, else its model/ export."""
     import jax
 
     from bert_jax import model_dir
 
-    reference_dir, _ = uninterrupted
+    reference_dir, _, _, ref_params = uninterrupted
     loaded = model_dir.load_model_dir(reference_dir, load_tokenizer=True)
     assert loaded.info["source"] == "checkpoint" and loaded.info["step"] == 12
     assert loaded.tokenizer.vocab_size == 1000
-    _, params = _params_of(reference_dir, shared_dirs)
-    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(params)):
+    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(ref_params)):
         np.testing.assert_array_equal(a, b)
 
     workdir = str(tmp_path / "exported")
@@ -276,42 +260,42 @@ def test_workdir_is_a_model_for_later_commands(uninterrupted, shared_dirs, tmp_p
     assert exported.tokenizer.vocab_size == 1000
 
 
-def test_resume_from_another_run_and_init_from_a_model(uninterrupted, shared_dirs, tmp_path):
+def test_init_from_a_model_directory(uninterrupted, shared_dirs, tmp_path):
+    """`config.init_from`: params only. A model directory holding the scratch run's initial params
+    (saved with an unpadded vocabulary, as a converted Google checkpoint; the run pads it back to
+    1024 rows) must give the reference run's losses."""
     import jax
 
-    from bert_jax import model_dir
+    from bert_jax import model_dir, partitioning
+    from bert_jax.train import ShardedTrainer, init_and_dropout_keys
 
-    reference_dir, _ = uninterrupted
-    # resume_from: state and data position of another run; continues at its step.
-    workdir = str(tmp_path / "continued")
-    config = small_config(shared_dirs, total_steps=14, resume_from=reference_dir)
-    result = pretrain.pretrain(config, workdir)
-    assert result.final_step == 14
-    assert sorted(losses_by_step(workdir)) == [13, 14]
-
-    # init_from: params only; with a zero learning rate they come out unchanged. The source
-    # has an unpadded vocabulary (as a converted Google checkpoint), the run pads it to 1024.
+    config = small_config(shared_dirs)
+    model_config = config_lib.bert_config(config)
+    mesh = partitioning.make_mesh(config.mesh.shape)
+    tx, _ = optim.from_config(config.optimizer, [11, 1], [config.phase1, config.phase2])
+    trainer = ShardedTrainer(model_config, tx, mesh)
+    init_rng, _ = init_and_dropout_keys(int(config.seed), config.dropout_rng_impl)
+    state = trainer.init(init_rng)
+    unpadded = model_config.replace(vocab_pad_multiple=1)
+    initial = jax.tree.map(np.asarray, jax.device_get(state.params))
     exported = str(tmp_path / "exported")
-    unpadded = {"model.vocab_size": 1000, "model.vocab_pad_multiple": 1}
-    pretrain.pretrain(
-        small_config(shared_dirs, total_steps=2, export_model=True, **ONE_PHASE, **unpadded),
-        exported,
-    )
+    model_dir.save_model_dir(exported, unpadded, mapping.repad_vocab(initial, unpadded))
     source = model_dir.load_model_dir(exported)
-    fresh = str(tmp_path / "fresh")
-    config = small_config(
-        shared_dirs,
-        total_steps=1,
-        init_from=exported,
-        **ONE_PHASE,
-        **{"optimizer.learning_rate": 0.0, "model.vocab_size": 1000},
-    )
-    assert pretrain.pretrain(config, fresh).final_step == 1
-    loaded = model_dir.load_model_dir(fresh)
-    assert loaded.config.padded_vocab_size == 1024
-    table = loaded.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert source.config.padded_vocab_size == 1000
+
+    # The params as loaded into a fresh state: the source's, repadded with zero rows.
+    loaded = pretrain._state_from_model_dir(trainer, state, exported)  # noqa: SLF001
+    table = np.asarray(loaded.params["bert"]["embeddings"]["word_embeddings"]["embedding"])
     assert table.shape == (1024, 64) and not np.any(table[1000:])
-    want = mapping.repad_vocab(source.params, loaded.config)
-    for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(want)):
+    want = mapping.repad_vocab(source.params, model_config)
+    for a, b in zip(jax.tree.leaves(jax.device_get(loaded.params)), jax.tree.leaves(want)):
         np.testing.assert_array_equal(a, b)
+
+    # The run from them: the reference's losses (stopped after three steps).
+    fresh = str(tmp_path / "fresh")
+    config = small_config(shared_dirs, init_from=exported)
+    result = pretrain.pretrain(config, fresh, step_hook=sigterm_at(2))
+    assert result.final_step == 3
+    assert_same_run(uninterrupted, fresh, [1, 2, 3])
+    assert model_dir.load_model_dir(fresh).config.padded_vocab_size == 1024
     assert os.listdir(os.path.join(fresh, "tensorboard")), "TensorBoard events were written"

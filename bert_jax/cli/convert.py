@@ -63,7 +63,7 @@ def add_to(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from bert_jax.convert.convert import SOURCE_FORMATS, TARGET_FORMATS, convert
+    from bert_jax.conversion import SOURCE_FORMATS, TARGET_FORMATS, convert
 
     (src_format, src), (dst_format, dst) = args.source, args.target
     if src_format not in SOURCE_FORMATS:

@@ -9,11 +9,11 @@ from bert_jax.errors import UserError
 
 
 def _run(flag_values) -> int:
-    from bert_jax import distributed, pretrain
+    from bert_jax import config_lib, distributed, pretrain
 
     config = flag_values.config
     if flag_values.dry_run:
-        print(pretrain.describe(config))
+        print(config_lib.describe(config))
         return 0
     # Multi-process jobs join up before anything touches a device.
     distributed.initialize_from_flags(flag_values)

@@ -5,7 +5,8 @@
   with the right shape), `ConversionError` and `ConversionReport`.
 - `tf1`: Google's checkpoints (read with TensorFlow, imported lazily).
 - `hf`: Hugging Face directories (safetensors / pytorch_model.bin in; safetensors out).
-- `convert.convert(src_format, src, dst_format, dst)`: what `bert-jax convert` runs.
 
-Nothing is imported here, so `from bert_jax.convert import mapping` stays light.
+Nothing is imported here, so `from bert_jax.convert import mapping` stays light. These modules
+import nothing above the model, so `model_dir` may use them; the conversion between files
+(`bert_jax.conversion.convert`, what `bert-jax convert` runs) sits above `model_dir`.
 """

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from flax import traverse_util
 
 from bert_jax.convert import mapping
 from bert_jax.model import BertConfig
@@ -188,9 +189,10 @@ def check_params(params: Mapping[str, Any], config: BertConfig, what: str) -> bo
         "/".join(e.path): mapping.expected_shape(e, config)
         for e in mapping.entries(config, with_heads=has_heads)
     }
-    found = {}
-    for path, leaf in _flatten(params):
-        found[path] = tuple(getattr(leaf, "shape", np.shape(leaf)))
+    found = {
+        path: tuple(getattr(leaf, "shape", np.shape(leaf)))
+        for path, leaf in traverse_util.flatten_dict(dict(params), sep="/").items()
+    }
     problems = [f"missing parameter {p} {s}" for p, s in expected.items() if p not in found]
     problems += [
         f"parameter {p} has shape {found[p]} but the config needs {s}"
@@ -204,14 +206,3 @@ def check_params(params: Mapping[str, Any], config: BertConfig, what: str) -> bo
             + "\n  - ".join(problems[:20])
         )
     return has_heads
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for key, value in tree.items():
-        path = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            out += _flatten(value, path)
-        else:
-            out.append((path, value))
-    return out

@@ -15,8 +15,11 @@ import dataclasses
 import os
 from typing import Any
 
+import jax
 import numpy as np
+from flax import traverse_util
 
+from bert_jax import model_dir
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.model import BertConfig
@@ -90,21 +93,19 @@ def load_source(
         if has_tokenizer_files(src):  # vocab.txt, tokenizer.json or a SentencePiece .model
             tok_origin = src
     elif src_format == "bert-jax":
-        from bert_jax import model_dir
-
         loaded = model_dir.load_model_dir(src)
         report.source = loaded.path
         config = loaded.config
-        params = _to_numpy(loaded.params)
+        params = jax.tree.map(np.asarray, loaded.params)
         if drop_heads and loaded.has_heads:
             params = {"bert": params["bert"]}
             report.notes.append("the model's MLM/NSP heads were dropped")
         report.config = config
         report.has_heads = "predictions" in params
-        names = sorted(_flat_names(params))
+        names = sorted(traverse_util.flatten_dict(params, sep="/"))
         report.tensors_read = len(names)
         report.used = names
-        report.num_parameters = sum(int(np.size(v)) for v in _leaves(params))
+        report.num_parameters = sum(int(np.size(v)) for v in jax.tree.leaves(params))
         if not report.has_heads:
             report.notes.append("encoder-only model: no MLM/NSP pretraining heads")
         if loaded.has_tokenizer:
@@ -178,8 +179,6 @@ def convert(
         )
         report.config = config
     check_params(loaded.params, loaded.config, f"converted {src_format} params")
-    from bert_jax import model_dir
-
     if dst_format == "bert-jax":
         model_dir.save_model_dir(
             dst,
@@ -204,23 +203,3 @@ def convert(
         if not report.has_heads:
             report.notes.append("written as a BertModel checkpoint (no pretraining heads)")
     return report
-
-
-def _to_numpy(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {key: _to_numpy(value) for key, value in tree.items()}
-    return np.asarray(tree)
-
-
-def _leaves(tree: Any) -> list[Any]:
-    if isinstance(tree, dict):
-        return [leaf for value in tree.values() for leaf in _leaves(value)]
-    return [tree]
-
-
-def _flat_names(tree: dict[str, Any], prefix: str = "") -> list[str]:
-    names = []
-    for key, value in tree.items():
-        name = f"{prefix}/{key}" if prefix else key
-        names += _flat_names(value, name) if isinstance(value, dict) else [name]
-    return names

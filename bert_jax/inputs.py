@@ -1,0 +1,163 @@
+"""The pretraining run's input side: tokenizer, input shards, iterators per phase, eval source."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+
+from bert_jax import config_lib, distributed
+from bert_jax.config_lib import Phase
+from bert_jax.data import shards as input_shards
+
+log = logging.getLogger("bert_jax")
+
+
+def resolve_tokenizer(config, phases: list[Phase], workdir: str):
+    """The run's tokenizer: `config.data.tokenizer`, the one saved next to prepared records, or
+    (for raw corpora only) a SentencePiece model trained on the first phase's corpus and kept in
+    `<workdir>/tokenizer` so that restarts reuse it."""
+    from bert_jax.data import layout, sources
+    from bert_jax.data import tokenizer as tokenizer_lib
+
+    if config.data.tokenizer:
+        return tokenizer_lib.load_tokenizer(config.data.tokenizer)
+    for phase in phases:
+        candidate = os.path.join(phase.source, layout.TOKENIZER_SUBDIR)
+        if os.path.isdir(candidate):
+            return tokenizer_lib.load_tokenizer(candidate)
+    own = os.path.join(workdir, "tokenizer")
+    if os.path.isdir(own):
+        return tokenizer_lib.load_tokenizer(own)
+    corpora = [p.source for p in phases if sources.source_kind(p.source) != "records"]
+    if not corpora:
+        raise ValueError(
+            "no tokenizer: set config.data.tokenizer (a tokenizer directory, .model or vocab.txt)"
+        )
+    vocab_size = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
+    if jax.process_index() == 0:
+        log.info("training a %d-token SentencePiece model on %s", vocab_size, corpora[0])
+        tokenizer_lib.train_tokenizer(
+            [corpora[0]], vocab_size, own, lowercase=bool(config.data.lowercase)
+        )
+    distributed.sync_hosts("tokenizer")
+    return tokenizer_lib.load_tokenizer(own)
+
+
+def _iterator(
+    config,
+    phase: Phase,
+    source: str,
+    tokenizer,
+    workdir: str,
+    *,
+    batch_size: int,
+    seed: int,
+    dynamic: bool,
+    shuffle_buffer: int,
+    packing_factor: float = 0.0,
+):
+    from bert_jax.data import packing, pipeline, prepare, sources
+
+    dupe = int(config.data.dupe_factor)
+    # Several instances per row (data/packing.py): `packing_factor` records per packed row.
+    pack = None
+    if packing_factor > 0:
+        pack = packing.PackingConfig(
+            max_seq_length=phase.max_seq_length,
+            max_predictions_per_row=phase.max_predictions_per_seq,
+            factor=packing_factor,
+        )
+
+    records = source
+    if sources.source_kind(source) != "records":
+        # A raw corpus: prepared once into the cache (every host the same bytes), then read.
+        # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
+        records = prepare.prepare_cached(
+            source,
+            tokenizer,
+            prepare.PrepareSettings(
+                max_seq_length=phase.max_seq_length,
+                max_predictions_per_seq=phase.max_predictions_per_seq,
+                masked_lm_prob=float(config.data.masked_lm_prob),
+                short_seq_prob=float(config.data.short_seq_prob),
+                dupe_factor=dupe if dupe >= 0 else (1 if dynamic else 5),
+                seed=seed,
+                whole_word_mask=bool(config.data.whole_word_mask),
+                num_workers=int(config.data.num_workers),
+            ),
+            config.data.cache_dir or os.path.join(workdir, "data"),
+            write_marker=jax.process_index() == 0,
+        )
+
+    def make_reader(shard: int, num_shards: int, shard_batch_size: int):
+        settings = pipeline.PipelineSettings(
+            batch_size=shard_batch_size,
+            max_seq_length=phase.max_seq_length,
+            max_predictions_per_seq=phase.max_predictions_per_seq,
+            seed=seed,
+            process_index=shard,
+            process_count=num_shards,
+            dynamic_masking=dynamic,
+            whole_word_mask=bool(config.data.whole_word_mask),
+            masked_lm_prob=float(config.data.masked_lm_prob),
+            shuffle_buffer_size=shuffle_buffer,
+            packing=pack,
+        )
+        return pipeline.make_pretrain_iterator(records, settings, tokenizer)
+
+    # This host's input shards, concatenated: the global batch depends on config.data.shards only.
+    return input_shards.ShardedInput.build(
+        make_reader,
+        global_batch_size=batch_size,
+        shards_setting=config_lib.data_shards(config),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+
+def eval_source(config, phase: Phase) -> str:
+    """`config.eval.source`, or the embedded corpus's held-out split for embedded training."""
+    if config.eval.source:
+        return config.eval.source
+    from bert_jax.data import sources
+
+    if sources.source_kind(phase.source) == "embedded":
+        return "embedded:eval"
+    return ""
+
+
+def train_iterator(config, phase: Phase, tokenizer, workdir: str):
+    """This host's training batches for `phase` (`get_state`/`set_state`: its data position)."""
+    return _iterator(
+        config,
+        phase,
+        phase.source,
+        tokenizer,
+        workdir,
+        batch_size=phase.batch_size,
+        seed=int(config.seed) + phase.index,
+        dynamic=bool(config.data.dynamic_masking),
+        shuffle_buffer=int(config.data.shuffle_buffer_size),
+        packing_factor=float(config[phase.name].get("packing_factor", 0.0)),
+    )
+
+
+def eval_batches(config, phase: Phase, tokenizer, workdir: str) -> list:
+    """The held-out batches evaluated during `phase`; [] when evaluation is off or has no source."""
+    source = eval_source(config, phase)
+    if config.eval.every_steps <= 0 or not source:
+        return []
+    iterator = _iterator(
+        config,
+        phase,
+        source,
+        tokenizer,
+        workdir,
+        batch_size=int(config.eval.batch_size),
+        seed=12345,
+        dynamic=False,
+        shuffle_buffer=1,
+    )
+    return [next(iterator) for _ in range(int(config.eval.batches))]

@@ -1,0 +1,98 @@
+"""inputs: which tokenizer a run uses, and its evaluation source and batches."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax import config_lib, inputs
+from tests.convert_fixtures import write_vocab
+
+
+def run_config(source="embedded", **overrides):
+    config = config_lib.pretraining_config("tiny")
+    config.total_steps = 10
+    config.data.source = source
+    config.data.tokenizer_vocab_size = 300
+    config.phase1.update(max_seq_length=32, max_predictions_per_seq=5, batch_size=8)
+    config.phase2.update(max_seq_length=64, max_predictions_per_seq=10, batch_size=8)
+    config.eval.update(every_steps=5, batches=2, batch_size=8)
+    for key, value in overrides.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run on the embedded corpus with no tokenizer named: one is trained into its workdir."""
+    workdir = str(tmp_path_factory.mktemp("run"))
+    config = run_config()
+    tokenizer = inputs.resolve_tokenizer(config, config_lib.plan_phases(config), workdir)
+    return config, workdir, tokenizer
+
+
+def test_a_corpus_run_trains_its_tokenizer_once(trained, monkeypatch):
+    config, workdir, tokenizer = trained
+    assert tokenizer.kind == "sentencepiece" and tokenizer.vocab_size == 300
+    assert sorted(os.listdir(workdir)) == ["tokenizer"]  # the training text is removed
+    from bert_jax.data import tokenizer as tokenizer_lib
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a restart must reuse <workdir>/tokenizer")
+
+    monkeypatch.setattr(tokenizer_lib, "train_sentencepiece", no_training)
+    again = inputs.resolve_tokenizer(config, config_lib.plan_phases(config), workdir)
+    assert again.encode("the quick brown fox") == tokenizer.encode("the quick brown fox")
+
+
+def test_a_named_tokenizer_wins_then_the_one_next_to_prepared_records(trained, tmp_path):
+    _, workdir, tokenizer = trained
+    vocab = write_vocab(str(tmp_path / "vocab.txt"), size=400)
+    records = tmp_path / "records"
+    tokenizer.save(str(records / "tokenizer"))
+
+    named = run_config(str(records), **{"data.tokenizer": vocab})
+    chosen = inputs.resolve_tokenizer(named, config_lib.plan_phases(named), workdir)
+    assert (chosen.kind, chosen.vocab_size) == ("wordpiece", 400)
+
+    config = run_config(str(records))
+    chosen = inputs.resolve_tokenizer(config, config_lib.plan_phases(config), str(tmp_path / "w"))
+    assert (chosen.kind, chosen.vocab_size) == ("sentencepiece", 300)
+
+
+def test_prepared_records_without_a_tokenizer_are_an_error(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    config = run_config(str(records))
+    with pytest.raises(ValueError, match="no tokenizer: set config.data.tokenizer"):
+        inputs.resolve_tokenizer(config, config_lib.plan_phases(config), str(tmp_path / "w"))
+
+
+def test_the_eval_source():
+    phase = config_lib.plan_phases(run_config())[0]
+    assert inputs.eval_source(run_config(), phase) == "embedded:eval"
+    assert inputs.eval_source(run_config(**{"eval.source": "/held/out"}), phase) == "/held/out"
+    records = config_lib.plan_phases(run_config("/records"))[0]
+    assert inputs.eval_source(run_config("/records"), records) == ""
+
+
+def test_eval_batches_per_phase(trained):
+    config, workdir, tokenizer = trained
+    phases = config_lib.plan_phases(config)
+    batches = inputs.eval_batches(config, phases[1], tokenizer, workdir)
+    assert len(batches) == 2
+    for batch in batches:
+        assert batch["input_ids"].shape == (8, 64) and batch["masked_lm_ids"].shape == (8, 10)
+        assert batch["input_ids"].max() < tokenizer.vocab_size
+    # Fixed seed, static masks: the same held-out batches every time.
+    again = inputs.eval_batches(config, phases[1], tokenizer, workdir)
+    np.testing.assert_array_equal(again[0]["input_ids"], batches[0]["input_ids"])
+    off = run_config(**{"eval.every_steps": 0})
+    assert inputs.eval_batches(off, phases[1], tokenizer, workdir) == []

@@ -1,0 +1,147 @@
+"""metrics: JSONL/TensorBoard writers, training windows, evaluation, FLOPs checked by XLA."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import metrics, train
+from bert_jax.model import BertConfig, BertForPreTraining
+
+
+def test_jsonl_rows_by_kind_and_tensorboard_events(tmp_path):
+    writer = metrics.MetricWriter(str(tmp_path / "run"))
+    writer.write(1, {"loss": np.float32(2.5), "phase": 1})
+    writer.write(1, {"event": "non_finite_step_skipped"}, kind="event")
+    writer.write(2, {"mlm_accuracy": 0.25}, kind="eval")
+    writer.close()
+    writer.write(3, {"loss": 2.0})  # reopens and appends
+    writer.close()
+    with open(writer.jsonl_path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    assert rows == [
+        {"step": 1, "kind": "train", "loss": 2.5, "phase": 1},
+        {"step": 1, "kind": "event", "event": "non_finite_step_skipped"},
+        {"step": 2, "kind": "eval", "mlm_accuracy": 0.25},
+        {"step": 3, "kind": "train", "loss": 2.0},
+    ]
+    assert [r["step"] for r in metrics.read_jsonl(writer.jsonl_path, kind="train")] == [1, 3]
+    assert metrics.read_jsonl(writer.jsonl_path, kind="eval") == [rows[2]]
+    assert os.listdir(writer.tensorboard_dir), "TensorBoard events were written"
+
+
+def test_a_disabled_writer_writes_nothing(tmp_path):
+    """Processes other than 0 call the writer too; only process 0 writes."""
+    writer = metrics.MetricWriter(str(tmp_path / "other"), enabled=False)
+    writer.write(1, {"loss": 1.0})
+    writer.close()
+    assert not os.path.exists(tmp_path / "other")
+
+
+def step_values(loss_sum, weight, finite=True, grad_norm=1.0):
+    return {
+        "mlm_loss_sum": loss_sum,
+        "mlm_correct_sum": weight / 2,
+        "mlm_weight": weight,
+        "nsp_loss_sum": 0.5,
+        "nsp_correct_sum": 1.0,
+        "nsp_weight": 2.0,
+        "grad_norm": grad_norm,
+        "learning_rate": 1e-4,
+        "skipped_steps": 0,
+        "real_tokens": 100,
+        "finite": finite,
+    }
+
+
+def test_a_training_window_sums_steps_then_starts_afresh():
+    window = metrics.TrainWindow(BertConfig(), num_chips=1, device_kind="cpu")
+    for values in (step_values(6.0, 2.0, grad_norm=1.0), step_values(2.0, 2.0, grad_norm=3.0)):
+        window.count(values, batch_size=2, seq_len=64, predictions=10)
+        window.add(values)
+    row = window.row(step_values(0.0, 1.0), phase=1, seq_len=64)
+    # Means over the window's weights, not means of per-step means.
+    assert row["mlm_loss"] == pytest.approx(8.0 / 4.0)
+    assert row["mlm_accuracy"] == pytest.approx(0.5)
+    assert row["nsp_loss"] == pytest.approx(1.0 / 4.0)
+    assert row["grad_norm"] == pytest.approx(2.0)
+    assert (row["phase"], row["seq_len"], row["learning_rate"]) == (1, 64, 1e-4)
+    assert row["tokens_per_sec"] > 0 and "mfu" not in row  # no peak known for a CPU
+    assert list(row)[-1] == "skipped_steps_total"
+    line = metrics.train_line(2, 10, row, eta_seconds=125)
+    assert line.startswith("step 2/10 [phase 1, seq 64] loss ") and line.endswith("ETA 2m05s")
+    # The next window starts empty.
+    values = step_values(1.0, 1.0)
+    window.add(values)
+    assert window.row(values, phase=2, seq_len=128)["mlm_loss"] == pytest.approx(1.0)
+
+
+def test_evaluate_reports_the_most_frequent_token_baseline():
+    def eval_step(local):
+        return {k: v for k, v in step_values(3.0, 4.0).items() if k.endswith(("_sum", "weight"))}
+
+    batches = [
+        {
+            "input_ids": np.zeros((2, 8), np.int32),
+            "masked_lm_ids": np.array([[5, 5], [5, 7]]),
+            "masked_lm_weights": np.array([[1.0, 1.0], [1.0, 0.0]]),
+        }
+    ] * 2
+    result = metrics.evaluate(eval_step, batches, vocab_size=10)
+    assert result["mlm_baseline_accuracy"] == pytest.approx(1.0)  # padding (weight 0) not counted
+    assert result["examples"] == 4
+    assert result["mlm_loss"] == pytest.approx(6.0 / 8.0)
+
+
+@pytest.mark.parametrize("sparse_last_layer", [False, True])
+def test_flops_per_token_matches_xla_cost_analysis(sparse_last_layer):
+    """The formula against XLA's own count of the compiled forward + backward.
+
+    XLA counts every operation; the formula counts the matrix multiplies only (the MFU
+    convention). What it leaves out (LayerNorm, GELU, softmax, bias adds, the loss, the pooler
+    and NSP head) is 4.5% of XLA's count at this size (hidden 128, length 128) and shrinks as the
+    hidden size grows. So XLA's count must lie between the formula and 6% above it: a missing or
+    doubled term would leave that band (the MLM head's d x V term is 5% here, attention 13%).
+    """
+    d, seq_len, predictions, batch_size = 128, 128, 20, 4
+    config = BertConfig(
+        vocab_size=1024,
+        hidden_size=d,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=4 * d,
+        max_position_embeddings=seq_len,
+        vocab_pad_multiple=1,
+        sparse_last_layer=sparse_last_layer,
+    )
+    model = BertForPreTraining(config)
+    batch = train.dummy_batch(batch_size, seq_len, predictions)
+    params = jax.eval_shape(
+        lambda: nn.meta.unbox(
+            model.init(jax.random.key(0), **train.model_inputs(batch), deterministic=True)
+        )
+    )["params"]
+
+    def loss(params, batch):
+        sums = train.compute_sums(params, batch, model, deterministic=True)
+        return sums["mlm_loss_sum"] + sums["nsp_loss_sum"]
+
+    compiled = jax.jit(jax.grad(loss)).lower(params, batch).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    xla_per_token = cost["flops"] / (batch_size * seq_len)
+    # A sparse last layer runs at the masked positions and [CLS] only.
+    last_layer = (predictions + 1) / seq_len if sparse_last_layer else 1.0
+    formula = metrics.flops_per_token(config, seq_len, predictions / seq_len, last_layer)
+    assert formula <= xla_per_token <= 1.06 * formula, xla_per_token / formula
+
+
+def test_peak_flops_by_device_kind():
+    assert metrics.peak_flops_per_chip("TPU v5 lite") == 197e12
+    assert metrics.peak_flops_per_chip("NVIDIA H100 80GB HBM3") == 989e12
+    assert metrics.peak_flops_per_chip("cpu") is None
