@@ -19,6 +19,10 @@ Parameter tree (Flax names; `convert/` maps them to Hugging Face and Google TF1 
     predictions/transform/{kernel,bias}, predictions/transform_LayerNorm/{scale,bias},
     predictions/output_bias [V]                      (decoder weights tied to word_embeddings)
     seq_relationship/{kernel [D,2], bias [2]}
+
+Why this file is long: it is the whole network, read top to bottom against the paper's section 3
+and the parameter tree above (config, embeddings, attention, the post-LN layer, encoder, pooler,
+heads). Split, a reader would follow one forward pass through several files.
 """
 
 from __future__ import annotations

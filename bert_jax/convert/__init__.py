@@ -5,6 +5,7 @@
   with the right shape), `ConversionError` and `ConversionReport`.
 - `tf1`: Google's checkpoints (read with TensorFlow, imported lazily).
 - `hf`: Hugging Face directories (safetensors / pytorch_model.bin in; safetensors out).
+- `safetensors`: the safetensors file format, read and written with NumPy.
 
 Nothing is imported here, so `from bert_jax.convert import mapping` stays light. These modules
 import nothing above the model, so `model_dir` may use them; the conversion between files
