@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -138,3 +139,30 @@ def test_library_files_are_short_or_say_why():
 )
 def test_circle_finder(graph, circles):
     assert _circles(graph) == circles
+
+
+def _readme_layout() -> list[str]:
+    """The entries of README's Architecture block under `bert_jax/`, in their order."""
+    with open(os.path.join(os.path.dirname(ROOT), "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    block = text.split("\nbert_jax/ ", 1)[1].split("\nconfigs/", 1)[0]
+    return re.findall(r"^  (\w+)(?:\.py|/)", block, flags=re.MULTILINE)
+
+
+def test_the_readme_layout_lists_every_module_in_import_order():
+    listed = _readme_layout()
+
+    def entry(module: str) -> str:
+        return module.split(".")[1]
+
+    modules = {entry(m) for m in _modules() if m != "bert_jax"}
+    assert sorted(listed) == sorted(modules), "README's Architecture block and bert_jax/ differ"
+    position = {name: i for i, name in enumerate(listed)}
+    later = sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        if module != "bert_jax"
+        for target in targets
+        if position[entry(target)] > position[entry(module)]
+    )
+    assert later == [], "README lists an entry before one it imports"
