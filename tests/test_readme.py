@@ -1,0 +1,49 @@
+"""Every `bert-jax` command line in README.md's code blocks is accepted by today's CLI: the
+arguments parse and config overrides name real settings (nothing is run)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+import pytest
+
+from bert_jax import cli
+from bert_jax.cli import config_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _examples() -> list[list[str]]:
+    """The argv of each `bert-jax ...` line in the README's fenced code blocks (continuations
+    joined, comments dropped, a `.venv/bin/` prefix allowed)."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"^```[a-z]*\n(.*?)^```", f.read(), flags=re.MULTILINE | re.DOTALL)
+    found = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith(("bert-jax ", ".venv/bin/bert-jax ")):
+                found.append(shlex.split(line, comments=True)[1:])
+    return found
+
+
+EXAMPLES = _examples()
+
+
+def test_the_readme_has_examples_of_every_command():
+    commands = {argv[0] for argv in EXAMPLES}
+    expected = {"tokenizer", "data", "pretrain", "convert", "encode", "finetune", "glue", "bench"}
+    assert expected | {"launch"} <= commands, commands
+
+
+@pytest.mark.parametrize("argv", EXAMPLES, ids=[" ".join(a)[:60] for a in EXAMPLES])
+def test_a_readme_command_line_parses(argv, monkeypatch):
+    monkeypatch.chdir(REPO)  # config paths in the README are relative to the repository
+    config_commands = {c.name: c for c in (cli.pretrain.COMMAND, cli.bench.COMMAND)}
+    if argv[0] in config_commands:
+        flags = config_flags.parse(config_commands[argv[0]], argv[1:])
+        assert flags.config is not None
+    else:
+        args = cli.build_parser().parse_args(argv)
+        assert callable(args.run)
