@@ -18,14 +18,15 @@ from bert_jax.errors import UserError
 log = logging.getLogger("bert_jax")
 
 
-def adopt_init_from(config, explicit: Iterable[str] = ()) -> None:
+def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     """With `config.init_from`: the model directory's architecture beyond shapes (hidden_act,
     layer_norm_eps, type and position embeddings, vocab_size) and its tokenizer replace the
     config's defaults, each logged; a conflicting setting the user made is refused, naming both
-    values (see config_lib.adopt_model_identity; `explicit`: the --config.KEY overrides given)."""
+    values (see config_lib.adopt_model_identity; `explicit`: the --config.KEY overrides given).
+    Returns what it changed, one "config.KEY: old -> new (from ...)" line each."""
     path = config.get("init_from", "")
     if not path:
-        return
+        return []
     from bert_jax import model_dir
 
     if model_dir.is_unexported_workdir(path):  # its run config and tokenizer/ describe the model
@@ -36,22 +37,23 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> None:
         model = model_dir.read_config(path)[0].to_dict()
         tokenizer_dir = os.path.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
     source = f"config.init_from={path}"
-    for line in config_lib.adopt_model_identity(config, model, source, explicit):
-        log.info("%s (from %s)", line, source)
-    if not os.path.isdir(tokenizer_dir):
-        return
-    if not config.data.tokenizer:
-        config.data.tokenizer = tokenizer_dir
-        log.info("config.data.tokenizer: %s (from %s)", tokenizer_dir, source)
-        return
-    from bert_jax.data import tokenizer as tokenizer_lib
+    changes = config_lib.adopt_model_identity(config, model, source, explicit)
+    if os.path.isdir(tokenizer_dir) and config.data.tokenizer:
+        from bert_jax.data import tokenizer as tokenizer_lib
 
-    mine = tokenizer_lib.load_tokenizer(config.data.tokenizer).fingerprint()
-    if mine != tokenizer_lib.load_tokenizer(tokenizer_dir).fingerprint():
-        raise UserError(
-            f"config.data.tokenizer={config.data.tokenizer} is not the tokenizer of {source} "
-            f"({tokenizer_dir}): leave config.data.tokenizer out to use the model's"
-        )
+        mine = tokenizer_lib.load_tokenizer(config.data.tokenizer).fingerprint()
+        if mine != tokenizer_lib.load_tokenizer(tokenizer_dir).fingerprint():
+            raise UserError(
+                f"config.data.tokenizer={config.data.tokenizer} is not the tokenizer of {source} "
+                f"({tokenizer_dir}): leave config.data.tokenizer out to use the model's"
+            )
+    elif os.path.isdir(tokenizer_dir):
+        config.data.tokenizer = tokenizer_dir
+        changes.append(f"config.data.tokenizer: '' -> {tokenizer_dir!r}")
+    changes = [f"{line} (from {source})" for line in changes]
+    for line in changes:
+        log.info("%s", line)
+    return changes
 
 
 def resolve_tokenizer(config, phases: list[Phase], workdir: str):

@@ -92,6 +92,10 @@ def test_dry_run_shows_the_adopted_identity(capsys, models, cwd):
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "model.hidden_act = 'gelu_new'" in out and "model.vocab_size = 512" in out
+    # Each value taken from the model is said once, with where it came from.
+    source = f"(from config.init_from={models['google']})"
+    assert f"config.model.hidden_act: 'gelu' -> 'gelu_new' {source}" in out
+    assert f"config.model.vocab_size: 30522 -> 512 {source}" in out
     assert f"data.tokenizer = '{os.path.join(models['google'], 'tokenizer')}'" in out
     assert tree_digest(cwd) == {}
 

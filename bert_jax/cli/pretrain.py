@@ -17,7 +17,8 @@ def _run(flag_values) -> int:
     given = [
         name for name in flag_values if name.startswith("config.") and flag_values[name].present
     ]
-    inputs.adopt_init_from(config, given)
+    for change in inputs.adopt_init_from(config, given):
+        print(f"bert-jax pretrain: {change}")
     if flag_values.dry_run:
         print(config_lib.describe(config))
         return 0
