@@ -11,7 +11,6 @@ global-norm clipping 1.0, dropout 0.1, batch 256, 1M steps, 90% of them at seque
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import math
 from collections.abc import Iterable, Mapping
@@ -316,27 +315,28 @@ def check_sequence_length(
         )
 
 
-# (setting, smallest allowed value): values below it fail later, or divide by zero, in the loop.
-_LOWER_BOUNDS = (
-    ("log_every_steps", 1),
-    ("checkpoint.every_steps", 1),
-    ("checkpoint.keep", 1),
-    ("grad_accum_steps", 1),
-    ("max_consecutive_nonfinite", 0),
-    ("optimizer.learning_rate", 0),
-    ("optimizer.end_learning_rate", 0),
-    ("optimizer.warmup_steps", 0),
-)
+# Settings with their smallest allowed value: below it they fail later (or divide by zero).
+_AT_LEAST = {
+    1: "log_every_steps checkpoint.every_steps checkpoint.keep grad_accum_steps model.vocab_size "
+    "model.hidden_size model.num_hidden_layers model.num_attention_heads model.intermediate_size "
+    "model.max_position_embeddings model.type_vocab_size",
+    0: "max_consecutive_nonfinite optimizer.learning_rate optimizer.end_learning_rate "
+    "optimizer.warmup_steps data.short_seq_prob data.masked_lm_prob model.layer_norm_eps",
+}
+_AT_MOST_1 = ("data.short_seq_prob", "data.masked_lm_prob")
 
 
 def check_values(config, phases: list[Phase]) -> None:
     """Values out of range, each naming its setting; needs no devices (`pretrain --dry-run`)."""
-    for key, least in _LOWER_BOUNDS:
-        node = config
-        for part in key.split("."):
-            node = node.get(part) if node is not None else None
-        if node is not None and node < least:
-            raise UserError(f"config.{key}={node} must be at least {least}")
+    for least, keys in _AT_LEAST.items():
+        for key in keys.split():
+            value = _setting(config, key)
+            if value is not None and value < least:
+                raise UserError(f"config.{key}={value} must be at least {least}")
+    for key in _AT_MOST_1:
+        value = _setting(config, key)
+        if value is not None and value > 1:
+            raise UserError(f"config.{key}={value} is a probability: at most 1")
     if config.eval.every_steps > 0 and min(config.eval.batches, config.eval.batch_size) < 1:
         raise UserError(
             "config.eval.batches and config.eval.batch_size must be at least 1 with evaluation on "
@@ -356,22 +356,6 @@ def check_values(config, phases: list[Phase]) -> None:
             )
         if predictions < 1:
             raise UserError(f"{setting}.max_predictions_per_seq={predictions} must be at least 1")
-
-
-def check_known_keys(config: ml_collections.ConfigDict, where: str = "the config") -> None:
-    """Refuses a setting the recipe does not have, with the closest one: a config file that
-    misspells a key (`config.optimizer.learnig_rate = ...`) adds a new one that nothing reads."""
-    known = {".".join(path) for path in traverse_util.flatten_dict(_recipe_keys())}
-    known.update(f"model.{field.name}" for field in dataclasses.fields(BertConfig))
-    for key, _ in _flat_settings(config):
-        if key not in known and not any(key.startswith(k + ".") for k in known):
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean config.{close[0]}?" if close else ""
-            raise UserError(f"{where}: config.{key} is not a setting{hint}")
-
-
-def _recipe_keys() -> dict:
-    return pretraining_config("base").to_dict()
 
 
 def adopt_model_identity(
@@ -442,6 +426,13 @@ def count_parameters(model_config) -> int:
         )
     )
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)["params"])))
+
+
+def _setting(config, key: str):
+    """The value at a dotted key, None where the config lacks it."""
+    for part in key.split("."):
+        config = config.get(part) if hasattr(config, "get") else None
+    return config
 
 
 def _flat_settings(config: ml_collections.ConfigDict) -> list[tuple[str, Any]]:

@@ -175,6 +175,13 @@ def test_a_config_file_key_typo_names_the_file_and_the_closest_setting(capsys, c
     assert tree_digest(cwd) == {}
 
 
+def test_an_unknown_model_key_in_a_config_file_is_named(capsys, cwd, tmp_path):
+    """It used to reach BertConfig(**...) as a TypeError traceback."""
+    config = _config_file(tmp_path, '    config.model.hiden_act = "gelu_new"\n')
+    outcome = run_cli(capsys, ["pretrain", "--config", config, "--dry-run"])
+    assert_user_error(outcome, config, "config.model.hiden_act", "config.model.hidden_act?")
+
+
 def test_a_config_override_typo_is_one_line_with_a_suggestion(capsys, cwd):
     outcome = _pretrain(capsys, "--config.optimzer.learning_rate=1e-3")
     assert_user_error(outcome, "--config.optimzer.learning_rate", "did you mean")
@@ -194,6 +201,10 @@ def test_a_config_override_typo_is_one_line_with_a_suggestion(capsys, cwd):
         ("optimizer.learning_rate=-0.1", "config.optimizer.learning_rate=-0.1"),
         ("phase2.max_seq_length=100000", "config.phase2.max_seq_length=100000"),
         ("phase1.max_seq_length=3", "config.phase1.max_seq_length=3"),
+        ("model.vocab_size=-3", "config.model.vocab_size=-3"),
+        ("model.max_position_embeddings=0", "config.model.max_position_embeddings=0"),
+        ("data.masked_lm_prob=2.0", "config.data.masked_lm_prob=2.0"),
+        ("eval.batches=0", "config.eval.batches"),
     ],
 )
 def test_absurd_values_are_named_before_anything_runs(capsys, cwd, override, named):
@@ -262,6 +273,13 @@ def test_launch_slurm_without_a_place_for_the_script_is_refused(capsys, cwd):
     outcome = run_cli(capsys, ["launch", "slurm", "--nodes", "1", "--", "--config", "c"])
     assert_user_error(outcome, "--script", "--workdir")
     assert tree_digest(cwd) == {}
+
+
+def test_launch_slurm_log_path_it_cannot_write_names_output(capsys, cwd, tmp_path):
+    workdir = tmp_path / "my runs"
+    argv = ["launch", "slurm", "--nodes", "1", "--", "--config", "c", "--workdir", str(workdir)]
+    assert_user_error(run_cli(capsys, argv), str(workdir), "--output PATH")
+    assert tree_digest(cwd) == {} and not workdir.exists()
 
 
 def test_launch_slurm_never_replaces_a_file_it_did_not_write(capsys, cwd, tmp_path):

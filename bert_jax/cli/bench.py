@@ -9,9 +9,7 @@ def _run(flag_values) -> int:
     from bert_jax.bench import report as report_lib
     from bert_jax.bench import spec as spec_lib
     from bert_jax.bench import timing
-    from bert_jax.config_lib import check_known_keys
 
-    check_known_keys(flag_values.config, flag_values["config"].config_filename)
     spec = spec_lib.spec_from_config(
         flag_values.config,
         seq_len=flag_values.seq_len,

@@ -12,7 +12,6 @@ def _run(flag_values) -> int:
     from bert_jax import config_lib, distributed, inputs, pretrain
 
     config = flag_values.config
-    config_lib.check_known_keys(config, flag_values["config"].config_filename)
     # Which --config.KEY overrides were given: init_from's model refuses those that conflict.
     given = [
         name for name in flag_values if name.startswith("config.") and flag_values[name].present

@@ -156,6 +156,11 @@ def default_paths(
         script = os.path.join(workdir, f"{job_name}.sbatch")
     if output is None:
         output = os.path.join(os.path.dirname(os.path.abspath(script)), f"{job_name}-%j.out")
+        if not _DIRECTIVE_VALUE.match(output):
+            raise LaunchError(
+                f"SLURM's log would go to {output!r}, which an #SBATCH line cannot hold: give "
+                "--output PATH (letters, digits and _ . : , = + @ % / - [ ] only)"
+            )
     return script, output
 
 
