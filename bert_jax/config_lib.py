@@ -299,19 +299,18 @@ def check_sequence_length(
     length: int,
     setting: str,
     max_positions: int = PRESET_MAX_POSITIONS,
-    limit: str = "config.model.max_position_embeddings",
+    limit: str = "config.model.max_position_embeddings of every size preset",
 ) -> None:
     """Refuses a sequence length the model cannot hold: positions past its position embeddings
-    (`limit`, e.g. `data prepare --max-seq-length`: every size preset's 512), or too short to
-    hold a sentence pair."""
+    (`limit` names them; by default every size preset's 512, the bound for `data prepare
+    --max-seq-length`, which knows no model), or too short for a sentence pair."""
     if length < MIN_SEQ_LENGTH:
         raise UserError(
             f"{setting}={length} must be at least {MIN_SEQ_LENGTH} ([CLS] A [SEP] B [SEP])"
         )
     if length > max_positions:
         raise UserError(
-            f"{setting}={length} exceeds {limit}={max_positions}: a model has no position "
-            "embedding past that"
+            f"{setting}={length} exceeds the model's {max_positions} position embeddings ({limit})"
         )
 
 
@@ -347,7 +346,12 @@ def check_values(config, phases: list[Phase]) -> None:
         setting = f"config.{phase.name}"
         if phase.batch_size < 1:
             raise UserError(f"{setting}.batch_size={phase.batch_size} must be at least 1")
-        check_sequence_length(phase.max_seq_length, f"{setting}.max_seq_length", positions)
+        check_sequence_length(
+            phase.max_seq_length,
+            f"{setting}.max_seq_length",
+            positions,
+            f"config.model.max_position_embeddings={positions}",
+        )
         predictions = phase.max_predictions_per_seq
         if predictions > phase.max_seq_length:
             raise UserError(
