@@ -97,6 +97,7 @@ def check(
     DoesNotFitError when XLA itself runs out of device memory while compiling.
     """
     phases = config_lib.plan_phases(config)
+    config_lib.check_values(config, phases)
     mesh = partitioning.make_mesh(config.mesh.shape)
     rules = partitioning.rules_from_config(config.mesh.rules)
     accum = int(config.grad_accum_steps)

@@ -11,7 +11,9 @@ global-norm clipping 1.0, dropout 0.1, batch 256, 1M steps, 90% of them at seque
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -21,9 +23,25 @@ from flax import traverse_util
 
 from bert_jax import metrics, partitioning
 from bert_jax.data import shards as input_shards
+from bert_jax.errors import UserError
 from bert_jax.model import BertConfig
 
+log = logging.getLogger("bert_jax")
+
 PHASE_KEYS = ("phase1", "phase2")
+# The model's architecture beyond the size preset's shapes: a model directory that a run starts
+# from (config.init_from) fixes them (adopt_model_identity).
+IDENTITY_FIELDS = (
+    "vocab_size",
+    "hidden_act",
+    "layer_norm_eps",
+    "type_vocab_size",
+    "max_position_embeddings",
+)
+_SAME_ACTIVATION = {"gelu_tanh": "gelu_new"}  # two names of one function (model._ACTIVATIONS)
+MIN_SEQ_LENGTH = 5  # [CLS] A [SEP] B [SEP]
+# The position embeddings of every size preset: the bound for records prepared without a model.
+PRESET_MAX_POSITIONS = 512
 
 # name: (layers, hidden, heads); intermediate size is 4 x hidden throughout.
 SIZES: dict[str, tuple[int, int, int]] = {
@@ -239,6 +257,7 @@ def phase_at(phases: list[Phase], step: int) -> Phase:
 
 def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
     """Config errors that must fail before compilation, each naming its setting."""
+    check_values(config, phases)
     model = config.model
     if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
         raise ValueError(
@@ -254,16 +273,6 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
             raise ValueError(
                 f"{setting}.data and config.data.source are empty: name prepared records "
                 "(`bert-jax data prepare`), a corpus (text files, .jsonl, tfds:NAME) or 'embedded'"
-            )
-        if phase.max_seq_length > model.max_position_embeddings:
-            raise ValueError(
-                f"{setting}.max_seq_length={phase.max_seq_length} exceeds "
-                f"config.model.max_position_embeddings={model.max_position_embeddings}"
-            )
-        if phase.max_predictions_per_seq > phase.max_seq_length:
-            raise ValueError(
-                f"{setting}.max_predictions_per_seq={phase.max_predictions_per_seq} exceeds "
-                f"its max_seq_length={phase.max_seq_length}"
             )
         partitioning.check_batch_divisible(phase.batch_size, mesh, f"{setting}.batch_size")
         if phase.batch_size % num_shards:
@@ -286,9 +295,111 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
             )
 
 
+def check_sequence_length(
+    length: int,
+    setting: str,
+    max_positions: int = PRESET_MAX_POSITIONS,
+    limit: str = "config.model.max_position_embeddings of every size preset",
+) -> None:
+    """Refuses a sequence length the model cannot hold: positions past its position embeddings
+    (`limit` names them; by default every size preset's 512, the bound for `data prepare
+    --max-seq-length`, which knows no model), or too short for a sentence pair."""
+    if length < MIN_SEQ_LENGTH:
+        raise UserError(
+            f"{setting}={length} must be at least {MIN_SEQ_LENGTH} ([CLS] A [SEP] B [SEP])"
+        )
+    if length > max_positions:
+        raise UserError(
+            f"{setting}={length} exceeds the model's {max_positions} position embeddings ({limit})"
+        )
+
+
+# Settings with their smallest allowed value: below it they fail later (or divide by zero).
+_AT_LEAST = {
+    1: "log_every_steps checkpoint.every_steps checkpoint.keep grad_accum_steps model.vocab_size "
+    "model.hidden_size model.num_hidden_layers model.num_attention_heads model.intermediate_size "
+    "model.max_position_embeddings model.type_vocab_size",
+    0: "max_consecutive_nonfinite optimizer.learning_rate optimizer.end_learning_rate "
+    "optimizer.warmup_steps data.short_seq_prob data.masked_lm_prob model.layer_norm_eps",
+}
+_AT_MOST_1 = ("data.short_seq_prob", "data.masked_lm_prob")
+
+
+def check_values(config, phases: list[Phase]) -> None:
+    """Values out of range, each naming its setting; needs no devices (`pretrain --dry-run`)."""
+    for least, keys in _AT_LEAST.items():
+        for key in keys.split():
+            value = _setting(config, key)
+            if value is not None and value < least:
+                raise UserError(f"config.{key}={value} must be at least {least}")
+    for key in _AT_MOST_1:
+        value = _setting(config, key)
+        if value is not None and value > 1:
+            raise UserError(f"config.{key}={value} is a probability: at most 1")
+    if config.eval.every_steps > 0 and min(config.eval.batches, config.eval.batch_size) < 1:
+        raise UserError(
+            "config.eval.batches and config.eval.batch_size must be at least 1 with evaluation on "
+            "(config.eval.every_steps=0 turns it off)"
+        )
+    positions = int(config.model.max_position_embeddings)
+    for phase in phases:
+        setting = f"config.{phase.name}"
+        if phase.batch_size < 1:
+            raise UserError(f"{setting}.batch_size={phase.batch_size} must be at least 1")
+        check_sequence_length(
+            phase.max_seq_length,
+            f"{setting}.max_seq_length",
+            positions,
+            f"config.model.max_position_embeddings={positions}",
+        )
+        predictions = phase.max_predictions_per_seq
+        if predictions > phase.max_seq_length:
+            raise UserError(
+                f"{setting}.max_predictions_per_seq={predictions} exceeds its "
+                f"max_seq_length={phase.max_seq_length}"
+            )
+        if predictions < 1:
+            raise UserError(f"{setting}.max_predictions_per_seq={predictions} must be at least 1")
+
+
+def adopt_model_identity(
+    config: ml_collections.ConfigDict,
+    model: Mapping[str, Any],
+    source: str,
+    explicit: Iterable[str] = (),
+) -> list[str]:
+    """Makes config.model agree with the model a run starts from in IDENTITY_FIELDS (`model`:
+    its config.json values). A field that still holds the size preset's default takes the model's
+    value (returned as "config.model.F: old -> new"); one set otherwise (a config file's value
+    other than the preset's, or a --config.model.F override listed in `explicit`, even when equal
+    to the preset's) is refused with UserError naming both values."""
+    preset = model_config(config.size) if config.get("size") in SIZES else {}
+    explicit = set(explicit)
+    adopted, conflicts = [], []
+    for field in IDENTITY_FIELDS:
+        if field not in model:
+            continue
+        ours, theirs = config.model[field], model[field]
+        if _SAME_ACTIVATION.get(ours, ours) == _SAME_ACTIVATION.get(theirs, theirs):
+            continue
+        key = f"config.model.{field}"
+        if key in explicit or field not in preset or preset[field] != ours:
+            conflicts.append(f"{key}={ours!r} but the model has {field}={theirs!r}")
+        else:
+            config.model[field] = type(ours)(theirs)
+            adopted.append(f"{key}: {ours!r} -> {theirs!r}")
+    if conflicts:
+        raise UserError(
+            f"{source} conflicts with the config: {'; '.join(conflicts)} (leave these settings "
+            "out to take the model's values)"
+        )
+    return adopted
+
+
 def describe(config: ml_collections.ConfigDict) -> str:
     """The resolved config, phase plan, parameter count and FLOPs per token (for --dry-run)."""
     phases = plan_phases(config)
+    check_values(config, phases)
     model_config = bert_config(config)
     lines = ["config (each line is a --config.KEY=VALUE override):"]
     lines += [f"  {key} = {value!r}" for key, value in _flat_settings(config)]
@@ -319,6 +430,13 @@ def count_parameters(model_config) -> int:
         )
     )
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)["params"])))
+
+
+def _setting(config, key: str):
+    """The value at a dotted key, None where the config lacks it."""
+    for part in key.split("."):
+        config = config.get(part) if hasattr(config, "get") else None
+    return config
 
 
 def _flat_settings(config: ml_collections.ConfigDict) -> list[tuple[str, Any]]:

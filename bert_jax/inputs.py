@@ -1,17 +1,59 @@
-"""The pretraining run's input side: tokenizer, input shards, iterators per phase, eval source."""
+"""The pretraining run's input side: the model it starts from, tokenizer, input shards, iterators
+per phase, eval source."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from collections.abc import Iterable
 
 import jax
 
 from bert_jax import config_lib, distributed
 from bert_jax.config_lib import Phase
 from bert_jax.data import shards as input_shards
+from bert_jax.errors import UserError
 
 log = logging.getLogger("bert_jax")
+
+
+def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
+    """With `config.init_from`: the model directory's architecture beyond shapes (hidden_act,
+    layer_norm_eps, type and position embeddings, vocab_size) and its tokenizer replace the
+    config's defaults, each logged; a conflicting setting the user made is refused, naming both
+    values (see config_lib.adopt_model_identity; `explicit`: the --config.KEY overrides given).
+    Returns what it changed, one "config.KEY: old -> new (from ...)" line each."""
+    path = config.get("init_from", "")
+    if not path:
+        return []
+    from bert_jax import model_dir
+
+    if model_dir.is_unexported_workdir(path):  # its run config and tokenizer/ describe the model
+        with open(os.path.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:
+            model = json.load(f).get("model", {})
+        tokenizer_dir = os.path.join(path, "tokenizer")
+    else:
+        model = model_dir.read_config(path)[0].to_dict()
+        tokenizer_dir = os.path.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
+    source = f"config.init_from={path}"
+    changes = config_lib.adopt_model_identity(config, model, source, explicit)
+    if os.path.isdir(tokenizer_dir) and config.data.tokenizer:
+        from bert_jax.data import tokenizer as tokenizer_lib
+
+        mine = tokenizer_lib.load_tokenizer(config.data.tokenizer).fingerprint()
+        if mine != tokenizer_lib.load_tokenizer(tokenizer_dir).fingerprint():
+            raise UserError(
+                f"config.data.tokenizer={config.data.tokenizer} is not the tokenizer of {source} "
+                f"({tokenizer_dir}): leave config.data.tokenizer out to use the model's"
+            )
+    elif os.path.isdir(tokenizer_dir):
+        config.data.tokenizer = tokenizer_dir
+        changes.append(f"config.data.tokenizer: '' -> {tokenizer_dir!r}")
+    changes = [f"{line} (from {source})" for line in changes]
+    for line in changes:
+        log.info("%s", line)
+    return changes
 
 
 def resolve_tokenizer(config, phases: list[Phase], workdir: str):

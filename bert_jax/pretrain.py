@@ -79,6 +79,7 @@ def pretrain(
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
     console = print if is_main else (lambda *a, **k: None)
+    inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
     model_config = config_lib.bert_config(config)  # a bad model setting fails first
     rules = partitioning.rules_from_config(config.mesh.rules)
     phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main)

@@ -258,7 +258,7 @@ SLURM_SCRIPT = """#!/bin/bash
 #SBATCH --time=2-00:00:00
 #SBATCH --partition=gpu
 #SBATCH --account=lab
-#SBATCH --output=bert-base-%j.out
+#SBATCH --output=/gcs/bucket/runs/base/bert-base-%j.out
 #SBATCH --exclusive
 #SBATCH --mem=0
 # Written by `bert-jax launch slurm`: 2 node(s) x 8 GPU(s), one process per GPU (16 processes).
@@ -287,7 +287,7 @@ def test_slurm_dry_run_prints_the_script(capsys):
     out = "\n".join(_launch(capsys, "slurm", *SLURM_FLAGS, "--dry-run", "--", *PRETRAIN))
     assert out + "\n" == SLURM_SCRIPT
     out = _launch(capsys, "slurm", *SLURM_FLAGS, "--submit", "--dry-run", "--", *PRETRAIN)
-    assert out[-1] == "# then: sbatch bert-base.sbatch"
+    assert out[-1] == "# then: sbatch /gcs/bucket/runs/base/bert-base.sbatch"
     per_node = "\n".join(
         _launch(
             capsys,

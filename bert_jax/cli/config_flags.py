@@ -89,6 +89,9 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
         raise UserError(problem) from err
     if flag_values.config is None:
         raise UserError("--config is required")
+    problem = _unknown_file_setting(flag_values.config)
+    if problem is not None:
+        raise UserError(f"{flag_values['config'].config_filename}: {problem}")
     return flag_values
 
 
@@ -170,3 +173,28 @@ def _setting_names(node) -> list[str] | None:
     if dataclasses.is_dataclass(node):
         return [field.name for field in dataclasses.fields(node)]
     return None
+
+
+def _unknown_file_setting(config) -> str | None:
+    """A config file that misspells a key (`config.optimizer.learnig_rate = 1e-3`) adds a setting
+    that nothing reads (overrides cannot: the config is locked). Names the first such key, with
+    the closest setting of the recipe (config_lib.pretraining_config; model: BertConfig fields)."""
+    from bert_jax import config_lib
+    from bert_jax.model import BertConfig
+
+    known = set(_flat_keys(config_lib.pretraining_config("base").to_dict()))
+    known.update(f"model.{field.name}" for field in dataclasses.fields(BertConfig))
+    for key in _flat_keys(config.to_dict()):
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean config.{close[0]}?" if close else ""
+            return f"config.{key} is not a setting{hint}"
+    return None
+
+
+def _flat_keys(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _flat_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"

@@ -118,7 +118,9 @@ def _add_slurm(kinds) -> None:
     parser.add_argument("--time", default=None, help="e.g. 4-00:00:00")
     parser.add_argument("--cpus-per-task", type=int, default=None)
     parser.add_argument("--port", type=int, default=None, help="default: from the job id")
-    parser.add_argument("--output", default=None, help="default: JOB_NAME-%%j.out")
+    parser.add_argument(
+        "--output", default=None, help="SLURM's log (default: JOB_NAME-%%j.out beside the script)"
+    )
     parser.add_argument("--bert-jax", default="bert-jax", help="the executable on the nodes")
     parser.add_argument(
         "--setup",
@@ -135,7 +137,9 @@ def _add_slurm(kinds) -> None:
         metavar="OPT",
         help="extra #SBATCH option, e.g. exclusive or mem=0 (or --sbatch-option=--exclusive)",
     )
-    parser.add_argument("--script", default=None, help="default: JOB_NAME.sbatch")
+    parser.add_argument(
+        "--script", default=None, help="default: JOB_NAME.sbatch in the pretrain --workdir"
+    )
     parser.add_argument("--submit", action="store_true", help="run sbatch on the script")
     parser.add_argument("--dry-run", action="store_true", help="print the script only")
     parser.add_argument(
@@ -147,6 +151,9 @@ def _add_slurm(kinds) -> None:
 def _run_slurm(args) -> int:
     from bert_jax.launch import Runner, slurm
 
+    script, output = slurm.default_paths(
+        args.job_name, args.pretrain_args, args.script, args.output
+    )
     job = slurm.SlurmJob(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
@@ -157,7 +164,7 @@ def _run_slurm(args) -> int:
         time=args.time,
         cpus_per_task=args.cpus_per_task,
         port=args.port,
-        output=args.output,
+        output=output,
         bert_jax=args.bert_jax,
         setup=tuple(args.setup),
         env=slurm.parse_env(args.env),
@@ -166,7 +173,7 @@ def _run_slurm(args) -> int:
     slurm.write_and_submit(
         job,
         args.pretrain_args,
-        args.script or f"{args.job_name}.sbatch",
+        script,
         Runner(dry_run=args.dry_run),
         submit=args.submit,
     )

@@ -9,9 +9,15 @@ from bert_jax.errors import UserError
 
 
 def _run(flag_values) -> int:
-    from bert_jax import config_lib, distributed, pretrain
+    from bert_jax import config_lib, distributed, inputs, pretrain
 
     config = flag_values.config
+    # Which --config.KEY overrides were given: init_from's model refuses those that conflict.
+    given = [
+        name for name in flag_values if name.startswith("config.") and flag_values[name].present
+    ]
+    for change in inputs.adopt_init_from(config, given):
+        print(f"bert-jax pretrain: {change}")
     if flag_values.dry_run:
         print(config_lib.describe(config))
         return 0

@@ -10,6 +10,7 @@ such as `--config.data.source='a b; rm -rf /'` arrive as one argument each.
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -18,6 +19,20 @@ from typing import TextIO
 
 class LaunchError(RuntimeError):
     """A launch step failed (a command's exit status, or an invalid setting)."""
+
+
+# Where each external tool comes from: a missing one is named in one line with this.
+TOOL_HINTS = {
+    "gcloud": "install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install), then "
+    "`gcloud auth login`",
+    "sbatch": "run this on a SLURM login node, or leave out --submit and submit the script there",
+    "srun": "run this on a SLURM login node",
+}
+
+
+def missing_tool(tool: str) -> LaunchError:
+    hint = TOOL_HINTS.get(tool, "install it or put it on PATH")
+    return LaunchError(f"{tool} not found on PATH: {hint}")
 
 
 class Runner:
@@ -29,10 +44,20 @@ class Runner:
         dry_run: bool = False,
         out: TextIO | None = None,
         run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+        which: Callable[[str], str | None] | None = None,
     ):
         self.dry_run = dry_run
         self.out = out
         self._run = run
+        # A stand-in `run` (tests) has every tool unless told otherwise.
+        self._which = which or (shutil.which if run is subprocess.run else (lambda tool: tool))
+
+    def require(self, *tools: str) -> None:
+        """Fails (LaunchError naming the tool and where to get it) before anything is done when a
+        tool is not on PATH; a dry run needs none."""
+        for tool in tools:
+            if not self.dry_run and self._which(tool) is None:
+                raise missing_tool(tool)
 
     def show(self, text: str) -> None:
         print(text, file=self.out or sys.stdout, flush=True)
@@ -49,7 +74,10 @@ class Runner:
         if not quiet:
             self.show(f"+ {shlex.join(argv)}")
         kwargs = {"capture_output": True, "text": True} if quiet else {}
-        result = self._run(argv, check=False, **kwargs)
+        try:
+            result = self._run(argv, check=False, **kwargs)
+        except FileNotFoundError:
+            raise missing_tool(argv[0]) from None
         if check and result.returncode != 0:
             raise LaunchError(
                 f"command failed (exit status {result.returncode}): {shlex.join(argv)}"

@@ -10,6 +10,7 @@ when one task fails, and JAX's heartbeat does the same when a node vanishes.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 from bert_jax.launch import LaunchError, Runner
 
 PER_CHOICES = ("gpu", "node")
+# The script's mark: `write_and_submit` replaces only a file that carries it.
+WRITTEN_BY = "# Written by `bert-jax launch slurm`"
 # #SBATCH lines are read by sbatch, not by a shell: values are restricted instead of quoted.
 _DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.:,=+@%/\-\[\]]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -100,7 +103,7 @@ class SlurmJob:
         lines = [
             "#!/bin/bash",
             *(f"#SBATCH {d}" for d in directives),
-            f"# Written by `bert-jax launch slurm`: {self.nodes} node(s) x {self.gpus_per_node} "
+            f"{WRITTEN_BY}: {self.nodes} node(s) x {self.gpus_per_node} "
             f"GPU(s), one process per {unit} ({processes} processes).",
             *self.setup,  # before `set -eu`: activate scripts and `module` may use unset names
             "set -eu",
@@ -127,20 +130,83 @@ def parse_env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def workdir_in(pretrain_args: Sequence[str]) -> str | None:
+    """The --workdir in the pretrain arguments (the last one given), or None."""
+    found = None
+    for i, arg in enumerate(pretrain_args):
+        name, sep, value = arg.partition("=")
+        if name.lstrip("-") == "workdir" and name.startswith("-"):
+            if sep:
+                found = value
+            elif i + 1 < len(pretrain_args):
+                found = pretrain_args[i + 1]
+    return found
+
+
+def default_paths(
+    job_name: str, pretrain_args: Sequence[str], script: str | None, output: str | None
+) -> tuple[str | None, str | None]:
+    """(script path, SLURM log path): the ones given, else JOB_NAME.sbatch in the run's --workdir
+    and JOB_NAME-%j.out beside the script; never the current directory. (None, output) when
+    neither --script nor a --workdir says where (a dry run still prints the script)."""
+    if script is None:
+        workdir = workdir_in(pretrain_args)
+        if workdir is None:
+            return None, output
+        script = os.path.join(workdir, f"{job_name}.sbatch")
+    if output is None:
+        output = os.path.join(os.path.dirname(os.path.abspath(script)), f"{job_name}-%j.out")
+        if not _DIRECTIVE_VALUE.match(output):
+            raise LaunchError(
+                f"SLURM's log would go to {output!r}, which an #SBATCH line cannot hold: give "
+                "--output PATH (letters, digits and _ . : , = + @ % / - [ ] only)"
+            )
+    return script, output
+
+
 def write_and_submit(
-    job: SlurmJob, pretrain_args: Sequence[str], script_path: str, runner: Runner, submit: bool
+    job: SlurmJob,
+    pretrain_args: Sequence[str],
+    script_path: str | None,
+    runner: Runner,
+    submit: bool,
 ) -> str:
     """Writes the script and, with `submit`, runs `sbatch` on it. A dry run prints the script as
-    it would be written (so `--dry-run > job.sbatch` works) and the sbatch line as a comment."""
+    it would be written (so `--dry-run > job.sbatch` works) and the sbatch line as a comment.
+    An existing file at `script_path` is replaced only when this command wrote it."""
     text = job.script(pretrain_args)
     if runner.dry_run:
         runner.show(text.rstrip("\n"))
         if submit:
-            runner.note(f"then: {shlex.join(['sbatch', script_path])}")
+            shown = script_path or f"{job.job_name}.sbatch"
+            runner.note(f"then: {shlex.join(['sbatch', shown])}")
         return text
-    with open(script_path, "w", encoding="utf-8") as f:
+    if script_path is None:
+        raise LaunchError(
+            "where to write the sbatch script: give --script PATH, or --workdir in the pretrain "
+            "arguments (it then goes there)"
+        )
+    if submit:
+        runner.require("sbatch")
+    _check_replaceable(script_path)
+    os.makedirs(os.path.dirname(os.path.abspath(script_path)), exist_ok=True)
+    partial = f"{script_path}.tmp-{os.getpid()}"
+    with open(partial, "w", encoding="utf-8") as f:
         f.write(text)
+    os.replace(partial, script_path)
     runner.note(f"wrote {script_path}")
     if submit:
         runner(["sbatch", script_path])
     return text
+
+
+def _check_replaceable(path: str) -> None:
+    if os.path.isdir(path):
+        raise LaunchError(f"--script {path} is a directory: name the script file")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if WRITTEN_BY not in f.read(4096):
+                raise LaunchError(
+                    f"{path} exists and was not written by bert-jax launch slurm: choose another "
+                    "--script (or move that file)"
+                )

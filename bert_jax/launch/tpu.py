@@ -282,6 +282,7 @@ def perform(
         raise LaunchError(f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
     if action in ("up", "run") and not pretrain_args:
         run(vm, runner, pretrain_args)  # raises, before anything is created
+    runner.require("gcloud")
     if action in ("up", "create"):
         create(vm, runner)
     if action in ("up", "setup"):
