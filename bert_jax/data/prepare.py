@@ -45,6 +45,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bert_jax.data import groups as groups_lib
+from bert_jax.data import manifest
 from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.groups import InstanceStats, part_name
@@ -203,6 +204,7 @@ def _open_output(
                 f"{output_dir} already holds data prepared with different settings "
                 f"({'; '.join(changed)}); choose a new --output directory or pass --overwrite"
             )
+    manifest.mark_started(output_dir, settings.shard_index, settings.num_shards)
     existing = groups_lib.existing_parts(output_dir)
     if settings.overwrite:
         for group_index, suffixes in existing.items():
@@ -307,10 +309,12 @@ def prepare_records(
     sources = sources_lib.expand_sources(
         [sources] if isinstance(sources, (str, os.PathLike)) else sources
     )
+    inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
     output_dir = os.path.abspath(os.fspath(output_dir))
+    manifest.check_output(output_dir, inputs, settings.overwrite)
     os.makedirs(output_dir, exist_ok=True)
     recorded = _recorded_settings(settings, tokenizer, sources)
-    existing = _open_output(output_dir, recorded, settings, tokenizer)
+    existing = _open_output(output_dir, {**recorded, "inputs": inputs}, settings, tokenizer)
 
     corpus_stats = sources_lib.CorpusStats()
     documents = sources_lib.iter_documents(
