@@ -363,3 +363,18 @@ def test_a_failed_prepare_leaves_nothing_a_reader_trusts(vocab, tmp_path, capsys
     monkeypatch.setattr(groups, "write_group", real_write)
     assert run_cli(capsys, _prepare(corpus, vocab, out)).code == 0
     next(make_pretrain_iterator(str(out), settings))
+
+
+def test_a_cached_preparation_is_not_reused_after_its_corpus_changed(vocab, tmp_path):
+    from bert_jax.data import prepare
+
+    corpus = _corpus(tmp_path / "corpus.txt")
+    settings = prepare.PrepareSettings(
+        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, documents_per_shard=2
+    )
+    first = prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache")
+    assert prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache") == first
+    _corpus(tmp_path / "corpus.txt", variant="\nA new last document.\nIt has two lines.\n")
+    second = prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache")
+    assert os.path.dirname(second[0]) != os.path.dirname(first[0])
+    assert len(os.listdir(tmp_path / "cache")) == 2  # the earlier preparation is left as it was

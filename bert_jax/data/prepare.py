@@ -385,10 +385,11 @@ def prepare_cached(
 ) -> list[str]:
     """Record files for a raw corpus: prepared once into ``cache_dir``, then reused.
 
-    The directory is ``prepared-<hash>`` of the sources, the tokenizer and the settings that
-    shape the instances; a finished preparation leaves a marker listing its files, so restarts
-    and later phases reuse it without reading the corpus again. Every host of a job prepares the
-    same bytes; only the one given ``write_marker`` (the first) writes the marker.
+    The directory is ``prepared-<hash>`` of the sources (their content included), the tokenizer
+    and the settings that shape the instances; a finished preparation leaves a marker listing its
+    files, so restarts and later phases reuse it (reading the corpus only to hash it). Every host
+    of a job prepares the same bytes; only the one given ``write_marker`` (the first) writes the
+    marker.
     ``cache_dir`` defaults to ``bert_jax_data`` in the system's temporary directory.
     """
     if not isinstance(tokenizer, Tokenizer):
@@ -400,6 +401,8 @@ def prepare_cached(
     )
     key_settings = {
         "items": items,
+        # The inputs' content too: a changed corpus is prepared anew, never served stale.
+        "inputs": manifest.input_identity(sources_lib.expand_sources(items)),
         "tokenizer": tokenizer.fingerprint(),
         "max_seq_length": settings.max_seq_length,
         "max_predictions_per_seq": settings.max_predictions_per_seq,
