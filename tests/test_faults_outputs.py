@@ -378,3 +378,18 @@ def test_a_cached_preparation_is_not_reused_after_its_corpus_changed(vocab, tmp_
     second = prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache")
     assert os.path.dirname(second[0]) != os.path.dirname(first[0])
     assert len(os.listdir(tmp_path / "cache")) == 2  # the earlier preparation is left as it was
+
+
+@pytest.mark.parametrize("command", ["finetune", "glue"])
+def test_finetune_refuses_a_workdir_of_other_files(command, model, tmp_path, capsys):
+    from tests.glue_fixtures.tiny import GLUE_DIR
+
+    workdir = tmp_path / "code"
+    workdir.mkdir()
+    (workdir / "result.csv").write_text("mine\n")
+    before = tree_digest(tmp_path)
+    task = ["--task", "glue/RTE"] if command == "finetune" else ["--tasks", "RTE"]
+    argv = [command, "--model", model, "--data", GLUE_DIR, "--workdir", str(workdir), *task]
+    outcome = run_cli(capsys, argv)
+    assert_user_error(outcome, str(workdir), "bert_jax_finetune.json", only_line=False)
+    assert tree_digest(tmp_path) == before
