@@ -393,3 +393,17 @@ def test_finetune_refuses_a_workdir_of_other_files(command, model, tmp_path, cap
     outcome = run_cli(capsys, argv)
     assert_user_error(outcome, str(workdir), "bert_jax_finetune.json", only_line=False)
     assert tree_digest(tmp_path) == before
+
+
+def test_prepare_overwrite_with_a_shorter_corpus_leaves_no_stale_shard(vocab, tmp_path, capsys):
+    corpus = _corpus(tmp_path / "corpus.txt")
+    out = tmp_path / "data"
+    assert run_cli(capsys, _prepare(corpus, vocab, out)).code == 0
+    assert os.path.exists(out / "part-00001.tfrecord")
+    documents = [REAL_SENTENCES[0:3], REAL_SENTENCES[3:6]]
+    (tmp_path / "corpus.txt").write_text("\n\n".join("\n".join(d) for d in documents) + "\n")
+    assert run_cli(capsys, _prepare(corpus, vocab, out, "--overwrite")).code == 0
+    names = sorted(n for n in os.listdir(out) if n.startswith("part-"))
+    assert names == ["part-00000.json", "part-00000.tfrecord"]
+    settings = PipelineSettings(batch_size=1, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
+    next(make_pretrain_iterator(str(out), settings))

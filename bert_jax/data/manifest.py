@@ -177,3 +177,20 @@ def require_complete(directory: str) -> None:
             f"{directory}: data prepare did not finish ({missing}); re-run it to complete the "
             f"{RECORD_SUFFIX} shards before training on them"
         )
+
+
+def others_parts(existing: dict[int, set[str]], shard_index: int, num_shards: int) -> dict:
+    """The parts (``groups.existing_parts``) written by the other machines of a shared run."""
+    return {g: parts for g, parts in existing.items() if g % num_shards != shard_index}
+
+
+def remove_stale_parts(output_dir: str, written: list[str], settings) -> None:
+    """After a complete ``--overwrite`` run: removes this machine's old shards that it did not
+    write again (the input now makes fewer groups), so nothing stale is read with the new."""
+    from bert_jax.data.groups import existing_parts, part_name
+
+    kept = {os.path.basename(path) for path in written}
+    for group, suffixes in existing_parts(output_dir).items():
+        if group % settings.num_shards == settings.shard_index and part_name(group) not in kept:
+            for suffix in suffixes:
+                os.remove(os.path.join(output_dir, part_name(group, suffix)))

@@ -24,7 +24,8 @@ tokenization and masking).
 Nothing already written is lost: each shard is written under a hidden temporary name and renamed
 when complete, next to a small ``part-{g:05d}.json`` with its counts. A re-run with the same
 settings skips finished groups (resuming an interrupted job); different settings in the same
-output directory are refused unless ``overwrite=True``, which rewrites this machine's groups. The
+output directory are refused unless ``overwrite=True``, which rewrites this machine's groups
+(each shard replaced atomically; its old shards past the new ones are removed at the end). The
 settings are recorded in ``prepare_config.json``, the tokenizer is saved in ``tokenizer/`` (so the
 pipeline can re-mask dynamically), and a summary goes to
 ``stats-{shard_index}-of-{num_shards}.json``.
@@ -187,8 +188,8 @@ def _open_output(
 ) -> dict[int, set[str]]:
     """Check ``output_dir`` against an earlier run, record the settings and the tokenizer.
 
-    Returns the parts already there (``groups.existing_parts``) once ``overwrite`` has removed
-    this machine's.
+    Returns the parts already there (``groups.existing_parts``) to keep: with ``overwrite``, only
+    other machines'.
     """
     config_path = os.path.join(output_dir, CONFIG_FILE)
     if os.path.exists(config_path):
@@ -206,12 +207,8 @@ def _open_output(
             )
     manifest.mark_started(output_dir, settings.shard_index, settings.num_shards)
     existing = groups_lib.existing_parts(output_dir)
-    if settings.overwrite:
-        for group_index, suffixes in existing.items():
-            if group_index % settings.num_shards == settings.shard_index:
-                for suffix in suffixes:
-                    os.remove(os.path.join(output_dir, part_name(group_index, suffix)))
-        existing = groups_lib.existing_parts(output_dir)
+    if settings.overwrite:  # this machine's shards are rewritten; the old go once all are done
+        existing = manifest.others_parts(existing, settings.shard_index, settings.num_shards)
     write_json_atomic(config_path, recorded)
     tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
     saved = os.path.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json"))
@@ -333,6 +330,8 @@ def prepare_records(
     )
     progress = _Progress(output_dir)
     _run_groups(mine, existing, tokenizer, recorded, settings.num_workers, progress)
+    if settings.overwrite:
+        manifest.remove_stale_parts(output_dir, progress.files, settings)
 
     if corpus_stats.documents < 2:
         raise ValueError(
