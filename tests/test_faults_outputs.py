@@ -407,3 +407,20 @@ def test_prepare_overwrite_with_a_shorter_corpus_leaves_no_stale_shard(vocab, tm
     assert names == ["part-00000.json", "part-00000.tfrecord"]
     settings = PipelineSettings(batch_size=1, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
     next(make_pretrain_iterator(str(out), settings))
+
+
+def test_compressed_input_is_checked_decompressed_and_hashed_as_stored(tmp_path):
+    import gzip
+    import hashlib
+
+    good, bad = tmp_path / "good.txt.gz", tmp_path / "bad.txt.gz"
+    good.write_bytes(gzip.compress("Stra\u00dfe und Caf\u00e9.\n".encode("utf-8")))
+    bad.write_bytes(gzip.compress("Line one.\nStra\u00dfe.\n".encode("latin-1")))
+    (identity,) = manifest.input_identity([str(good)])
+    assert identity["sha256"] == hashlib.sha256(good.read_bytes()).hexdigest()
+    with pytest.raises(manifest.InputError, match="line 2") as caught:
+        manifest.check_text_inputs([str(good), str(bad)])
+    assert str(bad) in str(caught.value)
+    (tmp_path / "cut.txt.gz").write_bytes(good.read_bytes()[:-6])
+    with pytest.raises(manifest.InputError, match="cannot be read"):
+        manifest.check_text_inputs([str(tmp_path / "cut.txt.gz")])

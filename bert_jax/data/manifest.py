@@ -47,29 +47,35 @@ class IncompleteRecordsError(UserError):
     """A records directory whose `data prepare` run has not finished."""
 
 
-def _check_text_stream(path: str, stream) -> None:
-    """Raises InputError at the first NUL byte or invalid UTF-8 in `stream`."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    lines = 1
-    while chunk := stream.read(_CHUNK):
+class _TextCheck:
+    """Fed a file's bytes in pieces; raises InputError at the first NUL byte or bad UTF-8."""
+
+    def __init__(self, path: str):
+        self.path, self.lines = path, 1
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+
+    def feed(self, chunk: bytes) -> None:
         if b"\x00" in chunk:
-            where = lines + chunk.count(b"\n", 0, chunk.index(b"\x00"))
+            where = self.lines + chunk.count(b"\n", 0, chunk.index(b"\x00"))
             raise InputError(
-                f"{path}: binary data, not text (a NUL byte on line {where}); give text files only"
+                f"{self.path}: binary data, not text (a NUL byte on line {where}); "
+                "give text files only"
             )
         try:
-            decoder.decode(chunk)
+            self.decoder.decode(chunk)
         except UnicodeDecodeError as err:
-            where = lines + chunk.count(b"\n", 0, max(0, err.start))
+            where = self.lines + err.object.count(b"\n", 0, err.start)
             raise InputError(
-                f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02X} on line {where}); "
-                "convert it first, e.g. iconv -f latin1 -t utf-8"
+                f"{self.path}: not UTF-8 text (byte 0x{err.object[err.start]:02X} on line "
+                f"{where}); convert it first, e.g. iconv -f latin1 -t utf-8"
             ) from None
-        lines += chunk.count(b"\n")
-    try:
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text (it ends inside a character)") from None
+        self.lines += chunk.count(b"\n")
+
+    def finish(self) -> None:
+        try:
+            self.decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise InputError(f"{self.path}: not UTF-8 text (it ends inside a character)") from None
 
 
 def _is_file_source(source: str) -> bool:
@@ -78,31 +84,48 @@ def _is_file_source(source: str) -> bool:
     return source_kind(source) == "text" and os.path.isfile(source)
 
 
+def _scan(path: str, digest=None) -> None:
+    """One read of `path`: its text checked (decompressed for .gz), `digest` fed the raw bytes."""
+    compressed = path.endswith(".gz")
+    try:
+        if compressed:
+            check = _TextCheck(path)
+            with gzip.open(path, "rb") as stream:
+                while chunk := stream.read(_CHUNK):
+                    check.feed(chunk)
+            check.finish()
+        if compressed and digest is None:
+            return
+        check = None if compressed else _TextCheck(path)
+        with open(path, "rb") as stream:
+            while chunk := stream.read(_CHUNK):
+                if check is not None:
+                    check.feed(chunk)
+                if digest is not None:
+                    digest.update(chunk)
+        if check is not None:
+            check.finish()
+    except (OSError, EOFError) as err:  # unreadable, or a damaged .gz
+        raise InputError(f"{path}: cannot be read ({err})") from None
+
+
 def check_text_inputs(sources: list[str]) -> None:
     """Refuses (InputError naming the file and line) any input file that is not UTF-8 text."""
     for source in sources:
         if _is_file_source(source):
-            opener = gzip.open if source.endswith(".gz") else open
-            try:
-                with opener(source, "rb") as stream:
-                    _check_text_stream(source, stream)
-            except (OSError, EOFError) as err:  # a damaged .gz
-                raise InputError(f"{source}: cannot be read ({err})") from None
+            _scan(source)
 
 
 def input_identity(sources: list[str]) -> list[dict]:
     """Path, size and SHA-256 of every input file (named sources such as ``embedded`` as they
-    are), after checking each is UTF-8 text (``check_text_inputs``)."""
-    check_text_inputs(sources)
+    are), each checked to be UTF-8 text in the same read (``check_text_inputs``)."""
     identity = []
     for source in sources:
         if not _is_file_source(source):
             identity.append({"source": source})
             continue
         digest = hashlib.sha256()
-        with open(source, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
+        _scan(source, digest)
         identity.append(
             {
                 "path": os.path.abspath(source),
