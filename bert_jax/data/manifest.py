@@ -48,28 +48,40 @@ class IncompleteRecordsError(UserError):
 
 
 class _TextCheck:
-    """Fed a file's bytes in pieces; raises InputError at the first NUL byte or bad UTF-8."""
+    """Fed a file's bytes in pieces; raises InputError at the first NUL byte or bad UTF-8.
 
-    def __init__(self, path: str):
-        self.path, self.lines = path, 1
+    Lines are counted only when there is an error (counting every piece would cost as much as
+    the hash): the file is read again up to the bad byte."""
+
+    def __init__(self, path: str, opener=open):
+        self.path, self.opener, self.offset = path, opener, 0
         self.decoder = codecs.getincrementaldecoder("utf-8")()
+
+    def _line(self, offset: int) -> int:
+        lines, left = 1, offset
+        with self.opener(self.path, "rb") as stream:
+            while left > 0 and (chunk := stream.read(min(_CHUNK, left))):
+                lines, left = lines + chunk.count(b"\n"), left - len(chunk)
+        return lines
 
     def feed(self, chunk: bytes) -> None:
         if b"\x00" in chunk:
-            where = self.lines + chunk.count(b"\n", 0, chunk.index(b"\x00"))
+            where = self._line(self.offset + chunk.index(b"\x00"))
             raise InputError(
                 f"{self.path}: binary data, not text (a NUL byte on line {where}); "
                 "give text files only"
             )
         try:
-            self.decoder.decode(chunk)
+            if not (chunk.isascii() and not self.decoder.getstate()[0]):  # ASCII: valid as it is
+                self.decoder.decode(chunk)
         except UnicodeDecodeError as err:
-            where = self.lines + err.object.count(b"\n", 0, err.start)
+            pending = len(err.object) - len(chunk)  # bytes held over from the piece before
+            where = self._line(self.offset + max(0, err.start - pending))
             raise InputError(
                 f"{self.path}: not UTF-8 text (byte 0x{err.object[err.start]:02X} on line "
                 f"{where}); convert it first, e.g. iconv -f latin1 -t utf-8"
             ) from None
-        self.lines += chunk.count(b"\n")
+        self.offset += len(chunk)
 
     def finish(self) -> None:
         try:
@@ -89,7 +101,7 @@ def _scan(path: str, digest=None) -> None:
     compressed = path.endswith(".gz")
     try:
         if compressed:
-            check = _TextCheck(path)
+            check = _TextCheck(path, gzip.open)
             with gzip.open(path, "rb") as stream:
                 while chunk := stream.read(_CHUNK):
                     check.feed(chunk)
