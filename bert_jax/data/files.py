@@ -93,9 +93,10 @@ def _protected(path: str) -> str | None:
     return None
 
 
-def check_replaceable(path: str | os.PathLike, kind: OutputKind) -> None:
+def check_replaceable(path: str | os.PathLike, kind: OutputKind, action: str = "replace") -> None:
     """Refuses (``OutputInTheWayError``, one line naming `path`) to replace anything but an
-    empty directory or one of `kind` holding only its own entries. A missing path passes."""
+    empty directory or one of `kind` holding only its own entries. A missing path passes.
+    `action` words the refusal ("write into" for commands that replace files inside)."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.lexists(path):
         return
@@ -115,7 +116,7 @@ def check_replaceable(path: str | os.PathLike, kind: OutputKind) -> None:
                 why = f"it holds files a bert-jax {kind.name} does not ({shown})"
     if why is not None:
         raise OutputInTheWayError(
-            f"refusing to replace {path}: {why}; choose a new output path or remove it yourself"
+            f"refusing to {action} {path}: {why}; choose a new output path or remove it yourself"
         )
 
 

@@ -44,7 +44,7 @@ KIND = files.OutputKind(
 def open_workdir(workdir: str, command: str, writer: bool = True) -> str:
     """Checks `workdir` (see the module docstring), creates and marks it; its absolute path."""
     workdir = os.path.abspath(workdir)
-    files.check_replaceable(workdir, KIND)
+    files.check_replaceable(workdir, KIND, action="write into")
     if writer:
         os.makedirs(workdir, exist_ok=True)
         marker = os.path.join(workdir, MARKER)
