@@ -424,3 +424,32 @@ def test_compressed_input_is_checked_decompressed_and_hashed_as_stored(tmp_path)
     (tmp_path / "cut.txt.gz").write_bytes(good.read_bytes()[:-6])
     with pytest.raises(manifest.InputError, match="cannot be read"):
         manifest.check_text_inputs([str(tmp_path / "cut.txt.gz")])
+
+
+def test_a_killed_overwrite_sets_the_old_shards_aside_until_a_rerun_completes(
+    vocab, tmp_path, capsys, monkeypatch
+):
+    from bert_jax.data import groups
+
+    corpus = _corpus(tmp_path / "corpus.txt")
+    out = tmp_path / "data"
+    assert run_cli(capsys, _prepare(corpus, vocab, out)).code == 0
+    old = tree_digest(out)
+    _corpus(tmp_path / "corpus.txt", variant="\nA new last document.\nIt has two lines.\n")
+    real_write = groups.write_group
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(groups, "write_group", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_cli(capsys, _prepare(corpus, vocab, out, "--overwrite"))
+    aside = out / ".old-parts-0-of-1"
+    assert {f"part-0000{i}.tfrecord" for i in (0, 1)} <= set(os.listdir(aside))
+    assert tree_digest(aside)["part-00000.tfrecord"] == old["part-00000.tfrecord"]
+    assert not [n for n in os.listdir(out) if n.startswith("part-")]  # nothing old is resumed
+    monkeypatch.setattr(groups, "write_group", real_write)
+    assert run_cli(capsys, _prepare(corpus, vocab, out)).code == 0  # resumes the new inputs
+    assert not aside.exists()
+    settings = PipelineSettings(batch_size=1, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
+    next(make_pretrain_iterator(str(out), settings))

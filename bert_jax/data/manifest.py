@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import os
 import re
+import shutil
 
 from bert_jax.data import files
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
@@ -214,18 +215,27 @@ def require_complete(directory: str) -> None:
         )
 
 
-def others_parts(existing: dict[int, set[str]], shard_index: int, num_shards: int) -> dict:
-    """The parts (``groups.existing_parts``) written by the other machines of a shared run."""
-    return {g: parts for g, parts in existing.items() if g % num_shards != shard_index}
+def _aside_dir(output_dir: str, shard_index: int, num_shards: int) -> str:
+    return os.path.join(output_dir, f".old-parts-{shard_index}-of-{num_shards}")
 
 
-def remove_stale_parts(output_dir: str, written: list[str], settings) -> None:
-    """After a complete ``--overwrite`` run: removes this machine's old shards that it did not
-    write again (the input now makes fewer groups), so nothing stale is read with the new."""
-    from bert_jax.data.groups import existing_parts, part_name
+def set_aside_parts(output_dir: str, existing: dict[int, set[str]], settings) -> dict:
+    """``--overwrite``: moves this machine's shards into a hidden folder (no reader or resumed run
+    sees them; ``drop_set_aside`` removes it once the new shards are complete) and returns the
+    parts to keep, the other machines'."""
+    aside = _aside_dir(output_dir, settings.shard_index, settings.num_shards)
+    kept = {}
+    for group, suffixes in existing.items():
+        if group % settings.num_shards != settings.shard_index:
+            kept[group] = suffixes
+            continue
+        os.makedirs(aside, exist_ok=True)
+        for suffix in sorted(suffixes):
+            name = f"part-{group:05d}.{suffix}"
+            os.replace(os.path.join(output_dir, name), os.path.join(aside, name))
+    return kept
 
-    kept = {os.path.basename(path) for path in written}
-    for group, suffixes in existing_parts(output_dir).items():
-        if group % settings.num_shards == settings.shard_index and part_name(group) not in kept:
-            for suffix in suffixes:
-                os.remove(os.path.join(output_dir, part_name(group, suffix)))
+
+def drop_set_aside(output_dir: str, settings) -> None:
+    """After a complete run: this machine's old shards (``set_aside_parts``) are removed."""
+    shutil.rmtree(_aside_dir(output_dir, settings.shard_index, settings.num_shards), True)

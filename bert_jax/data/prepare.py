@@ -25,7 +25,7 @@ Nothing already written is lost: each shard is written under a hidden temporary 
 when complete, next to a small ``part-{g:05d}.json`` with its counts. A re-run with the same
 settings skips finished groups (resuming an interrupted job); different settings in the same
 output directory are refused unless ``overwrite=True``, which rewrites this machine's groups
-(each shard replaced atomically; its old shards past the new ones are removed at the end). The
+(its old shards are set aside in a hidden folder, removed once the new ones are complete). The
 settings are recorded in ``prepare_config.json``, the tokenizer is saved in ``tokenizer/`` (so the
 pipeline can re-mask dynamically), and a summary goes to
 ``stats-{shard_index}-of-{num_shards}.json``.
@@ -207,8 +207,8 @@ def _open_output(
             )
     manifest.mark_started(output_dir, settings.shard_index, settings.num_shards)
     existing = groups_lib.existing_parts(output_dir)
-    if settings.overwrite:  # this machine's shards are rewritten; the old go once all are done
-        existing = manifest.others_parts(existing, settings.shard_index, settings.num_shards)
+    if settings.overwrite:  # this machine's old shards: set aside, removed once all are new
+        existing = manifest.set_aside_parts(output_dir, existing, settings)
     write_json_atomic(config_path, recorded)
     tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
     saved = os.path.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json"))
@@ -330,8 +330,6 @@ def prepare_records(
     )
     progress = _Progress(output_dir)
     _run_groups(mine, existing, tokenizer, recorded, settings.num_workers, progress)
-    if settings.overwrite:
-        manifest.remove_stale_parts(output_dir, progress.files, settings)
 
     if corpus_stats.documents < 2:
         raise ValueError(
@@ -355,6 +353,7 @@ def prepare_records(
         settings=recorded,
     )
     _write_stats(result, settings)
+    manifest.drop_set_aside(output_dir, settings)
     return result
 
 
