@@ -158,6 +158,10 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             # host. A fixed number (a multiple of every host count you will use) keeps the data
             # order, and exact resume, independent of how many hosts run the job.
             "shards": 0,
+            # A damaged TFRecord file (truncated, flipped bytes) stops the run naming the file;
+            # True: train on its records before the damage, counted as the iterator's
+            # `corrupt_records` (data/integrity.py).
+            "skip_corrupt_records": False,
         }
     )
     config.eval = ml_collections.ConfigDict(

@@ -6,7 +6,9 @@ Sources: "tf1" (Google's checkpoint directory), "hf" (a Hugging Face BERT direct
 `BertForPreTraining.from_pretrained`, or `BertModel` for an encoder-only model).
 
 Everything is read and checked before anything is written, and the destination is written
-atomically: a refused conversion leaves nothing at `dst`.
+atomically: a refused conversion leaves nothing at `dst`. `overwrite` replaces only an earlier
+output of the same kind (`data.files.check_replaceable`); a Hugging Face export carries
+`bert_jax_export.json` for that.
 """
 
 from __future__ import annotations
@@ -22,10 +24,29 @@ from flax import traverse_util
 from bert_jax import model_dir
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
+from bert_jax.data import files
 from bert_jax.model import BertConfig
 
 SOURCE_FORMATS = ("tf1", "hf", "bert-jax")
 TARGET_FORMATS = ("bert-jax", "hf")
+# Written into every Hugging Face export: the mark that lets `--overwrite` replace it later.
+HF_EXPORT_MARKER = "bert_jax_export.json"
+_HF_EXPORT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "spiece.model",
+    "bert_jax_tokenizer.json",
+    HF_EXPORT_MARKER,
+)
+HF_EXPORT_KIND = files.OutputKind(
+    name="Hugging Face export",
+    marker=HF_EXPORT_MARKER,
+    is_own=lambda path: os.path.isfile(os.path.join(path, HF_EXPORT_MARKER)),
+    holds=lambda name: name in _HF_EXPORT_FILES,
+)
 
 
 @dataclasses.dataclass
@@ -163,8 +184,11 @@ def convert(
             "holds exactly vocab_size rows)"
         )
     dst = os.path.abspath(os.fspath(dst))
-    if os.path.exists(dst) and not overwrite:
+    if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
+    # Refuse a destination bert-jax did not write before reading anything (the write checks again).
+    kind = model_dir.MODEL_DIR_KIND if dst_format == "bert-jax" else HF_EXPORT_KIND
+    files.check_replaceable(dst, kind)
     if os.path.abspath(os.fspath(src)) == dst:
         raise ValueError(f"source and destination are the same path: {dst}")
     loaded = load_source(
@@ -192,8 +216,12 @@ def convert(
     else:
         from bert_jax.convert import hf
 
-        with model_dir.atomic_output_dir(dst, overwrite=overwrite) as tmp:
+        with files.atomic_output_dir(dst, HF_EXPORT_KIND, overwrite=overwrite) as tmp:
             report.written = hf.write_hf_dir(tmp, loaded.config, loaded.params, loaded.tokenizer)
+            files.write_json_atomic(
+                os.path.join(tmp, HF_EXPORT_MARKER),
+                {"written_by": "bert-jax convert", "from": src_format, "source": report.source},
+            )
         if loaded.tokenizer is not None and loaded.tokenizer.kind == "sentencepiece":
             report.notes.append(
                 "SentencePiece tokenizer written as spiece.model with an AlbertTokenizer "

@@ -146,6 +146,7 @@ def _iterator(
             masked_lm_prob=float(config.data.masked_lm_prob),
             shuffle_buffer_size=shuffle_buffer,
             packing=pack,
+            skip_corrupt_records=bool(config.data.get("skip_corrupt_records", False)),
         )
         return pipeline.make_pretrain_iterator(records, settings, tokenizer)
 

@@ -12,7 +12,8 @@ Layout (self-describing: nothing else is needed to load it):
                    bert_jax_tokenizer.json with the lowercase flag), read by `load_tokenizer`.
 
 Writes are atomic: everything goes into a hidden sibling directory that is renamed into place at
-the end, so a failed save or conversion leaves nothing at the destination.
+the end, so a failed save or conversion leaves nothing at the destination. An existing
+destination is replaced only when it is a model directory itself (`data.files.check_replaceable`).
 
 `load_model_dir` is the one loader every command uses. It also accepts a pretraining workdir: its
 exported model directory `<workdir>/model/` when the run has finished, else its latest checkpoint
@@ -21,13 +22,10 @@ exported model directory `<workdir>/model/` when the run has finished, else its 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -37,6 +35,7 @@ from flax import traverse_util
 
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import check_params
+from bert_jax.data import files
 from bert_jax.model import BertConfig
 
 FORMAT_NAME = "bert-jax-model"
@@ -90,35 +89,25 @@ class ModelDir:
         return dict(self.info.get("extra") or {})
 
 
-# --- Atomic output directories ---
+# --- The model directory as an output (data.files holds the one replacement rule) ---
 
 
-@contextlib.contextmanager
-def atomic_output_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[str]:
-    """Yields a fresh hidden sibling of `path` to fill; renames it to `path` on success.
-
-    On any exception the sibling is removed and `path` is untouched. An existing `path` is
-    refused unless `overwrite`, in which case it is replaced only after the new one is complete.
-    """
-    path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite)")
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
+def is_model_dir(path: str | os.PathLike) -> bool:
+    """`path` carries a model directory's marker: config.json with this format's bert_jax block."""
+    config_path = os.path.join(os.fspath(path), CONFIG_NAME)
     try:
-        yield tmp
-        if os.path.exists(path):
-            old = os.path.join(parent, f".{os.path.basename(path)}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        info = _read_json(config_path).get("bert_jax")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(info, dict) and info.get("format") == FORMAT_NAME
+
+
+MODEL_DIR_KIND = files.OutputKind(
+    name="model directory",
+    marker=f"{CONFIG_NAME} with a bert_jax block",
+    is_own=is_model_dir,
+    holds=lambda name: name in (CONFIG_NAME, PARAMS_DIR, TOKENIZER_DIR),
+)
 
 
 # --- Save ---
@@ -186,7 +175,7 @@ def save_model_dir(
         )
     payload = config_dict(config, has_heads, tokenizer, extra)
     json.dumps(payload)  # fail on non-serializable `extra` before writing anything
-    with atomic_output_dir(path, overwrite=overwrite) as tmp:
+    with files.atomic_output_dir(path, MODEL_DIR_KIND, overwrite=overwrite) as tmp:
         with _checkpointer(process_local=True) as checkpointer:
             checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
             checkpointer.wait_until_finished()

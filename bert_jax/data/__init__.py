@@ -1,7 +1,7 @@
 """Pretraining data, by stage; each module imports only the stages above it in this list.
 
 - ``layout``: names on disk of prepared data (record suffix, ``prepare_config.json``,
-  ``tokenizer/``); ``files``: atomic writes.
+  ``tokenizer/``); ``files``: atomic writes and the one rule for replacing an output directory.
 - ``sentences``: ``split_sentences``; ``embedded``: the corpus that ships with Python;
   ``sources``: ``source_kind`` (what a path or name is), ``read_documents`` / ``iter_documents``.
 - ``tokenizer``: ``load_tokenizer``, ``train_sentencepiece`` / ``train_tokenizer``, ``encode_pair``
@@ -9,6 +9,8 @@
 - ``masking``: ``MaskingConfig``, static ``mask_instance``, the pipeline's ``dynamic_mask_batch``.
 - ``instances``: ``tokenize_documents``, ``create_instances``, ``instances_to_arrays``.
 - ``records``: the original BERT TFRecord features (serialize, write, parse, read).
+- ``manifest``: a records directory's inputs (identity, UTF-8 text) and its completion mark;
+  ``integrity``: damaged TFRecord files named (or skipped and counted).
 - ``groups``: prepare's unit of work (a group of documents -> one shard);
   ``prepare``: ``prepare_records(sources, tokenizer, output_dir, PrepareSettings)``
   (``bert-jax data prepare``) and ``prepare_cached`` (a corpus prepared once for a run).

@@ -1,16 +1,29 @@
-"""Atomic file writes: a hidden temporary name in the same directory, then a rename.
+"""Atomic writes, and the one rule for replacing an output directory: only one bert-jax wrote.
 
-A reader (or a resumed job) never sees a half-written file under its final name. The temporary
-name is unique per host, process and call, so several machines preparing into one shared
-directory cannot collide.
+Files: a hidden temporary name in the same directory, then a rename. A reader (or a resumed job)
+never sees a half-written file under its final name. The temporary name is unique per host,
+process and call, so several machines preparing into one shared directory cannot collide.
+
+Directories (``atomic_output_dir``, used by ``convert``, model exports and ``data prepare``): the
+new output is written into a hidden sibling and renamed into place; an existing one is moved
+aside only once the new one is complete. ``check_replaceable`` is the rule every command that
+replaces output goes through: it replaces only a directory carrying its kind's marker (an
+``OutputKind``) and holding nothing but that kind's entries, and never the current directory, the
+home directory, ``/`` or a pretraining workdir (each refused as a ``UserError`` naming it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import shutil
 import socket
 import uuid
+from collections.abc import Callable, Iterator
+
+from bert_jax.errors import UserError
 
 
 def temporary_name(path: str) -> str:
@@ -34,3 +47,107 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 def write_json_atomic(path: str, payload: dict) -> None:
     text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+# --- Replacing output directories ---
+
+
+class OutputInTheWayError(UserError):
+    """An existing path that bert-jax will not replace: it did not write it (or cannot tell)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputKind:
+    """What bert-jax writes as one output directory: how to recognise it, what it may hold.
+
+    ``is_own(path)``: the directory carries this kind's marker. ``holds(name)``: an entry name
+    this kind writes (hidden ``.NAME.tmp-*`` leftovers of a killed writer are always allowed).
+    """
+
+    name: str  # "model directory"
+    marker: str  # what carries it, for the message: "config.json with a bert_jax block"
+    is_own: Callable[[str], bool]
+    holds: Callable[[str], bool]
+
+
+def _is_leftover(name: str) -> bool:
+    return name.startswith(".") and (".tmp-" in name or ".old-" in name)
+
+
+def _protected(path: str) -> str | None:
+    """Why `path` may never be replaced, or None."""
+    home = os.path.abspath(os.path.expanduser("~"))
+    cwd = os.path.abspath(os.getcwd())
+    if path == os.path.dirname(path):
+        return "the root directory"
+    if path == home:
+        return "the home directory"
+    if path == cwd:
+        return "the current directory"
+    if cwd.startswith(path + os.sep):
+        return "a parent of the current directory"
+    if home.startswith(path + os.sep):
+        return "a parent of the home directory"
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        return "a pretraining workdir (it holds checkpoints/)"
+    return None
+
+
+def check_replaceable(path: str | os.PathLike, kind: OutputKind, action: str = "replace") -> None:
+    """Refuses (``OutputInTheWayError``, one line naming `path`) to replace anything but an
+    empty directory or one of `kind` holding only its own entries. A missing path passes.
+    `action` words the refusal ("write into" for commands that replace files inside)."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.lexists(path):
+        return
+    why = _protected(path)
+    if why is None and (os.path.islink(path) or not os.path.isdir(path)):
+        why = "not a directory"
+    if why is None:
+        entries = sorted(os.listdir(path))
+        if not entries:
+            return
+        if not kind.is_own(path):
+            why = f"not a bert-jax {kind.name} (no {kind.marker})"
+        else:
+            foreign = [e for e in entries if not (kind.holds(e) or _is_leftover(e))]
+            if foreign:
+                shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+                why = f"it holds files a bert-jax {kind.name} does not ({shown})"
+    if why is not None:
+        raise OutputInTheWayError(
+            f"refusing to {action} {path}: {why}; choose a new output path or remove it yourself"
+        )
+
+
+@contextlib.contextmanager
+def atomic_output_dir(
+    path: str | os.PathLike, kind: OutputKind, overwrite: bool = False
+) -> Iterator[str]:
+    """Yields a fresh hidden sibling of `path` to fill; renames it to `path` on success.
+
+    On any exception the sibling is removed and `path` is untouched. An existing `path` is
+    refused unless `overwrite` and ``check_replaceable(path, kind)`` passes; it is then replaced
+    only after the new one is complete (moved aside, the new one renamed in, the old one removed).
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.lexists(path):
+        if not overwrite:
+            raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
+        check_replaceable(path, kind)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        if os.path.exists(path):
+            old = os.path.join(parent, f".{os.path.basename(path)}.old-{uuid.uuid4().hex[:8]}")
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -278,6 +278,11 @@ class PackedIterator:
     def __iter__(self) -> PackedIterator:
         return self
 
+    @property
+    def corrupt_records(self) -> int:
+        """Damaged records the reader skipped (``PretrainIterator.corrupt_records``)."""
+        return getattr(self.unpacked, "corrupt_records", 0)
+
     def __next__(self) -> Batch:
         batch = next(self.unpacked)
         expected = self.config.instances_per_batch(self.batch_size)

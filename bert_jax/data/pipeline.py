@@ -37,12 +37,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from bert_jax.data import integrity, manifest
 from bert_jax.data import records as records_lib
 from bert_jax.data.layout import TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.data.masking import MaskingConfig, dynamic_mask_batch
@@ -51,6 +53,7 @@ from bert_jax.data.sources import source_kind
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
 
 STATE_VERSION = 1
+logger = logging.getLogger(__name__)
 
 __all__ = ["PipelineSettings", "PretrainIterator", "make_pretrain_iterator", "synthetic_batch"]
 
@@ -74,6 +77,8 @@ class PipelineSettings:
     num_epochs: int | None = None
     shard_by: str = "auto"  # "files", "records" or "auto" (files when there are enough)
     packing: PackingConfig | None = None
+    # Keep a damaged file's records before the damage and count it, instead of stopping.
+    skip_corrupt_records: bool = False
 
 
 def _derived_seed(*parts: int) -> int:
@@ -102,6 +107,7 @@ class PretrainIterator:
         shard_by: str = "auto",
         cycle_length: int = 8,
         prefetch: int = 2,
+        skip_corrupt_records: bool = False,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -144,6 +150,14 @@ class PretrainIterator:
         self._batches_in_epoch = 0
         self._batches_total = 0
         self._iterator = None
+        self.skip_corrupt_records = skip_corrupt_records
+        # Damaged files met so far -> intact records read from each (`integrity`).
+        self.corrupt_files: dict[str, int] = {}
+
+    @property
+    def corrupt_records(self) -> int:
+        """Damaged records skipped so far (one per damaged file: the rest of it is not read)."""
+        return len(self.corrupt_files)
 
     # --- position ---------------------------------------------------------------------------
     def _fingerprint(self) -> str:
@@ -206,8 +220,17 @@ class PretrainIterator:
             )
             files = [files[i] for i in order]
         dataset = tf.data.Dataset.from_tensor_slices(files)
+        intact = tf.lookup.StaticHashTable(  # per damaged file: read its intact records only
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant([""] + list(self.corrupt_files), tf.string),
+                tf.constant([-1] + list(self.corrupt_files.values()), tf.int64),
+            ),
+            default_value=-1,
+        )
         dataset = dataset.interleave(
-            lambda path: tf.data.TFRecordDataset(path, buffer_size=records_lib.READ_BUFFER_BYTES),
+            lambda path: tf.data.TFRecordDataset(
+                path, buffer_size=records_lib.READ_BUFFER_BYTES
+            ).take(intact.lookup(path)),
             cycle_length=max(1, min(self.cycle_length, len(files))),
             block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE,
@@ -255,6 +278,19 @@ class PretrainIterator:
     def __iter__(self) -> PretrainIterator:
         return self
 
+    def _met_corrupt_record(self, error: Exception) -> None:
+        """Names the damaged file, or (skipping) rebuilds the epoch without its damaged part."""
+        found = integrity.find_corrupt([f for f in self.files if f not in self.corrupt_files])
+        if not found:
+            raise error
+        if not self.skip_corrupt_records:
+            path, (index, problem) = next(iter(found.items()))
+            raise integrity.corrupt_error(path, index, problem) from None
+        for path, (index, problem) in found.items():
+            logger.warning("skipping %s from record %d on: %s", path, index, problem)
+            self.corrupt_files[path] = index
+        self._iterator = None  # the same epoch again, past the batches already taken
+
     def __next__(self) -> dict[str, np.ndarray]:
         while True:
             if self.num_epochs is not None and self._epoch >= self.num_epochs:
@@ -275,25 +311,32 @@ class PretrainIterator:
                 self._batches_in_epoch = 0
                 self._iterator = None
                 continue
+            except Exception as err:
+                if not integrity.is_data_loss(err):
+                    raise
+                self._met_corrupt_record(err)
+                continue
             self._batches_in_epoch += 1
             self._batches_total += 1
             return batch
 
 
-def _check_record_shapes(files: Sequence[str], max_seq_length: int, slots: int) -> None:
+def _check_record_shapes(
+    files: Sequence[str], max_seq_length: int, slots: int, skip_corrupt: bool = False
+) -> None:
     """Fail up front, naming the file, when records were prepared with other lengths."""
     tf = records_lib.import_tensorflow()
-    first = tf.data.TFRecordDataset(files[:1], buffer_size=records_lib.READ_BUFFER_BYTES)
-    for serialized in first.take(1).as_numpy_iterator():
+    path, serialized = integrity.first_record(files, skip_corrupt)
+    if serialized is not None:
         feature = tf.train.Example.FromString(serialized).features.feature
         missing = [n for n in records_lib.FEATURE_NAMES if n not in feature]
         if missing:
-            raise ValueError(f"{files[0]}: records lack the feature(s) {', '.join(missing)}")
+            raise ValueError(f"{path}: records lack the feature(s) {', '.join(missing)}")
         found_length = len(feature["input_ids"].int64_list.value)
         found_slots = len(feature["masked_lm_positions"].int64_list.value)
         if (found_length, found_slots) != (max_seq_length, slots):
             raise ValueError(
-                f"{files[0]} holds records with max_seq_length={found_length} and "
+                f"{path} holds records with max_seq_length={found_length} and "
                 f"max_predictions_per_seq={found_slots}, but the pipeline was asked for "
                 f"{max_seq_length} and {slots}"
             )
@@ -351,9 +394,11 @@ def make_pretrain_iterator(
         )
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer)
+    for item in items:
+        manifest.require_complete(item)  # a failed or unfinished `data prepare` is not trusted
     files = records_lib.list_record_files(items)
     length, slots = settings.max_seq_length, settings.max_predictions_per_seq
-    _check_record_shapes(files, length, slots)
+    _check_record_shapes(files, length, slots, settings.skip_corrupt_records)
     masking = None
     if settings.dynamic_masking:
         masking = MaskingConfig.from_tokenizer(
@@ -379,6 +424,7 @@ def make_pretrain_iterator(
         masking=masking,
         num_epochs=settings.num_epochs,
         shard_by=settings.shard_by,
+        skip_corrupt_records=settings.skip_corrupt_records,
     )
     return iterator if packing is None else PackedIterator(iterator, batch_size, packing)
 

@@ -24,7 +24,8 @@ tokenization and masking).
 Nothing already written is lost: each shard is written under a hidden temporary name and renamed
 when complete, next to a small ``part-{g:05d}.json`` with its counts. A re-run with the same
 settings skips finished groups (resuming an interrupted job); different settings in the same
-output directory are refused unless ``overwrite=True``, which rewrites this machine's groups. The
+output directory are refused unless ``overwrite=True``, which rewrites this machine's groups
+(its old shards are set aside in a hidden folder, removed once the new ones are complete). The
 settings are recorded in ``prepare_config.json``, the tokenizer is saved in ``tokenizer/`` (so the
 pipeline can re-mask dynamically), and a summary goes to
 ``stats-{shard_index}-of-{num_shards}.json``.
@@ -45,6 +46,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bert_jax.data import groups as groups_lib
+from bert_jax.data import manifest
 from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.groups import InstanceStats, part_name
@@ -186,8 +188,8 @@ def _open_output(
 ) -> dict[int, set[str]]:
     """Check ``output_dir`` against an earlier run, record the settings and the tokenizer.
 
-    Returns the parts already there (``groups.existing_parts``) once ``overwrite`` has removed
-    this machine's.
+    Returns the parts already there (``groups.existing_parts``) to keep: with ``overwrite``, only
+    other machines'.
     """
     config_path = os.path.join(output_dir, CONFIG_FILE)
     if os.path.exists(config_path):
@@ -203,13 +205,10 @@ def _open_output(
                 f"{output_dir} already holds data prepared with different settings "
                 f"({'; '.join(changed)}); choose a new --output directory or pass --overwrite"
             )
+    manifest.mark_started(output_dir, settings.shard_index, settings.num_shards)
     existing = groups_lib.existing_parts(output_dir)
-    if settings.overwrite:
-        for group_index, suffixes in existing.items():
-            if group_index % settings.num_shards == settings.shard_index:
-                for suffix in suffixes:
-                    os.remove(os.path.join(output_dir, part_name(group_index, suffix)))
-        existing = groups_lib.existing_parts(output_dir)
+    if settings.overwrite:  # this machine's old shards: set aside, removed once all are new
+        existing = manifest.set_aside_parts(output_dir, existing, settings)
     write_json_atomic(config_path, recorded)
     tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
     saved = os.path.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json"))
@@ -307,10 +306,12 @@ def prepare_records(
     sources = sources_lib.expand_sources(
         [sources] if isinstance(sources, (str, os.PathLike)) else sources
     )
+    inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
     output_dir = os.path.abspath(os.fspath(output_dir))
+    manifest.check_output(output_dir, inputs, settings.overwrite)
     os.makedirs(output_dir, exist_ok=True)
     recorded = _recorded_settings(settings, tokenizer, sources)
-    existing = _open_output(output_dir, recorded, settings, tokenizer)
+    existing = _open_output(output_dir, {**recorded, "inputs": inputs}, settings, tokenizer)
 
     corpus_stats = sources_lib.CorpusStats()
     documents = sources_lib.iter_documents(
@@ -352,6 +353,7 @@ def prepare_records(
         settings=recorded,
     )
     _write_stats(result, settings)
+    manifest.drop_set_aside(output_dir, settings)
     return result
 
 
@@ -381,10 +383,11 @@ def prepare_cached(
 ) -> list[str]:
     """Record files for a raw corpus: prepared once into ``cache_dir``, then reused.
 
-    The directory is ``prepared-<hash>`` of the sources, the tokenizer and the settings that
-    shape the instances; a finished preparation leaves a marker listing its files, so restarts
-    and later phases reuse it without reading the corpus again. Every host of a job prepares the
-    same bytes; only the one given ``write_marker`` (the first) writes the marker.
+    The directory is ``prepared-<hash>`` of the sources (their content included), the tokenizer
+    and the settings that shape the instances; a finished preparation leaves a marker listing its
+    files, so restarts and later phases reuse it (reading the corpus only to hash it). Every host
+    of a job prepares the same bytes; only the one given ``write_marker`` (the first) writes the
+    marker.
     ``cache_dir`` defaults to ``bert_jax_data`` in the system's temporary directory.
     """
     if not isinstance(tokenizer, Tokenizer):
@@ -396,6 +399,8 @@ def prepare_cached(
     )
     key_settings = {
         "items": items,
+        # The inputs' content too: a changed corpus is prepared anew, never served stale.
+        "inputs": manifest.input_identity(sources_lib.expand_sources(items)),
         "tokenizer": tokenizer.fingerprint(),
         "max_seq_length": settings.max_seq_length,
         "max_predictions_per_seq": settings.max_predictions_per_seq,

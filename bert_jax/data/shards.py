@@ -71,6 +71,11 @@ class ShardedInput:
     def shard_indices(self) -> range:
         return range(self.first_shard, self.first_shard + len(self.readers))
 
+    @property
+    def corrupt_records(self) -> int:
+        """Damaged records skipped by all of this process's readers (for the metrics)."""
+        return sum(getattr(reader, "corrupt_records", 0) for reader in self.readers)
+
     def __iter__(self) -> ShardedInput:
         return self
 

@@ -166,9 +166,11 @@ def train_tokenizer(
     ``tfds:`` and ``embedded`` sources are first read with the corpus reader (which counts and
     skips bad input) into a temporary one-sentence-per-line file.
     """
+    from bert_jax.data import manifest
     from bert_jax.data import sources as sources_lib
 
     resolved = sources_lib.expand_sources(list(sources))
+    manifest.check_text_inputs(resolved)  # binary or non-UTF-8 files: refused, nothing written
 
     def is_plain(source: str) -> bool:  # original-format text: SentencePiece reads it as it is
         kind = sources_lib.source_kind(source)

@@ -8,4 +8,5 @@
   `train.py`'s state and update step with the classifier's loss.
 - `sweep`: `run_sweep(...)` (`bert-jax glue`) and `run_single(...)` (`bert-jax finetune`).
 - `report`: results.json / .csv / .md (Table 1 layout) and per-task plots.
+- `workdir`: the workdir as an output: its marker, and the check before writing into it.
 """

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 
 from bert_jax.finetune import report
+from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.features import TaskData, load_task_data
 from bert_jax.finetune.loop import (
     FinetuneResult,
@@ -224,6 +225,7 @@ def run_single(
     settings = settings or FinetuneSettings()
     spec = get_task(task)
     check_task_files(data, spec)
+    workdir = finetune_workdir.open_workdir(workdir, "finetune", writer=is_writer())
     mesh = make_mesh(settings)
     encoder = load_pretrained(model) if isinstance(model, str) else model
     test_splits = available_test_splits(data, spec) if predict_test else []
@@ -356,8 +358,7 @@ def run_sweep(
     trials = trials_for(tasks, learning_rates, seeds)
     for spec in {trial.task.name: trial.task for trial in trials}.values():
         check_task_files(data, spec)
-    workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
+    workdir = finetune_workdir.open_workdir(workdir, "glue", writer=is_writer())
     mesh = make_mesh(settings)
     # The model is loaded only when a trial has to run: a finished sweep rewrites its reports
     # without reading any weights.

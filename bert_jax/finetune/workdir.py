@@ -1,0 +1,53 @@
+"""The fine-tuning workdir as an output: its marker, what it holds, and the check before writing.
+
+`bert-jax finetune` and `bert-jax glue` write their results (result.json, the GLUE-server TSVs,
+trials/, submission/, results.*, plots/) into `--workdir`, replacing earlier ones of the same
+name. So they write only into a directory that is new, empty or already theirs (it carries
+`bert_jax_finetune.json`, or holds a result of an earlier run), never into one holding other files,
+the current or home directory, or a pretraining workdir (`data.files.check_replaceable`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from bert_jax.data import files
+
+MARKER = "bert_jax_finetune.json"
+_NAMES = (
+    MARKER,
+    "result.json",
+    "trials",
+    "submission",
+    "results.json",
+    "results.csv",
+    "results.md",
+    "plots",
+)
+
+
+def is_finetune_workdir(path: str) -> bool:
+    """Marked, or holding a result of a run from before the marker existed."""
+    return any(
+        os.path.exists(os.path.join(path, name)) for name in (MARKER, "result.json", "trials")
+    )
+
+
+KIND = files.OutputKind(
+    name="fine-tuning workdir",
+    marker=MARKER,
+    is_own=is_finetune_workdir,
+    holds=lambda name: name in _NAMES or name.endswith(".tsv"),
+)
+
+
+def open_workdir(workdir: str, command: str, writer: bool = True) -> str:
+    """Checks `workdir` (see the module docstring), creates and marks it; its absolute path."""
+    workdir = os.path.abspath(workdir)
+    files.check_replaceable(workdir, KIND, action="write into")
+    if writer:
+        os.makedirs(workdir, exist_ok=True)
+        marker = os.path.join(workdir, MARKER)
+        if not os.path.exists(marker):
+            files.write_json_atomic(marker, {"written_by": f"bert-jax {command}"})
+    return workdir
