@@ -219,8 +219,15 @@ def test_compile_only_checks_the_values_too(capsys, cwd):
     assert_user_error(outcome, "config.log_every_steps=-1", only_line=False)
 
 
-def test_data_prepare_length_bound():
+def test_data_prepare_length_bound(capsys, tmp_path):
     """The bound `data prepare --max-seq-length` checks: every size preset's 512 positions."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("One sentence here.\nAnother one there.\n")
+    before = tree_digest(tmp_path)
+    argv = ["data", "prepare", "--input", str(corpus), "--tokenizer", "none"]
+    outcome = run_cli(capsys, [*argv, "--output", str(tmp_path / "out"), "--max-seq-length=100000"])
+    assert_user_error(outcome, "--max-seq-length=100000", "512 position embeddings")
+    assert tree_digest(tmp_path) == before
     with pytest.raises(
         UserError, match=r"--max-seq-length=100000 exceeds the model's 512 position"
     ):

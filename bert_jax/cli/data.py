@@ -112,8 +112,11 @@ def _add_data(subparsers) -> None:
 def _prepare(args) -> int:
     import logging
 
+    from bert_jax import config_lib
     from bert_jax.data.prepare import PrepareSettings, prepare_records
 
+    # Records no size preset can read are refused before any work (--max-seq-length 100000).
+    config_lib.check_sequence_length(args.max_seq_length, "--max-seq-length")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     settings = PrepareSettings(
         max_seq_length=args.max_seq_length,
