@@ -1,6 +1,6 @@
 """Instance creation: tokenized documents -> ``[CLS] A [SEP] B [SEP]`` pairs, statically masked.
 
-Pure NumPy/Python (no TensorFlow, no JAX) and deterministic for a given seed.
+Plain Python on lists of ids (no TensorFlow, no JAX) and deterministic for a given seed.
 
 Public API:
 
@@ -11,9 +11,9 @@ Public API:
   cls_id, sep_id, rng) -> list[Instance]``: the unmasked sentence pairs of one document.
 - ``create_instances(documents, masking, max_seq_length=128, short_seq_prob=0.1,
   dupe_factor=1, seed=0, shuffle=True) -> list[Instance]``: every document, ``dupe_factor``
-  times, each pass with a fresh masking (``masking.mask_instance``), then shuffled — as the
+  times, each pass with a fresh masking (``masking.mask_ids``), then shuffled — as the
   original.
-- ``mask_tokens(instance, masking, rng)``: ``masking.mask_instance`` on an ``Instance``.
+- ``mask_tokens(instance, masking, rng)``: ``masking.mask_ids`` on an ``Instance``.
 - ``instances_to_arrays(instances, max_seq_length, max_predictions_per_seq) -> dict`` in the
   batch format (fixed shapes, int32/float32; ``next_sentence_labels`` is [N]).
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bert_jax.data.masking import MaskingConfig, mask_instance
+from bert_jax.data.masking import MaskingConfig, mask_ids
 from bert_jax.data.tokenizer import Tokenizer
 
 TokenizedDocument = list[list[int]]
@@ -55,11 +55,11 @@ TokenizedDocument = list[list[int]]
 class Instance:
     """One ``[CLS] A [SEP] B [SEP]`` example, unpadded, with where it came from."""
 
-    input_ids: np.ndarray  # int32 [n]; masked once ``masked_lm_positions`` is set
-    segment_ids: np.ndarray  # int32 [n]
+    input_ids: list[int]  # [n]; masked once ``masked_lm_positions`` is set
+    segment_ids: list[int]  # [n]
     is_random_next: bool
-    masked_lm_positions: np.ndarray  # int32 [k], ascending
-    masked_lm_ids: np.ndarray  # int32 [k], the original ids at those positions
+    masked_lm_positions: list[int]  # [k], ascending
+    masked_lm_ids: list[int]  # [k], the original ids at those positions
     document_index: int
     random_document_index: int  # -1 for an actual next
     target_seq_length: int
@@ -162,21 +162,15 @@ def create_instances_from_document(
             else:
                 tokens_b = [t for s in chunk[a_end:] for t in s]
             tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
-            input_ids = np.empty(len(tokens_a) + len(tokens_b) + 3, dtype=np.int32)
-            input_ids[0] = cls_id
-            input_ids[1 : 1 + len(tokens_a)] = tokens_a
-            input_ids[1 + len(tokens_a)] = sep_id
-            input_ids[2 + len(tokens_a) : -1] = tokens_b
-            input_ids[-1] = sep_id
-            segment_ids = np.zeros(len(input_ids), dtype=np.int32)
-            segment_ids[len(tokens_a) + 2 :] = 1
+            input_ids = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
+            segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
             instances.append(
                 Instance(
                     input_ids=input_ids,
                     segment_ids=segment_ids,
                     is_random_next=random_document_index >= 0,
-                    masked_lm_positions=np.zeros(0, dtype=np.int32),
-                    masked_lm_ids=np.zeros(0, dtype=np.int32),
+                    masked_lm_positions=[],
+                    masked_lm_ids=[],
                     document_index=document_index,
                     random_document_index=random_document_index,
                     target_seq_length=target_seq_length,
@@ -192,7 +186,7 @@ def create_instances_from_document(
 
 def mask_tokens(instance: Instance, masking: MaskingConfig, rng: np.random.Generator) -> Instance:
     """Mask an unmasked ``Instance`` in place and return it."""
-    masked, positions, labels = mask_instance(instance.input_ids, masking, rng)
+    masked, positions, labels = mask_ids(instance.input_ids, masking, rng)
     instance.input_ids = masked
     instance.masked_lm_positions = positions
     instance.masked_lm_ids = labels
