@@ -86,7 +86,9 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
 # {key=1, value=2} in ascending key order, which is what protobuf's deterministic serialization
 # writes; tests check the bytes against ``tf.train.Example.SerializeToString``. Encoding by hand
 # needs no TensorFlow (workers stay light) and is several times faster than building messages.
-_LEN = 2  # wire type of length-delimited fields
+# Tags of the length-delimited fields 1, 2 and 3 (field number << 3 | wire type 2).
+_FIELD_1, _FIELD_2, _FIELD_3 = b"\x0a", b"\x12", b"\x1a"
+_INT64_LIST, _FLOAT_LIST = _FIELD_3, _FIELD_2  # Feature's oneof
 _FLOAT_ONE, _FLOAT_ZERO = struct.pack("<f", 1.0), struct.pack("<f", 0.0)
 
 
@@ -102,45 +104,42 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-# Varints of the values met in practice (ids below 2**16), looked up instead of computed; filled
-# on first use.
+# Varints of the values met in practice (ids and lengths below 2**16), looked up instead of
+# computed; filled on first use (``_varints``).
 _VARINTS: dict[int, bytes] = {}
+# Each feature's map-entry key field, and the entries in key order (deterministic serialization).
+_KEYS = {name: _FIELD_1 + _varint(len(name)) + name.encode() for name in FEATURE_NAMES}
+_KEY_ORDER = tuple(sorted(FEATURE_NAMES))
+
+
+def _varints() -> dict[int, bytes]:
+    if not _VARINTS:
+        _VARINTS.update((value, _varint(value)) for value in range(1 << 16))
+    return _VARINTS
 
 
 def _packed_varints(values: Sequence[int]) -> bytes:
     try:
         return b"".join(map(_VARINTS.__getitem__, values))
     except KeyError:
-        if not _VARINTS:
-            _VARINTS.update((value, _varint(value)) for value in range(1 << 16))
-            return _packed_varints(values)
         return b"".join(_varint(int(v)) for v in values)
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field: tag, length, payload."""
-    return _varint(number << 3 | _LEN) + _varint(len(payload)) + payload
+def _length_prefixed(payload: bytes) -> bytes:
+    length = len(payload)
+    return (_VARINTS.get(length) or _varint(length)) + payload
 
 
-def _list_feature(kind: int, packed: bytes) -> bytes:
-    """A Feature holding an Int64List (``kind`` 3) or a FloatList (2) of packed values."""
-    return _field(kind, _field(1, packed) if packed else b"")
+def _entry(name: str, kind: bytes, packed: bytes) -> bytes:
+    """One map entry {key: name, value: Feature{kind: Int64List or FloatList{value: packed}}}."""
+    values = _FIELD_1 + _length_prefixed(packed) if packed else b""
+    feature = kind + _length_prefixed(values)
+    return _FIELD_1 + _length_prefixed(_KEYS[name] + _FIELD_2 + _length_prefixed(feature))
 
 
-def _int64_feature(packed: bytes) -> bytes:
-    return _list_feature(3, packed)
-
-
-def _float_feature(packed: bytes) -> bytes:
-    return _list_feature(2, packed)
-
-
-def _example(features: Mapping[str, bytes]) -> bytes:
-    """An Example from serialized Features by name, map entries in key order."""
-    entries = b"".join(
-        _field(1, _field(1, name.encode()) + _field(2, features[name])) for name in sorted(features)
-    )
-    return _field(1, entries)
+def _example(entries: Mapping[str, bytes]) -> bytes:
+    """Example{features: Features{feature: the map entries by name, in key order}}."""
+    return _FIELD_1 + _length_prefixed(b"".join([entries[name] for name in _KEY_ORDER]))
 
 
 def serialize_example(
@@ -163,22 +162,31 @@ def serialize_example(
             f"an instance has {length} tokens / {num_predictions} predictions; limits are "
             f"{max_seq_length} / {max_predictions_per_seq}"
         )
+    _varints()
     pad = b"\x00" * (max_seq_length - length)  # the varint of 0
     pad_predictions = b"\x00" * (max_predictions_per_seq - num_predictions)
     return _example(
         {
-            "input_ids": _int64_feature(_packed_varints(input_ids) + pad),
-            "input_mask": _int64_feature(b"\x01" * length + pad),
-            "segment_ids": _int64_feature(_packed_varints(segment_ids) + pad),
-            "masked_lm_positions": _int64_feature(
-                _packed_varints(masked_lm_positions) + pad_predictions
+            "input_ids": _entry("input_ids", _INT64_LIST, _packed_varints(input_ids) + pad),
+            "input_mask": _entry("input_mask", _INT64_LIST, b"\x01" * length + pad),
+            "segment_ids": _entry("segment_ids", _INT64_LIST, _packed_varints(segment_ids) + pad),
+            "masked_lm_positions": _entry(
+                "masked_lm_positions",
+                _INT64_LIST,
+                _packed_varints(masked_lm_positions) + pad_predictions,
             ),
-            "masked_lm_ids": _int64_feature(_packed_varints(masked_lm_ids) + pad_predictions),
-            "masked_lm_weights": _float_feature(
+            "masked_lm_ids": _entry(
+                "masked_lm_ids", _INT64_LIST, _packed_varints(masked_lm_ids) + pad_predictions
+            ),
+            "masked_lm_weights": _entry(
+                "masked_lm_weights",
+                _FLOAT_LIST,
                 _FLOAT_ONE * num_predictions
-                + _FLOAT_ZERO * (max_predictions_per_seq - num_predictions)
+                + _FLOAT_ZERO * (max_predictions_per_seq - num_predictions),
             ),
-            "next_sentence_labels": _int64_feature(_varint(int(next_sentence_label))),
+            "next_sentence_labels": _entry(
+                "next_sentence_labels", _INT64_LIST, _varint(int(next_sentence_label))
+            ),
         }
     )
 
@@ -189,20 +197,25 @@ def serialize_arrays(arrays: Mapping[str, np.ndarray]) -> list[bytes]:
     No TensorFlow; the bytes are deterministic (map entries in key order), so they never depend
     on the process that made them.
     """
+    _varints()
     columns = {name: np.asarray(arrays[name]).tolist() for name in FEATURE_NAMES}
     weights = np.asarray(arrays["masked_lm_weights"], dtype="<f4")
     serialized = []
     for row in range(len(columns["input_ids"])):
-        features = {
-            name: _int64_feature(_packed_varints(columns[name][row]))
+        entries = {
+            name: _entry(name, _INT64_LIST, _packed_varints(columns[name][row]))
             for name in (*INT_FEATURES, *PREDICTION_FEATURES)
         }
-        features["masked_lm_weights"] = _float_feature(weights[row].tobytes())
-        label = columns["next_sentence_labels"][row]
-        features["next_sentence_labels"] = _int64_feature(
-            _packed_varints(label if isinstance(label, list) else [label])
+        entries["masked_lm_weights"] = _entry(
+            "masked_lm_weights", _FLOAT_LIST, weights[row].tobytes()
         )
-        serialized.append(_example(features))
+        label = columns["next_sentence_labels"][row]
+        entries["next_sentence_labels"] = _entry(
+            "next_sentence_labels",
+            _INT64_LIST,
+            _packed_varints(label if isinstance(label, list) else [label]),
+        )
+        serialized.append(_example(entries))
     return serialized
 
 
