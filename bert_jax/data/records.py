@@ -88,7 +88,7 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
 # needs no TensorFlow (workers stay light) and is several times faster than building messages.
 # Tags of the length-delimited fields 1, 2 and 3 (field number << 3 | wire type 2).
 _FIELD_1, _FIELD_2, _FIELD_3 = b"\x0a", b"\x12", b"\x1a"
-_INT64_LIST, _FLOAT_LIST = _FIELD_3, _FIELD_2  # Feature's oneof
+_INT64_LIST, _FLOAT_LIST = _FIELD_3, _FIELD_2  # Feature's oneof: int64_list = 3, float_list = 2
 _FLOAT_ONE, _FLOAT_ZERO = struct.pack("<f", 1.0), struct.pack("<f", 0.0)
 
 
@@ -107,14 +107,24 @@ def _varint(value: int) -> bytes:
 # Varints of the values met in practice (ids and lengths below 2**16), looked up instead of
 # computed; filled on first use (``_varints``).
 _VARINTS: dict[int, bytes] = {}
-# Each feature's map-entry key field, and the entries in key order (deterministic serialization).
 _KEYS = {name: _FIELD_1 + _varint(len(name)) + name.encode() for name in FEATURE_NAMES}
-_KEY_ORDER = tuple(sorted(FEATURE_NAMES))
+_KINDS = {
+    name: _FLOAT_LIST if name == "masked_lm_weights" else _INT64_LIST for name in FEATURE_NAMES
+}
+_KEY_ORDER = tuple(sorted(FEATURE_NAMES))  # map entries in key order: deterministic serialization
+# Everything of a map entry before its packed values depends only on the feature and the number
+# of bytes of those values: cached by (name, size).
+_PREFIXES: dict[tuple[str, int], bytes] = {}
 
 
 def _varints() -> dict[int, bytes]:
     if not _VARINTS:
-        _VARINTS.update((value, _varint(value)) for value in range(1 << 16))
+        _VARINTS.update(enumerate(bytes((v,)) for v in range(1 << 7)))
+        _VARINTS.update((v, bytes((v & 0x7F | 0x80, v >> 7))) for v in range(1 << 7, 1 << 14))
+        _VARINTS.update(
+            (v, bytes((v & 0x7F | 0x80, v >> 7 & 0x7F | 0x80, v >> 14)))
+            for v in range(1 << 14, 1 << 16)
+        )
     return _VARINTS
 
 
@@ -125,21 +135,38 @@ def _packed_varints(values: Sequence[int]) -> bytes:
         return b"".join(_varint(int(v)) for v in values)
 
 
-def _length_prefixed(payload: bytes) -> bytes:
-    length = len(payload)
-    return (_VARINTS.get(length) or _varint(length)) + payload
+def _packed_small(values: Sequence[int]) -> bytes:
+    """``_packed_varints`` for values usually in [0, 128), where a varint is the byte itself."""
+    if values and (max(values) > 0x7F or min(values) < 0):
+        return _packed_varints(values)
+    return bytes(values)
 
 
-def _entry(name: str, kind: bytes, packed: bytes) -> bytes:
-    """One map entry {key: name, value: Feature{kind: Int64List or FloatList{value: packed}}}."""
-    values = _FIELD_1 + _length_prefixed(packed) if packed else b""
-    feature = kind + _length_prefixed(values)
-    return _FIELD_1 + _length_prefixed(_KEYS[name] + _FIELD_2 + _length_prefixed(feature))
+def _entry_prefix(name: str, size: int) -> bytes:
+    """Map entry {key: name, value: Feature{kind: Int64List or FloatList{value: <size bytes>}}}
+    up to where its packed values start."""
+    prefix = _PREFIXES.get((name, size))
+    if prefix is None:
+        values_head = _FIELD_1 + _varint(size) if size else b""  # an empty list has no field
+        feature_head = _KINDS[name] + _varint(len(values_head) + size) + values_head
+        feature_size = len(feature_head) + size
+        entry_head = _KEYS[name] + _FIELD_2 + _varint(feature_size) + feature_head
+        entry_size = len(entry_head) + size
+        prefix = _PREFIXES[(name, size)] = _FIELD_1 + _varint(entry_size) + entry_head
+    return prefix
 
 
-def _example(entries: Mapping[str, bytes]) -> bytes:
-    """Example{features: Features{feature: the map entries by name, in key order}}."""
-    return _FIELD_1 + _length_prefixed(b"".join([entries[name] for name in _KEY_ORDER]))
+def _example(packed: Mapping[str, bytes]) -> bytes:
+    """Example{features: Features{feature: a map entry per name}} from each feature's packed
+    values."""
+    parts = []
+    for name in _KEY_ORDER:
+        values = packed[name]
+        parts.append(_PREFIXES.get((name, len(values))) or _entry_prefix(name, len(values)))
+        parts.append(values)
+    features = b"".join(parts)
+    size = len(features)
+    return _FIELD_1 + (_VARINTS.get(size) or _varint(size)) + features
 
 
 def serialize_example(
@@ -167,26 +194,14 @@ def serialize_example(
     pad_predictions = b"\x00" * (max_predictions_per_seq - num_predictions)
     return _example(
         {
-            "input_ids": _entry("input_ids", _INT64_LIST, _packed_varints(input_ids) + pad),
-            "input_mask": _entry("input_mask", _INT64_LIST, b"\x01" * length + pad),
-            "segment_ids": _entry("segment_ids", _INT64_LIST, _packed_varints(segment_ids) + pad),
-            "masked_lm_positions": _entry(
-                "masked_lm_positions",
-                _INT64_LIST,
-                _packed_varints(masked_lm_positions) + pad_predictions,
-            ),
-            "masked_lm_ids": _entry(
-                "masked_lm_ids", _INT64_LIST, _packed_varints(masked_lm_ids) + pad_predictions
-            ),
-            "masked_lm_weights": _entry(
-                "masked_lm_weights",
-                _FLOAT_LIST,
-                _FLOAT_ONE * num_predictions
-                + _FLOAT_ZERO * (max_predictions_per_seq - num_predictions),
-            ),
-            "next_sentence_labels": _entry(
-                "next_sentence_labels", _INT64_LIST, _varint(int(next_sentence_label))
-            ),
+            "input_ids": _packed_varints(input_ids) + pad,
+            "input_mask": b"\x01" * length + pad,
+            "segment_ids": _packed_small(segment_ids) + pad,
+            "masked_lm_positions": _packed_small(masked_lm_positions) + pad_predictions,
+            "masked_lm_ids": _packed_varints(masked_lm_ids) + pad_predictions,
+            "masked_lm_weights": _FLOAT_ONE * num_predictions
+            + _FLOAT_ZERO * (max_predictions_per_seq - num_predictions),
+            "next_sentence_labels": _varint(int(next_sentence_label)),
         }
     )
 
@@ -202,20 +217,16 @@ def serialize_arrays(arrays: Mapping[str, np.ndarray]) -> list[bytes]:
     weights = np.asarray(arrays["masked_lm_weights"], dtype="<f4")
     serialized = []
     for row in range(len(columns["input_ids"])):
-        entries = {
-            name: _entry(name, _INT64_LIST, _packed_varints(columns[name][row]))
+        packed = {
+            name: _packed_varints(columns[name][row])
             for name in (*INT_FEATURES, *PREDICTION_FEATURES)
         }
-        entries["masked_lm_weights"] = _entry(
-            "masked_lm_weights", _FLOAT_LIST, weights[row].tobytes()
-        )
+        packed["masked_lm_weights"] = weights[row].tobytes()
         label = columns["next_sentence_labels"][row]
-        entries["next_sentence_labels"] = _entry(
-            "next_sentence_labels",
-            _INT64_LIST,
-            _packed_varints(label if isinstance(label, list) else [label]),
+        packed["next_sentence_labels"] = _packed_varints(
+            label if isinstance(label, list) else [label]
         )
-        serialized.append(_example(entries))
+        serialized.append(_example(packed))
     return serialized
 
 
