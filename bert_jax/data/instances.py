@@ -39,6 +39,7 @@ documents are required. Masking's own differences are listed in ``masking.py``.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,9 +185,22 @@ def create_instances_from_document(
     return instances
 
 
-def mask_tokens(instance: Instance, masking: MaskingConfig, rng: np.random.Generator) -> Instance:
-    """Mask an unmasked ``Instance`` in place and return it."""
-    masked, positions, labels = mask_ids(instance.input_ids, masking, rng)
+def mask_tokens(
+    instance: Instance,
+    masking: MaskingConfig,
+    rng: np.random.Generator,
+    text_has_special_ids: bool = True,
+) -> Instance:
+    """Mask an unmasked ``Instance`` in place and return it.
+
+    Without special ids in the text, the maskable positions follow from the layout alone: all
+    but [CLS] and the two [SEP]s.
+    """
+    candidates = None
+    if not text_has_special_ids:
+        first_b = instance.segment_ids.index(1)
+        candidates = [*range(1, first_b - 1), *range(first_b, len(instance.input_ids) - 1)]
+    masked, positions, labels = mask_ids(instance.input_ids, masking, rng, candidates)
     instance.input_ids = masked
     instance.masked_lm_positions = positions
     instance.masked_lm_ids = labels
@@ -233,6 +247,11 @@ def create_instances(
     pair_seed, mask_seed, shuffle_seed = seed_sequence.generate_state(3)
     pair_rng = random.Random(int(pair_seed))
     mask_rng = np.random.default_rng(int(mask_seed))
+    # Tokenizers never give text a [CLS], [SEP] or [PAD] id; checked once here, it spares
+    # masking a search per instance.
+    text_has_special_ids = not masking.never_mask_ids.isdisjoint(
+        itertools.chain.from_iterable(itertools.chain.from_iterable(documents))
+    )
     instances: list[Instance] = []
     for _ in range(dupe_factor):
         for document_index in range(len(documents)):
@@ -245,7 +264,7 @@ def create_instances(
                 masking.sep_id,
                 pair_rng,
             ):
-                instances.append(mask_tokens(instance, masking, mask_rng))
+                instances.append(mask_tokens(instance, masking, mask_rng, text_has_special_ids))
     if shuffle:
         random.Random(int(shuffle_seed)).shuffle(instances)
     return instances

@@ -136,16 +136,23 @@ def mask_instance(
 
 
 def mask_ids(
-    input_ids: list[int], masking: MaskingConfig, rng: np.random.Generator
+    input_ids: list[int],
+    masking: MaskingConfig,
+    rng: np.random.Generator,
+    candidates: list[int] | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
     """``mask_instance`` on a list of ids: (masked ids, positions ascending, original ids there).
+
+    ``candidates``, when the caller knows them, are the positions of the tokens that are not
+    [CLS], [SEP] or [PAD], ascending (found here otherwise).
 
     Plain Python apart from the draws (one sequence is short: per-call NumPy overhead would cost
     more than the work). The draws are fixed for a seed: ``choice`` of the positions (or a
     ``permutation`` of the words), ``random`` per selected token (per word), ``integers`` for
     the random replacements.
     """
-    candidates = _candidates(input_ids, masking.never_mask_ids)
+    if candidates is None:
+        candidates = _candidates(input_ids, masking.never_mask_ids)
     num_to_predict = masking.num_to_predict(len(candidates))
     if num_to_predict == 0:
         return list(input_ids), [], []

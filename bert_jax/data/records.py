@@ -104,9 +104,11 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-# Varints of the values met in practice (ids and lengths below 2**16), looked up instead of
-# computed; filled on first use (``_varints``).
-_VARINTS: dict[int, bytes] = {}
+# Varints of 0 .. 2**16 - 1 (ids and lengths met in practice), looked up instead of computed;
+# filled on first use (``_varints``). The table is twice as long, its upper half None: a negative
+# value (which list indexing would wrap) or one past 2**16 finds None and takes the general path.
+_TABLE_SIZE = 1 << 16
+_VARINTS: list[bytes | None] = []
 _KEYS = {name: _FIELD_1 + _varint(len(name)) + name.encode() for name in FEATURE_NAMES}
 _KINDS = {
     name: _FLOAT_LIST if name == "masked_lm_weights" else _INT64_LIST for name in FEATURE_NAMES
@@ -117,29 +119,32 @@ _KEY_ORDER = tuple(sorted(FEATURE_NAMES))  # map entries in key order: determini
 _PREFIXES: dict[tuple[str, int], bytes] = {}
 
 
-def _varints() -> dict[int, bytes]:
+def _varints() -> list[bytes | None]:
     if not _VARINTS:
-        _VARINTS.update(enumerate(bytes((v,)) for v in range(1 << 7)))
-        _VARINTS.update((v, bytes((v & 0x7F | 0x80, v >> 7))) for v in range(1 << 7, 1 << 14))
-        _VARINTS.update(
-            (v, bytes((v & 0x7F | 0x80, v >> 7 & 0x7F | 0x80, v >> 14)))
-            for v in range(1 << 14, 1 << 16)
+        _VARINTS.extend(bytes((v,)) for v in range(1 << 7))
+        _VARINTS.extend(bytes((v & 0x7F | 0x80, v >> 7)) for v in range(1 << 7, 1 << 14))
+        _VARINTS.extend(
+            bytes((v & 0x7F | 0x80, v >> 7 & 0x7F | 0x80, v >> 14))
+            for v in range(1 << 14, _TABLE_SIZE)
         )
+        _VARINTS.extend([None] * _TABLE_SIZE)
     return _VARINTS
 
 
 def _packed_varints(values: Sequence[int]) -> bytes:
     try:
         return b"".join(map(_VARINTS.__getitem__, values))
-    except KeyError:
+    except (IndexError, TypeError):
         return b"".join(_varint(int(v)) for v in values)
 
 
 def _packed_small(values: Sequence[int]) -> bytes:
     """``_packed_varints`` for values usually in [0, 128), where a varint is the byte itself."""
-    if values and (max(values) > 0x7F or min(values) < 0):
+    try:
+        packed = bytes(values)
+    except ValueError:  # a value outside [0, 256)
         return _packed_varints(values)
-    return bytes(values)
+    return packed if packed.isascii() else _packed_varints(values)
 
 
 def _entry_prefix(name: str, size: int) -> bytes:
@@ -166,7 +171,7 @@ def _example(packed: Mapping[str, bytes]) -> bytes:
         parts.append(values)
     features = b"".join(parts)
     size = len(features)
-    return _FIELD_1 + (_VARINTS.get(size) or _varint(size)) + features
+    return _FIELD_1 + (_VARINTS[size] if size < _TABLE_SIZE else _varint(size)) + features
 
 
 def serialize_example(
