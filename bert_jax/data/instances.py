@@ -52,7 +52,7 @@ from bert_jax.data.tokenizer import Tokenizer
 TokenizedDocument = list[list[int]]
 
 
-@dataclass
+@dataclass(slots=True)
 class Instance:
     """One ``[CLS] A [SEP] B [SEP]`` example, unpadded, with where it came from."""
 
@@ -144,7 +144,7 @@ def create_instances_from_document(
         chunk_length += len(sentence)
         if i == len(document) - 1 or chunk_length >= target_seq_length:
             a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-            tokens_a = [t for s in chunk[:a_end] for t in s]
+            tokens_a = list(itertools.chain.from_iterable(chunk[:a_end]))
             forced = len(chunk) == 1
             random_document_index = -1
             if forced or rng.random() < 0.5:
@@ -161,7 +161,7 @@ def create_instances_from_document(
                 # The chunk's unused sentences go back to the document for the next instance.
                 i -= len(chunk) - a_end
             else:
-                tokens_b = [t for s in chunk[a_end:] for t in s]
+                tokens_b = list(itertools.chain.from_iterable(chunk[a_end:]))
             tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
             input_ids = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
             segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
