@@ -166,10 +166,11 @@ def mask_ids(
     labels = [input_ids[p] for p in positions]
     masked = list(input_ids)
     to_random = []
+    mask_id, random_below = masking.mask_id, MASK_SHARE + RANDOM_SHARE
     for position, draw in zip(positions, token_draws):
         if draw < MASK_SHARE:
-            masked[position] = masking.mask_id
-        elif draw < MASK_SHARE + RANDOM_SHARE:
+            masked[position] = mask_id
+        elif draw < random_below:
             to_random.append(position)
     if to_random:
         ordinary = masking.ordinary_id_list
