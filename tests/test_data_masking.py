@@ -72,3 +72,24 @@ def test_wordpiece_random_replacements_avoid_special_and_unused_tokens():
     assert len(replacements) > 500
     vocab = tokenizer.vocab
     assert not any(vocab[i].startswith("[") and vocab[i].endswith("]") for i in replacements)
+
+
+def test_masking_with_known_candidates_draws_the_same():
+    """Candidates given by the caller (the instance layout) or found by a scan: same masking."""
+    from bert_jax.data.masking import mask_ids
+
+    tokenizer = load_tokenizer(minilm_vocab_path())
+    for whole_word_mask in (False, True):
+        masking = MaskingConfig.from_tokenizer(tokenizer, 0.15, 20, whole_word_mask)
+        documents = instances_lib.tokenize_documents(sources.embedded_documents("eval"), tokenizer)
+        scanned, given, arrays = (np.random.default_rng(1) for _ in range(3))
+        cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+        for sentences in documents[:20]:
+            a, b = sentences[0][:40], sentences[-1][:40]
+            ids = [cls_id, *a, sep_id, *b, sep_id]
+            candidates = [*range(1, len(a) + 1), *range(len(a) + 2, len(ids) - 1)]
+            expected = mask_ids(ids, masking, scanned)
+            assert mask_ids(ids, masking, given, candidates) == expected
+            masked, positions, labels = mask_instance(np.asarray(ids), masking, arrays)
+            assert masked.tolist() == expected[0] and positions.tolist() == expected[1]
+            assert masked.dtype == positions.dtype == labels.dtype == np.int32

@@ -69,3 +69,56 @@ def test_records_written_like_the_original_tool_are_read(tmp_path):
         records.list_record_files(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="record file not found"):
         records.list_record_files(tmp_path / "missing.tfrecord")
+
+
+def _tf_example_bytes(row: dict) -> bytes:
+    import tensorflow as tf
+
+    features = {
+        name: tf.train.Feature(int64_list=tf.train.Int64List(value=np.atleast_1d(row[name])))
+        for name in records.FEATURE_NAMES
+        if name != "masked_lm_weights"
+    }
+    features["masked_lm_weights"] = tf.train.Feature(
+        float_list=tf.train.FloatList(value=row["masked_lm_weights"])
+    )
+    example = tf.train.Example(features=tf.train.Features(feature=features))
+    return example.SerializeToString(deterministic=True)
+
+
+def test_hand_encoded_examples_are_the_bytes_tensorflow_writes():
+    rng = np.random.default_rng(0)
+    n = 40
+    # Negative and multi-byte values exercise every varint length.
+    arrays = {
+        "input_ids": rng.integers(-3, 300_000, (n, LENGTH)),
+        "input_mask": rng.integers(0, 2, (n, LENGTH)),
+        "segment_ids": rng.integers(0, 2, (n, LENGTH)),
+        "masked_lm_positions": rng.integers(0, LENGTH, (n, SLOTS)),
+        "masked_lm_ids": rng.integers(0, 70_000, (n, SLOTS)),
+        "masked_lm_weights": rng.random((n, SLOTS)).astype(np.float32),
+        "next_sentence_labels": rng.integers(0, 2, (n,)),
+    }
+    serialized = records.serialize_arrays(arrays)
+    for row in range(n):
+        assert serialized[row] == _tf_example_bytes({k: v[row] for k, v in arrays.items()})
+
+    # One unpadded instance, padded on the way out.
+    ids = rng.integers(0, 30_522, 40).tolist()
+    segments = [0] * 22 + [1] * 18
+    positions = [3, 5, 30]
+    padded = {
+        "input_ids": np.pad(ids, (0, LENGTH - 40)),
+        "input_mask": np.pad([1] * 40, (0, LENGTH - 40)),
+        "segment_ids": np.pad(segments, (0, LENGTH - 40)),
+        "masked_lm_positions": np.pad(positions, (0, SLOTS - 3)),
+        "masked_lm_ids": np.pad([ids[p] for p in positions], (0, SLOTS - 3)),
+        "masked_lm_weights": np.pad([1.0] * 3, (0, SLOTS - 3)).astype(np.float32),
+        "next_sentence_labels": 1,
+    }
+    instance = records.serialize_example(
+        ids, segments, positions, [ids[p] for p in positions], True, LENGTH, SLOTS
+    )
+    assert instance == _tf_example_bytes(padded)
+    with pytest.raises(ValueError, match="41 tokens / 0 predictions; limits are 40 / 10"):
+        records.serialize_example([1] * 41, [0] * 41, [], [], 0, 40, SLOTS)

@@ -104,17 +104,27 @@ def process_group(
         dupe_factor=settings["dupe_factor"],
         seed=_group_seed(settings["seed"], group_index),
     )
-    arrays = instances_lib.instances_to_arrays(
-        instances, settings["max_seq_length"], settings["max_predictions_per_seq"]
-    )
-    serialized = records_lib.serialize_arrays(arrays)
+    max_seq_length = settings["max_seq_length"]
+    max_predictions = settings["max_predictions_per_seq"]
+    serialized = [
+        records_lib.serialize_example(
+            i.input_ids,
+            i.segment_ids,
+            i.masked_lm_positions,
+            i.masked_lm_ids,
+            i.is_random_next,
+            max_seq_length,
+            max_predictions,
+        )
+        for i in instances
+    ]
     counts.update(
         instances=len(instances),
         random_next=sum(i.is_random_next for i in instances),
         forced_random_next=sum(i.forced_random_next for i in instances),
         short_target_instances=sum(i.is_short_target for i in instances),
-        tokens=int(arrays["input_mask"].sum()),
-        masked_lm_predictions=int(arrays["masked_lm_weights"].sum()),
+        tokens=sum(len(i.input_ids) for i in instances),
+        masked_lm_predictions=sum(len(i.masked_lm_positions) for i in instances),
         seconds=time.perf_counter() - started,
         cpu_seconds=time.process_time() - started_cpu,
     )

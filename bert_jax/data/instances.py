@@ -1,6 +1,6 @@
 """Instance creation: tokenized documents -> ``[CLS] A [SEP] B [SEP]`` pairs, statically masked.
 
-Pure NumPy/Python (no TensorFlow, no JAX) and deterministic for a given seed.
+Plain Python on lists of ids (no TensorFlow, no JAX) and deterministic for a given seed.
 
 Public API:
 
@@ -11,9 +11,9 @@ Public API:
   cls_id, sep_id, rng) -> list[Instance]``: the unmasked sentence pairs of one document.
 - ``create_instances(documents, masking, max_seq_length=128, short_seq_prob=0.1,
   dupe_factor=1, seed=0, shuffle=True) -> list[Instance]``: every document, ``dupe_factor``
-  times, each pass with a fresh masking (``masking.mask_instance``), then shuffled — as the
+  times, each pass with a fresh masking (``masking.mask_ids``), then shuffled — as the
   original.
-- ``mask_tokens(instance, masking, rng)``: ``masking.mask_instance`` on an ``Instance``.
+- ``mask_tokens(instance, masking, rng)``: ``masking.mask_ids`` on an ``Instance``.
 - ``instances_to_arrays(instances, max_seq_length, max_predictions_per_seq) -> dict`` in the
   batch format (fixed shapes, int32/float32; ``next_sentence_labels`` is [N]).
 
@@ -39,27 +39,28 @@ documents are required. Masking's own differences are listed in ``masking.py``.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from bert_jax.data.masking import MaskingConfig, mask_instance
+from bert_jax.data.masking import MaskingConfig, mask_ids
 from bert_jax.data.tokenizer import Tokenizer
 
 TokenizedDocument = list[list[int]]
 
 
-@dataclass
+@dataclass(slots=True)
 class Instance:
     """One ``[CLS] A [SEP] B [SEP]`` example, unpadded, with where it came from."""
 
-    input_ids: np.ndarray  # int32 [n]; masked once ``masked_lm_positions`` is set
-    segment_ids: np.ndarray  # int32 [n]
+    input_ids: list[int]  # [n]; masked once ``masked_lm_positions`` is set
+    segment_ids: list[int]  # [n]
     is_random_next: bool
-    masked_lm_positions: np.ndarray  # int32 [k], ascending
-    masked_lm_ids: np.ndarray  # int32 [k], the original ids at those positions
+    masked_lm_positions: list[int]  # [k], ascending
+    masked_lm_ids: list[int]  # [k], the original ids at those positions
     document_index: int
     random_document_index: int  # -1 for an actual next
     target_seq_length: int
@@ -143,7 +144,7 @@ def create_instances_from_document(
         chunk_length += len(sentence)
         if i == len(document) - 1 or chunk_length >= target_seq_length:
             a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-            tokens_a = [t for s in chunk[:a_end] for t in s]
+            tokens_a = list(itertools.chain.from_iterable(chunk[:a_end]))
             forced = len(chunk) == 1
             random_document_index = -1
             if forced or rng.random() < 0.5:
@@ -160,23 +161,17 @@ def create_instances_from_document(
                 # The chunk's unused sentences go back to the document for the next instance.
                 i -= len(chunk) - a_end
             else:
-                tokens_b = [t for s in chunk[a_end:] for t in s]
+                tokens_b = list(itertools.chain.from_iterable(chunk[a_end:]))
             tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
-            input_ids = np.empty(len(tokens_a) + len(tokens_b) + 3, dtype=np.int32)
-            input_ids[0] = cls_id
-            input_ids[1 : 1 + len(tokens_a)] = tokens_a
-            input_ids[1 + len(tokens_a)] = sep_id
-            input_ids[2 + len(tokens_a) : -1] = tokens_b
-            input_ids[-1] = sep_id
-            segment_ids = np.zeros(len(input_ids), dtype=np.int32)
-            segment_ids[len(tokens_a) + 2 :] = 1
+            input_ids = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
+            segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
             instances.append(
                 Instance(
                     input_ids=input_ids,
                     segment_ids=segment_ids,
                     is_random_next=random_document_index >= 0,
-                    masked_lm_positions=np.zeros(0, dtype=np.int32),
-                    masked_lm_ids=np.zeros(0, dtype=np.int32),
+                    masked_lm_positions=[],
+                    masked_lm_ids=[],
                     document_index=document_index,
                     random_document_index=random_document_index,
                     target_seq_length=target_seq_length,
@@ -190,9 +185,22 @@ def create_instances_from_document(
     return instances
 
 
-def mask_tokens(instance: Instance, masking: MaskingConfig, rng: np.random.Generator) -> Instance:
-    """Mask an unmasked ``Instance`` in place and return it."""
-    masked, positions, labels = mask_instance(instance.input_ids, masking, rng)
+def mask_tokens(
+    instance: Instance,
+    masking: MaskingConfig,
+    rng: np.random.Generator,
+    text_has_special_ids: bool = True,
+) -> Instance:
+    """Mask an unmasked ``Instance`` in place and return it.
+
+    Without special ids in the text, the maskable positions follow from the layout alone: all
+    but [CLS] and the two [SEP]s.
+    """
+    candidates = None
+    if not text_has_special_ids:
+        first_b = instance.segment_ids.index(1)
+        candidates = [*range(1, first_b - 1), *range(first_b, len(instance.input_ids) - 1)]
+    masked, positions, labels = mask_ids(instance.input_ids, masking, rng, candidates)
     instance.input_ids = masked
     instance.masked_lm_positions = positions
     instance.masked_lm_ids = labels
@@ -239,6 +247,11 @@ def create_instances(
     pair_seed, mask_seed, shuffle_seed = seed_sequence.generate_state(3)
     pair_rng = random.Random(int(pair_seed))
     mask_rng = np.random.default_rng(int(mask_seed))
+    # Tokenizers never give text a [CLS], [SEP] or [PAD] id; checked once here, it spares
+    # masking a search per instance.
+    text_has_special_ids = not masking.never_mask_ids.isdisjoint(
+        itertools.chain.from_iterable(itertools.chain.from_iterable(documents))
+    )
     instances: list[Instance] = []
     for _ in range(dupe_factor):
         for document_index in range(len(documents)):
@@ -251,7 +264,7 @@ def create_instances(
                 masking.sep_id,
                 pair_rng,
             ):
-                instances.append(mask_tokens(instance, masking, mask_rng))
+                instances.append(mask_tokens(instance, masking, mask_rng, text_has_special_ids))
     if shuffle:
         random.Random(int(shuffle_seed)).shuffle(instances)
     return instances

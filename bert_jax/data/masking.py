@@ -1,11 +1,12 @@
-"""Masked-LM masking, static (NumPy, one sequence) and dynamic (TensorFlow ops, a whole batch).
+"""Masked-LM masking, static (one sequence, host Python) and dynamic (TF ops, a whole batch).
 
 Public API:
 
 - ``MaskingConfig.from_tokenizer(tokenizer, masked_lm_prob=0.15, max_predictions_per_seq=20,
   whole_word_mask=False)``: what masking needs to know from the tokenizer.
 - ``mask_instance(input_ids, masking, rng) -> (masked_input_ids, masked_lm_positions,
-  masked_lm_ids)``: static masking, used when instances are created (``instances.py``).
+  masked_lm_ids)``: static masking of one sequence; ``mask_ids`` is the same on Python lists,
+  used when instances are created (``instances.py``).
 - ``dynamic_mask_batch(batch, seed, masking) -> batch``: re-masking inside the tf.data pipeline.
 
 Semantics (Devlin et al. and google-research/bert's create_pretraining_data.py): masking selects
@@ -28,12 +29,13 @@ random order while they fit the budget; unlike static masking, the first word th
 ends the selection (a prefix rule has a closed vectorized form; skipping needs a sequential
 loop), so slightly fewer than 15% of tokens may be selected.
 
-The NumPy part never imports TensorFlow; the dynamic part runs where TensorFlow is already loaded
+The static part never imports TensorFlow; the dynamic part runs where TensorFlow is already loaded
 (inside a tf.data map) and imports it lazily.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +97,19 @@ class MaskingConfig:
     def whole_word_mask(self) -> bool:
         return self.word_start_table is not None
 
+    # Plain-Python views of the tables for ``mask_ids`` (one sequence at a time).
+    @functools.cached_property
+    def never_mask_ids(self) -> frozenset[int]:
+        return frozenset(np.flatnonzero(self.never_mask_table).tolist())
+
+    @functools.cached_property
+    def ordinary_id_list(self) -> list[int]:
+        return self.ordinary_ids.tolist()
+
+    @functools.cached_property
+    def word_start_list(self) -> list[bool] | None:
+        return None if self.word_start_table is None else self.word_start_table.tolist()
+
     def num_to_predict(self, num_candidates: int) -> int:
         if num_candidates <= 0:
             return 0
@@ -109,55 +124,124 @@ def mask_instance(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Masked-LM corruption of one unpadded sequence.
 
-    Returns (masked input ids, masked_lm_positions ascending, masked_lm_ids = original ids there).
+    Returns (masked input ids, masked_lm_positions ascending, masked_lm_ids = original ids there),
+    int32 arrays; ``mask_ids`` on lists.
     """
-    input_ids = np.asarray(input_ids, dtype=np.int32)
-    candidates = np.flatnonzero(~masking.never_mask_table[input_ids])
+    masked, positions, labels = mask_ids(np.asarray(input_ids).tolist(), masking, rng)
+    return (
+        np.asarray(masked, dtype=np.int32),
+        np.asarray(positions, dtype=np.int32),
+        np.asarray(labels, dtype=np.int32),
+    )
+
+
+def mask_ids(
+    input_ids: list[int],
+    masking: MaskingConfig,
+    rng: np.random.Generator,
+    candidates: list[int] | None = None,
+) -> tuple[list[int], list[int], list[int]]:
+    """``mask_instance`` on a list of ids: (masked ids, positions ascending, original ids there).
+
+    ``candidates``, when the caller knows them, are the positions of the tokens that are not
+    [CLS], [SEP] or [PAD], ascending (found here otherwise).
+
+    Plain Python apart from the draws (one sequence is short: per-call NumPy overhead would cost
+    more than the work). The draws are fixed for a seed: ``choice`` of the positions (or a
+    ``permutation`` of the words), ``random`` per selected token (per word), ``integers`` for
+    the random replacements.
+    """
+    if candidates is None:
+        candidates = _candidates(input_ids, masking.never_mask_ids)
     num_to_predict = masking.num_to_predict(len(candidates))
     if num_to_predict == 0:
-        empty = np.zeros(0, dtype=np.int32)
-        return input_ids.copy(), empty, empty.copy()
-
+        return list(input_ids), [], []
     if masking.word_start_table is None:
-        positions = np.sort(rng.choice(candidates, size=num_to_predict, replace=False))
-        unit_draws = rng.random(num_to_predict)
-        token_draws = unit_draws
+        picks = rng.choice(len(candidates), size=num_to_predict, replace=False).tolist()
+        positions = sorted([candidates[pick] for pick in picks])
+        token_draws = rng.random(num_to_predict).tolist()
     else:
-        # A word starts at a word-start id or right after a special token (never across [SEP]).
-        starts = masking.word_start_table[input_ids[candidates]]
-        starts[0] = True
-        starts[1:] |= np.diff(candidates) > 1
-        word_of_token = np.cumsum(starts) - 1
-        word_first = np.flatnonzero(starts)
-        word_sizes = np.diff(np.append(word_first, len(candidates)))
-        chosen_words = []
-        total = 0
-        for word in rng.permutation(len(word_first)):
-            if total >= num_to_predict:
-                break
-            size = int(word_sizes[word])
-            # Like the original: a word that would overflow the budget is skipped, not split.
-            if total + size > num_to_predict:
-                continue
-            chosen_words.append(word)
-            total += size
-        chosen = np.zeros(len(word_first), dtype=bool)
-        chosen[chosen_words] = True
-        selected = chosen[word_of_token]
-        positions = candidates[selected]
-        unit_draws = rng.random(len(word_first))
-        token_draws = unit_draws[word_of_token[selected]]
+        positions, token_draws = _select_words(input_ids, candidates, num_to_predict, masking, rng)
 
-    labels = input_ids[positions]
-    masked = input_ids.copy()
-    to_mask = token_draws < MASK_SHARE
-    to_random = (token_draws >= MASK_SHARE) & (token_draws < MASK_SHARE + RANDOM_SHARE)
-    masked[positions[to_mask]] = masking.mask_id
-    num_random = int(to_random.sum())
-    if num_random:
-        picks = rng.integers(0, len(masking.ordinary_ids), size=num_random)
-        masked[positions[to_random]] = masking.ordinary_ids[picks]
-    return masked, positions.astype(np.int32), labels.astype(np.int32)
+    labels = [input_ids[p] for p in positions]
+    masked = list(input_ids)
+    to_random = []
+    mask_id, random_below = masking.mask_id, MASK_SHARE + RANDOM_SHARE
+    for position, draw in zip(positions, token_draws):
+        if draw < MASK_SHARE:
+            masked[position] = mask_id
+        elif draw < random_below:
+            to_random.append(position)
+    if to_random:
+        ordinary = masking.ordinary_id_list
+        for position in to_random:
+            # One scalar draw at a time: the same numbers as one ``size=`` call, at a fifth of
+            # the overhead for the few replacements of a sequence.
+            masked[position] = ordinary[rng.integers(0, len(ordinary))]
+    return masked, positions, labels
+
+
+def _candidates(input_ids: list[int], never_mask: frozenset[int]) -> list[int]:
+    """Positions of the tokens that may be masked, ascending; the scans run in C (list.index)."""
+    special = []
+    for token in never_mask:
+        start = 0
+        try:
+            while True:
+                start = input_ids.index(token, start) + 1
+                special.append(start - 1)
+        except ValueError:
+            pass
+    candidates: list[int] = []
+    start = 0
+    for position in sorted(special):
+        candidates.extend(range(start, position))
+        start = position + 1
+    candidates.extend(range(start, len(input_ids)))
+    return candidates
+
+
+def _select_words(
+    input_ids: list[int],
+    candidates: list[int],
+    num_to_predict: int,
+    masking: MaskingConfig,
+    rng: np.random.Generator,
+) -> tuple[list[int], list[float]]:
+    """Whole words in a random order, skipping any that would overflow the budget.
+
+    Returns the selected positions (ascending) and one uniform draw per position, shared by the
+    tokens of a word.
+    """
+    # A word starts at a word-start id or right after a special token (never across [SEP]).
+    word_start = masking.word_start_list
+    words: list[list[int]] = []
+    previous = -2
+    for position in candidates:
+        if word_start[input_ids[position]] or position != previous + 1 or not words:
+            words.append([position])
+        else:
+            words[-1].append(position)
+        previous = position
+    chosen = [False] * len(words)
+    total = 0
+    for word in rng.permutation(len(words)).tolist():
+        if total >= num_to_predict:
+            break
+        size = len(words[word])
+        # Like the original: a word that would overflow the budget is skipped, not split.
+        if total + size > num_to_predict:
+            continue
+        chosen[word] = True
+        total += size
+    word_draws = rng.random(len(words)).tolist()
+    positions: list[int] = []
+    token_draws: list[float] = []
+    for word, draw, is_chosen in zip(words, word_draws, chosen):
+        if is_chosen:
+            positions.extend(word)
+            token_draws.extend([draw] * len(word))
+    return positions, token_draws
 
 
 def dynamic_mask_batch(batch: dict, seed, masking: MaskingConfig) -> dict:
