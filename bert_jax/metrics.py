@@ -248,3 +248,29 @@ def read_jsonl(path: str, kind: str | None = None) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [r for r in rows if kind is None or r.get("kind") == kind]
+
+
+def drop_rows_after(path: str, step: int) -> int:
+    """Removes the rows of steps after `step` from a metrics.jsonl (a run resumed at `step` logs
+    them again); returns how many. Rewritten atomically (a new file renamed over the old), so an
+    interruption leaves the old file or the new one. A torn last line (a killed run) goes too."""
+    if not os.path.exists(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                dropped += bool(line.strip())
+                continue
+            if isinstance(row, dict) and int(row.get("step", 0)) > step:
+                dropped += 1
+            else:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+    return dropped

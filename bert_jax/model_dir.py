@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
+from bert_jax import checkpoint_health
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import check_params
 from bert_jax.model import BertConfig
@@ -202,8 +203,14 @@ def save_model_dir(
 
 
 def _read_json(path: str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except ValueError as err:  # truncated, not JSON, not UTF-8
+        raise ModelDirError(f"{path} is damaged: not a JSON object ({err})") from None
+    if not isinstance(values, dict):
+        raise ModelDirError(f"{path} is damaged: not a JSON object")
+    return values
 
 
 def is_unexported_workdir(path: str | os.PathLike) -> bool:
@@ -290,7 +297,10 @@ def _stored_tree(params_dir: str) -> dict[str, Any]:
         with _checkpointer(process_local=True) as checkpointer:
             metadata = checkpointer.metadata(params_dir)
     except Exception as err:  # missing or corrupt Orbax metadata files
-        raise ModelDirError(f"cannot read the saved params in {params_dir}: {err}") from err
+        raise ModelDirError(
+            f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): "
+            f"{checkpoint_health.describe_error(err)}"
+        ) from None
     tree = getattr(metadata, "item_metadata", metadata)
     return dict(getattr(tree, "tree", tree))
 
@@ -353,8 +363,14 @@ def load_model_dir(
         )
         # A target sharded over a (multi-host) mesh needs every process; a local one does not.
         local = sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding)
-        with _checkpointer(process_local=local) as checkpointer:
-            params = checkpointer.restore(params_dir, target)
+        try:
+            with checkpoint_health.quiet_failed_reads(), _checkpointer(local) as checkpointer:
+                params = checkpointer.restore(params_dir, target)
+        except Exception as err:  # a truncated or missing array file
+            raise ModelDirError(
+                f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): "
+                f"{checkpoint_health.describe_error(err)}"
+            ) from None
     model = ModelDir(directory, config, params, has_heads, info)
     if load_tokenizer and model.has_tokenizer:
         model.tokenizer  # noqa: B018 (loads and caches)
@@ -389,7 +405,16 @@ def load_workdir_checkpoint(
             _expected_tree(config, has_heads=True),
             is_leaf=lambda x: isinstance(x, tuple),
         )
-        params = jax.tree.map(np.asarray, checkpoints.restore_params(target, step)[0])
+        try:
+            with checkpoint_health.quiet_failed_reads():
+                params = checkpoints.restore_params(target, step)[0]
+        except Exception as err:  # a damaged checkpoint: say which, in one line
+            checkpoints.close()
+            raise ModelDirError(
+                f"cannot read the params of checkpoint step {step} in {checkpoints.directory}: "
+                f"{checkpoint_health.describe_error(err)}"
+            ) from None
+        params = jax.tree.map(np.asarray, params)
         if sharding is not None:
             params = jax.device_put(params, sharding)
     checkpoints.close()
@@ -414,9 +439,10 @@ def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any
         if p in have and tuple(have[p].shape) != s
     ]
     if problems:
+        shown = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise ModelDirError(
             f"{directory}: the saved params do not match config.json ({len(problems)} "
-            "problem(s)):\n  - " + "\n  - ".join(problems[:20])
+            f"problem(s)): {shown}"
         )
     return traverse_util.unflatten_dict(
         {name: np.dtype(have[name].dtype) for name in want}, sep="/"

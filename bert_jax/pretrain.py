@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +45,7 @@ from bert_jax import (
     model_dir,
     optim,
     partitioning,
+    workdir_lock,
 )
 from bert_jax.config_lib import Phase
 from bert_jax.convert import mapping
@@ -75,11 +78,26 @@ def pretrain(
 ) -> PretrainResult:
     """Runs (or resumes) pretraining in `workdir`. `step_hook(step, batch)` may alter batches
     (tests use it to inject NaNs)."""
-    # --- Set-up: hosts agree, config checked, tokenizer resolved (nothing compiled yet). ---
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
+    config_lib.bert_config(config)  # a bad model setting fails first
+    # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
+    distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
+    if is_main:
+        os.makedirs(workdir, exist_ok=True)
+    distributed.sync_hosts("workdir")
+    lock = _lock_workdir(workdir, is_main)
+    try:
+        return _pretrain_locked(config, workdir, is_main, step_hook)
+    finally:
+        lock.release()
+
+
+def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> PretrainResult:
+    """`pretrain` while this run holds the workdir's lock."""
+    # --- Set-up: config checked, tokenizer resolved (nothing compiled yet). ---
     console = print if is_main else (lambda *a, **k: None)
-    model_config = config_lib.bert_config(config)  # a bad model setting fails first
+    model_config = config_lib.bert_config(config)
     rules = partitioning.rules_from_config(config.mesh.rules)
     phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main)
     total = phases[-1].end
@@ -96,12 +114,18 @@ def pretrain(
         keep=int(config.checkpoint.keep),
         async_save=bool(config.checkpoint.async_save),
     )
+    if is_main:
+        _remove_leftovers(workdir, checkpointer, console)
+    distributed.sync_hosts("leftovers")
+    checkpointer.reload()
 
     # --- Resume: latest in workdir > explicit checkpoint > model directory > scratch. ---
     state, restored_phase, restored_position, origin = _restore_or_init(
         config, trainer, checkpointer, init_rng
     )
     step = int(state.step)
+    if is_main:  # the rows of steps after this one are redone: drop the old ones
+        metrics.drop_rows_after(os.path.join(workdir, "metrics.jsonl"), step)
     console(
         f"bert-jax pretrain: {model_config.num_hidden_layers} layers, hidden "
         f"{model_config.hidden_size}, {total} steps in {len(phases)} phase(s) on "
@@ -187,11 +211,6 @@ def _every(step: int, every_steps: int, total: int) -> bool:
 def _prepare_workdir(config, workdir: str, is_main: bool):
     """(phases, mesh, tokenizer) after every check that must fail before compiling; writes the
     workdir's config.json and tokenizer/."""
-    # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
-    distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
-    if is_main:
-        os.makedirs(workdir, exist_ok=True)
-    distributed.sync_hosts("workdir")
     phases = config_lib.plan_phases(config)
     mesh = partitioning.make_mesh(config.mesh.shape)
     config_lib.validate(config, phases, mesh, None)
@@ -215,10 +234,17 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
         config_lib.data_shards(config), jax.process_index(), jax.process_count()
     )
     if checkpointer.latest_step() is not None:
-        origin = f"checkpoint {checkpointer.directory} step {checkpointer.latest_step()}"
-        restored = checkpointer.restore(
+        # The newest checkpoint that can be restored; damaged newer ones are set aside.
+        restored, step, failed = checkpointer.restore_intact(
             trainer.abstract_state(), trainer.mesh, num_shards=num_shards
         )
+        if failed and jax.process_index() == 0:
+            checkpointer.set_aside(failed)
+        distributed.sync_hosts("set aside")
+        checkpointer.reload()
+        origin = f"checkpoint {checkpointer.directory} step {step}"
+        if failed:
+            origin += " (" + ", ".join(f"step {s} set aside" for s, _ in failed) + ")"
         return (*restored, origin)
     if config.resume_from:
         other = checkpointing.Checkpointer(
@@ -235,6 +261,42 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
         return state, None, None, "scratch"
     state = _state_from_model_dir(trainer, state, config.init_from)
     return state, None, None, f"config.init_from={config.init_from} (params only)"
+
+
+def _lock_workdir(workdir: str, is_main: bool) -> workdir_lock.WorkdirLock:
+    """The workdir's lock, taken by process 0; every process raises if another run holds it."""
+    lock = workdir_lock.WorkdirLock(workdir)
+    refusal = ""
+    if is_main:
+        try:
+            lock.acquire()
+        except workdir_lock.WorkdirLockedError as err:
+            refusal = str(err)
+    if jax.process_count() > 1:
+        refusal = distributed.allgather_texts([refusal])[0][0]
+    if refusal:
+        raise workdir_lock.WorkdirLockedError(refusal)
+    return lock
+
+
+# What `model_dir.atomic_output_dir` names an export in progress / the export it replaces.
+_EXPORT_LEFTOVER = re.compile(r"^\.model\.(tmp|old)-[0-9a-f]{8}$")
+
+
+def _remove_leftovers(workdir: str, checkpointer, console) -> None:
+    """Deletes what a killed run of this workdir left half-written: Orbax's temporary save
+    directories and unfinished exports (only names bert-jax gives them; an old export only when
+    the new `model/` is in place)."""
+    removed = checkpointer.remove_leftovers()
+    exported = os.path.isdir(os.path.join(workdir, "model"))
+    for name in sorted(os.listdir(workdir)):
+        match = _EXPORT_LEFTOVER.match(name)
+        path = os.path.join(workdir, name)
+        if match and os.path.isdir(path) and (match.group(1) == "tmp" or exported):
+            shutil.rmtree(path)
+            removed.append(path)
+    if removed:
+        console(f"removed what an interrupted run left behind: {', '.join(removed)}")
 
 
 def _save_checkpoint(checkpointer, step: int, state, phase: Phase, iterator, mesh) -> None:
