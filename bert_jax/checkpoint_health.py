@@ -12,7 +12,9 @@ import errno
 import gc
 import os
 import sys
-from collections.abc import Iterator
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 ITEMS = ("state", "data")  # the items of a pretraining checkpoint (checkpointing.py)
@@ -26,7 +28,9 @@ def describe_error(err: BaseException, limit: int = 300) -> str:
         chain.append(nxt)
         seen.add(id(nxt))
     for candidate in reversed(chain):
-        text = str(candidate).strip().strip("'\"")
+        text = str(candidate).strip()
+        if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # a KeyError's repr
+            text = text[1:-1]
         for cut in (" See full TensorStore details", " [tensorstore_spec", "\n"):
             text = text.split(cut, 1)[0]
         text = " ".join(text.split())
@@ -35,22 +39,64 @@ def describe_error(err: BaseException, limit: int = 300) -> str:
     return type(err).__name__
 
 
-def _quiet_unraisable(unraisable) -> None:
-    if not isinstance(unraisable.exc_value, RuntimeError):
-        sys.__unraisablehook__(unraisable)
+def _is_read_noise(unraisable) -> bool:
+    """An Orbax read coroutine of a failed restore, collected after its event loop closed."""
+    name = getattr(unraisable.object, "__qualname__", "")
+    closed = isinstance(unraisable.exc_value, RuntimeError) and "loop is closed" in str(
+        unraisable.exc_value
+    )
+    return name == "_read_array_index_and_device_put" or closed
+
+
+def _drop_read_noise(unraisable) -> None:
+    if not _is_read_noise(unraisable):
+        _previous_hook(unraisable)
+
+
+_previous_hook = sys.unraisablehook
 
 
 @contextlib.contextmanager
-def quiet_failed_reads() -> Iterator[None]:
-    """Drops the 'Event loop is closed' noise that Orbax's coroutines print on stderr when they
-    are collected after a failed read (collected here, while it is dropped)."""
-    previous = sys.unraisablehook
-    sys.unraisablehook = _quiet_unraisable
+def _stderr_to(file) -> Iterator[None]:
+    """Sends stderr (Python's and the process's file descriptor 2) to `file` meanwhile."""
+    sys.stderr.flush()
+    saved_fd, saved = os.dup(2), sys.stderr
+    os.dup2(file.fileno(), 2)
+    sys.stderr = open(os.dup(file.fileno()), "w", buffering=1, encoding="utf-8")  # noqa: SIM115
     try:
         yield
     finally:
-        gc.collect()
-        sys.unraisablehook = previous
+        sys.stderr.close()
+        sys.stderr = saved
+        os.dup2(saved_fd, 2)
+        os.close(saved_fd)
+
+
+def read_or_problem(read: Callable[[], Any]) -> tuple[Any, str | None]:
+    """(read(), None), or (None, the failure in one line) when reading raised.
+
+    A failed Orbax read leaves its other reads running: they print tracebacks (hundreds of
+    lines) on stderr as they end and as they are collected. What the read prints is held back:
+    shown when it succeeds, dropped when it fails (after a moment for the stragglers). The
+    coroutines of failed reads collected later are dropped from then on (only those).
+    """
+    global _previous_hook
+    result, problem = None, None
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8") as held:
+        with _stderr_to(held):
+            try:
+                result = read()
+            except Exception as err:  # any failure to read: the caller names what it read
+                problem = describe_error(err)
+            if problem is not None:
+                if sys.unraisablehook is not _drop_read_noise:
+                    _previous_hook, sys.unraisablehook = sys.unraisablehook, _drop_read_noise
+                time.sleep(0.3)
+                gc.collect()
+        if problem is None:
+            held.seek(0)
+            sys.stderr.write(held.read())
+    return result, problem
 
 
 def missing_file(step_dir: str) -> str | None:
@@ -75,7 +121,12 @@ def shape_problem(state_dir: str, abstract_state: Any) -> str | None:
     with ocp.StandardCheckpointer() as reader:
         metadata = reader.metadata(state_dir)
     tree = getattr(metadata, "item_metadata", metadata)
-    stored = traverse_util.flatten_dict(dict(getattr(tree, "tree", tree))["params"], sep="/")
+    tree = getattr(tree, "tree", tree)
+    if not isinstance(tree, dict):
+        return "state/ holds no readable tree metadata (files missing or damaged)"
+    if "params" not in tree:
+        return "state/ holds no params"
+    stored = traverse_util.flatten_dict(tree["params"], sep="/")
     wanted = traverse_util.flatten_dict(abstract_state.params, sep="/")
     for name, leaf in wanted.items():
         if name not in stored:

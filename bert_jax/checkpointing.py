@@ -111,8 +111,8 @@ def abstract_position(mesh: Mesh, num_shards: int = 1) -> jax.ShapeDtypeStruct:
     )
 
 
-# What Orbax names a save in progress: `<step>.orbax-checkpoint-tmp-<timestamp>`.
-_TMP_SAVE = re.compile(r"^\d+\.orbax-checkpoint-tmp-\d+$")
+# What Orbax names a save in progress: `<step>.orbax-checkpoint-tmp[-<timestamp>]`.
+_TMP_SAVE = re.compile(r"^\d+\.orbax-checkpoint-tmp(-\d+)?$")
 
 
 class CheckpointError(UserError):
@@ -123,6 +123,20 @@ class CheckpointSaveError(UserError):
     """A checkpoint could not be written (e.g. a full disk); the previous one is intact."""
 
 
+class _QuietFailedSave(logging.Filter):
+    """Drops Orbax's tracebacks of a save that ran out of disk space (each of its threads logs
+    one, dozens of lines each) and what its threads log after it: CheckpointSaveError says it in
+    one line."""
+
+    failed = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and checkpoint_health.disk_full(record.exc_info[1]) is not None:
+            _QuietFailedSave.failed = True
+        return not (_QuietFailedSave.failed and record.levelno >= logging.ERROR)
+
+
+_QUIET_FAILED_SAVE = _QuietFailedSave()
 _CPU_HANDLER_REGISTERED = False
 
 
@@ -153,6 +167,7 @@ class Checkpointer:
 
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
         _serial_saves_on_cpu()
+        logging.getLogger("absl").addFilter(_QUIET_FAILED_SAVE)  # once: a set of filters
         self.directory = os.path.abspath(directory)
         self._saving: int | None = None
         self.manager = ocp.CheckpointManager(
@@ -178,6 +193,7 @@ class Checkpointer:
         one that failed meanwhile)."""
         previous = self.latest_step()
         self._saving = step
+        _QuietFailedSave.failed = False
         try:
             return self.manager.save(
                 step,
@@ -295,28 +311,22 @@ class Checkpointer:
     ) -> tuple[tuple[Any, int | None, Any], int, list[tuple[int, str]]]:
         """(`restore`'s result, its step, [(step, problem)] of the newer ones that failed).
 
-        Tries the checkpoints newest first; each that cannot be restored is reported in one
-        line and skipped (left in place: `set_aside` moves them). Raises CheckpointError naming
+        Tries the checkpoints newest first, skipping each that cannot be restored (left in
+        place: `set_aside` moves them). Raises CheckpointError naming
         every step and its problem when none can be restored.
         """
         failed: list[tuple[int, str]] = []
         for step in sorted(self.all_steps(), reverse=True):
             problem = self.problem(step, abstract_state)
             if problem is None:
-                try:
-                    with checkpoint_health.quiet_failed_reads():
-                        restored = self.restore(abstract_state, mesh, step, num_shards=num_shards)
-                except Exception as err:  # any failure to read it: try the one before
-                    problem = checkpoint_health.describe_error(err)
-                else:
+                restored, problem = checkpoint_health.read_or_problem(
+                    lambda step=step: self.restore(
+                        abstract_state, mesh, step, num_shards=num_shards
+                    )
+                )
+                if problem is None:
                     return restored, step, failed
             failed.append((step, problem))
-            log.warning(
-                "checkpoint step %d in %s cannot be restored: %s; trying the one before",
-                step,
-                self.directory,
-                problem,
-            )
         listed = "; ".join(f"step {step}: {problem}" for step, problem in failed)
         raise CheckpointError(
             f"no checkpoint in {self.directory} can be restored ({listed}); nothing was changed: "
@@ -341,11 +351,10 @@ class Checkpointer:
         sight, never deleted); returns the new paths. Call it on one process only."""
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         moved = []
-        for step, problem in failed:
+        for step, _ in failed:
             source = os.path.join(self.directory, str(step))
             target = f"{source}.corrupt-{stamp}"
             os.rename(source, target)
-            log.warning("checkpoint step %d (%s) set aside as %s", step, problem, target)
             moved.append(target)
         return moved
 

@@ -293,16 +293,26 @@ def _checkpointer(process_local: bool):
 
 
 def _stored_tree(params_dir: str) -> dict[str, Any]:
-    try:
+    def read():
         with _checkpointer(process_local=True) as checkpointer:
             metadata = checkpointer.metadata(params_dir)
-    except Exception as err:  # missing or corrupt Orbax metadata files
+        tree = getattr(metadata, "item_metadata", metadata)
+        tree = getattr(tree, "tree", tree)
+        if not isinstance(tree, Mapping):
+            raise ValueError("no readable tree metadata (_METADATA or d/ missing or damaged)")
+        return dict(tree)
+
+    tree, problem = checkpoint_health.read_or_problem(read)
+    if problem is not None:  # missing or corrupt Orbax metadata files
         raise ModelDirError(
-            f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): "
-            f"{checkpoint_health.describe_error(err)}"
-        ) from None
-    tree = getattr(metadata, "item_metadata", metadata)
-    return dict(getattr(tree, "tree", tree))
+            f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): {problem}"
+        )
+    return tree
+
+
+def _restore(params_dir: str, target: Any, process_local: bool) -> Any:
+    with _checkpointer(process_local) as checkpointer:
+        return checkpointer.restore(params_dir, target)
 
 
 def _select_shardings(sharding: Any, structure: dict[str, Any]) -> Any:
@@ -363,14 +373,14 @@ def load_model_dir(
         )
         # A target sharded over a (multi-host) mesh needs every process; a local one does not.
         local = sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding)
-        try:
-            with checkpoint_health.quiet_failed_reads(), _checkpointer(local) as checkpointer:
-                params = checkpointer.restore(params_dir, target)
-        except Exception as err:  # a truncated or missing array file
+        params, problem = checkpoint_health.read_or_problem(
+            lambda: _restore(params_dir, target, local)
+        )
+        if problem is not None:  # a truncated or missing array file
             raise ModelDirError(
                 f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): "
-                f"{checkpoint_health.describe_error(err)}"
-            ) from None
+                f"{problem}"
+            )
     model = ModelDir(directory, config, params, has_heads, info)
     if load_tokenizer and model.has_tokenizer:
         model.tokenizer  # noqa: B018 (loads and caches)
@@ -405,16 +415,16 @@ def load_workdir_checkpoint(
             _expected_tree(config, has_heads=True),
             is_leaf=lambda x: isinstance(x, tuple),
         )
-        try:
-            with checkpoint_health.quiet_failed_reads():
-                params = checkpoints.restore_params(target, step)[0]
-        except Exception as err:  # a damaged checkpoint: say which, in one line
+        restored, problem = checkpoint_health.read_or_problem(
+            lambda: checkpoints.restore_params(target, step)
+        )
+        if problem is not None:  # a damaged checkpoint: say which, in one line
             checkpoints.close()
             raise ModelDirError(
                 f"cannot read the params of checkpoint step {step} in {checkpoints.directory}: "
-                f"{checkpoint_health.describe_error(err)}"
-            ) from None
-        params = jax.tree.map(np.asarray, params)
+                f"{problem}"
+            )
+        params = jax.tree.map(np.asarray, restored[0])
         if sharding is not None:
             params = jax.device_put(params, sharding)
     checkpoints.close()

@@ -173,9 +173,11 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
                 break
         step_log.flush()
     finally:
-        checkpointer.wait()
-        preemption.restore()
-        writer.close()
+        try:
+            checkpointer.wait()  # raises CheckpointSaveError if the last save failed
+        finally:
+            preemption.restore()
+            writer.close()
 
     # --- Export and summary. ---
     model_path = None
@@ -239,7 +241,15 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
             trainer.abstract_state(), trainer.mesh, num_shards=num_shards
         )
         if failed and jax.process_index() == 0:
-            checkpointer.set_aside(failed)
+            for (bad, problem), moved in zip(failed, checkpointer.set_aside(failed)):
+                log.warning(
+                    "checkpoint step %d cannot be restored (%s): set aside as %s; resuming "
+                    "from step %d",
+                    bad,
+                    problem,
+                    moved,
+                    step,
+                )
         distributed.sync_hosts("set aside")
         checkpointer.reload()
         origin = f"checkpoint {checkpointer.directory} step {step}"
