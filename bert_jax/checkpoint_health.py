@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 ITEMS = ("state", "data")  # the items of a pretraining checkpoint (checkpointing.py)
@@ -113,31 +113,44 @@ def missing_file(step_dir: str) -> str | None:
     return None
 
 
+def tree_metadata(metadata: Any) -> dict[str, Any]:
+    """The tree of an Orbax pytree save's metadata (leaves with shape and dtype); ValueError
+    when its files are missing or damaged."""
+    tree = getattr(metadata, "item_metadata", metadata)
+    tree = getattr(tree, "tree", tree)
+    if not isinstance(tree, Mapping):
+        raise ValueError("no readable tree metadata (_METADATA or d/ missing or damaged)")
+    return dict(tree)
+
+
+def param_problems(stored: Mapping[str, Any], wanted: Mapping[str, tuple], source: str) -> list:
+    """How stored params (flat name -> metadata with a shape) differ from the shapes that
+    `source` (e.g. 'config.json') implies."""
+    problems = [f"missing parameter {p} {s}" for p, s in wanted.items() if p not in stored]
+    problems += [f"unexpected parameter {p}" for p in stored if p not in wanted]
+    problems += [
+        f"parameter {p} has shape {tuple(stored[p].shape)} but {source} implies {s}"
+        for p, s in wanted.items()
+        if p in stored and tuple(stored[p].shape) != s
+    ]
+    return problems
+
+
 def shape_problem(state_dir: str, abstract_state: Any) -> str | None:
     """Params stored with other shapes than the run's model (or absent), or None."""
     import orbax.checkpoint as ocp
     from flax import traverse_util
 
     with ocp.StandardCheckpointer() as reader:
-        metadata = reader.metadata(state_dir)
-    tree = getattr(metadata, "item_metadata", metadata)
-    tree = getattr(tree, "tree", tree)
-    if not isinstance(tree, dict):
-        return "state/ holds no readable tree metadata (files missing or damaged)"
+        tree = tree_metadata(reader.metadata(state_dir))
     if "params" not in tree:
         return "state/ holds no params"
     stored = traverse_util.flatten_dict(tree["params"], sep="/")
     wanted = traverse_util.flatten_dict(abstract_state.params, sep="/")
-    for name, leaf in wanted.items():
-        if name not in stored:
-            return f"parameter {name} is missing"
-        if tuple(stored[name].shape) != tuple(leaf.shape):
-            return (
-                f"parameter {name} has shape {tuple(stored[name].shape)}, the run's model "
-                f"{tuple(leaf.shape)}"
-            )
-    extra = sorted(set(stored) - set(wanted))
-    return f"unexpected parameter {extra[0]}" if extra else None
+    wanted = {name: tuple(leaf.shape) for name, leaf in wanted.items()}
+    problems = param_problems(stored, wanted, "the run's config")
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return problems[0] + more if problems else None
 
 
 def disk_full(err: BaseException) -> OSError | None:

@@ -344,7 +344,7 @@ class Checkpointer:
         try:
             return checkpoint_health.shape_problem(os.path.join(step_dir, "state"), abstract_state)
         except Exception as err:  # unreadable metadata
-            return f"state/_METADATA cannot be read: {checkpoint_health.describe_error(err)}"
+            return f"state/ metadata cannot be read: {checkpoint_health.describe_error(err)}"
 
     def set_aside(self, failed: list[tuple[int, str]]) -> list[str]:
         """Renames the checkpoints of `failed` to `<step>.corrupt-<UTC time>` (out of Orbax's

@@ -295,19 +295,19 @@ def _checkpointer(process_local: bool):
 def _stored_tree(params_dir: str) -> dict[str, Any]:
     def read():
         with _checkpointer(process_local=True) as checkpointer:
-            metadata = checkpointer.metadata(params_dir)
-        tree = getattr(metadata, "item_metadata", metadata)
-        tree = getattr(tree, "tree", tree)
-        if not isinstance(tree, Mapping):
-            raise ValueError("no readable tree metadata (_METADATA or d/ missing or damaged)")
-        return dict(tree)
+            return checkpoint_health.tree_metadata(checkpointer.metadata(params_dir))
 
-    tree, problem = checkpoint_health.read_or_problem(read)
-    if problem is not None:  # missing or corrupt Orbax metadata files
+    return _read_params(params_dir, read)  # missing or corrupt Orbax metadata files
+
+
+def _read_params(params_dir: str, read: Any) -> Any:
+    """read(), or a one-line ModelDirError naming `params_dir` and what is wrong with it."""
+    value, problem = checkpoint_health.read_or_problem(read)
+    if problem is not None:
         raise ModelDirError(
             f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): {problem}"
         )
-    return tree
+    return value
 
 
 def _restore(params_dir: str, target: Any, process_local: bool) -> Any:
@@ -373,14 +373,7 @@ def load_model_dir(
         )
         # A target sharded over a (multi-host) mesh needs every process; a local one does not.
         local = sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding)
-        params, problem = checkpoint_health.read_or_problem(
-            lambda: _restore(params_dir, target, local)
-        )
-        if problem is not None:  # a truncated or missing array file
-            raise ModelDirError(
-                f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): "
-                f"{problem}"
-            )
+        params = _read_params(params_dir, lambda: _restore(params_dir, target, local))
     model = ModelDir(directory, config, params, has_heads, info)
     if load_tokenizer and model.has_tokenizer:
         model.tokenizer  # noqa: B018 (loads and caches)
@@ -441,13 +434,7 @@ def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any
     """Compares stored Orbax metadata with the config's tree; returns the stored dtypes."""
     have = traverse_util.flatten_dict(stored, sep="/")
     want = traverse_util.flatten_dict(expected, sep="/")
-    problems = [f"missing parameter {p} {s}" for p, s in want.items() if p not in have]
-    problems += [f"unexpected parameter {p}" for p in have if p not in want]
-    problems += [
-        f"parameter {p} has shape {tuple(have[p].shape)} but config.json implies {s}"
-        for p, s in want.items()
-        if p in have and tuple(have[p].shape) != s
-    ]
+    problems = checkpoint_health.param_problems(have, want, "config.json")
     if problems:
         shown = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise ModelDirError(

@@ -159,7 +159,7 @@ def test_truncated_latest_checkpoint_resumes_from_the_one_before_exactly(
         ("state/_METADATA", "state/_METADATA is missing"),
         ("data/manifest.ocdbt", "data/manifest.ocdbt is missing"),
         ("state/ocdbt.process_0/d", "Error reading"),
-        ("state/d", "state/ holds no readable tree metadata"),
+        ("state/d", "state/ metadata cannot be read: no readable tree metadata"),
     ],
 )
 def test_damaged_latest_checkpoint_is_set_aside(
@@ -200,7 +200,7 @@ def test_checkpoint_of_other_shapes_is_set_aside(run, shared_dirs, tmp_path, cap
     outcome = run_cli(capsys, pretrain_argv(shared_dirs, workdir))
     assert outcome.code == 0, outcome.err[-3000:]
     (line,) = warnings_about(caplog, 12)
-    assert "LayerNorm/bias has shape (32,), the run's model (64,)" in line, line
+    assert "LayerNorm/bias has shape (32,) but the run's config implies (64,)" in line, line
     assert "set aside as" in line
     (aside,) = set_aside_dirs(workdir, 12)
     assert tree_digest(aside) == before["12"]
@@ -232,7 +232,8 @@ def test_changed_model_config_is_exit_2_naming_the_shapes(run, shared_dirs, tmp_
     argv = pretrain_argv(shared_dirs, workdir, **{"model.intermediate_size": 96})
     outcome = run_cli(capsys, argv)
     problem = (
-        "parameter bert/encoder/layer_0/intermediate/bias has shape (128,), the run's model (96,)"
+        "parameter bert/encoder/layer_0/intermediate/bias has shape (128,) but the run's config "
+        "implies (96,)"
     )
     assert_user_error(outcome, f"step 8: {problem}", f"step 4: {problem}", only_line=False)
     assert tree_digest(os.path.join(workdir, "checkpoints")) == before
