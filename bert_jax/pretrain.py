@@ -260,10 +260,22 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
         other = checkpointing.Checkpointer(
             checkpointing.find_checkpoint_dir(config.resume_from), async_save=False
         )
-        state, phase, position = other.restore(
+        if other.latest_step() is None:
+            raise FileNotFoundError(f"config.resume_from: no checkpoint in {other.directory}")
+        # The newest one that can be restored (another run's: nothing there is moved).
+        (state, phase, position), step, failed = other.restore_intact(
             trainer.abstract_state(), trainer.mesh, num_shards=num_shards
         )
         other.close()
+        for bad, problem in failed:
+            log.warning(
+                "config.resume_from: checkpoint step %d in %s cannot be restored (%s); using "
+                "step %d",
+                bad,
+                other.directory,
+                problem,
+                step,
+            )
         origin = f"config.resume_from={config.resume_from} step {int(state.step)}"
         return state, phase, position, origin
     state = trainer.init(init_rng)

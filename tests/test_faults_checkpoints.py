@@ -207,6 +207,23 @@ def test_checkpoint_of_other_shapes_is_set_aside(run, shared_dirs, tmp_path, cap
     assert tree_digest(os.path.join(workdir, "checkpoints", "8")) == before["8"]
 
 
+def test_resume_from_a_run_with_a_damaged_latest_checkpoint(
+    run, shared_dirs, tmp_path, capsys, caplog
+):
+    """`config.resume_from` another run: its newest intact checkpoint is used, and nothing of
+    that run is moved or changed."""
+    source = copy_run(run, tmp_path)
+    os.remove(os.path.join(source, "checkpoints", "8", "state", "_METADATA"))
+    before = tree_digest(source)
+    workdir = str(tmp_path / "continued")
+    argv = pretrain_argv(shared_dirs, workdir, **{"resume_from": source})
+    outcome = run_cli(capsys, argv)
+    assert outcome.code == 0, outcome.err[-3000:]
+    (line,) = warnings_about(caplog, 8)
+    assert "state/_METADATA is missing" in line and "using step 4" in line, line
+    assert tree_digest(source) == before
+
+
 def test_no_intact_checkpoint_is_exit_2_and_changes_nothing(run, shared_dirs, tmp_path, capsys):
     workdir = copy_run(run, tmp_path)
     os.remove(os.path.join(workdir, "checkpoints", "8", "state", "_METADATA"))
