@@ -4,7 +4,8 @@
 it go when it ends, however it ends (finished, preempted, an exception). The file is created with
 O_EXCL, so of two runs started together one wins. A second run is refused, naming the holder. A
 lock left behind by a run that died (SIGKILL, a crash) is taken over when its holder is known to
-be gone: same host, process no longer running. A holder on another host cannot be checked from
+be gone: same host, process no longer running (or the file is unreadable and older than a few
+seconds: a crash while writing it). A holder on another host cannot be checked from
 here; the refusal then says which file to delete once that run is known to be over.
 """
 
@@ -14,10 +15,13 @@ import datetime
 import json
 import os
 import socket
+import time
 
 from bert_jax.errors import UserError
 
 LOCK_NAME = "bert-jax.lock"
+# An unreadable lock file younger than this may be one another run is writing right now.
+_WRITING_SECONDS = 10.0
 
 
 class WorkdirLockedError(UserError):
@@ -56,7 +60,9 @@ class WorkdirLock:
                 holder = self._read_holder()
                 if holder is not None and not self._is_stale(holder):
                     raise WorkdirLockedError(self._refusal(holder)) from None
-                # A dead holder's lock (or an empty one left by a crash while writing it).
+                if holder is None and self._age() < _WRITING_SECONDS:
+                    raise WorkdirLockedError(self._refusal({})) from None  # being written
+                # A dead holder's lock (or an unreadable one left by a crash while writing it).
                 try:
                     os.remove(self.path)
                 except FileNotFoundError:
@@ -96,6 +102,12 @@ class WorkdirLock:
         except (FileNotFoundError, ValueError):
             return None
         return holder if isinstance(holder, dict) else None
+
+    def _age(self) -> float:
+        try:
+            return time.time() - os.path.getmtime(self.path)
+        except FileNotFoundError:
+            return _WRITING_SECONDS
 
     def _is_stale(self, holder: dict[str, object]) -> bool:
         pid = holder.get("pid")

@@ -322,6 +322,18 @@ def test_stale_lock_is_taken_over_and_leftovers_are_removed(run, shared_dirs, tm
     assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_NAME))
 
 
+def test_unreadable_lock_is_refused_while_fresh_then_taken_over(tmp_path):
+    lock_path = tmp_path / workdir_lock.LOCK_NAME
+    lock_path.write_text("")  # another run between creating and writing it, or a crash there
+    with pytest.raises(workdir_lock.WorkdirLockedError, match=str(lock_path)):
+        workdir_lock.WorkdirLock(tmp_path).acquire()
+    assert lock_path.read_text() == ""
+    os.utime(lock_path, (0, 0))  # long ago: a crash while writing it
+    with workdir_lock.WorkdirLock(tmp_path) as lock:
+        assert f'"pid": {os.getpid()}' in lock_path.read_text()
+    assert not lock.held and not lock_path.exists()
+
+
 def test_lock_is_released_on_an_exception(tmp_path):
     with pytest.raises(RuntimeError), workdir_lock.WorkdirLock(tmp_path) as lock:
         assert lock.held and os.path.exists(lock.path)
