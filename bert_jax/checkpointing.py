@@ -312,8 +312,8 @@ class Checkpointer:
         """(`restore`'s result, its step, [(step, problem)] of the newer ones that failed).
 
         Tries the checkpoints newest first, skipping each that cannot be restored (left in
-        place: `set_aside` moves them). Raises CheckpointError naming
-        every step and its problem when none can be restored.
+        place: `set_aside` moves them). Raises CheckpointError naming every step and its
+        problem when none can be restored.
         """
         failed: list[tuple[int, str]] = []
         for step in sorted(self.all_steps(), reverse=True):
@@ -364,7 +364,7 @@ class Checkpointer:
 
     def remove_leftovers(self) -> list[str]:
         """Deletes the temporary directories of saves that never finished (a killed run's,
-        named `<step>.orbax-checkpoint-tmp-<timestamp>` by Orbax); nothing else. Call it on one
+        named `<step>.orbax-checkpoint-tmp[-<timestamp>]` by Orbax); nothing else. Call it on one
         process, while no save is running."""
         removed = []
         for name in sorted(os.listdir(self.directory)):

@@ -19,6 +19,10 @@ Failure behaviour: a non-finite loss or gradient skips the update (train_step) a
 more than `max_consecutive_nonfinite` in a row stop the run with `NonFiniteError`, leaving the
 last checkpoint untouched. Config errors fail before anything is compiled, naming the setting.
 SIGTERM (or a TPU preemption notice) saves a checkpoint at the next step boundary and exits.
+One run per workdir: process 0 holds `<workdir>/bert-jax.lock` while it runs (`workdir_lock`).
+A latest checkpoint that cannot be restored is set aside (renamed, never deleted) and the newest
+intact one is used; what a killed run left half-written is removed; metrics rows of the steps
+that are redone after a resume are dropped first; a full disk during a save is one error line.
 """
 
 from __future__ import annotations
