@@ -8,12 +8,22 @@ rows of the shards it reads now, so the position survives a change in the number
 
 Resume order (`pretrain.py`): latest checkpoint in the workdir > an explicit checkpoint
 (`config.resume_from`) > a model directory (`config.init_from`, params only) > scratch.
+
+Faults: `restore_intact` skips checkpoints that cannot be restored (a truncated or missing file,
+missing metadata, other shapes than the run's), newest first, and says why in one line each;
+`set_aside` then renames them to `<step>.corrupt-<UTC time>` (never deleted; Orbax lists only
+`<step>`). A save that runs out of disk space ends in `CheckpointSaveError` naming the checkpoint
+and the previous intact step; `remove_leftovers` deletes the temporary directories of saves that
+a killed run left behind.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
+import re
+import shutil
 import signal
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +32,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from bert_jax import checkpoint_health
+from bert_jax.errors import UserError
+
+log = logging.getLogger("bert_jax")
 
 # Columns of the data-position array.
 _FIELDS = ("phase", "epoch", "batches_in_epoch", "batches_total", "fp0", "fp1", "fp2", "fp3")
@@ -96,6 +111,32 @@ def abstract_position(mesh: Mesh, num_shards: int = 1) -> jax.ShapeDtypeStruct:
     )
 
 
+# What Orbax names a save in progress: `<step>.orbax-checkpoint-tmp[-<timestamp>]`.
+_TMP_SAVE = re.compile(r"^\d+\.orbax-checkpoint-tmp(-\d+)?$")
+
+
+class CheckpointError(UserError):
+    """No checkpoint of the workdir can be restored."""
+
+
+class CheckpointSaveError(UserError):
+    """A checkpoint could not be written (e.g. a full disk); the previous one is intact."""
+
+
+class _QuietFailedSave(logging.Filter):
+    """Drops Orbax's tracebacks of a save that ran out of disk space (each of its threads logs
+    one, dozens of lines each) and what its threads log after it: CheckpointSaveError says it in
+    one line."""
+
+    failed = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and checkpoint_health.disk_full(record.exc_info[1]) is not None:
+            _QuietFailedSave.failed = True
+        return not (_QuietFailedSave.failed and record.levelno >= logging.ERROR)
+
+
+_QUIET_FAILED_SAVE = _QuietFailedSave()
 _CPU_HANDLER_REGISTERED = False
 
 
@@ -126,7 +167,9 @@ class Checkpointer:
 
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
         _serial_saves_on_cpu()
+        logging.getLogger("absl").addFilter(_QUIET_FAILED_SAVE)  # once: a set of filters
         self.directory = os.path.abspath(directory)
+        self._saving: int | None = None
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -144,15 +187,25 @@ class Checkpointer:
         return list(self.manager.all_steps())
 
     def save(self, step: int, state: Any, position: jax.Array) -> bool:
-        """Starts an (asynchronous) save of `state` and `position` at `step`."""
-        return self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.StandardSave({"position": position}),
-            ),
-            force=True,
-        )
+        """Starts an (asynchronous) save of `state` and `position` at `step`.
+
+        Raises CheckpointSaveError when the disk is full (this save, or an earlier asynchronous
+        one that failed meanwhile)."""
+        previous = self.latest_step()
+        self._saving = step
+        _QuietFailedSave.failed = False
+        try:
+            return self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.StandardSave({"position": position}),
+                ),
+                force=True,
+            )
+        except Exception as err:
+            self._raise_if_disk_full(err, step, previous)
+            raise
 
     def restore(
         self,
@@ -186,7 +239,7 @@ class Checkpointer:
             except ValueError as err:
                 if "not compatible with the stored shape" not in str(err):
                     raise
-                logging.getLogger("bert_jax").warning(
+                log.warning(
                     "checkpoint %d was saved with another number of input shards "
                     "(config.data.shards, 0 = one per host): restoring the train state only; the "
                     "data pipeline starts its phase afresh",
@@ -225,7 +278,101 @@ class Checkpointer:
         return self.manager.reached_preemption(step)
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the pending save; CheckpointSaveError if it ran out of disk space."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as err:
+            step = self._saving
+            previous = max((s for s in self.all_steps() if step is None or s < step), default=None)
+            self._raise_if_disk_full(err, step, previous)
+            raise
+
+    def _raise_if_disk_full(self, err: BaseException, step: int | None, previous) -> None:
+        full = checkpoint_health.disk_full(err)
+        if full is None:
+            return
+        where = full.filename or os.path.join(self.directory, str(step))
+        previous_dir = os.path.join(self.directory, str(previous))
+        needed = checkpoint_health.tree_bytes(previous_dir) if previous is not None else 0
+        free = shutil.disk_usage(self.directory).free
+        kept = (
+            f"the previous checkpoint, step {previous}, is intact"
+            if previous is not None
+            else "there is no earlier checkpoint"
+        )
+        raise CheckpointSaveError(
+            f"no space left on device saving checkpoint step {step} ({where}): a checkpoint "
+            f"takes about {needed / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free; {kept} in "
+            f"{self.directory}; free some space and run the same command again to resume"
+        ) from None
+
+    def restore_intact(
+        self, abstract_state: Any, mesh: Mesh, num_shards: int = 1
+    ) -> tuple[tuple[Any, int | None, Any], int, list[tuple[int, str]]]:
+        """(`restore`'s result, its step, [(step, problem)] of the newer ones that failed).
+
+        Tries the checkpoints newest first, skipping each that cannot be restored (left in
+        place: `set_aside` moves them). Raises CheckpointError naming every step and its
+        problem when none can be restored.
+        """
+        failed: list[tuple[int, str]] = []
+        for step in sorted(self.all_steps(), reverse=True):
+            problem = self.problem(step, abstract_state)
+            if problem is None:
+                restored, problem = checkpoint_health.read_or_problem(
+                    lambda step=step: self.restore(
+                        abstract_state, mesh, step, num_shards=num_shards
+                    )
+                )
+                if problem is None:
+                    return restored, step, failed
+            failed.append((step, problem))
+        listed = "; ".join(f"step {step}: {problem}" for step, problem in failed)
+        raise CheckpointError(
+            f"no checkpoint in {self.directory} can be restored ({listed}); nothing was changed: "
+            "if the config changed since they were saved, run with the config they were saved "
+            "with, else start in another --workdir"
+        )
+
+    def problem(self, step: int, abstract_state: Any) -> str | None:
+        """Why the checkpoint at `step` cannot be restored as `abstract_state`, found without
+        reading its arrays (a missing file, other parameter shapes), or None."""
+        step_dir = os.path.join(self.directory, str(step))
+        missing = checkpoint_health.missing_file(step_dir)
+        if missing is not None:
+            return missing
+        try:
+            return checkpoint_health.shape_problem(os.path.join(step_dir, "state"), abstract_state)
+        except Exception as err:  # unreadable metadata
+            return f"state/ metadata cannot be read: {checkpoint_health.describe_error(err)}"
+
+    def set_aside(self, failed: list[tuple[int, str]]) -> list[str]:
+        """Renames the checkpoints of `failed` to `<step>.corrupt-<UTC time>` (out of Orbax's
+        sight, never deleted); returns the new paths. Call it on one process only."""
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        moved = []
+        for step, _ in failed:
+            source = os.path.join(self.directory, str(step))
+            target = f"{source}.corrupt-{stamp}"
+            os.rename(source, target)
+            moved.append(target)
+        return moved
+
+    def reload(self) -> None:
+        """Lists the checkpoints again (after `set_aside` or `remove_leftovers`)."""
+        self.manager.reload()
+
+    def remove_leftovers(self) -> list[str]:
+        """Deletes the temporary directories of saves that never finished (a killed run's,
+        named `<step>.orbax-checkpoint-tmp[-<timestamp>]` by Orbax); nothing else. Call it on one
+        process, while no save is running."""
+        removed = []
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if _TMP_SAVE.match(name) and os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+                removed.append(path)
+        return removed
 
     def close(self) -> None:
         self.manager.close()

@@ -1,4 +1,5 @@
-"""Metrics: writers (JSONL, TensorBoard, console), training windows, evaluation, FLOPs and MFU.
+"""Metrics: writers (JSONL, TensorBoard, console), training windows, the step log of the loop,
+evaluation, FLOPs and MFU.
 
 FLOPs per trained token (forward + backward = 3x forward, 2 FLOPs per multiply-add):
 
@@ -248,3 +249,93 @@ def read_jsonl(path: str, kind: str | None = None) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [r for r in rows if kind is None or r.get("kind") == kind]
+
+
+def drop_rows_after(path: str, step: int) -> int:
+    """Removes the rows of steps after `step` from a metrics.jsonl (a run resumed at `step` logs
+    them again); returns how many. Rewritten atomically (a new file renamed over the old), so an
+    interruption leaves the old file or the new one. A torn last line (a killed run) goes too."""
+    if not os.path.exists(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                dropped += bool(line.strip())
+                continue
+            if isinstance(row, dict) and int(row.get("step", 0)) > step:
+                dropped += 1
+            else:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+    return dropped
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+class StepLog:
+    """Reads each step's metrics one step behind the device: a non-finite step is skipped and
+    counted (too many in a row stop the run), the others go into the window, written as a row
+    every `log_every_steps` and at the last step.
+
+    `push` hands over the step just dispatched (with its `config_lib.Phase`) and reads the one
+    before; `flush` reads the pending step now (before a checkpoint and at the end).
+    """
+
+    def __init__(self, config, total: int, model_config, writer, console, checkpointer):
+        self.config, self.total, self.writer, self.console = config, total, writer, console
+        self.checkpointer = checkpointer
+        self.window = TrainWindow(model_config, jax.device_count(), jax.devices()[0].device_kind)
+        self.last_train: dict[str, float] = {}
+        self.consecutive_bad = 0
+        self.dispatched = 0  # steps run by this process (for the ETA)
+        self.start = time.perf_counter()
+        self._pending = None
+
+    def push(self, step: int, device_metrics: Any, phase: Any) -> None:
+        self.dispatched += 1
+        self.flush()
+        self._pending = (step, device_metrics, phase)
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._read(*pending)
+
+    def _read(self, step: int, device_metrics: Any, phase: Any) -> None:
+        values = jax.device_get(device_metrics)
+        self.window.count(
+            values, phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
+        )
+        if not bool(values["finite"]):
+            self._skipped(step)
+            return
+        self.consecutive_bad = 0
+        self.window.add(values)
+        if step % int(self.config.log_every_steps) == 0 or step == self.total:
+            row = self.window.row(values, phase.index + 1, phase.max_seq_length)
+            eta = (time.perf_counter() - self.start) / max(self.dispatched, 1) * (self.total - step)
+            self.writer.write(step, row)
+            self.console(train_line(step, self.total, row, eta))
+            self.last_train = row
+
+    def _skipped(self, step: int) -> None:
+        self.consecutive_bad += 1
+        self.writer.write(step, {"event": "non_finite_step_skipped"}, kind="event")
+        self.console(f"step {step}: non-finite loss or gradient; update skipped")
+        limit = int(self.config.max_consecutive_nonfinite)
+        if self.consecutive_bad > limit:
+            raise NonFiniteError(
+                f"{self.consecutive_bad} consecutive steps up to step {step} had a "
+                f"non-finite loss or gradient (config.max_consecutive_nonfinite={limit}); "
+                f"stopping. The last good checkpoint is step {self.checkpointer.latest_step()} "
+                f"in {self.checkpointer.directory}"
+            )

@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
+from bert_jax import checkpoint_health
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import check_params
 from bert_jax.data import files
@@ -191,8 +192,14 @@ def save_model_dir(
 
 
 def _read_json(path: str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except ValueError as err:  # truncated, not JSON, not UTF-8
+        raise ModelDirError(f"{path} is damaged: not a JSON object ({err})") from None
+    if not isinstance(values, dict):
+        raise ModelDirError(f"{path} is damaged: not a JSON object")
+    return values
 
 
 def is_unexported_workdir(path: str | os.PathLike) -> bool:
@@ -275,13 +282,26 @@ def _checkpointer(process_local: bool):
 
 
 def _stored_tree(params_dir: str) -> dict[str, Any]:
-    try:
+    def read():
         with _checkpointer(process_local=True) as checkpointer:
-            metadata = checkpointer.metadata(params_dir)
-    except Exception as err:  # missing or corrupt Orbax metadata files
-        raise ModelDirError(f"cannot read the saved params in {params_dir}: {err}") from err
-    tree = getattr(metadata, "item_metadata", metadata)
-    return dict(getattr(tree, "tree", tree))
+            return checkpoint_health.tree_metadata(checkpointer.metadata(params_dir))
+
+    return _read_params(params_dir, read)  # missing or corrupt Orbax metadata files
+
+
+def _read_params(params_dir: str, read: Any) -> Any:
+    """read(), or a one-line ModelDirError naming `params_dir` and what is wrong with it."""
+    value, problem = checkpoint_health.read_or_problem(read)
+    if problem is not None:
+        raise ModelDirError(
+            f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): {problem}"
+        )
+    return value
+
+
+def _restore(params_dir: str, target: Any, process_local: bool) -> Any:
+    with _checkpointer(process_local) as checkpointer:
+        return checkpointer.restore(params_dir, target)
 
 
 def _select_shardings(sharding: Any, structure: dict[str, Any]) -> Any:
@@ -342,8 +362,7 @@ def load_model_dir(
         )
         # A target sharded over a (multi-host) mesh needs every process; a local one does not.
         local = sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding)
-        with _checkpointer(process_local=local) as checkpointer:
-            params = checkpointer.restore(params_dir, target)
+        params = _read_params(params_dir, lambda: _restore(params_dir, target, local))
     model = ModelDir(directory, config, params, has_heads, info)
     if load_tokenizer and model.has_tokenizer:
         model.tokenizer  # noqa: B018 (loads and caches)
@@ -378,7 +397,16 @@ def load_workdir_checkpoint(
             _expected_tree(config, has_heads=True),
             is_leaf=lambda x: isinstance(x, tuple),
         )
-        params = jax.tree.map(np.asarray, checkpoints.restore_params(target, step)[0])
+        restored, problem = checkpoint_health.read_or_problem(
+            lambda: checkpoints.restore_params(target, step)
+        )
+        if problem is not None:  # a damaged checkpoint: say which, in one line
+            checkpoints.close()
+            raise ModelDirError(
+                f"cannot read the params of checkpoint step {step} in {checkpoints.directory}: "
+                f"{problem}"
+            )
+        params = jax.tree.map(np.asarray, restored[0])
         if sharding is not None:
             params = jax.device_put(params, sharding)
     checkpoints.close()
@@ -395,17 +423,12 @@ def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any
     """Compares stored Orbax metadata with the config's tree; returns the stored dtypes."""
     have = traverse_util.flatten_dict(stored, sep="/")
     want = traverse_util.flatten_dict(expected, sep="/")
-    problems = [f"missing parameter {p} {s}" for p, s in want.items() if p not in have]
-    problems += [f"unexpected parameter {p}" for p in have if p not in want]
-    problems += [
-        f"parameter {p} has shape {tuple(have[p].shape)} but config.json implies {s}"
-        for p, s in want.items()
-        if p in have and tuple(have[p].shape) != s
-    ]
+    problems = checkpoint_health.param_problems(have, want, "config.json")
     if problems:
+        shown = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
         raise ModelDirError(
             f"{directory}: the saved params do not match config.json ({len(problems)} "
-            "problem(s)):\n  - " + "\n  - ".join(problems[:20])
+            f"problem(s)): {shown}"
         )
     return traverse_util.unflatten_dict(
         {name: np.dtype(have[name].dtype) for name in want}, sep="/"

@@ -19,6 +19,10 @@ Failure behaviour: a non-finite loss or gradient skips the update (train_step) a
 more than `max_consecutive_nonfinite` in a row stop the run with `NonFiniteError`, leaving the
 last checkpoint untouched. Config errors fail before anything is compiled, naming the setting.
 SIGTERM (or a TPU preemption notice) saves a checkpoint at the next step boundary and exits.
+One run per workdir: process 0 holds `<workdir>/bert-jax.lock` while it runs (`workdir.py`).
+A latest checkpoint that cannot be restored is set aside (renamed, never deleted) and the newest
+intact one is used; what a killed run left half-written is removed; metrics rows of the steps
+that are redone after a resume are dropped first; a full disk during a save is one error line.
 """
 
 from __future__ import annotations
@@ -26,9 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import ml_collections
@@ -44,16 +46,14 @@ from bert_jax import (
     optim,
     partitioning,
 )
+from bert_jax import workdir as workdir_lib
 from bert_jax.config_lib import Phase
 from bert_jax.convert import mapping
 from bert_jax.data import shards as input_shards
+from bert_jax.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
 from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
 log = logging.getLogger("bert_jax")
-
-
-class NonFiniteError(RuntimeError):
-    """Too many consecutive steps had a non-finite loss or gradient."""
 
 
 @dataclasses.dataclass
@@ -75,12 +75,27 @@ def pretrain(
 ) -> PretrainResult:
     """Runs (or resumes) pretraining in `workdir`. `step_hook(step, batch)` may alter batches
     (tests use it to inject NaNs)."""
-    # --- Set-up: hosts agree, config checked, tokenizer resolved (nothing compiled yet). ---
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
-    console = print if is_main else (lambda *a, **k: None)
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
-    model_config = config_lib.bert_config(config)  # a bad model setting fails first
+    config_lib.bert_config(config)  # a bad model setting fails first
+    # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
+    distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
+    if is_main:
+        os.makedirs(workdir, exist_ok=True)
+    distributed.sync_hosts("workdir")
+    lock = workdir_lib.lock(workdir, is_main)
+    try:
+        return _pretrain_locked(config, workdir, is_main, step_hook)
+    finally:
+        lock.release()
+
+
+def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> PretrainResult:
+    """`pretrain` while this run holds the workdir's lock."""
+    # --- Set-up: config checked, tokenizer resolved (nothing compiled yet). ---
+    console = print if is_main else (lambda *a, **k: None)
+    model_config = config_lib.bert_config(config)
     rules = partitioning.rules_from_config(config.mesh.rules)
     phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main)
     total = phases[-1].end
@@ -97,12 +112,18 @@ def pretrain(
         keep=int(config.checkpoint.keep),
         async_save=bool(config.checkpoint.async_save),
     )
+    if is_main:
+        workdir_lib.remove_leftovers(workdir, checkpointer, console)
+    distributed.sync_hosts("leftovers")
+    checkpointer.reload()
 
     # --- Resume: latest in workdir > explicit checkpoint > model directory > scratch. ---
     state, restored_phase, restored_position, origin = _restore_or_init(
         config, trainer, checkpointer, init_rng
     )
     step = int(state.step)
+    if is_main:  # the rows of steps after this one are redone: drop the old ones
+        metrics.drop_rows_after(os.path.join(workdir, "metrics.jsonl"), step)
     console(
         f"bert-jax pretrain: {model_config.num_hidden_layers} layers, hidden "
         f"{model_config.hidden_size}, {total} steps in {len(phases)} phase(s) on "
@@ -112,7 +133,7 @@ def pretrain(
 
     # --- The loop: dispatch step N, then read step N-1's metrics (never block the device). ---
     writer = metrics.MetricWriter(workdir, enabled=is_main)
-    step_log = _StepLog(config, total, model_config, writer, console, checkpointer)
+    step_log = metrics.StepLog(config, total, model_config, writer, console, checkpointer)
     preemption = checkpointing.Preemption(checkpointer)
     iterator, phase, eval_batches, last_eval, preempted = None, None, [], {}, False
     try:
@@ -150,9 +171,11 @@ def pretrain(
                 break
         step_log.flush()
     finally:
-        checkpointer.wait()
-        preemption.restore()
-        writer.close()
+        try:
+            checkpointer.wait()  # raises CheckpointSaveError if the last save failed
+        finally:
+            preemption.restore()
+            writer.close()
 
     # --- Export and summary. ---
     model_path = None
@@ -188,11 +211,6 @@ def _every(step: int, every_steps: int, total: int) -> bool:
 def _prepare_workdir(config, workdir: str, is_main: bool):
     """(phases, mesh, tokenizer) after every check that must fail before compiling; writes the
     workdir's config.json and tokenizer/."""
-    # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
-    distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
-    if is_main:
-        os.makedirs(workdir, exist_ok=True)
-    distributed.sync_hosts("workdir")
     phases = config_lib.plan_phases(config)
     mesh = partitioning.make_mesh(config.mesh.shape)
     config_lib.validate(config, phases, mesh, None)
@@ -216,19 +234,46 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
         config_lib.data_shards(config), jax.process_index(), jax.process_count()
     )
     if checkpointer.latest_step() is not None:
-        origin = f"checkpoint {checkpointer.directory} step {checkpointer.latest_step()}"
-        restored = checkpointer.restore(
+        # The newest checkpoint that can be restored; damaged newer ones are set aside.
+        restored, step, failed = checkpointer.restore_intact(
             trainer.abstract_state(), trainer.mesh, num_shards=num_shards
         )
+        if failed and jax.process_index() == 0:
+            for (bad, problem), moved in zip(failed, checkpointer.set_aside(failed)):
+                log.warning(
+                    "checkpoint step %d cannot be restored (%s): set aside as %s; resuming "
+                    "from step %d",
+                    bad,
+                    problem,
+                    moved,
+                    step,
+                )
+        distributed.sync_hosts("set aside")
+        checkpointer.reload()
+        origin = f"checkpoint {checkpointer.directory} step {step}"
+        if failed:
+            origin += " (" + ", ".join(f"step {s} set aside" for s, _ in failed) + ")"
         return (*restored, origin)
     if config.resume_from:
         other = checkpointing.Checkpointer(
             checkpointing.find_checkpoint_dir(config.resume_from), async_save=False
         )
-        state, phase, position = other.restore(
+        if other.latest_step() is None:
+            raise FileNotFoundError(f"config.resume_from: no checkpoint in {other.directory}")
+        # The newest one that can be restored (another run's: nothing there is moved).
+        (state, phase, position), step, failed = other.restore_intact(
             trainer.abstract_state(), trainer.mesh, num_shards=num_shards
         )
         other.close()
+        for bad, problem in failed:
+            log.warning(
+                "config.resume_from: checkpoint step %d in %s cannot be restored (%s); using "
+                "step %d",
+                bad,
+                other.directory,
+                problem,
+                step,
+            )
         origin = f"config.resume_from={config.resume_from} step {int(state.step)}"
         return state, phase, position, origin
     state = trainer.init(init_rng)
@@ -242,68 +287,6 @@ def _save_checkpoint(checkpointer, step: int, state, phase: Phase, iterator, mes
     """Saves the train state with every input shard's position (a collective on all hosts)."""
     position = checkpointing.encode_position(phase.index, iterator.get_state(), mesh)
     checkpointer.save(step, state, position)
-
-
-class _StepLog:
-    """Reads each step's metrics one step behind the device: a non-finite step is skipped and
-    counted (too many in a row stop the run), the others go into the window, written as a row
-    every `log_every_steps` and at the last step.
-
-    `push` hands over the step just dispatched and reads the one before; `flush` reads the
-    pending step now (before a checkpoint and at the end).
-    """
-
-    def __init__(self, config, total: int, model_config, writer, console, checkpointer):
-        self.config, self.total, self.writer, self.console = config, total, writer, console
-        self.checkpointer = checkpointer
-        self.window = metrics.TrainWindow(
-            model_config, jax.device_count(), jax.devices()[0].device_kind
-        )
-        self.last_train: dict[str, float] = {}
-        self.consecutive_bad = 0
-        self.dispatched = 0  # steps run by this process (for the ETA)
-        self.start = time.perf_counter()
-        self._pending = None
-
-    def push(self, step: int, device_metrics: Any, phase: Phase) -> None:
-        self.dispatched += 1
-        self.flush()
-        self._pending = (step, device_metrics, phase)
-
-    def flush(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            self._read(*pending)
-
-    def _read(self, step: int, device_metrics: Any, phase: Phase) -> None:
-        values = jax.device_get(device_metrics)
-        self.window.count(
-            values, phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
-        )
-        if not bool(values["finite"]):
-            self._skipped(step)
-            return
-        self.consecutive_bad = 0
-        self.window.add(values)
-        if step % int(self.config.log_every_steps) == 0 or step == self.total:
-            row = self.window.row(values, phase.index + 1, phase.max_seq_length)
-            eta = (time.perf_counter() - self.start) / max(self.dispatched, 1) * (self.total - step)
-            self.writer.write(step, row)
-            self.console(metrics.train_line(step, self.total, row, eta))
-            self.last_train = row
-
-    def _skipped(self, step: int) -> None:
-        self.consecutive_bad += 1
-        self.writer.write(step, {"event": "non_finite_step_skipped"}, kind="event")
-        self.console(f"step {step}: non-finite loss or gradient; update skipped")
-        limit = int(self.config.max_consecutive_nonfinite)
-        if self.consecutive_bad > limit:
-            raise NonFiniteError(
-                f"{self.consecutive_bad} consecutive steps up to step {step} had a "
-                f"non-finite loss or gradient (config.max_consecutive_nonfinite={limit}); "
-                f"stopping. The last good checkpoint is step {self.checkpointer.latest_step()} "
-                f"in {self.checkpointer.directory}"
-            )
 
 
 def _evaluate_and_log(trainer, state, batches, step: int, writer, console) -> dict[str, float]:

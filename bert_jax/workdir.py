@@ -1,0 +1,176 @@
+"""The pretraining workdir's keeping: one writer (a lock file naming the run that holds it: host,
+pid, start time) and the removal of what a killed run left half-written.
+
+`pretrain` takes the lock (process 0 of a job) before it writes anything in its workdir and lets
+it go when it ends, however it ends (finished, preempted, an exception). The file is created with
+O_EXCL, so of two runs started together one wins. A second run is refused, naming the holder. A
+lock left behind by a run that died (SIGKILL, a crash) is taken over when its holder is known to
+be gone: same host, process no longer running (or the file is unreadable and older than a few
+seconds: a crash while writing it). A holder on another host cannot be checked from
+here; the refusal then says which file to delete once that run is known to be over.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shutil
+import socket
+import time
+
+import jax
+
+from bert_jax import distributed
+from bert_jax.errors import UserError
+
+LOCK_NAME = "bert-jax.lock"
+# An unreadable lock file younger than this may be one another run is writing right now.
+_WRITING_SECONDS = 10.0
+
+
+class WorkdirLockedError(UserError):
+    """Another run holds the workdir's lock."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+class WorkdirLock:
+    """The lock on `workdir` (`<workdir>/bert-jax.lock`); `acquire` / `release`, or `with`."""
+
+    def __init__(self, workdir: str | os.PathLike):
+        self.path = os.path.join(os.path.abspath(os.fspath(workdir)), LOCK_NAME)
+        self.held = False
+        self._mine: dict[str, object] = {}
+
+    def acquire(self) -> None:
+        """Takes the lock, taking over a dead holder's; raises WorkdirLockedError if held."""
+        self._mine = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                holder = self._read_holder()
+                if holder is not None and not self._is_stale(holder):
+                    raise WorkdirLockedError(self._refusal(holder)) from None
+                if holder is None and self._age() < _WRITING_SECONDS:
+                    raise WorkdirLockedError(self._refusal({})) from None  # being written
+                # A dead holder's lock (or an unreadable one left by a crash while writing it).
+                try:
+                    os.remove(self.path)
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self._mine, f)
+                f.write("\n")
+            self.held = True
+            return
+        holder = self._read_holder() or {}
+        raise WorkdirLockedError(self._refusal(holder))
+
+    def release(self) -> None:
+        """Removes the lock file if it is still this run's."""
+        if not self.held:
+            return
+        self.held = False
+        if self._read_holder() == self._mine:
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> WorkdirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _read_holder(self) -> dict[str, object] | None:
+        """The holder recorded in the file; None when it is gone or unreadable (half-written)."""
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                holder = json.load(f)
+        except (FileNotFoundError, ValueError):
+            return None
+        return holder if isinstance(holder, dict) else None
+
+    def _age(self) -> float:
+        try:
+            return time.time() - os.path.getmtime(self.path)
+        except FileNotFoundError:
+            return _WRITING_SECONDS
+
+    def _is_stale(self, holder: dict[str, object]) -> bool:
+        pid = holder.get("pid")
+        return (
+            holder.get("host") == socket.gethostname()
+            and isinstance(pid, int)
+            and pid != os.getpid()
+            and not _pid_alive(pid)
+        )
+
+    def _refusal(self, holder: dict[str, object]) -> str:
+        who = (
+            f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
+            f"started {holder.get('started', '?')}"
+        )
+        hint = (
+            "wait for it to finish or stop it"
+            if holder.get("host") == socket.gethostname()
+            else f"if that run is over, delete {self.path}"
+        )
+        return (
+            f"workdir {os.path.dirname(self.path)} is in use by another run ({who}; lock file "
+            f"{self.path}): {hint}, or use another --workdir"
+        )
+
+
+def lock(workdir: str, is_main: bool) -> WorkdirLock:
+    """The workdir's lock, taken by process 0; every process raises if another run holds it."""
+    lock = WorkdirLock(workdir)
+    refusal = ""
+    if is_main:
+        try:
+            lock.acquire()
+        except WorkdirLockedError as err:
+            refusal = str(err)
+    if jax.process_count() > 1:
+        refusal = distributed.allgather_texts([refusal])[0][0]
+    if refusal:
+        raise WorkdirLockedError(refusal)
+    return lock
+
+
+# What `model_dir.atomic_output_dir` names an export in progress / the export it replaces.
+_EXPORT_LEFTOVER = re.compile(r"^\.model\.(tmp|old)-[0-9a-f]{8}$")
+
+
+def remove_leftovers(workdir: str, checkpointer, console) -> None:
+    """Deletes what a killed run of this workdir left half-written: Orbax's temporary save
+    directories and unfinished exports (only names bert-jax gives them; an old export only when
+    the new `model/` is in place)."""
+    removed = checkpointer.remove_leftovers()
+    exported = os.path.isdir(os.path.join(workdir, "model"))
+    for name in sorted(os.listdir(workdir)):
+        match = _EXPORT_LEFTOVER.match(name)
+        path = os.path.join(workdir, name)
+        if match and os.path.isdir(path) and (match.group(1) == "tmp" or exported):
+            shutil.rmtree(path)
+            removed.append(path)
+    if removed:
+        console(f"removed what an interrupted run left behind: {', '.join(removed)}")
