@@ -18,7 +18,8 @@ import sys
 
 import pytest
 
-from bert_jax import metrics, pretrain, workdir
+from bert_jax import metrics, pretrain
+from bert_jax import workdir as workdir_lib
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, sigterm_at, small_config
 
@@ -115,7 +116,7 @@ def assert_fell_back(outcome, caplog, workdir, step, problem, before):
     (aside,) = set_aside_dirs(workdir, step)
     assert tree_digest(aside) == before[str(step)]
     assert tree_digest(os.path.join(workdir, "checkpoints", "4")) == before["4"]
-    assert not os.path.exists(os.path.join(workdir, workdir.LOCK_NAME))
+    assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_NAME))
 
 
 def checkpoint_digests(workdir):
@@ -141,7 +142,7 @@ def test_truncated_latest_checkpoint_resumes_from_the_one_before_exactly(
     assert first.preempted and first.final_step == 6
     (line,) = warnings_about(caplog, 8)
     assert "OUT_OF_RANGE" in line and "/checkpoints/8/state/" in line, line
-    assert not os.path.exists(os.path.join(workdir, workdir.LOCK_NAME))
+    assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_NAME))
     (aside,) = set_aside_dirs(workdir, 8)
     assert tree_digest(aside) == before["8"]
     second = pretrain.pretrain(config, workdir)
@@ -239,7 +240,7 @@ def test_no_intact_checkpoint_is_exit_2_and_changes_nothing(run, shared_dirs, tm
         only_line=False,
     )
     assert tree_digest(os.path.join(workdir, "checkpoints")) == before
-    assert not os.path.exists(os.path.join(workdir, workdir.LOCK_NAME))
+    assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_NAME))
 
 
 def test_changed_model_config_is_exit_2_naming_the_shapes(run, shared_dirs, tmp_path, capsys):
@@ -261,7 +262,7 @@ def test_changed_model_config_is_exit_2_naming_the_shapes(run, shared_dirs, tmp_
 
 
 def write_lock(workdir, host, pid, started="2026-01-01T00:00:00+00:00"):
-    lock = os.path.join(workdir, workdir.LOCK_NAME)
+    lock = os.path.join(workdir, workdir_lib.LOCK_NAME)
     with open(lock, "w", encoding="utf-8") as f:
         f.write(f'{{"host": "{host}", "pid": {pid}, "started": "{started}"}}\n')
     return lock
@@ -320,26 +321,26 @@ def test_stale_lock_is_taken_over_and_leftovers_are_removed(run, shared_dirs, tm
     assert outcome.code == 0, outcome.err[-3000:]
     assert not [p for p in leftovers if os.path.exists(p)]
     assert {p: tree_digest(p) for p in keep} == keep
-    assert not os.path.exists(os.path.join(workdir, workdir.LOCK_NAME))
+    assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_NAME))
 
 
 def test_unreadable_lock_is_refused_while_fresh_then_taken_over(tmp_path):
-    lock_path = tmp_path / workdir.LOCK_NAME
+    lock_path = tmp_path / workdir_lib.LOCK_NAME
     lock_path.write_text("")  # another run between creating and writing it, or a crash there
-    with pytest.raises(workdir.WorkdirLockedError, match=str(lock_path)):
-        workdir.WorkdirLock(tmp_path).acquire()
+    with pytest.raises(workdir_lib.WorkdirLockedError, match=str(lock_path)):
+        workdir_lib.WorkdirLock(tmp_path).acquire()
     assert lock_path.read_text() == ""
     os.utime(lock_path, (0, 0))  # long ago: a crash while writing it
-    with workdir.WorkdirLock(tmp_path) as lock:
+    with workdir_lib.WorkdirLock(tmp_path) as lock:
         assert f'"pid": {os.getpid()}' in lock_path.read_text()
     assert not lock.held and not lock_path.exists()
 
 
 def test_lock_is_released_on_an_exception(tmp_path):
-    with pytest.raises(RuntimeError), workdir.WorkdirLock(tmp_path) as lock:
+    with pytest.raises(RuntimeError), workdir_lib.WorkdirLock(tmp_path) as lock:
         assert lock.held and os.path.exists(lock.path)
         raise RuntimeError("boom")
-    assert not os.path.exists(tmp_path / workdir.LOCK_NAME)
+    assert not os.path.exists(tmp_path / workdir_lib.LOCK_NAME)
 
 
 # --- A full disk ---
@@ -370,7 +371,7 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_last_checkpoint(
     )
     assert "Traceback" not in outcome.err and len(outcome.err.splitlines()) < 10, outcome.err
     assert tree_digest(os.path.join(workdir, "checkpoints", "8")) == before
-    assert not os.path.exists(os.path.join(workdir, workdir.LOCK_NAME))
+    assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_NAME))
 
 
 # --- Damaged model directories: encode, convert, finetune ---

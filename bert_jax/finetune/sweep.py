@@ -225,9 +225,12 @@ def run_single(
     settings = settings or FinetuneSettings()
     spec = get_task(task)
     check_task_files(data, spec)
-    workdir = finetune_workdir.open_workdir(workdir, "finetune", writer=is_writer())
+    # The workdir is checked first and created only once the model has been read: a damaged
+    # model directory leaves no new workdir behind.
+    finetune_workdir.check_workdir(workdir)
     mesh = make_mesh(settings)
     encoder = load_pretrained(model) if isinstance(model, str) else model
+    workdir = finetune_workdir.open_workdir(workdir, "finetune", writer=is_writer())
     test_splits = available_test_splits(data, spec) if predict_test else []
     task_data = load_task_data(data, spec, encoder.tokenizer, settings.max_seq_length, test_splits)
     trial = Trial(spec, settings.learning_rate, settings.seed)

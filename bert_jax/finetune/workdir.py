@@ -41,10 +41,15 @@ KIND = files.OutputKind(
 )
 
 
+def check_workdir(workdir: str) -> None:
+    """Refuses a `workdir` this command must not write into (see the module docstring)."""
+    files.check_replaceable(os.path.abspath(workdir), KIND, action="write into")
+
+
 def open_workdir(workdir: str, command: str, writer: bool = True) -> str:
     """Checks `workdir` (see the module docstring), creates and marks it; its absolute path."""
     workdir = os.path.abspath(workdir)
-    files.check_replaceable(workdir, KIND, action="write into")
+    check_workdir(workdir)
     if writer:
         os.makedirs(workdir, exist_ok=True)
         marker = os.path.join(workdir, MARKER)
