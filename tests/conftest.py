@@ -6,6 +6,11 @@ from tests.xla_flags import with_devices  # noqa: E402 (imports nothing of JAX)
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + with_devices(8)).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# What bert-jax caches (the embedded corpus), shared by the test processes and their children,
+# outside the user's ~/.cache.
+os.environ.setdefault(
+    "BERT_JAX_CACHE_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bert_jax_test_cache")
+)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -26,3 +26,24 @@ def test_embedded_corpus_is_real_deterministic_and_split():
     assert sum(len(d) >= 2 for d in everything) > 0.7 * len(everything)
     documents, stats = read_documents(["embedded:eval"])
     assert documents == held_out and stats.documents == len(held_out)
+
+
+def test_the_corpus_is_cached_on_disk_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
+    from bert_jax.data import embedded
+
+    corpus = (("pydoc:a", ("First sentence.", "Second one.")), ("stdlib:b.py", ("Third.",)))
+    builds = []
+    monkeypatch.setattr(embedded, "_build", lambda *args: builds.append(args) or corpus)
+    monkeypatch.setenv("BERT_JAX_CACHE_DIR", str(tmp_path / "cache"))
+    embedded._embedded_corpus.cache_clear()
+    try:
+        assert embedded._embedded_corpus() == corpus and len(builds) == 1  # built, written
+        (cached,) = (tmp_path / "cache").glob("embedded-corpus-*.json")
+        embedded._embedded_corpus.cache_clear()
+        assert embedded._embedded_corpus() == corpus and len(builds) == 1  # read back
+        cached.write_text('[["pydoc:a", ["First sentence."')
+        embedded._embedded_corpus.cache_clear()
+        assert embedded._embedded_corpus() == corpus and len(builds) == 2  # damaged: rebuilt
+        assert embedded._read_cache(str(cached)) == corpus  # and rewritten whole
+    finally:
+        embedded._embedded_corpus.cache_clear()

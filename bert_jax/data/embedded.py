@@ -6,17 +6,28 @@ Public API: ``embedded_documents(split="train") -> list[Document]`` and
 imported or executed. Deterministic order for a given Python installation; ``split`` is "train",
 "eval" (about 5% of documents, chosen by a hash of the document's name, so the split is stable)
 or "all".
+
+Reading it means parsing some 440 standard-library files (about 11 s on a 2-core machine), so the
+result is kept in a cache file (``$BERT_JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/bert_jax``, else
+``~/.cache/bert_jax``) named by a digest of what it is built from: this Python, the standard
+library's files (path, size, modification time) and the code that extracts the prose. Anything
+else (no cache, an unwritable or damaged one) builds it afresh.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import json
 import os
 import re
+import sys
 import sysconfig
 import zlib
 
+from bert_jax.data import sentences as sentences_module
+from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.sentences import split_sentences
 
 Document = list[str]
@@ -99,8 +110,16 @@ def _stdlib_docstrings(path: str) -> str:
     return "\n\n".join(parts)
 
 
-@functools.lru_cache(maxsize=1)
-def _embedded_corpus() -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _stdlib_files(stdlib: str) -> list[str]:
+    """The standard-library sources the corpus reads, in a fixed order."""
+    paths = []
+    for root, dirs, files in os.walk(stdlib):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_STDLIB_DIRS)
+        paths.extend(os.path.join(root, name) for name in sorted(files) if name.endswith(".py"))
+    return paths
+
+
+def _build(stdlib: str, paths: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     documents: list[tuple[str, tuple[str, ...]]] = []
     try:
         from pydoc_data.topics import topics
@@ -110,22 +129,61 @@ def _embedded_corpus() -> tuple[tuple[str, tuple[str, ...]], ...]:
         sentences = _prose_sentences(topics[name])
         if sentences:
             documents.append((f"pydoc:{name}", tuple(sentences)))
+    for path in paths:
+        sentences = _prose_sentences(_stdlib_docstrings(path))
+        if sentences:
+            documents.append((f"stdlib:{os.path.relpath(path, stdlib)}", tuple(sentences)))
+    return tuple(documents)
+
+
+def cache_dir() -> str:
+    """Where bert-jax keeps what it can rebuild (today: the embedded corpus)."""
+    if os.environ.get("BERT_JAX_CACHE_DIR"):
+        return os.environ["BERT_JAX_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "bert_jax")
+
+
+def _cache_path(stdlib: str, paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for code in (__file__, sentences_module.__file__):
+        with open(code, "rb") as f:
+            digest.update(f.read())
+    digest.update(f"{sys.version}\0{stdlib}\0".encode())
+    for path in paths:
+        stat = os.stat(path)
+        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return os.path.join(cache_dir(), f"embedded-corpus-{digest.hexdigest()[:24]}.json")
+
+
+def _read_cache(path: str) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+        return tuple((str(name), tuple(str(s) for s in sentences)) for name, sentences in stored)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded_corpus() -> tuple[tuple[str, tuple[str, ...]], ...]:
     stdlib = sysconfig.get_paths()["stdlib"]
-    for root, dirs, files in os.walk(stdlib):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_STDLIB_DIRS)
-        for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(root, name)
-            sentences = _prose_sentences(_stdlib_docstrings(path))
-            if sentences:
-                documents.append((f"stdlib:{os.path.relpath(path, stdlib)}", tuple(sentences)))
+    paths = _stdlib_files(stdlib)
+    cached = _cache_path(stdlib, paths)
+    documents = _read_cache(cached)
+    if documents is None:
+        documents = _build(stdlib, paths)
+        try:
+            os.makedirs(os.path.dirname(cached), exist_ok=True)
+            write_bytes_atomic(cached, json.dumps(documents, ensure_ascii=False).encode("utf-8"))
+        except OSError:
+            pass  # a read-only home: rebuilt by the next process
     if len(documents) < 2:
         raise RuntimeError(
             f"the embedded corpus found only {len(documents)} documents in {stdlib}; this Python "
             "installation ships without its standard-library sources"
         )
-    return tuple(documents)
+    return documents
 
 
 def _is_eval_document(name: str) -> bool:
