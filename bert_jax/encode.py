@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.data import files
+from bert_jax.errors import UserError
 from bert_jax.model import BertConfig, BertModel
 
 POOLS = ("cls", "mean", "none")
@@ -36,6 +39,7 @@ DEFAULT_MAX_SEQ_LENGTH = 128
 # Rows are padded to a multiple of this many tokens (up to max_seq_length): the compiled shape
 # stays fixed while short inputs do not pay for max_seq_length.
 _LENGTH_MULTIPLE = 8
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 @dataclasses.dataclass
@@ -198,10 +202,24 @@ def encode_texts(
     return Features(out, lengths, int(truncated), max_seq_length)
 
 
+def _check_replaceable_npy(path: str) -> None:
+    """An existing OUT is replaced only when it is a NumPy array file (what encode writes)."""
+    if os.path.isdir(path):
+        raise UserError(f"--output {path} is a directory; give a file name such as OUT.npy")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+                raise UserError(
+                    f"--output {path} exists and is not a NumPy .npy file; bert-jax replaces "
+                    "only .npy files (choose another name or move it away)"
+                )
+
+
 def _save_npy(path: str, array: np.ndarray) -> None:
-    # Through a file object, so the name is kept as given (np.save would append ".npy").
-    with open(path, "wb") as f:
-        np.save(f, array)
+    # Written beside and renamed: a killed run never leaves a half-written OUT.npy.
+    buffer = io.BytesIO()
+    np.save(buffer, array)  # through a file object: np.save(path) would append ".npy"
+    files.write_bytes_atomic(path, buffer.getvalue())
 
 
 def lengths_path(output: str | os.PathLike) -> str:
@@ -223,12 +241,15 @@ def encode_file(
     """
     from bert_jax.model_dir import load_model_dir
 
+    output_path = os.fspath(output_path)
+    outputs = [output_path] + ([lengths_path(output_path)] if options.get("pool") == "none" else [])
+    for path in outputs:  # before anything is read: a refusal costs nothing
+        _check_replaceable_npy(path)
     examples = read_texts(input_path)
     if not examples:
         raise ValueError(f"{input_path} holds no lines to encode")
     loaded = load_model_dir(model)
     result = encode_texts(loaded, examples, **options)
-    output_path = os.fspath(output_path)
     parent = os.path.dirname(os.path.abspath(output_path))
     os.makedirs(parent, exist_ok=True)
     _save_npy(output_path, result.features)

@@ -299,11 +299,22 @@ class StepLog:
         self.dispatched = 0  # steps run by this process (for the ETA)
         self.start = time.perf_counter()
         self._pending = None
+        self._corrupt_seen: set[str] = set()
 
     def push(self, step: int, device_metrics: Any, phase: Any) -> None:
         self.dispatched += 1
         self.flush()
         self._pending = (step, device_metrics, phase)
+
+    def note_corrupt_files(self, step: int, corrupt_files: Mapping[str, int]) -> None:
+        """Logs, once each, the damaged record files the input pipeline skips
+        (`config.data.skip_corrupt_records`): an event row and a console line per file."""
+        for path, index in corrupt_files.items():
+            if path not in self._corrupt_seen:
+                self._corrupt_seen.add(path)
+                event = {"event": "corrupt_records_skipped", "file": path, "from_record": index}
+                self.writer.write(step, event, kind="event")
+                self.console(f"step {step}: skipping {path} from record {index} (damaged)")
 
     def flush(self) -> None:
         if self._pending is not None:

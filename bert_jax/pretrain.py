@@ -151,6 +151,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
                     f"global batch {phase.batch_size}, data {phase.source}"
                 )
             local = next(iterator)
+            step_log.note_corrupt_files(step, iterator.corrupt_files)
             if step_hook is not None:
                 local = step_hook(step, local)
             state, step_metrics = trainer.train_step(

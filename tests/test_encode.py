@@ -13,6 +13,7 @@ from bert_jax import encode as encode_lib
 from bert_jax.conversion import convert
 from bert_jax.model import BertModel
 from bert_jax.model_dir import load_model_dir, save_model_dir
+from tests import faults
 from tests.convert_fixtures import random_params, write_vocab
 from tests.helpers import REAL_SENTENCES, minilm_dir, tiny_config
 
@@ -169,3 +170,27 @@ def test_bad_settings_are_refused_clearly(tiny_model, tmp_path, capsys):
     # The output name is kept as given (np.save alone would append ".npy").
     assert cli.main([*base, "--output", str(tmp_path / "feats.bin")]) == 0
     assert np.load(tmp_path / "feats.bin").shape == (1, 64)
+
+
+def test_output_replaces_only_npy_files(tiny_model, tmp_path, capsys):
+    """OUT is written atomically; an existing OUT that is not a .npy array (a source file, a
+    directory) is refused with one line and left as it was; an earlier OUT.npy is replaced."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the dog\nthe fox\n")
+    base = ["encode", "--model", tiny_model.path, "--input", str(texts), "--output"]
+    precious = tmp_path / "notes.txt"
+    precious.write_text("my notes\n")
+    outcome = faults.run_cli(capsys, [*base, str(precious)])
+    faults.assert_user_error(outcome, str(precious), "not a NumPy .npy file")
+    assert precious.read_text() == "my notes\n"
+    faults.assert_user_error(faults.run_cli(capsys, [*base, str(tmp_path)]), "is a directory")
+    lengths = tmp_path / "tokens.lengths.npy"
+    lengths.write_text("not numpy\n")
+    outcome = faults.run_cli(capsys, [*base, str(tmp_path / "tokens.npy"), "--pool", "none"])
+    faults.assert_user_error(outcome, str(lengths))
+    assert not (tmp_path / "tokens.npy").exists() and lengths.read_text() == "not numpy\n"
+    out = tmp_path / "o.npy"
+    np.save(out, np.zeros(3))
+    assert cli.main([*base, str(out)]) == 0
+    assert np.load(out).shape == (2, 64)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

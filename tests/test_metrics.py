@@ -145,3 +145,24 @@ def test_peak_flops_by_device_kind():
     assert metrics.peak_flops_per_chip("TPU v5 lite") == 197e12
     assert metrics.peak_flops_per_chip("NVIDIA H100 80GB HBM3") == 989e12
     assert metrics.peak_flops_per_chip("cpu") is None
+
+
+def test_skipped_record_files_are_logged_once_each(tmp_path):
+    """With `data.skip_corrupt_records`, every damaged file the pipeline skips is one event row."""
+    writer = metrics.MetricWriter(str(tmp_path / "run"), tensorboard=False)
+    lines = []
+    log = metrics.StepLog(None, 10, None, writer, lines.append, checkpointer=None)
+    log.note_corrupt_files(3, {})
+    log.note_corrupt_files(4, {"a.tfrecord": 7})
+    log.note_corrupt_files(5, {"a.tfrecord": 7, "b.tfrecord": 0})
+    writer.close()
+    events = metrics.read_jsonl(writer.jsonl_path, kind="event")
+    assert [(e["step"], e["file"], e["from_record"]) for e in events] == [
+        (4, "a.tfrecord", 7),
+        (5, "b.tfrecord", 0),
+    ]
+    assert {e["event"] for e in events} == {"corrupt_records_skipped"}
+    assert lines == [
+        "step 4: skipping a.tfrecord from record 7 (damaged)",
+        "step 5: skipping b.tfrecord from record 0 (damaged)",
+    ]

@@ -279,9 +279,14 @@ class PackedIterator:
         return self
 
     @property
+    def corrupt_files(self) -> dict[str, int]:
+        """Damaged files the reader skipped (``PretrainIterator.corrupt_files``)."""
+        return getattr(self.unpacked, "corrupt_files", {})
+
+    @property
     def corrupt_records(self) -> int:
         """Damaged records the reader skipped (``PretrainIterator.corrupt_records``)."""
-        return getattr(self.unpacked, "corrupt_records", 0)
+        return len(self.corrupt_files)
 
     def __next__(self) -> Batch:
         batch = next(self.unpacked)

@@ -72,9 +72,14 @@ class ShardedInput:
         return range(self.first_shard, self.first_shard + len(self.readers))
 
     @property
+    def corrupt_files(self) -> dict[str, int]:
+        """Damaged files skipped by this process's readers: path -> first damaged record."""
+        return {p: i for r in self.readers for p, i in getattr(r, "corrupt_files", {}).items()}
+
+    @property
     def corrupt_records(self) -> int:
         """Damaged records skipped by all of this process's readers (for the metrics)."""
-        return sum(getattr(reader, "corrupt_records", 0) for reader in self.readers)
+        return len(self.corrupt_files)
 
     def __iter__(self) -> ShardedInput:
         return self
