@@ -1,46 +1,90 @@
-"""Ahead-of-time compile check: will the train step fit, on this mesh, for every phase?
+"""Ahead-of-time compile check: will the train step fit, on this mesh, for every phase, and what
+does XLA's cost model expect of it?
 
 `check(config)` lowers and compiles the real jitted train step for each phase's global batch
 shape on the configured mesh, from shapes alone (`trainer.abstract_state()` and
 `jax.ShapeDtypeStruct` batches carrying their shardings): no state is initialized, no data is
-read. It reports XLA's memory analysis per device (arguments, outputs, temporaries, and the peak)
-next to the device's memory when JAX knows it (GPU, TPU) or when given (`device_memory_bytes`,
-e.g. the HBM of the target chip when checking on emulated CPU devices). On a pod it runs on every
-host after `jax.distributed.initialize`, so a job that cannot fit fails in seconds, not after
-data loading and initialization. `bert-jax pretrain --compile-only` is the command.
+read. Without a target it compiles for the devices at hand (on a pod, every host after
+`jax.distributed.initialize`, so a job that cannot fit fails in seconds). With a
+`topology.TpuTarget` it compiles for that TPU slice on whatever machine it runs: XLA's TPU
+compiler lays the configured mesh over the slice's chips (every host's), and its memory and cost
+analyses describe the TPU program. `bert-jax pretrain --compile-only [--topology v5p-128]` is the
+command; `bert_jax/plan.py` searches batch sizes and meshes with it.
 
-The CPU backend's figures describe the CPU program (other fusions and layouts than on TPU/GPU);
-run the check on the target hardware for a verdict that binds.
+Per phase it reports memory per device (arguments, outputs, temporaries, peak) against the
+device's memory, and for TPU targets the cost model's step time and from it tokens/s, model
+TFLOP/s per chip, MFU (every position counted as real), the bytes its collectives move, and the
+compile time. Step times are estimates of XLA's cost model (see `cost_model.py` for how they are
+read), not measurements: the compile proves that the program fits and is valid for that chip,
+not how fast it runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
 import time
+from collections.abc import Iterator
 
 import flax.linen as nn
 import jax
 import ml_collections
+import optax
 
-from bert_jax import config_lib, optim, partitioning
+from bert_jax import config_lib, cost_model, metrics, optim, partitioning
+from bert_jax.topology import TpuTarget, mesh_error
 from bert_jax.train import ShardedTrainer, dummy_batch
 
 GIB = 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
-class PhaseMemory:
+class PhaseCompile:
+    """One phase's compiled train step."""
+
     phase: str
     batch_size: int  # global
     max_seq_length: int
     max_predictions_per_seq: int
-    argument_bytes: int
-    output_bytes: int
-    alias_bytes: int
-    temp_bytes: int
-    code_bytes: int
-    peak_bytes: int  # per device
+    accum_steps: int
+    memory: cost_model.Memory  # per device
+    cost: cost_model.ProgramCost  # per device
+    update: cost_model.ProgramCost | None  # the optimizer update compiled alone (TPU targets)
+    model_flops: float  # per step, all devices (metrics.flops_per_token, every position real)
     compile_seconds: float
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak
+
+    @property
+    def update_in_step(self) -> bool:
+        """Whether the step's cost counts the update (see `cost_model`: a cond may drop it)."""
+        return self.update is not None and not self.update.lost_unpriced_ops
+
+    @property
+    def step_seconds(self) -> float | None:
+        """The cost model's step time, or None where the backend has no cost model (CPU).
+
+        XLA prices a loop's body once: with gradient accumulation the step's figure holds one
+        micro-batch, so the micro-batch time is counted `accum_steps` times, the update once.
+        """
+        if self.cost.raw_seconds == 0.0 or self.update is None:
+            return None
+        micro = self.cost.seconds - (self.update.seconds if self.update_in_step else 0.0)
+        return self.accum_steps * micro + self.update.seconds
+
+    @property
+    def step_flops(self) -> float:
+        """XLA's FLOPs of the whole step per device (loop bodies counted as often as they run)."""
+        update = self.update.flops if self.update is not None else 0.0
+        micro = self.cost.flops - (update if self.update_in_step else 0.0)
+        return self.accum_steps * micro + update
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.max_seq_length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +93,12 @@ class CompileReport:
     platform: str
     device_kind: str
     num_devices: int
+    hosts: int
     device_memory_bytes: int | None
     memory_source: str
-    phases: list[PhaseMemory]
+    phases: list[PhaseCompile]
+    target: TpuTarget | None = None
+    peak_flops: float | None = None  # per device
 
     @property
     def fits(self) -> bool | None:
@@ -59,6 +106,19 @@ class CompileReport:
         if self.device_memory_bytes is None:
             return None
         return all(p.peak_bytes <= self.device_memory_bytes for p in self.phases)
+
+    def estimates(self, phase: PhaseCompile) -> dict[str, float] | None:
+        """tokens/s, model TFLOP/s per device and MFU from the cost model's step time."""
+        seconds = phase.step_seconds
+        if not seconds or seconds <= 0:
+            return None
+        tflops = phase.model_flops / seconds / self.num_devices / 1e12
+        return {
+            "step_seconds": seconds,
+            "tokens_per_second": phase.tokens_per_step / seconds,
+            "model_tflops_per_device": tflops,
+            "mfu": tflops * 1e12 / self.peak_flops if self.peak_flops else float("nan"),
+        }
 
 
 class DoesNotFitError(RuntimeError):
@@ -76,30 +136,7 @@ def device_memory() -> tuple[int | None, str]:
     return None, "unknown"
 
 
-def _peak(stats) -> int:
-    # Live at once at worst: inputs, outputs not aliased to (donated) inputs, and temporaries.
-    # Some backends (CPU) report a peak that leaves the temporaries out: take the larger.
-    computed = (
-        stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        - stats.alias_size_in_bytes
-        + stats.temp_size_in_bytes
-    )
-    return int(max(computed, getattr(stats, "peak_memory_in_bytes", 0) or 0))
-
-
-def check(
-    config: ml_collections.ConfigDict, *, device_memory_bytes: int | None = None
-) -> CompileReport:
-    """Compiles the train step of every phase from shapes only; see the module docstring.
-
-    Raises ValueError for shapes that do not divide the mesh (naming the setting) and
-    DoesNotFitError when XLA itself runs out of device memory while compiling.
-    """
-    phases = config_lib.plan_phases(config)
-    config_lib.check_values(config, phases)
-    mesh = partitioning.make_mesh(config.mesh.shape)
-    rules = partitioning.rules_from_config(config.mesh.rules)
+def _check_batches(config, phases, mesh) -> None:
     accum = int(config.grad_accum_steps)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     for phase in phases:
@@ -111,22 +148,112 @@ def check(
                 f"config.{phase.name}.batch_size={phase.batch_size} must be divisible by "
                 f"config.grad_accum_steps={accum} x data-parallel size {dp}"
             )
+
+
+def _mesh(config, target: TpuTarget | None):
+    if target is None:
+        return partitioning.make_mesh(config.mesh.shape)
+    devices = target.devices()
+    try:
+        return partitioning.make_mesh(config.mesh.shape, devices)
+    except NotImplementedError as err:  # the mesh cannot be laid over the torus
+        raise mesh_error(target, config.mesh.shape, err) from None
+
+
+@contextlib.contextmanager
+def _no_persistent_cache(off: bool) -> Iterator[None]:
+    """Compile-only TPU devices have no runtime client: JAX's persistent compilation cache (if
+    the user set one) would store their programs and then fail to read them back."""
+    if not off:
+        yield
+        return
+    from jax.experimental.compilation_cache import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides once per process whether it uses the cache
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
+
+
+def _compile(jitted, mesh, rules, *args, what: str):
+    compile_only = mesh.devices.flat[0].platform != jax.default_backend()
+    try:
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules), _no_persistent_cache(compile_only):
+            lowered = jitted.lower(*args)
+            return lowered.compile()
+    except Exception as err:  # XLA reports OOM at compile time on TPU/GPU
+        if "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower():
+            raise DoesNotFitError(f"{what} does not fit: {_oom_line(str(err))}") from err
+        raise
+
+
+def _oom_line(message: str) -> str:
+    """XLA's statement of the shortfall (e.g. "Used 55.75G of 15.75G hbm. Exceeded hbm capacity
+    by 40.00G."), else its first line."""
+    used = re.search(
+        r"Used [\d.]+\w? of [\d.]+\w? \w+\.(?: Exceeded \w+ capacity by [\d.]+\w?\.)?", message
+    )
+    if used:
+        return used.group(0)
+    return message.strip().splitlines()[0][:300]
+
+
+def _update_cost(trainer: ShardedTrainer, state, mesh, rules) -> cost_model.ProgramCost:
+    """The optimizer update alone (params, slots and gradients as the step shards them)."""
+
+    def apply(params, opt_state, grads):
+        updates, opt_state = trainer.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    shardings = trainer.state_shardings
+    jitted = jax.jit(
+        apply,
+        in_shardings=(shardings.params, shardings.opt_state, shardings.params),
+        out_shardings=(shardings.params, shardings.opt_state),
+        donate_argnums=(0, 1),
+    )
+    args = (state.params, state.opt_state, state.params)
+    return cost_model.read_cost(_compile(jitted, mesh, rules, *args, what="the optimizer update"))
+
+
+def check(
+    config: ml_collections.ConfigDict,
+    target: TpuTarget | None = None,
+    *,
+    device_memory_bytes: int | None = None,
+) -> CompileReport:
+    """Compiles the train step of every phase from shapes only; see the module docstring.
+
+    Raises ValueError for shapes that do not divide the mesh (naming the setting), UserError for
+    a mesh that cannot be laid over `target`'s torus, and DoesNotFitError when XLA itself runs
+    out of device memory while compiling.
+    """
+    phases = config_lib.plan_phases(config)
+    config_lib.check_values(config, phases)
+    mesh = _mesh(config, target)
+    rules = partitioning.rules_from_config(config.mesh.rules)
+    _check_batches(config, phases, mesh)
     tx, schedule = optim.from_config(
         config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
     )
-    trainer = ShardedTrainer(
-        config_lib.bert_config(config), tx, mesh, rules, schedule=schedule, accum_steps=accum
-    )
+    model_config = config_lib.bert_config(config)
+    accum = int(config.grad_accum_steps)
+    trainer = ShardedTrainer(model_config, tx, mesh, rules, schedule=schedule, accum_steps=accum)
     state = trainer.abstract_state()
-    replicated = partitioning.replicated(mesh)
     rng = jax.eval_shape(lambda: jax.random.key(0))
-    rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=replicated)
+    rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))
     if device_memory_bytes is not None:
         memory, source = int(device_memory_bytes), "given"
+    elif target is not None:
+        memory, source = target.hbm_bytes, f"{target.generation.name} HBM"
     else:
         memory, source = device_memory()
 
-    results = []
+    results, update = [], None
     for phase in phases:
         shapes = jax.eval_shape(
             lambda p=phase: dummy_batch(p.batch_size, p.max_seq_length, p.max_predictions_per_seq)
@@ -136,43 +263,42 @@ def check(
             for key, value in shapes.items()
         }
         start = time.perf_counter()
-        try:
-            # The very jitted step training runs (same shardings, donation, rules).
-            with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-                lowered = trainer._train_step.lower(state, batch, rng)  # noqa: SLF001
-            compiled = lowered.compile()
-        except Exception as err:  # XLA reports OOM at compile time on TPU/GPU
-            if "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower():
-                raise DoesNotFitError(
-                    f"config.{phase.name} (global batch {phase.batch_size}, seq "
-                    f"{phase.max_seq_length}) does not fit: {str(err).splitlines()[0]}"
-                ) from err
-            raise
-        stats = compiled.memory_analysis()
+        what = f"config.{phase.name} (global batch {phase.batch_size}, seq {phase.max_seq_length})"
+        # The very jitted step training runs (same shardings, donation, rules).
+        compiled = _compile(trainer._train_step, mesh, rules, state, batch, rng, what=what)  # noqa: SLF001
+        cost = cost_model.read_cost(compiled)
+        if cost.raw_seconds != 0.0 and update is None:  # a cost model: price the update alone
+            update = _update_cost(trainer, state, mesh, rules)
+        share = phase.max_predictions_per_seq / phase.max_seq_length
+        per_token = metrics.flops_per_token(model_config, phase.max_seq_length, share)
         results.append(
-            PhaseMemory(
+            PhaseCompile(
                 phase=phase.name,
                 batch_size=phase.batch_size,
                 max_seq_length=phase.max_seq_length,
                 max_predictions_per_seq=phase.max_predictions_per_seq,
-                argument_bytes=int(stats.argument_size_in_bytes),
-                output_bytes=int(stats.output_size_in_bytes),
-                alias_bytes=int(stats.alias_size_in_bytes),
-                temp_bytes=int(stats.temp_size_in_bytes),
-                code_bytes=int(stats.generated_code_size_in_bytes),
-                peak_bytes=_peak(stats),
+                accum_steps=accum,
+                memory=cost_model.read_memory(compiled),
+                cost=cost,
+                update=update,
+                model_flops=per_token * phase.batch_size * phase.max_seq_length,
                 compile_seconds=time.perf_counter() - start,
             )
         )
-    device = jax.devices()[0]
+    devices = list(mesh.devices.flat)
     return CompileReport(
         mesh=dict(mesh.shape),
-        platform=device.platform,
-        device_kind=device.device_kind,
-        num_devices=jax.device_count(),
+        platform=devices[0].platform,
+        device_kind=devices[0].device_kind,
+        num_devices=len(devices),
+        hosts=len({d.process_index for d in devices}),
         device_memory_bytes=memory,
         memory_source=source,
         phases=results,
+        target=target,
+        peak_flops=(
+            target.peak_flops if target else metrics.peak_flops_per_chip(devices[0].device_kind)
+        ),
     )
 
 
@@ -180,51 +306,76 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.3f} GiB"
 
 
+def _bytes(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < GIB else _gib(int(n))
+
+
 def format_report(report: CompileReport) -> str:
-    lines = [
-        f"compile check: {report.num_devices} {report.platform} device(s) ({report.device_kind}), "
-        f"mesh {report.mesh}; memory per device:"
-    ]
+    where = f"{report.num_devices} {report.platform} device(s) ({report.device_kind})"
+    if report.target is not None:
+        where = f"{report.target.describe()} on {report.hosts} host(s)"
+    lines = [f"compile check: {where}, mesh {report.mesh}; memory per device:"]
     for p in report.phases:
+        m = p.memory
         lines.append(
             f"  {p.phase}: global batch {p.batch_size} x seq {p.max_seq_length} "
-            f"({p.max_predictions_per_seq} predictions): arguments {_gib(p.argument_bytes)}, "
-            f"outputs {_gib(p.output_bytes)} (aliased {_gib(p.alias_bytes)}), temporaries "
-            f"{_gib(p.temp_bytes)}, code {_gib(p.code_bytes)} -> peak {_gib(p.peak_bytes)} "
+            f"({p.max_predictions_per_seq} predictions): arguments {_gib(m.argument)}, "
+            f"outputs {_gib(m.output)} (aliased {_gib(m.alias)}), temporaries "
+            f"{_gib(m.temp)}, code {_gib(m.code)} -> peak {_gib(m.peak)} "
             f"[compiled in {p.compile_seconds:.1f} s]"
         )
+        estimate = report.estimates(p)
+        if estimate is not None:
+            collectives = sorted(p.cost.collective_bytes.items())
+            moved = ", ".join(f"{kind} {_bytes(n)}" for kind, n in collectives)
+            update = "" if p.update_in_step else " incl. the optimizer update priced alone"
+            if p.accum_steps > 1:
+                update += f", {p.accum_steps} micro-batches"
+            lines.append(
+                f"    XLA cost-model estimate (not a measurement): step "
+                f"{estimate['step_seconds'] * 1e3:.2f} ms{update} -> "
+                f"{estimate['tokens_per_second']:,.0f} tokens/s, "
+                f"{estimate['model_tflops_per_device']:.1f} model TFLOP/s per chip, "
+                f"MFU {estimate['mfu']:.1%} (every position counted as real); collectives "
+                f"per chip per step: {moved or 'none'}"
+            )
     worst = max(report.phases, key=lambda p: p.peak_bytes)
     if report.device_memory_bytes is None:
         lines.append(
             f"verdict: unknown (the {report.platform} runtime does not report its memory; pass "
             f"--device-memory-gib); the largest phase needs {_gib(worst.peak_bytes)} per device"
         )
-    else:
-        share = worst.peak_bytes / report.device_memory_bytes
-        verdict = "fits" if report.fits else "DOES NOT FIT"
+        return "\n".join(lines)
+    share = worst.peak_bytes / report.device_memory_bytes
+    verdict = "fits" if report.fits else "DOES NOT FIT"
+    lines.append(
+        f"verdict: {verdict}: the largest phase ({worst.phase}) needs "
+        f"{_gib(worst.peak_bytes)} of {_gib(report.device_memory_bytes)} per device "
+        f"({share:.0%}; device memory {report.memory_source})"
+    )
+    if not report.fits:
         lines.append(
-            f"verdict: {verdict}: the largest phase ({worst.phase}) needs "
-            f"{_gib(worst.peak_bytes)} of {_gib(report.device_memory_bytes)} per device "
-            f"({share:.0%}; device memory {report.memory_source})"
+            f"  short by {_gib(worst.peak_bytes - report.device_memory_bytes)}; try: a larger "
+            "mesh fsdp axis (shards params and optimizer state), config.grad_accum_steps, a "
+            "smaller per-device batch, or config.model.dtype=bfloat16"
         )
-        if not report.fits:
-            lines.append(
-                "  try: a larger mesh fsdp axis (shards params and optimizer state), "
-                "config.grad_accum_steps, a smaller per-device batch, or "
-                "config.model.dtype=bfloat16"
-            )
     return "\n".join(lines)
 
 
-def main(config: ml_collections.ConfigDict, device_memory_gib: float | None = None) -> int:
+def main(
+    config: ml_collections.ConfigDict,
+    device_memory_gib: float | None = None,
+    target: TpuTarget | None = None,
+) -> int:
     """`bert-jax pretrain --compile-only`: prints the report on process 0; exit status 0 when it
     fits or the device memory is unknown, 4 when it does not fit."""
     memory = None if device_memory_gib is None else int(device_memory_gib * GIB)
     show = print if jax.process_index() == 0 else (lambda *a, **k: None)
     try:
-        report = check(config, device_memory_bytes=memory)
+        report = check(config, target=target, device_memory_bytes=memory)
     except DoesNotFitError as err:
-        show(f"compile check: DOES NOT FIT: {err}")
+        on = f" on {target.describe()}" if target is not None else ""
+        show(f"compile check: DOES NOT FIT{on}: {err}")
         return 4
     show(format_report(report))
     return 4 if report.fits is False else 0

@@ -27,10 +27,11 @@ from bert_jax.model import BertConfig
 
 # Dense bf16 peak TFLOP/s per chip, matched against `jax.Device.device_kind` (lower case).
 PEAK_TFLOPS_BF16: tuple[tuple[str, float], ...] = (
-    ("tpu v6", 918.0),  # v6e (Trillium)
-    ("tpu v5p", 459.0),
+    ("tpu v6", 918.0),  # v6e (Trillium): "TPU v6 lite"
     ("tpu v5 lite", 197.0),  # v5e
     ("tpu v5e", 197.0),
+    ("tpu v5p", 459.0),
+    ("tpu v5", 459.0),  # v5p reports itself as "TPU v5" (after the v5e names, which contain it)
     ("tpu v4", 275.0),
     ("h200", 989.0),
     ("h100", 989.0),

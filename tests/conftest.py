@@ -11,6 +11,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault(
     "BERT_JAX_CACHE_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bert_jax_test_cache")
 )
+# The tests run on CPU devices, children too (libtpu, installed for the TPU compile tests, would
+# otherwise probe for TPU chips in every process).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import cli, compile_check, distributed, metrics, pretrain
+from bert_jax import cli, compile_check, cost_model, distributed, metrics, pretrain
 from bert_jax.data import shards
 from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, small_config  # noqa: F401
 from tests.xla_flags import with_devices
@@ -438,14 +438,15 @@ def test_compile_only_prints_the_memory_per_device_without_initializing(capsys, 
 
 
 def test_compile_report_verdicts():
-    phase = compile_check.PhaseMemory(
-        "phase2", 256, 512, 80, 2**30, 2**30, 2**30, 3 * 2**30, 0, 4 * 2**30, 1.0
-    )
+    memory = cost_model.Memory(2**30, 2**30, 2**30, 3 * 2**30, 0)
+    cost = cost_model.ProgramCost(1e12, 1e9, 0.0, 0, {})
+    phase = compile_check.PhaseCompile("phase2", 256, 512, 80, 1, memory, cost, None, 1e12, 1.0)
     report = compile_check.CompileReport(
         {"data": 8, "fsdp": 1, "tensor": 1},
         "tpu",
         "TPU v4",
         8,
+        1,
         32 * 2**30,
         "reported by the device",
         [phase],
@@ -455,5 +456,8 @@ def test_compile_report_verdicts():
         report.fits
         and "verdict: fits: the largest phase (phase2) needs 4.000 GiB of 32.000 GiB" in text
     )
+    assert report.estimates(phase) is None  # no cost model: no estimate
     unknown = dataclasses.replace(report, device_memory_bytes=None, memory_source="unknown")
     assert unknown.fits is None and "verdict: unknown" in compile_check.format_report(unknown)
+    small = dataclasses.replace(report, device_memory_bytes=3 * 2**30)
+    assert "short by 1.000 GiB" in compile_check.format_report(small)

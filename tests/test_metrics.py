@@ -143,6 +143,9 @@ def test_flops_per_token_matches_xla_cost_analysis(sparse_last_layer):
 
 def test_peak_flops_by_device_kind():
     assert metrics.peak_flops_per_chip("TPU v5 lite") == 197e12
+    assert metrics.peak_flops_per_chip("TPU v5") == 459e12  # v5p's device kind
+    assert metrics.peak_flops_per_chip("TPU v6 lite") == 918e12
+    assert metrics.peak_flops_per_chip("TPU v4") == 275e12
     assert metrics.peak_flops_per_chip("NVIDIA H100 80GB HBM3") == 989e12
     assert metrics.peak_flops_per_chip("cpu") is None
 

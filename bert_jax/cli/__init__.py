@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from bert_jax import topology
 from bert_jax.cli import bench, config_flags, convert, data, encode, finetune, launch, pretrain
 
 # `bert-jax --help` lists the commands in this order (data: tokenizer, data; finetune:
@@ -62,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # TensorFlow (tf.data only) would otherwise log its CPU-feature banners on every start.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # libtpu (bert-jax[tpu]) on a host without TPU chips: quiet, and loadable by many processes.
+    topology.quiet_runtime_without_chips()
     if argv and argv[0] in _CONFIG_COMMANDS:
         command = _CONFIG_COMMANDS[argv[0]]
         name, run = command.name, lambda: command.main(argv[1:])

@@ -21,6 +21,14 @@ def _run(flag_values) -> int:
     if flag_values.dry_run:
         print(config_lib.describe(config))
         return 0
+    if flag_values.topology:
+        from bert_jax import compile_check, topology
+
+        if not flag_values.compile_only:
+            raise UserError("--topology compiles for a TPU slice: it needs --compile-only")
+        # One process compiles for every host of the slice: no jax.distributed here.
+        target = topology.parse(flag_values.topology)
+        return compile_check.main(config, flag_values.device_memory_gib, target)
     # Multi-process jobs join up before anything touches a device.
     distributed.initialize_from_flags(flag_values)
     if flag_values.compile_only:
@@ -61,7 +69,16 @@ COMMAND = ConfigCommand(
             "float",
             "device_memory_gib",
             None,
-            "with --compile-only: device memory to check against (default: reported by the device)",
+            "with --compile-only: device memory to check against (default: reported by the "
+            "device, or the --topology chip's HBM)",
+        ),
+        (
+            "string",
+            "topology",
+            None,
+            "with --compile-only: compile for this Cloud TPU slice from any machine (v4-8, "
+            "v5p-128, v5litepod-16, v6e-64, or a topology such as v5p:4x4x4; needs "
+            "bert-jax[tpu]) and print XLA's cost-model estimates",
         ),
     ),
     run=_run,

@@ -1,0 +1,163 @@
+"""What XLA says of a compiled program: memory per device, its cost model's time, and the bytes
+its collectives move, read from `jax.stages.Compiled` (any backend; the TPU compiler's figures are
+the ones that say something about a TPU).
+
+Two traps of XLA:TPU's cost model, found by compiling for TPU topologies on a CPU host and pinned
+by tests/test_topology.py:
+- `optimal_seconds` prices each op it cannot cost (the `rng-bit-generator` of the rbg PRNG, the
+  `ConcatBitcast` custom call) at -1 s, so a raw figure can be negative. `ProgramCost.seconds`
+  adds back one second per such op in the entry computation.
+- A `lax.cond` is priced as its dearest branch. The train step applies the optimizer update in
+  a branch (`cond(finite, apply_update, skip)`); when the update holds such ops, the skip branch
+  looks dearer and the update drops out of the estimate. `compile_check` prices the update on its
+  own and adds it back in that case.
+
+All figures are estimates of XLA's cost model, not measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+_UNPRICED = re.compile(r"\brng-bit-generator\(|custom_call_target=\"ConcatBitcast\"")
+_COLLECTIVE = re.compile(
+    r"^\s*(?:ROOT )?%\S+ = (?P<shape>.+?) "
+    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|ragged-all-to-all|collective-permute)"
+    r"(?P<start>-start)?\((?P<rest>.*)$"
+)
+_ARRAY = re.compile(r"\b(?P<dtype>pred|[subf]\d+|bf16|f8e\w+|c64|c128)\[(?P<dims>[\d,]*)\]")
+_BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Per-device bytes of a compiled program (XLA's `memory_analysis()`)."""
+
+    argument: int
+    output: int
+    alias: int  # outputs that reuse donated arguments
+    temp: int
+    code: int
+    reported_peak: int = 0  # the backend's own peak figure, where it gives one (CPU)
+
+    @property
+    def peak(self) -> int:
+        """Live at once at worst: arguments, outputs not aliased to them, and temporaries (or
+        the backend's own figure when larger: CPU's leaves the temporaries out)."""
+        return max(self.argument + self.output - self.alias + self.temp, self.reported_peak)
+
+
+def read_memory(compiled: Any) -> Memory:
+    stats = compiled.memory_analysis()
+    return Memory(
+        argument=int(stats.argument_size_in_bytes),
+        output=int(stats.output_size_in_bytes),
+        alias=int(stats.alias_size_in_bytes),
+        temp=int(stats.temp_size_in_bytes),
+        code=int(stats.generated_code_size_in_bytes),
+        reported_peak=int(getattr(stats, "peak_memory_in_bytes", 0) or 0),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramCost:
+    """XLA's cost analysis of one program on one device."""
+
+    flops: float
+    bytes_accessed: float
+    raw_seconds: float  # `optimal_seconds` as XLA reports it (0 where the backend has none)
+    unpriced_ops: int  # ops in the entry computation priced at -1 s
+    collective_bytes: dict[str, int]  # per collective kind, see `collective_bytes`
+
+    @property
+    def seconds(self) -> float:
+        return self.raw_seconds + self.unpriced_ops
+
+    @property
+    def lost_unpriced_ops(self) -> bool:
+        """True when ops the model cannot price pushed the raw time to zero or below: a `cond`
+        holding this program would have been priced as its other branch."""
+        return self.raw_seconds <= 0.0
+
+
+def read_cost(compiled: Any) -> ProgramCost:
+    analysis = compiled.cost_analysis() or {}
+    if isinstance(analysis, list | tuple):  # older JAX: one dict per program
+        analysis = analysis[0] if analysis else {}
+    text = compiled.as_text()
+    return ProgramCost(
+        flops=float(analysis.get("flops", 0.0)),
+        bytes_accessed=float(analysis.get("bytes accessed", 0.0)),
+        raw_seconds=float(analysis.get("optimal_seconds", 0.0)),
+        unpriced_ops=count_unpriced_ops(text),
+        collective_bytes=collective_bytes(text),
+    )
+
+
+def entry_computation(hlo_text: str) -> str:
+    """The body of the ENTRY computation of an HLO module's text."""
+    start = hlo_text.find("\nENTRY ")
+    if start < 0:
+        return ""
+    end = hlo_text.find("\n}", start)
+    return hlo_text[start : end if end > 0 else len(hlo_text)]
+
+
+def count_unpriced_ops(hlo_text: str) -> int:
+    return len(_UNPRICED.findall(entry_computation(hlo_text)))
+
+
+def array_bytes(shape_text: str) -> list[int]:
+    """Bytes of every array in an HLO shape (an array or a tuple of them)."""
+    sizes = []
+    for match in _ARRAY.finditer(shape_text):
+        dtype = match.group("dtype")
+        bits = _BITS.get(dtype) or int(re.sub(r"\D", "", dtype)[:3] or 8)
+        dims = [int(d) for d in match.group("dims").split(",") if d]
+        sizes.append(math.prod(dims) * bits // 8)
+    return sizes
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes per collective kind in a compiled module, per device: the full buffer each one
+    exchanges (an all-reduce's data, an all-gather's gathered result, a reduce-scatter's
+    input), every collective counted once (clones inside fusions share its channel id)."""
+    found: dict[tuple[str, str], int] = {}
+    for index, line in enumerate(hlo_text.splitlines()):
+        match = _COLLECTIVE.match(line)
+        if not match:
+            continue
+        op, rest = match.group("op"), match.group("rest")
+        sizes = array_bytes(match.group("shape"))
+        if match.group("start") and op in ("all-gather", "collective-permute"):
+            moved = max(sizes, default=0)  # (operand, result[, contexts]): the result
+        else:
+            moved = sum(sizes)
+        if op == "reduce-scatter":
+            moved *= _group_size(rest)
+        channel = re.search(r"channel_id=(\d+)", rest)
+        key = (op, channel.group(1) if channel else f"line{index}")
+        found[key] = max(found.get(key, 0), moved)
+    totals: dict[str, int] = {}
+    for (op, _), moved in found.items():
+        totals[op] = totals.get(op, 0) + moved
+    return totals
+
+
+def _group_size(attributes: str) -> int:
+    """Devices in each replica group of a collective's attributes (1 when unreadable)."""
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", attributes)
+    if mesh:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
+        named = re.findall(r"'(\w+)'", mesh.group(2))
+        return math.prod(int(sizes.get(axis, 1)) for axis in named) or 1
+    iota = re.search(r"replica_groups=\[[\d,]*?(\d+)\]<=", attributes)
+    if iota:
+        return int(iota.group(1))
+    listed = re.search(r"replica_groups=\{\{([\d,]*)\}", attributes)
+    if listed:
+        return len([d for d in listed.group(1).split(",") if d])
+    return 1
