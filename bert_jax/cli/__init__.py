@@ -16,14 +16,24 @@ import sys
 from collections.abc import Sequence
 
 from bert_jax import topology
-from bert_jax.cli import bench, config_flags, convert, data, encode, finetune, launch, pretrain
+from bert_jax.cli import (
+    bench,
+    config_flags,
+    convert,
+    data,
+    encode,
+    finetune,
+    launch,
+    plan,
+    pretrain,
+)
 
 # `bert-jax --help` lists the commands in this order (data: tokenizer, data; finetune:
 # finetune, glue).
-_FAMILIES = (data, pretrain, convert, encode, finetune, bench, launch)
+_FAMILIES = (data, pretrain, plan, convert, encode, finetune, bench, launch)
 # Their arguments go to absl (config_flags) instead of argparse.
 _CONFIG_COMMANDS: dict[str, config_flags.ConfigCommand] = {
-    command.name: command for command in (pretrain.COMMAND, bench.COMMAND)
+    command.name: command for command in (pretrain.COMMAND, plan.COMMAND, bench.COMMAND)
 }
 
 # What `bert_jax.errors` calls user errors. ValueError covers UserError and the library's own
