@@ -38,6 +38,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bert_jax import topology
+
 log = logging.getLogger("bert_jax")
 
 MODES = ("auto", "on", "off")
@@ -146,11 +148,9 @@ def _on_cloud_tpu_vm(env: Mapping[str, str]) -> bool:
         return True
     if env.get("MEGASCALE_COORDINATOR_ADDRESS"):
         return True
-    import glob
     import importlib.util
 
-    has_chips = os.path.exists("/dev/accel0") or bool(glob.glob("/dev/vfio/[0-9]*"))
-    return has_chips and importlib.util.find_spec("libtpu") is not None
+    return topology.has_local_tpu_chips() and importlib.util.find_spec("libtpu") is not None
 
 
 def plan(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import glob
 import importlib.util
 import math
 import os
@@ -167,7 +168,7 @@ def quiet_runtime_without_chips() -> None:
     every process); lets several processes load libtpu (its lock file in /tmp would refuse a
     second one). Changes nothing on a TPU VM, nor where libtpu is not installed, nor where
     JAX_PLATFORMS is set."""
-    if importlib.util.find_spec("libtpu") is None or _local_tpu_chips() > 0:
+    if importlib.util.find_spec("libtpu") is None or has_local_tpu_chips():
         return
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -189,7 +190,7 @@ def _no_chip_environment() -> Iterator[None]:
     """What libtpu must read when it loads on a host without chips to describe a slice quietly;
     restored after (these names would make `distributed` take the host for a TPU VM)."""
     saved = dict(os.environ)
-    if _local_tpu_chips() == 0:
+    if not has_local_tpu_chips():
         for key, value in (
             ("TPU_SKIP_MDS_QUERY", "1"),
             ("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
@@ -205,13 +206,9 @@ def _no_chip_environment() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _local_tpu_chips() -> int:
-    try:
-        from jax._src import hardware_utils
-
-        return int(hardware_utils.num_available_tpu_chips_and_device_id()[0])
-    except Exception:  # noqa: BLE001 (a private helper: when it moves, look at /dev)
-        return sum(1 for name in os.listdir("/dev") if name.startswith("accel"))
+def has_local_tpu_chips() -> bool:
+    """Whether this host has TPU chips attached (as the TPU VM images expose them)."""
+    return os.path.exists("/dev/accel0") or bool(glob.glob("/dev/vfio/[0-9]*"))
 
 
 @functools.cache
