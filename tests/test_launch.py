@@ -15,7 +15,7 @@ import time
 import pytest
 
 from bert_jax import cli, distributed
-from bert_jax.launch import Runner, slurm, tpu
+from bert_jax.launch import LaunchError, Runner, slurm, tpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTILE = "a b; rm -rf /"
@@ -67,6 +67,14 @@ STOP = (
     """bert-jax on $(hostname)"; else echo "no bert-jax run on $(hostname)"; fi'"""
 )
 DELETE = f"gcloud compute tpus tpu-vm delete bert-base {WHERE} --quiet"
+PREFLIGHT = [
+    f"# preflight (in {REPO}): compile the step for v4-32 before creating anything; "
+    "--skip-preflight skips it",
+    shlex.join(
+        [sys.executable, "-m", "bert_jax.cli", "pretrain", *PRETRAIN]
+        + ["--compile-only", "--topology", "v4-32"]
+    ),
+]
 PACK = f"# pack pyproject.toml README.md bert_jax configs launch of {REPO} into /tmp/src.tar.gz"
 SETUP_FLAGS = ["--source", REPO, "--archive", "/tmp/src.tar.gz", "--jax-spec", "jax[tpu]==0.10.2"]
 
@@ -95,6 +103,7 @@ def _launch(capsys, *argv) -> list[str]:
             "up",
             [*SETUP_FLAGS, "--", *PRETRAIN],
             [
+                *PREFLIGHT,
                 DESCRIBE,
                 "# only when the describe above fails (no such TPU VM):",
                 CREATE,
@@ -235,7 +244,15 @@ def test_tpu_up_reuses_an_existing_vm_and_packs_the_source(tmp_path):
         vm = tpu.TpuVm("bert-base", "us-central2-b")
         runner = Runner(out=open(os.devnull, "w"), run=fake_run)  # noqa: SIM115
         tpu.perform("up", vm, runner, pretrain_args=["--config", "c"], archive=archive)
-        verbs = [argv[4] for argv in calls]
+        assert calls[0][-6:] == [
+            "pretrain",
+            "--config",
+            "c",
+            "--compile-only",
+            "--topology",
+            "v4-32",
+        ]
+        verbs = [argv[4] for argv in calls[1:]]
         expected = ["describe"] + ([] if exists else ["create"]) + ["ssh", "scp", "ssh", "ssh"]
         assert verbs == expected + ["ssh"], verbs  # the last ssh streams worker 0's log
     with tarfile.open(archive) as tar:
@@ -247,6 +264,35 @@ def test_tpu_up_reuses_an_existing_vm_and_packs_the_source(tmp_path):
         "launch/mount_gcs.sh",
     } <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.startswith((".venv", "tests"))]
+
+
+@pytest.mark.parametrize("status, said", [(4, "does not fit v5p-16"), (2, "exit status 2")])
+def test_tpu_up_creates_nothing_when_the_preflight_fails(status, said, tmp_path):
+    """`up` compiles the job for the accelerator type first (a local subprocess: no TPU needed);
+    a job that does not fit (exit 4) or a bad config stops the launch before any gcloud call,
+    and --skip-preflight goes straight on."""
+    calls = []
+
+    def fake_run(argv, check=False, **kwargs):
+        calls.append((argv, kwargs.get("cwd")))
+        return subprocess.CompletedProcess(argv, status if "--compile-only" in argv else 0)
+
+    vm = tpu.TpuVm("bert-base", "us-central2-b", accelerator_type="v5p-16")
+    runner = Runner(out=open(os.devnull, "w"), run=fake_run)  # noqa: SIM115
+    with pytest.raises(LaunchError, match=said):
+        tpu.perform("up", vm, runner, pretrain_args=["--config", "c"], source_dir=REPO)
+    assert len(calls) == 1 and calls[0][1] == REPO  # where the config paths lead
+    assert calls[0][0][-2:] == ["--topology", "v5p-16"]
+    calls.clear()
+    tpu.perform(
+        "up",
+        vm,
+        runner,
+        pretrain_args=["--config", "c"],
+        check_fit=False,
+        archive=str(tmp_path / "src.tgz"),
+    )
+    assert calls and not any("--compile-only" in argv for argv, _ in calls)
 
 
 SLURM_SCRIPT = """#!/bin/bash

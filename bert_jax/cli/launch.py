@@ -54,12 +54,21 @@ def _add_tpu(kinds) -> None:
     running.add_argument(
         "pretrain_args", nargs="*", metavar="-- PRETRAIN_ARGS", help="bert-jax pretrain args"
     )
+    checking = argparse.ArgumentParser(add_help=False)
+    checking.add_argument(
+        "--skip-preflight",
+        action="store_true",
+        help="do not compile the job for --accelerator-type here before creating the TPU VM",
+    )
     viewing = argparse.ArgumentParser(add_help=False)
     viewing.add_argument("--worker", type=int, default=0, help="whose log to stream")
     parser = kinds.add_parser("tpu", help="Cloud TPU VM slice: create, setup, run, logs, stop")
     actions = parser.add_subparsers(dest="tpu_action", required=True, metavar="ACTION")
     helps = {
-        "up": ("create (or reuse), setup, run", [common, creating, installing, running]),
+        "up": (
+            "compile-check here, then create (or reuse), setup, run",
+            [common, creating, installing, running, checking],
+        ),
         "create": ("create the TPU VM unless it exists", [common, creating]),
         "setup": ("copy this source tree to every worker and install it", [common, installing]),
         "run": ("start bert-jax pretrain on every worker; stream worker 0", [common, running]),
@@ -98,6 +107,7 @@ def _run_tpu(args) -> int:
         jax_spec=getattr(args, "jax_spec", None),
         setup_commands=getattr(args, "setup_command", ()),
         worker=getattr(args, "worker", 0),
+        check_fit=not getattr(args, "skip_preflight", False),
     )
     return 0
 

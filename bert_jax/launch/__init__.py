@@ -65,8 +65,16 @@ class Runner:
     def note(self, text: str) -> None:
         self.show(f"# {text}")
 
-    def __call__(self, argv: Sequence[str], *, check: bool = True, quiet: bool = False) -> int:
-        """Runs `argv`; returns its exit status (0 in a dry run). `check` raises on failure."""
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        quiet: bool = False,
+        cwd: str | None = None,
+    ) -> int:
+        """Runs `argv` (in `cwd`); returns its exit status (0 in a dry run). `check` raises on
+        failure."""
         argv = [str(a) for a in argv]
         if self.dry_run:
             self.show(shlex.join(argv))
@@ -74,6 +82,8 @@ class Runner:
         if not quiet:
             self.show(f"+ {shlex.join(argv)}")
         kwargs = {"capture_output": True, "text": True} if quiet else {}
+        if cwd is not None:
+            kwargs["cwd"] = cwd
         try:
             result = self._run(argv, check=False, **kwargs)
         except FileNotFoundError:

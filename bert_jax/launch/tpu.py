@@ -12,7 +12,8 @@ Actions, each a short sequence of `gcloud compute tpus tpu-vm` commands:
   stop    SIGTERM the run on every worker: JAX's preemption notice makes all hosts save a
           checkpoint at the same step and exit; `run` again resumes
   delete  delete the TPU VM
-  up      create + setup + run
+  up      preflight + create + setup + run: the job is first compiled here for the accelerator
+          type (`pretrain --compile-only --topology`); one that cannot fit never starts billing
 
 Workers run from `~/REMOTE_DIR/src`, so config paths like `configs/bert.py:base` work; the workdir
 and data must be paths every worker sees (a bucket mounted with Cloud Storage FUSE, or Filestore),
@@ -25,6 +26,7 @@ import dataclasses
 import os
 import re
 import shlex
+import sys
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -231,6 +233,36 @@ def setup(
     runner(vm.ssh_command(vm.install_script(jax_spec, setup_commands)))
 
 
+def preflight_command(vm: TpuVm, pretrain_args: Sequence[str]) -> list[str]:
+    """The local compile check of the job for the VM's accelerator type (`pretrain
+    --compile-only --topology`): it needs no TPU, so it runs before anything is created."""
+    return [
+        sys.executable, "-m", "bert_jax.cli", "pretrain", *pretrain_args,
+        "--compile-only", "--topology", vm.accelerator_type,
+    ]  # fmt: skip
+
+
+def preflight(vm: TpuVm, runner: Runner, pretrain_args: Sequence[str], source_dir: str) -> None:
+    """Runs the compile check in `source_dir` (where the config paths of `pretrain_args` lead, as
+    on the workers); a job that does not fit, or a bad config, stops the launch here."""
+    runner.note(
+        f"preflight (in {source_dir}): compile the step for {vm.accelerator_type} before "
+        "creating anything; --skip-preflight skips it"
+    )
+    status = runner(preflight_command(vm, pretrain_args), check=False, cwd=source_dir)
+    if status == 4:
+        raise LaunchError(
+            f"preflight: this job does not fit {vm.accelerator_type} (see above); nothing was "
+            "created. Change the mesh, batch or accumulation (`bert-jax plan` searches them), or "
+            "pass --skip-preflight"
+        )
+    if status != 0:
+        raise LaunchError(
+            f"preflight: the compile check for {vm.accelerator_type} failed (exit status "
+            f"{status}, see above); nothing was created (--skip-preflight to launch anyway)"
+        )
+
+
 def run(
     vm: TpuVm,
     runner: Runner,
@@ -276,13 +308,17 @@ def perform(
     jax_spec: str | None = None,
     setup_commands: Sequence[str] = (),
     worker: int = 0,
+    check_fit: bool = True,
 ) -> None:
-    """One `bert-jax launch tpu ACTION` (see the module docstring)."""
+    """One `bert-jax launch tpu ACTION` (see the module docstring); `up` first compiles the job
+    for the accelerator type here (`preflight`) unless `check_fit` is False."""
     if action not in ACTIONS:
         raise LaunchError(f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
     if action in ("up", "run") and not pretrain_args:
         run(vm, runner, pretrain_args)  # raises, before anything is created
     runner.require("gcloud")
+    if action == "up" and check_fit:
+        preflight(vm, runner, pretrain_args, source_dir or default_source_dir())
     if action in ("up", "create"):
         create(vm, runner)
     if action in ("up", "setup"):
