@@ -1,0 +1,117 @@
+"""TPU slices benchmark (not a test): `bert-jax plan` for BERT-Base and BERT-Large on Cloud TPU
+slices, compiled here by XLA's TPU compiler (libtpu, no TPU needed), as the README's table.
+
+    .venv/bin/python benchmarks/tpu_plan_table.py [--out tpu_plans.jsonl]
+        [--row base:v5p-16 --row large:v5p-16 ...] [--meshes dp,fsdp] [--set KEY=VALUE ...]
+
+Each row is one `plan.plan` of `configs/bert.py:SIZE` (the paper's recipe: global batch 256,
+1M steps, 90% at seq 128, 10% at 512) on one slice; each finished row is appended to the JSONL
+file at once (a long run can stop and go on: rows already there are skipped), then the Markdown
+table of every row in the file is printed. Times are XLA's cost-model estimates, not
+measurements; a Base compile takes minutes on a small CPU host, Large longer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+DEFAULT_ROWS = (
+    "base:v5p-16",
+    "large:v5p-16",
+    "base:v4-8",
+    "base:v5litepod-16",
+    "base:v6e-8",
+    "large:v5p-128",
+    "large:v6e-64",
+    "base:v5litepod-256",
+    "base:v5p-8",
+    "large:v4-8",
+)
+
+
+def _config(size: str, overrides: list[str]):
+    from bert_jax import config_lib
+
+    config = config_lib.pretraining_config(size)
+    for item in overrides:
+        key, value = item.split("=", 1)
+        node = config
+        *path, last = key.split(".")
+        for part in path:
+            node = node[part]
+        node[last] = type(node[last])(json.loads(value)) if node[last] is not None else value
+    return config
+
+
+def _row_line(row: dict) -> str:
+    plan = row["plan"]
+    cells = []
+    for s in plan["schedule"]:
+        c = s["candidate"]
+        if c is None:
+            cells.append(f"{s['phase']}: does not fit")
+            continue
+        cells.append(
+            f"{c['mesh_kind']} {tuple(c['mesh'])}, {c['batch_per_replica']}/replica x "
+            f"{c['accum_steps']}, {c['peak_bytes'] / 2**30:.1f} GiB, "
+            f"{c['step_seconds'] * 1e3:.1f} ms, MFU {c['mfu']:.1%}"
+        )
+    days = f"{plan['total_seconds'] / 86400:.1f}" if plan["total_seconds"] else "-"
+    cost = f"${plan['cost']:,.0f}" if plan["cost"] else "-"
+    return (
+        f"| {row['size']} | {plan['accelerator_type']} ({plan['chips']} chips) | "
+        + " | ".join(cells)
+        + f" | {days} | {cost} |"
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="tpu_plans.jsonl")
+    parser.add_argument("--row", action="append", default=None, metavar="SIZE:SLICE")
+    parser.add_argument("--meshes", default="dp,fsdp")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
+    args = parser.parse_args(argv)
+
+    from bert_jax import plan, topology
+
+    topology.quiet_runtime_without_chips()
+    done = set()
+    if os.path.exists(args.out):
+        with open(args.out, encoding="utf-8") as f:
+            done = {(r["size"], r["slice"], r["set"]) for r in map(json.loads, f)}
+    prices = plan.load_prices(None)
+    for item in args.row or DEFAULT_ROWS:
+        size, name = item.split(":", 1)
+        key = (size, name, " ".join(args.set))
+        if key in done:
+            continue
+        start = time.perf_counter()
+        result = plan.plan(
+            _config(size, args.set),
+            topology.parse(name),
+            kinds=args.meshes.split(","),
+            prices=prices,
+        )
+        row = {"size": size, "slice": name, "set": key[2], "plan": json.loads(result.to_json())}
+        row["seconds"] = time.perf_counter() - start
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{item}: {row['seconds']:.0f} s\n{plan.format_plan(result)}", flush=True)
+    with open(args.out, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    print(
+        "| model | slice | phase 1 (seq 128): mesh, batch x accum, peak, est. step, est. MFU | "
+        "phase 2 (seq 512) | est. days | est. cost |\n|---|---|---|---|---|---|"
+    )
+    for row in rows:
+        print(_row_line(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
