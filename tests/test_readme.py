@@ -33,14 +33,17 @@ EXAMPLES = _examples()
 
 def test_the_readme_has_examples_of_every_command():
     commands = {argv[0] for argv in EXAMPLES}
-    expected = {"tokenizer", "data", "pretrain", "convert", "encode", "finetune", "glue", "bench"}
+    expected = {"tokenizer", "data", "pretrain", "plan", "convert", "encode", "finetune", "glue"}
+    expected.add("bench")
     assert expected | {"launch"} <= commands, commands
 
 
 @pytest.mark.parametrize("argv", EXAMPLES, ids=[" ".join(a)[:60] for a in EXAMPLES])
 def test_a_readme_command_line_parses(argv, monkeypatch):
     monkeypatch.chdir(REPO)  # config paths in the README are relative to the repository
-    config_commands = {c.name: c for c in (cli.pretrain.COMMAND, cli.bench.COMMAND)}
+    config_commands = {
+        c.name: c for c in (cli.pretrain.COMMAND, cli.plan.COMMAND, cli.bench.COMMAND)
+    }
     if argv[0] in config_commands:
         flags = config_flags.parse(config_commands[argv[0]], argv[1:])
         assert flags.config is not None
