@@ -1,6 +1,8 @@
 """Instance creation: tokenized documents -> ``[CLS] A [SEP] B [SEP]`` pairs, statically masked.
 
-Plain Python on lists of ids (no TensorFlow, no JAX) and deterministic for a given seed.
+No TensorFlow, no JAX; deterministic for a given seed. Pairs are drawn in Python as token
+ranges of the documents (a few integers each); rows are then built, masked
+(``row_masking.mask_rows``) and handed out as arrays a batch at a time.
 
 Public API:
 
@@ -13,6 +15,8 @@ Public API:
   dupe_factor=1, seed=0, shuffle=True) -> list[Instance]``: every document, ``dupe_factor``
   times, each pass with a fresh masking (``masking.mask_ids``), then shuffled — as the
   original.
+- ``create_instance_rows(...same...) -> (batches of InstanceRows, order)``: the same instances
+  as batch-format arrays in creation order, and the shuffle (what ``data prepare`` writes).
 - ``mask_tokens(instance, masking, rng)``: ``masking.mask_ids`` on an ``Instance``.
 - ``instances_to_arrays(instances, max_seq_length, max_predictions_per_seq) -> dict`` in the
   batch format (fixed shapes, int32/float32; ``next_sentence_labels`` is [N]).
@@ -284,43 +288,26 @@ class InstanceRows:
 
     def instances(self) -> list[Instance]:
         a = self.arrays
-        columns = zip(
-            a["input_ids"].tolist(),
-            a["segment_ids"].tolist(),
-            a["masked_lm_positions"].tolist(),
-            a["masked_lm_ids"].tolist(),
-            a["masked_lm_weights"].sum(axis=1).astype(np.int64).tolist(),
-            self.lengths.tolist(),
-            self.document_index.tolist(),
-            self.random_document_index.tolist(),
-            self.target_seq_length.tolist(),
-            self.forced_random_next.tolist(),
-        )
+        ids, segments = a["input_ids"].tolist(), a["segment_ids"].tolist()
+        positions, labels = a["masked_lm_positions"].tolist(), a["masked_lm_ids"].tolist()
+        counts = a["masked_lm_weights"].sum(axis=1).astype(np.int64).tolist()
+        lengths, documents = self.lengths.tolist(), self.document_index.tolist()
+        random_documents = self.random_document_index.tolist()
+        targets, forced = self.target_seq_length.tolist(), self.forced_random_next.tolist()
         return [
             Instance(
-                input_ids=ids[:length],
-                segment_ids=segments[:length],
-                is_random_next=random_document >= 0,
-                masked_lm_positions=positions[:count],
-                masked_lm_ids=labels[:count],
-                document_index=document,
-                random_document_index=random_document,
-                target_seq_length=target,
+                input_ids=ids[i][: lengths[i]],
+                segment_ids=segments[i][: lengths[i]],
+                is_random_next=random_documents[i] >= 0,
+                masked_lm_positions=positions[i][: counts[i]],
+                masked_lm_ids=labels[i][: counts[i]],
+                document_index=documents[i],
+                random_document_index=random_documents[i],
+                target_seq_length=targets[i],
                 max_num_tokens=self.max_num_tokens,
-                forced_random_next=bool(forced),
+                forced_random_next=forced[i],
             )
-            for (
-                ids,
-                segments,
-                positions,
-                labels,
-                count,
-                length,
-                document,
-                random_document,
-                target,
-                forced,
-            ) in columns
+            for i in range(len(lengths))
         ]
 
 

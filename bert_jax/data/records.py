@@ -255,13 +255,19 @@ def _varint_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     if largest < 0x80:
         return values.astype(np.uint8), None
     width = (largest.bit_length() + 6) // 7
-    shifts = np.arange(0, 7 * width, 7, dtype=np.uint64)
-    groups = values[..., None] >> shifts
-    length = 1 + (groups[..., 1:] != 0).sum(axis=-1)
-    index = np.arange(width)
-    follows = index < (length - 1)[..., None]
-    data = (groups & np.uint64(0x7F)).astype(np.uint8) | (follows.astype(np.uint8) << 7)
-    used = index < length[..., None]
+    if largest < 1 << 32:
+        values = values.astype(np.uint32)  # narrower arithmetic, same bytes
+    data = np.empty((*values.shape, width), dtype=np.uint8)
+    used = np.empty((*values.shape, width), dtype=bool)
+    used[..., 0] = True
+    for byte in range(width):
+        group = values >> (7 * byte) if byte else values
+        if byte + 1 < width:
+            more = values >= (1 << (7 * (byte + 1)))
+            data[..., byte] = (group & 0x7F) | (more.astype(np.uint8) << 7)
+            used[..., byte + 1] = more
+        else:
+            data[..., byte] = group
     return data.reshape(len(values), -1), used.reshape(len(values), -1)
 
 
