@@ -190,6 +190,15 @@ def _truncate(a_start: int, a_end: int, b_start: int, b_end: int, excess: int, r
     )
 
 
+def _truncate_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng):
+    """``_truncate`` on two token lists: both, cut to fit ``max_num_tokens`` together."""
+    excess = len(tokens_a) + len(tokens_b) - max_num_tokens
+    if excess <= 0:
+        return tokens_a, tokens_b
+    a_start, a_end, b_start, b_end = _truncate(0, len(tokens_a), 0, len(tokens_b), excess, rng)
+    return tokens_a[a_start:a_end], tokens_b[b_start:b_end]
+
+
 def create_instances_from_document(
     documents: Sequence[TokenizedDocument],
     document_index: int,
