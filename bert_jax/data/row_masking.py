@@ -7,9 +7,9 @@ Public API:
   one ``rng``. The results are identical and ``rng`` is left in the identical state; the
   outputs are padded arrays (positions and ids 0 past ``num_predictions``).
 
-Why it exists: masking one 128-token row with ``mask_ids`` costs about 35 µs, nearly all of it
-the per-call overhead of NumPy's Generator (``choice``, ``random``, ``integers``), which made it
-the largest stage of ``data prepare`` with several dupe passes.
+Why it exists: masking a row with ``mask_ids`` is mostly the per-call overhead of NumPy's
+Generator (``choice``, ``random``, ``integers``), which made it the largest stage of ``data
+prepare`` with several dupe passes (figures in the README, data preparation).
 
 How it stays exact. The Generator's PCG64 is read once per batch (``random_raw``), and what
 NumPy does with those 64-bit outputs for the three calls is replayed on arrays
@@ -32,7 +32,7 @@ a redraw (about one in 10^5 rows with a 30k vocabulary) is masked by ``mask_ids`
 Generator set to that row's state, and the batch goes on after it. Other bit generators,
 whole-word masking and rows of over 10,000 candidates (NumPy's ``choice`` then shuffles
 instead) are masked row by row with ``mask_ids``. tests/test_data_row_masking.py compares both
-paths with ``mask_ids``, redraws included.
+paths with ``mask_ids``, redraws included, so a NumPy that draws differently fails there.
 """
 
 from __future__ import annotations
