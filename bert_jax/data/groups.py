@@ -1,7 +1,7 @@
 """Prepare's unit of work: one group of documents -> one TFRecord shard ``part-NNNNN.tfrecord``.
 
 A worker process (no TensorFlow) tokenizes a group, makes ``dupe_factor`` passes of masked
-instances (``instances.create_instances``; random next sentences come from the same group),
+instances (``instances.create_instance_rows``; random next sentences come from the same group),
 shuffles and serializes them (``process_group``); the driver writes the shard and its counts
 (``write_group``). ``document_groups`` cuts the document stream into groups and
 ``existing_parts`` lists what an earlier run already wrote. Group ``g`` is seeded by
@@ -96,7 +96,7 @@ def process_group(
         settings["max_predictions_per_seq"],
         settings["whole_word_mask"],
     )
-    instances = instances_lib.create_instances(
+    batches, order = instances_lib.create_instance_rows(
         tokenized,
         masking,
         max_seq_length=settings["max_seq_length"],
@@ -104,27 +104,30 @@ def process_group(
         dupe_factor=settings["dupe_factor"],
         seed=_group_seed(settings["seed"], group_index),
     )
-    max_seq_length = settings["max_seq_length"]
-    max_predictions = settings["max_predictions_per_seq"]
-    serialized = [
-        records_lib.serialize_example(
-            i.input_ids,
-            i.segment_ids,
-            i.masked_lm_positions,
-            i.masked_lm_ids,
-            i.is_random_next,
-            max_seq_length,
-            max_predictions,
+    serialized: list[bytes] = []
+    tally = dict.fromkeys(
+        (
+            "random_next",
+            "forced_random_next",
+            "short_target_instances",
+            "tokens",
+            "masked_lm_predictions",
+        ),
+        0,
+    )
+    for batch in batches:
+        serialized.extend(records_lib.serialize_arrays(batch.arrays))
+        tally["random_next"] += int((batch.random_document_index >= 0).sum())
+        tally["forced_random_next"] += int(batch.forced_random_next.sum())
+        tally["short_target_instances"] += int(
+            (batch.target_seq_length < batch.max_num_tokens).sum()
         )
-        for i in instances
-    ]
+        tally["tokens"] += int(batch.lengths.sum())
+        tally["masked_lm_predictions"] += int(batch.arrays["masked_lm_weights"].sum())
+    serialized = [serialized[i] for i in order]  # the shuffle
     counts.update(
-        instances=len(instances),
-        random_next=sum(i.is_random_next for i in instances),
-        forced_random_next=sum(i.forced_random_next for i in instances),
-        short_target_instances=sum(i.is_short_target for i in instances),
-        tokens=sum(len(i.input_ids) for i in instances),
-        masked_lm_predictions=sum(len(i.masked_lm_positions) for i in instances),
+        instances=len(serialized),
+        **tally,
         seconds=time.perf_counter() - started,
         cpu_seconds=time.process_time() - started_cpu,
     )

@@ -1,6 +1,8 @@
 """Instance creation: tokenized documents -> ``[CLS] A [SEP] B [SEP]`` pairs, statically masked.
 
-Plain Python on lists of ids (no TensorFlow, no JAX) and deterministic for a given seed.
+No TensorFlow, no JAX; deterministic for a given seed. Pairs are drawn in Python as token
+ranges of the documents (a few integers each); rows are then built, masked
+(``row_masking.mask_rows``) and handed out as arrays a batch at a time.
 
 Public API:
 
@@ -13,6 +15,8 @@ Public API:
   dupe_factor=1, seed=0, shuffle=True) -> list[Instance]``: every document, ``dupe_factor``
   times, each pass with a fresh masking (``masking.mask_ids``), then shuffled — as the
   original.
+- ``create_instance_rows(...same...) -> (batches of InstanceRows, order)``: the same instances
+  as batch-format arrays in creation order, and the shuffle (what ``data prepare`` writes).
 - ``mask_tokens(instance, masking, rng)``: ``masking.mask_ids`` on an ``Instance``.
 - ``instances_to_arrays(instances, max_seq_length, max_predictions_per_seq) -> dict`` in the
   batch format (fixed shapes, int32/float32; ``next_sentence_labels`` is [N]).
@@ -39,14 +43,16 @@ documents are required. Masking's own differences are listed in ``masking.py``.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from bert_jax.data.masking import MaskingConfig, mask_ids
+from bert_jax.data.row_masking import mask_rows
 from bert_jax.data.tokenizer import Tokenizer
 
 TokenizedDocument = list[list[int]]
@@ -87,19 +93,85 @@ def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer: Tokenizer)
     return tokenized
 
 
-def _truncate_pair(
-    tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
-):
-    """Drop tokens from the longer side (ties: B) until the pair fits, each from front or back.
+class _SentenceEnds:
+    """Per document, where each sentence ends in the document's tokens: ``[0, e1, e2, ...]``.
+
+    Computed when first asked for (``create_instances_from_document`` touches few documents).
+    """
+
+    def __init__(self, documents: Sequence[TokenizedDocument]):
+        self.documents = documents
+        self.ends: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __getitem__(self, index: int) -> list[int]:
+        ends = self.ends.get(index)
+        if ends is None:
+            ends = self.ends[index] = [0, *itertools.accumulate(map(len, self.documents[index]))]
+        return ends
+
+
+def _pair_document(
+    sentence_ends, document_index: int, max_num_tokens: int, short_seq_prob: float, rng, out
+) -> None:
+    """Append one tuple per instance of a document (original semantics, see module):
+    ``(document, a_start, a_end, b_document or -1, b_start, b_end, target_seq_length,
+    forced_random_next)``, A and B as token ranges of their documents (B of ``document`` when
+    it is the actual next), truncated.
+
+    Only token counts are handled here: a chunk ends at the first sentence that brings it to
+    the target (``bisect`` on the sentence ends), and a random B runs from its first sentence
+    to the first that brings it to what A left of the target.
+    """
+    num_documents = len(sentence_ends)
+    ends = sentence_ends[document_index]
+    num_sentences = len(ends) - 1
+    target_seq_length = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+    i = 0
+    while i < num_sentences:
+        a_start = ends[i]
+        last = min(bisect.bisect_left(ends, a_start + target_seq_length, i + 1), num_sentences) - 1
+        chunk = last - i + 1
+        a_sentences = rng.randint(1, chunk - 1) if chunk >= 2 else 1
+        a_end = ends[i + a_sentences]
+        forced = chunk == 1
+        if forced or rng.random() < 0.5:
+            b_document = rng.randrange(num_documents - 1)
+            if b_document >= document_index:
+                b_document += 1
+            b_ends = sentence_ends[b_document]
+            b_sentence = rng.randrange(len(b_ends) - 1)
+            b_start = b_ends[b_sentence]
+            target_b_length = target_seq_length - (a_end - a_start)
+            b_last = bisect.bisect_left(b_ends, b_start + target_b_length, b_sentence + 1)
+            b_end = b_ends[min(b_last, len(b_ends) - 1)]
+            # The chunk's unused sentences go back to the document for the next instance.
+            i += a_sentences
+        else:
+            b_document = -1
+            b_start, b_end = a_end, ends[last + 1]
+            i = last + 1
+        excess = a_end - a_start + b_end - b_start - max_num_tokens
+        if excess > 0:
+            a_start, a_end, b_start, b_end = _truncate(a_start, a_end, b_start, b_end, excess, rng)
+        out.append(
+            (document_index, a_start, a_end, b_document, b_start, b_end, target_seq_length, forced)
+        )
+
+
+def _truncate(a_start: int, a_end: int, b_start: int, b_end: int, excess: int, rng):
+    """Drop ``excess`` tokens from the longer side (ties: B) until the pair fits, each from the
+    front or back.
 
     Computes how many tokens each side loses in closed form and then how many of those come off
     the front (a binomial(n, 1/2) draw), which is the same distribution as the original's
     one-token-at-a-time loop without its cost on very long sentences.
     """
-    len_a, len_b = len(tokens_a), len(tokens_b)
-    excess = len_a + len_b - max_num_tokens
-    if excess <= 0:
-        return tokens_a, tokens_b
+    len_a, len_b = a_end - a_start, b_end - b_start
     cut_a = cut_b = 0
     if len_a > len_b:
         cut_a = min(excess, len_a - len_b)
@@ -110,9 +182,21 @@ def _truncate_pair(
     cut_a += remaining // 2
     front_a = rng.getrandbits(cut_a).bit_count() if cut_a else 0
     front_b = rng.getrandbits(cut_b).bit_count() if cut_b else 0
-    tokens_a = tokens_a[front_a : len_a - (cut_a - front_a)]
-    tokens_b = tokens_b[front_b : len_b - (cut_b - front_b)]
-    return tokens_a, tokens_b
+    return (
+        a_start + front_a,
+        a_end - (cut_a - front_a),
+        b_start + front_b,
+        b_end - (cut_b - front_b),
+    )
+
+
+def _truncate_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng):
+    """``_truncate`` on two token lists: both, cut to fit ``max_num_tokens`` together."""
+    excess = len(tokens_a) + len(tokens_b) - max_num_tokens
+    if excess <= 0:
+        return tokens_a, tokens_b
+    a_start, a_end, b_start, b_end = _truncate(0, len(tokens_a), 0, len(tokens_b), excess, rng)
+    return tokens_a[a_start:a_end], tokens_b[b_start:b_end]
 
 
 def create_instances_from_document(
@@ -125,63 +209,38 @@ def create_instances_from_document(
     rng: random.Random,
 ) -> list[Instance]:
     """The unmasked sentence-pair instances of one document (original semantics, see module)."""
-    num_documents = len(documents)
-    if num_documents < 2:
+    if len(documents) < 2:
         raise ValueError("sentence pairs need at least two documents (for random next sentences)")
-    document = documents[document_index]
     max_num_tokens = max_seq_length - 3
-    target_seq_length = max_num_tokens
-    if rng.random() < short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
+    spans: list[tuple] = []
+    _pair_document(
+        _SentenceEnds(documents), document_index, max_num_tokens, short_seq_prob, rng, spans
+    )
+    flat: dict[int, list[int]] = {}
 
-    instances: list[Instance] = []
-    chunk: list[list[int]] = []
-    chunk_length = 0
-    i = 0
-    while i < len(document):
-        sentence = document[i]
-        chunk.append(sentence)
-        chunk_length += len(sentence)
-        if i == len(document) - 1 or chunk_length >= target_seq_length:
-            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-            tokens_a = list(itertools.chain.from_iterable(chunk[:a_end]))
-            forced = len(chunk) == 1
-            random_document_index = -1
-            if forced or rng.random() < 0.5:
-                target_b_length = target_seq_length - len(tokens_a)
-                random_document_index = rng.randrange(num_documents - 1)
-                if random_document_index >= document_index:
-                    random_document_index += 1
-                random_document = documents[random_document_index]
-                tokens_b: list[int] = []
-                for sentence_b in random_document[rng.randrange(len(random_document)) :]:
-                    tokens_b.extend(sentence_b)
-                    if len(tokens_b) >= target_b_length:
-                        break
-                # The chunk's unused sentences go back to the document for the next instance.
-                i -= len(chunk) - a_end
-            else:
-                tokens_b = list(itertools.chain.from_iterable(chunk[a_end:]))
-            tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
-            input_ids = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
-            segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-            instances.append(
-                Instance(
-                    input_ids=input_ids,
-                    segment_ids=segment_ids,
-                    is_random_next=random_document_index >= 0,
-                    masked_lm_positions=[],
-                    masked_lm_ids=[],
-                    document_index=document_index,
-                    random_document_index=random_document_index,
-                    target_seq_length=target_seq_length,
-                    max_num_tokens=max_num_tokens,
-                    forced_random_next=forced,
-                )
+    def tokens(document: int) -> list[int]:
+        if document not in flat:
+            flat[document] = list(itertools.chain.from_iterable(documents[document]))
+        return flat[document]
+
+    instances = []
+    for document, a_start, a_end, b_document, b_start, b_end, target, forced in spans:
+        tokens_a = tokens(document)[a_start:a_end]
+        tokens_b = tokens(document if b_document < 0 else b_document)[b_start:b_end]
+        instances.append(
+            Instance(
+                input_ids=[cls_id, *tokens_a, sep_id, *tokens_b, sep_id],
+                segment_ids=[0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
+                is_random_next=b_document >= 0,
+                masked_lm_positions=[],
+                masked_lm_ids=[],
+                document_index=document,
+                random_document_index=b_document,
+                target_seq_length=target,
+                max_num_tokens=max_num_tokens,
+                forced_random_next=forced,
             )
-            chunk = []
-            chunk_length = 0
-        i += 1
+        )
     return instances
 
 
@@ -218,19 +277,64 @@ def _check_settings(max_seq_length: int, short_seq_prob: float, dupe_factor: int
         raise ValueError(f"dupe_factor must be >= 1, got {dupe_factor}")
 
 
-def create_instances(
+@dataclass
+class InstanceRows:
+    """Masked instances as rows of the batch format, and where each one came from.
+
+    ``arrays`` has ``instances_to_arrays``' keys, shapes and dtypes; the others are [N].
+    """
+
+    arrays: dict[str, np.ndarray]
+    lengths: np.ndarray
+    document_index: np.ndarray
+    random_document_index: np.ndarray  # -1 for an actual next
+    target_seq_length: np.ndarray
+    forced_random_next: np.ndarray
+    max_num_tokens: int
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def instances(self) -> list[Instance]:
+        a = self.arrays
+        ids, segments = a["input_ids"].tolist(), a["segment_ids"].tolist()
+        positions, labels = a["masked_lm_positions"].tolist(), a["masked_lm_ids"].tolist()
+        counts = a["masked_lm_weights"].sum(axis=1).astype(np.int64).tolist()
+        lengths, documents = self.lengths.tolist(), self.document_index.tolist()
+        random_documents = self.random_document_index.tolist()
+        targets, forced = self.target_seq_length.tolist(), self.forced_random_next.tolist()
+        return [
+            Instance(
+                input_ids=ids[i][: lengths[i]],
+                segment_ids=segments[i][: lengths[i]],
+                is_random_next=random_documents[i] >= 0,
+                masked_lm_positions=positions[i][: counts[i]],
+                masked_lm_ids=labels[i][: counts[i]],
+                document_index=documents[i],
+                random_document_index=random_documents[i],
+                target_seq_length=targets[i],
+                max_num_tokens=self.max_num_tokens,
+                forced_random_next=forced[i],
+            )
+            for i in range(len(lengths))
+        ]
+
+
+def create_instance_rows(
     documents: Sequence[TokenizedDocument],
     masking: MaskingConfig,
     max_seq_length: int = 128,
     short_seq_prob: float = 0.1,
     dupe_factor: int = 1,
     seed: int = 0,
-    shuffle: bool = True,
-) -> list[Instance]:
-    """Masked instances from tokenized documents: ``dupe_factor`` passes, then a shuffle.
+    rows_per_batch: int = 4096,
+) -> tuple[Iterator[InstanceRows], list[int]]:
+    """``create_instances`` as batches of rows: (masked batches in creation order, the shuffle).
 
-    Each pass draws new pairs and a new masking of every document, so ``dupe_factor`` copies of
-    the corpus see different static maskings. Deterministic for ``seed``.
+    Output position ``p`` of ``create_instances`` holds instance ``order[p]`` of the batches'
+    concatenation. Every pair is drawn first (a few integers each); the batches are built,
+    masked (``row_masking.mask_rows``) and handed out ``rows_per_batch`` at a time, so memory
+    stays at one batch of rows. Same instances, masking and order as ``create_instances``.
     """
     _check_settings(max_seq_length, short_seq_prob, dupe_factor)
     if masking.max_predictions_per_seq > max_seq_length:
@@ -246,28 +350,88 @@ def create_instances(
     seed_sequence = np.random.SeedSequence(seed)
     pair_seed, mask_seed, shuffle_seed = seed_sequence.generate_state(3)
     pair_rng = random.Random(int(pair_seed))
-    mask_rng = np.random.default_rng(int(mask_seed))
-    # Tokenizers never give text a [CLS], [SEP] or [PAD] id; checked once here, it spares
-    # masking a search per instance.
-    text_has_special_ids = not masking.never_mask_ids.isdisjoint(
-        itertools.chain.from_iterable(itertools.chain.from_iterable(documents))
-    )
-    instances: list[Instance] = []
+    max_num_tokens = max_seq_length - 3
+    sentence_ends = _SentenceEnds(documents)
+    spans: list[tuple] = []
     for _ in range(dupe_factor):
         for document_index in range(len(documents)):
-            for instance in create_instances_from_document(
-                documents,
-                document_index,
-                max_seq_length,
-                short_seq_prob,
-                masking.cls_id,
-                masking.sep_id,
-                pair_rng,
-            ):
-                instances.append(mask_tokens(instance, masking, mask_rng, text_has_special_ids))
-    if shuffle:
-        random.Random(int(shuffle_seed)).shuffle(instances)
-    return instances
+            _pair_document(
+                sentence_ends, document_index, max_num_tokens, short_seq_prob, pair_rng, spans
+            )
+    order = list(range(len(spans)))
+    random.Random(int(shuffle_seed)).shuffle(order)
+    return _masked_batches(
+        documents, spans, masking, max_seq_length, int(mask_seed), rows_per_batch
+    ), order
+
+
+def _masked_batches(documents, spans, masking, max_seq_length, mask_seed, rows_per_batch):
+    document_tokens = [np.fromiter(itertools.chain.from_iterable(d), np.int32) for d in documents]
+    document_starts = np.cumsum([0] + [len(t) for t in document_tokens])
+    tokens = np.concatenate([*document_tokens, np.zeros(1, np.int32)])  # never empty
+    del document_tokens
+    mask_rng = np.random.default_rng(mask_seed)
+    columns = np.arange(max_seq_length)
+    slots = np.arange(masking.max_predictions_per_seq)
+    for first in range(0, len(spans), rows_per_batch):
+        batch = np.asarray(spans[first : first + rows_per_batch], dtype=np.int64)
+        document, a_start, a_end, b_document, b_start, b_end, target, forced = batch.T
+        a_length, b_length = a_end - a_start, b_end - b_start
+        a_first = document_starts[document] + a_start
+        b_first = document_starts[np.where(b_document < 0, document, b_document)] + b_start
+        lengths = a_length + b_length + 3
+        # Row layout: [CLS] at 0, A at 1..a_length, [SEP], B from a_length + 2, [SEP], padding.
+        in_a = columns <= a_length[:, None]
+        source = np.where(
+            in_a, a_first[:, None] - 1 + columns, (b_first - a_length - 2)[:, None] + columns
+        )
+        in_row = columns < lengths[:, None]
+        input_ids = tokens[np.clip(source, 0, len(tokens) - 1)]
+        rows = np.arange(len(batch))
+        input_ids[:, 0] = masking.cls_id
+        input_ids[rows, a_length + 1] = masking.sep_id
+        input_ids[rows, lengths - 1] = masking.sep_id
+        input_ids[~in_row] = 0
+        segment_ids = (in_row & (columns >= (a_length + 2)[:, None])).astype(np.int32)
+        masked, positions, labels, counts = mask_rows(input_ids, lengths, masking, mask_rng)
+        yield InstanceRows(
+            arrays={
+                "input_ids": masked,
+                "input_mask": in_row.astype(np.int32),
+                "segment_ids": segment_ids,
+                "masked_lm_positions": positions,
+                "masked_lm_ids": labels,
+                "masked_lm_weights": (slots < counts[:, None]).astype(np.float32),
+                "next_sentence_labels": (b_document >= 0).astype(np.int32),
+            },
+            lengths=lengths,
+            document_index=document,
+            random_document_index=b_document,
+            target_seq_length=target,
+            forced_random_next=forced.astype(bool),
+            max_num_tokens=max_seq_length - 3,
+        )
+
+
+def create_instances(
+    documents: Sequence[TokenizedDocument],
+    masking: MaskingConfig,
+    max_seq_length: int = 128,
+    short_seq_prob: float = 0.1,
+    dupe_factor: int = 1,
+    seed: int = 0,
+    shuffle: bool = True,
+) -> list[Instance]:
+    """Masked instances from tokenized documents: ``dupe_factor`` passes, then a shuffle.
+
+    Each pass draws new pairs and a new masking of every document, so ``dupe_factor`` copies of
+    the corpus see different static maskings. Deterministic for ``seed``.
+    """
+    batches, order = create_instance_rows(
+        documents, masking, max_seq_length, short_seq_prob, dupe_factor, seed
+    )
+    instances = [instance for batch in batches for instance in batch.instances()]
+    return [instances[i] for i in order] if shuffle else instances
 
 
 def instances_to_arrays(

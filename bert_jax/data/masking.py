@@ -5,8 +5,9 @@ Public API:
 - ``MaskingConfig.from_tokenizer(tokenizer, masked_lm_prob=0.15, max_predictions_per_seq=20,
   whole_word_mask=False)``: what masking needs to know from the tokenizer.
 - ``mask_instance(input_ids, masking, rng) -> (masked_input_ids, masked_lm_positions,
-  masked_lm_ids)``: static masking of one sequence; ``mask_ids`` is the same on Python lists,
-  used when instances are created (``instances.py``).
+  masked_lm_ids)``: static masking of one sequence; ``mask_ids`` is the same on Python lists
+  (``row_masking.mask_rows`` masks many rows at once with exactly its draws; instance creation
+  uses that).
 - ``dynamic_mask_batch(batch, seed, masking) -> batch``: re-masking inside the tf.data pipeline.
 
 Semantics (Devlin et al. and google-research/bert's create_pretraining_data.py): masking selects

@@ -215,24 +215,74 @@ def serialize_arrays(arrays: Mapping[str, np.ndarray]) -> list[bytes]:
     """Serialize rows of batch-format arrays (``instances.instances_to_arrays``) as Examples.
 
     No TensorFlow; the bytes are deterministic (map entries in key order), so they never depend
-    on the process that made them.
+    on the process that made them. All rows are encoded at once with array operations: every
+    piece of every record gets a fixed range of columns in one byte matrix (varints at their
+    longest, prefixes at their longest), a mask says which bytes each row uses, and taking the
+    used bytes row after row gives the records back to back.
     """
-    _varints()
-    columns = {name: np.asarray(arrays[name]).tolist() for name in FEATURE_NAMES}
-    weights = np.asarray(arrays["masked_lm_weights"], dtype="<f4")
-    serialized = []
-    for row in range(len(columns["input_ids"])):
-        packed = {
-            name: _packed_varints(columns[name][row])
-            for name in (*INT_FEATURES, *PREDICTION_FEATURES)
-        }
-        packed["masked_lm_weights"] = weights[row].tobytes()
-        label = columns["next_sentence_labels"][row]
-        packed["next_sentence_labels"] = _packed_varints(
-            label if isinstance(label, list) else [label]
-        )
-        serialized.append(_example(packed))
-    return serialized
+    num_rows = len(np.asarray(arrays["input_ids"]))
+    if num_rows == 0:
+        return []
+    pieces: list[tuple[np.ndarray, np.ndarray | None]] = []
+    features_size = np.zeros(num_rows, dtype=np.int64)
+    for name in _KEY_ORDER:
+        if name == "masked_lm_weights":
+            weights = np.ascontiguousarray(arrays[name], dtype="<f4").reshape(num_rows, -1)
+            values, used = weights.view(np.uint8), None
+        else:
+            values, used = _varint_columns(np.asarray(arrays[name]).reshape(num_rows, -1))
+        size = np.full(num_rows, values.shape[1]) if used is None else used.sum(axis=1)
+        prefix, prefix_used, prefix_size = _prefix_columns(name, size)
+        pieces += [(prefix, prefix_used), (values, used)]
+        features_size += prefix_size + size
+    head, head_used = _varint_columns(features_size[:, None])
+    pieces.insert(0, (np.full((num_rows, 1), _FIELD_1[0], dtype=np.uint8), None))
+    pieces.insert(1, (head, head_used))
+    matrix = np.concatenate([values for values, _ in pieces], axis=1)
+    used = np.concatenate(
+        [np.ones(v.shape, dtype=bool) if u is None else u for v, u in pieces], axis=1
+    )
+    data = matrix[used].tobytes()
+    ends = np.cumsum(used.sum(axis=1)).tolist()
+    return [data[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def _varint_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Varints of int64 values [N, K] as bytes [N, K * width] and which of them are used (None:
+    all, one byte each); negative values take ten bytes (two's complement), as protobuf's."""
+    values = values.astype(np.int64).view(np.uint64)
+    largest = int(values.max()) if values.size else 0
+    if largest < 0x80:
+        return values.astype(np.uint8), None
+    width = (largest.bit_length() + 6) // 7
+    if largest < 1 << 32:
+        values = values.astype(np.uint32)  # narrower arithmetic, same bytes
+    data = np.empty((*values.shape, width), dtype=np.uint8)
+    used = np.empty((*values.shape, width), dtype=bool)
+    used[..., 0] = True
+    for byte in range(width):
+        group = values >> (7 * byte) if byte else values
+        if byte + 1 < width:
+            more = values >= (1 << (7 * (byte + 1)))
+            data[..., byte] = (group & 0x7F) | (more.astype(np.uint8) << 7)
+            used[..., byte + 1] = more
+        else:
+            data[..., byte] = group
+    return data.reshape(len(values), -1), used.reshape(len(values), -1)
+
+
+def _prefix_columns(name: str, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_entry_prefix`` per row as bytes [N, longest], which are used, and their lengths."""
+    sizes, inverse = np.unique(size, return_inverse=True)
+    prefixes = [_PREFIXES.get((name, s)) or _entry_prefix(name, s) for s in sizes.tolist()]
+    width = max(len(p) for p in prefixes)
+    table = np.zeros((len(prefixes), width), dtype=np.uint8)
+    lengths = np.array([len(p) for p in prefixes])
+    for row, prefix in enumerate(prefixes):
+        table[row, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    used = np.arange(width) < lengths[:, None]
+    inverse = inverse.reshape(-1)
+    return table[inverse], used[inverse], lengths[inverse]
 
 
 def write_records(path: str, serialized: Sequence[bytes]) -> int:
