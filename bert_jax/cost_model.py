@@ -28,6 +28,23 @@ _COLLECTIVE = re.compile(
     r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|ragged-all-to-all|collective-permute)"
     r"(?P<start>-start)?\((?P<rest>.*)$"
 )
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_OPCODE = re.compile(r"^\s*(?:ROOT )?%\S+ = .*? ([a-z][a-z-]*)\(")
+# Where the step's time goes, by the op's place in the program (its `op_name`), first match wins.
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("collectives", r"^(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"),
+    ("optimizer update", r"/cond/branch|apply_update|scale_by|adam"),
+    ("dropout masks", r"Dropout|dropout"),
+    ("layer norm", r"LayerNorm|layer_norm"),
+    ("attention matmuls", r"attention/b\w+,b\w+->"),
+    ("softmax", r"softmax|reduce_max|/exp$"),
+    ("GELU", r"gelu|erf|tanh"),
+    ("MLM and NSP heads, loss", r"predictions|seq_relationship|take_along_axis|cls/|log_softmax"),
+    ("embeddings", r"embeddings"),
+    ("dense matmuls", r"dot_general"),
+    ("gradient norm, metrics", r"^jit\(\w+\)/(reduce_sum|sqrt|is_finite|and|add|mul)$"),
+)
 _ARRAY = re.compile(r"\b(?P<dtype>pred|[subf]\d+|bf16|f8e\w+|c64|c128)\[(?P<dims>[\d,]*)\]")
 _BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
 
@@ -161,3 +178,26 @@ def _group_size(attributes: str) -> int:
     if listed:
         return len([d for d in listed.group(1).split(",") if d])
     return 1
+
+
+def cycles_by_category(hlo_text: str) -> dict[str, dict[str, int]]:
+    """The TPU compiler's estimated cycles of every op of a compiled module, summed by
+    `CATEGORIES` and split into forward / backward / other (the `transpose(jvp(...))` of the
+    op's name marks the backward pass): a profile by the cost model, without a chip. Ops a
+    backend does not estimate (CPU) leave this empty."""
+    found: dict[str, dict[str, int]] = {}
+    for line in hlo_text.splitlines():
+        cycles = _CYCLES.search(line)
+        if not cycles:
+            continue
+        name_match, opcode_match = _OP_NAME.search(line), _OPCODE.match(line)
+        name = name_match.group(1) if name_match else ""
+        opcode = opcode_match.group(1) if opcode_match else ""
+        category = next(
+            (c for c, rule in CATEGORIES if re.search(rule, opcode) or re.search(rule, name)),
+            "other (copies, layout, bookkeeping)",
+        )
+        part = "backward" if "transpose(jvp" in name else "forward" if "jvp(" in name else "other"
+        row = found.setdefault(category, {"forward": 0, "backward": 0, "other": 0})
+        row[part] += int(cycles.group(1))
+    return found

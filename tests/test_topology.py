@@ -199,3 +199,37 @@ def test_a_model_that_cannot_fit_is_exit_4_naming_the_phase(capsys):
     assert "compile check: DOES NOT FIT on v5litepod-4" in out
     assert "config.phase1 (global batch 16, seq 32) does not fit" in out
     assert "exceeds available HBM" in out
+
+
+def test_the_cost_models_cycles_are_summed_by_where_they_are_spent():
+    fwd = "jit(train_step)/jvp(BertForPreTraining)/bert/encoder/layer_0"
+    bwd = "jit(train_step)/transpose(jvp(BertForPreTraining))/bert/encoder/layer_1"
+
+    def op(name, cycles, opcode="fusion"):
+        return (
+            f'  %x = f32[8]{{0}} {opcode}(%a), kind=kLoop, metadata={{op_name="{name}"}}, '
+            f'backend_config={{"window_config":{{"estimated_cycles":"{cycles}"}}}}'
+        )
+
+    hlo = "\n".join(
+        [
+            op(f"{fwd}/attention/Dropout_0/xor", 10),
+            op(f"{fwd}/attention/bqhd,bkhd->bhqk/dot_general", 20),
+            op(f"{bwd}/attention/bqhd,bkhd->bhqk/dot_general", 40),
+            op(f"{bwd}/intermediate/dense/dot_general", 30),
+            op(f"{fwd}/output_LayerNorm/add", 5),
+            op("jit(train_step)/cond/branch_1_fun/add", 7),
+            op("jit(train_step)/reduce_sum", 3),
+            op("", 2, opcode="all-reduce"),
+            "  %y = f32[8]{0} add(%a, %b)",  # no estimate: not counted
+        ]
+    )
+    assert cost_model.cycles_by_category(hlo) == {
+        "dropout masks": {"forward": 10, "backward": 0, "other": 0},
+        "attention matmuls": {"forward": 20, "backward": 40, "other": 0},
+        "dense matmuls": {"forward": 0, "backward": 30, "other": 0},
+        "layer norm": {"forward": 5, "backward": 0, "other": 0},
+        "optimizer update": {"forward": 0, "backward": 0, "other": 7},
+        "gradient norm, metrics": {"forward": 0, "backward": 0, "other": 3},
+        "collectives": {"forward": 0, "backward": 0, "other": 2},
+    }
