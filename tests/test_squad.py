@@ -17,6 +17,7 @@ from bert_jax.conversion import convert
 from bert_jax.data.tokenizer import load_tokenizer
 from bert_jax.finetune import squad, squad_eval, token_tasks
 from bert_jax.finetune.squad import SquadDataError, SquadExample
+from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import minilm_dir
 
 # The module (the package re-exports its `squad` function under the same name).
@@ -392,6 +393,52 @@ def test_minilm_learns_synthetic_squad_end_to_end(minilm_model, tmp_path):
     assert ours["exact_match"] > baseline_em + 20
     markdown = (workdir / "results.md").read_text()
     assert "| this run |" in markdown and "| BERT-Large (paper, dev) | 84.1 | 90.9 |" in markdown
+
+
+def test_v2_run_writes_the_official_files_with_a_tiny_encoder(tmp_path):
+    """SQuAD v2.0 through the whole run with a tiny random encoder: predictions.json and
+    null_odds.json cover every question, and the official figures recomputed from those files
+    equal result.json's."""
+    encoder = tiny_pretrained()
+    words = [t for t in encoder.tokenizer.vocab[120:] if t.isalpha() and len(t) > 3][:12]
+    rng = random.Random(0)
+    paragraphs = []
+    for index in range(24):
+        context = " ".join(rng.choice(words) for _ in range(14)) + "."
+        answer = context.split()[3]
+        qa = {
+            "id": f"v2-{index}",
+            "question": f"where is {words[index % 3]}?",
+            "answers": [],
+            "is_impossible": index % 3 == 0,
+        }
+        if index % 3:
+            qa["answers"] = [{"text": answer, "answer_start": context.index(answer)}]
+        paragraphs.append({"context": context, "qas": [qa]})
+    data = tmp_path / "squad"
+    data.mkdir()
+    payload = json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]})
+    (data / "train-v2.0.json").write_text(payload, encoding="utf-8")
+    (data / "dev-v2.0.json").write_text(payload, encoding="utf-8")
+    settings = token_tasks.task_settings(
+        "squad/v2.0", dict(max_seq_length=16, batch_size=8, eval_batch_size=8, epochs=1.0)
+    )
+    options = token_tasks.SpanOptions(doc_stride=4, max_query_length=6)
+    mesh = partitioning.make_mesh((1, 1, 1), jax.devices()[:1])
+    workdir = tmp_path / "run"
+    result = token_tasks.run_token_task(
+        encoder, "squad/v2.0", str(data), str(workdir), settings, options, mesh=mesh
+    )
+    predictions = json.loads((workdir / "predictions.json").read_text())
+    null_odds = json.loads((workdir / "null_odds.json").read_text())
+    assert set(predictions) == set(null_odds) == {f"v2-{i}" for i in range(24)}
+    assert (workdir / "nbest_predictions.json").exists()
+    dataset = json.loads(payload)["data"]
+    again = squad_eval.evaluate(dataset, predictions, "v2.0", null_odds, na_prob_thresh=0.0)
+    assert again == pytest.approx(result["dev_metrics"])
+    assert result["dev_metrics"]["NoAns_total"] == 8 and result["dev_metrics"]["HasAns_total"] == 16
+    assert "best_f1_thresh" in result["dev_metrics"]
+    assert "| BERT-Large (paper, test) | 80.0 | 83.1 |" in (workdir / "results.md").read_text()
 
 
 def test_the_command_names_a_bad_squad_file_in_one_line(minilm_model, tmp_path, capsys):

@@ -193,6 +193,24 @@ def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
     return out
 
 
+def iob2_to_iob1(tags: Sequence[str]) -> list[str]:
+    """B- only where an entity follows one of its own type; every other B-X becomes I-X."""
+    out = []
+    previous = ("O", "")
+    for tag in tags:
+        prefix, kind = _split_tag(tag)
+        if prefix == "B" and not (previous[0] in ("B", "I") and previous[1] == kind):
+            tag = f"I-{kind}"
+        out.append(tag)
+        previous = (prefix, kind)
+    return out
+
+
+def uses_iob1(sentences: Sequence[Sentence]) -> bool:
+    """Whether some entity starts with I- (the original CoNLL-2003 files do)."""
+    return any(list(s.tags) != training_tags(s.tags) for s in sentences)
+
+
 def chunks(tags: Sequence[str]) -> set[tuple[str, int, int]]:
     """Entities (type, first, last word) as conlleval finds them (any IOB scheme)."""
     found = set()
@@ -348,11 +366,16 @@ def build_features(
 
 
 def predicted_tags(
-    sentences: Sequence[Sentence], features: NerFeatures, logits: np.ndarray, labels: Sequence[str]
+    sentences: Sequence[Sentence],
+    features: NerFeatures,
+    logits: np.ndarray,
+    labels: Sequence[str],
+    iob1: bool = False,
 ) -> list[list[str]]:
-    """Each word's tag: the argmax at its first sub-token (O for a word no window reached)."""
+    """Each word's tag: the argmax at its first sub-token (O for a word no window reached); with
+    `iob1`, written back in IOB1 like the gold files (the same entities, comparable tags)."""
     tags = [["O"] * len(s.words) for s in sentences]
     for row, placed in enumerate(features.words):
         for sentence, word, position in placed:
             tags[sentence][word] = labels[int(np.argmax(logits[row, position]))]
-    return tags
+    return [iob2_to_iob1(t) for t in tags] if iob1 else tags

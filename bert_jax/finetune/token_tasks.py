@@ -228,6 +228,7 @@ def _conll_text(sentences, predicted) -> str:
 def _run_ner(encoder, splits, settings, options, log, mesh):
     train, dev, test = splits
     labels = ner.label_list(train)
+    iob1 = ner.uses_iob1(train)
 
     def features(sentences):
         return ner.build_features(
@@ -239,7 +240,7 @@ def _run_ner(encoder, splits, settings, options, log, mesh):
     log(f"CoNLL-2003: {len(train)} train sentences -> {len(train_features)} windows, {labels}")
 
     def score(sentences, feats, logits):
-        predicted = ner.predicted_tags(sentences, feats, logits, labels)
+        predicted = ner.predicted_tags(sentences, feats, logits, labels, iob1)
         return ner.conlleval([s.tags for s in sentences], predicted), predicted
 
     run = token_loop.train_and_evaluate(
