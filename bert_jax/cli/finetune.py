@@ -44,8 +44,8 @@ def _add_finetune(subparsers) -> None:
     parser.add_argument(
         "--task",
         required=True,
-        metavar="TASK",
-        help="glue/NAME (e.g. glue/MRPC), squad/v1.1, squad/v2.0 or conll2003",
+        metavar="glue/NAME",
+        help="a GLUE task (e.g. glue/MRPC), or squad/v1.1, squad/v2.0, conll2003",
     )
     _add_shared_flags(parser, sweep=False)
     _add_span_flags(parser)
