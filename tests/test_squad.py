@@ -357,14 +357,22 @@ def minilm_model(tmp_path_factory):
 def test_minilm_learns_synthetic_squad_end_to_end(minilm_model, tmp_path):
     data = tmp_path / "squad"
     data.mkdir()
-    train, _ = synthetic_squad(96, seed=1)
+    train, _ = synthetic_squad(64, seed=1)
     dev, slots = synthetic_squad(32, seed=2)
     (data / "train-v1.1.json").write_text(json.dumps(train), encoding="utf-8")
     (data / "dev-v1.1.json").write_text(json.dumps(dev), encoding="utf-8")
     workdir = tmp_path / "run"
     settings = token_tasks.task_settings(
         "squad/v1.1",
-        dict(max_seq_length=24, batch_size=8, eval_batch_size=32, epochs=1.0, learning_rate=2e-4),
+        # Without dropout the few steps a test can afford suffice (with 0.1: EM 56 after 24).
+        dict(
+            max_seq_length=24,
+            batch_size=8,
+            eval_batch_size=32,
+            epochs=1.0,
+            learning_rate=2e-4,
+            dropout=0.0,
+        ),
     )
     options = token_tasks.SpanOptions(doc_stride=8, max_query_length=8)
     # One device: the emulated eight would replicate every update eight times on two cores.
@@ -376,7 +384,7 @@ def test_minilm_learns_synthetic_squad_end_to_end(minilm_model, tmp_path):
     predictions = json.loads((workdir / "predictions.json").read_text())
     assert on_disk["dev_metrics"] == result["dev_metrics"]
     # Two windows per context (24 positions, stride 8): the max-context rule is exercised.
-    assert result["num_train_features"] == 2 * result["num_train_examples"] == 192
+    assert result["num_train_features"] == 2 * result["num_train_examples"] == 128
     examples, _ = squad.read_json(str(data / "dev-v1.1.json"))
     assert set(predictions) == {e.qid for e in examples}
     # The position baseline: always the value in the most common answer slot.
@@ -390,7 +398,7 @@ def test_minilm_learns_synthetic_squad_end_to_end(minilm_model, tmp_path):
         f"synthetic SQuAD dev EM {ours['exact_match']:.1f} F1 {ours['f1']:.1f}, position "
         f"baseline EM {baseline_em:.1f}; {result['num_train_steps']} steps {result['seconds']:.1f}s"
     )
-    assert ours["exact_match"] > baseline_em + 15
+    assert ours["exact_match"] > baseline_em + 30
     markdown = (workdir / "results.md").read_text()
     assert "| this run |" in markdown and "| BERT-Large (paper, dev) | 84.1 | 90.9 |" in markdown
 
