@@ -173,6 +173,23 @@ def test_missing_files_and_unprepared_tfds_are_one_line(tmp_path):
         ner.read_tfds("train", str(tmp_path / "tfds"))
 
 
+def test_tfds_records_become_sentences_with_the_datasets_tag_names():
+    import tensorflow_datasets as tfds
+
+    names = tfds.builder("conll2003", data_dir="/nonexistent").info.features["ner"].feature.names
+    record = {
+        "tokens": np.array([b"EU", b"rejects", b"German", b"call"], dtype=object),
+        "ner": np.array([names.index("B-ORG"), 0, names.index("B-MISC"), 0]),
+    }
+    sentence = ner.sentence_from_tfds(record, names, 5)
+    assert sentence == Sentence(
+        ("EU", "rejects", "German", "call"), ("B-ORG", "O", "B-MISC", "O"), 5
+    )
+    record["ner"] = record["ner"][:3]
+    with pytest.raises(NerDataError, match="^tfds conll2003 record 5: 4 tokens, 3 tags$"):
+        ner.sentence_from_tfds(record, names, 5)
+
+
 def test_first_sub_token_labels_windows_and_document_context():
     tokenizer = load_tokenizer(f"{minilm_dir()}/vocab.txt")
     words = ("Sheriff", "Blackburnshire", "visited", "Kuala", "Lumpur", "yesterday", ".")

@@ -311,6 +311,45 @@ def test_unreadable_json_and_unprepared_tfds_are_one_line(tmp_path):
         squad.read_tfds("v2.0", "validation", str(tmp_path / "tfds"))
 
 
+def test_tfds_records_become_examples():
+    """Records as TFDS `squad/v2.0` yields them (NumPy bytes; the keys of its feature spec)."""
+    import tensorflow_datasets as tfds
+
+    features = tfds.builder("squad/v2.0", data_dir="/nonexistent").info.features
+    answerable = {
+        "id": b"q1",
+        "title": b"T",
+        "question": b"Where?",
+        "context": "In São Paulo.".encode(),
+        "is_impossible": False,
+        "answers": {
+            "text": np.array(["São Paulo".encode()], dtype=object),
+            "answer_start": np.array([3], np.int32),
+        },
+        "plausible_answers": {
+            "text": np.array([], dtype=object),
+            "answer_start": np.array([], np.int32),
+        },
+    }
+    assert set(answerable) == set(features)
+    impossible = dict(
+        answerable,
+        id=b"q2",
+        is_impossible=True,
+        answers={"text": np.array([], dtype=object), "answer_start": np.array([], np.int32)},
+    )
+    assert squad.example_from_tfds(answerable) == SquadExample(
+        "q1", "Where?", "In São Paulo.", (("São Paulo", 3),), False
+    )
+    assert squad.example_from_tfds(impossible).is_impossible
+    broken = dict(
+        answerable,
+        answers={"text": answerable["answers"]["text"], "answer_start": np.array([3, 4], np.int32)},
+    )
+    with pytest.raises(SquadDataError, match="^tfds squad record q1: 1 answer texts, 2 starts$"):
+        squad.example_from_tfds(broken)
+
+
 # ------------------------------------------------------------------------------------------------
 # End to end: the converted MiniLM weights learn to answer a synthetic question set
 # ------------------------------------------------------------------------------------------------

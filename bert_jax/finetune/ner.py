@@ -160,14 +160,22 @@ def read_tfds(split: str, data_dir: str | None = None) -> list[Sentence]:
     names = builder.info.features["ner"].feature.names
     splits = builder.info.splits
     tfds_split = {"dev": "validation" if "validation" in splits else "dev"}.get(split, split)
-    return [
-        Sentence(
-            tuple(w.decode("utf-8") for w in record["tokens"]),
-            tuple(names[int(t)] for t in record["ner"]),
-            index,
+    records = tfds.as_numpy(builder.as_dataset(split=tfds_split))
+    return [sentence_from_tfds(r, names, i) for i, r in enumerate(records)]
+
+
+def sentence_from_tfds(record: dict, names: Sequence[str], index: int) -> Sentence:
+    """One TFDS `conll2003` record: `tokens` and `ner` class indices into `names`. Each sentence
+    is its own document (TFDS keeps no document boundaries)."""
+    words = tuple(w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in record["tokens"])
+    tags = tuple(names[int(t)] for t in record["ner"])
+    if len(words) != len(tags):
+        raise NerDataError(
+            f"tfds {TASK_NAME} record {index}: {len(words)} tokens, {len(tags)} tags"
         )
-        for index, record in enumerate(tfds.as_numpy(builder.as_dataset(split=tfds_split)))
-    ]
+    for tag in tags:
+        _check_tag(tag, f"tfds {TASK_NAME} record {index}")
+    return Sentence(words, tags, index)
 
 
 # ------------------------------------------------------------------------------------------------

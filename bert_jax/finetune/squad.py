@@ -158,21 +158,28 @@ def read_tfds(version: str, split: str, data_dir: str | None = None) -> list[Squ
             f"tfds {name} is not prepared in {builder.data_dir}; run `tfds build {name}` first "
             "(or pass the official JSON files)"
         )
-    examples = []
-    for record in tfds.as_numpy(builder.as_dataset(split=split)):
-        text = [t.decode("utf-8") for t in record["answers"]["text"]]
-        starts = [int(s) for s in record["answers"]["answer_start"]]
-        answers = tuple(zip(text, starts, strict=True))
-        examples.append(
-            SquadExample(
-                record["id"].decode("utf-8"),
-                record["question"].decode("utf-8"),
-                record["context"].decode("utf-8"),
-                answers,
-                not answers,
-            )
+    return [example_from_tfds(r) for r in tfds.as_numpy(builder.as_dataset(split=split))]
+
+
+def example_from_tfds(record: dict) -> SquadExample:
+    """One TFDS `squad/*` record (NumPy values, as `tfds.as_numpy` yields); v2.0's unanswerable
+    questions have no answers (their `plausible_answers` are not gold)."""
+
+    def text(value: Any) -> str:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+    texts = [text(t) for t in record["answers"]["text"]]
+    starts = [int(s) for s in record["answers"]["answer_start"]]
+    if len(texts) != len(starts):
+        raise SquadDataError(
+            f"tfds squad record {text(record['id'])}: {len(texts)} answer texts, "
+            f"{len(starts)} starts"
         )
-    return examples
+    answers = tuple(zip(texts, starts, strict=True))
+    impossible = bool(record.get("is_impossible", False)) or not answers
+    return SquadExample(
+        text(record["id"]), text(record["question"]), text(record["context"]), answers, impossible
+    )
 
 
 def as_dataset(examples: Sequence[SquadExample]) -> list[dict]:
