@@ -166,7 +166,10 @@ def test_windows_follow_the_stride_and_the_max_context_rule(tokenizer):
     context = " ".join(f"word{i} is number {i}." for i in range(30))
     answer = "number 17"
     example = SquadExample("q", "which number?", context, ((answer, context.index(answer)),))
-    features = squad.build_features([example], tokenizer, 32, 8, 8, training=True)
+    features = squad.build_features([example], tokenizer, 32, 8, 8)
+    targets = squad.build_features([example], tokenizer, 32, 8, 8, training=True)
+    assert targets.char_start.shape == (len(targets), 0)  # not kept for training
+    assert np.array_equal(targets.arrays["input_ids"], features.arrays["input_ids"])
     ids, starts, ends = squad.subtokens(tokenizer, context)
     query = len(tokenizer.encode("which number?"))
     spans = squad.window_starts(len(ids), 32 - query - 3, 8)
@@ -192,7 +195,7 @@ def test_windows_follow_the_stride_and_the_max_context_rule(tokenizer):
     assert sorted(owner) == list(range(len(ids)))
     hits = 0
     for row in range(len(features)):
-        s, e = features.arrays["start_positions"][row], features.arrays["end_positions"][row]
+        s, e = targets.arrays["start_positions"][row], targets.arrays["end_positions"][row]
         if s:
             hits += 1
             assert context[features.char_start[row, s] : features.char_end[row, e]] == answer
