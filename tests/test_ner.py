@@ -276,7 +276,14 @@ def test_tiny_encoder_learns_synthetic_conll_end_to_end(tmp_path):
         _synthetic_conll(data / name, count, seed, vocabulary)
     settings = token_tasks.task_settings(
         "conll2003",
-        dict(max_seq_length=16, batch_size=16, epochs=4.0, learning_rate=1e-3, dropout=0.0),
+        dict(
+            max_seq_length=16,
+            batch_size=16,
+            epochs=4.0,
+            learning_rate=1e-3,
+            dropout=0.0,
+            eval_every_epoch=True,
+        ),
     )
     mesh = partitioning.make_mesh((1, 1, 1), jax.devices()[:1])
     workdir = tmp_path / "run"
@@ -308,4 +315,6 @@ def test_tiny_encoder_learns_synthetic_conll_end_to_end(tmp_path):
     assert len(rows) == len(gold) == 48
     assert ner.conlleval(gold, guess)["f1"] == pytest.approx(result["dev_metrics"]["f1"])
     assert (workdir / "test_predictions.txt").exists()
+    assert [h["epoch"] for h in result["history"]] == [1.0, 2.0, 3.0, 4.0]
+    assert (workdir / "plots" / "conll2003.png").stat().st_size > 1000
     assert "| BERT-Large (paper) | 96.6 | 92.8 |" in (workdir / "results.md").read_text()

@@ -488,6 +488,7 @@ def test_v2_run_writes_the_official_files_with_a_tiny_encoder(tmp_path):
     assert again == pytest.approx(result["dev_metrics"])
     assert result["dev_metrics"]["NoAns_total"] == 8 and result["dev_metrics"]["HasAns_total"] == 16
     assert "best_f1_thresh" in result["dev_metrics"]
+    assert (workdir / "plots" / "squad-v2.0.png").stat().st_size > 1000
     assert "| BERT-Large (paper, test) | 80.0 | 83.1 |" in (workdir / "results.md").read_text()
 
 

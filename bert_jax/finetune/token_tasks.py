@@ -133,6 +133,9 @@ def run_token_task(
         for name, text in outputs.items():
             _write_text(os.path.join(workdir, name), text)
         _write_text(os.path.join(workdir, "results.md"), results_markdown(result))
+        os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+        plot_name = result["task"].replace("/", "-") + ".png"
+        plot_history(os.path.join(workdir, "plots", plot_name), result)
         files.write_json_atomic(os.path.join(workdir, "result.json"), result)
     return result
 
@@ -264,6 +267,47 @@ def _run_ner(encoder, splits, settings, options, log, mesh):
         outputs["test_predictions.txt"] = _conll_text(test, test_predicted)
     run.update(task=ner.TASK_NAME, labels=list(labels), num_train_examples=len(train))
     return run, outputs
+
+
+def plot_history(path: str, result: Mapping[str, Any]) -> None:
+    """Dev EM and F1 (SQuAD) or span F1 (CoNLL-2003) after each evaluation, with the paper's
+    dev figures as lines (evaluations after every epoch with --eval-every-epoch)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    task = result["task"]
+    key = ner.TASK_NAME if task == ner.TASK_NAME else task.split("/")[1]
+    figure = Figure(figsize=(7.0, 3.6), dpi=110)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    epochs = [entry["epoch"] for entry in result["history"]]
+    exact = "exact_match" if key == "v1.1" else "exact"
+    names = ["f1"] if key == ner.TASK_NAME else [exact, "f1"]
+    for name, color in zip(names, ("tab:blue", "tab:orange")):
+        axes.plot(
+            epochs,
+            [e["dev"][name] for e in result["history"]],
+            "o-",
+            color=color,
+            label=f"this run, dev {name}",
+        )
+        for (paper, values), style in zip(PAPER[key], ("--", ":")):
+            value = values.get("dev f1" if key == ner.TASK_NAME else name)
+            if value is not None and "test" not in paper:
+                axes.axhline(
+                    value, color=color, linestyle=style, linewidth=1, label=f"{paper} {name}"
+                )
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("%")
+    axes.set_title(f"{task}: dev figures during fine-tuning")
+    axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    tmp = files.temporary_name(path) + ".png"
+    try:
+        figure.savefig(tmp, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def results_markdown(result: Mapping[str, Any]) -> str:
