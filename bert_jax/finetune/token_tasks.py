@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -141,8 +142,6 @@ def run_token_task(
 
 
 def _json_text(payload: Any) -> str:
-    import json
-
     return json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
 
 
