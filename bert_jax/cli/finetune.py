@@ -1,4 +1,4 @@
-"""`bert-jax finetune` (one GLUE task, one setting) and `bert-jax glue` (the paper's sweep)."""
+"""`bert-jax finetune` (one GLUE, SQuAD or CoNLL-2003 task, one setting) and `bert-jax glue`."""
 
 from __future__ import annotations
 
@@ -30,19 +30,78 @@ def add_to(subparsers) -> None:
 def _add_finetune(subparsers) -> None:
     parser = subparsers.add_parser(
         "finetune",
-        help="fine-tune on one GLUE task with one setting (the unit of `bert-jax glue`)",
+        help="fine-tune on one GLUE task with one setting (the unit of `bert-jax glue`), or on "
+        "SQuAD v1.1/v2.0 or CoNLL-2003 NER",
         description="Writes DIR/result.json (dev metrics, settings, history) and the test-set "
-        "predictions in the GLUE submission format (e.g. DIR/CoLA.tsv).",
+        "predictions in the GLUE submission format (e.g. DIR/CoLA.tsv). SQuAD: "
+        "DIR/predictions.json (and null_odds.json for v2.0) in the official format, the official "
+        "EM/F1 in result.json, DIR/results.md; --data is a directory with train-v1.1.json and "
+        "dev-v1.1.json (v2.0 alike), the train JSON (dev from --dev-data) or tfds[:DATA_DIR]. "
+        "CoNLL-2003: DIR/dev_predictions.txt (conlleval's format), span F1 in result.json; --data "
+        "is a directory of column files (eng.train/eng.testa/eng.testb or train.txt/valid.txt/"
+        "test.txt) or tfds[:DATA_DIR].",
     )
-    parser.add_argument("--task", required=True, metavar="glue/NAME", help="e.g. glue/MRPC")
+    parser.add_argument(
+        "--task",
+        required=True,
+        metavar="glue/NAME",
+        help="a GLUE task (e.g. glue/MRPC), or squad/v1.1, squad/v2.0, conll2003",
+    )
     _add_shared_flags(parser, sweep=False)
+    _add_span_flags(parser)
     parser.set_defaults(run=_run_finetune, command_name="finetune")
 
 
+def _add_span_flags(parser) -> None:
+    """SQuAD's and CoNLL-2003's own options (the GLUE tasks ignore them)."""
+    group = parser.add_argument_group("SQuAD and CoNLL-2003")
+    group.add_argument("--doc-stride", type=int, default=128, help="SQuAD window stride")
+    group.add_argument("--max-query-length", type=int, default=64, help="question sub-tokens")
+    group.add_argument("--n-best-size", type=int, default=20, help="SQuAD candidate answers")
+    group.add_argument("--max-answer-length", type=int, default=30, help="answer sub-tokens")
+    group.add_argument(
+        "--null-score-diff-threshold",
+        type=float,
+        default=0.0,
+        help="SQuAD v2.0: answer '' when null score - best score exceeds this (tune it on dev "
+        "with result.json's best_f1_thresh)",
+    )
+    group.add_argument(
+        "--document-context",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="CoNLL-2003: fill each window with the sentence's document around it",
+    )
+    group.add_argument("--dev-data", default=None, metavar="JSON", help="SQuAD dev JSON file")
+
+
+def _run_token_task(args) -> int:
+    from bert_jax.finetune import token_tasks
+
+    options = token_tasks.SpanOptions(
+        doc_stride=args.doc_stride,
+        max_query_length=args.max_query_length,
+        n_best_size=args.n_best_size,
+        max_answer_length=args.max_answer_length,
+        null_score_diff_threshold=args.null_score_diff_threshold,
+        document_context=args.document_context,
+        dev_data=args.dev_data,
+    )
+    settings = token_tasks.task_settings(args.task, _overrides(args))
+    result = token_tasks.run_token_task(
+        args.model, args.task, args.data, args.workdir, settings, options
+    )
+    shown = {k: v for k, v in result["dev_metrics"].items() if not isinstance(v, dict)}
+    print(f"{result['task']} dev: {shown} -> {args.workdir}/result.json")
+    return 0
+
+
 def _run_finetune(args) -> int:
-    from bert_jax.finetune import sweep
+    from bert_jax.finetune import sweep, token_tasks
 
     _log_progress()
+    if token_tasks.is_token_task(args.task):
+        return _run_token_task(args)
     options = sweep.sweep_options(overrides=_overrides(args))
     record = sweep.run_single(
         args.model,

@@ -9,4 +9,12 @@
 - `sweep`: `run_sweep(...)` (`bert-jax glue`) and `run_single(...)` (`bert-jax finetune`).
 - `report`: results.json / .csv / .md (Table 1 layout) and per-task plots.
 - `workdir`: the workdir as an output: its marker, and the check before writing into it.
+
+SQuAD v1.1/v2.0 and CoNLL-2003 NER (`bert-jax finetune --task squad/v1.1|squad/v2.0|conll2003`):
+- `squad`: the official JSON (or TFDS), sub-token character spans, windows (max-context rule).
+- `squad_eval`: answers from start/end logits (n-best, max length, v2.0 null odds); official EM/F1.
+- `ner`: CoNLL column files (or TFDS), IOB1/IOB2, conlleval's span scores, first-sub-token features.
+- `token_heads`: a dense head at every token (`BertForTokenOutputs`); span and tagging losses.
+- `token_loop`: their fine-tuning loop on `train.py`'s update (the GLUE loop's recipe).
+- `token_tasks`: `run_token_task(...)`: read, fine-tune, write predictions, result.json, results.md.
 """

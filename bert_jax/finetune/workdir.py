@@ -1,8 +1,10 @@
 """The fine-tuning workdir as an output: its marker, what it holds, and the check before writing.
 
 `bert-jax finetune` and `bert-jax glue` write their results (result.json, the GLUE-server TSVs,
-trials/, submission/, results.*, plots/) into `--workdir`, replacing earlier ones of the same
-name. So they write only into a directory that is new, empty or already theirs (it carries
+trials/, submission/, results.*, plots/; SQuAD's predictions.json, null_odds.json,
+nbest_predictions.json; CoNLL-2003's dev/test_predictions.txt) into `--workdir`, replacing
+earlier ones of the same name. So they write only into a directory that is new, empty or already
+theirs (it carries
 `bert_jax_finetune.json`, or holds a result of an earlier run), never into one holding other files,
 the current or home directory, or a pretraining workdir (`data.files.check_replaceable`).
 """
@@ -23,6 +25,12 @@ _NAMES = (
     "results.csv",
     "results.md",
     "plots",
+    # SQuAD and CoNLL-2003 (token_tasks.py)
+    "predictions.json",
+    "null_odds.json",
+    "nbest_predictions.json",
+    "dev_predictions.txt",
+    "test_predictions.txt",
 )
 
 

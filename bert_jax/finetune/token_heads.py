@@ -1,0 +1,105 @@
+"""Heads on every token's output (SQuAD spans, CoNLL-2003 tags) and their losses as sums.
+
+`BertForTokenOutputs` is `BertModel` (parameters under `bert/`, so a model directory's encoder loads
+as is) followed by dropout and one dense layer under `classifier/output/` applied at every position:
+[batch, length, num_outputs] float32 logits. For SQuAD `num_outputs` is 2 (start and end logits;
+the original run_squad has no dropout before this layer, so its rate is 0 there); for NER it is the
+number of tags.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.model import BertConfig, BertModel, Dense
+
+Array = jax.Array
+
+# Added to the logits of positions a span can never start or end at (padding), before softmax.
+_MASKED = -1e9
+
+
+class TokenHead(nn.Module):
+    """Dropout, then one dense layer from each token's output to `num_outputs` float32 outputs."""
+
+    config: BertConfig
+    num_outputs: int
+    dropout_rate: float = 0.1
+
+    @nn.compact
+    def __call__(self, sequence_BxLxD: Array, deterministic: bool = True) -> Array:
+        sequence_BxLxD = nn.Dropout(rate=self.dropout_rate)(
+            sequence_BxLxD, deterministic=deterministic
+        )
+        logits = Dense(
+            features=(self.num_outputs,),
+            kernel_axes=("embed", None),
+            num_input_axes=1,
+            config=self.config,
+            name="output",
+        )(sequence_BxLxD)
+        return logits.astype(jnp.float32)
+
+
+class BertForTokenOutputs(nn.Module):
+    """BERT + `TokenHead` at every position; returns float32 logits [batch, length, num_outputs]."""
+
+    config: BertConfig
+    num_outputs: int
+    head_dropout: float = 0.1
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array,
+        segment_ids: Array,
+        deterministic: bool = True,
+    ) -> Array:
+        outputs = BertModel(self.config, name="bert")(
+            input_ids, input_mask, segment_ids, deterministic=deterministic
+        )
+        head = TokenHead(self.config, self.num_outputs, self.head_dropout, name="classifier")
+        return head(outputs["sequence_output"], deterministic=deterministic)
+
+
+def _position_log_probs(logits_BxL: Array, input_mask_BxL: Array) -> Array:
+    masked = jnp.where(input_mask_BxL > 0, logits_BxL.astype(jnp.float32), _MASKED)
+    return jax.nn.log_softmax(masked, axis=-1)
+
+
+def span_loss(
+    logits_BxLx2: Array,
+    input_mask_BxL: Array,
+    start_positions_B: Array,
+    end_positions_B: Array,
+    weights_B: Array,
+) -> dict[str, Array]:
+    """SQuAD's loss: the mean of the start and the end cross-entropy over positions, summed over
+    rows with weight. Padding positions are excluded from the softmax; position 0 ([CLS]) is the
+    target of an unanswerable question or of a window that does not hold the answer."""
+    weights = weights_B.astype(jnp.float32)
+    total = jnp.zeros((), jnp.float32)
+    for index, positions in enumerate((start_positions_B, end_positions_B)):
+        log_probs = _position_log_probs(logits_BxLx2[..., index], input_mask_BxL)
+        picked = jnp.take_along_axis(log_probs, positions[:, None].astype(jnp.int32), axis=-1)
+        total = total - jnp.sum(picked[:, 0] * weights)
+    return {"loss_sum": total / 2.0, "weight": jnp.sum(weights)}
+
+
+def token_loss(
+    logits_BxLxC: Array, labels_BxL: Array, label_weights_BxL: Array
+) -> dict[str, Array]:
+    """Tagging loss: softmax cross-entropy at the labelled positions (the first sub-token of each
+    word; weight 0 elsewhere), summed; `weight` counts the labelled positions."""
+    log_probs = jax.nn.log_softmax(logits_BxLxC.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(log_probs, labels_BxL[..., None].astype(jnp.int32), axis=-1)
+    weights = label_weights_BxL.astype(jnp.float32)
+    correct = (jnp.argmax(logits_BxLxC, axis=-1) == labels_BxL).astype(jnp.float32)
+    return {
+        "loss_sum": -jnp.sum(picked[..., 0] * weights),
+        "correct_sum": jnp.sum(correct * weights),
+        "weight": jnp.sum(weights),
+    }

@@ -1,0 +1,282 @@
+"""The fine-tuning loop for heads on every token (SQuAD spans, CoNLL-2003 tags), on the mesh.
+
+The recipe and the machinery are the GLUE loop's (`loop.py`): `FinetuneSettings`, BERT AdamW with a
+unit schedule and the learning rate passed into `train.update` per step (warmup over the first 10%,
+then linear decay), `train.ShardedSteps` for shardings, global batches and a donated state, the
+encoder placed with `loop.place_pretrained` and a fresh head initialised on its own. What differs is
+the model (`token_heads.BertForTokenOutputs`), the loss (`span_loss` or `token_loss`) and what
+prediction returns (logits at every position, handed to the task's own post-processing).
+
+A run is deterministic given its seed (head initialisation, shuffling, dropout).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import optim, partitioning, train
+from bert_jax.finetune.features import epoch_end_steps, host_rows, train_order
+from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, place_pretrained
+from bert_jax.finetune.token_heads import BertForTokenOutputs, TokenHead, span_loss, token_loss
+from bert_jax.model import BertConfig
+from bert_jax.train import TrainState
+
+Array = jax.Array
+SPAN = "span"
+TAGS = "tags"
+MODEL_KEYS = ("input_ids", "input_mask", "segment_ids")
+# The per-row training targets each kind of head reads.
+TARGET_KEYS = {SPAN: ("start_positions", "end_positions"), TAGS: ("labels", "label_weights")}
+
+
+def _unit_schedule(count: Array) -> Array:
+    del count
+    return jnp.ones((), jnp.float32)
+
+
+def head_loss_fn(model: BertForTokenOutputs, kind: str) -> train.LossFn:
+    """`train.update`'s loss: the head's loss averaged over the batch's weight; aux are sums."""
+
+    def loss_fn(params, batch, dropout_rng):
+        logits = model.apply(
+            {"params": params},
+            *(batch[key] for key in MODEL_KEYS),
+            deterministic=False,
+            rngs={"dropout": dropout_rng},
+        )
+        if kind == SPAN:
+            sums = span_loss(
+                logits,
+                batch["input_mask"],
+                batch["start_positions"],
+                batch["end_positions"],
+                batch["weights"],
+            )
+        else:
+            sums = token_loss(logits, batch["labels"], batch["label_weights"])
+        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
+
+    return loss_fn
+
+
+def _predict(params: Any, batch: Mapping[str, Array], *, model: BertForTokenOutputs) -> Array:
+    return model.apply({"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True)
+
+
+class TokenTuner(train.ShardedSteps):
+    """`BertForTokenOutputs`, its loss, optimizer, mesh and rules, compiled once (see
+    `token_tuner` for a cached instance)."""
+
+    def __init__(
+        self,
+        config: BertConfig,
+        num_outputs: int,
+        kind: str,
+        mesh: jax.sharding.Mesh,
+        head_dropout: float,
+        weight_decay: float = 0.01,
+        clip_norm: float = 1.0,
+        adam_bias_correction: bool = True,
+    ):
+        if kind not in TARGET_KEYS:
+            raise ValueError(f"unknown head kind {kind!r}; one of {sorted(TARGET_KEYS)}")
+        self.kind = kind
+        self.model = BertForTokenOutputs(config, num_outputs, head_dropout)
+        self.tx = optim.bert_adamw(
+            _unit_schedule,
+            weight_decay=weight_decay,
+            clip_norm=clip_norm or None,
+            bias_correction=adam_bias_correction,
+        )
+        tokens = np.zeros((1, 8), np.int32)
+        inputs = {"input_ids": tokens, "input_mask": np.ones_like(tokens), "segment_ids": tokens}
+        init_fn = functools.partial(train.init_state, model=self.model, tx=self.tx, inputs=inputs)
+        super().__init__(init_fn, mesh, partitioning.DEFAULT_RULES)
+        self.abstract_bert = nn.meta.unbox(self.state_shapes.params["bert"])
+        head = TokenHead(config, num_outputs, head_dropout)
+        sequence = jnp.zeros((1, 1, config.hidden_size), jnp.float32)
+        self._init_head = jax.jit(
+            lambda rng: nn.meta.unbox(head.init(rng, sequence)["params"]),
+            out_shardings=self.state_shardings.params["classifier"],
+        )
+        self._init_opt_state = jax.jit(
+            self.tx.init,
+            in_shardings=(self.state_shardings.params,),
+            out_shardings=self.state_shardings.opt_state,
+        )
+        step = functools.partial(train.update, loss_fn=head_loss_fn(self.model, kind), tx=self.tx)
+        self._train_step = self.jit_train_step(step, num_scalars=2)  # rng, learning rate
+        self._predict_step = self.jit_params_fn(functools.partial(_predict, model=self.model))
+
+    def init(self, rng: Array, pretrained_bert: Any) -> TrainState:
+        params = {
+            "bert": place_pretrained(pretrained_bert, self.abstract_bert, self.state_shardings),
+            "classifier": self._init_head(rng),
+        }
+        step, skipped = (jax.device_put(jnp.zeros((), jnp.int32), self.replicated) for _ in "ab")
+        return TrainState(step, params, self._init_opt_state(params), skipped)
+
+    def train_step(self, state, batch, rng, learning_rate: float):
+        return self.call(self._train_step, state, batch, rng, jnp.float32(learning_rate))
+
+    def predict(self, params: Any, batch: Mapping[str, Array]) -> Array:
+        return self.call(self._predict_step, params, batch)
+
+
+@functools.lru_cache(maxsize=4)
+def token_tuner(
+    config: BertConfig,
+    num_outputs: int,
+    kind: str,
+    mesh: jax.sharding.Mesh,
+    head_dropout: float,
+    weight_decay: float,
+    clip_norm: float,
+    adam_bias_correction: bool,
+) -> TokenTuner:
+    return TokenTuner(
+        config,
+        num_outputs,
+        kind,
+        mesh,
+        head_dropout,
+        weight_decay,
+        clip_norm,
+        adam_bias_correction,
+    )
+
+
+def gather_rows(arrays: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows of every array; padding rows (-1) repeat row 0 with weight 0 (also on tags)."""
+    valid = rows >= 0
+    picked = np.where(valid, rows, 0)
+    batch = {key: value[picked] for key, value in arrays.items()}
+    batch["weights"] = valid.astype(np.float32)
+    if "label_weights" in batch:
+        batch["label_weights"] = batch["label_weights"] * batch["weights"][:, None]
+    return batch
+
+
+def predict_logits(
+    tuner: TokenTuner, params: Any, arrays: Mapping[str, np.ndarray], batch_size: int
+) -> np.ndarray:
+    """Logits [N, length, num_outputs] for every row of `arrays` (the last batch is padded)."""
+    count = len(arrays["input_ids"])
+    inputs = {key: arrays[key] for key in MODEL_KEYS}
+    outputs = []
+    for start in range(0, count, batch_size):
+        rows = np.arange(start, start + batch_size)
+        rows = np.where(rows < count, rows, -1)
+        batch = gather_rows(inputs, host_rows(rows))
+        batch.pop("weights")
+        logits = tuner.predict(params, tuner.global_batch(batch))
+        outputs.append(np.asarray(logits)[rows >= 0])
+    return np.concatenate(outputs)
+
+
+def train_and_evaluate(
+    encoder: PretrainedEncoder,
+    kind: str,
+    num_outputs: int,
+    train_arrays: Mapping[str, np.ndarray],
+    evaluate: Callable[[np.ndarray], dict[str, float]],
+    eval_arrays: Mapping[str, np.ndarray],
+    settings: FinetuneSettings,
+    head_dropout: float,
+    log: Callable[[str], None],
+    final_arrays: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> dict[str, Any]:
+    """Fine-tune on `train_arrays`; `evaluate(logits of eval_arrays)` at the end (and after every
+    epoch with `settings.eval_every_epoch`). Returns the last metrics, history and run figures;
+    `logits` holds the final eval logits for the caller's output files, `final_logits` those of
+    each of `final_arrays` (e.g. a test split), predicted once at the end. `mesh` defaults to
+    one of `settings.mesh_shape` over every device."""
+    started = time.time()
+    mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
+    partitioning.check_batch_divisible(settings.batch_size, mesh, "batch_size")
+    partitioning.check_batch_divisible(settings.eval_batch_size, mesh, "eval_batch_size")
+    if settings.max_seq_length > encoder.config.max_position_embeddings:
+        raise ValueError(
+            f"max_seq_length={settings.max_seq_length} exceeds the model's "
+            f"max_position_embeddings={encoder.config.max_position_embeddings}"
+        )
+    encoder.tokenizer.check_vocab_size(encoder.config.vocab_size)
+    config = encoder.config.replace(
+        hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout
+    )
+    tuner = token_tuner(
+        config,
+        num_outputs,
+        kind,
+        mesh,
+        head_dropout,
+        settings.weight_decay,
+        settings.clip_norm,
+        settings.adam_bias_correction,
+    )
+    init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
+    state = tuner.init(init_rng, encoder.bert_params)
+    count = len(train_arrays["input_ids"])
+    order = train_order(count, settings.epochs, settings.batch_size, settings.seed)
+    num_steps = len(order)
+    schedule = optim.warmup_linear_decay(
+        settings.learning_rate, int(settings.warmup_proportion * num_steps), num_steps
+    )
+    learning_rates = np.asarray(schedule(jnp.arange(num_steps)), np.float32)
+    eval_after = (
+        set(epoch_end_steps(count, settings.epochs, settings.batch_size))
+        if settings.eval_every_epoch
+        else set()
+    )
+    keys = (*MODEL_KEYS, *TARGET_KEYS[kind])
+    inputs = {key: train_arrays[key] for key in keys}
+    history: list[dict[str, Any]] = []
+    totals = window = None
+    metrics: dict[str, float] = {}
+    logits = np.zeros((0,))
+    for step in range(num_steps):
+        batch = tuner.global_batch(gather_rows(inputs, host_rows(order[step])))
+        state, step_metrics = tuner.train_step(
+            state, batch, dropout_rng, float(learning_rates[step])
+        )
+        sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
+        # Summed on device: nothing waits for a step until a log line needs the numbers.
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        window = sums if window is None else jax.tree.map(jnp.add, window, sums)
+        done = step + 1
+        if done % settings.log_every == 0 or done == num_steps:
+            host = jax.device_get(window)
+            loss = float(host["loss_sum"]) / max(float(host["weight"]), 1.0)
+            log(f"step {done}/{num_steps} loss {loss:.4f} lr {learning_rates[step]:.3g}")
+            window = None
+        if done in eval_after or done == num_steps:
+            logits = predict_logits(tuner, state.params, eval_arrays, settings.eval_batch_size)
+            metrics = evaluate(logits)
+            epoch = min(done * settings.batch_size / count, settings.epochs)
+            history.append({"step": done, "epoch": round(epoch, 3), "dev": metrics})
+            log(f"step {done} dev {metrics}")
+    totals_host = jax.device_get(totals)
+    final_logits = {
+        name: predict_logits(tuner, state.params, arrays, settings.eval_batch_size)
+        for name, arrays in (final_arrays or {}).items()
+    }
+    return {
+        "dev_metrics": metrics,
+        "history": history,
+        "train_loss": float(totals_host["loss_sum"]) / max(float(totals_host["weight"]), 1.0),
+        "num_train_features": count,
+        "num_train_steps": num_steps,
+        "skipped_steps": int(state.skipped),
+        "seconds": time.time() - started,
+        "logits": logits,
+        "final_logits": final_logits,
+    }

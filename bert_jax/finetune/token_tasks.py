@@ -1,0 +1,339 @@
+"""`bert-jax finetune --task squad/v1.1|squad/v2.0|conll2003`: read, fine-tune, write the results.
+
+SQuAD writes, into the workdir: `predictions.json` ({question id: answer}, the official format),
+`null_odds.json` (v2.0: {id: null score - best non-null score}, the official script's
+`--na-prob-file`), `nbest_predictions.json`, and `result.json` with the official figures on dev
+(v1.1: exact_match, f1; v2.0: exact, f1, HasAns_*, NoAns_*, best_exact/best_f1 and thresholds).
+CoNLL-2003 writes `dev_predictions.txt` (and `test_predictions.txt` when a test file is there) in
+conlleval's input format (word, gold tag, predicted tag) and conlleval's span precision/recall/F1
+in `result.json`. Both write `results.md`, the run beside the paper's numbers.
+
+Defaults are the paper's where it gives them: SQuAD v1.1 lr 5e-5, batch 32, 3 epochs; v2.0 lr 5e-5,
+batch 48, 2 epochs; both max_seq_length 384, doc_stride 128, max_query_length 64, n-best 20,
+max answer length 30. CoNLL-2003 (no recipe in the paper): lr 5e-5, batch 32, 3 epochs, length 128.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+from bert_jax.data import files
+from bert_jax.finetune import ner, squad, squad_eval, token_loop
+from bert_jax.finetune import workdir as finetune_workdir
+from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, load_pretrained
+
+logger = logging.getLogger(__name__)
+
+TASK_DEFAULTS = {
+    "v1.1": {"learning_rate": 5e-5, "batch_size": 32, "epochs": 3.0, "max_seq_length": 384},
+    "v2.0": {"learning_rate": 5e-5, "batch_size": 48, "epochs": 2.0, "max_seq_length": 384},
+    ner.TASK_NAME: {"learning_rate": 5e-5, "batch_size": 32, "epochs": 3.0, "max_seq_length": 128},
+}
+# The paper's dev (and test) figures beside which results.md shows a run's.
+PAPER = {
+    "v1.1": [
+        ("BERT-Base (paper, dev)", {"exact_match": 80.8, "f1": 88.5}),
+        ("BERT-Large (paper, dev)", {"exact_match": 84.1, "f1": 90.9}),
+    ],
+    "v2.0": [
+        ("BERT-Large (paper, dev)", {"exact": 78.7, "f1": 81.9}),
+        ("BERT-Large (paper, test)", {"exact": 80.0, "f1": 83.1}),
+    ],
+    ner.TASK_NAME: [
+        ("BERT-Base (paper)", {"dev f1": 96.4, "test f1": 92.4}),
+        ("BERT-Large (paper)", {"dev f1": 96.6, "test f1": 92.8}),
+    ],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanOptions:
+    """Task options beside `FinetuneSettings` (SQuAD's windows and answers; NER's context)."""
+
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    null_score_diff_threshold: float = 0.0
+    document_context: bool = False
+    dev_data: str | None = None
+
+
+def is_token_task(task: str) -> bool:
+    return ner.is_ner_task(task) or squad.parse_task(task) is not None
+
+
+def task_settings(task: str, overrides: Mapping[str, Any]) -> FinetuneSettings:
+    """The paper's defaults for `task`, then the overrides that are not None."""
+    key = ner.TASK_NAME if ner.is_ner_task(task) else squad.parse_task(task)
+    values = {**TASK_DEFAULTS[key], **{k: v for k, v in overrides.items() if v is not None}}
+    if "mesh_shape" in values:
+        values["mesh_shape"] = tuple(int(x) for x in values["mesh_shape"])
+    return FinetuneSettings(**values)
+
+
+def _is_writer() -> bool:
+    return jax.process_index() == 0
+
+
+def _write_text(path: str, text: str) -> None:
+    files.write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def _is_tfds(data: str) -> bool:
+    return data == "tfds" or data.startswith("tfds:")
+
+
+def run_token_task(
+    model: str | PretrainedEncoder,
+    task: str,
+    data: str,
+    workdir: str,
+    settings: FinetuneSettings | None = None,
+    options: SpanOptions | None = None,
+    log: Callable[[str], None] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> dict[str, Any]:
+    """Fine-tune on SQuAD or CoNLL-2003 and write the workdir's files; returns result.json's.
+
+    `model`: a model directory / pretraining workdir, or a loaded encoder; `mesh` defaults to
+    one of `settings.mesh_shape` over every device."""
+    log = log or logger.info
+    options = options or SpanOptions()
+    settings = settings or task_settings(task, {})
+    version = None if ner.is_ner_task(task) else squad.parse_task(task)
+    # Inputs first, then the workdir, then the model: a bad input or model leaves nothing behind.
+    if version is not None:
+        splits = _read_squad(version, data, options)
+    else:
+        ner.check_files(data)
+        splits = tuple(ner.read_split(data, split) for split in ("train", "dev", "test"))
+    finetune_workdir.check_workdir(workdir)
+    encoder = load_pretrained(model) if isinstance(model, str) else model
+    if version is not None:
+        result, outputs = _run_squad(encoder, version, splits, settings, options, log, mesh)
+    else:
+        result, outputs = _run_ner(encoder, splits, settings, options, log, mesh)
+    result.update(
+        model=os.path.abspath(model) if isinstance(model, str) else encoder.source,
+        data=data,
+        settings=settings.to_dict(),
+        options=dataclasses.asdict(options),
+        finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    if _is_writer():
+        workdir = finetune_workdir.open_workdir(workdir, "finetune")
+        for name, text in outputs.items():
+            _write_text(os.path.join(workdir, name), text)
+        _write_text(os.path.join(workdir, "results.md"), results_markdown(result))
+        os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+        plot_name = result["task"].replace("/", "-") + ".png"
+        plot_history(os.path.join(workdir, "plots", plot_name), result)
+        files.write_json_atomic(os.path.join(workdir, "result.json"), result)
+    return result
+
+
+def _json_text(payload: Any) -> str:
+    return json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
+
+
+def _read_squad(version, data, options):
+    if _is_tfds(data):
+        data_dir = data[5:] or None
+        return squad.read_tfds(version, "train", data_dir), squad.read_tfds(
+            version, "validation", data_dir
+        )
+    train_path, dev_path = squad.split_files(data, version, options.dev_data)
+    return squad.read_json(train_path)[0], squad.read_json(dev_path)[0]
+
+
+def _run_squad(encoder, version, splits, settings, options, log, mesh):
+    train, dev = splits
+    windows = dict(
+        tokenizer=encoder.tokenizer,
+        max_seq_length=settings.max_seq_length,
+        doc_stride=options.doc_stride,
+        max_query_length=options.max_query_length,
+    )
+    train_features = squad.build_features(train, training=True, **windows)
+    if train_features.skipped_answers:
+        log(f"{train_features.skipped_answers} training answers not found at answer_start: skipped")
+    dev_features = squad.build_features(dev, **windows)
+    dataset = squad.as_dataset(dev)
+    log(f"SQuAD {version}: {len(train)} train questions -> {len(train_features)} windows")
+
+    def answers(logits):
+        return squad_eval.answers_from_logits(
+            dev,
+            dev_features,
+            logits,
+            version,
+            options.n_best_size,
+            options.max_answer_length,
+            options.null_score_diff_threshold,
+        )
+
+    def evaluate(logits):
+        found = answers(logits)
+        odds = found.null_odds if version == "v2.0" else None
+        return squad_eval.evaluate(
+            dataset, found.predictions, version, odds, options.null_score_diff_threshold
+        )
+
+    run = token_loop.train_and_evaluate(
+        encoder,
+        token_loop.SPAN,
+        2,
+        train_features.arrays,
+        evaluate,
+        dev_features.arrays,
+        settings,
+        head_dropout=0.0,
+        log=log,
+        mesh=mesh,
+    )
+    run.pop("final_logits")
+    found = answers(run.pop("logits"))
+    outputs = {
+        "predictions.json": _json_text(found.predictions),
+        "nbest_predictions.json": _json_text(found.nbest),
+    }
+    if version == "v2.0":
+        outputs["null_odds.json"] = _json_text(found.null_odds)
+    run.update(
+        task=f"squad/{version}",
+        num_train_examples=len(train),
+        num_dev_examples=len(dev),
+        skipped_train_answers=train_features.skipped_answers,
+    )
+    return run, outputs
+
+
+def _conll_text(sentences, predicted) -> str:
+    lines = []
+    for sentence, tags in zip(sentences, predicted, strict=True):
+        lines += [
+            f"{w} {g} {p}" for w, g, p in zip(sentence.words, sentence.tags, tags, strict=True)
+        ]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _run_ner(encoder, splits, settings, options, log, mesh):
+    train, dev, test = splits
+    labels = ner.label_list(train)
+    iob1 = ner.uses_iob1(train)
+
+    def features(sentences):
+        return ner.build_features(
+            sentences, encoder.tokenizer, labels, settings.max_seq_length, options.document_context
+        )
+
+    train_features, dev_features = features(train), features(dev)
+    test_features = None if test is None else features(test)
+    log(f"CoNLL-2003: {len(train)} train sentences -> {len(train_features)} windows, {labels}")
+
+    def score(sentences, feats, logits):
+        predicted = ner.predicted_tags(sentences, feats, logits, labels, iob1)
+        return ner.conlleval([s.tags for s in sentences], predicted), predicted
+
+    run = token_loop.train_and_evaluate(
+        encoder,
+        token_loop.TAGS,
+        len(labels),
+        train_features.arrays,
+        lambda logits: score(dev, dev_features, logits)[0],
+        dev_features.arrays,
+        settings,
+        head_dropout=settings.dropout,
+        log=log,
+        final_arrays={} if test_features is None else {"test": test_features.arrays},
+        mesh=mesh,
+    )
+    _, dev_predicted = score(dev, dev_features, run.pop("logits"))
+    outputs = {"dev_predictions.txt": _conll_text(dev, dev_predicted)}
+    final_logits = run.pop("final_logits")
+    if test is not None:
+        run["test_metrics"], test_predicted = score(test, test_features, final_logits["test"])
+        outputs["test_predictions.txt"] = _conll_text(test, test_predicted)
+    run.update(task=ner.TASK_NAME, labels=list(labels), num_train_examples=len(train))
+    return run, outputs
+
+
+def plot_history(path: str, result: Mapping[str, Any]) -> None:
+    """Dev EM and F1 (SQuAD) or span F1 (CoNLL-2003) after each evaluation, with the paper's
+    dev figures as lines (evaluations after every epoch with --eval-every-epoch)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    task = result["task"]
+    key = ner.TASK_NAME if task == ner.TASK_NAME else task.split("/")[1]
+    figure = Figure(figsize=(7.0, 3.6), dpi=110)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    epochs = [entry["epoch"] for entry in result["history"]]
+    exact = "exact_match" if key == "v1.1" else "exact"
+    names = ["f1"] if key == ner.TASK_NAME else [exact, "f1"]
+    for name, color in zip(names, ("tab:blue", "tab:orange")):
+        axes.plot(
+            epochs,
+            [e["dev"][name] for e in result["history"]],
+            "o-",
+            color=color,
+            label=f"this run, dev {name}",
+        )
+        for (paper, values), style in zip(PAPER[key], ("--", ":")):
+            value = values.get("dev f1" if key == ner.TASK_NAME else name)
+            if value is not None and "test" not in paper:
+                axes.axhline(
+                    value, color=color, linestyle=style, linewidth=1, label=f"{paper} {name}"
+                )
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("%")
+    axes.set_title(f"{task}: dev figures during fine-tuning")
+    axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    tmp = files.temporary_name(path) + ".png"
+    try:
+        figure.savefig(tmp, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def results_markdown(result: Mapping[str, Any]) -> str:
+    """The run's dev figures beside the paper's, as a Markdown table."""
+    task = result["task"]
+    key = ner.TASK_NAME if task == ner.TASK_NAME else task.split("/")[1]
+    reference = PAPER[key]
+    columns = list(reference[0][1])
+    ours = dict(result["dev_metrics"])
+    if key == ner.TASK_NAME:
+        ours = {"dev f1": ours.get("f1"), "test f1": result.get("test_metrics", {}).get("f1")}
+    lines = [
+        f"# {task}",
+        "",
+        f"Model: `{result.get('model', '')}`; data: `{result.get('data', '')}`.",
+        "",
+        "| | " + " | ".join(columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
+    ]
+
+    def cell(value):
+        return "–" if value is None else f"{float(value):.1f}"
+
+    lines.append("| this run | " + " | ".join(cell(ours.get(c)) for c in columns) + " |")
+    for name, values in reference:
+        lines.append(f"| {name} | " + " | ".join(cell(values.get(c)) for c in columns) + " |")
+    extra = {k: v for k, v in result["dev_metrics"].items() if k not in columns}
+    if extra and key != ner.TASK_NAME:
+        lines += ["", "All dev figures: " + ", ".join(f"{k} {v:.4g}" for k, v in extra.items())]
+    return "\n".join(lines) + "\n"
