@@ -28,13 +28,12 @@ import numpy as np
 
 from bert_jax import optim, partitioning, train
 from bert_jax.finetune import metrics as glue_metrics
+from bert_jax.finetune import steps
 from bert_jax.finetune.features import (
     EncodedSplit,
     TaskData,
-    epoch_end_steps,
     gather_batch,
     host_rows,
-    train_order,
 )
 from bert_jax.finetune.heads import BertForSequenceClassification, ClassifierHead, head_loss
 from bert_jax.finetune.tasks import TaskSpec
@@ -106,11 +105,6 @@ def load_pretrained(path: str) -> PretrainedEncoder:
 # ------------------------------------------------------------------------------------------------
 
 
-def _unit_schedule(count: Array) -> Array:
-    del count
-    return jnp.ones((), jnp.float32)
-
-
 def classifier_loss(model: BertForSequenceClassification, regression: bool) -> train.LossFn:
     """The head's loss on a batch, averaged over its rows of nonzero weight (`train.update`'s
     `loss_fn`); the aux are the head's sums."""
@@ -165,7 +159,7 @@ class FineTuner(train.ShardedSteps):
         self.regression = num_labels == 1
         self.model = BertForSequenceClassification(config, num_labels, classifier_dropout)
         self.tx = optim.bert_adamw(
-            _unit_schedule,
+            steps.unit_schedule,
             weight_decay=weight_decay,
             clip_norm=clip_norm or None,
             bias_correction=adam_bias_correction,
@@ -369,17 +363,7 @@ def finetune(
     log = log or logger.info
     task = data.task
     mesh = mesh if mesh is not None else make_mesh(settings)
-    partitioning.check_batch_divisible(settings.batch_size, mesh, "batch_size")
-    partitioning.check_batch_divisible(settings.eval_batch_size, mesh, "eval_batch_size")
-    if settings.max_seq_length > encoder.config.max_position_embeddings:
-        raise ValueError(
-            f"max_seq_length={settings.max_seq_length} exceeds the model's "
-            f"max_position_embeddings={encoder.config.max_position_embeddings}"
-        )
-    encoder.tokenizer.check_vocab_size(encoder.config.vocab_size)
-    config = encoder.config.replace(
-        hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout
-    )
+    config = steps.run_config(encoder, settings, mesh)
     tuner = fine_tuner(
         config,
         task.num_outputs,
@@ -392,47 +376,18 @@ def finetune(
     )
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
-
-    order = train_order(len(data.train), settings.epochs, settings.batch_size, settings.seed)
-    num_steps = len(order)
-    schedule = optim.warmup_linear_decay(
-        settings.learning_rate, int(settings.warmup_proportion * num_steps), num_steps
+    trained = steps.run_steps(
+        tuner,
+        state,
+        dropout_rng,
+        settings,
+        len(data.train),
+        lambda rows: gather_batch(data.train, rows),
+        lambda params: evaluate(tuner, params, task, data.dev, settings.eval_batch_size),
+        log,
+        name=task.name,
     )
-    learning_rates = np.asarray(schedule(jnp.arange(num_steps)), np.float32)
-    eval_after = (
-        set(epoch_end_steps(len(data.train), settings.epochs, settings.batch_size))
-        if settings.eval_every_epoch
-        else set()
-    )
-
-    history: list[dict[str, Any]] = []
-    totals: dict[str, Array] | None = None
-    window: dict[str, Array] | None = None
-    dev_metrics: dict[str, dict[str, float]] | None = None
-    for step in range(num_steps):
-        batch = tuner.global_batch(gather_batch(data.train, host_rows(order[step])))
-        state, step_metrics = tuner.train_step(
-            state, batch, dropout_rng, float(learning_rates[step])
-        )
-        sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
-        # Accumulated on device: nothing waits for the step until a log line needs the numbers.
-        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-        window = sums if window is None else jax.tree.map(jnp.add, window, sums)
-        done = step + 1
-        if done % settings.log_every == 0 or done == num_steps:
-            window_host = jax.device_get(window)
-            loss = float(window_host["loss_sum"]) / max(float(window_host["weight"]), 1.0)
-            log(
-                f"{task.name} step {done}/{num_steps} loss {loss:.4f} lr {learning_rates[step]:.3g}"
-            )
-            window = None
-        if done in eval_after or done == num_steps:
-            dev_metrics = evaluate(tuner, state.params, task, data.dev, settings.eval_batch_size)
-            epoch = min(done * settings.batch_size / len(data.train), settings.epochs)
-            history.append({"step": done, "epoch": round(epoch, 3), "dev": dev_metrics})
-            log(f"{task.name} step {done} dev {dev_metrics}")
-    assert totals is not None and dev_metrics is not None
-    totals_host = jax.device_get(totals)
+    state, dev_metrics = trained.state, trained.dev
     test_predictions = {}
     for split, encoded in data.test.items():
         outputs = predict_split(tuner, state.params, encoded, settings.eval_batch_size)
@@ -443,11 +398,11 @@ def finetune(
         settings=settings.to_dict(),
         dev_metrics=dev_metrics,
         selection_score=selection_score(task, dev_metrics),
-        train_loss=float(totals_host["loss_sum"]) / max(float(totals_host["weight"]), 1.0),
+        train_loss=trained.train_loss,
         num_train_examples=len(data.train),
-        num_train_steps=num_steps,
+        num_train_steps=trained.num_steps,
         skipped_steps=int(state.skipped),
         seconds=time.time() - started,
-        history=history,
+        history=trained.history,
         test_predictions=test_predictions,
     )

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import optim, partitioning, train
-from bert_jax.finetune.features import epoch_end_steps, host_rows, train_order
+from bert_jax.finetune import steps
+from bert_jax.finetune.features import host_rows
 from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, place_pretrained
 from bert_jax.finetune.token_heads import BertForTokenOutputs, TokenHead, span_loss, token_loss
 from bert_jax.model import BertConfig
@@ -35,11 +36,6 @@ TAGS = "tags"
 MODEL_KEYS = ("input_ids", "input_mask", "segment_ids")
 # The per-row training targets each kind of head reads.
 TARGET_KEYS = {SPAN: ("start_positions", "end_positions"), TAGS: ("labels", "label_weights")}
-
-
-def _unit_schedule(count: Array) -> Array:
-    del count
-    return jnp.ones((), jnp.float32)
 
 
 def head_loss_fn(model: BertForTokenOutputs, kind: str) -> train.LossFn:
@@ -91,7 +87,7 @@ class TokenTuner(train.ShardedSteps):
         self.kind = kind
         self.model = BertForTokenOutputs(config, num_outputs, head_dropout)
         self.tx = optim.bert_adamw(
-            _unit_schedule,
+            steps.unit_schedule,
             weight_decay=weight_decay,
             clip_norm=clip_norm or None,
             bias_correction=adam_bias_correction,
@@ -202,17 +198,7 @@ def train_and_evaluate(
     one of `settings.mesh_shape` over every device."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
-    partitioning.check_batch_divisible(settings.batch_size, mesh, "batch_size")
-    partitioning.check_batch_divisible(settings.eval_batch_size, mesh, "eval_batch_size")
-    if settings.max_seq_length > encoder.config.max_position_embeddings:
-        raise ValueError(
-            f"max_seq_length={settings.max_seq_length} exceeds the model's "
-            f"max_position_embeddings={encoder.config.max_position_embeddings}"
-        )
-    encoder.tokenizer.check_vocab_size(encoder.config.vocab_size)
-    config = encoder.config.replace(
-        hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout
-    )
+    config = steps.run_config(encoder, settings, mesh)
     tuner = token_tuner(
         config,
         num_outputs,
@@ -226,57 +212,36 @@ def train_and_evaluate(
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
     count = len(train_arrays["input_ids"])
-    order = train_order(count, settings.epochs, settings.batch_size, settings.seed)
-    num_steps = len(order)
-    schedule = optim.warmup_linear_decay(
-        settings.learning_rate, int(settings.warmup_proportion * num_steps), num_steps
+    inputs = {key: train_arrays[key] for key in (*MODEL_KEYS, *TARGET_KEYS[kind])}
+    kept: dict[str, np.ndarray] = {}
+
+    def evaluate_params(params):
+        kept["logits"] = predict_logits(tuner, params, eval_arrays, settings.eval_batch_size)
+        return evaluate(kept["logits"])
+
+    trained = steps.run_steps(
+        tuner,
+        state,
+        dropout_rng,
+        settings,
+        count,
+        lambda rows: gather_rows(inputs, rows),
+        evaluate_params,
+        log,
     )
-    learning_rates = np.asarray(schedule(jnp.arange(num_steps)), np.float32)
-    eval_after = (
-        set(epoch_end_steps(count, settings.epochs, settings.batch_size))
-        if settings.eval_every_epoch
-        else set()
-    )
-    keys = (*MODEL_KEYS, *TARGET_KEYS[kind])
-    inputs = {key: train_arrays[key] for key in keys}
-    history: list[dict[str, Any]] = []
-    totals = window = None
-    metrics: dict[str, float] = {}
-    logits = np.zeros((0,))
-    for step in range(num_steps):
-        batch = tuner.global_batch(gather_rows(inputs, host_rows(order[step])))
-        state, step_metrics = tuner.train_step(
-            state, batch, dropout_rng, float(learning_rates[step])
-        )
-        sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
-        # Summed on device: nothing waits for a step until a log line needs the numbers.
-        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-        window = sums if window is None else jax.tree.map(jnp.add, window, sums)
-        done = step + 1
-        if done % settings.log_every == 0 or done == num_steps:
-            host = jax.device_get(window)
-            loss = float(host["loss_sum"]) / max(float(host["weight"]), 1.0)
-            log(f"step {done}/{num_steps} loss {loss:.4f} lr {learning_rates[step]:.3g}")
-            window = None
-        if done in eval_after or done == num_steps:
-            logits = predict_logits(tuner, state.params, eval_arrays, settings.eval_batch_size)
-            metrics = evaluate(logits)
-            epoch = min(done * settings.batch_size / count, settings.epochs)
-            history.append({"step": done, "epoch": round(epoch, 3), "dev": metrics})
-            log(f"step {done} dev {metrics}")
-    totals_host = jax.device_get(totals)
+    state = trained.state
     final_logits = {
         name: predict_logits(tuner, state.params, arrays, settings.eval_batch_size)
         for name, arrays in (final_arrays or {}).items()
     }
     return {
-        "dev_metrics": metrics,
-        "history": history,
-        "train_loss": float(totals_host["loss_sum"]) / max(float(totals_host["weight"]), 1.0),
+        "dev_metrics": trained.dev,
+        "history": trained.history,
+        "train_loss": trained.train_loss,
         "num_train_features": count,
-        "num_train_steps": num_steps,
+        "num_train_steps": trained.num_steps,
         "skipped_steps": int(state.skipped),
         "seconds": time.time() - started,
-        "logits": logits,
+        "logits": kept["logits"],
         "final_logits": final_logits,
     }
