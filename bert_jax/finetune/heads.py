@@ -19,22 +19,23 @@ Array = jax.Array
 
 
 class ClassifierHead(nn.Module):
-    """Dropout, then one dense layer from the pooled [CLS] to `num_labels` float32 outputs."""
+    """Dropout, then one dense layer from each vector of the last axis (the pooled [CLS], or
+    every token's output) to `num_labels` float32 outputs."""
 
     config: BertConfig
     num_labels: int
     dropout_rate: float = 0.1
 
     @nn.compact
-    def __call__(self, pooled_BxD: Array, deterministic: bool = True) -> Array:
-        pooled_BxD = nn.Dropout(rate=self.dropout_rate)(pooled_BxD, deterministic=deterministic)
+    def __call__(self, hidden_xD: Array, deterministic: bool = True) -> Array:
+        hidden_xD = nn.Dropout(rate=self.dropout_rate)(hidden_xD, deterministic=deterministic)
         logits = Dense(
             features=(self.num_labels,),
             kernel_axes=("embed", None),
             num_input_axes=1,
             config=self.config,
             name="output",
-        )(pooled_BxD)
+        )(hidden_xD)
         return logits.astype(jnp.float32)
 
 

@@ -13,7 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model import BertConfig, BertModel, Dense
+from bert_jax.finetune.heads import ClassifierHead
+from bert_jax.model import BertConfig, BertModel
 
 Array = jax.Array
 
@@ -21,30 +22,9 @@ Array = jax.Array
 _MASKED = -1e9
 
 
-class TokenHead(nn.Module):
-    """Dropout, then one dense layer from each token's output to `num_outputs` float32 outputs."""
-
-    config: BertConfig
-    num_outputs: int
-    dropout_rate: float = 0.1
-
-    @nn.compact
-    def __call__(self, sequence_BxLxD: Array, deterministic: bool = True) -> Array:
-        sequence_BxLxD = nn.Dropout(rate=self.dropout_rate)(
-            sequence_BxLxD, deterministic=deterministic
-        )
-        logits = Dense(
-            features=(self.num_outputs,),
-            kernel_axes=("embed", None),
-            num_input_axes=1,
-            config=self.config,
-            name="output",
-        )(sequence_BxLxD)
-        return logits.astype(jnp.float32)
-
-
 class BertForTokenOutputs(nn.Module):
-    """BERT + `TokenHead` at every position; returns float32 logits [batch, length, num_outputs]."""
+    """BERT + a `ClassifierHead` at every position; returns float32 logits [batch, length,
+    num_outputs]."""
 
     config: BertConfig
     num_outputs: int
@@ -61,7 +41,7 @@ class BertForTokenOutputs(nn.Module):
         outputs = BertModel(self.config, name="bert")(
             input_ids, input_mask, segment_ids, deterministic=deterministic
         )
-        head = TokenHead(self.config, self.num_outputs, self.head_dropout, name="classifier")
+        head = ClassifierHead(self.config, self.num_outputs, self.head_dropout, name="classifier")
         return head(outputs["sequence_output"], deterministic=deterministic)
 
 

@@ -25,8 +25,9 @@ import numpy as np
 from bert_jax import optim, partitioning, train
 from bert_jax.finetune import steps
 from bert_jax.finetune.features import host_rows
+from bert_jax.finetune.heads import ClassifierHead
 from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, place_pretrained
-from bert_jax.finetune.token_heads import BertForTokenOutputs, TokenHead, span_loss, token_loss
+from bert_jax.finetune.token_heads import BertForTokenOutputs, span_loss, token_loss
 from bert_jax.model import BertConfig
 from bert_jax.train import TrainState
 
@@ -97,7 +98,7 @@ class TokenTuner(train.ShardedSteps):
         init_fn = functools.partial(train.init_state, model=self.model, tx=self.tx, inputs=inputs)
         super().__init__(init_fn, mesh, partitioning.DEFAULT_RULES)
         self.abstract_bert = nn.meta.unbox(self.state_shapes.params["bert"])
-        head = TokenHead(config, num_outputs, head_dropout)
+        head = ClassifierHead(config, num_outputs, head_dropout)
         sequence = jnp.zeros((1, 1, config.hidden_size), jnp.float32)
         self._init_head = jax.jit(
             lambda rng: nn.meta.unbox(head.init(rng, sequence)["params"]),
