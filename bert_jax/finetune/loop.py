@@ -21,12 +21,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import optim, partitioning, train
+from bert_jax import partitioning, train
 from bert_jax.finetune import metrics as glue_metrics
 from bert_jax.finetune import steps
 from bert_jax.finetune.features import (
@@ -37,8 +36,8 @@ from bert_jax.finetune.features import (
 )
 from bert_jax.finetune.heads import BertForSequenceClassification, ClassifierHead, head_loss
 from bert_jax.finetune.tasks import TaskSpec
+from bert_jax.finetune.tuner import HeadTuner
 from bert_jax.model import BertConfig
-from bert_jax.train import TrainState
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
@@ -136,7 +135,7 @@ def predict_step(
     )
 
 
-class FineTuner(train.ShardedSteps):
+class FineTuner(HeadTuner):
     """The classification model, optimizer, mesh and rules bound together, compiled once.
 
     Use `fine_tuner(...)` to get a cached instance: trials that differ only in learning rate, seed
@@ -157,56 +156,19 @@ class FineTuner(train.ShardedSteps):
         self.config = config
         self.num_labels = num_labels
         self.regression = num_labels == 1
-        self.model = BertForSequenceClassification(config, num_labels, classifier_dropout)
-        self.tx = optim.bert_adamw(
-            steps.unit_schedule,
-            weight_decay=weight_decay,
-            clip_norm=clip_norm or None,
-            bias_correction=adam_bias_correction,
+        model = BertForSequenceClassification(config, num_labels, classifier_dropout)
+        super().__init__(
+            model,
+            ClassifierHead(config, num_labels, classifier_dropout),
+            jnp.zeros((1, config.hidden_size), jnp.float32),  # the pooled [CLS]
+            classifier_loss(model, self.regression),
+            predict_step,
+            mesh,
+            rules,
+            weight_decay,
+            clip_norm,
+            adam_bias_correction,
         )
-        tokens = np.zeros((1, 8), np.int32)
-        inputs = {"input_ids": tokens, "input_mask": np.ones_like(tokens), "segment_ids": tokens}
-        init_fn = functools.partial(train.init_state, model=self.model, tx=self.tx, inputs=inputs)
-        super().__init__(init_fn, mesh, rules)
-        self.abstract_bert = nn.meta.unbox(self.state_shapes.params["bert"])
-        # Born sharded, as `partitioning.create_sharded` does, but only the parts that are not
-        # loaded: the head from its own init and the optimizer slots from the placed params (the
-        # encoder is never initialised at random only to be overwritten). Jitted once per
-        # FineTuner, so a sweep's trials share the compiled functions.
-        # The same module as the model's `classifier` subtree, initialised on its own.
-        head = ClassifierHead(config, num_labels, classifier_dropout)
-        pooled = jnp.zeros((1, config.hidden_size), jnp.float32)
-        self._init_head = jax.jit(
-            lambda rng: nn.meta.unbox(head.init(rng, pooled)["params"]),
-            out_shardings=self.state_shardings.params["classifier"],
-        )
-        self._init_opt_state = jax.jit(
-            self.tx.init,
-            in_shardings=(self.state_shardings.params,),
-            out_shardings=self.state_shardings.opt_state,
-        )
-        loss_fn = classifier_loss(self.model, self.regression)
-        step = functools.partial(train.update, loss_fn=loss_fn, tx=self.tx)
-        self._train_step = self.jit_train_step(step, num_scalars=2)  # rng, learning rate
-        self._predict_step = self.jit_params_fn(functools.partial(predict_step, model=self.model))
-
-    def init(self, rng: Array, pretrained_bert: Any) -> TrainState:
-        """Sharded state: the encoder from `pretrained_bert`, a fresh head from `rng`."""
-        params = {
-            "bert": place_pretrained(pretrained_bert, self.abstract_bert, self.state_shardings),
-            "classifier": self._init_head(rng),
-        }
-        # Two counters, two buffers: the train step donates each of them.
-        step, skipped = (jax.device_put(jnp.zeros((), jnp.int32), self.replicated) for _ in "ab")
-        return TrainState(step, params, self._init_opt_state(params), skipped)
-
-    def train_step(
-        self, state: TrainState, batch: Mapping[str, Array], rng: Array, learning_rate: float
-    ) -> tuple[TrainState, dict[str, Array]]:
-        return self.call(self._train_step, state, batch, rng, jnp.float32(learning_rate))
-
-    def predict(self, params: Any, batch: Mapping[str, Array]) -> Array:
-        return self.call(self._predict_step, params, batch)
 
 
 @functools.lru_cache(maxsize=8)
@@ -231,37 +193,6 @@ def fine_tuner(
         clip_norm,
         adam_bias_correction,
     )
-
-
-def place_pretrained(pretrained_bert: Any, abstract_bert: Any, state_shardings: TrainState) -> Any:
-    """Put the loaded encoder params on the mesh with the state's shardings, checking the tree.
-
-    Raises a ValueError naming missing, unexpected or mis-shaped parameters.
-    """
-    want = {
-        jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(abstract_bert)
-    }
-    have = {
-        jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(pretrained_bert)
-    }
-    problems = [f"missing {key}" for key in sorted(set(want) - set(have))]
-    problems += [f"unexpected {key}" for key in sorted(set(have) - set(want))]
-    problems += [
-        f"{key} has shape {tuple(np.shape(have[key]))}, the model wants {want[key].shape}"
-        for key in sorted(set(want) & set(have))
-        if tuple(np.shape(have[key])) != tuple(want[key].shape)
-    ]
-    if problems:
-        raise ValueError(
-            "pretrained encoder params do not fit the model: " + "; ".join(problems[:5])
-        )
-
-    # Always from a fresh host copy: the train step donates the state, and on some backends a
-    # transfer may alias its source; the caller's encoder params must survive for the next trial.
-    def place(value: Any, spec: jax.ShapeDtypeStruct, sharding: Any) -> Array:
-        return jax.device_put(np.array(value, dtype=spec.dtype, copy=True), sharding)
-
-    return jax.tree.map(place, pretrained_bert, abstract_bert, state_shardings.params["bert"])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The recipe and the machinery are the GLUE loop's (`loop.py`): `FinetuneSettings`, BERT AdamW with a
 unit schedule and the learning rate passed into `train.update` per step (warmup over the first 10%,
 then linear decay), `train.ShardedSteps` for shardings, global batches and a donated state, the
-encoder placed with `loop.place_pretrained` and a fresh head initialised on its own. What differs is
+encoder placed with `tuner.place_pretrained` and a fresh head initialised on its own. What differs is
 the model (`token_heads.BertForTokenOutputs`), the loss (`span_loss` or `token_loss`) and what
 prediction returns (logits at every position, handed to the task's own post-processing).
 
@@ -17,19 +17,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import optim, partitioning, train
+from bert_jax import partitioning, train
 from bert_jax.finetune import steps
 from bert_jax.finetune.features import host_rows
 from bert_jax.finetune.heads import ClassifierHead
-from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, place_pretrained
+from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder
 from bert_jax.finetune.token_heads import BertForTokenOutputs, span_loss, token_loss
+from bert_jax.finetune.tuner import HeadTuner
 from bert_jax.model import BertConfig
-from bert_jax.train import TrainState
 
 Array = jax.Array
 SPAN = "span"
@@ -68,7 +67,7 @@ def _predict(params: Any, batch: Mapping[str, Array], *, model: BertForTokenOutp
     return model.apply({"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True)
 
 
-class TokenTuner(train.ShardedSteps):
+class TokenTuner(HeadTuner):
     """`BertForTokenOutputs`, its loss, optimizer, mesh and rules, compiled once (see
     `token_tuner` for a cached instance)."""
 
@@ -86,46 +85,19 @@ class TokenTuner(train.ShardedSteps):
         if kind not in TARGET_KEYS:
             raise ValueError(f"unknown head kind {kind!r}; one of {sorted(TARGET_KEYS)}")
         self.kind = kind
-        self.model = BertForTokenOutputs(config, num_outputs, head_dropout)
-        self.tx = optim.bert_adamw(
-            steps.unit_schedule,
-            weight_decay=weight_decay,
-            clip_norm=clip_norm or None,
-            bias_correction=adam_bias_correction,
+        model = BertForTokenOutputs(config, num_outputs, head_dropout)
+        super().__init__(
+            model,
+            ClassifierHead(config, num_outputs, head_dropout),
+            jnp.zeros((1, 1, config.hidden_size), jnp.float32),  # every token's output
+            head_loss_fn(model, kind),
+            _predict,
+            mesh,
+            partitioning.DEFAULT_RULES,
+            weight_decay,
+            clip_norm,
+            adam_bias_correction,
         )
-        tokens = np.zeros((1, 8), np.int32)
-        inputs = {"input_ids": tokens, "input_mask": np.ones_like(tokens), "segment_ids": tokens}
-        init_fn = functools.partial(train.init_state, model=self.model, tx=self.tx, inputs=inputs)
-        super().__init__(init_fn, mesh, partitioning.DEFAULT_RULES)
-        self.abstract_bert = nn.meta.unbox(self.state_shapes.params["bert"])
-        head = ClassifierHead(config, num_outputs, head_dropout)
-        sequence = jnp.zeros((1, 1, config.hidden_size), jnp.float32)
-        self._init_head = jax.jit(
-            lambda rng: nn.meta.unbox(head.init(rng, sequence)["params"]),
-            out_shardings=self.state_shardings.params["classifier"],
-        )
-        self._init_opt_state = jax.jit(
-            self.tx.init,
-            in_shardings=(self.state_shardings.params,),
-            out_shardings=self.state_shardings.opt_state,
-        )
-        step = functools.partial(train.update, loss_fn=head_loss_fn(self.model, kind), tx=self.tx)
-        self._train_step = self.jit_train_step(step, num_scalars=2)  # rng, learning rate
-        self._predict_step = self.jit_params_fn(functools.partial(_predict, model=self.model))
-
-    def init(self, rng: Array, pretrained_bert: Any) -> TrainState:
-        params = {
-            "bert": place_pretrained(pretrained_bert, self.abstract_bert, self.state_shardings),
-            "classifier": self._init_head(rng),
-        }
-        step, skipped = (jax.device_put(jnp.zeros((), jnp.int32), self.replicated) for _ in "ab")
-        return TrainState(step, params, self._init_opt_state(params), skipped)
-
-    def train_step(self, state, batch, rng, learning_rate: float):
-        return self.call(self._train_step, state, batch, rng, jnp.float32(learning_rate))
-
-    def predict(self, params: Any, batch: Mapping[str, Array]) -> Array:
-        return self.call(self._predict_step, params, batch)
 
 
 @functools.lru_cache(maxsize=4)
