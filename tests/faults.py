@@ -49,7 +49,18 @@ def run_cli(capsys, argv: list[str]) -> Outcome:
     err = capsys.readouterr().err
     last = err.rstrip("\n").rsplit("\n", 1)[-1]
     message = last.split(": error: ", 1)[1] if ": error: " in last else last
+    _record(code, message)
     return Outcome(code, message, err)
+
+
+def _record(code: int, message: str) -> None:
+    """With BERT_JAX_FAULT_LOG=FILE, each case's exit status and message are appended to FILE
+    (the list of cases and what they print, for the battery's documentation)."""
+    path = os.environ.get("BERT_JAX_FAULT_LOG")
+    if path:
+        case = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{case}\t{code}\t{message}\n")
 
 
 def assert_user_error(outcome: Outcome, *named: str, only_line: bool = True) -> None:
