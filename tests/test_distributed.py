@@ -405,6 +405,7 @@ def test_position_table_round_trip():
 # --- ahead-of-time compile check ---------------------------------------------------------------
 
 TINY_ONE_PHASE = [
+    "--config.model.num_hidden_layers=1",  # what is checked is the report, not the depth
     "--config.phase1.fraction=1.0",
     "--config.phase2.fraction=0.0",
     "--config.phase1.batch_size=16",

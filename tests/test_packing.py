@@ -260,6 +260,7 @@ def test_pretraining_phase_with_packing_runs(tmp_path):
 
     config = config_lib.pretraining_config("tiny")
     config.model.update(hidden_size=32, num_attention_heads=2, intermediate_size=64)
+    config.model.num_hidden_layers = 1  # the packed rows are what matters, not depth
     config.model.max_position_embeddings = 64
     config.update(total_steps=3, log_every_steps=1, export_model=False)
     config.phase1.update(fraction=1.0, max_seq_length=64, max_predictions_per_seq=10)
