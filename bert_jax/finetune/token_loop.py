@@ -1,11 +1,12 @@
 """The fine-tuning loop for heads on every token (SQuAD spans, CoNLL-2003 tags), on the mesh.
 
-The recipe and the machinery are the GLUE loop's (`loop.py`): `FinetuneSettings`, BERT AdamW with a
-unit schedule and the learning rate passed into `train.update` per step (warmup over the first 10%,
-then linear decay), `train.ShardedSteps` for shardings, global batches and a donated state, the
-encoder placed with `tuner.place_pretrained` and a fresh head initialised on its own. What differs is
-the model (`token_heads.BertForTokenOutputs`), the loss (`span_loss` or `token_loss`) and what
-prediction returns (logits at every position, handed to the task's own post-processing).
+The recipe and the machinery are GLUE's: `FinetuneSettings`, the shared step loop
+(`steps.run_steps`: BERT AdamW with a unit schedule, the learning rate passed in per step, warmup
+over the first 10% then linear decay) and `tuner.HeadTuner` (shardings, global batches, a donated
+state, the encoder placed from the model directory and a fresh head initialised on its own).
+What differs is the model (`token_heads.BertForTokenOutputs`), the loss (`span_loss` or
+`token_loss`) and what prediction returns (logits at every position, handed to the task's own
+post-processing).
 
 A run is deterministic given its seed (head initialisation, shuffling, dropout).
 """
