@@ -25,6 +25,9 @@ Failure detection: a process that stops sending heartbeats for `heartbeat_timeou
 died, or its host did) makes the coordination service terminate every other process with an
 error; a collective already waiting on a dead peer fails at once. A host that never shows up
 fails `initialize` after `initialization_timeout` seconds.
+
+Why this file is long: the five start-up sources above share one precedence and one `Plan`, and
+the host-agreement checks run on what they set up; split, each half would need the other's.
 """
 
 from __future__ import annotations

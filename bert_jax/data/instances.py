@@ -21,6 +21,10 @@ Public API:
 - ``instances_to_arrays(instances, max_seq_length, max_predictions_per_seq) -> dict`` in the
   batch format (fixed shapes, int32/float32; ``next_sentence_labels`` is [N]).
 
+Why this file is long: the list form (``create_instances``) and the array form
+(``create_instance_rows``) must draw from the random generator in exactly the original's order;
+kept side by side, a change to one is seen against the other.
+
 Semantics (Devlin et al. and google-research/bert's create_pretraining_data.py):
 
 - Per document (and per dupe pass), the target length is ``max_seq_length - 3`` with probability
