@@ -80,6 +80,8 @@ def model_config(size: str) -> ml_collections.ConfigDict:
             # Word-embedding rows padded to a multiple of 128 (30522 -> 30592): the table then
             # divides over a tensor axis of up to 128 devices (see model.BertConfig).
             "vocab_pad_multiple": 128,
+            # Per-layer rematerialization: "none", "full" or "dots" (model.BertConfig.remat).
+            "remat": "none",
         }
     )
 

@@ -52,6 +52,13 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn")
 EMBED_LOOKUPS = ("gather", "one_hot")
+# What each encoder layer keeps for the backward pass (BertConfig.remat): jax.checkpoint
+# policies; "none" keeps everything (no jax.checkpoint at all).
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +106,11 @@ class BertConfig:
     # Exports cut the padding, `convert --vocab-pad-multiple` and `init_from` add it; parameter
     # counts leave it out.
     vocab_pad_multiple: int = 1
+    # Rematerialization of each encoder layer in the backward pass, to trade compute for memory
+    # (same results): "none" keeps every activation; "full" keeps only each layer's input and
+    # recomputes the layer; "dots" keeps the outputs of the weight matmuls (projections, FFN) and
+    # recomputes the rest (attention scores, softmax, GELU, layer norms, dropout).
+    remat: str = "none"
 
     def __post_init__(self):
         if (
@@ -124,6 +136,8 @@ class BertConfig:
             raise ValueError(
                 f"dropout_impl={self.dropout_impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}"
             )
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={self.remat!r} is not one of {tuple(REMAT_POLICIES)}")
         if self.attention_impl not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(
                 f"attention_impl={self.attention_impl!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
@@ -462,8 +476,13 @@ class BertEncoder(nn.Module):
         """
         all_hidden = [hidden]
         last = self.config.num_hidden_layers - 1
+        layer_class = BertLayer
+        if self.config.remat != "none":
+            # `deterministic` (argument 3, counting the module) is a Python bool: static.
+            policy = REMAT_POLICIES[self.config.remat]
+            layer_class = nn.remat(BertLayer, policy=policy, static_argnums=(3,))
         for i in range(self.config.num_hidden_layers):
-            layer = BertLayer(self.config, name=f"layer_{i}")
+            layer = layer_class(self.config, name=f"layer_{i}")
             if i == last and last_layer_positions is not None:
                 hidden = layer(hidden, last_layer_mask, deterministic, last_layer_positions)
             else:
