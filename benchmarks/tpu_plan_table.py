@@ -2,7 +2,8 @@
 slices, compiled here by XLA's TPU compiler (libtpu, no TPU needed), as the README's table.
 
     .venv/bin/python benchmarks/tpu_plan_table.py [--out tpu_plans.jsonl]
-        [--row base:v5p-16 --row large:v5p-16 ...] [--meshes dp,fsdp] [--set KEY=VALUE ...]
+        [--row base:v5p-16 --row large:v5p-16 ...] [--meshes dp,fsdp] [--remat dots]
+        [--set KEY=JSON ...]
 
 Each row is one `plan.plan` of `configs/bert.py:SIZE` (the paper's recipe: global batch 256,
 1M steps, 90% at seq 128, 10% at 512) on one slice; each finished row is appended to the JSONL
@@ -75,6 +76,7 @@ def main(argv=None) -> int:
     parser.add_argument("--row", action="append", default=None, metavar="SIZE:SLICE")
     parser.add_argument("--meshes", default="dp,fsdp")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
+    parser.add_argument("--remat", default="", help="policies to try besides the configured one")
     args = parser.parse_args(argv)
 
     from bert_jax import plan, topology
@@ -96,6 +98,7 @@ def main(argv=None) -> int:
             topology.parse(name),
             kinds=args.meshes.split(","),
             prices=prices,
+            remats=[r for r in args.remat.split(",") if r],
         )
         row = {"size": size, "slice": name, "set": key[2], "plan": json.loads(result.to_json())}
         row["seconds"] = time.perf_counter() - start

@@ -4,8 +4,10 @@ each phase and reach its global batch, and the time and cost of the configured s
 Every candidate is a real compile of the phase's train step for the slice (`compile_check`), so
 each fit verdict is XLA's; each time is its cost model's estimate. For each mesh (pure data
 parallel, FSDP, FSDP with a tensor-parallel axis) the search starts with the whole global batch
-in one step and doubles the accumulation factor until the step fits. The fastest fitting
-candidate of each phase makes the schedule: its steps times the estimated step time, and the
+in one step and doubles the accumulation factor until the step fits. Rematerialization
+policies to try (`remats`, model.BertConfig.remat) are searched only below the accumulation
+factor the configured policy needed: at the same factor they only add recomputation. The fastest
+fitting candidate of each phase makes the schedule: its steps times the estimated step time, and the
 chip-hours times the slice's price per chip-hour from a price file (configs/tpu_prices.json,
 which states its source and date).
 """
@@ -24,6 +26,7 @@ import ml_collections
 
 from bert_jax import compile_check, config_lib
 from bert_jax.errors import UserError
+from bert_jax.model import REMAT_POLICIES
 from bert_jax.topology import TpuTarget
 
 GIB = 1024**3
@@ -48,6 +51,7 @@ class Candidate:
     mfu: float | None = None
     compile_seconds: float = 0.0
     note: str = ""
+    remat: str = "none"  # config.model.remat of this candidate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +99,9 @@ def meshes(target: TpuTarget, config: ml_collections.ConfigDict, kinds: Sequence
     return found
 
 
-def _phase_config(config, phase: config_lib.Phase, mesh, accum: int):
-    """The config compiling `phase` alone, on `mesh`, with `accum` micro-batches."""
+def _phase_config(config, phase: config_lib.Phase, mesh, accum: int, remat: str | None = None):
+    """The config compiling `phase` alone, on `mesh`, with `accum` micro-batches (and the
+    rematerialization policy `remat`, None: the configured one)."""
     single = copy.deepcopy(config)
     with single.unlocked():
         for key in config_lib.PHASE_KEYS:
@@ -104,21 +109,35 @@ def _phase_config(config, phase: config_lib.Phase, mesh, accum: int):
                 single[key].fraction = 1.0 if key == phase.name else 0.0
         single.mesh.shape = tuple(mesh)
         single.grad_accum_steps = accum
+        if remat is not None:
+            single.model.remat = remat
     return single
 
 
-def search(config, phase, target: TpuTarget, kind: str, mesh, max_accum: int) -> Candidate:
-    """The largest micro-batch (fewest accumulation steps) with which `phase` fits on `mesh`."""
+def search(
+    config,
+    phase,
+    target: TpuTarget,
+    kind: str,
+    mesh,
+    max_accum: int,
+    remat: str | None = None,
+) -> Candidate:
+    """The largest micro-batch (fewest accumulation steps, up to `max_accum`) with which `phase`
+    fits on `mesh` (with rematerialization policy `remat`; None: the configured one)."""
     replicas = mesh[0] * mesh[1]
+    remat = remat or str(config.model.get("remat", "none"))
     accum, spent, last = 1, 0.0, "no accumulation factor divides the batch"
     while accum <= max_accum and phase.batch_size % (replicas * accum) == 0:
         per_replica = phase.batch_size // (replicas * accum)
         try:
-            report = compile_check.check(_phase_config(config, phase, mesh, accum), target)
+            report = compile_check.check(_phase_config(config, phase, mesh, accum, remat), target)
         except compile_check.DoesNotFitError as err:
             last, fitted = str(err), None
         except UserError as err:  # e.g. a mesh the torus cannot hold
-            return Candidate(phase.name, kind, mesh, accum, per_replica, False, note=str(err))
+            return Candidate(
+                phase.name, kind, mesh, accum, per_replica, False, note=str(err), remat=remat
+            )
         else:
             fitted = report.phases[0]
             spent += fitted.compile_seconds
@@ -131,6 +150,7 @@ def search(config, phase, target: TpuTarget, kind: str, mesh, max_accum: int) ->
                     tokens_per_second=estimate.get("tokens_per_second"),
                     mfu=estimate.get("mfu"),
                     compile_seconds=spent,
+                    remat=remat,
                 )  # fmt: skip
             last = f"peak {fitted.peak_bytes / GIB:.2f} GiB"
         accum *= 2
@@ -138,8 +158,9 @@ def search(config, phase, target: TpuTarget, kind: str, mesh, max_accum: int) ->
     if phase.batch_size % replicas:
         note = f"global batch {phase.batch_size} does not divide over {replicas} replicas"
     return Candidate(
-        phase.name, kind, mesh, accum // 2 or 1, 0, False, compile_seconds=spent, note=note
-    )
+        phase.name, kind, mesh, accum // 2 or 1, 0, False, compile_seconds=spent, note=note,
+        remat=remat,
+    )  # fmt: skip
 
 
 def load_prices(path: str | None) -> dict[str, Any]:
@@ -163,15 +184,30 @@ def plan(
     kinds: Sequence[str] = MESH_KINDS,
     max_accum: int = 64,
     prices: dict[str, Any] | None = None,
+    remats: Sequence[str] = (),
 ) -> Plan:
+    """`remats`: rematerialization policies to try besides the configured one (see `search`)."""
     phases = config_lib.plan_phases(config)
     config_lib.check_values(config, phases)
+    configured = str(config.model.get("remat", "none"))
+    unknown = sorted(set(remats) - set(REMAT_POLICIES))
+    if unknown:
+        raise UserError(
+            f"--remat: unknown policy {unknown[0]!r}; known: {', '.join(REMAT_POLICIES)}"
+        )
     candidates, schedule = [], []
     for phase in phases:
-        tried = [
-            search(config, phase, target, kind, mesh, max_accum)
-            for kind, mesh in meshes(target, config, kinds)
-        ]
+        tried = []
+        for kind, mesh in meshes(target, config, kinds):
+            first = search(config, phase, target, kind, mesh, max_accum)
+            tried.append(first)
+            if first.note and not first.note.startswith("does not fit"):
+                continue  # the mesh itself is the problem, not memory
+            for remat in dict.fromkeys(r for r in remats if r != configured):
+                # Only fewer micro-batches than `first` needed can make recomputation pay.
+                below = first.accum_steps // 2 if first.fits else max_accum
+                if below >= 1:
+                    tried.append(search(config, phase, target, kind, mesh, below, remat))
         candidates += tried
         timed = [c for c in tried if c.fits and c.step_seconds]
         best = min(timed, key=lambda c: c.step_seconds) if timed else None
@@ -205,6 +241,11 @@ def _duration(seconds: float) -> str:
     return f"{days:.1f} days" if days >= 1 else f"{seconds / 3600:.1f} hours"
 
 
+def _mesh_name(c: Candidate) -> str:
+    remat = "" if c.remat == "none" else f", remat {c.remat}"
+    return f"{_MESH_NAMES[c.mesh_kind]} {c.mesh}{remat}"
+
+
 def format_plan(result: Plan) -> str:
     lines = [
         f"plan: BERT {result.model} on {result.accelerator_type} ({result.target}, "
@@ -215,7 +256,7 @@ def format_plan(result: Plan) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result.candidates:
-        mesh = f"{_MESH_NAMES[c.mesh_kind]} {c.mesh}"
+        mesh = _mesh_name(c)
         if not c.fits:
             lines.append(
                 f"| {c.phase} | {mesh} | - | - | - | no: {c.note} | - | - | - | "
@@ -237,7 +278,7 @@ def format_plan(result: Plan) -> str:
         c = s.candidate
         lines.append(
             f"  {s.phase}: {s.steps:,} steps x {c.step_seconds * 1e3:.1f} ms with "
-            f"{_MESH_NAMES[c.mesh_kind]} {c.mesh}, {c.accum_steps} micro-batch(es) = "
+            f"{_mesh_name(c)}, {c.accum_steps} micro-batch(es) = "
             f"{_duration(s.seconds)}"
         )
     if result.total_seconds is not None:

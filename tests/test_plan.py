@@ -20,19 +20,23 @@ PRICES = {"source": "test prices", "date": "today", "usd_per_chip_hour": {"v5p":
 
 def scripted_check(peak_gib_per_sequence: float, step_ms_per_sequence: float, calls: list):
     """A stand-in for compile_check.check: peak memory and step time proportional to the
-    sequences per replica and micro-batch; records every (mesh, accumulation) it compiled."""
+    sequences per replica and micro-batch; records every (mesh, accumulation) it compiled.
+    Rematerialization ("dots") halves the peak and costs 20% more time; its compiles are
+    recorded with the policy as a fourth item."""
 
     def check(config, target=None, **_):
         (phase,) = config_lib.plan_phases(config)
         mesh = tuple(config.mesh.shape)
         accum = int(config.grad_accum_steps)
         per_replica = phase.batch_size // (mesh[0] * mesh[1] * accum)
-        calls.append((phase.name, mesh, accum))
+        remat = config.model.remat
+        calls.append((phase.name, mesh, accum) + ((remat,) if remat != "none" else ()))
         sharded = 1 if mesh[1] == 1 else 0.5  # fsdp halves what each chip holds
+        sharded *= 0.5 if remat != "none" else 1
         peak = int(per_replica * peak_gib_per_sequence * sharded * GIB)
         if peak > 3 * target.hbm_bytes:  # far too large: XLA refuses to compile
             raise compile_check.DoesNotFitError(f"config.{phase.name} does not fit: scripted")
-        seconds = step_ms_per_sequence * per_replica * accum / 1e3
+        seconds = step_ms_per_sequence * per_replica * accum / 1e3 * (1.2 if remat != "none" else 1)
         cost = cost_model.ProgramCost(1e12, 1e9, seconds, 0, {"all-reduce": 1})
         update = cost_model.ProgramCost(0.0, 0.0, 1e-9, 0, {})
         compiled = compile_check.PhaseCompile(
@@ -81,6 +85,30 @@ def test_accumulation_doubles_until_the_step_fits(monkeypatch, base_config):
     assert result.chip_hours == pytest.approx(total / 3600 * 8)
     assert result.cost == pytest.approx(total / 3600 * 8 * 4.0)
     assert result.prices_source == "test prices today"
+
+
+def test_rematerialization_is_tried_only_where_it_saves_micro_batches(monkeypatch, capsys):
+    """Data parallel needs 2 micro-batches without remat: remat is compiled at 1 only, where it
+    fits (20% dearer per sequence, but one micro-batch instead of two: the faster data parallel
+    step). FSDP fits at 1 without remat: remat is not compiled for it, and it stays fastest."""
+    calls = []
+    monkeypatch.setattr(compile_check, "check", scripted_check(4.0, 1.0, calls))
+    argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5p-16", "--remat", "dots,none,dots"]
+    assert cli.main([*argv, "--meshes", "dp,fsdp"]) == 0
+    out = capsys.readouterr().out
+    assert [c for c in calls if c[0] == "phase1"] == [
+        ("phase1", (8, 1, 1), 1),
+        ("phase1", (8, 1, 1), 2),
+        ("phase1", (8, 1, 1), 1, "dots"),
+        ("phase1", (1, 8, 1), 1),
+    ]
+    assert "| phase1 | data parallel (8, 1, 1), remat dots | 32 | 1 | 64.00 | yes | 38.4 |" in out
+    assert "phase1: 900,000 steps x 32.0 ms with fsdp (1, 8, 1), 1 micro-batch" in out
+    assert cli.main([*argv, "--meshes", "dp"]) == 0
+    out = capsys.readouterr().out
+    assert "x 38.4 ms with data parallel (8, 1, 1), remat dots, 1 micro-batch" in out
+    outcome = faults.run_cli(capsys, [*argv, "--remat", "some"])
+    faults.assert_user_error(outcome, "--remat: unknown policy 'some'")
 
 
 def test_nothing_fits_is_said_and_exit_4(monkeypatch, capsys):

@@ -13,9 +13,15 @@ def _run(flag_values) -> int:
         raise UserError("--topology is required (e.g. v5p-16, v5litepod-16, v5p:2x2x2)")
     target = topology.parse(flag_values.topology)
     kinds = [k.strip() for k in flag_values.meshes.split(",") if k.strip()]
+    remats = [r.strip() for r in flag_values.remat.split(",") if r.strip()]
     prices = plan.load_prices(flag_values.prices)
     result = plan.plan(
-        flag_values.config, target, kinds=kinds, max_accum=flag_values.max_accum, prices=prices
+        flag_values.config,
+        target,
+        kinds=kinds,
+        max_accum=flag_values.max_accum,
+        prices=prices,
+        remats=remats,
     )
     print(result.to_json() if flag_values.json else plan.format_plan(result))
     # 4, as `pretrain --compile-only`: some phase fits no mesh of this slice.
@@ -41,6 +47,13 @@ COMMAND = ConfigCommand(
             "fsdp_tp (fsdp with a tensor axis of 4 or 2)",
         ),
         ("integer", "max_accum", 64, "the largest gradient-accumulation factor to try"),
+        (
+            "string",
+            "remat",
+            "",
+            "rematerialization policies to try besides config.model.remat (none, dots, full), "
+            "each only where it could take fewer accumulation steps",
+        ),
         ("string", "prices", None, "price file (default: configs/tpu_prices.json)"),
         ("bool", "json", False, "print the plan as JSON"),
     ),
