@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import gzip
 import json
 import os
 from collections.abc import Iterator, Sequence
