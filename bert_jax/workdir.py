@@ -4,12 +4,14 @@ pid, start time) and the removal of what a killed run left half-written.
 `pretrain` takes the lock (process 0 of a job) before it writes anything in its workdir and lets
 it go when it ends, however it ends (finished, preempted, an exception). The file is created with
 O_EXCL (in a bucket: an upload conditioned on no object of that name, ifGenerationMatch=0), so of
-two runs started together one wins. Taking over a dead holder's lock is a delete then the same
-create: two runs taking over the same dead lock at once may both delete, and one create wins. A second run is refused, naming the holder. A
+two runs started together one wins. A second run is refused, naming the holder. A
 lock left behind by a run that died (SIGKILL, a crash) is taken over when its holder is known to
 be gone: same host, process no longer running (or the file is unreadable and older than a few
 seconds: a crash while writing it). A holder on another host cannot be checked from
-here; the refusal then says which file to delete once that run is known to be over.
+here; the refusal then says which file to delete once that run is known to be over. Taking
+over a dead holder's lock is a delete, then the same create: of two runs taking over one dead
+lock at the same moment one create wins (the loser may have deleted the winner's fresh lock
+first, the same race locally and in a bucket; the bucket's delete takes no generation here).
 """
 
 from __future__ import annotations

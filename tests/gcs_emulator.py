@@ -7,11 +7,12 @@
   ``GOOGLE_AUTH_TOKEN_FOR_TESTING``;
 - TensorFlow's own GCS file system (tf.data's TFRecord reader, ``tf.io.gfile``) has no endpoint
   setting (its variables, read from libtensorflow_framework: GCS_* timeouts, caches and retries
-  only): it always calls https://www.googleapis.com and https://storage.googleapis.com. It does
-  honour libcurl's ``https_proxy`` and TF's ``CURL_CA_BUNDLE`` and ``GOOGLE_AUTH_TOKEN_FOR_TESTING``,
-  so a CONNECT proxy here sends those two hosts to the emulator's HTTPS port, whose certificate
-  (made here, for those two names) is the only one the bundle trusts. Nothing leaves localhost:
-  any other host asked of the proxy is refused.
+  only): it always calls https://www.googleapis.com and https://storage.googleapis.com. It
+  does honour libcurl's ``https_proxy``, TF's ``CURL_CA_BUNDLE`` and
+  ``GOOGLE_AUTH_TOKEN_FOR_TESTING``, so a CONNECT proxy here ends their TLS with a
+  certificate made here for those two names (the only one the bundle trusts) and sends the
+  requests on to the emulator. Nothing leaves localhost: any other host asked of the proxy is
+  refused.
 
 The emulator keeps its objects in a directory (``-backend filesystem``), so `stop` and `start`
 keep the bucket's contents. A transient outage is served by the front (`outage`): every request
