@@ -8,7 +8,7 @@ DEMO_DIR ?= demo_workdir
 # stealing keeps both workers busy to the end; the slowest tests are listed after the run.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test demo lint format clean bench bench-peer
+.PHONY: venv test test-gcs demo lint format clean bench bench-peer
 
 venv: $(STAMP)
 
@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=15 -q
+
+# gs:// end to end and its faults against a Cloud Storage emulator the tests start on localhost
+# (tests/gcs_emulator.py); one process: the tests share the bucket and run in order.
+test-gcs: $(STAMP)
+	$(BIN)/python -m pytest -m gcs -n 0 --durations=10 -q tests/test_gcs.py
 
 # A fresh run each time (a kept workdir would resume at its final step and do nothing).
 demo: $(STAMP)

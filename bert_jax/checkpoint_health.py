@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from bert_jax import fs
+
 ITEMS = ("state", "data")  # the items of a pretraining checkpoint (checkpointing.py)
 
 
@@ -102,13 +104,13 @@ def read_or_problem(read: Callable[[], Any]) -> tuple[Any, str | None]:
 def missing_file(step_dir: str) -> str | None:
     """What a complete checkpoint directory lacks (before trying to read it), or None."""
     for item in ITEMS:
-        item_dir = os.path.join(step_dir, item)
-        if not os.path.isdir(item_dir):
+        item_dir = fs.join(step_dir, item)
+        if not fs.isdir(item_dir):
             return f"{item}/ is missing"
-        if not os.path.isfile(os.path.join(item_dir, "_METADATA")):
+        if not fs.isfile(fs.join(item_dir, "_METADATA")):
             return f"{item}/_METADATA is missing"
-        ocdbt = any(name.startswith("ocdbt.process_") for name in os.listdir(item_dir))
-        if ocdbt and not os.path.isfile(os.path.join(item_dir, "manifest.ocdbt")):
+        ocdbt = any(name.startswith("ocdbt.process_") for name in fs.listdir(item_dir))
+        if ocdbt and not fs.isfile(fs.join(item_dir, "manifest.ocdbt")):
             return f"{item}/manifest.ocdbt is missing"
     return None
 
@@ -169,10 +171,9 @@ def disk_full(err: BaseException) -> OSError | None:
 
 def tree_bytes(path: str) -> int:
     total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(folder, name))
-            except OSError:
-                pass
+    for name in fs.walk_files(path):
+        try:
+            total += fs.getsize(name)
+        except OSError:
+            pass
     return total

@@ -23,7 +23,6 @@ import datetime
 import logging
 import os
 import re
-import shutil
 import signal
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bert_jax import checkpoint_health
+from bert_jax import checkpoint_health, fs
 from bert_jax.errors import UserError
 
 log = logging.getLogger("bert_jax")
@@ -168,7 +167,7 @@ class Checkpointer:
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
         _serial_saves_on_cpu()
         logging.getLogger("absl").addFilter(_QUIET_FAILED_SAVE)  # once: a set of filters
-        self.directory = os.path.abspath(directory)
+        self.directory = fs.abspath(directory)
         self._saving: int | None = None
         self.manager = ocp.CheckpointManager(
             self.directory,
@@ -291,10 +290,10 @@ class Checkpointer:
         full = checkpoint_health.disk_full(err)
         if full is None:
             return
-        where = full.filename or os.path.join(self.directory, str(step))
-        previous_dir = os.path.join(self.directory, str(previous))
+        where = full.filename or fs.join(self.directory, str(step))
+        previous_dir = fs.join(self.directory, str(previous))
         needed = checkpoint_health.tree_bytes(previous_dir) if previous is not None else 0
-        free = shutil.disk_usage(self.directory).free
+        free = fs.disk_free(self.directory) or 0
         kept = (
             f"the previous checkpoint, step {previous}, is intact"
             if previous is not None
@@ -337,12 +336,12 @@ class Checkpointer:
     def problem(self, step: int, abstract_state: Any) -> str | None:
         """Why the checkpoint at `step` cannot be restored as `abstract_state`, found without
         reading its arrays (a missing file, other parameter shapes), or None."""
-        step_dir = os.path.join(self.directory, str(step))
+        step_dir = fs.join(self.directory, str(step))
         missing = checkpoint_health.missing_file(step_dir)
         if missing is not None:
             return missing
         try:
-            return checkpoint_health.shape_problem(os.path.join(step_dir, "state"), abstract_state)
+            return checkpoint_health.shape_problem(fs.join(step_dir, "state"), abstract_state)
         except Exception as err:  # unreadable metadata
             return f"state/ metadata cannot be read: {checkpoint_health.describe_error(err)}"
 
@@ -352,9 +351,9 @@ class Checkpointer:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         moved = []
         for step, _ in failed:
-            source = os.path.join(self.directory, str(step))
+            source = fs.join(self.directory, str(step))
             target = f"{source}.corrupt-{stamp}"
-            os.rename(source, target)
+            fs.rename(source, target)
             moved.append(target)
         return moved
 
@@ -367,10 +366,10 @@ class Checkpointer:
         named `<step>.orbax-checkpoint-tmp[-<timestamp>]` by Orbax); nothing else. Call it on one
         process, while no save is running."""
         removed = []
-        for name in sorted(os.listdir(self.directory)):
-            path = os.path.join(self.directory, name)
-            if _TMP_SAVE.match(name) and os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
+        for name in sorted(fs.listdir(self.directory)):
+            path = fs.join(self.directory, name)
+            if _TMP_SAVE.match(name) and fs.isdir(path) and not os.path.islink(path):
+                fs.rmtree(path)
                 removed.append(path)
         return removed
 
@@ -413,10 +412,10 @@ def find_checkpoint_dir(path: str) -> str:
     Raises FileNotFoundError for a path that does not exist (rather than creating an empty
     checkpoint directory there).
     """
-    candidate = os.path.join(path, "checkpoints")
-    if os.path.isdir(candidate):
+    candidate = fs.join(path, "checkpoints")
+    if fs.isdir(candidate):
         return candidate
-    if not os.path.isdir(path):
+    if not fs.isdir(path):
         raise FileNotFoundError(
             f"no checkpoints at {path}: expected a pretraining workdir or its checkpoints/"
         )

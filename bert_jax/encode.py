@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.data import files
 from bert_jax.errors import UserError
 from bert_jax.model import BertConfig, BertModel
@@ -52,7 +53,7 @@ class Features:
 
 def read_texts(path: str | os.PathLike) -> list[tuple[str, str | None]]:
     """One example per line (blank lines included, so row i is line i); `A ||| B` is a pair."""
-    with open(path, encoding="utf-8") as f:
+    with fs.open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     examples = []
     for line in lines:
@@ -204,10 +205,10 @@ def encode_texts(
 
 def _check_replaceable_npy(path: str) -> None:
     """An existing OUT is replaced only when it is a NumPy array file (what encode writes)."""
-    if os.path.isdir(path):
+    if fs.isdir(path):
         raise UserError(f"--output {path} is a directory; give a file name such as OUT.npy")
-    if os.path.exists(path):
-        with open(path, "rb") as f:
+    if fs.exists(path):
+        with fs.open(path, "rb") as f:
             if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
                 raise UserError(
                     f"--output {path} exists and is not a NumPy .npy file; bert-jax replaces "
@@ -250,8 +251,8 @@ def encode_file(
         raise ValueError(f"{input_path} holds no lines to encode")
     loaded = load_model_dir(model)
     result = encode_texts(loaded, examples, **options)
-    parent = os.path.dirname(os.path.abspath(output_path))
-    os.makedirs(parent, exist_ok=True)
+    parent = fs.dirname(fs.abspath(output_path))
+    fs.makedirs(parent, exist_ok=True)
     _save_npy(output_path, result.features)
     written = [output_path]
     if options.get("pool") == "none":

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable
 
 import jax
 
-from bert_jax import config_lib, distributed
+from bert_jax import config_lib, distributed, fs
 from bert_jax.config_lib import Phase
 from bert_jax.data import shards as input_shards
 from bert_jax.errors import UserError
@@ -30,15 +29,15 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     from bert_jax import model_dir
 
     if model_dir.is_unexported_workdir(path):  # its run config and tokenizer/ describe the model
-        with open(os.path.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:
+        with fs.open(fs.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:
             model = json.load(f).get("model", {})
-        tokenizer_dir = os.path.join(path, "tokenizer")
+        tokenizer_dir = fs.join(path, "tokenizer")
     else:
         model = model_dir.read_config(path)[0].to_dict()
-        tokenizer_dir = os.path.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
+        tokenizer_dir = fs.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
     source = f"config.init_from={path}"
     changes = config_lib.adopt_model_identity(config, model, source, explicit)
-    if os.path.isdir(tokenizer_dir) and config.data.tokenizer:
+    if fs.isdir(tokenizer_dir) and config.data.tokenizer:
         from bert_jax.data import tokenizer as tokenizer_lib
 
         mine = tokenizer_lib.load_tokenizer(config.data.tokenizer).fingerprint()
@@ -47,7 +46,7 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
                 f"config.data.tokenizer={config.data.tokenizer} is not the tokenizer of {source} "
                 f"({tokenizer_dir}): leave config.data.tokenizer out to use the model's"
             )
-    elif os.path.isdir(tokenizer_dir):
+    elif fs.isdir(tokenizer_dir):
         config.data.tokenizer = tokenizer_dir
         changes.append(f"config.data.tokenizer: '' -> {tokenizer_dir!r}")
     changes = [f"{line} (from {source})" for line in changes]
@@ -66,11 +65,11 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str):
     if config.data.tokenizer:
         return tokenizer_lib.load_tokenizer(config.data.tokenizer)
     for phase in phases:
-        candidate = os.path.join(phase.source, layout.TOKENIZER_SUBDIR)
-        if os.path.isdir(candidate):
+        candidate = fs.join(phase.source, layout.TOKENIZER_SUBDIR)
+        if fs.isdir(candidate):
             return tokenizer_lib.load_tokenizer(candidate)
-    own = os.path.join(workdir, "tokenizer")
-    if os.path.isdir(own):
+    own = fs.join(workdir, "tokenizer")
+    if fs.isdir(own):
         return tokenizer_lib.load_tokenizer(own)
     corpora = [p.source for p in phases if sources.source_kind(p.source) != "records"]
     if not corpora:
@@ -129,7 +128,7 @@ def _iterator(
                 whole_word_mask=bool(config.data.whole_word_mask),
                 num_workers=int(config.data.num_workers),
             ),
-            config.data.cache_dir or os.path.join(workdir, "data"),
+            config.data.cache_dir or fs.join(workdir, "data"),
             write_marker=jax.process_index() == 0,
         )
 

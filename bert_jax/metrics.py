@@ -15,6 +15,8 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import losses
+from bert_jax import fs, losses
 from bert_jax.model import BertConfig
 
 # Dense bf16 peak TFLOP/s per chip, matched against `jax.Device.device_kind` (lower case).
@@ -202,33 +204,54 @@ class MetricWriter:
         self._jsonl = None
         self._tb = None
         self._tensorboard = tensorboard
+        # In a bucket (objects are written whole, never appended to): the file's rows, uploaded
+        # whole after each write; TensorBoard's events go to a local directory, uploaded likewise.
+        self._remote_rows: list[str] | None = None
+        self._tb_local: str | None = None
 
     @property
     def jsonl_path(self) -> str:
-        return os.path.join(self.log_dir, "metrics.jsonl")
+        return fs.join(self.log_dir, "metrics.jsonl")
 
     @property
     def tensorboard_dir(self) -> str:
-        return os.path.join(self.log_dir, "tensorboard")
+        return fs.join(self.log_dir, "tensorboard")
 
     def write(self, step: int, scalars: Mapping[str, Any], kind: str = "train") -> None:
         if not self.enabled:
             return
-        if self._jsonl is None:
-            os.makedirs(self.log_dir, exist_ok=True)
-            self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
         record = {"step": int(step), "kind": kind, **{k: _plain(v) for k, v in scalars.items()}}
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
+        if fs.is_remote(self.log_dir):
+            if self._remote_rows is None:
+                old = fs.read_text(self.jsonl_path) if fs.exists(self.jsonl_path) else ""
+                self._remote_rows = [old] if old else []
+            self._remote_rows.append(json.dumps(record) + "\n")
+            fs.write_text(self.jsonl_path, "".join(self._remote_rows))
+        else:
+            if self._jsonl is None:
+                fs.makedirs(self.log_dir, exist_ok=True)
+                self._jsonl = fs.open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
         if self._tensorboard:
             if self._tb is None:
                 from tensorboardX import SummaryWriter
 
-                self._tb = SummaryWriter(self.tensorboard_dir)
+                target = self.tensorboard_dir
+                if fs.is_remote(target):
+                    self._tb_local = target = tempfile.mkdtemp(prefix="bert_jax_tb-")
+                self._tb = SummaryWriter(target)
             for key, value in scalars.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(f"{kind}/{key}", value, int(step))
             self._tb.flush()
+            self._upload_events()
+
+    def _upload_events(self) -> None:
+        if self._tb_local is None:
+            return
+        for name in os.listdir(self._tb_local):
+            fs.upload(os.path.join(self._tb_local, name), fs.join(self.tensorboard_dir, name))
 
     def close(self) -> None:
         if self._jsonl is not None:
@@ -237,6 +260,10 @@ class MetricWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+            self._upload_events()
+        if self._tb_local is not None:
+            shutil.rmtree(self._tb_local, ignore_errors=True)
+            self._tb_local = None
 
 
 def _plain(value: Any) -> Any:
@@ -247,7 +274,7 @@ def _plain(value: Any) -> Any:
 
 def read_jsonl(path: str, kind: str | None = None) -> list[dict[str, Any]]:
     """Records of a metrics.jsonl file (optionally only one kind: train, eval, event)."""
-    with open(path, encoding="utf-8") as f:
+    with fs.open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [r for r in rows if kind is None or r.get("kind") == kind]
 
@@ -256,10 +283,10 @@ def drop_rows_after(path: str, step: int) -> int:
     """Removes the rows of steps after `step` from a metrics.jsonl (a run resumed at `step` logs
     them again); returns how many. Rewritten atomically (a new file renamed over the old), so an
     interruption leaves the old file or the new one. A torn last line (a killed run) goes too."""
-    if not os.path.exists(path):
+    if not fs.exists(path):
         return 0
     kept, dropped = [], 0
-    with open(path, encoding="utf-8") as f:
+    with fs.open(path, encoding="utf-8") as f:
         for line in f:
             try:
                 row = json.loads(line)
@@ -270,11 +297,13 @@ def drop_rows_after(path: str, step: int) -> int:
                 dropped += 1
             else:
                 kept.append(line if line.endswith("\n") else line + "\n")
-    if dropped:
+    if dropped and fs.is_remote(path):  # one object, replaced whole
+        fs.write_text(path, "".join(kept))
+    elif dropped:
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with fs.open(tmp, "w", encoding="utf-8") as f:
             f.writelines(kept)
-        os.replace(tmp, path)
+        fs.rename(tmp, path)
     return dropped
 
 

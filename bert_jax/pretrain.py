@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable
 
 import jax
@@ -40,6 +39,7 @@ from bert_jax import (
     checkpointing,
     config_lib,
     distributed,
+    fs,
     inputs,
     metrics,
     model_dir,
@@ -75,14 +75,14 @@ def pretrain(
 ) -> PretrainResult:
     """Runs (or resumes) pretraining in `workdir`. `step_hook(step, batch)` may alter batches
     (tests use it to inject NaNs)."""
-    workdir = os.path.abspath(workdir)
+    workdir = fs.abspath(workdir)
     is_main = jax.process_index() == 0
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
     config_lib.bert_config(config)  # a bad model setting fails first
     # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
     distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
     if is_main:
-        os.makedirs(workdir, exist_ok=True)
+        fs.makedirs(workdir, exist_ok=True)
     distributed.sync_hosts("workdir")
     lock = workdir_lib.lock(workdir, is_main)
     try:
@@ -108,7 +108,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
         int(config.seed), str(config.get("dropout_rng_impl", "threefry2x32"))
     )
     checkpointer = checkpointing.Checkpointer(
-        os.path.join(workdir, "checkpoints"),
+        fs.join(workdir, "checkpoints"),
         keep=int(config.checkpoint.keep),
         async_save=bool(config.checkpoint.async_save),
     )
@@ -123,7 +123,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     )
     step = int(state.step)
     if is_main:  # the rows of steps after this one are redone: drop the old ones
-        metrics.drop_rows_after(os.path.join(workdir, "metrics.jsonl"), step)
+        metrics.drop_rows_after(fs.join(workdir, "metrics.jsonl"), step)
     console(
         f"bert-jax pretrain: {model_config.num_hidden_layers} layers, hidden "
         f"{model_config.hidden_size}, {total} steps in {len(phases)} phase(s) on "
@@ -181,7 +181,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     # --- Export and summary. ---
     model_path = None
     if not preempted and config.export_model:
-        model_path = export_model(trainer, state, tokenizer, os.path.join(workdir, "model"))
+        model_path = export_model(trainer, state, tokenizer, fs.join(workdir, "model"))
         console(f"exported model directory {model_path}")
     checkpointer.close()
     if last_eval:
@@ -217,11 +217,11 @@ def _prepare_workdir(config, workdir: str, is_main: bool):
     config_lib.validate(config, phases, mesh, None)
     tokenizer = inputs.resolve_tokenizer(config, phases, workdir)
     config_lib.validate(config, phases, mesh, tokenizer)
-    own_tokenizer = os.path.join(workdir, "tokenizer")
-    if is_main and not os.path.isdir(own_tokenizer):
+    own_tokenizer = fs.join(workdir, "tokenizer")
+    if is_main and not fs.isdir(own_tokenizer):
         tokenizer.save(own_tokenizer)  # the workdir alone then describes the model
     if is_main:
-        with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+        with fs.open(fs.join(workdir, "config.json"), "w", encoding="utf-8") as f:
             f.write(config.to_json_best_effort(indent=2))
     return phases, mesh, tokenizer
 

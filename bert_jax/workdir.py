@@ -3,11 +3,15 @@ pid, start time) and the removal of what a killed run left half-written.
 
 `pretrain` takes the lock (process 0 of a job) before it writes anything in its workdir and lets
 it go when it ends, however it ends (finished, preempted, an exception). The file is created with
-O_EXCL, so of two runs started together one wins. A second run is refused, naming the holder. A
+O_EXCL (in a bucket: an upload conditioned on no object of that name, ifGenerationMatch=0), so of
+two runs started together one wins. A second run is refused, naming the holder. A
 lock left behind by a run that died (SIGKILL, a crash) is taken over when its holder is known to
 be gone: same host, process no longer running (or the file is unreadable and older than a few
 seconds: a crash while writing it). A holder on another host cannot be checked from
-here; the refusal then says which file to delete once that run is known to be over.
+here; the refusal then says which file to delete once that run is known to be over. Taking
+over a dead holder's lock is a delete, then the same create: of two runs taking over one dead
+lock at the same moment one create wins (the loser may have deleted the winner's fresh lock
+first, the same race locally and in a bucket; the bucket's delete takes no generation here).
 """
 
 from __future__ import annotations
@@ -16,13 +20,12 @@ import datetime
 import json
 import os
 import re
-import shutil
 import socket
 import time
 
 import jax
 
-from bert_jax import distributed
+from bert_jax import distributed, fs
 from bert_jax.errors import UserError
 
 LOCK_NAME = "bert-jax.lock"
@@ -48,7 +51,7 @@ class WorkdirLock:
     """The lock on `workdir` (`<workdir>/bert-jax.lock`); `acquire` / `release`, or `with`."""
 
     def __init__(self, workdir: str | os.PathLike):
-        self.path = os.path.join(os.path.abspath(os.fspath(workdir)), LOCK_NAME)
+        self.path = fs.join(fs.abspath(os.fspath(workdir)), LOCK_NAME)
         self.held = False
         self._mine: dict[str, object] = {}
 
@@ -59,10 +62,11 @@ class WorkdirLock:
             "pid": os.getpid(),
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
+        content = (json.dumps(self._mine) + "\n").encode("utf-8")
         for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
+            # O_EXCL locally; in a bucket an upload on the condition that no such object exists
+            # (one request, atomic: the object appears whole or not at all).
+            if not fs.create_exclusive(self.path, content):
                 holder = self._read_holder()
                 if holder is not None and not self._is_stale(holder):
                     raise WorkdirLockedError(self._refusal(holder)) from None
@@ -70,13 +74,10 @@ class WorkdirLock:
                     raise WorkdirLockedError(self._refusal({})) from None  # being written
                 # A dead holder's lock (or an unreadable one left by a crash while writing it).
                 try:
-                    os.remove(self.path)
+                    fs.remove(self.path)
                 except FileNotFoundError:
                     pass
                 continue
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self._mine, f)
-                f.write("\n")
             self.held = True
             return
         holder = self._read_holder() or {}
@@ -89,7 +90,7 @@ class WorkdirLock:
         self.held = False
         if self._read_holder() == self._mine:
             try:
-                os.remove(self.path)
+                fs.remove(self.path)
             except FileNotFoundError:
                 pass
 
@@ -103,7 +104,7 @@ class WorkdirLock:
     def _read_holder(self) -> dict[str, object] | None:
         """The holder recorded in the file; None when it is gone or unreadable (half-written)."""
         try:
-            with open(self.path, encoding="utf-8") as f:
+            with fs.open(self.path, encoding="utf-8") as f:
                 holder = json.load(f)
         except (FileNotFoundError, ValueError):
             return None
@@ -111,7 +112,7 @@ class WorkdirLock:
 
     def _age(self) -> float:
         try:
-            return time.time() - os.path.getmtime(self.path)
+            return time.time() - fs.getmtime(self.path)
         except FileNotFoundError:
             return _WRITING_SECONDS
 
@@ -135,7 +136,7 @@ class WorkdirLock:
             else f"if that run is over, delete {self.path}"
         )
         return (
-            f"workdir {os.path.dirname(self.path)} is in use by another run ({who}; lock file "
+            f"workdir {fs.dirname(self.path)} is in use by another run ({who}; lock file "
             f"{self.path}): {hint}, or use another --workdir"
         )
 
@@ -165,12 +166,12 @@ def remove_leftovers(workdir: str, checkpointer, console) -> None:
     directories and unfinished exports (only names bert-jax gives them; an old export only when
     the new `model/` is in place)."""
     removed = checkpointer.remove_leftovers()
-    exported = os.path.isdir(os.path.join(workdir, "model"))
-    for name in sorted(os.listdir(workdir)):
+    exported = fs.isdir(fs.join(workdir, "model"))
+    for name in sorted(fs.listdir(workdir)):
         match = _EXPORT_LEFTOVER.match(name)
-        path = os.path.join(workdir, name)
-        if match and os.path.isdir(path) and (match.group(1) == "tmp" or exported):
-            shutil.rmtree(path)
+        path = fs.join(workdir, name)
+        if match and fs.isdir(path) and (match.group(1) == "tmp" or exported):
+            fs.rmtree(path)
             removed.append(path)
     if removed:
         console(f"removed what an interrupted run left behind: {', '.join(removed)}")

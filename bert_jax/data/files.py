@@ -10,6 +10,14 @@ aside only once the new one is complete. ``check_replaceable`` is the rule every
 replaces output goes through: it replaces only a directory carrying its kind's marker (an
 ``OutputKind``) and holding nothing but that kind's entries, and never the current directory, the
 home directory, ``/`` or a pretraining workdir (each refused as a ``UserError`` naming it).
+
+In a Cloud Storage bucket (``gs://``) there is no rename: an object upload is atomic by itself,
+so files are written under their final name. A directory is still filled under the hidden
+sibling; it is then copied into place (server-side copies) with its kind's marker file copied
+last, after any old output was removed: a reader that goes by the marker (every bert-jax reader
+does) never takes a half-copied directory for a complete one. Not atomic like a rename: between
+the removal and the last copy the output is absent (the complete new one is in the hidden
+sibling, which is removed only after the copy).
 """
 
 from __future__ import annotations
@@ -23,17 +31,21 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 
+from bert_jax import fs
 from bert_jax.errors import UserError
 
 
 def temporary_name(path: str) -> str:
     """A hidden sibling of ``path`` that no other writer can be using."""
-    directory, name = os.path.split(os.path.abspath(path))
+    directory, name = fs.dirname(fs.abspath(path)), fs.basename(path)
     unique = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    return os.path.join(directory, f".{name}.tmp-{unique}")
+    return fs.join(directory, f".{name}.tmp-{unique}")
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
+    if fs.is_remote(path):  # one upload: the object appears whole or not at all
+        fs.write_bytes(path, data)
+        return
     tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -68,6 +80,7 @@ class OutputKind:
     marker: str  # what carries it, for the message: "config.json with a bert_jax block"
     is_own: Callable[[str], bool]
     holds: Callable[[str], bool]
+    marker_file: str = ""  # the file that completes it: copied last into a bucket
 
 
 def _is_leftover(name: str) -> bool:
@@ -76,6 +89,12 @@ def _is_leftover(name: str) -> bool:
 
 def _protected(path: str) -> str | None:
     """Why `path` may never be replaced, or None."""
+    if fs.is_remote(path):
+        if "/" not in path[len(fs.SCHEME) :].strip("/"):
+            return "a whole bucket"
+        if fs.isdir(fs.join(path, "checkpoints")):
+            return "a pretraining workdir (it holds checkpoints/)"
+        return None
     home = os.path.abspath(os.path.expanduser("~"))
     cwd = os.path.abspath(os.getcwd())
     if path == os.path.dirname(path):
@@ -97,14 +116,15 @@ def check_replaceable(path: str | os.PathLike, kind: OutputKind, action: str = "
     """Refuses (``OutputInTheWayError``, one line naming `path`) to replace anything but an
     empty directory or one of `kind` holding only its own entries. A missing path passes.
     `action` words the refusal ("write into" for commands that replace files inside)."""
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.lexists(path):
+    path = fs.abspath(os.fspath(path))
+    remote = fs.is_remote(path)
+    if not (fs.exists(path) if remote else os.path.lexists(path)):
         return
     why = _protected(path)
-    if why is None and (os.path.islink(path) or not os.path.isdir(path)):
+    if why is None and (not remote and os.path.islink(path) or not fs.isdir(path)):
         why = "not a directory"
     if why is None:
-        entries = sorted(os.listdir(path))
+        entries = sorted(fs.listdir(path))
         if not entries:
             return
         if not kind.is_own(path):
@@ -130,7 +150,11 @@ def atomic_output_dir(
     refused unless `overwrite` and ``check_replaceable(path, kind)`` passes; it is then replaced
     only after the new one is complete (moved aside, the new one renamed in, the old one removed).
     """
-    path = os.path.abspath(os.fspath(path))
+    path = fs.abspath(os.fspath(path))
+    if fs.is_remote(path):
+        with _bucket_output_dir(path, kind, overwrite) as tmp:
+            yield tmp
+        return
     if os.path.lexists(path):
         if not overwrite:
             raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
@@ -151,3 +175,24 @@ def atomic_output_dir(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def _bucket_output_dir(path: str, kind: OutputKind, overwrite: bool) -> Iterator[str]:
+    """`atomic_output_dir` in a bucket: filled under a hidden sibling prefix, then copied into
+    place with the marker file last (see the module docstring)."""
+    if fs.exists(path):
+        if not overwrite:
+            raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
+        check_replaceable(path, kind)
+    tmp = fs.join(fs.dirname(path), f".{fs.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        yield tmp
+        written = sorted(fs.walk_files(tmp))
+        if fs.exists(path):
+            fs.rmtree(path)
+        marker = [f for f in written if kind.marker_file and f == fs.join(tmp, kind.marker_file)]
+        for source in [f for f in written if f not in marker] + marker:
+            fs.rename(source, path + source[len(tmp) :])
+    finally:
+        fs.rmtree(tmp, ignore_errors=True)

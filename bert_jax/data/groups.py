@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.data import instances as instances_lib
 from bert_jax.data import records as records_lib
 from bert_jax.data.files import write_json_atomic
@@ -138,8 +138,8 @@ def write_group(output_dir: str, group_index: int, counts: dict, serialized: lis
     if not serialized:
         return
     # The sidecar goes first: a shard under its final name always has its counts next to it.
-    write_json_atomic(os.path.join(output_dir, part_name(group_index, "json")), counts)
-    records_lib.write_records(os.path.join(output_dir, part_name(group_index)), serialized)
+    write_json_atomic(fs.join(output_dir, part_name(group_index, "json")), counts)
+    records_lib.write_records(fs.join(output_dir, part_name(group_index)), serialized)
 
 
 # --- driver side ----------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def document_groups(
 
 def existing_parts(output_dir: str) -> dict[int, set[str]]:
     parts: dict[int, set[str]] = {}
-    for name in os.listdir(output_dir):
+    for name in fs.listdir(output_dir):
         match = _PART_RE.match(name)
         if match:
             parts.setdefault(int(match.group(1)), set()).add(match.group(2))

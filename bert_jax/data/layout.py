@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 
+from bert_jax import fs
+
 RECORD_SUFFIX = ".tfrecord"
 CONFIG_FILE = "prepare_config.json"
 TOKENIZER_SUBDIR = "tokenizer"
@@ -18,8 +20,8 @@ TOKENIZER_SUBDIR = "tokenizer"
 
 def read_prepare_config(directory: str | os.PathLike) -> dict | None:
     """The settings ``data prepare`` recorded in ``directory``, or None for foreign records."""
-    path = os.path.join(os.fspath(directory), CONFIG_FILE)
-    if not os.path.exists(path):
+    path = fs.join(os.fspath(directory), CONFIG_FILE)
+    if not fs.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
+    with fs.open(path, encoding="utf-8") as f:
         return json.load(f)

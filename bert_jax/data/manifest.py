@@ -18,10 +18,9 @@ from __future__ import annotations
 import codecs
 import gzip
 import hashlib
-import os
 import re
-import shutil
 
+from bert_jax import fs
 from bert_jax.data import files
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.errors import UserError
@@ -35,8 +34,9 @@ _OWN_NAMES = (CONFIG_FILE, TOKENIZER_SUBDIR, "prepared-complete.json")
 RECORDS_KIND = files.OutputKind(
     name="records directory",
     marker=CONFIG_FILE,
-    is_own=lambda path: os.path.isfile(os.path.join(path, CONFIG_FILE)),
+    is_own=lambda path: fs.isfile(fs.join(path, CONFIG_FILE)),
     holds=lambda name: name in _OWN_NAMES or bool(_OWN_NAME_RE.match(name)),
+    marker_file=CONFIG_FILE,
 )
 
 
@@ -94,7 +94,7 @@ class _TextCheck:
 def _is_file_source(source: str) -> bool:
     from bert_jax.data.sources import source_kind
 
-    return source_kind(source) == "text" and os.path.isfile(source)
+    return source_kind(source) == "text" and fs.isfile(source)
 
 
 def _scan(path: str, digest=None) -> None:
@@ -103,14 +103,14 @@ def _scan(path: str, digest=None) -> None:
     try:
         if compressed:
             check = _TextCheck(path, gzip.open)
-            with gzip.open(path, "rb") as stream:
+            with fs.open_gzip(path) as stream:
                 while chunk := stream.read(_CHUNK):
                     check.feed(chunk)
             check.finish()
         if compressed and digest is None:
             return
         check = None if compressed else _TextCheck(path)
-        with open(path, "rb") as stream:
+        with fs.open(path, "rb") as stream:
             while chunk := stream.read(_CHUNK):
                 if check is not None:
                     check.feed(chunk)
@@ -141,8 +141,8 @@ def input_identity(sources: list[str]) -> list[dict]:
         _scan(source, digest)
         identity.append(
             {
-                "path": os.path.abspath(source),
-                "size": os.path.getsize(source),
+                "path": fs.abspath(source),
+                "size": fs.getsize(source),
                 "sha256": digest.hexdigest(),
             }
         )
@@ -152,7 +152,7 @@ def input_identity(sources: list[str]) -> list[dict]:
 def check_inputs(output_dir: str, inputs: list[dict], overwrite: bool) -> None:
     """Compares `inputs` with those recorded in `output_dir`; refuses a change without
     `overwrite` (with it, the run rebuilds). Directories from before inputs were recorded pass."""
-    previous = read_prepare_config(output_dir) if os.path.isdir(output_dir) else None
+    previous = read_prepare_config(output_dir) if fs.isdir(output_dir) else None
     if not previous or INPUTS_KEY not in previous or overwrite:
         return
     before = {entry.get("path", entry.get("source")): entry for entry in previous[INPUTS_KEY]}
@@ -174,7 +174,7 @@ def check_output(output_dir: str, inputs: list[dict], overwrite: bool) -> None:
     `overwrite`, one ``files.check_replaceable`` allows), and its inputs are unchanged."""
     if overwrite:
         files.check_replaceable(output_dir, RECORDS_KIND)
-    elif os.path.isdir(output_dir) and os.listdir(output_dir):
+    elif fs.isdir(output_dir) and fs.listdir(output_dir):
         if not RECORDS_KIND.is_own(output_dir):
             raise files.OutputInTheWayError(
                 f"{output_dir} holds files but no {CONFIG_FILE} (not a bert-jax records "
@@ -189,18 +189,18 @@ def stats_name(shard_index: int, num_shards: int) -> str:
 
 def mark_started(output_dir: str, shard_index: int, num_shards: int) -> None:
     """Removes this machine's completion mark: until it is written again, readers refuse."""
-    path = os.path.join(output_dir, stats_name(shard_index, num_shards))
-    if os.path.exists(path):
-        os.remove(path)
+    path = fs.join(output_dir, stats_name(shard_index, num_shards))
+    if fs.exists(path):
+        fs.remove(path)
 
 
 def require_complete(directory: str) -> None:
     """Refuses a records directory written by ``data prepare`` whose machines have not all
     finished (a failed, killed or still running preparation). Foreign records pass."""
-    if not os.path.isdir(directory) or read_prepare_config(directory) is None:
+    if not fs.isdir(directory) or read_prepare_config(directory) is None:
         return
     found: dict[int, set[int]] = {}
-    for name in os.listdir(directory):
+    for name in fs.listdir(directory):
         match = _STATS_RE.match(name)
         if match:
             found.setdefault(int(match.group(2)), set()).add(int(match.group(1)))
@@ -216,7 +216,7 @@ def require_complete(directory: str) -> None:
 
 
 def _aside_dir(output_dir: str, shard_index: int, num_shards: int) -> str:
-    return os.path.join(output_dir, f".old-parts-{shard_index}-of-{num_shards}")
+    return fs.join(output_dir, f".old-parts-{shard_index}-of-{num_shards}")
 
 
 def set_aside_parts(output_dir: str, existing: dict[int, set[str]], settings) -> dict:
@@ -229,13 +229,13 @@ def set_aside_parts(output_dir: str, existing: dict[int, set[str]], settings) ->
         if group % settings.num_shards != settings.shard_index:
             kept[group] = suffixes
             continue
-        os.makedirs(aside, exist_ok=True)
+        fs.makedirs(aside, exist_ok=True)
         for suffix in sorted(suffixes):
             name = f"part-{group:05d}.{suffix}"
-            os.replace(os.path.join(output_dir, name), os.path.join(aside, name))
+            fs.rename(fs.join(output_dir, name), fs.join(aside, name))
     return kept
 
 
 def drop_set_aside(output_dir: str, settings) -> None:
     """After a complete run: this machine's old shards (``set_aside_parts``) are removed."""
-    shutil.rmtree(_aside_dir(output_dir, settings.shard_index, settings.num_shards), True)
+    fs.rmtree(_aside_dir(output_dir, settings.shard_index, settings.num_shards), True)

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.data import integrity, manifest
 from bert_jax.data import records as records_lib
 from bert_jax.data.layout import TOKENIZER_SUBDIR, read_prepare_config
@@ -162,7 +163,7 @@ class PretrainIterator:
     # --- position ---------------------------------------------------------------------------
     def _fingerprint(self) -> str:
         description = {
-            "files": [os.path.basename(f) for f in self.all_files],
+            "files": [fs.basename(f) for f in self.all_files],
             "batch_size": self.batch_size,
             "max_seq_length": self.max_seq_length,
             "max_predictions_per_seq": self.max_predictions_per_seq,
@@ -350,8 +351,8 @@ def _masking_tokenizer(items: list[str], tokenizer: Tokenizer | None) -> Tokeniz
     """
     if tokenizer is None:
         for item in items:
-            candidate = os.path.join(item, TOKENIZER_SUBDIR)
-            if os.path.isdir(item) and os.path.isdir(candidate):
+            candidate = fs.join(item, TOKENIZER_SUBDIR)
+            if fs.isdir(item) and fs.isdir(candidate):
                 tokenizer = load_tokenizer(candidate)
                 break
     if tokenizer is None:
@@ -360,7 +361,7 @@ def _masking_tokenizer(items: list[str], tokenizer: Tokenizer | None) -> Tokeniz
             f"pass one or keep the {TOKENIZER_SUBDIR}/ directory next to the records"
         )
     for item in items:
-        config = read_prepare_config(item) if os.path.isdir(item) else None
+        config = read_prepare_config(item) if fs.isdir(item) else None
         if config and config.get("tokenizer_fingerprint") != tokenizer.fingerprint():
             raise ValueError(
                 f"{item} was prepared with tokenizer {config.get('tokenizer_fingerprint')}"

@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from bert_jax import fs
 from bert_jax.data import groups as groups_lib
 from bert_jax.data import manifest
 from bert_jax.data import sources as sources_lib
@@ -177,7 +178,7 @@ def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources:
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
         "sources": [
-            s if sources_lib.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
+            s if sources_lib.source_kind(s) in ("tfds", "embedded") else fs.basename(s)
             for s in sources
         ],
     }
@@ -191,9 +192,9 @@ def _open_output(
     Returns the parts already there (``groups.existing_parts``) to keep: with ``overwrite``, only
     other machines'.
     """
-    config_path = os.path.join(output_dir, CONFIG_FILE)
-    if os.path.exists(config_path):
-        with open(config_path, encoding="utf-8") as f:
+    config_path = fs.join(output_dir, CONFIG_FILE)
+    if fs.exists(config_path):
+        with fs.open(config_path, encoding="utf-8") as f:
             previous = json.load(f)
         changed = [
             f"{key}: {previous.get(key)!r} -> {recorded[key]!r}"
@@ -210,8 +211,8 @@ def _open_output(
     if settings.overwrite:  # this machine's old shards: set aside, removed once all are new
         existing = manifest.set_aside_parts(output_dir, existing, settings)
     write_json_atomic(config_path, recorded)
-    tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
-    saved = os.path.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json"))
+    tokenizer_dir = fs.join(output_dir, TOKENIZER_SUBDIR)
+    saved = fs.exists(fs.join(tokenizer_dir, "bert_jax_tokenizer.json"))
     if not saved or settings.overwrite:
         tokenizer.save(tokenizer_dir)
     return existing
@@ -230,13 +231,13 @@ class _Progress:
 
     def skip(self, group_index: int) -> None:
         self.groups_skipped += 1
-        self.files.append(os.path.join(self.output_dir, part_name(group_index)))
+        self.files.append(fs.join(self.output_dir, part_name(group_index)))
 
     def finished(self, group_index: int, counts: dict, serialized: list[bytes]) -> None:
         groups_lib.write_group(self.output_dir, group_index, counts, serialized)
         self.instance_stats.add(counts)
         if counts.get("instances"):
-            self.files.append(os.path.join(self.output_dir, part_name(group_index)))
+            self.files.append(fs.join(self.output_dir, part_name(group_index)))
             self.groups_written += 1
         logger.info("group %d: %d instances", group_index, counts.get("instances", 0))
 
@@ -307,9 +308,9 @@ def prepare_records(
         [sources] if isinstance(sources, (str, os.PathLike)) else sources
     )
     inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
-    output_dir = os.path.abspath(os.fspath(output_dir))
+    output_dir = fs.abspath(os.fspath(output_dir))
     manifest.check_output(output_dir, inputs, settings.overwrite)
-    os.makedirs(output_dir, exist_ok=True)
+    fs.makedirs(output_dir, exist_ok=True)
     recorded = _recorded_settings(settings, tokenizer, sources)
     existing = _open_output(output_dir, {**recorded, "inputs": inputs}, settings, tokenizer)
 
@@ -360,7 +361,7 @@ def prepare_records(
 def _write_stats(result: PrepareResult, settings: PrepareSettings) -> None:
     name = f"stats-{settings.shard_index}-of-{settings.num_shards}.json"
     write_json_atomic(
-        os.path.join(result.output_dir, name),
+        fs.join(result.output_dir, name),
         {
             "corpus": result.corpus_stats.as_dict(),
             "instances": dataclasses.asdict(result.instance_stats),
@@ -412,15 +413,15 @@ def prepare_cached(
     }
     key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
     if cache_dir is None:
-        cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")
-    output_dir = os.path.join(os.fspath(cache_dir), f"prepared-{key[:16]}")
-    marker = os.path.join(output_dir, _COMPLETE_MARKER)
-    if os.path.exists(marker):
-        with open(marker, encoding="utf-8") as f:
-            return [os.path.join(output_dir, name) for name in json.load(f)["files"]]
+        cache_dir = fs.join(tempfile.gettempdir(), "bert_jax_data")
+    output_dir = fs.join(os.fspath(cache_dir), f"prepared-{key[:16]}")
+    marker = fs.join(output_dir, _COMPLETE_MARKER)
+    if fs.exists(marker):
+        with fs.open(marker, encoding="utf-8") as f:
+            return [fs.join(output_dir, name) for name in json.load(f)["files"]]
     files = prepare_records(items, tokenizer, output_dir, settings).files
     if not files:
         raise ValueError(f"preparing {', '.join(items)} produced no instances")
     if write_marker:
-        write_json_atomic(marker, {"files": [os.path.basename(f) for f in files]})
+        write_json_atomic(marker, {"files": [fs.basename(f) for f in files]})
     return files

@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.data.files import temporary_name
 from bert_jax.data.layout import RECORD_SUFFIX
 
@@ -288,16 +289,21 @@ def _prefix_columns(name: str, size: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def write_records(path: str, serialized: Sequence[bytes]) -> int:
     """Write serialized examples to ``path`` atomically; returns the number written."""
     tf = import_tensorflow()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if fs.is_remote(path):  # TensorFlow's GCS writer: the object appears whole when closed
+        with tf.io.TFRecordWriter(path) as writer:
+            for record in serialized:
+                writer.write(record)
+        return len(serialized)
+    fs.makedirs(fs.dirname(fs.abspath(path)), exist_ok=True)
     tmp = temporary_name(path)
     try:
         with tf.io.TFRecordWriter(tmp) as writer:
             for record in serialized:
                 writer.write(record)
-        os.replace(tmp, path)
+        fs.rename(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if fs.exists(tmp):
+            fs.remove(tmp)
     return len(serialized)
 
 
@@ -324,21 +330,21 @@ def list_record_files(records: str | os.PathLike | Sequence[str | os.PathLike]) 
     files: list[str] = []
     for item in records:
         item = os.fspath(item)
-        if os.path.isdir(item):
+        if fs.isdir(item):
             found = sorted(
-                os.path.join(item, f)
-                for f in os.listdir(item)
+                fs.join(item, f)
+                for f in fs.listdir(item)
                 if RECORD_SUFFIX in f and not f.startswith(".")
             )
             if not found:
                 raise ValueError(f"{item} holds no {RECORD_SUFFIX} files")
             files.extend(found)
         elif glob.has_magic(item):
-            found = sorted(f for f in glob.glob(item) if os.path.isfile(f))
+            found = sorted(f for f in fs.glob(item) if fs.isfile(f))
             if not found:
                 raise ValueError(f"record pattern {item} matches no files")
             files.extend(found)
-        elif os.path.isfile(item):
+        elif fs.isfile(item):
             files.append(item)
         else:
             raise FileNotFoundError(f"record file not found: {item}")

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.tokenizer_base import (
     CLS,
@@ -82,7 +83,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def from_file(cls, model_file: str, lowercase: bool = False) -> SentencePieceTokenizer:
-        with open(model_file, "rb") as f:
+        with fs.open(model_file, "rb") as f:
             return cls(f.read(), lowercase=lowercase)
 
     def __getstate__(self) -> dict:
@@ -118,7 +119,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self.processor.decode(keep)
 
     def _save_files(self, directory: str) -> None:
-        write_bytes_atomic(os.path.join(directory, SPM_NAME), self._model_proto)
+        write_bytes_atomic(fs.join(directory, SPM_NAME), self._model_proto)
 
     def _fingerprint_bytes(self) -> bytes:
         return self._model_proto
@@ -152,11 +153,17 @@ def train_sentencepiece(
     if not files:
         raise ValueError("no input files to train the tokenizer on")
     for f in files:
-        if not os.path.isfile(f):
+        if not fs.isfile(f):
             raise FileNotFoundError(f"tokenizer training input not found: {f}")
     output_dir = os.fspath(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".spm-train-") as tmp:
+    fs.makedirs(output_dir, exist_ok=True)
+    # SentencePiece reads and writes local files only: inputs in a bucket are copied here first.
+    local_dir = None if fs.is_remote(output_dir) else output_dir
+    with tempfile.TemporaryDirectory(dir=local_dir, prefix=".spm-train-") as tmp:
+        files = [
+            fs.copy_to_local(f, os.path.join(tmp, f"input-{i}.txt")) if fs.is_remote(f) else f
+            for i, f in enumerate(files)
+        ]
         prefix = os.path.join(tmp, "spiece")
         try:
             spm.SentencePieceTrainer.train(
@@ -188,6 +195,9 @@ def train_sentencepiece(
         with open(prefix + ".model", "rb") as f:
             tokenizer = SentencePieceTokenizer(f.read(), lowercase=lowercase)
         # The human-readable piece list, for inspection only (loading needs just the model).
-        os.replace(prefix + ".vocab", os.path.join(output_dir, "spiece.vocab"))
+        if fs.is_remote(output_dir):
+            fs.upload(prefix + ".vocab", fs.join(output_dir, "spiece.vocab"))
+        else:
+            os.replace(prefix + ".vocab", os.path.join(output_dir, "spiece.vocab"))
     tokenizer.save(output_dir)
     return tokenizer

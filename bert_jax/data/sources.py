@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import gzip
 import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Literal
 
+from bert_jax import fs
 from bert_jax.data.embedded import Document, embedded_document_names, embedded_documents
 from bert_jax.data.layout import RECORD_SUFFIX
 from bert_jax.data.sentences import split_sentences
@@ -74,9 +74,11 @@ def source_kind(source: str | os.PathLike) -> SourceKind:
         return "tfds"
     if source.split(":", 1)[0] == EMBEDDED:
         return "embedded"
-    if os.path.isdir(source):
-        return "records" if any(RECORD_SUFFIX in f for f in os.listdir(source)) else "text"
-    return "records" if RECORD_SUFFIX in os.path.basename(source) else "text"
+    if fs.is_remote(source) and RECORD_SUFFIX in fs.basename(source):
+        return "records"  # by its name alone: no request to the bucket
+    if fs.isdir(source):
+        return "records" if any(RECORD_SUFFIX in f for f in fs.listdir(source)) else "text"
+    return "records" if RECORD_SUFFIX in fs.basename(source) else "text"
 
 
 def _is_jsonl(path: str) -> bool:
@@ -135,21 +137,21 @@ def expand_sources(sources: Sequence[str | os.PathLike]) -> list[str]:
         source = os.fspath(source)
         if source_kind(source) in ("tfds", "embedded"):
             resolved.append(source)
-        elif os.path.isdir(source):
+        elif fs.isdir(source):
             files = sorted(
-                os.path.join(source, f)
-                for f in os.listdir(source)
-                if not f.startswith(".") and os.path.isfile(os.path.join(source, f))
+                fs.join(source, f)
+                for f in fs.listdir(source)
+                if not f.startswith(".") and fs.isfile(fs.join(source, f))
             )
             if not files:
                 raise ValueError(f"input directory {source} holds no files")
             resolved.extend(files)
         elif glob.has_magic(source):
-            files = sorted(f for f in glob.glob(source) if os.path.isfile(f))
+            files = sorted(f for f in fs.glob(source) if fs.isfile(f))
             if not files:
                 raise ValueError(f"input pattern {source} matches no files")
             resolved.extend(files)
-        elif os.path.isfile(source):
+        elif fs.isfile(source):
             resolved.append(source)
         else:
             raise FileNotFoundError(f"input not found: {source}")
@@ -160,8 +162,8 @@ def expand_sources(sources: Sequence[str | os.PathLike]) -> list[str]:
 
 def _open_binary(path: str) -> IO[bytes]:
     if path.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+        return fs.open_gzip(path)
+    return fs.open(path, "rb")
 
 
 def _iter_lines(

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer, train_sentencepiece
 from bert_jax.data.tokenizer_base import (
     CLS,
@@ -79,9 +80,9 @@ __all__ = [
 def has_tokenizer_files(directory: str | os.PathLike) -> bool:
     """Whether ``load_tokenizer(directory)`` finds a tokenizer there (without loading it)."""
     directory = os.fspath(directory)
-    if not os.path.isdir(directory):
+    if not fs.isdir(directory):
         return False
-    names = os.listdir(directory)
+    names = fs.listdir(directory)
     known = (CONFIG_NAME, VOCAB_NAME, HF_TOKENIZER_JSON, "tokenizer")
     return any(name in known or name.endswith(".model") for name in names)
 
@@ -97,54 +98,54 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> To
     """
     path = os.fspath(path)
     # A model directory or pretraining workdir keeps its tokenizer in `tokenizer/`.
-    nested = os.path.join(path, "tokenizer")
-    if os.path.isdir(nested) and not os.path.exists(os.path.join(path, CONFIG_NAME)):
+    nested = fs.join(path, "tokenizer")
+    if fs.isdir(nested) and not fs.exists(fs.join(path, CONFIG_NAME)):
         path = nested
-    if os.path.isdir(path):
-        config_path = os.path.join(path, CONFIG_NAME)
-        if os.path.exists(config_path):
-            with open(config_path, encoding="utf-8") as f:
+    if fs.isdir(path):
+        config_path = fs.join(path, CONFIG_NAME)
+        if fs.exists(config_path):
+            with fs.open(config_path, encoding="utf-8") as f:
                 config = json.load(f)
             stored_lowercase = bool(config.get("lowercase", False))
             lower = stored_lowercase if lowercase is None else lowercase
             kind = config.get("type")
             if kind == "sentencepiece":
-                return SentencePieceTokenizer.from_file(os.path.join(path, SPM_NAME), lower)
+                return SentencePieceTokenizer.from_file(fs.join(path, SPM_NAME), lower)
             if kind == "wordpiece":
-                return WordPieceTokenizer.from_file(os.path.join(path, VOCAB_NAME), lower)
+                return WordPieceTokenizer.from_file(fs.join(path, VOCAB_NAME), lower)
             raise ValueError(f"{config_path}: unknown tokenizer type {kind!r}")
-        models = sorted(f for f in os.listdir(path) if f.endswith(".model"))
+        models = sorted(f for f in fs.listdir(path) if f.endswith(".model"))
         if SPM_NAME in models:
             models = [SPM_NAME]
         if len(models) == 1:
-            return SentencePieceTokenizer.from_file(os.path.join(path, models[0]), bool(lowercase))
+            return SentencePieceTokenizer.from_file(fs.join(path, models[0]), bool(lowercase))
         if len(models) > 1:
             raise ValueError(
                 f"{path} holds several SentencePiece models ({', '.join(models)}); pass one file"
             )
-        vocab_path = os.path.join(path, VOCAB_NAME)
-        if os.path.exists(vocab_path):
+        vocab_path = fs.join(path, VOCAB_NAME)
+        if fs.exists(vocab_path):
             if lowercase is None:
-                hf_config = os.path.join(path, "tokenizer_config.json")
-                if os.path.exists(hf_config):
-                    with open(hf_config, encoding="utf-8") as f:
+                hf_config = fs.join(path, "tokenizer_config.json")
+                if fs.exists(hf_config):
+                    with fs.open(hf_config, encoding="utf-8") as f:
                         value = json.load(f).get("do_lower_case")
                     lowercase = None if value is None else bool(value)
             return WordPieceTokenizer.from_file(vocab_path, lowercase)
-        hf_json = os.path.join(path, HF_TOKENIZER_JSON)
-        if os.path.exists(hf_json):
+        hf_json = fs.join(path, HF_TOKENIZER_JSON)
+        if fs.exists(hf_json):
             return WordPieceTokenizer.from_hf_json(hf_json, lowercase)
         raise FileNotFoundError(
             f"{path} holds no tokenizer: expected {CONFIG_NAME}, a SentencePiece .model file, "
             f"{VOCAB_NAME} or {HF_TOKENIZER_JSON}"
         )
-    if not os.path.exists(path):
+    if not fs.exists(path):
         raise FileNotFoundError(f"tokenizer not found: {path}")
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_file(path, bool(lowercase))
     if path.endswith(".json"):
         return WordPieceTokenizer.from_hf_json(path, lowercase)
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
         head = f.read(64)
     # A serialized SentencePiece ModelProto starts with a length-delimited field 1 (0x0a).
     if head[:1] == b"\n" and b"\x00" in head:
@@ -183,9 +184,14 @@ def train_tokenizer(
             plain, vocab_size, output_dir, lowercase, **sentencepiece_options
         )
     output_dir = os.fspath(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
+    fs.makedirs(output_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", suffix=".txt", dir=output_dir, prefix=".sentences-", delete=False
+        "w",
+        encoding="utf-8",
+        suffix=".txt",
+        dir=None if fs.is_remote(output_dir) else output_dir,
+        prefix=".sentences-",
+        delete=False,
     ) as f:
         for document in sources_lib.iter_documents(others, tfds_data_dir=tfds_data_dir):
             f.writelines(sentence + "\n" for sentence in document)

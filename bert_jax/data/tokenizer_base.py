@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.data.files import write_json_atomic
 
 CONFIG_NAME = "bert_jax_tokenizer.json"
@@ -122,7 +122,7 @@ class Tokenizer:
 
     def save(self, directory: str) -> None:
         """Write everything needed to load this tokenizer again with ``load_tokenizer``."""
-        os.makedirs(directory, exist_ok=True)
+        fs.makedirs(directory, exist_ok=True)
         self._save_files(directory)
         config = {
             "type": self.kind,
@@ -130,7 +130,7 @@ class Tokenizer:
             "vocab_size": self.vocab_size,
             "special_tokens": self.special_ids,
         }
-        write_json_atomic(os.path.join(directory, CONFIG_NAME), config)
+        write_json_atomic(fs.join(directory, CONFIG_NAME), config)
 
     def __repr__(self) -> str:
         return (

@@ -22,13 +22,13 @@ it does not NFC-normalise, so a cased vocabulary sees "e" + U+0301 as two pieces
 from __future__ import annotations
 
 import json
-import os
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.tokenizer_base import SPECIAL_TOKENS, UNK, VOCAB_NAME, Tokenizer
 
@@ -207,7 +207,7 @@ class WordPieceTokenizer(Tokenizer):
 
     @classmethod
     def from_file(cls, vocab_file: str, lowercase: bool | None = None) -> WordPieceTokenizer:
-        with open(vocab_file, encoding="utf-8") as f:
+        with fs.open(vocab_file, encoding="utf-8") as f:
             vocab = [line.rstrip("\n") for line in f]
         if vocab and vocab[-1] == "":
             vocab.pop()
@@ -219,7 +219,7 @@ class WordPieceTokenizer(Tokenizer):
     def from_hf_json(cls, path: str, lowercase: bool | None = None) -> WordPieceTokenizer:
         """Hugging Face's ``tokenizer.json`` holding a BERT WordPiece model (what transformers 5
         saves in place of ``vocab.txt``); anything this class would not reproduce is refused."""
-        with open(path, encoding="utf-8") as f:
+        with fs.open(path, encoding="utf-8") as f:
             spec = json.load(f)
         model = spec.get("model") or {}
         if model.get("type") != "WordPiece":
@@ -337,7 +337,7 @@ class WordPieceTokenizer(Tokenizer):
 
     def _save_files(self, directory: str) -> None:
         text = "".join(token + "\n" for token in self.vocab)
-        write_bytes_atomic(os.path.join(directory, VOCAB_NAME), text.encode("utf-8"))
+        write_bytes_atomic(fs.join(directory, VOCAB_NAME), text.encode("utf-8"))
 
     def _fingerprint_bytes(self) -> bytes:
         return "\n".join(self.vocab).encode("utf-8")

@@ -1,0 +1,76 @@
+"""bert_jax/fs.py without a bucket: URL arithmetic, local behaviour, errors as one line.
+
+The same functions against a Cloud Storage emulator: tests/test_gcs.py (`make test-gcs`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bert_jax import fs
+from bert_jax.errors import UserError
+
+
+def test_url_arithmetic_never_touches_the_bucket():
+    assert fs.is_remote("gs://b/x") and not fs.is_remote("/tmp/x")
+    assert fs.join("gs://b/run/", "checkpoints", "4") == "gs://b/run/checkpoints/4"
+    assert fs.join("gs://b/run", "gs://c/other") == "gs://c/other"
+    assert fs.dirname("gs://b/run/model") == "gs://b/run"
+    assert fs.dirname("gs://b") == "gs://b"
+    assert fs.basename("gs://b/run/model/") == "model"
+    assert fs.abspath("gs://b/run/") == "gs://b/run"
+    assert fs.bucket("gs://my-bucket/a/b") == "my-bucket"
+
+
+def test_local_paths_behave_as_os(tmp_path):
+    path = str(tmp_path / "a" / "b.txt")
+    fs.makedirs(fs.dirname(path))
+    with pytest.raises(FileExistsError):
+        fs.makedirs(fs.dirname(path))
+    fs.write_text(path, "hello")
+    assert fs.read_text(path) == "hello" and fs.getsize(path) == 5
+    assert fs.listdir(fs.dirname(path)) == ["b.txt"]
+    assert fs.glob(str(tmp_path / "a" / "*.txt")) == [path]
+    assert list(fs.walk_files(str(tmp_path))) == [path]
+    fs.rename(path, path + ".new")
+    assert not fs.exists(path) and fs.isfile(path + ".new")
+    assert fs.disk_free(str(tmp_path)) > 0
+
+
+def test_create_exclusive_has_one_winner(tmp_path):
+    path = str(tmp_path / "lock")
+    assert fs.create_exclusive(path, b"first")
+    assert not fs.create_exclusive(path, b"second")
+    assert fs.read_bytes(path) == b"first"
+
+
+def test_rename_between_disk_and_bucket_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="one is local"):
+        fs.rename(str(tmp_path / "x"), "gs://b/x")
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (type("DefaultCredentialsError", (Exception,), {})("none"), "no Google Cloud credentials"),
+        (OSError("Forbidden: b/x\ncaller has no access"), "permission denied on gs://b/x"),
+        (RuntimeError("503 Service Unavailable"), "Cloud Storage failed on gs://b/x after retries"),
+    ],
+)
+def test_storage_errors_are_one_user_error_line_naming_the_url(error, expected):
+    with pytest.raises(fs.StorageError) as raised, fs._remote_errors("gs://b/x"):  # noqa: SLF001
+        raise error
+    assert isinstance(raised.value, UserError)
+    assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_missing_and_existing_pass_through_unchanged():
+    for error in (FileNotFoundError("gs://b/x"), FileExistsError("gs://b/x")):
+        with pytest.raises(type(error)), fs._remote_errors("gs://b/x"):  # noqa: SLF001
+            raise error
+
+
+def test_epath_goes_through_gcsfs_unless_the_user_chose():
+    assert os.environ.get("EPATH_USE_TF") is not None
