@@ -48,25 +48,36 @@ def _config(size: str, overrides: list[str]):
     return config
 
 
+HEADER = (
+    "| model | slice (chips) | seq 128: mesh | seqs/replica x accum | peak HBM/chip | est. step "
+    "| est. MFU | seq 512: mesh | seqs/replica x accum | peak HBM/chip | est. step | est. MFU "
+    "| est. days | est. cost |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
 def _row_line(row: dict) -> str:
     plan = row["plan"]
     cells = []
     for s in plan["schedule"]:
         c = s["candidate"]
         if c is None:
-            cells.append(f"{s['phase']}: does not fit")
+            cells += ["does not fit", "-", "-", "-", "-"]
             continue
-        cells.append(
-            f"{c['mesh_kind']} {tuple(c['mesh'])}, {c['batch_per_replica']}/replica x "
-            f"{c['accum_steps']}, {c['peak_bytes'] / 2**30:.1f} GiB, "
-            f"{c['step_seconds'] * 1e3:.1f} ms, MFU {c['mfu']:.1%}"
-        )
+        remat = f", remat {c['remat']}" if c.get("remat", "none") != "none" else ""
+        cells += [
+            f"{c['mesh_kind']} {tuple(c['mesh'])}{remat}",
+            f"{c['batch_per_replica']} x {c['accum_steps']}",
+            f"{c['peak_bytes'] / 2**30:.1f} GiB",
+            f"{c['step_seconds'] * 1e3:.1f} ms",
+            f"{c['mfu']:.1%}",
+        ]
     days = f"{plan['total_seconds'] / 86400:.1f}" if plan["total_seconds"] else "-"
     cost = f"${plan['cost']:,.0f}" if plan["cost"] else "-"
+    size = row["size"].capitalize()
     return (
-        f"| {row['size']} | {plan['accelerator_type']} ({plan['chips']} chips) | "
-        + " | ".join(cells)
-        + f" | {days} | {cost} |"
+        f"| {size} | {plan['accelerator_type']} ({plan['chips']}) | "
+        + " | ".join([*cells, days, cost])
+        + " |"
     )
 
 
@@ -107,10 +118,7 @@ def main(argv=None) -> int:
         print(f"{item}: {row['seconds']:.0f} s\n{plan.format_plan(result)}", flush=True)
     with open(args.out, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    print(
-        "| model | slice | phase 1 (seq 128): mesh, batch x accum, peak, est. step, est. MFU | "
-        "phase 2 (seq 512) | est. days | est. cost |\n|---|---|---|---|---|---|"
-    )
+    print(HEADER)
     for row in rows:
         print(_row_line(row))
     return 0

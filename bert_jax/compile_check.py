@@ -67,20 +67,22 @@ class PhaseCompile:
     def step_seconds(self) -> float | None:
         """The cost model's step time, or None where the backend has no cost model (CPU).
 
-        XLA prices a loop's body once: with gradient accumulation the step's figure holds one
-        micro-batch, so the micro-batch time is counted `accum_steps` times, the update once.
+        XLA prices a loop's body once; `cost.seconds` counts each body as often as it runs
+        (the accumulation loop's `accum_steps` times, FSDP's windowed matmul loops theirs; see
+        `cost_model.loop_factor`). The update, priced alone, is added where the step's `cond`
+        dropped it.
         """
         if self.cost.raw_seconds == 0.0 or self.update is None:
             return None
-        micro = self.cost.seconds - (self.update.seconds if self.update_in_step else 0.0)
-        return self.accum_steps * micro + self.update.seconds
+        return self.cost.seconds + (0.0 if self.update_in_step else self.update.seconds)
 
     @property
     def step_flops(self) -> float:
-        """XLA's FLOPs of the whole step per device (loop bodies counted as often as they run)."""
+        """XLA's FLOPs of the whole step per device (loop bodies counted as often as they run,
+        by the cycles' `loop_factor`)."""
         update = self.update.flops if self.update is not None else 0.0
         micro = self.cost.flops - (update if self.update_in_step else 0.0)
-        return self.accum_steps * micro + update
+        return micro * self.cost.loop_factor + update
 
     @property
     def tokens_per_step(self) -> int:

@@ -2,11 +2,17 @@
 its collectives move, read from `jax.stages.Compiled` (any backend; the TPU compiler's figures are
 the ones that say something about a TPU).
 
-Two traps of XLA:TPU's cost model, found by compiling for TPU topologies on a CPU host and pinned
-by tests/test_topology.py:
+Three traps of XLA:TPU's cost model, found by compiling for TPU topologies on a CPU host and
+pinned by tests/test_topology.py:
 - `optimal_seconds` prices each op it cannot cost (the `rng-bit-generator` of the rbg PRNG, the
   `ConcatBitcast` custom call) at -1 s, so a raw figure can be negative. `ProgramCost.seconds`
-  adds back one second per such op in the entry computation.
+  adds back one second per such op in the entry computation and in its loops' bodies.
+- A `while` loop's body is priced once, whatever its trip count: the gradient-accumulation loop,
+  and the windowed-einsum loops in which the SPMD partitioner overlaps FSDP's all-gathers and
+  reduce-scatters with the matmuls (4 to 8 trips; with them a Base step's cycles are 32% more
+  than priced). `ProgramCost.seconds` scales the estimate by `loop_factor`: the op cycles the
+  compiler estimates (`estimated_cycles`), with every body counted as often as it runs, over the
+  same cycles counted once. XLA's FLOPs count loop bodies once too and are scaled alike.
 - A `lax.cond` is priced as its dearest branch. The train step applies the optimizer update in
   a branch (`cond(finite, apply_update, skip)`); when the update holds such ops, the skip branch
   looks dearer and the update drops out of the estimate. `compile_check` prices the update on its
@@ -29,6 +35,9 @@ _COLLECTIVE = re.compile(
     r"(?P<start>-start)?\((?P<rest>.*)$"
 )
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+_COMPUTATION = re.compile(r"^(ENTRY )?%(\S+) .*\{\s*$")
+_WHILE = re.compile(r"\bwhile\(.*?condition=%([\w.\-]+), body=%([\w.\-]+)")
+_CONSTANT = re.compile(r"\bconstant\((\d+)\)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _OPCODE = re.compile(r"^\s*(?:ROOT )?%\S+ = .*? ([a-z][a-z-]*)\(")
 # Where the step's time goes, by the op's place in the program (its `op_name`), first match wins.
@@ -86,12 +95,13 @@ class ProgramCost:
     flops: float
     bytes_accessed: float
     raw_seconds: float  # `optimal_seconds` as XLA reports it (0 where the backend has none)
-    unpriced_ops: int  # ops in the entry computation priced at -1 s
+    unpriced_ops: int  # ops priced at -1 s, in the entry computation and its loops' bodies
     collective_bytes: dict[str, int]  # per collective kind, see `collective_bytes`
+    loop_factor: float = 1.0  # see `loop_factor`: what counting loop bodies once leaves out
 
     @property
     def seconds(self) -> float:
-        return self.raw_seconds + self.unpriced_ops
+        return (self.raw_seconds + self.unpriced_ops) * self.loop_factor
 
     @property
     def lost_unpriced_ops(self) -> bool:
@@ -111,6 +121,7 @@ def read_cost(compiled: Any) -> ProgramCost:
         raw_seconds=float(analysis.get("optimal_seconds", 0.0)),
         unpriced_ops=count_unpriced_ops(text),
         collective_bytes=collective_bytes(text),
+        loop_factor=loop_factor(text),
     )
 
 
@@ -123,8 +134,73 @@ def entry_computation(hlo_text: str) -> str:
     return hlo_text[start : end if end > 0 else len(hlo_text)]
 
 
+def computations(hlo_text: str) -> tuple[str, dict[str, list[str]]]:
+    """The ENTRY computation's name and every computation's lines, by name."""
+    entry, found, current = "", {}, None
+    for line in hlo_text.splitlines():
+        match = _COMPUTATION.match(line)
+        if match:
+            current = found.setdefault(match.group(2), [])
+            entry = match.group(2) if match.group(1) else entry
+        elif current is not None:
+            current.append(line)
+    return entry, found
+
+
+def _loops(lines: list[str], found: dict[str, list[str]]) -> list[tuple[str, int]]:
+    """(body, trip count) of each while loop among `lines`; the trip count is the largest
+    constant its condition compares with (the loops XLA and JAX emit count up from 0)."""
+    loops = []
+    for line in lines:
+        match = _WHILE.search(line)
+        if match:
+            condition, body = match.groups()
+            constants = [
+                int(c) for text in found.get(condition, []) for c in _CONSTANT.findall(text)
+            ]
+            loops.append((body, max(constants, default=1)))
+    return loops
+
+
+def _priced(hlo_text: str) -> tuple[str, dict[str, list[str]], list[str]]:
+    """The entry computation and the bodies of its loops (nested loops included): what the
+    cost model prices op by op. Fused computations are priced as their fusion; a `cond`'s
+    branches are priced as the dearest one (see the module docstring)."""
+    entry, found = computations(hlo_text)
+    priced, pending = [], [entry] if entry else []
+    while pending:
+        name = pending.pop()
+        if name in found and name not in priced:
+            priced.append(name)
+            pending += [body for body, _ in _loops(found[name], found)]
+    return entry, found, priced
+
+
 def count_unpriced_ops(hlo_text: str) -> int:
-    return len(_UNPRICED.findall(entry_computation(hlo_text)))
+    _, found, priced = _priced(hlo_text)
+    return sum(len(_UNPRICED.findall("\n".join(found[name]))) for name in priced)
+
+
+def loop_factor(hlo_text: str) -> float:
+    """The estimated op cycles of the entry computation with every loop body counted as often
+    as it runs (nested loops multiply), over the same cycles with each body counted once, as
+    the cost model counts them; 1.0 without loops or cycle estimates (CPU)."""
+    entry, found, _ = _priced(hlo_text)
+
+    def own(name: str) -> int:
+        return sum(int(c) for line in found.get(name, []) for c in _CYCLES.findall(line))
+
+    def cycles(name: str, runs: bool, seen: frozenset = frozenset()) -> int:
+        if name in seen:  # a malformed module calling itself: count it no further
+            return 0
+        loops = _loops(found.get(name, []), found)
+        inner = sum(
+            (trips if runs else 1) * cycles(body, runs, seen | {name}) for body, trips in loops
+        )
+        return own(name) + inner
+
+    once = cycles(entry, runs=False) if entry else 0
+    return cycles(entry, runs=True) / once if once else 1.0
 
 
 def array_bytes(shape_text: str) -> list[int]:

@@ -18,11 +18,13 @@ BASE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 PRICES = {"source": "test prices", "date": "today", "usd_per_chip_hour": {"v5p": 4.0}}
 
 
-def scripted_check(peak_gib_per_sequence: float, step_ms_per_sequence: float, calls: list):
+def scripted_check(
+    peak_gib_per_sequence: float, step_ms_per_sequence: float, calls: list, micro_ms: float = 0.0
+):
     """A stand-in for compile_check.check: peak memory and step time proportional to the
     sequences per replica and micro-batch; records every (mesh, accumulation) it compiled.
     Rematerialization ("dots") halves the peak and costs 20% more time; its compiles are
-    recorded with the policy as a fourth item."""
+    recorded with the policy as a fourth item. Each micro-batch costs `micro_ms` more."""
 
     def check(config, target=None, **_):
         (phase,) = config_lib.plan_phases(config)
@@ -36,7 +38,8 @@ def scripted_check(peak_gib_per_sequence: float, step_ms_per_sequence: float, ca
         peak = int(per_replica * peak_gib_per_sequence * sharded * GIB)
         if peak > 3 * target.hbm_bytes:  # far too large: XLA refuses to compile
             raise compile_check.DoesNotFitError(f"config.{phase.name} does not fit: scripted")
-        seconds = step_ms_per_sequence * per_replica * accum / 1e3 * (1.2 if remat != "none" else 1)
+        per_micro = step_ms_per_sequence * per_replica * (1.2 if remat != "none" else 1)
+        seconds = (per_micro + micro_ms) * accum / 1e3
         cost = cost_model.ProgramCost(1e12, 1e9, seconds, 0, {"all-reduce": 1})
         update = cost_model.ProgramCost(0.0, 0.0, 1e-9, 0, {})
         compiled = compile_check.PhaseCompile(
@@ -89,10 +92,11 @@ def test_accumulation_doubles_until_the_step_fits(monkeypatch, base_config):
 
 def test_rematerialization_is_tried_only_where_it_saves_micro_batches(monkeypatch, capsys):
     """Data parallel needs 2 micro-batches without remat: remat is compiled at 1 only, where it
-    fits (20% dearer per sequence, but one micro-batch instead of two: the faster data parallel
-    step). FSDP fits at 1 without remat: remat is not compiled for it, and it stays fastest."""
+    fits (20% dearer per sequence, but one micro-batch's overhead instead of two: the faster
+    data parallel step). FSDP fits at 1 without remat: remat is not compiled for it, and it
+    stays fastest."""
     calls = []
-    monkeypatch.setattr(compile_check, "check", scripted_check(4.0, 1.0, calls))
+    monkeypatch.setattr(compile_check, "check", scripted_check(4.0, 1.0, calls, micro_ms=10.0))
     argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5p-16", "--remat", "dots,none,dots"]
     assert cli.main([*argv, "--meshes", "dp,fsdp"]) == 0
     out = capsys.readouterr().out
@@ -102,11 +106,12 @@ def test_rematerialization_is_tried_only_where_it_saves_micro_batches(monkeypatc
         ("phase1", (8, 1, 1), 1, "dots"),
         ("phase1", (1, 8, 1), 1),
     ]
-    assert "| phase1 | data parallel (8, 1, 1), remat dots | 32 | 1 | 64.00 | yes | 38.4 |" in out
-    assert "phase1: 900,000 steps x 32.0 ms with fsdp (1, 8, 1), 1 micro-batch" in out
+    assert "| phase1 | data parallel (8, 1, 1) | 16 | 2 | 64.00 | yes | 52.0 |" in out
+    assert "| phase1 | data parallel (8, 1, 1), remat dots | 32 | 1 | 64.00 | yes | 48.4 |" in out
+    assert "phase1: 900,000 steps x 42.0 ms with fsdp (1, 8, 1), 1 micro-batch" in out
     assert cli.main([*argv, "--meshes", "dp"]) == 0
     out = capsys.readouterr().out
-    assert "x 38.4 ms with data parallel (8, 1, 1), remat dots, 1 micro-batch" in out
+    assert "x 48.4 ms with data parallel (8, 1, 1), remat dots, 1 micro-batch" in out
     outcome = faults.run_cli(capsys, [*argv, "--remat", "some"])
     faults.assert_user_error(outcome, "--remat: unknown policy 'some'")
 

@@ -127,6 +127,52 @@ def test_unpriced_ops_and_collectives_are_read_from_the_hlo():
     }
 
 
+def test_loop_bodies_count_as_often_as_they_run():
+    """XLA prices a while body once: the correction counts it trip-count times (nested loops
+    multiply) by the compiler's cycle estimates, and its unpriced ops once, as XLA prices them;
+    a cond's branches and fused computations are left to XLA's own pricing."""
+
+    def op(cycles, text="fusion(%a)"):
+        return f'  %x = f32[8]{{0}} {text}, backend_config={{"estimated_cycles":"{cycles}"}}'
+
+    hlo = "\n".join(
+        [
+            "HloModule m",
+            "%fused (p: f32[8]) -> f32[8] {",
+            '  %r = u32[4]{0} custom-call(%s), custom_call_target="ConcatBitcast"',
+            "}",
+            "%cond_in (p: (u32[])) -> pred[] {",
+            "  %c = u32[] constant(4)",
+            "}",
+            "%body_in (p: (u32[])) -> (u32[]) {",
+            op(10),
+            '  %u = u32[4]{0} custom-call(%s), custom_call_target="ConcatBitcast"',
+            "}",
+            "%cond_out (p: (u32[])) -> pred[] {",
+            "  %c = u32[] constant(1)",
+            "  %d = u32[] constant(2)",
+            "}",
+            "%body_out (p: (u32[])) -> (u32[]) {",
+            op(20),
+            "  %w = (u32[]) while(%p), condition=%cond_in, body=%body_in, metadata={}",
+            "}",
+            "%branch (p: f32[8]) -> f32[8] {",
+            "  %g = (u32[2]{0}, u32[2]{0}) rng-bit-generator(%k), algorithm=rng_bit_generator",
+            "}",
+            "ENTRY %main (a: f32[8]) -> f32[8] {",
+            op(100),
+            "  %w = (u32[]) while(%t), condition=%cond_out, body=%body_out",
+            "  %k = f32[8]{0} conditional(%q, %a, %a), branch_computations={%branch, %fused}",
+            "}",
+        ]
+    )
+    # once: 100 + 20 + 10; as run: 100 + 2 x (20 + 4 x 10).
+    assert cost_model.loop_factor(hlo) == pytest.approx(220 / 130)
+    assert cost_model.count_unpriced_ops(hlo) == 1  # the inner body's; not a branch's or fusion's
+    assert cost_model.loop_factor(hlo.replace("while(", "call(")) == 1.0
+    assert cost_model.loop_factor("ENTRY %main () -> f32[] {\n}") == 1.0
+
+
 def test_compile_for_a_tpu_reports_memory_cost_and_collectives():
     """v5e: the cost model's step grows with sequence length, its time lies above the FLOP
     bound, XLA's FLOPs agree with DESIGN.md's formula, and the report says what it estimates."""
@@ -173,7 +219,8 @@ def test_topology_needs_compile_only(capsys):
 def test_fsdp_shards_arguments_and_memory_follows_the_micro_batch():
     """v4 (megacore), global batch 256 over 4 chips: FSDP holds about a quarter of the
     data-parallel arguments; 4 accumulation steps (16 sequences per chip at a time instead of
-    64) take less memory, and the estimate counts the loop's body 4 times (XLA prices it once)."""
+    64) take less memory, and the estimate counts the loop's body 4 times (XLA prices it once:
+    `cost_model.loop_factor`)."""
     one_phase = {"phase1.fraction": 1.0, "phase2.fraction": 0.0, "phase1.batch_size": 256}
     target = topology.parse("v4:2x2x1")
     whole = compile_check.check(small_config(**one_phase), target).phases[0]
@@ -181,6 +228,7 @@ def test_fsdp_shards_arguments_and_memory_follows_the_micro_batch():
     micro = compile_check.check(small_config(grad_accum_steps=4, **one_phase), target).phases[0]
     assert 3.0 < whole.memory.argument / fsdp.memory.argument <= 4.0
     assert micro.peak_bytes < whole.peak_bytes
+    assert whole.cost.loop_factor == 1.0 and micro.cost.loop_factor > 2.0
     assert 0.8 < micro.step_flops / whole.step_flops < 1.2
     assert 0.5 < micro.step_seconds / whole.step_seconds < 2.0
 
