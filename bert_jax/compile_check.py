@@ -244,7 +244,10 @@ def check(
     )
     model_config = config_lib.bert_config(config)
     accum = int(config.grad_accum_steps)
-    trainer = ShardedTrainer(model_config, tx, mesh, rules, schedule=schedule, accum_steps=accum)
+    trainer = ShardedTrainer(
+        model_config, tx, mesh, rules, schedule=schedule, accum_steps=accum,
+        shard_optimizer_state=bool(config.mesh.get("shard_optimizer_state", False)),
+    )  # fmt: skip
     state = trainer.abstract_state()
     rng = jax.eval_shape(lambda: jax.random.key(0))
     rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))

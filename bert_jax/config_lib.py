@@ -188,6 +188,9 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "shape": (-1, 1, 1),
             # Logical axis -> mesh axes, tried in order (see bert_jax/partitioning.py).
             "rules": partitioning.DEFAULT_RULES,
+            # ZeRO stage 1: the optimizer slots also sharded over `data`, so each data-parallel
+            # replica updates only its slice (partitioning.optimizer_state_rules).
+            "shard_optimizer_state": False,
         }
     )
     return config

@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis rules, sharded state creation and global batch assembly.
+"""Device mesh, logical-axis rules, the shardings they give a state, and global batch assembly.
 
 Model code names logical axes only; the rules here (or in a config's `mesh.rules`) place them on the
 mesh `('data', 'fsdp', 'tensor')`. Rules are tried in order and a mesh axis is used at most once per
@@ -9,7 +9,7 @@ parameters `('vocab', 'embed')` shard `embed` over `fsdp`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -31,6 +31,20 @@ DEFAULT_RULES: LogicalRules = (
     ("kv", None),
     ("length", None),
 )
+
+
+def optimizer_state_rules(rules: LogicalRules) -> LogicalRules:
+    """Rules for optimizer slots sharded over the data axis too (ZeRO stage 1): `embed`, which
+    every kernel and table has, goes to ('data', <its axes>). Each data-parallel replica then
+    updates only its slice of every parameter; the parameters themselves stay as `rules` put
+    them, and XLA gathers the updated slices."""
+    changed = []
+    for logical, axes in rules:
+        if logical == "embed":
+            rest = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            axes = ("data", *(a for a in rest if a != "data"))
+        changed.append((logical, axes))
+    return tuple(changed)
 
 
 def rules_from_config(rules: Sequence[Sequence[Any]] | None) -> LogicalRules:
@@ -149,19 +163,3 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
         key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
         for key, value in local_batch.items()
     }
-
-
-def create_sharded(
-    init_fn: Callable[..., Any], mesh: Mesh, rules: LogicalRules, *args: Any
-) -> tuple[Any, Any]:
-    """Runs `init_fn(*args)` (which returns a tree with `nn.Partitioned` boxes) born sharded.
-
-    Shapes come from `jax.eval_shape`, shardings from the logical names and the rules; the jitted
-    init writes every shard where it lives, so no device ever holds the whole state.
-    Returns (unboxed state, its shardings).
-    """
-    abstract = jax.eval_shape(init_fn, *args)
-    shardings = mesh_shardings(abstract, mesh, rules)
-    # No logical rules in scope: activation constraints inside init (on a dummy batch) are moot.
-    state = jax.jit(lambda *a: nn.meta.unbox(init_fn(*a)), out_shardings=shardings)(*args)
-    return state, shardings

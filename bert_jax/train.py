@@ -286,6 +286,7 @@ class ShardedSteps:
         init_fn: Callable[[Array], TrainState],
         mesh: jax.sharding.Mesh,
         rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
+        shard_optimizer_state: bool = False,
     ):
         self.mesh = mesh
         self.rules = rules
@@ -294,6 +295,11 @@ class ShardedSteps:
         self.state_shapes = jax.eval_shape(init_fn, jax.random.key(0))
         # Checked here, on shapes only: an uneven shard fails before anything compiles.
         self.state_shardings = partitioning.mesh_shardings(self.state_shapes, mesh, rules)
+        if shard_optimizer_state:  # ZeRO stage 1: see partitioning.optimizer_state_rules
+            slots = partitioning.mesh_shardings(
+                self.state_shapes.opt_state, mesh, partitioning.optimizer_state_rules(rules)
+            )
+            self.state_shardings = self.state_shardings.replace(opt_state=slots)
         self.batch_sharding = partitioning.batch_sharding(mesh)
         self.replicated = partitioning.replicated(mesh)
 
@@ -345,12 +351,14 @@ class ShardedTrainer(ShardedSteps):
         rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
         schedule: Callable[[Array], Array] | None = None,
         accum_steps: int = 1,
+        shard_optimizer_state: bool = False,
     ):
         self.config = config
         self.model = BertForPreTraining(config)
         self.tx = tx
         self.schedule = schedule
-        super().__init__(functools.partial(init_state, model=self.model, tx=tx), mesh, rules)
+        init = functools.partial(init_state, model=self.model, tx=tx)
+        super().__init__(init, mesh, rules, shard_optimizer_state)
         step = functools.partial(
             train_step, model=self.model, tx=tx, schedule=schedule, accum_steps=accum_steps
         )
@@ -369,8 +377,13 @@ class ShardedTrainer(ShardedSteps):
         )
 
     def init(self, rng: Array) -> TrainState:
-        state, _ = partitioning.create_sharded(self._init_fn, self.mesh, self.rules, rng)
-        return state
+        """The initial state, born sharded: each device writes only its own shards."""
+        # No logical rules in scope: activation constraints inside init (on a dummy batch) are
+        # moot.
+        init = jax.jit(
+            lambda key: nn.meta.unbox(self._init_fn(key)), out_shardings=self.state_shardings
+        )
+        return init(rng)
 
     def train_step(self, state: TrainState, batch: Batch, rng: Array):
         return self.call(self._train_step, state, batch, rng)

@@ -115,6 +115,39 @@ def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
     assert shard.size == layer["intermediate"]["kernel"].size // (fsdp * tensor)
 
 
+def test_sharded_optimizer_state_matches_one_device(single_device_run):
+    """ZeRO stage 1 on (4, 2, 1): the Adam slots are split over data x fsdp, the parameters
+    stay as the rules put them (embed over fsdp only), and the numbers are one device's."""
+    config = _padded_config()
+    schedule = optim.warmup_linear_decay(1e-3, warmup_steps=2, total_steps=10)
+    mesh = partitioning.make_mesh((4, 2, 1))
+    trainer = ShardedTrainer(
+        config, optim.bert_adamw(schedule), mesh, schedule=schedule, shard_optimizer_state=True
+    )
+    state, losses = _run(trainer)
+    ref_state, ref_losses = single_device_run
+    np.testing.assert_allclose(losses, ref_losses, atol=1e-5, rtol=0)
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+    kernel = state.params["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
+    mu = state.opt_state[1].mu["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
+    assert _spec(kernel)[0] == "fsdp"
+    assert (
+        _spec(mu)[0] == ("data", "fsdp")
+        and trainer.abstract_state()
+        .opt_state[1]
+        .mu["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
+        .sharding
+        == mu.sharding
+    )
+    assert mu.addressable_shards[0].data.size == mu.size // 8
+    assert kernel.addressable_shards[0].data.size == kernel.size // 2
+    assert partitioning.optimizer_state_rules((("embed", None), ("mlp", "tensor"))) == (
+        ("embed", ("data",)),
+        ("mlp", "tensor"),
+    )
+
+
 def test_prng_dropout_masks_are_the_same_on_any_mesh(single_device_run):
     """Masks drawn through jax.random with rbg keys ("prng") are also the same however the batch
     and the model are split (the default hash masks are checked on every mesh above)."""

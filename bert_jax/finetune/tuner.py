@@ -51,7 +51,7 @@ class HeadTuner(train.ShardedSteps):
         init_fn = functools.partial(train.init_state, model=model, tx=self.tx, inputs=inputs)
         super().__init__(init_fn, mesh, rules)
         self.abstract_bert = nn.meta.unbox(self.state_shapes.params["bert"])
-        # Born sharded, as `partitioning.create_sharded` does, but only the parts that are not
+        # Born sharded, as `ShardedSteps.init` does, but only the parts that are not
         # loaded: the head from its own init (the same module as the model's `classifier`
         # subtree) and the optimizer slots from the placed params (the encoder is never
         # initialised at random only to be overwritten). Jitted once per tuner, so a sweep's
