@@ -28,6 +28,14 @@ pytestmark = pytest.mark.gcs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "gs://bert-jax-test"
+# The model directory `convert` writes into the bucket; fine-tuning starts from it.
+MODEL = f"{BUCKET}/converted"
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +275,46 @@ def test_transient_outage_is_retried_and_loses_no_checkpoint(emulator, corpus):
     assert steps == [4, 6, 8], output  # keep=3 of 2, 4, 6, 8
     for step in steps:
         assert fs.exists(f"{workdir}/checkpoints/{step}/commit_success.txt")
+
+
+def test_convert_reads_and_writes_model_directories_in_the_bucket(emulator, tmp_path, capsys):
+    """A Google TF1 checkpoint in the bucket (read by TensorFlow's own GCS file system) converts
+    into a bert-jax model directory in the bucket, that one into a Hugging Face directory in the
+    bucket (safetensors read back in ranges): the params equal the same conversions on disk.
+    `--overwrite` replaces only an earlier export of the same kind."""
+    from bert_jax import model_dir
+    from tests.convert_fixtures import google_bert_config, tf1_arrays, write_tf1_checkpoint
+    from tests.helpers import tiny_config
+
+    config = tiny_config(hidden_act="gelu_new", num_hidden_layers=1)
+    local_tf1 = str(tmp_path / "tf1")
+    write_tf1_checkpoint(local_tf1, tf1_arrays(config, seed=5), google_bert_config(config), 512)
+    fs.upload(local_tf1, f"{BUCKET}/tf1")
+
+    steps = [
+        (["tf1", f"{BUCKET}/tf1"], ["bert-jax", MODEL]),
+        (["bert-jax", MODEL], ["hf", f"{BUCKET}/hf"]),
+        (["hf", f"{BUCKET}/hf"], ["bert-jax", str(tmp_path / "back")]),
+        (["tf1", local_tf1], ["bert-jax", str(tmp_path / "local")]),
+    ]
+    for source, target in steps:
+        outcome = run_cli(capsys, ["convert", "--from", *source, "--to", *target])
+        assert outcome.code == 0, outcome.err
+    assert fs.exists(f"{BUCKET}/hf/bert_jax_export.json")
+    assert fs.exists(f"{BUCKET}/hf/model.safetensors") and fs.exists(f"{BUCKET}/hf/vocab.txt")
+    expected = model_dir.load_model_dir(tmp_path / "local").params
+    for path in (MODEL, tmp_path / "back"):
+        loaded = model_dir.load_model_dir(path, load_tokenizer=True)
+        assert loaded.tokenizer.vocab_size <= 512
+        for got, want in zip(jax_leaves(loaded.params), jax_leaves(expected)):
+            np.testing.assert_array_equal(got, want)
+
+    # --overwrite: an earlier export is replaced, a directory bert-jax did not write is not.
+    argv = ["convert", "--from", "bert-jax", MODEL, "--to", "hf", f"{BUCKET}/hf", "--overwrite"]
+    assert run_cli(capsys, argv).code == 0
+    fs.write_text(f"{BUCKET}/theirs/notes.txt", "mine")
+    argv[-2] = f"{BUCKET}/theirs"
+    outcome = run_cli(capsys, argv)
+    assert outcome.code == 2 and f"{BUCKET}/theirs" in outcome.message, outcome.err
+    assert fs.listdir(f"{BUCKET}/theirs") == ["notes.txt"]
+    assert not [n for n in fs.listdir(BUCKET) if n.startswith(".")]  # no hidden leftovers
