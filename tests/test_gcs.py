@@ -318,3 +318,47 @@ def test_convert_reads_and_writes_model_directories_in_the_bucket(emulator, tmp_
     assert outcome.code == 2 and f"{BUCKET}/theirs" in outcome.message, outcome.err
     assert fs.listdir(f"{BUCKET}/theirs") == ["notes.txt"]
     assert not [n for n in fs.listdir(BUCKET) if n.startswith(".")]  # no hidden leftovers
+
+
+SMALL_FLAGS = ["--epochs", "1", "--batch-size", "8", "--eval-batch-size", "8"]
+SMALL_FLAGS += ["--max-seq-length", "32"]
+
+
+def test_finetune_and_glue_read_and_write_the_bucket(emulator, tmp_path, capsys):
+    """`glue` and `finetune` (CoNLL-2003) with the model, the data and the workdir in the
+    bucket (the model `convert` wrote there): results, predictions, reports and plots (drawn
+    locally, then uploaded) land in the bucket."""
+    from tests.glue_fixtures.tiny import GLUE_DIR
+    from tests.test_ner import CONLL_TEXT
+
+    fs.upload(os.path.join(GLUE_DIR, "RTE"), f"{BUCKET}/glue/RTE")
+    for name in ("eng.train", "eng.testa", "eng.testb"):
+        fs.write_text(f"{BUCKET}/conll/{name}", CONLL_TEXT)
+
+    workdir = f"{BUCKET}/glue_run"
+    argv = ["glue", "--model", MODEL, "--data", f"{BUCKET}/glue", "--workdir", workdir]
+    argv += ["--tasks", "RTE", "--learning-rates", "5e-5", "--seeds", "0", *SMALL_FLAGS]
+    outcome = run_cli(capsys, argv)
+    assert outcome.code == 0, outcome.err
+    results = json.loads(fs.read_text(f"{workdir}/results.json"))
+    assert set(results["tasks"]) == {"RTE"}
+    assert results["protocol"]["model"] == MODEL
+    assert fs.read_text(f"{workdir}/submission/RTE.tsv").startswith("index\tprediction\n")
+    assert fs.read_bytes(f"{workdir}/plots/RTE.png").startswith(b"\x89PNG")
+    assert fs.exists(f"{workdir}/trials/RTE/lr=5e-05_seed=0/result.json")
+
+    workdir = f"{BUCKET}/ner_run"
+    argv = ["finetune", "--model", MODEL, "--task", "conll2003", "--data", f"{BUCKET}/conll"]
+    outcome = run_cli(capsys, [*argv, "--workdir", workdir, *SMALL_FLAGS])
+    assert outcome.code == 0, outcome.err
+    result = json.loads(fs.read_text(f"{workdir}/result.json"))
+    assert result["model"] == MODEL and result["data"] == f"{BUCKET}/conll"
+    assert fs.exists(f"{workdir}/dev_predictions.txt") and fs.exists(f"{workdir}/results.md")
+    assert fs.read_bytes(f"{workdir}/plots/conll2003.png").startswith(b"\x89PNG")
+    assert not [n for n in fs.listdir(workdir) if n.startswith(".")]  # no temporary files
+
+    # A workdir bert-jax did not write is refused, naming it, and left as it was.
+    fs.write_text(f"{BUCKET}/theirs_ft/notes.txt", "mine")
+    outcome = run_cli(capsys, [*argv, "--workdir", f"{BUCKET}/theirs_ft", *SMALL_FLAGS])
+    assert outcome.code == 2 and f"{BUCKET}/theirs_ft" in outcome.message, outcome.err
+    assert fs.listdir(f"{BUCKET}/theirs_ft") == ["notes.txt"]
