@@ -3,8 +3,9 @@
 Local paths go to ``os`` / ``shutil``; ``gs://`` URLs to gcsfs (Cloud Storage's JSON API, retried
 with backoff on 408/429/5xx and dropped connections). The other readers and writers of the bucket
 reach it natively: Orbax through etils.epath (pointed here at the same gcsfs backend) with
-TensorStore for the arrays, tf.data and ``tf.io.TFRecordWriter`` through TensorFlow's own GCS
-file system. TensorFlow is never imported here.
+TensorStore for the arrays, tf.data, ``tf.io.TFRecordWriter`` and TF1 checkpoint reading
+(``convert --from tf1``) through TensorFlow's own GCS file system. TensorFlow is never
+imported here.
 
 Cloud Storage has objects, not directories: a "directory" is a name prefix, ``makedirs`` is a
 no-op, ``rename`` is copy-then-delete (not atomic) and ``create_exclusive`` is an upload with the

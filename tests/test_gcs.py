@@ -4,6 +4,8 @@ Prepare records into the bucket, pretrain with the workdir in the bucket, stop i
 resume, export, encode from the bucket: the features equal those of the same run on local disk.
 Then the bad cases: a missing bucket, no credentials, a permission refused, a transient outage
 (the emulator stopped and restarted mid-run), each one line naming the URL, no checkpoint lost.
+Then `convert`, `glue` and `finetune` with their model, data and outputs in the bucket, a
+checkpoint save never committed (set aside on resume) and `config.resume_from` in the bucket.
 How each client library is pointed at the emulator: tests/gcs_emulator.py.
 """
 
