@@ -14,7 +14,10 @@ missing metadata, other shapes than the run's), newest first, and says why in on
 `set_aside` then renames them to `<step>.corrupt-<UTC time>` (never deleted; Orbax lists only
 `<step>`). A save that runs out of disk space ends in `CheckpointSaveError` naming the checkpoint
 and the previous intact step; `remove_leftovers` deletes the temporary directories of saves that
-a killed run left behind.
+a killed run left behind. In a bucket Orbax writes a save straight into `<step>/` and marks it
+complete with `commit_success.txt` last: a step without it (a save killed midway) is not listed by
+Orbax; `set_aside_uncommitted` renames it to `<step>.uncommitted-<UTC time>` (never deleted: a
+checkpoint copied into the bucket from disk lacks the file too).
 """
 
 from __future__ import annotations
@@ -112,6 +115,12 @@ def abstract_position(mesh: Mesh, num_shards: int = 1) -> jax.ShapeDtypeStruct:
 
 # What Orbax names a save in progress: `<step>.orbax-checkpoint-tmp[-<timestamp>]`.
 _TMP_SAVE = re.compile(r"^\d+\.orbax-checkpoint-tmp(-\d+)?$")
+# What Orbax writes last into a save in a bucket (its CommitFileTemporaryPath).
+COMMIT_MARKER = "commit_success.txt"
+
+
+def _utc_stamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 class CheckpointError(UserError):
@@ -348,7 +357,7 @@ class Checkpointer:
     def set_aside(self, failed: list[tuple[int, str]]) -> list[str]:
         """Renames the checkpoints of `failed` to `<step>.corrupt-<UTC time>` (out of Orbax's
         sight, never deleted); returns the new paths. Call it on one process only."""
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = _utc_stamp()
         moved = []
         for step, _ in failed:
             source = fs.join(self.directory, str(step))
@@ -372,6 +381,22 @@ class Checkpointer:
                 fs.rmtree(path)
                 removed.append(path)
         return removed
+
+    def set_aside_uncommitted(self) -> list[str]:
+        """In a bucket: renames each `<step>/` without Orbax's commit marker (a save that never
+        finished) to `<step>.uncommitted-<UTC time>`, out of Orbax's way (it would otherwise stay
+        unlisted, or be deleted when that step is saved again); returns the new paths. Nothing
+        locally (a local save is renamed into place whole). One process, while no save runs."""
+        if not fs.is_remote(self.directory):
+            return []
+        stamp, moved = _utc_stamp(), []
+        for name in sorted(fs.listdir(self.directory)):
+            path = fs.join(self.directory, name)
+            if name.isdigit() and not fs.exists(fs.join(path, COMMIT_MARKER)) and fs.isdir(path):
+                target = f"{path}.uncommitted-{stamp}"
+                fs.rename(path, target)
+                moved.append(target)
+        return moved
 
     def close(self) -> None:
         self.manager.close()

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax import model_dir
+from bert_jax import fs, model_dir
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.data import files
@@ -44,8 +44,9 @@ _HF_EXPORT_FILES = (
 HF_EXPORT_KIND = files.OutputKind(
     name="Hugging Face export",
     marker=HF_EXPORT_MARKER,
-    is_own=lambda path: os.path.isfile(os.path.join(path, HF_EXPORT_MARKER)),
+    is_own=lambda path: fs.isfile(fs.join(path, HF_EXPORT_MARKER)),
     holds=lambda name: name in _HF_EXPORT_FILES,
+    marker_file=HF_EXPORT_MARKER,
 )
 
 
@@ -84,14 +85,14 @@ def load_source(
     (a Google vocab.txt does not record it: it is inferred from the vocabulary unless given).
     """
     src = os.fspath(src)
-    report = ConversionReport(source_format=src_format, source=os.path.abspath(src))
+    report = ConversionReport(source_format=src_format, source=fs.abspath(src))
     tok = None
     tok_origin = None
     if src_format == "tf1":
         from bert_jax.convert import tf1
 
         checkpoint = tf1.read_tf1_dir(src)
-        report.source = os.path.abspath(checkpoint.prefix)
+        report.source = fs.abspath(checkpoint.prefix)
         config = checkpoint.config
         params = tf1.params_from_tf1(checkpoint, drop_heads=drop_heads, report=report)
         if checkpoint.vocab_file is not None:
@@ -183,13 +184,13 @@ def convert(
             f"--vocab-pad-multiple applies to --to bert-jax only (a {dst_format} checkpoint "
             "holds exactly vocab_size rows)"
         )
-    dst = os.path.abspath(os.fspath(dst))
-    if os.path.lexists(dst) and not overwrite:
+    dst = fs.abspath(os.fspath(dst))
+    if (fs.exists(dst) if fs.is_remote(dst) else os.path.lexists(dst)) and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
     # Refuse a destination bert-jax did not write before reading anything (the write checks again).
     kind = model_dir.MODEL_DIR_KIND if dst_format == "bert-jax" else HF_EXPORT_KIND
     files.check_replaceable(dst, kind)
-    if os.path.abspath(os.fspath(src)) == dst:
+    if fs.abspath(os.fspath(src)) == dst:
         raise ValueError(f"source and destination are the same path: {dst}")
     loaded = load_source(
         src_format, src, drop_heads=drop_heads, tokenizer=tokenizer, lowercase=lowercase
@@ -212,14 +213,14 @@ def convert(
             extra={"converted_from": {"format": src_format, "path": report.source}},
             overwrite=overwrite,
         )
-        report.written = sorted(os.listdir(dst))
+        report.written = sorted(fs.listdir(dst))
     else:
         from bert_jax.convert import hf
 
         with files.atomic_output_dir(dst, HF_EXPORT_KIND, overwrite=overwrite) as tmp:
             report.written = hf.write_hf_dir(tmp, loaded.config, loaded.params, loaded.tokenizer)
             files.write_json_atomic(
-                os.path.join(tmp, HF_EXPORT_MARKER),
+                fs.join(tmp, HF_EXPORT_MARKER),
                 {"written_by": "bert-jax convert", "from": src_format, "source": report.source},
             )
         if loaded.tokenizer is not None and loaded.tokenizer.kind == "sentencepiece":

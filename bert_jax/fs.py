@@ -3,8 +3,9 @@
 Local paths go to ``os`` / ``shutil``; ``gs://`` URLs to gcsfs (Cloud Storage's JSON API, retried
 with backoff on 408/429/5xx and dropped connections). The other readers and writers of the bucket
 reach it natively: Orbax through etils.epath (pointed here at the same gcsfs backend) with
-TensorStore for the arrays, tf.data and ``tf.io.TFRecordWriter`` through TensorFlow's own GCS
-file system. TensorFlow is never imported here.
+TensorStore for the arrays, tf.data, ``tf.io.TFRecordWriter`` and TF1 checkpoint reading
+(``convert --from tf1``) through TensorFlow's own GCS file system. TensorFlow is never
+imported here.
 
 Cloud Storage has objects, not directories: a "directory" is a name prefix, ``makedirs`` is a
 no-op, ``rename`` is copy-then-delete (not atomic) and ``create_exclusive`` is an upload with the
@@ -277,6 +278,17 @@ def open_gzip(path: str | os.PathLike) -> IO[bytes]:
 def read_bytes(path: str | os.PathLike) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def read_range(path: str | os.PathLike, start: int, end: int) -> bytes:
+    """Bytes [start, end) of a file (fewer at its end); one ranged request on Cloud Storage."""
+    path = os.fspath(path)
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+    with _remote_errors(path):
+        return _client().cat_file(_key(path), start=start, end=end)
 
 
 def read_text(path: str | os.PathLike) -> str:

@@ -164,7 +164,14 @@ _EXPORT_LEFTOVER = re.compile(r"^\.model\.(tmp|old)-[0-9a-f]{8}$")
 def remove_leftovers(workdir: str, checkpointer, console) -> None:
     """Deletes what a killed run of this workdir left half-written: Orbax's temporary save
     directories and unfinished exports (only names bert-jax gives them; an old export only when
-    the new `model/` is in place)."""
+    the new `model/` is in place). In a bucket, a checkpoint step Orbax never committed is set
+    aside instead (`Checkpointer.set_aside_uncommitted`)."""
+    moved = checkpointer.set_aside_uncommitted()
+    if moved:
+        console(
+            "set aside checkpoint save(s) an interrupted run never committed (no "
+            f"commit_success.txt; delete them once not needed): {', '.join(moved)}"
+        )
     removed = checkpointer.remove_leftovers()
     exported = fs.isdir(fs.join(workdir, "model"))
     for name in sorted(fs.listdir(workdir)):

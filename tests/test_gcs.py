@@ -4,6 +4,8 @@ Prepare records into the bucket, pretrain with the workdir in the bucket, stop i
 resume, export, encode from the bucket: the features equal those of the same run on local disk.
 Then the bad cases: a missing bucket, no credentials, a permission refused, a transient outage
 (the emulator stopped and restarted mid-run), each one line naming the URL, no checkpoint lost.
+Then `convert`, `glue` and `finetune` with their model, data and outputs in the bucket, a
+checkpoint save never committed (set aside on resume) and `config.resume_from` in the bucket.
 How each client library is pointed at the emulator: tests/gcs_emulator.py.
 """
 
@@ -28,6 +30,14 @@ pytestmark = pytest.mark.gcs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "gs://bert-jax-test"
+# The model directory `convert` writes into the bucket; fine-tuning starts from it.
+MODEL = f"{BUCKET}/converted"
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +277,118 @@ def test_transient_outage_is_retried_and_loses_no_checkpoint(emulator, corpus):
     assert steps == [4, 6, 8], output  # keep=3 of 2, 4, 6, 8
     for step in steps:
         assert fs.exists(f"{workdir}/checkpoints/{step}/commit_success.txt")
+
+
+def test_convert_reads_and_writes_model_directories_in_the_bucket(emulator, tmp_path, capsys):
+    """A Google TF1 checkpoint in the bucket (read by TensorFlow's own GCS file system) converts
+    into a bert-jax model directory in the bucket, that one into a Hugging Face directory in the
+    bucket (safetensors read back in ranges): the params equal the same conversions on disk.
+    `--overwrite` replaces only an earlier export of the same kind."""
+    from bert_jax import model_dir
+    from tests.convert_fixtures import google_bert_config, tf1_arrays, write_tf1_checkpoint
+    from tests.helpers import tiny_config
+
+    config = tiny_config(hidden_act="gelu_new", num_hidden_layers=1)
+    local_tf1 = str(tmp_path / "tf1")
+    write_tf1_checkpoint(local_tf1, tf1_arrays(config, seed=5), google_bert_config(config), 512)
+    fs.upload(local_tf1, f"{BUCKET}/tf1")
+
+    steps = [
+        (["tf1", f"{BUCKET}/tf1"], ["bert-jax", MODEL]),
+        (["bert-jax", MODEL], ["hf", f"{BUCKET}/hf"]),
+        (["hf", f"{BUCKET}/hf"], ["bert-jax", str(tmp_path / "back")]),
+        (["tf1", local_tf1], ["bert-jax", str(tmp_path / "local")]),
+    ]
+    for source, target in steps:
+        outcome = run_cli(capsys, ["convert", "--from", *source, "--to", *target])
+        assert outcome.code == 0, outcome.err
+    assert fs.exists(f"{BUCKET}/hf/bert_jax_export.json")
+    assert fs.exists(f"{BUCKET}/hf/model.safetensors") and fs.exists(f"{BUCKET}/hf/vocab.txt")
+    expected = model_dir.load_model_dir(tmp_path / "local").params
+    for path in (MODEL, tmp_path / "back"):
+        loaded = model_dir.load_model_dir(path, load_tokenizer=True)
+        assert loaded.tokenizer.vocab_size <= 512
+        for got, want in zip(jax_leaves(loaded.params), jax_leaves(expected)):
+            np.testing.assert_array_equal(got, want)
+
+    # --overwrite: an earlier export is replaced, a directory bert-jax did not write is not.
+    argv = ["convert", "--from", "bert-jax", MODEL, "--to", "hf", f"{BUCKET}/hf", "--overwrite"]
+    assert run_cli(capsys, argv).code == 0
+    fs.write_text(f"{BUCKET}/theirs/notes.txt", "mine")
+    argv[-2] = f"{BUCKET}/theirs"
+    outcome = run_cli(capsys, argv)
+    assert outcome.code == 2 and f"{BUCKET}/theirs" in outcome.message, outcome.err
+    assert fs.listdir(f"{BUCKET}/theirs") == ["notes.txt"]
+    assert not [n for n in fs.listdir(BUCKET) if n.startswith(".")]  # no hidden leftovers
+
+
+SMALL_FLAGS = ["--epochs", "1", "--batch-size", "8", "--eval-batch-size", "8"]
+SMALL_FLAGS += ["--max-seq-length", "32"]
+
+
+def test_finetune_and_glue_read_and_write_the_bucket(emulator, tmp_path, capsys):
+    """`glue` and `finetune` (CoNLL-2003) with the model, the data and the workdir in the
+    bucket (the model `convert` wrote there): results, predictions, reports and plots (drawn
+    locally, then uploaded) land in the bucket."""
+    from tests.glue_fixtures.tiny import GLUE_DIR
+    from tests.test_ner import CONLL_TEXT
+
+    fs.upload(os.path.join(GLUE_DIR, "RTE"), f"{BUCKET}/glue/RTE")
+    for name in ("eng.train", "eng.testa", "eng.testb"):
+        fs.write_text(f"{BUCKET}/conll/{name}", CONLL_TEXT)
+
+    workdir = f"{BUCKET}/glue_run"
+    argv = ["glue", "--model", MODEL, "--data", f"{BUCKET}/glue", "--workdir", workdir]
+    argv += ["--tasks", "RTE", "--learning-rates", "5e-5", "--seeds", "0", *SMALL_FLAGS]
+    outcome = run_cli(capsys, argv)
+    assert outcome.code == 0, outcome.err
+    results = json.loads(fs.read_text(f"{workdir}/results.json"))
+    assert set(results["tasks"]) == {"RTE"}
+    assert results["protocol"]["model"] == MODEL
+    assert fs.read_text(f"{workdir}/submission/RTE.tsv").startswith("index\tprediction\n")
+    assert fs.read_bytes(f"{workdir}/plots/RTE.png").startswith(b"\x89PNG")
+    assert fs.exists(f"{workdir}/trials/RTE/lr=5e-05_seed=0/result.json")
+
+    workdir = f"{BUCKET}/ner_run"
+    argv = ["finetune", "--model", MODEL, "--task", "conll2003", "--data", f"{BUCKET}/conll"]
+    outcome = run_cli(capsys, [*argv, "--workdir", workdir, *SMALL_FLAGS])
+    assert outcome.code == 0, outcome.err
+    result = json.loads(fs.read_text(f"{workdir}/result.json"))
+    assert result["model"] == MODEL and result["data"] == f"{BUCKET}/conll"
+    assert fs.exists(f"{workdir}/dev_predictions.txt") and fs.exists(f"{workdir}/results.md")
+    assert fs.read_bytes(f"{workdir}/plots/conll2003.png").startswith(b"\x89PNG")
+    assert not [n for n in fs.listdir(workdir) if n.startswith(".")]  # no temporary files
+
+    # A workdir bert-jax did not write is refused, naming it, and left as it was.
+    fs.write_text(f"{BUCKET}/theirs_ft/notes.txt", "mine")
+    outcome = run_cli(capsys, [*argv, "--workdir", f"{BUCKET}/theirs_ft", *SMALL_FLAGS])
+    assert outcome.code == 2 and f"{BUCKET}/theirs_ft" in outcome.message, outcome.err
+    assert fs.listdir(f"{BUCKET}/theirs_ft") == ["notes.txt"]
+
+
+def test_uncommitted_save_is_set_aside_and_resume_from_reads_the_bucket(emulator, capsys):
+    """A save killed midway in a bucket leaves `<step>/` without commit_success.txt (written here
+    by hand: the end-to-end run's step 8 copied without its marker, as a SIGKILL between the
+    arrays and the marker leaves it). The next run sets it aside (never deleted) and resumes by
+    `config.resume_from` from the other run's checkpoints in the bucket."""
+    source, workdir = f"{BUCKET}/run/checkpoints/8", f"{BUCKET}/killed"
+    for path in fs.walk_files(source):
+        if not path.endswith("/commit_success.txt"):
+            fs.write_bytes(f"{workdir}/checkpoints/8" + path[len(source) :], fs.read_bytes(path))
+    argv = pretrain_argv(f"{BUCKET}/data", workdir, total_steps=10, every=2)
+    from bert_jax import cli
+
+    capsys.readouterr()
+    code = cli.main([*argv, f"--config.resume_from={BUCKET}/run"])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 0, out
+    assert "set aside checkpoint save(s) an interrupted run never committed" in out, out
+    assert f"starting at step 8 from config.resume_from={BUCKET}/run step 8" in out, out
+    names = fs.listdir(f"{workdir}/checkpoints")
+    aside = [n for n in names if n.startswith("8.uncommitted-")]
+    assert len(aside) == 1 and "10" in names and "8" not in names, names
+    assert fs.exists(f"{workdir}/checkpoints/10/commit_success.txt")
+    assert not fs.exists(f"{workdir}/checkpoints/{aside[0]}/commit_success.txt")
+    rows = [json.loads(line) for line in fs.read_text(f"{workdir}/metrics.jsonl").splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [9, 10]

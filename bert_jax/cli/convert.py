@@ -83,6 +83,7 @@ def _run(args) -> int:
     )
     print(report.summary())
     if args.report_json:
-        with open(args.report_json, "w", encoding="utf-8") as f:
-            f.write(report.to_json() + "\n")
+        from bert_jax import fs
+
+        fs.write_text(args.report_json, report.to_json() + "\n")
     return 0

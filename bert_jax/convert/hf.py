@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.convert import mapping, strict
 from bert_jax.convert.safetensors import read_safetensors, write_safetensors
 from bert_jax.convert.strict import ConversionError, ConversionReport
@@ -286,7 +287,11 @@ def _load_torch_bin(path: str) -> dict[str, Any]:
             "holding model.safetensors"
         ) from err
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        if fs.is_remote(path):  # the bucket's object, read through a seekable file object
+            with fs.open(path, "rb") as f:
+                loaded = torch.load(f, map_location="cpu", weights_only=True)
+        else:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError, RuntimeError (truncated zip), ...
         raise ConversionError(
             f"{path} could not be loaded with torch.load(weights_only=True), which only accepts "
@@ -307,20 +312,20 @@ def _weight_files(path: str) -> list[str]:
         (SAFETENSORS_NAME, f"{SAFETENSORS_NAME}.index.json"),
         (PYTORCH_NAME, f"{PYTORCH_NAME}.index.json"),
     ):
-        if os.path.exists(os.path.join(path, single)):
-            return [os.path.join(path, single)]
-        index_path = os.path.join(path, index)
-        if os.path.exists(index_path):
-            with open(index_path, encoding="utf-8") as f:
+        if fs.exists(fs.join(path, single)):
+            return [fs.join(path, single)]
+        index_path = fs.join(path, index)
+        if fs.exists(index_path):
+            with fs.open(index_path, encoding="utf-8") as f:
                 weight_map = json.load(f).get("weight_map", {})
             files = sorted(set(weight_map.values()))
             if not files:
                 raise ConversionError(f"{index_path} lists no weight files")
-            missing = [name for name in files if not os.path.exists(os.path.join(path, name))]
+            missing = [name for name in files if not fs.exists(fs.join(path, name))]
             if missing:
                 raise ConversionError(f"{index_path} lists {missing[0]}, which is missing")
-            return [os.path.join(path, name) for name in files]
-    present = ", ".join(sorted(os.listdir(path))) or "nothing"
+            return [fs.join(path, name) for name in files]
+    present = ", ".join(sorted(fs.listdir(path))) or "nothing"
     raise ConversionError(
         f"{path} holds no {SAFETENSORS_NAME} or {PYTORCH_NAME} (found: {present}); only PyTorch "
         "weights in those files are read"
@@ -331,12 +336,12 @@ def read_hf_dir(path: str | os.PathLike) -> HFCheckpoint:
     """Opens a Hugging Face BERT directory: config.json plus model.safetensors or
     pytorch_model.bin (single or sharded with an index)."""
     path = os.fspath(path)
-    if not os.path.isdir(path):
+    if not fs.isdir(path):
         raise ConversionError(f"{path} is not a directory (expected a Hugging Face model dir)")
-    config_path = os.path.join(path, "config.json")
-    if not os.path.exists(config_path):
+    config_path = fs.join(path, "config.json")
+    if not fs.exists(config_path):
         raise ConversionError(f"{path} has no config.json")
-    with open(config_path, encoding="utf-8") as f:
+    with fs.open(config_path, encoding="utf-8") as f:
         config = json.load(f)
     files = _weight_files(path)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -375,10 +380,10 @@ def write_hf_dir(
     with_heads = "predictions" in params
     state = hf_state_dict_from(params, config, base_model_keys=not with_heads)
     written = ["config.json", SAFETENSORS_NAME]
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+    with fs.open(fs.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_config_from(config, with_heads=with_heads), f, indent=2, sort_keys=True)
         f.write("\n")
-    write_safetensors(os.path.join(path, SAFETENSORS_NAME), state, {"format": "pt"})
+    write_safetensors(fs.join(path, SAFETENSORS_NAME), state, {"format": "pt"})
     if tokenizer is not None:
         written += write_hf_tokenizer(path, tokenizer, config)
     return written
@@ -410,7 +415,7 @@ def write_hf_tokenizer(path: str, tokenizer: Any, config: BertConfig) -> list[st
     tokenizer.save(path)
     files = sorted(
         name
-        for name in os.listdir(path)
+        for name in fs.listdir(path)
         if name in (tokenizer_lib.VOCAB_NAME, tokenizer_lib.SPM_NAME, tokenizer_lib.CONFIG_NAME)
     )
     if tokenizer.kind == "wordpiece":
@@ -436,7 +441,7 @@ def write_hf_tokenizer(path: str, tokenizer: Any, config: BertConfig) -> list[st
         ("tokenizer_config.json", tok_config),
         ("special_tokens_map.json", special),
     ):
-        with open(os.path.join(path, name), "w", encoding="utf-8") as f:
+        with fs.open(fs.join(path, name), "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2, sort_keys=True)
             f.write("\n")
         files.append(name)

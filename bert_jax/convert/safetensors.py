@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.convert.strict import ConversionError
 
 
@@ -65,9 +66,7 @@ class SafetensorsFile:
                 f"{self.path}: tensor {name!r} claims shape {shape} {info['dtype']} but holds "
                 f"{end - begin} bytes (a truncated or corrupt file)"
             )
-        with open(self.path, "rb") as f:
-            f.seek(self.data_start + begin)
-            raw = f.read(end - begin)
+        raw = fs.read_range(self.path, self.data_start + begin, self.data_start + end)
         if len(raw) != end - begin:
             raise ConversionError(
                 f"{self.path}: tensor {name!r} is cut short ({len(raw)} of {end - begin} bytes): "
@@ -79,8 +78,8 @@ class SafetensorsFile:
 def read_safetensors(path: str | os.PathLike) -> SafetensorsFile:
     """Opens a safetensors file and validates its header (tensors are read on demand)."""
     path = os.fspath(path)
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    size = fs.getsize(path)
+    with fs.open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
             raise ConversionError(f"{path} is not a safetensors file (shorter than 8 bytes)")
@@ -128,7 +127,7 @@ def write_safetensors(
         arrays.append(array)
     encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as f:
+    with fs.open(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
         for array in arrays:

@@ -16,7 +16,6 @@ TensorFlow is imported only when a checkpoint is read.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.convert import strict
 from bert_jax.convert.strict import ConversionError, ConversionReport
 from bert_jax.model import BertConfig
@@ -83,23 +83,25 @@ def find_checkpoint(path: str | os.PathLike) -> str:
     """The checkpoint prefix for `path`: a prefix itself, or a directory holding one.
 
     In a directory: the `checkpoint` state file's latest entry, else the only `*.index`, else the
-    highest `-N` step among several.
+    highest `-N` step among several. `path` may be a gs:// URL (TensorFlow reads the bucket).
     """
     path = os.fspath(path)
-    if os.path.exists(path + ".index"):
+    if fs.is_remote(path):
+        path = fs.abspath(path)
+    if fs.exists(path + ".index"):
         return path
-    if not os.path.isdir(path):
+    if not fs.isdir(path):
         raise ConversionError(f"{path} is neither a checkpoint directory nor a checkpoint prefix")
-    if os.path.exists(os.path.join(path, "checkpoint")):
+    if fs.exists(fs.join(path, "checkpoint")):
         tf = _tensorflow()
         latest = tf.train.latest_checkpoint(path)
-        if latest and os.path.exists(latest + ".index"):
+        if latest and fs.exists(latest + ".index"):
             return latest
-    prefixes = sorted(p[: -len(".index")] for p in glob.glob(os.path.join(path, "*.index")))
+    prefixes = sorted(p[: -len(".index")] for p in fs.glob(fs.join(path, "*.index")))
     if len(prefixes) == 1:
         return prefixes[0]
     if not prefixes:
-        present = ", ".join(sorted(os.listdir(path))) or "nothing"
+        present = ", ".join(sorted(fs.listdir(path))) or "nothing"
         raise ConversionError(
             f"{path} holds no TF checkpoint (*.index; found: {present}); Google's release has "
             "bert_model.ckpt.index and bert_model.ckpt.data-00000-of-00001"
@@ -107,7 +109,7 @@ def find_checkpoint(path: str | os.PathLike) -> str:
     steps = [re.search(r"-(\d+)$", p) for p in prefixes]
     if all(steps):
         return max(zip(steps, prefixes), key=lambda sp: int(sp[0].group(1)))[1]
-    names = ", ".join(os.path.basename(p) for p in prefixes)
+    names = ", ".join(fs.basename(p) for p in prefixes)
     raise ConversionError(f"{path} holds several checkpoints ({names}); pass one prefix")
 
 
@@ -138,11 +140,11 @@ class TF1Checkpoint:
 def read_tf1_dir(path: str | os.PathLike) -> TF1Checkpoint:
     """Opens a checkpoint (directory or prefix) with bert_config.json beside it."""
     prefix = find_checkpoint(path)
-    directory = os.fspath(path) if os.path.isdir(path) else os.path.dirname(prefix)
-    config_path = os.path.join(directory, CONFIG_NAME)
-    if not os.path.exists(config_path):
+    directory = os.fspath(path) if fs.isdir(path) else fs.dirname(prefix)
+    config_path = fs.join(directory, CONFIG_NAME)
+    if not fs.exists(config_path):
         raise ConversionError(f"{directory} has no {CONFIG_NAME} (Google's model config)")
-    with open(config_path, encoding="utf-8") as f:
+    with fs.open(config_path, encoding="utf-8") as f:
         config, notes = config_from_tf1(json.load(f))
     tf = _tensorflow()
     try:
@@ -163,7 +165,7 @@ def read_tf1_dir(path: str | os.PathLike) -> TF1Checkpoint:
                 f"file?): {type(err).__name__}: {err}"
             ) from err
 
-    vocab = os.path.join(directory, VOCAB_NAME)
+    vocab = fs.join(directory, VOCAB_NAME)
     return TF1Checkpoint(
         os.fspath(path),
         prefix,
@@ -171,7 +173,7 @@ def read_tf1_dir(path: str | os.PathLike) -> TF1Checkpoint:
         notes,
         shapes,
         read,
-        vocab if os.path.exists(vocab) else None,
+        vocab if fs.exists(vocab) else None,
     )
 
 

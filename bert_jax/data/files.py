@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -59,6 +60,26 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 def write_json_atomic(path: str, payload: dict) -> None:
     text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def local_then_place(path: str, suffix: str = "") -> Iterator[str]:
+    """A local file name for a writer that takes only local paths (matplotlib's savefig) to
+    write `path`'s content under; when the block ends it is renamed into place, or uploaded
+    (one upload: whole or nothing) when `path` is in a bucket. `suffix`: the name's ending."""
+    if fs.is_remote(path):
+        with tempfile.TemporaryDirectory(prefix="bert-jax-") as directory:
+            local = os.path.join(directory, "upload" + suffix)
+            yield local
+            fs.upload(local, path)
+        return
+    tmp = temporary_name(path) + suffix
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 # --- Replacing output directories ---

@@ -23,12 +23,12 @@ sub-tokens around the sentence in its document (half before, half after), unlabe
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.errors import UserError
 
 TASK_NAME = "conll2003"
@@ -65,11 +65,10 @@ def _check_tag(tag: str, where: str) -> None:
 
 def read_conll(path: str) -> list[Sentence]:
     """Sentences of one CoNLL column file, with their document numbers."""
-    if not os.path.isfile(path):
+    if not fs.isfile(path):
         raise NerDataError(f"CoNLL file not found: {path}")
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        lines = fs.read_bytes(path).decode("utf-8").splitlines()
     except UnicodeDecodeError as error:
         raise NerDataError(f"{path}: not UTF-8 text ({error})") from None
     sentences: list[Sentence] = []
@@ -116,8 +115,8 @@ def read_conll(path: str) -> list[Sentence]:
 
 def split_path(data: str, split: str) -> str | None:
     for name in SPLIT_FILES[split]:
-        path = os.path.join(data, name)
-        if os.path.isfile(path):
+        path = fs.join(data, name)
+        if fs.isfile(path):
             return path
     return None
 
@@ -125,7 +124,7 @@ def split_path(data: str, split: str) -> str | None:
 def check_files(data: str) -> None:
     if data == "tfds" or data.startswith("tfds:"):
         return
-    if not os.path.isdir(data):
+    if not fs.isdir(data):
         raise NerDataError(f"CoNLL-2003 data directory not found: {data}")
     for split in ("train", "dev"):
         if split_path(data, split) is None:

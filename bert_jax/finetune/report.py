@@ -17,13 +17,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from bert_jax import fs
+from bert_jax.data import files
 from bert_jax.finetune import metrics as glue_metrics
 from bert_jax.finetune.tasks import TASK_ORDER, get_task
 
@@ -158,10 +158,7 @@ def summary(
 
 
 def _write_text_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    files.write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def results_json(
@@ -399,9 +396,8 @@ def plot_task(
         f"{task_name}: dev {METRIC_LABELS[metric]} vs learning rate ({len(seeds)} seeds)"
     )
     axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}.png"
-    figure.savefig(tmp, bbox_inches="tight")
-    os.replace(tmp, path)
+    with files.local_then_place(path, ".png") as local:  # uploaded when `path` is in a bucket
+        figure.savefig(local, bbox_inches="tight")
 
 
 def write_reports(
@@ -428,19 +424,19 @@ def write_reports(
         "selection": "best dev score in the paper's metric per task (MNLI: mean of m and mm)",
     }
     written = []
-    path = os.path.join(workdir, "results.json")
+    path = fs.join(workdir, "results.json")
     _write_text_atomic(path, json.dumps(results_json(records, best, protocol), indent=2) + "\n")
     written.append(path)
-    path = os.path.join(workdir, "results.csv")
+    path = fs.join(workdir, "results.csv")
     _write_text_atomic(path, results_csv(records, best))
     written.append(path)
-    path = os.path.join(workdir, "results.md")
+    path = fs.join(workdir, "results.md")
     _write_text_atomic(path, results_markdown(records, best, protocol))
     written.append(path)
-    plots = os.path.join(workdir, "plots")
-    os.makedirs(plots, exist_ok=True)
+    plots = fs.join(workdir, "plots")
+    fs.makedirs(plots, exist_ok=True)
     for task_name in _ordered_tasks(best):
-        path = os.path.join(plots, f"{get_task(task_name).name}.png")
+        path = fs.join(plots, f"{get_task(task_name).name}.png")
         plot_task(path, task_name, [r for r in records if r["task"] == task_name], best[task_name])
         written.append(path)
     return written

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from bert_jax import fs
 from bert_jax.errors import UserError
 
 VERSIONS = ("v1.1", "v2.0")
@@ -119,10 +119,10 @@ def parse_squad(payload: Any, path: str) -> list[SquadExample]:
 
 def read_json(path: str) -> tuple[list[SquadExample], dict]:
     """Examples and the raw document (the official metric reads the same structure)."""
-    if not os.path.isfile(path):
+    if not fs.isfile(path):
         raise SquadDataError(f"SQuAD file not found: {path}")
     try:
-        with open(path, encoding="utf-8") as f:
+        with fs.open(path, encoding="utf-8") as f:
             payload = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SquadDataError(f"{path}: not valid UTF-8 JSON ({error})") from None
@@ -132,14 +132,14 @@ def read_json(path: str) -> tuple[list[SquadExample], dict]:
 def split_files(data: str, version: str, dev_data: str | None = None) -> tuple[str, str]:
     """(train JSON, dev JSON) from `--data` (a directory or the train file) and `--dev-data`."""
     names = {split: f"{split}-{version}.json" for split in ("train", "dev")}
-    if os.path.isdir(data):
-        train, dev = (os.path.join(data, names[s]) for s in ("train", "dev"))
+    if fs.isdir(data):
+        train, dev = (fs.join(data, names[s]) for s in ("train", "dev"))
     else:
         train = data
-        dev = os.path.join(os.path.dirname(os.path.abspath(data)), names["dev"])
+        dev = fs.join(fs.dirname(fs.abspath(data)), names["dev"])
     dev = dev_data or dev
     for path in (train, dev):
-        if not os.path.isfile(path):
+        if not fs.isfile(path):
             raise SquadDataError(
                 f"SQuAD file not found: {path} (pass a directory holding {names['train']} and "
                 f"{names['dev']}, or the train file and --dev-data)"

@@ -22,13 +22,14 @@ import datetime
 import json
 import logging
 import os
-import shutil
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
+from bert_jax import fs
+from bert_jax.data import files
 from bert_jax.finetune import report
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.features import TaskData, load_task_data
@@ -78,7 +79,7 @@ class Trial:
         return f"{self.task.name}/lr={self.learning_rate:g}_seed={self.seed}"
 
     def directory(self, workdir: str) -> str:
-        return os.path.join(
+        return fs.join(
             workdir, "trials", self.task.name, f"lr={self.learning_rate:g}_seed={self.seed}"
         )
 
@@ -115,21 +116,13 @@ def trials_for(
 
 
 def write_json_atomic(path: str, payload: Any) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    files.write_json_atomic(path, payload)
 
 
 def write_submission_tsv(path: str, guids: Sequence[str], predictions: Sequence[str]) -> None:
     """`index<TAB>prediction` per test row, as the GLUE server reads it (written atomically)."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write("index\tprediction\n")
-        for guid, prediction in zip(guids, predictions, strict=True):
-            f.write(f"{guid}\t{prediction}\n")
-    os.replace(tmp, path)
+    rows = [f"{guid}\t{prediction}\n" for guid, prediction in zip(guids, predictions, strict=True)]
+    files.write_bytes_atomic(path, ("index\tprediction\n" + "".join(rows)).encode("utf-8"))
 
 
 def trial_record(
@@ -153,10 +146,10 @@ def load_finished(
     trial: Trial, workdir: str, settings: FinetuneSettings, model: str
 ) -> dict[str, Any] | None:
     """The trial's saved record when it finished with matching settings; None when not finished."""
-    path = os.path.join(trial.directory(workdir), RESULT_NAME)
-    if not os.path.exists(path):
+    path = fs.join(trial.directory(workdir), RESULT_NAME)
+    if not fs.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
+    with fs.open(path, encoding="utf-8") as f:
         record = json.load(f)
     want = settings.to_dict()
     differ = [
@@ -201,12 +194,12 @@ def run_trial(
     result = finetune(encoder, task_data, trial_settings, mesh=mesh, log=log)
     record = trial_record(trial, result, model, data, run_id)
     if is_writer():
-        os.makedirs(directory, exist_ok=True)
+        fs.makedirs(directory, exist_ok=True)
         for split, (guids, predictions) in result.test_predictions.items():
             write_submission_tsv(
-                os.path.join(directory, submission_file(trial.task, split)), guids, predictions
+                fs.join(directory, submission_file(trial.task, split)), guids, predictions
             )
-        write_json_atomic(os.path.join(directory, RESULT_NAME), record)
+        write_json_atomic(fs.join(directory, RESULT_NAME), record)
     return record
 
 
@@ -235,14 +228,14 @@ def run_single(
     task_data = load_task_data(data, spec, encoder.tokenizer, settings.max_seq_length, test_splits)
     trial = Trial(spec, settings.learning_rate, settings.seed)
     run_id = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-    model_name = os.path.abspath(model) if isinstance(model, str) else model.source
+    model_name = fs.abspath(model) if isinstance(model, str) else model.source
     return run_trial(
         trial,
         encoder,
         model_name,
         task_data,
         data,
-        os.path.abspath(workdir),
+        fs.abspath(workdir),
         settings,
         mesh,
         run_id,
@@ -262,18 +255,17 @@ def select_best(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def copy_submission(best: dict[str, dict[str, Any]], workdir: str) -> list[str]:
     """Copy each task's selected trial's prediction files into `workdir/submission/`."""
-    target = os.path.join(workdir, SUBMISSION_DIR)
-    os.makedirs(target, exist_ok=True)
+    target = fs.join(workdir, SUBMISSION_DIR)
+    fs.makedirs(target, exist_ok=True)
     written = []
     for task_name, record in best.items():
         source = Trial(get_task(task_name), record["learning_rate"], record["seed"]).directory(
             workdir
         )
         for name in record.get("test_files", []):
-            tmp = os.path.join(target, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
-            shutil.copyfile(os.path.join(source, name), tmp)
-            os.replace(tmp, os.path.join(target, name))
-            written.append(os.path.join(target, name))
+            data = fs.read_bytes(fs.join(source, name))
+            files.write_bytes_atomic(fs.join(target, name), data)
+            written.append(fs.join(target, name))
     return written
 
 
@@ -366,7 +358,7 @@ def run_sweep(
     # The model is loaded only when a trial has to run: a finished sweep rewrites its reports
     # without reading any weights.
     encoder = None if isinstance(model, str) else model
-    model_source = os.path.abspath(model) if isinstance(model, str) else model.source
+    model_source = fs.abspath(model) if isinstance(model, str) else model.source
     run_id = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
     records: list[dict[str, Any]] = []

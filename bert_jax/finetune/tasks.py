@@ -29,6 +29,8 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
+from bert_jax import fs
+
 # Which split names a task has, and the GLUE-server file each test split's predictions go to.
 TRAIN = "train"
 
@@ -84,7 +86,7 @@ class TaskSpec:
         return 1 if self.labels is None else len(self.labels)
 
     def split_file(self, data_dir: str, split: str) -> str:
-        return os.path.join(data_dir, self.directory, f"{split}.tsv")
+        return fs.join(data_dir, self.directory, f"{split}.tsv")
 
 
 def _pair(text_a: str, text_b: str, label: str | None) -> Columns:
@@ -277,14 +279,13 @@ def read_tsv(
     path: str, task: TaskSpec, columns: Columns, labeled: bool, split: str
 ) -> list[Example]:
     """Examples of one GLUE file. `labeled=False` reads test files (labels are None)."""
-    if not os.path.isfile(path):
+    if not fs.isfile(path):
         raise GlueDataError(
             f"{task.name} {split} file not found: {path} (expected the standard GLUE layout, "
             f"e.g. {task.directory}/{split}.tsv)"
         )
-    # utf-8-sig: MRPC's header starts with a byte-order mark.
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        lines = f.read().split("\n")
+    # utf-8-sig: MRPC's header starts with a byte-order mark. No newline translation.
+    lines = fs.read_bytes(path).decode("utf-8-sig").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     header: list[str] | None = None
@@ -344,7 +345,7 @@ def read_split(data: str, task: TaskSpec | str, split: str) -> list[Example]:
     if data == "tfds" or data.startswith("tfds:"):
         return read_tfds(task, split, data_dir=data[5:] or None)
     if split == "diagnostic":
-        path = os.path.join(data, DIAGNOSTIC_FILE)
+        path = fs.join(data, DIAGNOSTIC_FILE)
         return read_tsv(path, task, DIAGNOSTIC_COLUMNS, labeled=False, split=split)
     test = is_test_split(split)
     columns = task.test_columns if test else task.labeled_columns
@@ -361,11 +362,11 @@ def available_test_splits(data: str, task: TaskSpec) -> list[str]:
     present = []
     for split in splits:
         path = (
-            os.path.join(data, DIAGNOSTIC_FILE)
+            fs.join(data, DIAGNOSTIC_FILE)
             if split == "diagnostic"
             else task.split_file(data, split)
         )
-        if os.path.isfile(path):
+        if fs.isfile(path):
             present.append(split)
     return present
 
@@ -374,11 +375,11 @@ def check_task_files(data: str, task: TaskSpec) -> None:
     """Fail early, naming the file, when a local GLUE directory lacks a train or dev file."""
     if data == "tfds" or data.startswith("tfds:"):
         return
-    if not os.path.isdir(data):
+    if not fs.isdir(data):
         raise GlueDataError(f"GLUE data directory not found: {data}")
     for split in (TRAIN, *task.dev_splits):
         path = task.split_file(data, split)
-        if not os.path.isfile(path):
+        if not fs.isfile(path):
             raise GlueDataError(
                 f"{task.name} {split} file not found: {path} (expected the standard GLUE "
                 f"layout, e.g. {task.directory}/{split}.tsv)"

@@ -19,12 +19,12 @@ import dataclasses
 import datetime
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 
+from bert_jax import fs
 from bert_jax.data import files
 from bert_jax.finetune import ner, squad, squad_eval, token_loop
 from bert_jax.finetune import workdir as finetune_workdir
@@ -123,7 +123,7 @@ def run_token_task(
     else:
         result, outputs = _run_ner(encoder, splits, settings, options, log, mesh)
     result.update(
-        model=os.path.abspath(model) if isinstance(model, str) else encoder.source,
+        model=fs.abspath(model) if isinstance(model, str) else encoder.source,
         data=data,
         settings=settings.to_dict(),
         options=dataclasses.asdict(options),
@@ -132,12 +132,12 @@ def run_token_task(
     if _is_writer():
         workdir = finetune_workdir.open_workdir(workdir, "finetune")
         for name, text in outputs.items():
-            _write_text(os.path.join(workdir, name), text)
-        _write_text(os.path.join(workdir, "results.md"), results_markdown(result))
-        os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+            _write_text(fs.join(workdir, name), text)
+        _write_text(fs.join(workdir, "results.md"), results_markdown(result))
+        fs.makedirs(fs.join(workdir, "plots"), exist_ok=True)
         plot_name = result["task"].replace("/", "-") + ".png"
-        plot_history(os.path.join(workdir, "plots", plot_name), result)
-        files.write_json_atomic(os.path.join(workdir, "result.json"), result)
+        plot_history(fs.join(workdir, "plots", plot_name), result)
+        files.write_json_atomic(fs.join(workdir, "result.json"), result)
     return result
 
 
@@ -300,13 +300,8 @@ def plot_history(path: str, result: Mapping[str, Any]) -> None:
     axes.set_ylabel("%")
     axes.set_title(f"{task}: dev figures during fine-tuning")
     axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    tmp = files.temporary_name(path) + ".png"
-    try:
-        figure.savefig(tmp, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with files.local_then_place(path, ".png") as local:  # uploaded when `path` is in a bucket
+        figure.savefig(local, bbox_inches="tight")
 
 
 def results_markdown(result: Mapping[str, Any]) -> str:

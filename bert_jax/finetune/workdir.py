@@ -11,8 +11,7 @@ the current or home directory, or a pretraining workdir (`data.files.check_repla
 
 from __future__ import annotations
 
-import os
-
+from bert_jax import fs
 from bert_jax.data import files
 
 MARKER = "bert_jax_finetune.json"
@@ -36,9 +35,7 @@ _NAMES = (
 
 def is_finetune_workdir(path: str) -> bool:
     """Marked, or holding a result of a run from before the marker existed."""
-    return any(
-        os.path.exists(os.path.join(path, name)) for name in (MARKER, "result.json", "trials")
-    )
+    return any(fs.exists(fs.join(path, name)) for name in (MARKER, "result.json", "trials"))
 
 
 KIND = files.OutputKind(
@@ -51,16 +48,16 @@ KIND = files.OutputKind(
 
 def check_workdir(workdir: str) -> None:
     """Refuses a `workdir` this command must not write into (see the module docstring)."""
-    files.check_replaceable(os.path.abspath(workdir), KIND, action="write into")
+    files.check_replaceable(fs.abspath(workdir), KIND, action="write into")
 
 
 def open_workdir(workdir: str, command: str, writer: bool = True) -> str:
     """Checks `workdir` (see the module docstring), creates and marks it; its absolute path."""
-    workdir = os.path.abspath(workdir)
+    workdir = fs.abspath(workdir)
     check_workdir(workdir)
     if writer:
-        os.makedirs(workdir, exist_ok=True)
-        marker = os.path.join(workdir, MARKER)
-        if not os.path.exists(marker):
+        fs.makedirs(workdir, exist_ok=True)
+        marker = fs.join(workdir, MARKER)
+        if not fs.exists(marker):
             files.write_json_atomic(marker, {"written_by": f"bert-jax {command}"})
     return workdir
