@@ -77,11 +77,8 @@ def model_config(size: str) -> ml_collections.ConfigDict:
             "attention_impl": "auto",
             "sparse_last_layer": True,
             "dropout_impl": "hash",
-            # Word-embedding rows padded to a multiple of 128 (30522 -> 30592): the table then
-            # divides over a tensor axis of up to 128 devices (see model.BertConfig).
-            "vocab_pad_multiple": 128,
-            # Per-layer rematerialization: "none", "full" or "dots" (model.BertConfig.remat).
-            "remat": "none",
+            "vocab_pad_multiple": 128,  # 30522 -> 30592 rows: splits over <= 128 devices
+            "remat": "none",  # per-layer rematerialization: none|full|dots (model.BertConfig)
         }
     )
 
@@ -188,9 +185,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "shape": (-1, 1, 1),
             # Logical axis -> mesh axes, tried in order (see bert_jax/partitioning.py).
             "rules": partitioning.DEFAULT_RULES,
-            # ZeRO stage 1: the optimizer slots also sharded over `data`, so each data-parallel
-            # replica updates only its slice (partitioning.optimizer_state_rules).
-            "shard_optimizer_state": False,
+            "shard_optimizer_state": False,  # ZeRO 1: Adam slots split over `data` too
         }
     )
     return config
