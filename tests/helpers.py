@@ -93,3 +93,24 @@ REAL_SENTENCES = [
     "Where is the nearest train station?",
     "JAX transforms pure functions: grad, jit, vmap and pmap.",
 ]
+
+
+# The one-layer, one-phase pretraining run (seq 32, 5 predictions, batch 8) that the fault and
+# gs:// tests drive through `bert-jax pretrain`, as --config.KEY=VALUE pairs.
+TINY_PRETRAIN_FLAGS = {
+    "model.vocab_size": 1000,
+    "model.num_hidden_layers": 1,
+    "model.hidden_size": 64,
+    "model.num_attention_heads": 2,
+    "model.intermediate_size": 128,
+    "model.max_position_embeddings": 64,
+    "phase1.fraction": 1.0,
+    "phase2.fraction": 0.0,
+    "phase1.max_seq_length": 32,
+    "phase1.max_predictions_per_seq": 5,
+    "phase1.batch_size": 8,
+    "optimizer.warmup_steps": 3,
+    "optimizer.learning_rate": 1e-3,
+    "data.shuffle_buffer_size": 100,
+    "eval.every_steps": 0,
+}

@@ -21,6 +21,7 @@ import pytest
 from bert_jax import metrics, pretrain
 from bert_jax import workdir as workdir_lib
 from tests.faults import assert_user_error, run_cli, tree_digest
+from tests.helpers import TINY_PRETRAIN_FLAGS
 from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, sigterm_at, small_config
 
 __all__ = ["shared_dirs"]  # the session fixture, shared with test_pretrain
@@ -49,24 +50,10 @@ def copy_run(run, tmp_path) -> str:
 def pretrain_argv(shared_dirs, workdir, total_steps=4, **more) -> list[str]:
     """`bert-jax pretrain` with the shared run's config (small_config, one phase)."""
     values = {
-        "model.vocab_size": 1000,
-        "model.num_hidden_layers": 1,
-        "model.hidden_size": 64,
-        "model.num_attention_heads": 2,
-        "model.intermediate_size": 128,
-        "model.max_position_embeddings": 64,
+        **TINY_PRETRAIN_FLAGS,
         "total_steps": total_steps,
-        "phase1.fraction": 1.0,
-        "phase2.fraction": 0.0,
-        "phase1.max_seq_length": 32,
-        "phase1.max_predictions_per_seq": 5,
-        "phase1.batch_size": 8,
-        "optimizer.warmup_steps": 3,
-        "optimizer.learning_rate": 1e-3,
         "data.tokenizer": shared_dirs["tokenizer"],
         "data.cache_dir": shared_dirs["cache"],
-        "data.shuffle_buffer_size": 100,
-        "eval.every_steps": 0,
         "checkpoint.every_steps": 4,
         "log_every_steps": 1,
         "export_model": False,

@@ -27,6 +27,7 @@ from bert_jax import fs
 from bert_jax import workdir as workdir_lib
 from tests import gcs_emulator
 from tests.faults import run_cli
+from tests.helpers import TINY_PRETRAIN_FLAGS
 
 pytestmark = pytest.mark.gcs
 
@@ -89,23 +90,9 @@ def prepare_argv(source, tokenizer, output):
 
 def pretrain_argv(data, workdir, total_steps=8, every=2) -> list[str]:
     values = {
-        "model.vocab_size": 1000,
-        "model.num_hidden_layers": 1,
-        "model.hidden_size": 64,
-        "model.num_attention_heads": 2,
-        "model.intermediate_size": 128,
-        "model.max_position_embeddings": 64,
+        **TINY_PRETRAIN_FLAGS,
         "total_steps": total_steps,
-        "phase1.fraction": 1.0,
-        "phase2.fraction": 0.0,
-        "phase1.max_seq_length": 32,
-        "phase1.max_predictions_per_seq": 5,
-        "phase1.batch_size": 8,
         "phase1.data": data,
-        "optimizer.warmup_steps": 3,
-        "optimizer.learning_rate": 1e-3,
-        "data.shuffle_buffer_size": 100,
-        "eval.every_steps": 0,
         "checkpoint.every_steps": every,
         "log_every_steps": 1,
     }
@@ -368,6 +355,18 @@ def test_finetune_and_glue_read_and_write_the_bucket(emulator, tmp_path, capsys)
     assert fs.listdir(f"{BUCKET}/theirs_ft") == ["notes.txt"]
 
 
+def _pretrain_here(capsys, argv) -> str:
+    """`bert-jax pretrain` in this process; asserts exit 0 and returns all it printed."""
+    from bert_jax import cli
+
+    capsys.readouterr()
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 0, out
+    return out
+
+
 def test_uncommitted_save_is_set_aside_and_resume_from_reads_the_bucket(emulator, capsys):
     """A save killed midway in a bucket leaves `<step>/` without commit_success.txt (written here
     by hand: the end-to-end run's step 8 copied without its marker, as a SIGKILL between the
@@ -378,13 +377,7 @@ def test_uncommitted_save_is_set_aside_and_resume_from_reads_the_bucket(emulator
         if not path.endswith("/commit_success.txt"):
             fs.write_bytes(f"{workdir}/checkpoints/8" + path[len(source) :], fs.read_bytes(path))
     argv = pretrain_argv(f"{BUCKET}/data", workdir, total_steps=10, every=2)
-    from bert_jax import cli
-
-    capsys.readouterr()
-    code = cli.main([*argv, f"--config.resume_from={BUCKET}/run"])
-    captured = capsys.readouterr()
-    out = captured.out + captured.err
-    assert code == 0, out
+    out = _pretrain_here(capsys, [*argv, f"--config.resume_from={BUCKET}/run"])
     assert "set aside checkpoint save(s) an interrupted run never committed" in out, out
     assert f"starting at step 8 from config.resume_from={BUCKET}/run step 8" in out, out
     names = fs.listdir(f"{workdir}/checkpoints")
@@ -399,15 +392,9 @@ def test_uncommitted_save_is_set_aside_and_resume_from_reads_the_bucket(emulator
 def test_init_from_reads_a_model_directory_in_the_bucket(emulator, capsys):
     """`config.init_from` from the end-to-end run's exported model in the bucket: its parameters
     are read (shapes checked against the config) and the new run trains and checkpoints."""
-    from bert_jax import cli
-
     workdir = f"{BUCKET}/from_model"
     argv = pretrain_argv(f"{BUCKET}/data", workdir, total_steps=2, every=2)
-    capsys.readouterr()
-    code = cli.main([*argv, f"--config.init_from={BUCKET}/run/model"])
-    captured = capsys.readouterr()
-    out = captured.out + captured.err
-    assert code == 0, out
+    out = _pretrain_here(capsys, [*argv, f"--config.init_from={BUCKET}/run/model"])
     assert f"starting at step 0 from config.init_from={BUCKET}/run/model (params only)" in out, out
     rows = [json.loads(line) for line in fs.read_text(f"{workdir}/metrics.jsonl").splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
