@@ -110,17 +110,21 @@ class CompileReport:
         return all(p.peak_bytes <= self.device_memory_bytes for p in self.phases)
 
     def estimates(self, phase: PhaseCompile) -> dict[str, float] | None:
-        """tokens/s, model TFLOP/s per device and MFU from the cost model's step time."""
+        """tokens/s, model TFLOP/s per device and MFU from the cost model's step time; on a TPU
+        target also the least time the collectives need on the inter-chip links."""
         seconds = phase.step_seconds
         if not seconds or seconds <= 0:
             return None
         tflops = phase.model_flops / seconds / self.num_devices / 1e12
-        return {
+        estimate = {
             "step_seconds": seconds,
             "tokens_per_second": phase.tokens_per_step / seconds,
             "model_tflops_per_device": tflops,
             "mfu": tflops * 1e12 / self.peak_flops if self.peak_flops else float("nan"),
         }
+        if self.target is not None:  # what the step estimate leaves out: `cost_model.link_bytes`
+            estimate["link_seconds"] = phase.cost.link_bytes / self.target.ici_bytes_per_second
+        return estimate
 
 
 class DoesNotFitError(RuntimeError):
@@ -315,6 +319,16 @@ def _bytes(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n < GIB else _gib(int(n))
 
 
+def _links(report: CompileReport, estimate: dict[str, float]) -> str:
+    if "link_seconds" not in estimate or not report.target:
+        return ""
+    rate = report.target.generation.ici_gbytes_per_s
+    return (
+        f"; on the inter-chip links at least {estimate['link_seconds'] * 1e3:.2f} ms at "
+        f"{rate:g} GB/s per chip, not in the step estimate (hidden only where XLA overlaps them)"
+    )
+
+
 def format_report(report: CompileReport) -> str:
     where = f"{report.num_devices} {report.platform} device(s) ({report.device_kind})"
     if report.target is not None:
@@ -342,7 +356,7 @@ def format_report(report: CompileReport) -> str:
                 f"{estimate['tokens_per_second']:,.0f} tokens/s, "
                 f"{estimate['model_tflops_per_device']:.1f} model TFLOP/s per chip, "
                 f"MFU {estimate['mfu']:.1%} (every position counted as real); collectives "
-                f"per chip per step: {moved or 'none'}"
+                f"per chip per step: {moved or 'none'}{_links(report, estimate)}"
             )
     worst = max(report.phases, key=lambda p: p.peak_bytes)
     if report.device_memory_bytes is None:

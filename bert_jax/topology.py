@@ -36,18 +36,22 @@ class Generation:
     dims: int  # torus dimensions
     hbm_gib: float  # per chip
     peak_bf16_tflops: float  # dense, per chip
+    ici_gbytes_per_s: float  # inter-chip links, per chip, one direction
     device_kind: str  # what `jax.Device.device_kind` reports
     chip_config_name: str | None = None  # libtpu's name for "one device per chip", if needed
 
 
-# HBM and dense bf16 peak per chip, as Google Cloud's TPU pages list them.
+# HBM, dense bf16 peak and inter-chip bandwidth per chip, as Google Cloud's TPU pages list them.
+# The ICI figure is one direction: half the pages' bidirectional bandwidth per chip (v5p 1200,
+# v5e 400, v6e 800 GB/s), which is also their pod all-reduce bandwidth over the pod's chips
+# (v5e 51.2 TB/s / 256, v6e 102.4 TB/s / 256); v4's page gives only the latter (1.1 PB/s / 4096).
 GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
-        Generation("v4", "v4-", 2, 3, 32, 275.0, "TPU v4", "megacore"),
-        Generation("v5p", "v5p-", 2, 3, 95, 459.0, "TPU v5"),
-        Generation("v5e", "v5litepod-", 1, 2, 16, 197.0, "TPU v5 lite"),
-        Generation("v6e", "v6e-", 1, 2, 32, 918.0, "TPU v6 lite"),
+        Generation("v4", "v4-", 2, 3, 32, 275.0, 268.0, "TPU v4", "megacore"),
+        Generation("v5p", "v5p-", 2, 3, 95, 459.0, 600.0, "TPU v5"),
+        Generation("v5e", "v5litepod-", 1, 2, 16, 197.0, 200.0, "TPU v5 lite"),
+        Generation("v6e", "v6e-", 1, 2, 32, 918.0, 400.0, "TPU v6 lite"),
     )
 }
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e"}
@@ -83,6 +87,10 @@ class TpuTarget:
     @property
     def peak_flops(self) -> float:
         return self.generation.peak_bf16_tflops * 1e12
+
+    @property
+    def ici_bytes_per_second(self) -> float:
+        return self.generation.ici_gbytes_per_s * 1e9
 
     def devices(self) -> list:
         """The slice's compile-only TPU devices (every host's), from libtpu."""

@@ -40,7 +40,7 @@ def scripted_check(
             raise compile_check.DoesNotFitError(f"config.{phase.name} does not fit: scripted")
         per_micro = step_ms_per_sequence * per_replica * (1.2 if remat != "none" else 1)
         seconds = (per_micro + micro_ms) * accum / 1e3
-        cost = cost_model.ProgramCost(1e12, 1e9, seconds, 0, {"all-reduce": 1})
+        cost = cost_model.ProgramCost(1e12, 1e9, seconds, 0, {"all-reduce": 1}, link_bytes=1.2e8)
         update = cost_model.ProgramCost(0.0, 0.0, 1e-9, 0, {})
         compiled = compile_check.PhaseCompile(
             phase.name, phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq,
@@ -106,6 +106,7 @@ def test_rematerialization_is_tried_only_where_it_saves_micro_batches(monkeypatc
         ("phase1", (8, 1, 1), 1, "dots"),
         ("phase1", (1, 8, 1), 1),
     ]
+    assert "| est. MFU | ICI ms, at least | compile s |" in out
     assert "| phase1 | data parallel (8, 1, 1) | 16 | 2 | 64.00 | yes | 52.0 |" in out
     assert "| phase1 | data parallel (8, 1, 1), remat dots | 32 | 1 | 64.00 | yes | 48.4 |" in out
     assert "phase1: 900,000 steps x 42.0 ms with fsdp (1, 8, 1), 1 micro-batch" in out
@@ -138,6 +139,8 @@ def test_json_output_and_the_shipped_price_file(monkeypatch, capsys):
     assert result["accelerator_type"] == "v5litepod-16" and result["chips"] == 16
     meshes = {tuple(c["mesh"]) for c in result["candidates"]}
     assert meshes == {(16, 1, 1), (1, 4, 4)}  # fsdp with a tensor axis of 4 (12 heads)
+    # the collectives' least time on v5e's links (200 GB/s per chip and direction)
+    assert [c["link_seconds"] for c in result["candidates"]] == [pytest.approx(6e-4)] * 4
     shipped = plan.load_prices(None)
     assert result["price_per_chip_hour"] == shipped["usd_per_chip_hour"]["v5e"]
     assert shipped["source"] and shipped["date"]

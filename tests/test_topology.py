@@ -125,6 +125,13 @@ def test_unpriced_ops_and_collectives_are_read_from_the_hlo():
         "reduce-scatter": 16 * 4 * 8,  # its input: the result times the group
         "collective-permute": 32 * 4,
     }
+    # On the links (ring algorithms): the reduce-scatter's group is spelled out (8 devices),
+    # the permute sends its buffer; the others' groups are the module's partitions.
+    assert cost_model.link_bytes(hlo) == 7 / 8 * 16 * 4 * 8 + 32 * 4  # 1 partition
+    four = hlo.replace("HloModule m", "HloModule m, num_partitions=4")
+    assert cost_model.link_bytes(four) == pytest.approx(
+        2 * 3 / 4 * (1024 * 256 * 4 + 10 * 2) + 3 / 4 * 64 * 128 * 2 + 7 / 8 * 16 * 4 * 8 + 32 * 4
+    )
 
 
 def test_loop_bodies_count_as_often_as_they_run():
@@ -146,6 +153,7 @@ def test_loop_bodies_count_as_often_as_they_run():
             "}",
             "%body_in (p: (u32[])) -> (u32[]) {",
             op(10),
+            "  %cp = (f32[8]{0}, f32[8]{0}) collective-permute-start(%a), channel_id=9",
             '  %u = u32[4]{0} custom-call(%s), custom_call_target="ConcatBitcast"',
             "}",
             "%cond_out (p: (u32[])) -> pred[] {",
@@ -169,6 +177,7 @@ def test_loop_bodies_count_as_often_as_they_run():
     # once: 100 + 20 + 10; as run: 100 + 2 x (20 + 4 x 10).
     assert cost_model.loop_factor(hlo) == pytest.approx(220 / 130)
     assert cost_model.count_unpriced_ops(hlo) == 1  # the inner body's; not a branch's or fusion's
+    assert cost_model.link_bytes(hlo) == 2 * 4 * 8 * 4  # a permute in the inner body, 8 runs
     assert cost_model.loop_factor(hlo.replace("while(", "call(")) == 1.0
     assert cost_model.loop_factor("ENTRY %main () -> f32[] {\n}") == 1.0
 
@@ -187,6 +196,13 @@ def test_compile_for_a_tpu_reports_memory_cost_and_collectives():
         assert phase.step_seconds > bound > 0
         assert 0 < estimate["mfu"] < 1
         assert phase.cost.collective_bytes["all-reduce"] > 0  # data parallel: gradients
+        # which a ring all-reduce over 4 chips sends 2 x 3/4 of over the links (float32), at
+        # v5e's 200 GB/s per chip and direction; the cost model's step leaves this time out.
+        # XLA reduces only the position rows the phase uses (the rest are known zeros).
+        unused = (model.max_position_embeddings - phase.max_seq_length) * model.hidden_size
+        gradients = 4 * (config_lib.count_parameters(model) - unused)
+        assert 1.5 * gradients <= phase.cost.link_bytes <= 1.5 * gradients * 1.01
+        assert estimate["link_seconds"] == pytest.approx(phase.cost.link_bytes / 200e9)
         # XLA counts every op of the step per device: besides the matmuls the formula counts
         # (with the sparse last layer at the masked positions and [CLS]), the optimizer, the
         # dropout masks' hashing, LayerNorm, softmax, the loss: up to 29% at this size (one
@@ -206,6 +222,7 @@ def test_compile_for_a_tpu_reports_memory_cost_and_collectives():
     assert "phase2: global batch 16 x seq 128 (20 predictions): arguments" in text
     assert "XLA cost-model estimate (not a measurement): step" in text
     assert "collectives per chip per step: all-reduce" in text
+    assert "on the inter-chip links at least" in text and "at 200 GB/s per chip" in text
     assert "verdict: fits" in text and "device memory v5e HBM" in text
 
 
@@ -231,6 +248,28 @@ def test_fsdp_shards_arguments_and_memory_follows_the_micro_batch():
     assert whole.cost.loop_factor == 1.0 and micro.cost.loop_factor > 2.0
     assert 0.8 < micro.step_flops / whole.step_flops < 1.2
     assert 0.5 < micro.step_seconds / whole.step_seconds < 2.0
+
+
+def test_the_cost_model_prices_a_collective_as_memory_not_link_time():
+    """A 64 MiB float32 all-reduce over 4 v5e chips: XLA's cost model prices it near the HBM
+    traffic of reading and writing it, not the time a ring needs on the links (2 x 3/4 of it
+    at 200 GB/s per chip and direction): `cost_model.link_bytes` is what it leaves out."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    target = topology.parse("v5e:2x2")
+    mesh = Mesh(np.array(target.devices()), ("data",))
+    rows = jax.ShapeDtypeStruct(
+        (4, 2**24), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec("data"))
+    )
+    summed = jax.jit(lambda x: x.sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+    cost = cost_model.read_cost(summed.lower(rows).compile())
+    assert cost.collective_bytes == {"all-reduce": 2**26}
+    assert cost.link_bytes == 2 * 3 / 4 * 2**26
+    link_seconds = cost.link_bytes / target.ici_bytes_per_second
+    assert 0 < cost.seconds < link_seconds / 2, (cost.seconds, link_seconds)
 
 
 def test_a_model_that_cannot_fit_is_exit_4_naming_the_phase(capsys):
