@@ -216,11 +216,13 @@ def _update_cost(trainer: ShardedTrainer, state, mesh, rules) -> cost_model.Prog
         return optax.apply_updates(params, updates), opt_state
 
     shardings = trainer.state_shardings
+    grads = trainer.grad_shardings[1] if trainer.grad_shardings else shardings.params
     jitted = jax.jit(
         apply,
-        in_shardings=(shardings.params, shardings.opt_state, shardings.params),
+        in_shardings=(shardings.params, shardings.opt_state, grads),
         out_shardings=(shardings.params, shardings.opt_state),
         donate_argnums=(0, 1),
+        compiler_options=trainer.compiler_options,
     )
     args = (state.params, state.opt_state, state.params)
     return cost_model.read_cost(_compile(jitted, mesh, rules, *args, what="the optimizer update"))
@@ -250,7 +252,7 @@ def check(
     accum = int(config.grad_accum_steps)
     trainer = ShardedTrainer(
         model_config, tx, mesh, rules, schedule=schedule, accum_steps=accum,
-        shard_optimizer_state=bool(config.mesh.get("shard_optimizer_state", False)),
+        **config_lib.mesh_options(config),
     )  # fmt: skip
     state = trainer.abstract_state()
     rng = jax.eval_shape(lambda: jax.random.key(0))

@@ -186,9 +186,20 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             # Logical axis -> mesh axes, tried in order (see bert_jax/partitioning.py).
             "rules": partitioning.DEFAULT_RULES,
             "shard_optimizer_state": False,  # ZeRO 1: Adam slots split over `data` too
+            # XLA:TPU's windowed einsums for FSDP/tensor axes (partitioning.compiler_options);
+            # False turns them off (README, Performance: what XLA's cost model says of it).
+            "windowed_einsum": True,
         }
     )
     return config
+
+
+def mesh_options(config: ml_collections.ConfigDict) -> dict[str, bool]:
+    """The `config.mesh` settings `train.ShardedTrainer` takes besides the mesh and rules."""
+    return {
+        "shard_optimizer_state": bool(config.mesh.get("shard_optimizer_state", False)),
+        "windowed_einsum": bool(config.mesh.get("windowed_einsum", True)),
+    }
 
 
 def bert_config(config: ml_collections.ConfigDict) -> BertConfig:

@@ -152,6 +152,20 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+# XLA:TPU's size above which the SPMD partitioner splits a matmul whose operand must be
+# gathered (or whose result reduce-scattered) into a loop of partial matmuls and permutes
+# (windowed einsum, "collective matmul"); this threshold turns that off.
+_NO_WINDOWED_EINSUM = {"xla_jf_spmd_threshold_for_windowed_einsum_mib": 1_000_000}
+
+
+def compiler_options(mesh: Mesh, windowed_einsum: bool = True) -> dict[str, Any] | None:
+    """XLA options for steps on `mesh` (`mesh.windowed_einsum`): None keeps XLA's defaults;
+    other backends have no such option and always get None."""
+    if windowed_einsum or mesh.devices.flat[0].platform != "tpu":
+        return None
+    return dict(_NO_WINDOWED_EINSUM)
+
+
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Turns this host's part of the batch into global arrays sharded over the batch axes.
 

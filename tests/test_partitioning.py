@@ -203,3 +203,11 @@ def test_mesh_shape_errors():
         partitioning.make_mesh((4, 4, 1))
     with pytest.raises(ValueError, match="not a multiple of 3"):
         partitioning.make_mesh((-1, 3, 1))
+
+
+def test_compiler_options_only_for_tpu_steps():
+    """`mesh.windowed_einsum=False` is an XLA:TPU option; other backends reject unknown options,
+    so their steps get none (the TPU side is compiled in tests/test_topology.py)."""
+    mesh = partitioning.make_mesh((8, 1, 1))
+    assert partitioning.compiler_options(mesh, windowed_einsum=False) is None
+    assert partitioning.compiler_options(mesh) is None

@@ -248,6 +248,14 @@ def test_fsdp_shards_arguments_and_memory_follows_the_micro_batch():
     assert whole.cost.loop_factor == 1.0 and micro.cost.loop_factor > 2.0
     assert 0.8 < micro.step_flops / whole.step_flops < 1.2
     assert 0.5 < micro.step_seconds / whole.step_seconds < 2.0
+    # XLA:TPU splits one of FSDP's gathered matmuls into a windowed loop of permutes; with
+    # `mesh.windowed_einsum=False` the step compiles without them (partitioning.compiler_options)
+    assert fsdp.cost.collective_bytes.get("collective-permute", 0) > 0
+    plain = small_config(mesh=(1, 4, 1), **one_phase)
+    plain.mesh.windowed_einsum = False
+    unwindowed = compile_check.check(plain, target).phases[0]
+    assert "collective-permute" not in unwindowed.cost.collective_bytes
+    assert unwindowed.memory.argument == fsdp.memory.argument
 
 
 def test_the_cost_model_prices_a_collective_as_memory_not_link_time():
