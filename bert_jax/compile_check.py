@@ -224,7 +224,10 @@ def _update_cost(trainer: ShardedTrainer, state, mesh, rules) -> cost_model.Prog
         donate_argnums=(0, 1),
         compiler_options=trainer.compiler_options,
     )
-    args = (state.params, state.opt_state, state.params)
+    grads = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state.params, grads
+    )
+    args = (state.params, state.opt_state, grads)
     return cost_model.read_cost(_compile(jitted, mesh, rules, *args, what="the optimizer update"))
 
 
