@@ -104,7 +104,9 @@ def test_spec_from_config_follows_the_phase_and_model_overrides():
 
     config = config_lib.pretraining_config("base")
     config.model.attention_impl = "dot_product"
+    config.mesh.shard_optimizer_state, config.mesh.windowed_einsum = True, False
     spec = bench_spec.spec_from_config(config, seq_len=512, batch_size=4)
+    assert spec.shard_optimizer_state and not spec.windowed_einsum  # the step the run compiles
     assert (spec.seq_len, spec.max_predictions, spec.batch_size) == (512, 80, 4)
     assert spec.model.attention_impl == "dot_product" and spec.model.hidden_size == 768
     assert bench_spec.spec_from_config(config).max_predictions == 20

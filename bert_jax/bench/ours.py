@@ -69,7 +69,11 @@ class OursRunner:
             clip_norm=opt.clip_norm or None,
             bias_correction=opt.bias_correction,
         )
-        trainer = ShardedTrainer(spec.model, tx, mesh, rules, schedule=schedule)
+        trainer = ShardedTrainer(
+            spec.model, tx, mesh, rules, schedule=schedule,
+            shard_optimizer_state=spec.shard_optimizer_state,
+            windowed_einsum=spec.windowed_einsum,
+        )  # fmt: skip
         self.state = trainer.init(rng_key(spec.seed, ""))
         self.rng = rng_key(spec.seed + 1, spec.rng_impl)
         self.batches = [trainer.global_batch(b) for b in batches]

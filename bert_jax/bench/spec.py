@@ -75,6 +75,8 @@ class BenchSpec:
     optimizer: OptimizerSpec = OptimizerSpec()
     mesh_shape: tuple[int, ...] = (-1, 1, 1)
     rules: tuple | None = None
+    shard_optimizer_state: bool = False  # config.mesh's: ZeRO stage 1
+    windowed_einsum: bool = True  # config.mesh's: XLA:TPU's windowed matmuls
     num_devices: int = 0  # 0: all
     # PRNG implementation for our dropout masks (jax.random.key impl): "" = JAX's default
     # (threefry2x32), "rbg" or "unsafe_rbg" (cheaper to generate, same dropout rates). From a
@@ -143,6 +145,8 @@ def spec_from_config(
         optimizer=optimizer,
         mesh_shape=tuple(int(s) for s in config.mesh.shape),
         rules=rules,
+        shard_optimizer_state=bool(config.mesh.get("shard_optimizer_state", False)),
+        windowed_einsum=bool(config.mesh.get("windowed_einsum", True)),
     )
     # Our dropout PRNG is the pretraining config's unless the command line names one.
     values["rng_impl"] = str(config.get("dropout_rng_impl", "") or "")
