@@ -216,26 +216,33 @@ def array_bytes(shape_text: str) -> list[int]:
     return sizes
 
 
-def collective_bytes(hlo_text: str) -> dict[str, int]:
-    """Bytes per collective kind in a compiled module, per device: the full buffer each one
-    exchanges (an all-reduce's data, an all-gather's gathered result, a reduce-scatter's
-    input), every collective counted once (clones inside fusions share its channel id)."""
-    found: dict[tuple[str, str], int] = {}
-    for index, line in enumerate(hlo_text.splitlines()):
+def _collectives(lines: list[str], where: str = ""):
+    """(kind, bytes, attributes, key) of each collective among `lines`: the bytes of an
+    all-reduce's data, an all-gather's or a permute's result, a reduce-scatter's result; the
+    key names its channel (clones inside fusions share one)."""
+    for index, line in enumerate(lines):
         match = _COLLECTIVE.match(line)
         if not match:
             continue
         op, rest = match.group("op"), match.group("rest")
         sizes = array_bytes(match.group("shape"))
         if match.group("start") and op in ("all-gather", "collective-permute"):
-            moved = max(sizes, default=0)  # (operand, result[, contexts]): the result
+            size = max(sizes, default=0)  # (operand, result[, contexts]): the result
         else:
-            moved = sum(sizes)
-        if op == "reduce-scatter":
-            moved *= _group_size(rest)
+            size = sum(sizes)
         channel = re.search(r"channel_id=(\d+)", rest)
-        key = (op, channel.group(1) if channel else f"line{index}")
-        found[key] = max(found.get(key, 0), moved)
+        yield op, size, rest, (op, channel.group(1) if channel else f"{where}line{index}")
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes per collective kind in a compiled module, per device: the full buffer each one
+    exchanges (an all-reduce's data, an all-gather's gathered result, a reduce-scatter's
+    input), every collective counted once (clones inside fusions share its channel id)."""
+    found: dict[tuple[str, str], int] = {}
+    for op, size, rest, key in _collectives(hlo_text.splitlines()):
+        if op == "reduce-scatter":
+            size *= _group_size(rest)
+        found[key] = max(found.get(key, 0), size)
     totals: dict[str, int] = {}
     for (op, _), moved in found.items():
         totals[op] = totals.get(op, 0) + moved
@@ -267,16 +274,7 @@ def link_bytes(hlo_text: str) -> float:
         pending += [(body, times * trips) for body, trips in _loops(found.get(name, []), found)]
     sent: dict[tuple[str, str], float] = {}
     for name, lines in found.items():
-        for index, line in enumerate(lines):
-            match = _COLLECTIVE.match(line)
-            if not match:
-                continue
-            op, rest = match.group("op"), match.group("rest")
-            sizes = array_bytes(match.group("shape"))
-            if match.group("start") and op in ("all-gather", "collective-permute"):
-                size = max(sizes, default=0)  # (operand, result[, contexts]): the result
-            else:
-                size = sum(sizes)
+        for op, size, rest, key in _collectives(lines, where=f"{name}:"):
             group = _group_size(rest, default=everyone)
             share = (group - 1) / group
             traffic = {
@@ -284,8 +282,6 @@ def link_bytes(hlo_text: str) -> float:
                 "reduce-scatter": share * size * group,  # its input: the result times p
                 "collective-permute": float(size),
             }.get(op, share * size)
-            channel = re.search(r"channel_id=(\d+)", rest)
-            key = (op, channel.group(1) if channel else f"{name}:{index}")
             sent[key] = max(sent.get(key, 0.0), traffic * runs.get(name, 1))
     return sum(sent.values())
 
