@@ -88,6 +88,11 @@ def _row_line(row: dict) -> str:
     )
 
 
+def row_order(row: dict) -> tuple:
+    """Table order: by generation, then slice size, then model."""
+    return (row["slice"].split("-")[0], row["plan"]["chips"], row["size"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="tpu_plans.jsonl")
@@ -124,7 +129,7 @@ def main(argv=None) -> int:
             f.write(json.dumps(row) + "\n")
         print(f"{item}: {row['seconds']:.0f} s\n{plan.format_plan(result)}", flush=True)
     with open(args.out, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
+        rows = sorted((json.loads(line) for line in f), key=row_order)
     print(HEADER)
     for row in rows:
         print(_row_line(row))
