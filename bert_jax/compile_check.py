@@ -255,7 +255,7 @@ def check(
     accum = int(config.grad_accum_steps)
     trainer = ShardedTrainer(
         model_config, tx, mesh, rules, schedule=schedule, accum_steps=accum,
-        **config_lib.mesh_options(config),
+        **partitioning.mesh_options(config.mesh),
     )  # fmt: skip
     state = trainer.abstract_state()
     rng = jax.eval_shape(lambda: jax.random.key(0))

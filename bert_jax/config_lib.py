@@ -181,25 +181,15 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
     config.export_model = True
     config.mesh = ml_collections.ConfigDict(
         {
-            # (data, fsdp, tensor); -1 takes the remaining devices.
-            "shape": (-1, 1, 1),
+            "shape": (-1, 1, 1),  # (data, fsdp, tensor); -1 takes the remaining devices
             # Logical axis -> mesh axes, tried in order (see bert_jax/partitioning.py).
             "rules": partitioning.DEFAULT_RULES,
             "shard_optimizer_state": False,  # ZeRO 1: Adam slots split over `data` too
-            # XLA:TPU's windowed einsums for FSDP/tensor axes (partitioning.compiler_options);
-            # False turns them off (README, Performance: what XLA's cost model says of it).
+            # XLA:TPU's windowed matmuls for FSDP/tensor axes (partitioning.compiler_options)
             "windowed_einsum": True,
         }
     )
     return config
-
-
-def mesh_options(config: ml_collections.ConfigDict) -> dict[str, bool]:
-    """The `config.mesh` settings `train.ShardedTrainer` takes besides the mesh and rules."""
-    return {
-        "shard_optimizer_state": bool(config.mesh.get("shard_optimizer_state", False)),
-        "windowed_einsum": bool(config.mesh.get("windowed_einsum", True)),
-    }
 
 
 def bert_config(config: ml_collections.ConfigDict) -> BertConfig:

@@ -47,6 +47,15 @@ def optimizer_state_rules(rules: LogicalRules) -> LogicalRules:
     return tuple(changed)
 
 
+def mesh_options(mesh_config: Any) -> dict[str, bool]:
+    """The settings of a config's `mesh` that `train.ShardedTrainer` takes besides the mesh and
+    the rules (`rules_from_config`)."""
+    return {
+        "shard_optimizer_state": bool(mesh_config.get("shard_optimizer_state", False)),
+        "windowed_einsum": bool(mesh_config.get("windowed_einsum", True)),
+    }
+
+
 def rules_from_config(rules: Sequence[Sequence[Any]] | None) -> LogicalRules:
     """Normalizes rules written in a config (lists from the command line) to tuples."""
     if not rules:

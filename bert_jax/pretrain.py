@@ -105,7 +105,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     accum_steps = int(config.grad_accum_steps)
     trainer = ShardedTrainer(
         model_config, tx, mesh, rules, schedule, accum_steps=accum_steps,
-        **config_lib.mesh_options(config),
+        **partitioning.mesh_options(config.mesh),
     )  # fmt: skip
     init_rng, dropout_rng = init_and_dropout_keys(
         int(config.seed), str(config.get("dropout_rng_impl", "threefry2x32"))
