@@ -18,6 +18,9 @@ destination is replaced only when it is a model directory itself (`data.files.ch
 `load_model_dir` is the one loader every command uses. It also accepts a pretraining workdir: its
 exported model directory `<workdir>/model/` when the run has finished, else its latest checkpoint
 (params, the run's model config and the tokenizer kept in `<workdir>/tokenizer/`).
+
+Why this file is long: saving, reading and the three loaders (a model directory, a workdir's
+checkpoint, parameters onto a mesh) share the layout, the expected tree and its checks.
 """
 
 from __future__ import annotations

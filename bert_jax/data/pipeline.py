@@ -30,6 +30,9 @@ instead of a shuffle buffer.
 Dynamic masking (``dynamic_masking=True``) re-masks every batch (``masking.dynamic_mask_batch``)
 with stateless RNG seeded by ``(seed, epoch, process_index, batch index)``: every epoch sees a new
 masking, and a restored iterator re-creates exactly the same one.
+
+Why this file is long: `PretrainIterator` (about half of it) holds the one resumable position
+(file order, shuffle, masking draws) that every one of its methods reads or advances.
 """
 
 from __future__ import annotations

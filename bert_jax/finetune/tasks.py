@@ -21,6 +21,9 @@ text contains unbalanced quotes), as the original run_classifier does.
 
 Errors name the file and line: a missing file, a wrong column count, a label outside the task's
 label set, an unparsable or out-of-range STS-B score.
+
+Why this file is long: a third of it is the table of GLUE tasks (columns, labels and splits of
+each), which the local-directory and TFDS readers below both follow.
 """
 
 from __future__ import annotations
