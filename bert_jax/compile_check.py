@@ -216,16 +216,17 @@ def _update_cost(trainer: ShardedTrainer, state, mesh, rules) -> cost_model.Prog
         return optax.apply_updates(params, updates), opt_state
 
     shardings = trainer.state_shardings
-    grads = trainer.grad_shardings[1] if trainer.grad_shardings else shardings.params
+    # the gradients in the layout the step applies them in (ZeRO 1: the slots')
+    applied = trainer.grad_shardings[1] if trainer.grad_shardings else shardings.params
     jitted = jax.jit(
         apply,
-        in_shardings=(shardings.params, shardings.opt_state, grads),
+        in_shardings=(shardings.params, shardings.opt_state, applied),
         out_shardings=(shardings.params, shardings.opt_state),
         donate_argnums=(0, 1),
         compiler_options=trainer.compiler_options,
     )
     grads = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state.params, grads
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state.params, applied
     )
     args = (state.params, state.opt_state, grads)
     return cost_model.read_cost(_compile(jitted, mesh, rules, *args, what="the optimizer update"))
@@ -325,7 +326,7 @@ def _bytes(n: float) -> str:
 
 
 def _links(report: CompileReport, estimate: dict[str, float]) -> str:
-    if "link_seconds" not in estimate or not report.target:
+    if "link_seconds" not in estimate:  # set for TPU targets only
         return ""
     rate = report.target.generation.ici_gbytes_per_s
     return (

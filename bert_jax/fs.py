@@ -159,31 +159,26 @@ def _bucket_exists(name: str, emulator: str | None) -> None:
 # --- Queries ---
 
 
-def exists(path: str | os.PathLike) -> bool:
+def _query(path: str | os.PathLike, local: Any, remote: str) -> bool:
+    """`local(path)` on this machine; the gcsfs method named `remote` in a bucket."""
     path = os.fspath(path)
     if not is_remote(path):
-        return os.path.exists(path)
+        return local(path)
     _check_bucket(path)
     with _remote_errors(path):
-        return _client().exists(_key(path))
+        return getattr(_client(), remote)(_key(path))
+
+
+def exists(path: str | os.PathLike) -> bool:
+    return _query(path, os.path.exists, "exists")
 
 
 def isdir(path: str | os.PathLike) -> bool:
-    path = os.fspath(path)
-    if not is_remote(path):
-        return os.path.isdir(path)
-    _check_bucket(path)
-    with _remote_errors(path):
-        return _client().isdir(_key(path))
+    return _query(path, os.path.isdir, "isdir")
 
 
 def isfile(path: str | os.PathLike) -> bool:
-    path = os.fspath(path)
-    if not is_remote(path):
-        return os.path.isfile(path)
-    _check_bucket(path)
-    with _remote_errors(path):
-        return _client().isfile(_key(path))
+    return _query(path, os.path.isfile, "isfile")
 
 
 def listdir(path: str | os.PathLike) -> list[str]:
