@@ -56,7 +56,7 @@ SIZES: dict[str, tuple[int, int, int]] = {
 
 def model_config(size: str) -> ml_collections.ConfigDict:
     if size not in SIZES:
-        raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
+        raise UserError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
     layers, hidden, heads = SIZES[size]
     return ml_collections.ConfigDict(
         {
@@ -222,11 +222,11 @@ def plan_phases(config: ml_collections.ConfigDict) -> list[Phase]:
     """Phases with their step ranges: phase 1 gets round(fraction x total_steps)."""
     total = int(config.total_steps)
     if total <= 0:
-        raise ValueError(f"config.total_steps={total} must be positive")
+        raise UserError(f"config.total_steps={total} must be positive")
     specs = [(key, config[key]) for key in PHASE_KEYS if key in config]
     fractions = [float(spec.fraction) for _, spec in specs]
     if any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
-        raise ValueError(
+        raise UserError(
             "config.phase1.fraction + config.phase2.fraction must be 1, got "
             + " + ".join(str(f) for f in fractions)
         )
@@ -265,7 +265,7 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
     check_values(config, phases)
     model = config.model
     if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but config.model.vocab_size="
             f"{model.vocab_size}; ids beyond the embedding table give NaN losses. Raise "
             "config.model.vocab_size or use a smaller vocabulary"
@@ -275,26 +275,26 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
     for phase in phases:
         setting = f"config.{phase.name}"
         if not phase.source:
-            raise ValueError(
+            raise UserError(
                 f"{setting}.data and config.data.source are empty: name prepared records "
                 "(`bert-jax data prepare`), a corpus (text files, .jsonl, tfds:NAME) or 'embedded'"
             )
         partitioning.check_batch_divisible(phase.batch_size, mesh, f"{setting}.batch_size")
         if phase.batch_size % num_shards:
-            raise ValueError(
+            raise UserError(
                 f"{setting}.batch_size={phase.batch_size} is not divisible by the {num_shards} "
                 f"input shards (config.data.shards; 0 = one per host, {jax.process_count()} here)"
             )
         accum = int(config.grad_accum_steps)
         if accum < 1 or phase.batch_size % (accum * dp):
-            raise ValueError(
+            raise UserError(
                 f"{setting}.batch_size={phase.batch_size} must be divisible by "
                 f"config.grad_accum_steps={accum} x data-parallel size {dp}"
             )
     if config.eval.every_steps > 0:
         partitioning.check_batch_divisible(config.eval.batch_size, mesh, "config.eval.batch_size")
         if config.eval.batch_size % num_shards:
-            raise ValueError(
+            raise UserError(
                 f"config.eval.batch_size={config.eval.batch_size} is not divisible by the "
                 f"{num_shards} input shards (config.data.shards)"
             )

@@ -25,6 +25,7 @@ from bert_jax import fs, model_dir
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.data import files
+from bert_jax.errors import UserError
 from bert_jax.model import BertConfig
 
 SOURCE_FORMATS = ("tf1", "hf", "bert-jax")
@@ -133,7 +134,7 @@ def load_source(
         if loaded.has_tokenizer:
             tok_origin = loaded.tokenizer_path
     else:
-        raise ValueError(f"unknown source format {src_format!r}; expected one of {SOURCE_FORMATS}")
+        raise UserError(f"unknown source format {src_format!r}; expected one of {SOURCE_FORMATS}")
 
     if tokenizer is not None:
         tok_origin = os.fspath(tokenizer)
@@ -178,20 +179,20 @@ def convert(
     source does not convert exactly; `FileExistsError` when `dst` exists and not `overwrite`.
     """
     if dst_format not in TARGET_FORMATS:
-        raise ValueError(f"unknown target format {dst_format!r}; expected one of {TARGET_FORMATS}")
+        raise UserError(f"unknown target format {dst_format!r}; expected one of {TARGET_FORMATS}")
     if vocab_pad_multiple is not None and dst_format != "bert-jax":
-        raise ValueError(
+        raise UserError(
             f"--vocab-pad-multiple applies to --to bert-jax only (a {dst_format} checkpoint "
             "holds exactly vocab_size rows)"
         )
     dst = fs.abspath(os.fspath(dst))
     if (fs.exists(dst) if fs.is_remote(dst) else os.path.lexists(dst)) and not overwrite:
-        raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
+        raise UserError(f"{dst} already exists (pass --overwrite to replace it)")
     # Refuse a destination bert-jax did not write before reading anything (the write checks again).
     kind = model_dir.MODEL_DIR_KIND if dst_format == "bert-jax" else HF_EXPORT_KIND
     files.check_replaceable(dst, kind)
     if fs.abspath(os.fspath(src)) == dst:
-        raise ValueError(f"source and destination are the same path: {dst}")
+        raise UserError(f"source and destination are the same path: {dst}")
     loaded = load_source(
         src_format, src, drop_heads=drop_heads, tokenizer=tokenizer, lowercase=lowercase
     )
@@ -212,12 +213,13 @@ def convert(
             loaded.tokenizer,
             extra={"converted_from": {"format": src_format, "path": report.source}},
             overwrite=overwrite,
+            what="--to",
         )
         report.written = sorted(fs.listdir(dst))
     else:
         from bert_jax.convert import hf
 
-        with files.atomic_output_dir(dst, HF_EXPORT_KIND, overwrite=overwrite) as tmp:
+        with files.atomic_output_dir(dst, HF_EXPORT_KIND, overwrite, what="--to") as tmp:
             report.written = hf.write_hf_dir(tmp, loaded.config, loaded.params, loaded.tokenizer)
             files.write_json_atomic(
                 fs.join(tmp, HF_EXPORT_MARKER),

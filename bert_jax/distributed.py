@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bert_jax import topology
+from bert_jax.errors import UserError
 
 log = logging.getLogger("bert_jax")
 
@@ -50,7 +51,7 @@ DEFAULT_INITIALIZATION_TIMEOUT = 300
 DEFAULT_HEARTBEAT_TIMEOUT = 100
 
 
-class HostMismatchError(ValueError):
+class HostMismatchError(UserError):
     """Hosts of one job disagree on something that must be identical (config, resume step)."""
 
 
@@ -82,7 +83,7 @@ def _int(value: Any, name: str) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} is not an integer") from None
+        raise UserError(f"{name}={value!r} is not an integer") from None
 
 
 def _first(env: Mapping[str, str], *names: str) -> tuple[str | None, str | None]:
@@ -109,7 +110,7 @@ def first_slurm_host(nodelist: str) -> str:
     nodelist = nodelist.strip()
     match = re.match(r"([^,\[]*)(\[([^\]]*)\])?", nodelist)
     if not match or not (match.group(1) or match.group(3)):
-        raise ValueError(f"cannot read the first host of SLURM node list {nodelist!r}")
+        raise UserError(f"cannot read the first host of SLURM node list {nodelist!r}")
     prefix, ranges = match.group(1), match.group(3)
     if ranges is None:
         return prefix
@@ -133,7 +134,7 @@ def _local_ids(spec: Any, env: Mapping[str, str]) -> tuple[int, ...] | None | st
     if spec == "local-rank":
         rank, name = _first(env, "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK")
         if rank is None:
-            raise ValueError(
+            raise UserError(
                 "BERT_JAX_LOCAL_DEVICE_IDS=local-rank but no local rank is set (SLURM_LOCALID, "
                 "OMPI_COMM_WORLD_LOCAL_RANK or LOCAL_RANK)"
             )
@@ -141,7 +142,7 @@ def _local_ids(spec: Any, env: Mapping[str, str]) -> tuple[int, ...] | None | st
     try:
         return tuple(int(part) for part in spec.split(",") if part.strip())
     except ValueError:
-        raise ValueError(
+        raise UserError(
             f"BERT_JAX_LOCAL_DEVICE_IDS={spec!r}: use all, local-rank or a list such as 0,1"
         ) from None
 
@@ -172,7 +173,7 @@ def plan(
     env = os.environ if env is None else env
     mode = (mode or env.get("BERT_JAX_DISTRIBUTED") or "auto").lower()
     if mode not in MODES:
-        raise ValueError(f"distributed mode {mode!r}: use one of {', '.join(MODES)}")
+        raise UserError(f"distributed mode {mode!r}: use one of {', '.join(MODES)}")
     if mode == "off":
         return None
     slurm = _slurm_present(env)
@@ -217,13 +218,13 @@ def plan(
             if value is None
         ]
         if missing:
-            raise ValueError(
+            raise UserError(
                 f"coordinator {address} is set but {' and '.join(missing)} is not; set all three"
             )
         if ":" not in address:
-            raise ValueError(f"coordinator address {address!r} needs a port (host:port)")
+            raise UserError(f"coordinator address {address!r} needs a port (host:port)")
         if num_processes < 1 or not 0 <= process_id < num_processes:
-            raise ValueError(
+            raise UserError(
                 f"process id {process_id} must be in [0, {num_processes}) (from {id_name} and "
                 f"{count_name})"
             )
@@ -253,7 +254,7 @@ def plan(
         "JAX_NUM_PROCESSES",
     )
     if explicit_count and num_processes is not None and num_processes > 1:
-        raise ValueError(
+        raise UserError(
             f"{count_name}={num_processes} but no coordinator address: set --coordinator-address "
             "or BERT_JAX_COORDINATOR=host:port"
         )

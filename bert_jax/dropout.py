@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from bert_jax.errors import UserError
+
 Array = jax.Array
 
 DROPOUT_IMPLEMENTATIONS = ("hash", "prng")
@@ -50,7 +52,7 @@ def hash_bits(key: Array, shape: tuple[int, ...]) -> Array:
     for d in shape[1:]:
         row_size *= d
     if row_size >= _WORD or shape[0] >= _WORD:
-        raise ValueError(
+        raise UserError(
             f"hash dropout counts elements in uint32: shape {shape} has {row_size} elements per "
             f"row of axis 0 (at most {_WORD - 1}); use dropout_impl='prng' for this shape"
         )
@@ -84,9 +86,9 @@ class Dropout(nn.Module):
     @nn.compact
     def __call__(self, inputs: Array, deterministic: bool) -> Array:
         if not 0.0 <= self.rate <= 1.0:
-            raise ValueError(f"dropout rate {self.rate} is not in [0, 1]")
+            raise UserError(f"dropout rate {self.rate} is not in [0, 1]")
         if self.impl not in DROPOUT_IMPLEMENTATIONS:
-            raise ValueError(f"dropout impl {self.impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}")
+            raise UserError(f"dropout impl {self.impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}")
         if deterministic or self.rate == 0.0:
             return inputs
         if self.rate == 1.0:

@@ -31,7 +31,7 @@ import numpy as np
 
 from bert_jax import fs
 from bert_jax.data import files
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, user_path
 from bert_jax.model import BertConfig, BertModel
 
 POOLS = ("cls", "mean", "none")
@@ -73,17 +73,17 @@ def parse_layers(spec: str | int | Sequence[int]) -> tuple[int, ...]:
         try:
             return tuple(int(part) for part in spec.split(",") if part.strip())
         except ValueError as err:
-            raise ValueError(f"--layer {spec!r}: expected integers such as -1 or -4,-3") from err
+            raise UserError(f"--layer {spec!r}: expected integers such as -1 or -4,-3") from err
     return tuple(int(x) for x in spec)
 
 
 def _check_layers(layers: tuple[int, ...], config: BertConfig) -> None:
     count = config.num_hidden_layers + 1
     if not layers:
-        raise ValueError("no layer given")
+        raise UserError("no layer given")
     bad = [layer for layer in layers if not -count <= layer < count]
     if bad:
-        raise ValueError(
+        raise UserError(
             f"layer {bad[0]} does not exist: the model has {config.num_hidden_layers} layers, "
             f"so hidden states are indexed {-count}..{count - 1} (0 = embeddings, -1 = last)"
         )
@@ -137,9 +137,9 @@ def encode_texts(
     overrides the compute dtype (e.g. "bfloat16"); features are returned as float32.
     """
     if pool not in POOLS:
-        raise ValueError(f"pool={pool!r} is not one of {POOLS}")
+        raise UserError(f"pool={pool!r} is not one of {POOLS}")
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be positive")
+        raise UserError(f"batch_size={batch_size} must be positive")
     config: BertConfig = model.config.replace(
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
@@ -148,7 +148,7 @@ def encode_texts(
     if max_seq_length is None:
         max_seq_length = min(DEFAULT_MAX_SEQ_LENGTH, config.max_position_embeddings)
     if max_seq_length > config.max_position_embeddings:
-        raise ValueError(
+        raise UserError(
             f"max_seq_length={max_seq_length} exceeds the model's max_position_embeddings="
             f"{config.max_position_embeddings}"
         )
@@ -246,18 +246,20 @@ def encode_file(
     outputs = [output_path] + ([lengths_path(output_path)] if options.get("pool") == "none" else [])
     for path in outputs:  # before anything is read: a refusal costs nothing
         _check_replaceable_npy(path)
-    examples = read_texts(input_path)
+    with user_path(input_path, "--input"):
+        examples = read_texts(input_path)
     if not examples:
-        raise ValueError(f"{input_path} holds no lines to encode")
+        raise UserError(f"{input_path} holds no lines to encode")
     loaded = load_model_dir(model)
     result = encode_texts(loaded, examples, **options)
     parent = fs.dirname(fs.abspath(output_path))
-    fs.makedirs(parent, exist_ok=True)
-    _save_npy(output_path, result.features)
-    written = [output_path]
-    if options.get("pool") == "none":
-        _save_npy(lengths_path(output_path), result.lengths)
-        written.append(lengths_path(output_path))
+    with user_path(output_path, "--output", writing=True):
+        fs.makedirs(parent, exist_ok=True)
+        _save_npy(output_path, result.features)
+        written = [output_path]
+        if options.get("pool") == "none":
+            _save_npy(lengths_path(output_path), result.lengths)
+            written.append(lengths_path(output_path))
     return {
         "model": loaded.path,
         "texts": len(examples),

@@ -73,7 +73,7 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str):
         return tokenizer_lib.load_tokenizer(own)
     corpora = [p.source for p in phases if sources.source_kind(p.source) != "records"]
     if not corpora:
-        raise ValueError(
+        raise UserError(
             "no tokenizer: set config.data.tokenizer (a tokenizer directory, .model or vocab.txt)"
         )
     vocab_size = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.dropout import DROPOUT_IMPLEMENTATIONS, Dropout
+from bert_jax.errors import UserError
 
 Array = jax.Array
 DType = Any
@@ -118,28 +119,28 @@ class BertConfig:
             or not isinstance(self.vocab_pad_multiple, int)
             or self.vocab_pad_multiple < 1
         ):
-            raise ValueError(
+            raise UserError(
                 f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be a positive integer "
                 "(1: no padding)"
             )
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise UserError(
                 f"hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}"
             )
         if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(
+            raise UserError(
                 f"hidden_act={self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)} "
                 "(Google's original 'gelu' is the tanh approximation: use 'gelu_new')"
             )
         if self.dropout_impl not in DROPOUT_IMPLEMENTATIONS:
-            raise ValueError(
+            raise UserError(
                 f"dropout_impl={self.dropout_impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}"
             )
         if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"remat={self.remat!r} is not one of {tuple(REMAT_POLICIES)}")
+            raise UserError(f"remat={self.remat!r} is not one of {tuple(REMAT_POLICIES)}")
         if self.attention_impl not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
+            raise UserError(
                 f"attention_impl={self.attention_impl!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
             )
 
@@ -291,7 +292,7 @@ class BertSelfAttention(nn.Module):
             impl = "xla" if dropout_active else "dot_product"
         if impl in ("dot_product", "cudnn"):
             if dropout_active:
-                raise ValueError(
+                raise UserError(
                     f"attention_impl={cfg.attention_impl!r} cannot apply attention-probability "
                     f"dropout (attention_probs_dropout_prob={cfg.attention_probs_dropout_prob}); "
                     "use 'auto' or 'xla', or set the dropout to 0"

@@ -40,6 +40,7 @@ from bert_jax import checkpoint_health, fs
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import check_params
 from bert_jax.data import files
+from bert_jax.errors import UserError
 from bert_jax.model import BertConfig
 
 FORMAT_NAME = "bert-jax-model"
@@ -50,7 +51,7 @@ TOKENIZER_DIR = "tokenizer"
 WORKDIR_MODEL_SUBDIR = "model"
 
 
-class ModelDirError(ValueError):
+class ModelDirError(UserError):
     """A model directory is missing, incomplete or does not match its config."""
 
 
@@ -158,8 +159,11 @@ def save_model_dir(
     *,
     extra: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    what: str = "model directory",
 ) -> str:
     """Writes a model directory at `path` (atomically) and returns its absolute path.
+
+    `what` names where the path came from (a flag) in a refusal to write there.
 
     `params`: the BertForPreTraining tree or an encoder-only {"bert": ...} tree, as NumPy or
     (possibly sharded, possibly boxed) jax arrays; it is checked against `config` first, naming any
@@ -180,7 +184,7 @@ def save_model_dir(
         )
     payload = config_dict(config, has_heads, tokenizer, extra)
     json.dumps(payload)  # fail on non-serializable `extra` before writing anything
-    with files.atomic_output_dir(path, MODEL_DIR_KIND, overwrite=overwrite) as tmp:
+    with files.atomic_output_dir(path, MODEL_DIR_KIND, overwrite, what=what) as tmp:
         with _checkpointer(process_local=True) as checkpointer:
             checkpointer.save(fs.join(tmp, PARAMS_DIR), params)
             checkpointer.wait_until_finished()

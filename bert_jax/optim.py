@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax.errors import UserError
+
 Schedule = Callable[[jax.Array], jax.Array]
 
 
@@ -29,7 +31,7 @@ def warmup_linear_decay(
     curve is continuous only when warmup is short relative to total.)
     """
     if total_steps <= 0:
-        raise ValueError(f"total_steps must be positive, got {total_steps}")
+        raise UserError(f"total_steps must be positive, got {total_steps}")
 
     def schedule(step: jax.Array) -> jax.Array:
         step = jnp.asarray(step, jnp.float32)
@@ -246,7 +248,7 @@ def from_config(
             opt_config.end_learning_rate,
         )
     else:
-        raise ValueError(
+        raise UserError(
             f"optimizer.schedule={opt_config.schedule!r} is not one of 'whole_run', 'per_phase'"
         )
     common = dict(
@@ -261,5 +263,5 @@ def from_config(
     elif opt_config.name == "lamb":
         tx = lamb(schedule, **common)
     else:
-        raise ValueError(f"optimizer.name={opt_config.name!r} is not one of 'adamw', 'lamb'")
+        raise UserError(f"optimizer.name={opt_config.name!r} is not one of 'adamw', 'lamb'")
     return tx, schedule

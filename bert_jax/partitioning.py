@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bert_jax.errors import UserError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -76,19 +78,19 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
     devices = list(jax.devices() if devices is None else devices)
     shape = [int(s) for s in shape]
     if len(shape) != len(MESH_AXES):
-        raise ValueError(f"mesh.shape={tuple(shape)} must have 3 entries for {MESH_AXES}")
+        raise UserError(f"mesh.shape={tuple(shape)} must have 3 entries for {MESH_AXES}")
     if shape.count(-1) > 1:
-        raise ValueError(f"mesh.shape={tuple(shape)}: at most one entry may be -1")
+        raise UserError(f"mesh.shape={tuple(shape)}: at most one entry may be -1")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         if known <= 0 or len(devices) % known:
-            raise ValueError(
+            raise UserError(
                 f"mesh.shape={tuple(shape)} cannot be filled from {len(devices)} devices "
                 f"({len(devices)} is not a multiple of {known})"
             )
         shape[shape.index(-1)] = len(devices) // known
     if math.prod(shape) != len(devices) or min(shape) < 1:
-        raise ValueError(
+        raise UserError(
             f"mesh.shape={tuple(shape)} ({dict(zip(MESH_AXES, shape))}) needs "
             f"{math.prod(shape)} devices, but {len(devices)} are available"
         )
@@ -136,7 +138,7 @@ def check_divisible(abstract_boxed: Any, mesh: Mesh, rules: LogicalRules) -> Non
                 if logical == "vocab":
                     multiple = math.lcm(128, size)
                     hint += f", or pad the vocabulary: model.vocab_pad_multiple={multiple}"
-                raise ValueError(
+                raise UserError(
                     f"parameter {jax.tree_util.keystr(path)} dimension {dim} (logical axis "
                     f"'{logical}', size {shape[dim]}) does not divide over mesh axes {names} of "
                     f"total size {size} (mesh {dict(mesh.shape)}); {hint}"
@@ -146,7 +148,7 @@ def check_divisible(abstract_boxed: Any, mesh: Mesh, rules: LogicalRules) -> Non
 def check_batch_divisible(global_batch_size: int, mesh: Mesh, setting: str = "batch_size") -> None:
     size = math.prod(mesh.shape[a] for a in BATCH_AXES)
     if global_batch_size % size:
-        raise ValueError(
+        raise UserError(
             f"{setting}={global_batch_size} is not divisible by the data-parallel size {size} "
             f"(mesh axes data x fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']})"
         )

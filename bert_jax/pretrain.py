@@ -50,6 +50,7 @@ from bert_jax import workdir as workdir_lib
 from bert_jax.config_lib import Phase
 from bert_jax.convert import mapping
 from bert_jax.data import shards as input_shards
+from bert_jax.errors import UserError
 from bert_jax.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
 from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
@@ -263,7 +264,7 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
             checkpointing.find_checkpoint_dir(config.resume_from), async_save=False
         )
         if other.latest_step() is None:
-            raise FileNotFoundError(f"config.resume_from: no checkpoint in {other.directory}")
+            raise UserError(f"config.resume_from: no checkpoint in {other.directory}")
         # The newest one that can be restored (another run's: nothing there is moved).
         (state, phase, position), step, failed = other.restore_intact(
             trainer.abstract_state(), trainer.mesh, num_shards=num_shards
@@ -319,7 +320,7 @@ def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str)
         if getattr(loaded.config, f) != getattr(trainer.config, f)
     ]
     if mismatched:
-        raise ValueError(
+        raise UserError(
             f"config.init_from={path} does not match config.model ({'; '.join(mismatched)})"
         )
     params = jax.tree.map(np.asarray, jax.device_get(state.params))

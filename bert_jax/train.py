@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from bert_jax import losses, partitioning
+from bert_jax.errors import UserError
 from bert_jax.model import BertConfig, BertForPreTraining
 
 Array = jax.Array
@@ -280,7 +281,7 @@ def init_and_dropout_keys(seed: int, dropout_rng_impl: str = "threefry2x32") -> 
     key from the second half of that split, so init is the same whatever draws the masks.
     """
     if dropout_rng_impl not in DROPOUT_RNG_IMPLS:
-        raise ValueError(
+        raise UserError(
             f"config.dropout_rng_impl={dropout_rng_impl!r} is not one of {DROPOUT_RNG_IMPLS}"
         )
     init_rng, dropout_rng = jax.random.split(jax.random.key(seed))

@@ -141,7 +141,7 @@ def test_config_file_errors_are_one_line(capsys, tmp_path):
     assert message == f"--config {missing}: no such file\n"
     argv = ["pretrain", "--config", TINY.replace(":tiny", ":hugee"), "--dry-run"]
     message = _user_error(capsys, argv, "pretrain")
-    assert "Error whilst parsing config file: ValueError: unknown model size 'hugee'" in message
+    assert "Error whilst parsing config file: unknown model size 'hugee'" in message
     argv = ["bench", "--config", TINY, "--config.phase1.batch_size=1.5"]
     message = _user_error(capsys, argv, "bench")
     assert message.startswith("flag --config.phase1.batch_size=1.5: invalid literal for int()")
@@ -265,11 +265,127 @@ def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
         cli.main(["pretrain", "--config", str(config), "--config.x=1", "--dry-run"])
 
 
-def test_library_user_error_types_are_caught(capsys):
-    from bert_jax import launch
-    from bert_jax.bench import peer
+@pytest.mark.parametrize(
+    "bug",
+    [
+        ValueError("operands could not be broadcast together with shapes (3,) (4,)"),
+        KeyError("a key bert-jax expected"),
+        OSError(5, "Input/output error"),
+        FileNotFoundError(2, "No such file or directory", "/tmp/a-file-bert-jax-wrote"),
+        RuntimeError("an invariant broke"),
+    ],
+    ids=lambda err: type(err).__name__,
+)
+def test_anything_but_a_user_error_is_a_bug(monkeypatch, bug):
+    """A plain ValueError, KeyError or OSError from inside a command is a bug: it propagates
+    (the console script prints its traceback and exits 1), it is never a one-line exit 2."""
+    from bert_jax import encode
 
-    caught = cli.user_error_types()
-    assert peer.PeerMissingError in caught and launch.LaunchError in caught
-    assert issubclass(UserError, caught) and issubclass(FileExistsError, caught)
-    assert not issubclass(RuntimeError, caught) and not issubclass(KeyError, caught)
+    def fail(*args, **kwargs):
+        raise bug
+
+    monkeypatch.setattr(encode, "encode_file", fail)
+    with pytest.raises(type(bug)):
+        cli.main(["encode", "--model", "m", "--input", "t.txt", "--output", "o.npy"])
+
+
+def _user_error_classes() -> list[type[UserError]]:
+    """Every UserError subclass the library defines (its modules imported first)."""
+    import importlib
+    import pkgutil
+
+    import bert_jax
+
+    for module in pkgutil.walk_packages(bert_jax.__path__, "bert_jax."):
+        if not module.name.startswith("bert_jax.cli"):
+            importlib.import_module(module.name)
+    found, todo = [], [UserError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def test_every_user_error_class_is_one_line_and_exit_2(capsys, monkeypatch):
+    from bert_jax import encode
+
+    classes = _user_error_classes()
+    names = {cls.__name__ for cls in classes}
+    # The library's own error types are user errors (issue 27 re-based these on UserError).
+    for name in (
+        "ModelDirError",
+        "ConversionError",
+        "GlueDataError",
+        "HostMismatchError",
+        "PeerMissingError",
+        "LaunchError",
+        "StorageError",
+        "CheckpointError",
+        "InputError",
+        "WorkdirLockedError",
+    ):
+        assert name in names, name
+    for cls in classes:
+
+        # Some classes take extra arguments: build each without __init__ and set its args.
+        def refuse(*args, _cls=cls, **kwargs):
+            err = _cls.__new__(_cls)
+            err.args = (f"--input t.txt: {_cls.__name__}",)
+            raise err
+
+        monkeypatch.setattr(encode, "encode_file", refuse)
+        argv = ["encode", "--model", "m", "--input", "t.txt", "--output", "o.npy"]
+        assert _user_error(capsys, argv, "encode") == f"--input t.txt: {cls.__name__}\n"
+
+
+def test_debug_env_prints_the_user_errors_traceback(capsys, monkeypatch):
+    from bert_jax import encode
+
+    def refuse(*args, **kwargs):
+        raise UserError("--input texts.txt: line 3 is empty")
+
+    monkeypatch.setattr(encode, "encode_file", refuse)
+    monkeypatch.setenv("BERT_JAX_DEBUG", "1")
+    argv = ["encode", "--model", "m", "--input", "texts.txt", "--output", "o.npy"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in refuse" in err
+    assert err.endswith("bert-jax encode: error: --input texts.txt: line 3 is empty\n")
+
+
+def test_help_lists_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for status, words in (
+        ("0", "done"),
+        ("1", "a bug"),
+        ("2", "a user error"),
+        ("4", "does not fit"),
+        ("143", "stopped by SIGTERM after saving"),
+    ):
+        assert any(line.split()[:1] == [status] and words in line for line in out.splitlines())
+
+
+def test_console_script_exit_statuses(tmp_path):
+    """The installed entry point: a bug exits 1 with its traceback, a user error 2 in one line."""
+    bin_dir = os.path.dirname(sys.executable)
+    script = os.path.join(bin_dir, "bert-jax")
+    missing = str(tmp_path / "missing.txt")
+    argv = [script, "encode", "--model", str(tmp_path), "--input", missing]
+    done = subprocess.run(
+        [*argv, "--output", str(tmp_path / "o.npy")], capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    code = (
+        "import sys; from bert_jax import cli, encode\n"
+        "def bug(*a, **k): raise ValueError('shapes (3,) and (4,) differ')\n"
+        "encode.encode_file = bug\n"
+        "sys.exit(cli.main(['encode', '--model', 'm', '--input', 't', '--output', 'o.npy']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "ValueError: shapes (3,) and (4,) differ" in done.stderr

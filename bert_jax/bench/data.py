@@ -13,6 +13,7 @@ import numpy as np
 
 from bert_jax.bench.spec import BenchSpec
 from bert_jax.data import packing as packing_lib
+from bert_jax.errors import UserError
 
 
 @dataclasses.dataclass
@@ -89,7 +90,7 @@ def embedded_data(spec: BenchSpec) -> BenchData:
     def split(arrays: dict[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
         count = len(arrays["input_ids"]) // size
         if count < 1:
-            raise ValueError(
+            raise UserError(
                 f"the embedded corpus gives {len(arrays['input_ids'])} instances at seq_len "
                 f"{spec.seq_len}, fewer than one batch of {size}"
             )

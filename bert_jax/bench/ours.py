@@ -11,6 +11,7 @@ import numpy as np
 from bert_jax.bench.data import batch_counts
 from bert_jax.bench.report import Window
 from bert_jax.bench.spec import BenchSpec
+from bert_jax.errors import UserError
 
 
 def _peak_memory(devices) -> int | None:
@@ -51,7 +52,7 @@ class OursRunner:
         devices = jax.devices()
         if spec.num_devices:
             if spec.num_devices > len(devices):
-                raise ValueError(f"{spec.num_devices} devices asked, {len(devices)} present")
+                raise UserError(f"{spec.num_devices} devices asked, {len(devices)} present")
             devices = devices[: spec.num_devices]
         self.devices = devices
         mesh = partitioning.make_mesh(spec.mesh_shape, devices=devices)

@@ -37,11 +37,12 @@ import numpy as np
 
 from bert_jax.bench.report import Window
 from bert_jax.bench.spec import BenchSpec, spec_to_json
+from bert_jax.errors import UserError
 
 PEER_VENV = ".venv-peer"
 
 
-class PeerMissingError(RuntimeError):
+class PeerMissingError(UserError):
     """The peer's environment is not there."""
 
 

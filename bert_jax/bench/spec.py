@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from bert_jax import metrics
+from bert_jax.errors import UserError
 from bert_jax.model import BertConfig
 
 PEERS = ("hf-flax",)
@@ -88,13 +89,13 @@ class BenchSpec:
 
     def __post_init__(self):
         if self.data not in DATA_SOURCES:
-            raise ValueError(f"data={self.data!r} is not one of {DATA_SOURCES}")
+            raise UserError(f"data={self.data!r} is not one of {DATA_SOURCES}")
         if self.packing and self.data != "embedded":
-            raise ValueError("packing needs real lengths: use the embedded corpus (--real-data)")
+            raise UserError("packing needs real lengths: use the embedded corpus (--real-data)")
         if min(self.batch_size, self.seq_len, self.max_predictions, self.steps, self.windows) < 1:
-            raise ValueError("batch, seq_len, max_predictions, steps and windows must be >= 1")
+            raise UserError("batch, seq_len, max_predictions, steps and windows must be >= 1")
         if self.seq_len > self.model.max_position_embeddings:
-            raise ValueError(
+            raise UserError(
                 f"seq_len={self.seq_len} exceeds max_position_embeddings="
                 f"{self.model.max_position_embeddings}"
             )
@@ -134,7 +135,7 @@ def spec_from_config(
         bias_correction=bool(opt.get("bias_correction", True)),
     )
     if str(opt.name) != "adamw":
-        raise ValueError(f"bench times BERT AdamW; config.optimizer.name={opt.name!r}")
+        raise UserError(f"bench times BERT AdamW; config.optimizer.name={opt.name!r}")
     rules = tuple((str(name), _tuple(axes)) for name, axes in config.mesh.rules)
     values = dict(
         model=BertConfig(**config.model.to_dict()),

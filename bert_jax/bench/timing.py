@@ -18,6 +18,7 @@ from bert_jax.bench.spec import (
     model_flops_per_token,
     peak_flops,
 )
+from bert_jax.errors import UserError
 
 
 def run(
@@ -30,9 +31,9 @@ def run(
     """Compiles, warms up and times our step and, alternating windows with it, the peer's or
     (`compare_unpacked`, with packing) ours on the same instances one per row."""
     if peer is not None and peer not in PEERS:
-        raise ValueError(f"unknown peer {peer!r}; choose one of {PEERS}")
+        raise UserError(f"unknown peer {peer!r}; choose one of {PEERS}")
     if compare_unpacked and (peer is not None or not spec.packing):
-        raise ValueError(
+        raise UserError(
             "compare_unpacked compares packing with ours unpacked: needs packing, no peer"
         )
     if peer is not None:

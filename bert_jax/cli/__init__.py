@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
-from bert_jax import topology
+from bert_jax import errors, topology
 from bert_jax.cli import (
     bench,
     config_flags,
@@ -36,32 +37,13 @@ _CONFIG_COMMANDS: dict[str, config_flags.ConfigCommand] = {
     command.name: command for command in (pretrain.COMMAND, plan.COMMAND, bench.COMMAND)
 }
 
-# What `bert_jax.errors` calls user errors. ValueError covers UserError and the library's own
-# ValueError subclasses. The last two are RuntimeErrors named by module, so that `--help` imports
-# neither (an exception of a class whose module was never imported cannot occur).
-_USER_ERRORS = (
-    ValueError,
-    FileNotFoundError,
-    FileExistsError,
-    NotADirectoryError,
-    IsADirectoryError,
-    PermissionError,
-)
-_USER_ERRORS_BY_NAME = (
-    ("bert_jax.bench.peer", "PeerMissingError"),
-    ("bert_jax.launch", "LaunchError"),
-)
-
-
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """The exception types that `main` reports as one line with exit status 2."""
-    named = (getattr(sys.modules.get(module), name, None) for module, name in _USER_ERRORS_BY_NAME)
-    return _USER_ERRORS + tuple(error for error in named if error is not None)
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bert-jax", description="BERT pretraining, conversion and evaluation in JAX/Flax."
+        prog="bert-jax",
+        description="BERT pretraining, conversion and evaluation in JAX/Flax.",
+        epilog=errors.EXIT_STATUSES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for family in _FAMILIES:
@@ -83,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         name, run = args.command_name, lambda: args.run(args)
     try:
         return int(run() or 0)
-    except user_error_types() as err:
+    except errors.UserError as err:
+        if os.environ.get(errors.DEBUG_ENV, "") not in ("", "0"):
+            traceback.print_exc()
         print(f"bert-jax {name}: error: {err}", file=sys.stderr)
-        return 2
+        return errors.EXIT_USER_ERROR

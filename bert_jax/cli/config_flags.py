@@ -119,8 +119,10 @@ def _without_traceback(message: str) -> str:
     head, sep, trace = message.partition("Traceback (most recent call last):")
     if not sep:
         return message
-    last = [line for line in trace.strip().splitlines() if line.strip()][-1]
-    return f"{head.strip()} {last.strip()}"
+    last = [line for line in trace.strip().splitlines() if line.strip()][-1].strip()
+    # A UserError from get_config() names the setting itself; its class name adds nothing.
+    last = last.removeprefix(f"{UserError.__module__}.{UserError.__name__}: ")
+    return f"{head.strip()} {last}"
 
 
 def _unknown_override(spec: str, argv: list[str]) -> str | None:

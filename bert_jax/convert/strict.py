@@ -17,10 +17,11 @@ import numpy as np
 from flax import traverse_util
 
 from bert_jax.convert import mapping
+from bert_jax.errors import UserError
 from bert_jax.model import BertConfig
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError):
     """A checkpoint does not match the model it is converted to; the message names the tensor."""
 
 

@@ -29,6 +29,7 @@ import zlib
 from bert_jax.data import sentences as sentences_module
 from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.sentences import split_sentences
+from bert_jax.errors import UserError
 
 Document = list[str]
 
@@ -193,7 +194,7 @@ def _is_eval_document(name: str) -> bool:
 def embedded_documents(split: str = "train") -> list[Document]:
     """The embedded English corpus; ``split`` is "train", "eval" or "all" (see module docstring)."""
     if split not in ("train", "eval", "all"):
-        raise ValueError(f"embedded corpus split must be train, eval or all, not {split!r}")
+        raise UserError(f"embedded corpus split must be train, eval or all, not {split!r}")
     return [
         list(sentences)
         for name, sentences in _embedded_corpus()
@@ -204,7 +205,7 @@ def embedded_documents(split: str = "train") -> list[Document]:
 def embedded_document_names(split: str = "train") -> list[str]:
     """Names (``pydoc:TOPIC`` / ``stdlib:PATH``) of ``embedded_documents(split)``, same order."""
     if split not in ("train", "eval", "all"):
-        raise ValueError(f"embedded corpus split must be train, eval or all, not {split!r}")
+        raise UserError(f"embedded corpus split must be train, eval or all, not {split!r}")
     return [
         name
         for name, _ in _embedded_corpus()

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from bert_jax import fs
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, user_path
 
 
 def temporary_name(path: str) -> str:
@@ -163,22 +163,32 @@ def check_replaceable(path: str | os.PathLike, kind: OutputKind, action: str = "
 
 @contextlib.contextmanager
 def atomic_output_dir(
-    path: str | os.PathLike, kind: OutputKind, overwrite: bool = False
+    path: str | os.PathLike, kind: OutputKind, overwrite: bool = False, what: str = "output"
 ) -> Iterator[str]:
     """Yields a fresh hidden sibling of `path` to fill; renames it to `path` on success.
 
     On any exception the sibling is removed and `path` is untouched. An existing `path` is
     refused unless `overwrite` and ``check_replaceable(path, kind)`` passes; it is then replaced
     only after the new one is complete (moved aside, the new one renamed in, the old one removed).
+    A place the user cannot write (permissions, a full or read-only disk, a file in the way) is a
+    `UserError` naming `what` (the flag) and the file.
     """
     path = fs.abspath(os.fspath(path))
-    if fs.is_remote(path):
-        with _bucket_output_dir(path, kind, overwrite) as tmp:
-            yield tmp
-        return
+    with user_path(path, what, writing=True):
+        if fs.is_remote(path):
+            with _bucket_output_dir(path, kind, overwrite) as tmp:
+                yield tmp
+        else:
+            with _local_output_dir(path, kind, overwrite) as tmp:
+                yield tmp
+
+
+@contextlib.contextmanager
+def _local_output_dir(path: str, kind: OutputKind, overwrite: bool) -> Iterator[str]:
+    """`atomic_output_dir` on a local disk: a hidden sibling renamed into place."""
     if os.path.lexists(path):
         if not overwrite:
-            raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
+            raise UserError(f"{path} already exists (pass --overwrite to replace it)")
         check_replaceable(path, kind)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
@@ -204,7 +214,7 @@ def _bucket_output_dir(path: str, kind: OutputKind, overwrite: bool) -> Iterator
     place with the marker file last (see the module docstring)."""
     if fs.exists(path):
         if not overwrite:
-            raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
+            raise UserError(f"{path} already exists (pass --overwrite to replace it)")
         check_replaceable(path, kind)
     tmp = fs.join(fs.dirname(path), f".{fs.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
     try:

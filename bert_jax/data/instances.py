@@ -58,6 +58,7 @@ import numpy as np
 from bert_jax.data.masking import MaskingConfig, mask_ids
 from bert_jax.data.row_masking import mask_rows
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.errors import UserError
 
 TokenizedDocument = list[list[int]]
 
@@ -214,7 +215,7 @@ def create_instances_from_document(
 ) -> list[Instance]:
     """The unmasked sentence-pair instances of one document (original semantics, see module)."""
     if len(documents) < 2:
-        raise ValueError("sentence pairs need at least two documents (for random next sentences)")
+        raise UserError("sentence pairs need at least two documents (for random next sentences)")
     max_num_tokens = max_seq_length - 3
     spans: list[tuple] = []
     _pair_document(
@@ -272,13 +273,13 @@ def mask_tokens(
 
 def _check_settings(max_seq_length: int, short_seq_prob: float, dupe_factor: int) -> None:
     if max_seq_length < 5:
-        raise ValueError(
+        raise UserError(
             f"max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP]), got {max_seq_length}"
         )
     if not 0.0 <= short_seq_prob <= 1.0:
-        raise ValueError(f"short_seq_prob must be in [0, 1], got {short_seq_prob}")
+        raise UserError(f"short_seq_prob must be in [0, 1], got {short_seq_prob}")
     if dupe_factor < 1:
-        raise ValueError(f"dupe_factor must be >= 1, got {dupe_factor}")
+        raise UserError(f"dupe_factor must be >= 1, got {dupe_factor}")
 
 
 @dataclass
@@ -342,13 +343,13 @@ def create_instance_rows(
     """
     _check_settings(max_seq_length, short_seq_prob, dupe_factor)
     if masking.max_predictions_per_seq > max_seq_length:
-        raise ValueError(
+        raise UserError(
             f"max_predictions_per_seq {masking.max_predictions_per_seq} exceeds max_seq_length "
             f"{max_seq_length}"
         )
     documents = [d for d in documents if d]
     if len(documents) < 2:
-        raise ValueError(
+        raise UserError(
             f"need at least two non-empty documents to make sentence pairs, got {len(documents)}"
         )
     seed_sequence = np.random.SeedSequence(seed)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.errors import UserError
 
 # Thresholds on one uniform draw per selected unit: [0, 0.8) -> [MASK], [0.8, 0.9) -> random
 # ordinary token, [0.9, 1) -> unchanged.
@@ -73,14 +74,14 @@ class MaskingConfig:
         whole_word_mask: bool = False,
     ) -> MaskingConfig:
         if not 0.0 < masked_lm_prob < 1.0:
-            raise ValueError(f"masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
+            raise UserError(f"masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
         if max_predictions_per_seq < 1:
-            raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
+            raise UserError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
         never_mask = np.zeros(tokenizer.vocab_size, dtype=bool)
         never_mask[[tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id]] = True
         ordinary_ids = tokenizer.ordinary_ids
         if ordinary_ids.size == 0:
-            raise ValueError("the tokenizer has no ordinary tokens to use as random replacements")
+            raise UserError("the tokenizer has no ordinary tokens to use as random replacements")
         return cls(
             masked_lm_prob=float(masked_lm_prob),
             max_predictions_per_seq=int(max_predictions_per_seq),

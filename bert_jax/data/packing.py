@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.errors import UserError
+
 Batch = dict[str, np.ndarray]
 
 PACKED_KEYS = (
@@ -66,11 +68,9 @@ class PackingConfig:
 
     def __post_init__(self):
         if self.max_instances_per_row < 1:
-            raise ValueError(
-                f"max_instances_per_row must be >= 1, got {self.max_instances_per_row}"
-            )
+            raise UserError(f"max_instances_per_row must be >= 1, got {self.max_instances_per_row}")
         if self.factor < 1.0:
-            raise ValueError(
+            raise UserError(
                 f"packing factor must be >= 1 (unpacked rows per row), got {self.factor}"
             )
 

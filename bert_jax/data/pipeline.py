@@ -55,6 +55,7 @@ from bert_jax.data.masking import MaskingConfig, dynamic_mask_batch
 from bert_jax.data.packing import PackedIterator, PackingConfig
 from bert_jax.data.sources import source_kind
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
+from bert_jax.errors import UserError
 
 STATE_VERSION = 1
 logger = logging.getLogger(__name__)
@@ -125,13 +126,13 @@ class PretrainIterator:
             raise ValueError("masking.max_predictions_per_seq must equal max_predictions_per_seq")
         self.all_files = sorted(os.fspath(f) for f in files)
         if not self.all_files:
-            raise ValueError("no record files")
+            raise UserError("no record files")
         if shard_by == "auto":
             shard_by = "files" if len(self.all_files) >= process_count else "records"
         self.shard_by = shard_by
         if shard_by == "files":
             if len(self.all_files) < process_count:
-                raise ValueError(
+                raise UserError(
                     f"{len(self.all_files)} record files cannot be split over {process_count} "
                     "hosts by file; use shard_by='records'"
                 )
@@ -197,9 +198,9 @@ class PretrainIterator:
         if isinstance(state, (bytes, str)):
             state = json.loads(state)
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported data iterator state version {state.get('version')!r}")
+            raise UserError(f"unsupported data iterator state version {state.get('version')!r}")
         if state.get("fingerprint") != self._fingerprint():
-            raise ValueError(
+            raise UserError(
                 "the saved data iterator state belongs to a different input configuration "
                 "(files, batch size, lengths, seed, host index/count, shuffle or masking "
                 "changed); it cannot be resumed exactly"
@@ -306,7 +307,7 @@ class PretrainIterator:
                 batch = next(self._iterator)
             except StopIteration:
                 if self._batches_in_epoch == 0:
-                    raise ValueError(
+                    raise UserError(
                         f"host {self.process_index} of {self.process_count} has fewer than "
                         f"batch_size={self.batch_size} examples in {len(self.files)} file(s); "
                         "prepare more data or lower the batch size"
@@ -335,11 +336,11 @@ def _check_record_shapes(
         feature = tf.train.Example.FromString(serialized).features.feature
         missing = [n for n in records_lib.FEATURE_NAMES if n not in feature]
         if missing:
-            raise ValueError(f"{path}: records lack the feature(s) {', '.join(missing)}")
+            raise UserError(f"{path}: records lack the feature(s) {', '.join(missing)}")
         found_length = len(feature["input_ids"].int64_list.value)
         found_slots = len(feature["masked_lm_positions"].int64_list.value)
         if (found_length, found_slots) != (max_seq_length, slots):
-            raise ValueError(
+            raise UserError(
                 f"{path} holds records with max_seq_length={found_length} and "
                 f"max_predictions_per_seq={found_slots}, but the pipeline was asked for "
                 f"{max_seq_length} and {slots}"
@@ -359,14 +360,14 @@ def _masking_tokenizer(items: list[str], tokenizer: Tokenizer | None) -> Tokeniz
                 tokenizer = load_tokenizer(candidate)
                 break
     if tokenizer is None:
-        raise ValueError(
+        raise UserError(
             "dynamic masking needs the tokenizer (special ids, vocabulary, word starts); "
             f"pass one or keep the {TOKENIZER_SUBDIR}/ directory next to the records"
         )
     for item in items:
         config = read_prepare_config(item) if fs.isdir(item) else None
         if config and config.get("tokenizer_fingerprint") != tokenizer.fingerprint():
-            raise ValueError(
+            raise UserError(
                 f"{item} was prepared with tokenizer {config.get('tokenizer_fingerprint')}"
                 f" but dynamic masking was given {tokenizer!r}"
             )
@@ -392,7 +393,7 @@ def make_pretrain_iterator(
     )
     corpora = [item for item in items if source_kind(item) != "records"]
     if corpora:
-        raise ValueError(
+        raise UserError(
             f"{', '.join(corpora)} is a corpus, not prepared records: prepare it first "
             "(`bert-jax data prepare`, or data.prepare.prepare_cached)"
         )
@@ -413,7 +414,7 @@ def make_pretrain_iterator(
         )
     packing = settings.packing
     if packing is not None and packing.max_seq_length != length:
-        raise ValueError(f"packed rows of {packing.max_seq_length} tokens for records of {length}")
+        raise UserError(f"packed rows of {packing.max_seq_length} tokens for records of {length}")
     batch_size = settings.batch_size
     iterator = PretrainIterator(
         files,

@@ -37,6 +37,7 @@ import numpy as np
 from bert_jax import fs
 from bert_jax.data.files import temporary_name
 from bert_jax.data.layout import RECORD_SUFFIX
+from bert_jax.errors import UserError
 
 INT_FEATURES = ("input_ids", "input_mask", "segment_ids")
 PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids")
@@ -337,19 +338,19 @@ def list_record_files(records: str | os.PathLike | Sequence[str | os.PathLike]) 
                 if RECORD_SUFFIX in f and not f.startswith(".")
             )
             if not found:
-                raise ValueError(f"{item} holds no {RECORD_SUFFIX} files")
+                raise UserError(f"{item} holds no {RECORD_SUFFIX} files")
             files.extend(found)
         elif glob.has_magic(item):
             found = sorted(f for f in fs.glob(item) if fs.isfile(f))
             if not found:
-                raise ValueError(f"record pattern {item} matches no files")
+                raise UserError(f"record pattern {item} matches no files")
             files.extend(found)
         elif fs.isfile(item):
             files.append(item)
         else:
-            raise FileNotFoundError(f"record file not found: {item}")
+            raise UserError(f"record file not found: {item}")
     if not files:
-        raise ValueError("no record files given")
+        raise UserError("no record files given")
     return files
 
 

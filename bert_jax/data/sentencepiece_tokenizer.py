@@ -25,6 +25,7 @@ from bert_jax.data.tokenizer_base import (
     UNK,
     Tokenizer,
 )
+from bert_jax.errors import UserError
 
 # SentencePiece models from other projects (ALBERT, T5) spell pad/unk differently.
 _SPM_ALIASES = {PAD: (PAD, "<pad>"), UNK: (UNK, "<unk>")}
@@ -57,7 +58,7 @@ class SentencePieceTokenizer(Tokenizer):
             else:
                 ids[token] = found
         if missing:
-            raise ValueError(
+            raise UserError(
                 f"SentencePiece model lacks the special piece(s) {', '.join(missing)}; train it "
                 "with `bert-jax tokenizer train`, which reserves [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 "
                 "[MASK]=4."
@@ -84,7 +85,14 @@ class SentencePieceTokenizer(Tokenizer):
     @classmethod
     def from_file(cls, model_file: str, lowercase: bool = False) -> SentencePieceTokenizer:
         with fs.open(model_file, "rb") as f:
-            return cls(f.read(), lowercase=lowercase)
+            proto = f.read()
+        try:
+            return cls(proto, lowercase=lowercase)
+        except RuntimeError as err:  # SentencePiece's "INTERNAL: ... ParseFromArray" and kin
+            raise UserError(
+                f"{model_file} is not a SentencePiece model (it does not parse as one); give a "
+                "model written by `bert-jax tokenizer train` or spm_train, or a vocab.txt"
+            ) from err
 
     def __getstate__(self) -> dict:
         return {"model_proto": self._model_proto, "lowercase": self.lowercase}
@@ -148,13 +156,13 @@ def train_sentencepiece(
     import sentencepiece as spm
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
-        raise ValueError(f"--vocab-size {vocab_size} is too small; it must exceed 5")
+        raise UserError(f"--vocab-size {vocab_size} is too small; it must exceed 5")
     files = [os.fspath(f) for f in input_files]
     if not files:
-        raise ValueError("no input files to train the tokenizer on")
+        raise UserError("no input files to train the tokenizer on")
     for f in files:
         if not fs.isfile(f):
-            raise FileNotFoundError(f"tokenizer training input not found: {f}")
+            raise UserError(f"tokenizer training input not found: {f}")
     output_dir = os.fspath(output_dir)
     fs.makedirs(output_dir, exist_ok=True)
     # SentencePiece reads and writes local files only: inputs in a bucket are copied here first.
@@ -188,7 +196,7 @@ def train_sentencepiece(
                 minloglevel=2,
             )
         except RuntimeError as err:
-            raise ValueError(
+            raise UserError(
                 f"SentencePiece training failed on {', '.join(files)} with vocab_size "
                 f"{vocab_size}: {err}"
             ) from err

@@ -29,7 +29,6 @@ Public API (other modules and engineers import these from here):
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -50,7 +49,13 @@ from bert_jax.data.tokenizer_base import (
     VOCAB_NAME,
     Tokenizer,
 )
-from bert_jax.data.wordpiece import HF_TOKENIZER_JSON, WordPieceTokenizer, infer_lowercase
+from bert_jax.data.wordpiece import (
+    HF_TOKENIZER_JSON,
+    WordPieceTokenizer,
+    infer_lowercase,
+    read_json,
+)
+from bert_jax.errors import UserError, user_path
 
 __all__ = [
     "CLS",
@@ -96,7 +101,11 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> To
     else ``vocab.txt`` with Hugging Face's ``tokenizer_config.json`` (``do_lower_case``); else
     Hugging Face's ``tokenizer.json`` (a BERT WordPiece model and its lowercase setting).
     """
-    path = os.fspath(path)
+    with user_path(path, "tokenizer"):
+        return _load_tokenizer(os.fspath(path), lowercase)
+
+
+def _load_tokenizer(path: str, lowercase: bool | None) -> Tokenizer:
     # A model directory or pretraining workdir keeps its tokenizer in `tokenizer/`.
     nested = fs.join(path, "tokenizer")
     if fs.isdir(nested) and not fs.exists(fs.join(path, CONFIG_NAME)):
@@ -104,8 +113,7 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> To
     if fs.isdir(path):
         config_path = fs.join(path, CONFIG_NAME)
         if fs.exists(config_path):
-            with fs.open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
+            config = read_json(config_path)
             stored_lowercase = bool(config.get("lowercase", False))
             lower = stored_lowercase if lowercase is None else lowercase
             kind = config.get("type")
@@ -113,14 +121,14 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> To
                 return SentencePieceTokenizer.from_file(fs.join(path, SPM_NAME), lower)
             if kind == "wordpiece":
                 return WordPieceTokenizer.from_file(fs.join(path, VOCAB_NAME), lower)
-            raise ValueError(f"{config_path}: unknown tokenizer type {kind!r}")
+            raise UserError(f"{config_path}: unknown tokenizer type {kind!r}")
         models = sorted(f for f in fs.listdir(path) if f.endswith(".model"))
         if SPM_NAME in models:
             models = [SPM_NAME]
         if len(models) == 1:
             return SentencePieceTokenizer.from_file(fs.join(path, models[0]), bool(lowercase))
         if len(models) > 1:
-            raise ValueError(
+            raise UserError(
                 f"{path} holds several SentencePiece models ({', '.join(models)}); pass one file"
             )
         vocab_path = fs.join(path, VOCAB_NAME)
@@ -128,19 +136,18 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> To
             if lowercase is None:
                 hf_config = fs.join(path, "tokenizer_config.json")
                 if fs.exists(hf_config):
-                    with fs.open(hf_config, encoding="utf-8") as f:
-                        value = json.load(f).get("do_lower_case")
+                    value = read_json(hf_config).get("do_lower_case")
                     lowercase = None if value is None else bool(value)
             return WordPieceTokenizer.from_file(vocab_path, lowercase)
         hf_json = fs.join(path, HF_TOKENIZER_JSON)
         if fs.exists(hf_json):
             return WordPieceTokenizer.from_hf_json(hf_json, lowercase)
-        raise FileNotFoundError(
+        raise UserError(
             f"{path} holds no tokenizer: expected {CONFIG_NAME}, a SentencePiece .model file, "
             f"{VOCAB_NAME} or {HF_TOKENIZER_JSON}"
         )
     if not fs.exists(path):
-        raise FileNotFoundError(f"tokenizer not found: {path}")
+        raise UserError(f"tokenizer not found: {path}")
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_file(path, bool(lowercase))
     if path.endswith(".json"):
@@ -233,7 +240,7 @@ def encode_pair(
     Returns int32 ``input_ids``, ``input_mask``, ``segment_ids`` of shape [max_seq_length].
     """
     if max_seq_length < (5 if text_b is not None else 3):
-        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for text")
+        raise UserError(f"max_seq_length {max_seq_length} leaves no room for text")
     tokens_a = tokenizer.encode(text_a)
     if text_b is None:
         del tokens_a[max_seq_length - 2 :]

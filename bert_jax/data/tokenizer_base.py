@@ -16,6 +16,7 @@ import numpy as np
 
 from bert_jax import fs
 from bert_jax.data.files import write_json_atomic
+from bert_jax.errors import UserError
 
 CONFIG_NAME = "bert_jax_tokenizer.json"
 SPM_NAME = "spiece.model"
@@ -108,7 +109,7 @@ class Tokenizer:
         known cause of NaN losses with the original code.
         """
         if self.vocab_size > model_vocab_size:
-            raise ValueError(
+            raise UserError(
                 f"tokenizer vocabulary has {self.vocab_size} entries but the model's vocab_size is "
                 f"{model_vocab_size}: ids >= {model_vocab_size} would index past the embedding "
                 "table. Set the model's vocab_size to at least the tokenizer's."

@@ -31,6 +31,7 @@ import numpy as np
 from bert_jax import fs
 from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.tokenizer_base import SPECIAL_TOKENS, UNK, VOCAB_NAME, Tokenizer
+from bert_jax.errors import UserError
 
 HF_TOKENIZER_JSON = "tokenizer.json"
 
@@ -172,7 +173,7 @@ class WordPieceTokenizer(Tokenizer):
         self.vocab_size = len(self.vocab)
         missing = [t for t in SPECIAL_TOKENS if t not in self.token_to_id]
         if missing:
-            raise ValueError(
+            raise UserError(
                 f"WordPiece vocabulary lacks the special token(s) {', '.join(missing)}; BERT needs "
                 f"all of {', '.join(SPECIAL_TOKENS)} (one per line in vocab.txt)."
             )
@@ -207,8 +208,16 @@ class WordPieceTokenizer(Tokenizer):
 
     @classmethod
     def from_file(cls, vocab_file: str, lowercase: bool | None = None) -> WordPieceTokenizer:
-        with fs.open(vocab_file, encoding="utf-8") as f:
-            vocab = [line.rstrip("\n") for line in f]
+        with fs.open(vocab_file, "rb") as f:
+            raw = f.read().split(b"\n")
+        try:
+            vocab = [line.decode("utf-8").rstrip("\r") for line in raw]
+        except UnicodeDecodeError:
+            line = next(i for i, b in enumerate(raw, 1) if not _is_utf8(b))
+            raise UserError(
+                f"{vocab_file}: line {line} is not UTF-8 text; a WordPiece vocab.txt holds one "
+                "token per line"
+            ) from None
         if vocab and vocab[-1] == "":
             vocab.pop()
         if lowercase is None:
@@ -219,33 +228,32 @@ class WordPieceTokenizer(Tokenizer):
     def from_hf_json(cls, path: str, lowercase: bool | None = None) -> WordPieceTokenizer:
         """Hugging Face's ``tokenizer.json`` holding a BERT WordPiece model (what transformers 5
         saves in place of ``vocab.txt``); anything this class would not reproduce is refused."""
-        with fs.open(path, encoding="utf-8") as f:
-            spec = json.load(f)
+        spec = read_json(path)
         model = spec.get("model") or {}
         if model.get("type") != "WordPiece":
-            raise ValueError(
+            raise UserError(
                 f"{path}: a {model.get('type')!r} tokenizer model; only BERT's WordPiece is read "
                 "from tokenizer.json (use a SentencePiece .model for other vocabularies)"
             )
         settings = (model.get("continuing_subword_prefix", "##"), model.get("unk_token", UNK))
         if settings != ("##", UNK):
-            raise ValueError(f"{path}: WordPiece with prefix/unknown {settings}, not ('##', {UNK})")
+            raise UserError(f"{path}: WordPiece with prefix/unknown {settings}, not ('##', {UNK})")
         normalizer = spec.get("normalizer") or {}
         if normalizer.get("type") != "BertNormalizer":
-            raise ValueError(f"{path}: normalizer {normalizer.get('type')!r}, not BertNormalizer")
+            raise UserError(f"{path}: normalizer {normalizer.get('type')!r}, not BertNormalizer")
         stored = bool(normalizer.get("lowercase", True))
         strip = normalizer.get("strip_accents")
         if (strip is not None and bool(strip) != stored) or not normalizer.get(
             "handle_chinese_chars", True
         ):
-            raise ValueError(
+            raise UserError(
                 f"{path}: strip_accents={strip}, handle_chinese_chars="
                 f"{normalizer.get('handle_chinese_chars')} with lowercase={stored}: BERT's "
                 "tokenizer strips accents exactly when it lower-cases and splits CJK characters"
             )
         by_id = sorted((int(i), token) for token, i in model["vocab"].items())
         if [i for i, _ in by_id] != list(range(len(by_id))):
-            raise ValueError(f"{path}: vocabulary ids are not 0..{len(by_id) - 1} without gaps")
+            raise UserError(f"{path}: vocabulary ids are not 0..{len(by_id) - 1} without gaps")
         return cls(
             [token for _, token in by_id],
             stored if lowercase is None else lowercase,
@@ -356,3 +364,24 @@ def infer_lowercase(vocab: Sequence[str]) -> bool:
         if token != token.lower():
             return False
     return True
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def read_json(path: str) -> dict:
+    """A tokenizer's JSON file as a dict; a damaged one is a `UserError` naming it."""
+    with fs.open(path, "rb") as f:
+        data = f.read()
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except ValueError as err:  # not UTF-8, not JSON
+        raise UserError(f"{path} is damaged: not a JSON file ({err})") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is damaged: not a JSON object")
+    return value

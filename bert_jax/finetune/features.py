@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from bert_jax.errors import UserError
 from bert_jax.finetune.tasks import Example, TaskSpec, read_split
 
 FEATURE_KEYS = ("input_ids", "input_mask", "segment_ids")
@@ -92,9 +93,9 @@ def train_order(num_examples: int, epochs: float, batch_size: int, seed: int) ->
     exactly `epochs` times (fractional epochs take the start of the last permutation).
     """
     if num_examples <= 0:
-        raise ValueError("no training examples")
+        raise UserError("no training examples")
     if epochs <= 0:
-        raise ValueError(f"epochs must be positive, got {epochs}")
+        raise UserError(f"epochs must be positive, got {epochs}")
     rng = np.random.default_rng(seed)
     total = max(1, round(num_examples * epochs))
     permutations = [rng.permutation(num_examples) for _ in range(math.ceil(epochs))]

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import partitioning, train
+from bert_jax.errors import UserError
 from bert_jax.finetune import metrics as glue_metrics
 from bert_jax.finetune import steps
 from bert_jax.finetune.features import (
@@ -84,7 +85,7 @@ class PretrainedEncoder:
         """From `model_dir.load_model_dir(...)`'s ModelDir (params hold a `bert` subtree)."""
         params = model_dir.params
         if "bert" not in params:
-            raise ValueError(
+            raise UserError(
                 f"model directory {model_dir.path} has no 'bert' parameters "
                 f"(top-level keys: {sorted(params)})"
             )

@@ -308,7 +308,7 @@ def build_features(
     """Windows of every sentence (see the module docstring); unknown tags get label 0, weight 0."""
     budget = max_seq_length - 2
     if budget < 1:
-        raise ValueError(f"max_seq_length={max_seq_length} leaves no room for words")
+        raise UserError(f"max_seq_length={max_seq_length} leaves no room for words")
     label_id = {label: i for i, label in enumerate(labels)}
     ids_rows, label_rows, weight_rows, words_rows = [], [], [], []
     by_document: dict[int, list[int]] = {}

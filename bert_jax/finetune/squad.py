@@ -62,7 +62,7 @@ def parse_task(task: str) -> str | None:
     rest = key[5:].lstrip("/").lstrip("v")
     version = {"1.1": "v1.1", "1": "v1.1", "11": "v1.1", "2.0": "v2.0", "2": "v2.0"}.get(rest)
     if version is None:
-        raise ValueError(f"unknown SQuAD task {task!r}; use squad/v1.1 or squad/v2.0")
+        raise UserError(f"unknown SQuAD task {task!r}; use squad/v1.1 or squad/v2.0")
     return version
 
 
@@ -341,7 +341,7 @@ def build_features(
         query = tokenizer.encode(example.question, allow_special=False)[:max_query_length]
         window = max_seq_length - len(query) - 3
         if window < 1:
-            raise ValueError(
+            raise UserError(
                 f"max_seq_length={max_seq_length} leaves no room for the context after a "
                 f"question of {len(query)} sub-tokens (max_query_length={max_query_length})"
             )

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import optim, partitioning
+from bert_jax.errors import UserError
 from bert_jax.finetune.features import epoch_end_steps, host_rows, train_order
 from bert_jax.model import BertConfig
 from bert_jax.train import TrainState
@@ -35,7 +36,7 @@ def run_config(encoder: Any, settings: Any, mesh: jax.sharding.Mesh) -> BertConf
     partitioning.check_batch_divisible(settings.batch_size, mesh, "batch_size")
     partitioning.check_batch_divisible(settings.eval_batch_size, mesh, "eval_batch_size")
     if settings.max_seq_length > encoder.config.max_position_embeddings:
-        raise ValueError(
+        raise UserError(
             f"max_seq_length={settings.max_seq_length} exceeds the model's "
             f"max_position_embeddings={encoder.config.max_position_embeddings}"
         )

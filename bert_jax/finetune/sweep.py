@@ -30,6 +30,7 @@ import jax
 
 from bert_jax import fs
 from bert_jax.data import files
+from bert_jax.errors import UserError
 from bert_jax.finetune import report
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.features import TaskData, load_task_data
@@ -100,13 +101,13 @@ def trials_for(
 ) -> list[Trial]:
     """Every (task, learning rate, seed) in sweep order: tasks as given, then lr, then seed."""
     if not tasks or not learning_rates or not seeds:
-        raise ValueError("a sweep needs at least one task, learning rate and seed")
+        raise UserError("a sweep needs at least one task, learning rate and seed")
     specs = [get_task(name) for name in tasks]
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
-        raise ValueError(f"a task is listed twice in {list(tasks)}")
+        raise UserError(f"a task is listed twice in {list(tasks)}")
     if len(set(learning_rates)) != len(learning_rates) or len(set(seeds)) != len(seeds):
-        raise ValueError("learning rates and seeds must not repeat")
+        raise UserError("learning rates and seeds must not repeat")
     return [
         Trial(spec, float(lr), int(seed))
         for spec in specs
@@ -160,7 +161,7 @@ def load_finished(
     if record.get("model") != model:
         differ.append(f"model: saved {record.get('model')!r}, now {model!r}")
     if differ:
-        raise ValueError(
+        raise UserError(
             f"{path} is a finished trial with different settings ({'; '.join(differ)}); use "
             "another --workdir, or delete it to run the trial again"
         )
@@ -275,7 +276,7 @@ SWEEP_OPTIONS = ("tasks", "learning_rates", "seeds", "predict_test")
 def _read_config_file(path: str) -> dict[str, Any]:
     """A JSON file, or a Python file whose `get_config()` returns a dict or ConfigDict."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"sweep config not found: {path}")
+        raise UserError(f"sweep config not found: {path}")
     if path.endswith(".json"):
         with open(path, encoding="utf-8") as f:
             values = json.load(f)
@@ -287,13 +288,13 @@ def _read_config_file(path: str) -> dict[str, Any]:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         if not hasattr(module, "get_config"):
-            raise ValueError(f"{path} defines no get_config()")
+            raise UserError(f"{path} defines no get_config()")
         values = module.get_config()
         values = values.to_dict() if hasattr(values, "to_dict") else dict(values)
     else:
-        raise ValueError(f"sweep config {path}: use a .json or .py file")
+        raise UserError(f"sweep config {path}: use a .json or .py file")
     if not isinstance(values, dict):
-        raise ValueError(f"sweep config {path} must hold a mapping, not {type(values).__name__}")
+        raise UserError(f"sweep config {path} must hold a mapping, not {type(values).__name__}")
     return values
 
 
@@ -312,7 +313,7 @@ def sweep_options(
     for source, given in sources:
         unknown = sorted(set(given) - fields - set(SWEEP_OPTIONS))
         if unknown:
-            raise ValueError(
+            raise UserError(
                 f"{source}: unknown sweep option(s) {unknown}; known: "
                 f"{sorted(fields | set(SWEEP_OPTIONS))}"
             )

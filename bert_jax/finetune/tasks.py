@@ -33,6 +33,7 @@ import os
 from collections.abc import Sequence
 
 from bert_jax import fs
+from bert_jax.errors import UserError
 
 # Which split names a task has, and the GLUE-server file each test split's predictions go to.
 TRAIN = "train"
@@ -230,7 +231,7 @@ _ALIASES = {name.lower().replace("-", "").replace("_", ""): name for name in TAS
 }
 
 
-class GlueDataError(ValueError):
+class GlueDataError(UserError):
     """A task file is missing or malformed; the message names the file (and line)."""
 
 
@@ -239,7 +240,7 @@ def get_task(name: str) -> TaskSpec:
     key = name.split("/", 1)[1] if name.lower().startswith("glue/") else name
     key = key.lower().replace("-", "").replace("_", "")
     if key not in _ALIASES:
-        raise ValueError(f"unknown GLUE task {name!r}; choose one of {', '.join(TASK_ORDER)}")
+        raise UserError(f"unknown GLUE task {name!r}; choose one of {', '.join(TASK_ORDER)}")
     return TASKS[_ALIASES[key]]
 
 
@@ -344,7 +345,7 @@ def read_split(data: str, task: TaskSpec | str, split: str) -> list[Example]:
     if task.name == "MNLI":
         valid.add("diagnostic")
     if split not in valid:
-        raise ValueError(f"{task.name} has no split {split!r}; it has {sorted(valid)}")
+        raise UserError(f"{task.name} has no split {split!r}; it has {sorted(valid)}")
     if data == "tfds" or data.startswith("tfds:"):
         return read_tfds(task, split, data_dir=data[5:] or None)
     if split == "diagnostic":

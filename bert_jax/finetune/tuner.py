@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import optim, partitioning, train
+from bert_jax.errors import UserError
 from bert_jax.finetune import steps
 from bert_jax.train import TrainState
 
@@ -107,7 +108,7 @@ def place_pretrained(pretrained_bert: Any, abstract_bert: Any, state_shardings: 
         if tuple(np.shape(have[key])) != tuple(want[key].shape)
     ]
     if problems:
-        raise ValueError(
+        raise UserError(
             "pretrained encoder params do not fit the model: " + "; ".join(problems[:5])
         )
 
