@@ -319,28 +319,50 @@ def check_sequence_length(
         )
 
 
-# Settings with their smallest allowed value: below it they fail later (or divide by zero).
-_AT_LEAST = {
-    1: "log_every_steps checkpoint.every_steps checkpoint.keep grad_accum_steps model.vocab_size "
-    "model.hidden_size model.num_hidden_layers model.num_attention_heads model.intermediate_size "
-    "model.max_position_embeddings model.type_vocab_size",
-    0: "max_consecutive_nonfinite optimizer.learning_rate optimizer.end_learning_rate "
-    "optimizer.warmup_steps data.short_seq_prob data.masked_lm_prob model.layer_norm_eps",
+# The range of each numeric setting, checked before anything compiles (NaN, inf and values out
+# of range would otherwise train to garbage or fail late). Every float in the config must also be
+# finite.
+_RANGES = {
+    "[1, inf)": "log_every_steps checkpoint.every_steps checkpoint.keep grad_accum_steps "
+    "model.vocab_size model.hidden_size model.num_hidden_layers model.num_attention_heads "
+    "model.intermediate_size model.max_position_embeddings model.type_vocab_size",
+    "[0, inf)": "max_consecutive_nonfinite optimizer.learning_rate optimizer.end_learning_rate "
+    "optimizer.warmup_steps optimizer.clip_norm",
+    "(0, inf)": "optimizer.eps model.layer_norm_eps model.initializer_range",
+    "[0, 1)": "optimizer.b1 optimizer.b2 optimizer.weight_decay model.hidden_dropout_prob "
+    "model.attention_probs_dropout_prob",
+    "[0, 1]": "data.short_seq_prob",
+    "(0, 1)": "data.masked_lm_prob",
 }
-_AT_MOST_1 = ("data.short_seq_prob", "data.masked_lm_prob")
+
+
+_PACKING = ("packing_factor", 0, 1)
+
+
+def _in_range(value: float, interval: str) -> bool:
+    low, high = (float(x) for x in interval[1:-1].split(","))
+    above = value >= low if interval[0] == "[" else value > low
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below
 
 
 def check_values(config, phases: list[Phase]) -> None:
     """Values out of range, each naming its setting; needs no devices (`pretrain --dry-run`)."""
-    for least, keys in _AT_LEAST.items():
+    for key, value in _flat_settings(config):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"config.{key}={value} must be a finite number")
+    for interval, keys in _RANGES.items():
         for key in keys.split():
             value = _setting(config, key)
-            if value is not None and value < least:
-                raise UserError(f"config.{key}={value} must be at least {least}")
-    for key in _AT_MOST_1:
-        value = _setting(config, key)
-        if value is not None and value > 1:
-            raise UserError(f"config.{key}={value} is a probability: at most 1")
+            if value is not None and not _in_range(value, interval):
+                raise UserError(f"config.{key}={value} is out of range: it must be in {interval}")
+    for phase in phases:
+        spec = config[phase.name]
+        # Each with its "off" value (the optimizer's rate and warmup; no packing).
+        for key, off, least in (("learning_rate", -1, 0), ("warmup_steps", -1, 0), _PACKING):
+            value = spec.get(key, off)
+            if value != off and value < least:
+                raise UserError(f"config.{phase.name}.{key}={value}: use {off} or at least {least}")
     if config.eval.every_steps > 0 and min(config.eval.batches, config.eval.batch_size) < 1:
         raise UserError(
             "config.eval.batches and config.eval.batch_size must be at least 1 with evaluation on "

@@ -50,7 +50,7 @@ from bert_jax import workdir as workdir_lib
 from bert_jax.config_lib import Phase
 from bert_jax.convert import mapping
 from bert_jax.data import shards as input_shards
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, user_path
 from bert_jax.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
 from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
@@ -80,10 +80,12 @@ def pretrain(
     is_main = jax.process_index() == 0
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
     config_lib.bert_config(config)  # a bad model setting fails first
+    config_lib.check_values(config, config_lib.plan_phases(config))  # before the workdir exists
     # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
     distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
     if is_main:
-        fs.makedirs(workdir, exist_ok=True)
+        with user_path(workdir, "--workdir", writing=True):
+            fs.makedirs(workdir, exist_ok=True)
     distributed.sync_hosts("workdir")
     lock = workdir_lib.lock(workdir, is_main)
     try:
@@ -216,6 +218,7 @@ def _every(step: int, every_steps: int, total: int) -> bool:
 def _prepare_workdir(config, workdir: str, is_main: bool):
     """(phases, mesh, tokenizer) after every check that must fail before compiling; writes the
     workdir's config.json and tokenizer/."""
+    workdir_lib.check_same_model(workdir, config)  # before config.json is written anew
     phases = config_lib.plan_phases(config)
     mesh = partitioning.make_mesh(config.mesh.shape)
     config_lib.validate(config, phases, mesh, None)

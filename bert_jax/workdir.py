@@ -182,3 +182,54 @@ def remove_leftovers(workdir: str, checkpointer, console) -> None:
             removed.append(path)
     if removed:
         console(f"removed what an interrupted run left behind: {', '.join(removed)}")
+
+
+# What decides the shapes and structure of a workdir's train state: a run with other values can
+# restore none of its checkpoints.
+STATE_SETTINGS = tuple(
+    f"model.{name}"
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "vocab_pad_multiple",
+        "param_dtype",
+    )
+) + ("optimizer.name",)
+
+
+def check_same_model(workdir: str, config) -> None:
+    """Refuses a run whose model settings differ from those of the checkpoints in `workdir`.
+
+    The workdir's `config.json` (written by the run that saved them) says what the checkpoints
+    hold; the checkpoints are fine, the config changed, so the refusal names the differing
+    settings and how to go on. Nothing in the workdir is touched.
+    """
+    stored_path = fs.join(workdir, "config.json")
+    checkpoints = fs.join(workdir, "checkpoints")
+    if not fs.isfile(stored_path) or not fs.isdir(checkpoints):
+        return
+    if not any(name.isdigit() for name in fs.listdir(checkpoints)):
+        return
+    try:
+        stored = json.loads(fs.read_text(stored_path))
+    except ValueError:  # unreadable: the restore itself reports what it finds
+        return
+    differ = []
+    for key in STATE_SETTINGS:
+        there, here = stored, config
+        for part in key.split("."):
+            there = there.get(part) if isinstance(there, dict) else None
+            here = here.get(part) if here is not None else None
+        if there is not None and here is not None and there != here:
+            differ.append(f"config.{key}={here!r} here, {there!r} there")
+    if differ:
+        raise UserError(
+            f"--workdir {workdir} holds checkpoints of another model ({'; '.join(differ)}; read "
+            f"from {stored_path}): use another --workdir for this model, or run with the "
+            "workdir's model settings to resume it"
+        )

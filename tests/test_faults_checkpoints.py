@@ -230,19 +230,24 @@ def test_no_intact_checkpoint_is_exit_2_and_changes_nothing(run, shared_dirs, tm
     assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_NAME))
 
 
-def test_changed_model_config_is_exit_2_naming_the_shapes(run, shared_dirs, tmp_path, capsys):
-    """Every checkpoint has other shapes than the config: a config mistake, not damage; nothing
-    is set aside."""
+def test_changed_model_config_is_exit_2_naming_the_settings(run, shared_dirs, tmp_path, capsys):
+    """Another model size on a workdir with checkpoints: the checkpoints are fine, the config
+    changed. The refusal names the differing settings (read from the workdir's config.json) and
+    how to go on, before anything compiles; nothing in the workdir changes, config.json included."""
     workdir = copy_run(run, tmp_path)
-    before = tree_digest(os.path.join(workdir, "checkpoints"))
+    before = tree_digest(workdir)
     argv = pretrain_argv(shared_dirs, workdir, **{"model.intermediate_size": 96})
     outcome = run_cli(capsys, argv)
-    problem = (
-        "parameter bert/encoder/layer_0/intermediate/bias has shape (128,) but the run's config "
-        "implies (96,)"
+    assert_user_error(
+        outcome,
+        f"--workdir {workdir} holds checkpoints of another model",
+        "config.model.intermediate_size=96 here, 128 there",
+        os.path.join(workdir, "config.json"),
+        "use another --workdir",
+        "run with the workdir's model settings",
     )
-    assert_user_error(outcome, f"step 8: {problem}", f"step 4: {problem}", only_line=False)
-    assert tree_digest(os.path.join(workdir, "checkpoints")) == before
+    assert "step 8" not in outcome.message  # not reported as damaged checkpoints
+    assert tree_digest(workdir) == before
 
 
 # --- One writer per workdir ---

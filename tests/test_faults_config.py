@@ -205,11 +205,74 @@ def test_a_config_override_typo_is_one_line_with_a_suggestion(capsys, cwd):
         ("model.max_position_embeddings=0", "config.model.max_position_embeddings=0"),
         ("data.masked_lm_prob=2.0", "config.data.masked_lm_prob=2.0"),
         ("eval.batches=0", "config.eval.batches"),
+        # Floats that are not finite, or out of their range (issue 27's second round).
+        ("optimizer.learning_rate=nan", "config.optimizer.learning_rate=nan"),
+        ("optimizer.learning_rate=inf", "config.optimizer.learning_rate=inf"),
+        ("optimizer.end_learning_rate=-inf", "config.optimizer.end_learning_rate=-inf"),
+        ("optimizer.weight_decay=-0.01", "config.optimizer.weight_decay=-0.01"),
+        ("optimizer.weight_decay=nan", "config.optimizer.weight_decay=nan"),
+        ("optimizer.eps=0.0", "config.optimizer.eps=0.0"),
+        ("optimizer.b1=1.0", "config.optimizer.b1=1.0"),
+        ("optimizer.b2=-0.5", "config.optimizer.b2=-0.5"),
+        ("optimizer.clip_norm=nan", "config.optimizer.clip_norm=nan"),
+        ("model.hidden_dropout_prob=1.5", "config.model.hidden_dropout_prob=1.5"),
+        ("model.attention_probs_dropout_prob=nan", "config.model.attention_probs_dropout_prob"),
+        ("model.layer_norm_eps=0.0", "config.model.layer_norm_eps=0.0"),
+        ("model.initializer_range=inf", "config.model.initializer_range=inf"),
+        ("data.masked_lm_prob=0.0", "config.data.masked_lm_prob=0.0"),
+        ("data.masked_lm_prob=nan", "config.data.masked_lm_prob=nan"),
+        ("data.short_seq_prob=-0.1", "config.data.short_seq_prob=-0.1"),
+        ("phase1.learning_rate=-0.5", "config.phase1.learning_rate=-0.5"),
+        ("phase1.packing_factor=0.5", "config.phase1.packing_factor=0.5"),
+        ("phase1.fraction=nan", "config.phase1.fraction"),
     ],
 )
 def test_absurd_values_are_named_before_anything_runs(capsys, cwd, override, named):
     assert_user_error(_pretrain(capsys, f"--config.{override}"), named)
     assert tree_digest(cwd) == {}
+
+
+def test_a_non_finite_rate_stops_a_real_run_before_its_workdir_exists(capsys, cwd, tmp_path):
+    """Not only --dry-run: `pretrain --workdir` with a NaN rate ran and exited 0 before."""
+    workdir = tmp_path / "run"
+    argv = ["pretrain", "--config", TINY, "--workdir", str(workdir)]
+    outcome = run_cli(capsys, [*argv, "--config.optimizer.learning_rate=nan"])
+    assert_user_error(outcome, "config.optimizer.learning_rate=nan must be a finite number")
+    assert not workdir.exists() and tree_digest(cwd) == {}
+
+
+def test_a_workdir_under_a_regular_file_names_the_flag_and_the_file(capsys, cwd, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a sentence.\n", encoding="utf-8")
+    before = tree_digest(tmp_path)
+    workdir = corpus / "w9"
+    outcome = run_cli(capsys, ["pretrain", "--config", TINY, "--workdir", str(workdir)])
+    assert_user_error(
+        outcome, f"--workdir {workdir}", f"{corpus} is a regular file, not a directory"
+    )
+    assert "Errno" not in outcome.message
+    assert tree_digest(tmp_path) == before
+
+
+def test_a_sentencepiece_model_that_is_not_one_is_named(capsys, cwd, tmp_path):
+    bogus = tmp_path / "random.model"
+    bogus.write_bytes(np.random.default_rng(0).bytes(4096))
+    output = tmp_path / "records"
+    argv = ["data", "prepare", "--input", "embedded", "--tokenizer", str(bogus)]
+    outcome = run_cli(capsys, [*argv, "--output", str(output)])
+    assert_user_error(outcome, f"{bogus} is not a SentencePiece model")
+    assert "INTERNAL" not in outcome.message and not output.exists()
+    assert tree_digest(cwd) == {}
+
+
+def test_a_vocab_txt_that_is_not_text_is_named_with_its_line(capsys, cwd, tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes(b"[PAD]\n[UNK]\n\xff\xfe binary\n")
+    output = tmp_path / "records"
+    argv = ["data", "prepare", "--input", "embedded", "--tokenizer", str(vocab)]
+    outcome = run_cli(capsys, [*argv, "--output", str(output)])
+    assert_user_error(outcome, f"{vocab}: line 3 is not UTF-8 text")
+    assert not output.exists()
 
 
 def test_compile_only_checks_the_values_too(capsys, cwd):
