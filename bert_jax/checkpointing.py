@@ -231,7 +231,7 @@ class Checkpointer:
         """
         step = self.latest_step() if step is None else step
         if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise CheckpointError(f"no checkpoint in {self.directory}")
         state_args = ocp.args.StandardRestore(abstract_state)
         if with_data:
             try:
@@ -267,7 +267,7 @@ class Checkpointer:
         """
         step = self.latest_step() if step is None else step
         if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise CheckpointError(f"no checkpoint in {self.directory}")
         target = {"params": abstract_params}
         restored = self.manager.restore(
             step,
@@ -434,14 +434,14 @@ class Preemption:
 def find_checkpoint_dir(path: str) -> str:
     """A workdir (`<path>/checkpoints`) or a checkpoints directory itself.
 
-    Raises FileNotFoundError for a path that does not exist (rather than creating an empty
-    checkpoint directory there).
+    A path that does not exist is a `CheckpointError` (rather than an empty checkpoint directory
+    created there).
     """
     candidate = fs.join(path, "checkpoints")
     if fs.isdir(candidate):
         return candidate
     if not fs.isdir(path):
-        raise FileNotFoundError(
+        raise CheckpointError(
             f"no checkpoints at {path}: expected a pretraining workdir or its checkpoints/"
         )
     return path

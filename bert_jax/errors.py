@@ -25,6 +25,7 @@ from collections.abc import Iterator
 EXIT_OK = 0
 EXIT_BUG = 1
 EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3  # the loss stayed non-finite: running again repeats it; the message says more
 EXIT_DOES_NOT_FIT = 4
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped after saving a checkpoint; run again to resume.
 
@@ -32,6 +33,8 @@ EXIT_STATUSES_HELP = """exit statuses:
   0    done
   1    a bug in bert-jax (with its traceback)
   2    a user error (one line naming the file, flag or setting to change)
+  3    pretraining stopped: the loss or gradients stayed non-finite (the message names the last
+       good checkpoint; running again unchanged repeats it)
   4    does not fit (compile check: a phase needs more memory than the devices have)
   143  stopped by SIGTERM after saving a checkpoint (run the same command again to resume)"""
 

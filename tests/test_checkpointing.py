@@ -87,13 +87,13 @@ def test_checkpoint_directories(saved, tmp_path):
     workdir = os.path.dirname(directory)
     assert checkpointing.find_checkpoint_dir(workdir) == directory
     assert checkpointing.find_checkpoint_dir(directory) == directory
-    with pytest.raises(FileNotFoundError, match="no checkpoints at .*typo"):
+    with pytest.raises(checkpointing.CheckpointError, match="no checkpoints at .*typo"):
         checkpointing.find_checkpoint_dir(str(tmp_path / "typo"))
     assert not os.path.exists(tmp_path / "typo")
     empty = checkpointing.Checkpointer(str(tmp_path / "empty"), async_save=False)
-    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+    with pytest.raises(checkpointing.CheckpointError, match="no checkpoint in"):
         empty.restore_params({})
-    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+    with pytest.raises(checkpointing.CheckpointError, match="no checkpoint in"):
         empty.restore({}, partitioning.make_mesh((-1, 1, 1)))
     empty.close()
 

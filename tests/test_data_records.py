@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import records
+from bert_jax.errors import UserError
 
 LENGTH, SLOTS = 64, 10
 
@@ -67,7 +68,7 @@ def test_records_written_like_the_original_tool_are_read(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no .tfrecord files"):
         records.list_record_files(tmp_path / "empty")
-    with pytest.raises(FileNotFoundError, match="record file not found"):
+    with pytest.raises(UserError, match="record file not found"):
         records.list_record_files(tmp_path / "missing.tfrecord")
 
 

@@ -11,6 +11,7 @@ import pytest
 from bert_jax.data import sources as corpus
 from bert_jax.data.tokenizer import load_tokenizer
 from bert_jax.data.wordpiece import WordPieceTokenizer
+from bert_jax.errors import UserError
 from tests.data_fixtures import minilm_vocab_path
 
 # Text that exercises every branch of BERT's basic tokenizer: accents (composed and combining),
@@ -106,7 +107,7 @@ def test_hugging_face_tokenizer_json_loads_as_its_vocab_txt(tmp_path, real_sente
     with pytest.raises(ValueError, match="a 'BPE' tokenizer model; only BERT's WordPiece"):
         load_tokenizer(saved / "tokenizer.json")
     os.remove(saved / "tokenizer.json")
-    with pytest.raises(FileNotFoundError, match="vocab.txt or tokenizer.json"):
+    with pytest.raises(UserError, match="vocab.txt or tokenizer.json"):
         load_tokenizer(saved)
 
 

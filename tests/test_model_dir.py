@@ -15,6 +15,7 @@ from bert_jax import partitioning, train
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError
 from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.errors import UserError
 from bert_jax.model import BertForPreTraining
 from tests.convert_fixtures import random_params, write_vocab
 from tests.helpers import REAL_SENTENCES, tiny_config
@@ -155,7 +156,7 @@ def test_failed_writes_leave_nothing(tmp_path, params, vocab, monkeypatch):
 
 def test_existing_destination_needs_overwrite(tmp_path, params):
     path = md.save_model_dir(tmp_path / "m", CONFIG, {"bert": params["bert"]})
-    with pytest.raises(FileExistsError, match="overwrite"):
+    with pytest.raises(UserError, match="overwrite"):
         md.save_model_dir(path, CONFIG, params)
     md.save_model_dir(path, CONFIG, params, overwrite=True)
     assert md.load_model_dir(path).has_heads

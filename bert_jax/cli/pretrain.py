@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from bert_jax import errors
 from bert_jax.cli.config_flags import ConfigCommand
 from bert_jax.errors import UserError
 
@@ -41,9 +42,9 @@ def _run(flag_values) -> int:
         result = pretrain.pretrain(config, flag_values.workdir)
     except pretrain.NonFiniteError as err:
         print(f"bert-jax pretrain: stopped: {err}", file=sys.stderr)
-        return 3
-    # 143 = 128 + SIGTERM: a preempted run has not finished, and schedulers should see that.
-    return 143 if result.preempted else 0
+        return errors.EXIT_DIVERGED
+    # 128 + SIGTERM: a preempted run has not finished, and schedulers should see that.
+    return errors.EXIT_STOPPED if result.preempted else errors.EXIT_OK
 
 
 def _define_distributed(flags, flag_values) -> None:

@@ -25,7 +25,7 @@ from bert_jax.data.tokenizer_base import (
     UNK,
     Tokenizer,
 )
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, user_path
 
 # SentencePiece models from other projects (ALBERT, T5) spell pad/unk differently.
 _SPM_ALIASES = {PAD: (PAD, "<pad>"), UNK: (UNK, "<unk>")}
@@ -164,7 +164,8 @@ def train_sentencepiece(
         if not fs.isfile(f):
             raise UserError(f"tokenizer training input not found: {f}")
     output_dir = os.fspath(output_dir)
-    fs.makedirs(output_dir, exist_ok=True)
+    with user_path(output_dir, "--output", writing=True):
+        fs.makedirs(output_dir, exist_ok=True)
     # SentencePiece reads and writes local files only: inputs in a bucket are copied here first.
     local_dir = None if fs.is_remote(output_dir) else output_dir
     with tempfile.TemporaryDirectory(dir=local_dir, prefix=".spm-train-") as tmp:

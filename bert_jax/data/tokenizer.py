@@ -191,7 +191,8 @@ def train_tokenizer(
             plain, vocab_size, output_dir, lowercase, **sentencepiece_options
         )
     output_dir = os.fspath(output_dir)
-    fs.makedirs(output_dir, exist_ok=True)
+    with user_path(output_dir, "--output", writing=True):
+        fs.makedirs(output_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(
         "w",
         encoding="utf-8",

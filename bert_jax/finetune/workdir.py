@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from bert_jax import fs
 from bert_jax.data import files
+from bert_jax.errors import user_path
 
 MARKER = "bert_jax_finetune.json"
 _NAMES = (
@@ -56,8 +57,9 @@ def open_workdir(workdir: str, command: str, writer: bool = True) -> str:
     workdir = fs.abspath(workdir)
     check_workdir(workdir)
     if writer:
-        fs.makedirs(workdir, exist_ok=True)
-        marker = fs.join(workdir, MARKER)
-        if not fs.exists(marker):
-            files.write_json_atomic(marker, {"written_by": f"bert-jax {command}"})
+        with user_path(workdir, "--workdir", writing=True):
+            fs.makedirs(workdir, exist_ok=True)
+            marker = fs.join(workdir, MARKER)
+            if not fs.exists(marker):
+                files.write_json_atomic(marker, {"written_by": f"bert-jax {command}"})
     return workdir
