@@ -1,11 +1,15 @@
-"""A records directory's inputs (identity, text or not) and whether its preparation finished.
+"""A records directory's manifest: what ``data prepare`` made it from, and whether it finished.
 
-``bert-jax data prepare`` records with its settings (``prepare_config.json``) the identity of every
-input file: path, size and SHA-256 of the content (streamed, never held in memory). A later run
-into the same directory compares them: unchanged inputs resume, changed ones are refused in one
-line naming the file unless ``--overwrite`` asks for a rebuild. The same pass refuses input that
-is not text (a NUL byte: an image, a library) or not UTF-8 (say Latin-1), naming the file and the
-line, before anything is written.
+The manifest is a value, ``Manifest``: the settings that shape the records (``OUTPUT_SETTINGS``,
+the tokenizer's fingerprint among them) and the identity of every input file (path, size and
+SHA-256 of the content, streamed, never held in memory). ``prepare`` builds it, checks it against
+the one already in the output directory (``check_resumable``: unchanged inputs and settings
+resume; a change is refused in one line naming the file or the setting unless ``--overwrite``
+asks for a rebuild) and writes it once per stage (``write``). On disk it is the flat JSON object
+``prepare_config.json``, the same keys as ever: ``from_json`` reads every earlier version.
+
+Reading the inputs for their identity also refuses input that is not text (a NUL byte: an image,
+a library) or not UTF-8 (say Latin-1), naming the file and the line, before anything is written.
 
 A run removes its machine's ``stats-I-of-N.json`` when it starts and writes it last, so that file
 is the completion mark: ``require_complete`` (used by the pipeline) refuses a directory with a
@@ -16,16 +20,48 @@ manifest whose machines have not all finished, so a failed or killed run is neve
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import gzip
 import hashlib
+import json
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from bert_jax import fs
 from bert_jax.data import files
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.errors import UserError
 
+__all__ = [
+    "Manifest",
+    "read",
+    "write",
+    "read_prepare_config",
+    "input_identity",
+    "check_text_inputs",
+    "check_resumable",
+    "check_output_dir",
+    "require_complete",
+]
+
 INPUTS_KEY = "inputs"
+# Settings that change the bytes written; a resumed run must agree on all of them.
+OUTPUT_SETTINGS = (
+    "format_version",
+    "max_seq_length",
+    "max_predictions_per_seq",
+    "masked_lm_prob",
+    "short_seq_prob",
+    "dupe_factor",
+    "seed",
+    "whole_word_mask",
+    "documents_per_shard",
+    "sentence_split",
+    "text_field",
+    "tokenizer_fingerprint",
+    "sources",
+)
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 _OWN_NAME_RE = re.compile(r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json)$")
@@ -44,8 +80,63 @@ class InputError(UserError):
     """An input file that cannot be prepared (not text, not UTF-8) or that changed."""
 
 
+class SettingsChangedError(UserError):
+    """An output directory prepared with other settings than the run's."""
+
+
 class IncompleteRecordsError(UserError):
     """A records directory whose `data prepare` run has not finished."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """What a records directory was prepared from; ``prepare_config.json`` as a value.
+
+    ``settings``: every recorded key but the inputs (``OUTPUT_SETTINGS``, ``vocab_size``, and
+    whatever an older or newer writer added, kept as it was). ``inputs``: one entry per input,
+    ``{"path", "size", "sha256"}`` for a file or ``{"source"}`` for a named corpus; None in a
+    directory prepared before inputs were recorded. Treat both as read-only.
+    """
+
+    settings: Mapping[str, Any]
+    inputs: tuple[Mapping[str, Any], ...] | None = None
+
+    def to_json(self) -> dict:
+        """The object ``prepare_config.json`` holds."""
+        payload = dict(self.settings)
+        if self.inputs is not None:
+            payload[INPUTS_KEY] = [dict(entry) for entry in self.inputs]
+        return payload
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> Manifest:
+        settings = {key: value for key, value in payload.items() if key != INPUTS_KEY}
+        inputs = payload.get(INPUTS_KEY)
+        return cls(settings, None if inputs is None else tuple(inputs))
+
+    def setting_changes(self, other: Manifest) -> list[str]:
+        """``"key: mine -> other's"`` for every output setting on which the two differ."""
+        return [
+            f"{key}: {self.settings.get(key)!r} -> {other.settings.get(key)!r}"
+            for key in OUTPUT_SETTINGS
+            if self.settings.get(key) != other.settings.get(key)
+        ]
+
+
+def read(directory: str) -> Manifest | None:
+    """The manifest in `directory`, or None where there is none (new, empty, foreign records)."""
+    try:
+        payload = read_prepare_config(directory)
+    except json.JSONDecodeError as err:
+        raise UserError(
+            f"{fs.join(directory, CONFIG_FILE)} is not valid JSON ({err}); prepare the "
+            "directory again, into a new --output directory or with --overwrite"
+        ) from None
+    return None if payload is None else Manifest.from_json(payload)
+
+
+def write(directory: str, manifest: Manifest) -> None:
+    files.write_json_atomic(fs.join(directory, CONFIG_FILE), manifest.to_json())
 
 
 class _TextCheck:
@@ -149,14 +240,17 @@ def input_identity(sources: list[str]) -> list[dict]:
     return identity
 
 
-def check_inputs(output_dir: str, inputs: list[dict], overwrite: bool) -> None:
-    """Compares `inputs` with those recorded in `output_dir`; refuses a change without
-    `overwrite` (with it, the run rebuilds). Directories from before inputs were recorded pass."""
-    previous = read_prepare_config(output_dir) if fs.isdir(output_dir) else None
-    if not previous or INPUTS_KEY not in previous or overwrite:
+def _input_key(entry: Mapping[str, Any]) -> str:
+    return entry.get("path", entry.get("source"))
+
+
+def _check_inputs(previous: Manifest, wanted: Manifest, output_dir: str) -> None:
+    """Refuses (InputError naming the first file) inputs that changed, appeared or went since
+    `previous` was recorded. A manifest from before inputs were recorded passes."""
+    if previous.inputs is None or wanted.inputs is None:
         return
-    before = {entry.get("path", entry.get("source")): entry for entry in previous[INPUTS_KEY]}
-    now = {entry.get("path", entry.get("source")): entry for entry in inputs}
+    before = {_input_key(entry): entry for entry in previous.inputs}
+    now = {_input_key(entry): entry for entry in wanted.inputs}
     changed = [name for name in now if name in before and before[name] != now[name]]
     added = [name for name in now if name not in before]
     removed = [name for name in before if name not in now]
@@ -169,9 +263,27 @@ def check_inputs(output_dir: str, inputs: list[dict], overwrite: bool) -> None:
             )
 
 
-def check_output(output_dir: str, inputs: list[dict], overwrite: bool) -> None:
+def check_resumable(
+    previous: Manifest | None, wanted: Manifest, output_dir: str, overwrite: bool
+) -> None:
+    """May a run that would record `wanted` write into `output_dir`, which holds `previous`?
+
+    Without `overwrite`: only with the same inputs (else InputError naming the file) and the
+    same output settings (else SettingsChangedError listing each change). With it: always."""
+    if previous is None or overwrite:
+        return
+    _check_inputs(previous, wanted, output_dir)
+    changed = previous.setting_changes(wanted)
+    if changed:
+        raise SettingsChangedError(
+            f"{output_dir} already holds data prepared with different settings "
+            f"({'; '.join(changed)}); choose a new --output directory or pass --overwrite"
+        )
+
+
+def check_output_dir(output_dir: str, overwrite: bool) -> None:
     """Before anything is written: `output_dir` is new, empty or a records directory (with
-    `overwrite`, one ``files.check_replaceable`` allows), and its inputs are unchanged."""
+    `overwrite`, one ``files.check_replaceable`` allows)."""
     if overwrite:
         files.check_replaceable(output_dir, RECORDS_KIND)
     elif fs.isdir(output_dir) and fs.listdir(output_dir):
@@ -180,24 +292,16 @@ def check_output(output_dir: str, inputs: list[dict], overwrite: bool) -> None:
                 f"{output_dir} holds files but no {CONFIG_FILE} (not a bert-jax records "
                 "directory); choose a new or empty --output directory"
             )
-    check_inputs(output_dir, inputs, overwrite)
 
 
 def stats_name(shard_index: int, num_shards: int) -> str:
     return f"stats-{shard_index}-of-{num_shards}.json"
 
 
-def mark_started(output_dir: str, shard_index: int, num_shards: int) -> None:
-    """Removes this machine's completion mark: until it is written again, readers refuse."""
-    path = fs.join(output_dir, stats_name(shard_index, num_shards))
-    if fs.exists(path):
-        fs.remove(path)
-
-
 def require_complete(directory: str) -> None:
     """Refuses a records directory written by ``data prepare`` whose machines have not all
     finished (a failed, killed or still running preparation). Foreign records pass."""
-    if not fs.isdir(directory) or read_prepare_config(directory) is None:
+    if not fs.isdir(directory) or read(directory) is None:
         return
     found: dict[int, set[int]] = {}
     for name in fs.listdir(directory):
@@ -213,29 +317,3 @@ def require_complete(directory: str) -> None:
             f"{directory}: data prepare did not finish ({missing}); re-run it to complete the "
             f"{RECORD_SUFFIX} shards before training on them"
         )
-
-
-def _aside_dir(output_dir: str, shard_index: int, num_shards: int) -> str:
-    return fs.join(output_dir, f".old-parts-{shard_index}-of-{num_shards}")
-
-
-def set_aside_parts(output_dir: str, existing: dict[int, set[str]], settings) -> dict:
-    """``--overwrite``: moves this machine's shards into a hidden folder (no reader or resumed run
-    sees them; ``drop_set_aside`` removes it once the new shards are complete) and returns the
-    parts to keep, the other machines'."""
-    aside = _aside_dir(output_dir, settings.shard_index, settings.num_shards)
-    kept = {}
-    for group, suffixes in existing.items():
-        if group % settings.num_shards != settings.shard_index:
-            kept[group] = suffixes
-            continue
-        fs.makedirs(aside, exist_ok=True)
-        for suffix in sorted(suffixes):
-            name = f"part-{group:05d}.{suffix}"
-            fs.rename(fs.join(output_dir, name), fs.join(aside, name))
-    return kept
-
-
-def drop_set_aside(output_dir: str, settings) -> None:
-    """After a complete run: this machine's old shards (``set_aside_parts``) are removed."""
-    fs.rmtree(_aside_dir(output_dir, settings.shard_index, settings.num_shards), True)

@@ -51,31 +51,15 @@ from bert_jax.data import manifest
 from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.groups import InstanceStats, part_name
-from bert_jax.data.layout import CONFIG_FILE, TOKENIZER_SUBDIR
+from bert_jax.data.layout import TOKENIZER_SUBDIR
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
+from bert_jax.errors import UserError, user_path
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 # Written by ``prepare_cached`` when a preparation is complete: the list of its record files.
 _COMPLETE_MARKER = "prepared-complete.json"
-
-# Settings that change the bytes written; a resumed run must agree on all of them.
-_OUTPUT_SETTINGS = (
-    "format_version",
-    "max_seq_length",
-    "max_predictions_per_seq",
-    "masked_lm_prob",
-    "short_seq_prob",
-    "dupe_factor",
-    "seed",
-    "whole_word_mask",
-    "documents_per_shard",
-    "sentence_split",
-    "text_field",
-    "tokenizer_fingerprint",
-    "sources",
-)
 
 
 @dataclass(frozen=True)
@@ -102,7 +86,7 @@ class PrepareSettings:
     overwrite: bool = False
 
     def check(self) -> None:
-        """Raises a ValueError naming every out-of-range setting by its flag."""
+        """Raises a UserError naming every out-of-range setting by its flag."""
         problems = []
         if self.max_seq_length < 5:
             problems.append(f"--max-seq-length {self.max_seq_length} must be at least 5")
@@ -127,7 +111,7 @@ class PrepareSettings:
         if self.documents_per_shard < 2:
             problems.append(f"--documents-per-shard {self.documents_per_shard} must be at least 2")
         if problems:
-            raise ValueError("invalid data prepare settings: " + "; ".join(problems))
+            raise UserError("invalid data prepare settings: " + "; ".join(problems))
 
 
 @dataclass
@@ -184,33 +168,52 @@ def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources:
     }
 
 
-def _open_output(
-    output_dir: str, recorded: dict, settings: PrepareSettings, tokenizer: Tokenizer
+def _aside_dir(output_dir: str, settings: PrepareSettings) -> str:
+    return fs.join(output_dir, f".old-parts-{settings.shard_index}-of-{settings.num_shards}")
+
+
+def _set_aside_parts(
+    output_dir: str, existing: dict[int, set[str]], settings: PrepareSettings
 ) -> dict[int, set[str]]:
-    """Check ``output_dir`` against an earlier run, record the settings and the tokenizer.
+    """``--overwrite``: moves this machine's shards into a hidden folder (no reader or resumed run
+    sees them; ``_drop_set_aside`` removes it once the new shards are complete) and returns the
+    parts to keep, the other machines'."""
+    aside = _aside_dir(output_dir, settings)
+    kept = {}
+    for group, suffixes in existing.items():
+        if group % settings.num_shards != settings.shard_index:
+            kept[group] = suffixes
+            continue
+        fs.makedirs(aside, exist_ok=True)
+        for suffix in sorted(suffixes):
+            name = part_name(group, suffix)
+            fs.rename(fs.join(output_dir, name), fs.join(aside, name))
+    return kept
+
+
+def _drop_set_aside(output_dir: str, settings: PrepareSettings) -> None:
+    """After a complete run: this machine's old shards (``_set_aside_parts``) are removed."""
+    fs.rmtree(_aside_dir(output_dir, settings), True)
+
+
+def _start_stage(
+    output_dir: str, wanted: manifest.Manifest, settings: PrepareSettings, tokenizer: Tokenizer
+) -> dict[int, set[str]]:
+    """Open ``output_dir`` for this machine's run (checked by ``manifest.check_resumable``):
+    its completion mark removed, the manifest written, the tokenizer saved.
 
     Returns the parts already there (``groups.existing_parts``) to keep: with ``overwrite``, only
     other machines'.
     """
-    config_path = fs.join(output_dir, CONFIG_FILE)
-    if fs.exists(config_path):
-        with fs.open(config_path, encoding="utf-8") as f:
-            previous = json.load(f)
-        changed = [
-            f"{key}: {previous.get(key)!r} -> {recorded[key]!r}"
-            for key in _OUTPUT_SETTINGS
-            if previous.get(key) != recorded[key]
-        ]
-        if changed and not settings.overwrite:
-            raise ValueError(
-                f"{output_dir} already holds data prepared with different settings "
-                f"({'; '.join(changed)}); choose a new --output directory or pass --overwrite"
-            )
-    manifest.mark_started(output_dir, settings.shard_index, settings.num_shards)
+    fs.makedirs(output_dir, exist_ok=True)
+    # Until this machine's stats file is written again, readers refuse the directory.
+    mark = fs.join(output_dir, manifest.stats_name(settings.shard_index, settings.num_shards))
+    if fs.exists(mark):
+        fs.remove(mark)
     existing = groups_lib.existing_parts(output_dir)
     if settings.overwrite:  # this machine's old shards: set aside, removed once all are new
-        existing = manifest.set_aside_parts(output_dir, existing, settings)
-    write_json_atomic(config_path, recorded)
+        existing = _set_aside_parts(output_dir, existing, settings)
+    manifest.write(output_dir, wanted)
     tokenizer_dir = fs.join(output_dir, TOKENIZER_SUBDIR)
     saved = fs.exists(fs.join(tokenizer_dir, "bert_jax_tokenizer.json"))
     if not saved or settings.overwrite:
@@ -221,8 +224,8 @@ def _open_output(
 class _Progress:
     """The driver's tally: groups finished, skipped (already written) and their record files."""
 
-    def __init__(self, output_dir: str):
-        self.output_dir = output_dir
+    def __init__(self, output_dir: str, output_what: str):
+        self.output_dir, self.output_what = output_dir, output_what
         self.instance_stats = InstanceStats()
         self.files: list[str] = []
         self.groups_written = 0
@@ -234,7 +237,8 @@ class _Progress:
         self.files.append(fs.join(self.output_dir, part_name(group_index)))
 
     def finished(self, group_index: int, counts: dict, serialized: list[bytes]) -> None:
-        groups_lib.write_group(self.output_dir, group_index, counts, serialized)
+        with user_path(self.output_dir, self.output_what, writing=True):  # a full disk, say
+            groups_lib.write_group(self.output_dir, group_index, counts, serialized)
         self.instance_stats.add(counts)
         if counts.get("instances"):
             self.files.append(fs.join(self.output_dir, part_name(group_index)))
@@ -288,31 +292,46 @@ def _run_groups(
             progress.finished(index, *result.get())
 
 
+def _expand_inputs(items: Sequence[str | os.PathLike]) -> list[str]:
+    """``sources.expand_sources``, its refusals of what the user named (a missing file, a glob
+    or directory without files) as the user errors they are."""
+    try:
+        return sources_lib.expand_sources(items)
+    except UserError:
+        raise
+    except (FileNotFoundError, ValueError) as err:
+        raise manifest.InputError(str(err)) from err
+
+
 def prepare_records(
     sources: Sequence[str | os.PathLike] | str,
     tokenizer: Tokenizer | str | os.PathLike,
     output_dir: str | os.PathLike,
     settings: PrepareSettings = PrepareSettings(),
+    *,
+    output_what: str = "--output",
 ) -> PrepareResult:
     """Write masked pretraining instances from ``sources`` as TFRecord shards (module docstring).
 
     ``tokenizer`` is a ``Tokenizer`` or anything ``load_tokenizer`` accepts. Returns counts of
     the input (``corpus_stats``) and of the instances written by this call (``instance_stats``).
+    ``output_what`` is the flag or setting that named ``output_dir``, for a one-line user error
+    where it cannot be written (permissions, a full disk).
     """
     started = time.perf_counter()
     settings.check()
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     # Resolve inputs before touching the output directory: a typo must not leave debris.
-    sources = sources_lib.expand_sources(
-        [sources] if isinstance(sources, (str, os.PathLike)) else sources
-    )
+    sources = _expand_inputs([sources] if isinstance(sources, (str, os.PathLike)) else sources)
     inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
     output_dir = fs.abspath(os.fspath(output_dir))
-    manifest.check_output(output_dir, inputs, settings.overwrite)
-    fs.makedirs(output_dir, exist_ok=True)
     recorded = _recorded_settings(settings, tokenizer, sources)
-    existing = _open_output(output_dir, {**recorded, "inputs": inputs}, settings, tokenizer)
+    wanted = manifest.Manifest(recorded, tuple(inputs))
+    manifest.check_output_dir(output_dir, settings.overwrite)
+    manifest.check_resumable(manifest.read(output_dir), wanted, output_dir, settings.overwrite)
+    with user_path(output_dir, output_what, writing=True):
+        existing = _start_stage(output_dir, wanted, settings, tokenizer)
 
     corpus_stats = sources_lib.CorpusStats()
     documents = sources_lib.iter_documents(
@@ -329,11 +348,11 @@ def prepare_records(
         for g, docs in groups_lib.document_groups(documents, settings.documents_per_shard)
         if g % settings.num_shards == settings.shard_index
     )
-    progress = _Progress(output_dir)
+    progress = _Progress(output_dir, output_what)
     _run_groups(mine, existing, tokenizer, recorded, settings.num_workers, progress)
 
     if corpus_stats.documents < 2:
-        raise ValueError(
+        raise manifest.InputError(
             f"inputs {', '.join(sources)} hold {corpus_stats.documents} usable document(s); "
             f"sentence pairs need at least two ({corpus_stats.summary()})"
         )
@@ -353,8 +372,9 @@ def prepare_records(
         wall_seconds=time.perf_counter() - started,
         settings=recorded,
     )
-    _write_stats(result, settings)
-    manifest.drop_set_aside(output_dir, settings)
+    with user_path(output_dir, output_what, writing=True):
+        _write_stats(result, settings)
+    _drop_set_aside(output_dir, settings)
     return result
 
 
@@ -401,7 +421,7 @@ def prepare_cached(
     key_settings = {
         "items": items,
         # The inputs' content too: a changed corpus is prepared anew, never served stale.
-        "inputs": manifest.input_identity(sources_lib.expand_sources(items)),
+        "inputs": manifest.input_identity(_expand_inputs(items)),
         "tokenizer": tokenizer.fingerprint(),
         "max_seq_length": settings.max_seq_length,
         "max_predictions_per_seq": settings.max_predictions_per_seq,
@@ -419,9 +439,14 @@ def prepare_cached(
     if fs.exists(marker):
         with fs.open(marker, encoding="utf-8") as f:
             return [fs.join(output_dir, name) for name in json.load(f)["files"]]
-    files = prepare_records(items, tokenizer, output_dir, settings).files
+    files = prepare_records(
+        items, tokenizer, output_dir, settings, output_what="config.data.cache_dir"
+    ).files
     if not files:
-        raise ValueError(f"preparing {', '.join(items)} produced no instances")
+        raise manifest.InputError(
+            f"preparing {', '.join(items)} produced no instances (too little text for the "
+            "sentence pairs); give a larger corpus"
+        )
     if write_marker:
         write_json_atomic(marker, {"files": [fs.basename(f) for f in files]})
     return files

@@ -17,15 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.errors import UserError
+
 
 def layout(shards_setting: int, process_index: int, process_count: int) -> tuple[int, int, int]:
     """(first shard of this process, shards per process, total shards) for `config.data.shards`.
 
-    Raises a ValueError naming the setting when the shards cannot be split evenly over processes.
+    Raises a UserError naming the setting when the shards cannot be split evenly over processes.
     """
     total = int(shards_setting) or process_count
     if total < 1 or total % process_count:
-        raise ValueError(
+        raise UserError(
             f"config.data.shards={shards_setting} must be a positive multiple of the number of "
             f"processes ({process_count}), or 0 for one shard per process"
         )
@@ -42,7 +44,7 @@ class ShardedInput:
 
     def __init__(self, readers: Sequence[Any], first_shard: int, num_shards: int):
         if not readers:
-            raise ValueError("ShardedInput needs at least one reader")
+            raise RuntimeError("ShardedInput needs at least one reader")  # a bug in the caller
         self.readers = list(readers)
         self.first_shard = first_shard
         self.num_shards = num_shards
@@ -60,7 +62,7 @@ class ShardedInput:
         """`make_reader(shard_index, num_shards, batch_size)` for each shard of this process."""
         first, count, total = layout(shards_setting, process_index, process_count)
         if global_batch_size % total:
-            raise ValueError(
+            raise UserError(
                 f"global batch size {global_batch_size} is not divisible by the {total} input "
                 "shards (config.data.shards, 0 = one per process)"
             )
@@ -96,11 +98,12 @@ class ShardedInput:
     def set_state(self, table: Sequence[dict[str, Any] | None]) -> None:
         """Restores from the positions of all `num_shards` shards (shard `s` at index `s`)."""
         if len(table) != self.num_shards:
-            raise ValueError(
+            raise UserError(
                 f"the saved data position has {len(table)} input shards, this run reads "
                 f"{self.num_shards} (config.data.shards); it cannot be resumed exactly"
             )
         for shard, reader in zip(self.shard_indices, self.readers):
             if table[shard] is None:
-                raise ValueError(f"the saved data position has no entry for input shard {shard}")
+                # Checkpoints save every shard's row: a missing one is a bug, not a setting.
+                raise RuntimeError(f"the saved data position has no entry for input shard {shard}")
             reader.set_state(table[shard])
