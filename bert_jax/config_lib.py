@@ -22,6 +22,7 @@ import numpy as np
 from flax import traverse_util
 
 from bert_jax import metrics, partitioning
+from bert_jax.data import sentences
 from bert_jax.data import shards as input_shards
 from bert_jax.errors import UserError
 from bert_jax.model import BertConfig
@@ -150,6 +151,8 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "masked_lm_prob": 0.15,
             "short_seq_prob": 0.1,
             "dupe_factor": -1,  # on-the-fly preparation; -1: 1 with dynamic masking, else 5
+            # Sentence splitter for a prose corpus prepared on the fly (data prepare --splitter).
+            "splitter": sentences.DEFAULT_SPLITTER,
             "shuffle_buffer_size": 10_000,
             "cache_dir": "",  # default <workdir>/data
             "num_workers": 1,

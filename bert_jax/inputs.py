@@ -99,7 +99,7 @@ def _iterator(
     shuffle_buffer: int,
     packing_factor: float = 0.0,
 ):
-    from bert_jax.data import packing, pipeline, prepare, sources
+    from bert_jax.data import packing, pipeline, prepare, sentences, sources
 
     dupe = int(config.data.dupe_factor)
     # Several instances per row (data/packing.py): `packing_factor` records per packed row.
@@ -127,6 +127,7 @@ def _iterator(
                 seed=seed,
                 whole_word_mask=bool(config.data.whole_word_mask),
                 num_workers=int(config.data.num_workers),
+                splitter=str(config.data.get("splitter", sentences.DEFAULT_SPLITTER)),
             ),
             config.data.cache_dir or fs.join(workdir, "data"),
             write_marker=jax.process_index() == 0,

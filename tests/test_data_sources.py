@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from bert_jax.data.sources import read_documents, source_kind
+from bert_jax.errors import UserError
 
 
 def test_importing_data_modules_does_not_import_tensorflow_or_jax():
@@ -72,11 +73,11 @@ def test_original_format_text_files_with_bad_input(tmp_path):
     assert f"{good}:8: invalid utf8 lines" in stats.problems
     assert f"{empty}: empty files" in stats.problems
 
-    with pytest.raises(ValueError, match=rf"{good.name}:8: invalid UTF-8"):
+    with pytest.raises(UserError, match=rf"{good.name}:8: invalid UTF-8"):
         read_documents([good], strict=True)
     long_only = tmp_path / "long.txt"
     long_only.write_bytes(b"Fine.\n" + b"z" * 2000 + b"\n")
-    with pytest.raises(ValueError, match=rf"{long_only.name}:2: line longer than 1000 bytes"):
+    with pytest.raises(UserError, match=rf"{long_only.name}:2: line longer than 1000 bytes"):
         read_documents([long_only], strict=True, max_line_bytes=1000)
 
 
@@ -118,7 +119,7 @@ def test_jsonl_documents_and_bad_records(tmp_path):
     ]
     assert stats.bad_records == 4 and stats.empty_documents == 1
     assert f"{path}:2: bad records" in stats.problems
-    with pytest.raises(ValueError, match=rf"{path.name}:2: not valid JSON"):
+    with pytest.raises(UserError, match=rf"{path.name}:2: not valid JSON"):
         read_documents([path], strict=True)
     custom = tmp_path / "custom.jsonl"
     custom.write_text(json.dumps({"body": "Custom field. Works."}) + "\n", encoding="utf-8")
@@ -126,9 +127,9 @@ def test_jsonl_documents_and_bad_records(tmp_path):
 
 
 def test_missing_inputs_are_errors_naming_them(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.txt"):
+    with pytest.raises(UserError, match="input not found: .*missing.txt"):
         read_documents([tmp_path / "missing.txt"])
-    with pytest.raises(ValueError, match=r"nothing-\*\.txt matches no files"):
+    with pytest.raises(UserError, match=r"nothing-\*\.txt matches no files"):
         read_documents([str(tmp_path / "nothing-*.txt")])
     with pytest.raises(ValueError, match="split must be train, eval or all"):
         read_documents(["embedded:test"])
@@ -194,7 +195,7 @@ def test_tfds_source_reads_a_locally_prepared_dataset(tfds_data_dir):
     assert stats.empty_documents == 1 and stats.files == 1
     short, _ = read_documents(["tfds:tiny_wiki/short"], tfds_data_dir=tfds_data_dir)
     assert len(short) == 5 and all(len(d) == 2 for d in short)  # default split: train
-    with pytest.raises(ValueError, match="'no_such_dataset' not found"):
+    with pytest.raises(UserError, match="'no_such_dataset' not found"):
         read_documents(["tfds:no_such_dataset:train"], tfds_data_dir=tfds_data_dir)
-    with pytest.raises(ValueError, match="'mnist' is not prepared.*nothing is downloaded"):
+    with pytest.raises(UserError, match="'mnist' is not prepared.*nothing is downloaded"):
         read_documents(["tfds:mnist:train"], tfds_data_dir=tfds_data_dir)

@@ -67,7 +67,9 @@ def _add_data(subparsers) -> None:
         required=True,
         metavar="SRC",
         help="text files/globs (one sentence per line, blank line between documents), .jsonl "
-        "(text field), tfds:NAME[/CONFIG][:SPLIT], or embedded[:train|eval]",
+        "(text field), .parquet (text column, a row per document), Wikipedia XML dumps "
+        "(.xml.bz2 / .xml, an article per document), tfds:NAME[/CONFIG][:SPLIT], or "
+        "embedded[:train|eval]; local or gs://",
     )
     prepare.add_argument(
         "--tokenizer", required=True, metavar="TOK", help="tokenizer dir, .model or vocab.txt"
@@ -93,7 +95,19 @@ def _add_data(subparsers) -> None:
         "group of documents)",
     )
     prepare.add_argument("--tfds-data-dir", default=None)
-    prepare.add_argument("--text-field", default="text", help="JSONL / TFDS field with the text")
+    prepare.add_argument(
+        "--text-field", default="text", help="JSONL / Parquet / TFDS field with the text"
+    )
+    from bert_jax.data.sentences import DEFAULT_SPLITTER, SPLITTERS
+
+    prepare.add_argument(
+        "--splitter",
+        default=DEFAULT_SPLITTER,
+        choices=SPLITTERS,
+        help="sentence splitter for prose (JSONL, Parquet, TFDS, Wikipedia, --sentence-split), "
+        "chosen on benchmarks/sentence_split_eval.py; regex is the rules of earlier versions "
+        "(default: %(default)s)",
+    )
     prepare.add_argument(
         "--sentence-split",
         action="store_true",
@@ -133,6 +147,7 @@ def _prepare(args) -> int:
         tfds_data_dir=args.tfds_data_dir,
         text_field=args.text_field,
         sentence_split=args.sentence_split,
+        splitter=args.splitter,
         max_line_bytes=args.max_line_bytes,
         strict=args.strict,
         overwrite=args.overwrite,

@@ -58,6 +58,7 @@ OUTPUT_SETTINGS = (
     "whole_word_mask",
     "documents_per_shard",
     "sentence_split",
+    "splitter",
     "text_field",
     "tokenizer_fingerprint",
     "sources",
@@ -190,7 +191,10 @@ def _is_file_source(source: str) -> bool:
 
 def _scan(path: str, digest=None) -> None:
     """One read of `path`: its text checked (decompressed for .gz), `digest` fed the raw bytes."""
+    from bert_jax.data.sources import is_text_file
+
     compressed = path.endswith(".gz")
+    text = is_text_file(path)  # Parquet and .bz2 dumps: hashed only, their readers check them
     try:
         if compressed:
             check = _TextCheck(path, gzip.open)
@@ -200,7 +204,7 @@ def _scan(path: str, digest=None) -> None:
             check.finish()
         if compressed and digest is None:
             return
-        check = None if compressed else _TextCheck(path)
+        check = _TextCheck(path) if text and not compressed else None
         with fs.open(path, "rb") as stream:
             while chunk := stream.read(_CHUNK):
                 if check is not None:

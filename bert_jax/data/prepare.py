@@ -52,6 +52,7 @@ from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.groups import InstanceStats, part_name
 from bert_jax.data.layout import TOKENIZER_SUBDIR
+from bert_jax.data.sentences import splitter_identity
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
 from bert_jax.errors import UserError, user_path
 
@@ -81,6 +82,7 @@ class PrepareSettings:
     tfds_data_dir: str | None = None
     text_field: str = "text"
     sentence_split: bool = False
+    splitter: str = sources_lib.DEFAULT_SPLITTER  # sentences.SPLITTERS
     max_line_bytes: int = sources_lib.DEFAULT_MAX_LINE_BYTES
     strict: bool = False
     overwrite: bool = False
@@ -158,6 +160,8 @@ def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources:
         "whole_word_mask": settings.whole_word_mask,
         "documents_per_shard": settings.documents_per_shard,
         "sentence_split": settings.sentence_split,
+        # The library's version too: another version may cut the same text differently.
+        "splitter": splitter_identity(settings.splitter),
         "text_field": settings.text_field,
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
@@ -342,6 +346,7 @@ def prepare_records(
         max_line_bytes=settings.max_line_bytes,
         strict=settings.strict,
         sentence_split=settings.sentence_split,
+        splitter_name=settings.splitter,
     )
     mine = (
         (g, docs)
@@ -430,6 +435,7 @@ def prepare_cached(
         "dupe_factor": settings.dupe_factor,
         "whole_word_mask": settings.whole_word_mask,
         "seed": settings.seed,
+        "splitter": splitter_identity(settings.splitter),
     }
     key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
     if cache_dir is None:

@@ -10,7 +10,12 @@ Public API:
     * a path, directory or glob of text files in the original format (one sentence per line, a
       blank line between documents); ``.gz`` files are read transparently;
     * a ``.jsonl`` (or ``.jsonl.gz``) file with one JSON object per line holding a ``text`` field,
-      split into sentences (``sentences.split_sentences``);
+      split into sentences (by ``splitter``, one of ``sentences.SPLITTERS``);
+    * a ``.parquet`` file, one row = one document: its ``text_field`` column, split into sentences
+      (``parquet.py``: streamed a batch of rows at a time);
+    * a Wikipedia XML dump (``.xml.bz2`` or ``.xml``), one article = one document, its running
+      text split into sentences, paragraph by paragraph (``wikipedia.py``: streamed a page at a
+      time; redirects, disambiguation and non-article pages are counted in ``skipped_pages``);
     * ``tfds:NAME[/CONFIG][:SPLIT]`` (split defaults to "train"), read offline from
       ``tfds_data_dir`` (or TFDS's default data dir) — it must already be prepared;
     * ``embedded[:train|eval|all]`` (``embedded.embedded_documents``, re-exported here).
@@ -22,9 +27,10 @@ skipped (``empty_files``), documents without sentences are skipped (``empty_docu
 one-sentence documents are kept (``one_sentence_documents``; they still make instances, with a
 forced random next), lines longer than ``max_line_bytes`` are dropped without ever being held in
 memory whole (``long_lines``), and JSONL lines that are not objects with a string text field are
-skipped (``bad_records``). ``strict=True`` turns each of these (except empty and one-sentence
-documents) into a ``ValueError`` naming the file and line. A missing file, a glob that matches
-nothing, or an unknown TFDS dataset is always an error.
+skipped (``bad_records``, as are Parquet rows whose text is null). ``strict=True`` turns each of
+these (except empty and one-sentence documents) into a ``UserError`` naming the file and line. A
+missing file, a glob that matches nothing, an unknown TFDS dataset, and a damaged bz2 or Parquet
+file are always a ``UserError`` naming it (``bert-jax`` prints one line and exits 2).
 """
 
 from __future__ import annotations
@@ -33,14 +39,16 @@ import dataclasses
 import glob
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Literal
 
 from bert_jax import fs
+from bert_jax.data import parquet, wikipedia
 from bert_jax.data.embedded import Document, embedded_document_names, embedded_documents
 from bert_jax.data.layout import RECORD_SUFFIX
-from bert_jax.data.sentences import split_sentences
+from bert_jax.data.sentences import DEFAULT_SPLITTER, split_sentences, splitter
+from bert_jax.errors import UserError, user_path
 
 __all__ = [
     "CorpusStats",
@@ -48,6 +56,7 @@ __all__ = [
     "embedded_document_names",
     "embedded_documents",
     "expand_sources",
+    "is_text_file",
     "iter_documents",
     "read_documents",
     "source_kind",
@@ -86,6 +95,12 @@ def _is_jsonl(path: str) -> bool:
     return base.endswith(".jsonl")
 
 
+def is_text_file(path: str) -> bool:
+    """Whether a corpus file is UTF-8 text as it lies on disk (or gzipped text): not a Parquet
+    file nor a bz2-compressed dump, whose own readers check them."""
+    return not (parquet.is_parquet(path) or path.endswith(".bz2"))
+
+
 @dataclass
 class CorpusStats:
     """Counts of what was read, kept and skipped; ``problems`` holds the first few locations."""
@@ -99,6 +114,7 @@ class CorpusStats:
     invalid_utf8_lines: int = 0
     long_lines: int = 0
     bad_records: int = 0
+    skipped_pages: int = 0  # Wikipedia pages that are not articles (redirects, talk, ...)
     problems: list[str] = field(default_factory=list)
 
     def note(self, counter: str, where: str) -> None:
@@ -144,26 +160,27 @@ def expand_sources(sources: Sequence[str | os.PathLike]) -> list[str]:
                 if not f.startswith(".") and fs.isfile(fs.join(source, f))
             )
             if not files:
-                raise ValueError(f"input directory {source} holds no files")
+                raise UserError(f"input directory {source} holds no files")
             resolved.extend(files)
         elif glob.has_magic(source):
             files = sorted(f for f in fs.glob(source) if fs.isfile(f))
             if not files:
-                raise ValueError(f"input pattern {source} matches no files")
+                raise UserError(f"input pattern {source} matches no files")
             resolved.extend(files)
         elif fs.isfile(source):
             resolved.append(source)
         else:
-            raise FileNotFoundError(f"input not found: {source}")
+            raise UserError(f"input not found: {source}")
     if not resolved:
-        raise ValueError("no input sources given")
+        raise UserError("no input sources given")
     return resolved
 
 
 def _open_binary(path: str) -> IO[bytes]:
-    if path.endswith(".gz"):
-        return fs.open_gzip(path)
-    return fs.open(path, "rb")
+    with user_path(path, "input"):
+        if path.endswith(".gz"):
+            return fs.open_gzip(path)
+        return fs.open(path, "rb")
 
 
 def _iter_lines(
@@ -183,7 +200,10 @@ def _iter_lines(
             lineno += 1
             if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
                 if strict:
-                    raise ValueError(f"{path}:{lineno}: line longer than {max_line_bytes} bytes")
+                    raise UserError(
+                        f"{path}:{lineno}: line longer than {max_line_bytes} bytes "
+                        "(--max-line-bytes; without --strict it is skipped)"
+                    )
                 stats.note("long_lines", f"{path}:{lineno}")
                 while raw and not raw.endswith(b"\n"):
                     raw = f.readline(max_line_bytes + 1)
@@ -192,14 +212,18 @@ def _iter_lines(
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 if strict:
-                    raise ValueError(f"{path}:{lineno}: invalid UTF-8 ({err.reason})") from err
+                    raise UserError(f"{path}:{lineno}: invalid UTF-8 ({err.reason})") from err
                 stats.note("invalid_utf8_lines", f"{path}:{lineno}")
                 text = raw.decode("utf-8", errors="replace").replace("\ufffd", "")
             yield lineno, text
 
 
 def _iter_text_file(
-    path: str, stats: CorpusStats, max_line_bytes: int, strict: bool, sentence_split: bool
+    path: str,
+    stats: CorpusStats,
+    max_line_bytes: int,
+    strict: bool,
+    split: Callable[[str], list[str]] | None,
 ) -> Iterator[Document]:
     document: Document = []
     saw_blank = False
@@ -217,8 +241,8 @@ def _iter_text_file(
             saw_blank = True
             continue
         saw_blank = False
-        if sentence_split:
-            document.extend(split_sentences(line))
+        if split is not None:
+            document.extend(split(line))
         else:
             document.append(line)
     if document:
@@ -233,6 +257,7 @@ def _iter_jsonl_file(
     max_line_bytes: int,
     strict: bool,
     text_field: str,
+    split: Callable[[str], list[str]],
 ) -> Iterator[Document]:
     any_line = False
     for lineno, line in _iter_lines(path, stats, max_line_bytes, strict):
@@ -243,18 +268,19 @@ def _iter_jsonl_file(
             record = json.loads(line)
         except json.JSONDecodeError as err:
             if strict:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+                raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
             stats.note("bad_records", f"{path}:{lineno}")
             continue
         text = record.get(text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):
             if strict:
-                raise ValueError(
-                    f"{path}:{lineno}: expected a JSON object with a string {text_field!r} field"
+                raise UserError(
+                    f"{path}:{lineno}: expected a JSON object with a string {text_field!r} field "
+                    "(--text-field)"
                 )
             stats.note("bad_records", f"{path}:{lineno}")
             continue
-        document = split_sentences(text)
+        document = split(text)
         if document:
             yield document
         else:
@@ -263,12 +289,49 @@ def _iter_jsonl_file(
         stats.note("empty_files", path)
 
 
+def _iter_parquet_file(
+    path: str, stats: CorpusStats, strict: bool, text_field: str, split: Callable[[str], list[str]]
+) -> Iterator[Document]:
+    any_row = False
+    for row, text in parquet.iter_texts(path, text_field):
+        any_row = True
+        if text is None:
+            if strict:
+                raise UserError(f"{path}: row {row}: no string in column {text_field!r}")
+            stats.note("bad_records", f"{path}: row {row}")
+            continue
+        document = split(text)
+        if document:
+            yield document
+        else:
+            stats.empty_documents += 1
+    if not any_row:
+        stats.note("empty_files", path)
+
+
+def _iter_wikipedia_dump(
+    path: str, stats: CorpusStats, split: Callable[[str], list[str]]
+) -> Iterator[Document]:
+    counts = wikipedia.Counts()
+    try:
+        for _, text in wikipedia.iter_articles(path, counts):
+            document = split(text)
+            if document:
+                yield document
+            else:
+                stats.empty_documents += 1
+    finally:
+        stats.skipped_pages += counts.skipped_pages
+    if counts.pages == 0:
+        stats.note("empty_files", path)
+
+
 def parse_tfds_source(source: str) -> tuple[str, str]:
     """``tfds:NAME[/CONFIG][:SPLIT]`` -> (``NAME[/CONFIG]``, split)."""
     spec = source[len(TFDS_PREFIX) :]
     name, _, split = spec.partition(":")
     if not name:
-        raise ValueError(f"{source}: expected tfds:NAME[/CONFIG][:SPLIT]")
+        raise UserError(f"{source}: expected tfds:NAME[/CONFIG][:SPLIT]")
     return name, split or "train"
 
 
@@ -278,6 +341,7 @@ def _iter_tfds(
     data_dir: str | None,
     text_field: str,
     strict: bool,
+    split_text: Callable[[str], list[str]],
 ) -> Iterator[Document]:
     import tensorflow as tf
 
@@ -290,9 +354,9 @@ def _iter_tfds(
     except Exception as err:  # TFDS raises several types for an unknown name or config
         # TFDS appends the list of every known dataset; its first line says what went wrong.
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"{source}: TFDS dataset {name!r} not found ({reason})") from err
+        raise UserError(f"{source}: TFDS dataset {name!r} not found ({reason})") from err
     if not builder.is_prepared():
-        raise ValueError(
+        raise UserError(
             f"{source}: TFDS dataset {name!r} is not prepared in "
             f"{data_dir or 'the default TFDS data dir'}; nothing is downloaded at run time, so "
             f"build it first (e.g. `tfds build {name} --data_dir DIR`) and pass that data dir"
@@ -303,7 +367,7 @@ def _iter_tfds(
     if field_name not in keys:
         text_keys = [k for k in keys if isinstance(features[k], tfds.features.Text)]
         if len(text_keys) != 1:
-            raise ValueError(
+            raise UserError(
                 f"{source}: no {text_field!r} feature; features are {keys}. Choose one with "
                 "text_field (--text-field)."
             )
@@ -317,10 +381,10 @@ def _iter_tfds(
                 value = value.decode("utf-8")
             except UnicodeDecodeError as err:
                 if strict:
-                    raise ValueError(f"{source}#{index}: invalid UTF-8 ({err.reason})") from err
+                    raise UserError(f"{source}#{index}: invalid UTF-8 ({err.reason})") from err
                 stats.note("invalid_utf8_lines", f"{source}#{index}")
                 value = value.decode("utf-8", errors="replace").replace("\ufffd", "")
-        document = split_sentences(str(value))
+        document = split_text(str(value))
         if document:
             yield document
         else:
@@ -336,19 +400,22 @@ def iter_documents(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     strict: bool = False,
     sentence_split: bool = False,
+    splitter_name: str = DEFAULT_SPLITTER,
 ) -> Iterator[Document]:
     """Stream documents from ``sources`` in order, counting into ``stats`` (see module docstring).
 
-    ``sentence_split=True`` also splits the lines of original-format text files into sentences
-    (for files that hold a paragraph per line); by default each line is one sentence, as in the
-    original format.
+    Prose (JSONL, Parquet, TFDS, Wikipedia) is cut into sentences by the splitter
+    ``splitter_name`` (``sentences.SPLITTERS``). ``sentence_split=True`` also splits the lines of
+    original-format text files (for files that hold a paragraph per line); by default each line
+    is one sentence, as in the original format.
     """
     stats = CorpusStats() if stats is None else stats
+    split = splitter(splitter_name)
     for source in expand_sources(sources):
         kind = source_kind(source)
         if kind == "tfds":
             documents: Iterator[Document] = _iter_tfds(
-                source, stats, tfds_data_dir, text_field, strict
+                source, stats, tfds_data_dir, text_field, strict, split
             )
         elif kind == "embedded":
             _, _, split = source.partition(":")
@@ -357,9 +424,17 @@ def iter_documents(
         else:
             stats.files += 1
             if _is_jsonl(source):
-                documents = _iter_jsonl_file(source, stats, max_line_bytes, strict, text_field)
+                documents = _iter_jsonl_file(
+                    source, stats, max_line_bytes, strict, text_field, split
+                )
+            elif parquet.is_parquet(source):
+                documents = _iter_parquet_file(source, stats, strict, text_field, split)
+            elif wikipedia.is_wikipedia_dump(source):
+                documents = _iter_wikipedia_dump(source, stats, split)
             else:
-                documents = _iter_text_file(source, stats, max_line_bytes, strict, sentence_split)
+                documents = _iter_text_file(
+                    source, stats, max_line_bytes, strict, split if sentence_split else None
+                )
         for document in documents:
             stats.add_document(document)
             yield document
