@@ -238,3 +238,13 @@ def test_prepare_reads_dumps_and_parquet_and_records_the_splitter(tmp_path, dump
     recorded = json.loads((tmp_path / "out" / "prepare_config.json").read_text())
     assert recorded["splitter"] == "regex"
     assert sentences.splitter_identity("syntok").startswith("syntok ")
+
+
+def test_prose_split_in_worker_processes_gives_the_same_documents(tmp_path, dump_files):
+    _, packed = dump_files
+    books = tmp_path / "books.parquet"
+    _write_parquet(books, [f"Book {i} begins. It ends {i}." if i % 7 else "" for i in range(90)])
+    serial, serial_stats = read_documents([packed, books])
+    parallel, parallel_stats = read_documents([packed, books], num_workers=2)
+    assert parallel == serial and len(serial) == 2 + 77
+    assert parallel_stats.as_dict() == serial_stats.as_dict()

@@ -347,6 +347,7 @@ def prepare_records(
         strict=settings.strict,
         sentence_split=settings.sentence_split,
         splitter_name=settings.splitter,
+        num_workers=settings.num_workers,  # prose is split (wikitext stripped) in parallel too
     )
     mine = (
         (g, docs)

@@ -112,6 +112,7 @@ def _check(name: str) -> None:
         )
 
 
+@functools.cache
 def splitter(name: str = DEFAULT_SPLITTER) -> Callable[[str], list[str]]:
     """The splitter called ``name``: text -> sentences (paragraph = line; module docstring)."""
     _check(name)

@@ -37,8 +37,11 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import itertools
 import json
+import multiprocessing
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Literal
@@ -257,8 +260,7 @@ def _iter_jsonl_file(
     max_line_bytes: int,
     strict: bool,
     text_field: str,
-    split: Callable[[str], list[str]],
-) -> Iterator[Document]:
+) -> Iterator[str]:
     any_line = False
     for lineno, line in _iter_lines(path, stats, max_line_bytes, strict):
         any_line = True
@@ -280,18 +282,14 @@ def _iter_jsonl_file(
                 )
             stats.note("bad_records", f"{path}:{lineno}")
             continue
-        document = split(text)
-        if document:
-            yield document
-        else:
-            stats.empty_documents += 1
+        yield text
     if not any_line:
         stats.note("empty_files", path)
 
 
 def _iter_parquet_file(
-    path: str, stats: CorpusStats, strict: bool, text_field: str, split: Callable[[str], list[str]]
-) -> Iterator[Document]:
+    path: str, stats: CorpusStats, strict: bool, text_field: str
+) -> Iterator[str]:
     any_row = False
     for row, text in parquet.iter_texts(path, text_field):
         any_row = True
@@ -300,30 +298,71 @@ def _iter_parquet_file(
                 raise UserError(f"{path}: row {row}: no string in column {text_field!r}")
             stats.note("bad_records", f"{path}: row {row}")
             continue
-        document = split(text)
-        if document:
-            yield document
-        else:
-            stats.empty_documents += 1
+        yield text
     if not any_row:
         stats.note("empty_files", path)
 
 
-def _iter_wikipedia_dump(
-    path: str, stats: CorpusStats, split: Callable[[str], list[str]]
-) -> Iterator[Document]:
+def _iter_wikipedia_dump(path: str, stats: CorpusStats) -> Iterator[tuple[str, str]]:
     counts = wikipedia.Counts()
     try:
-        for _, text in wikipedia.iter_articles(path, counts):
-            document = split(text)
-            if document:
-                yield document
-            else:
-                stats.empty_documents += 1
+        yield from wikipedia.iter_candidates(path, counts)
     finally:
         stats.skipped_pages += counts.skipped_pages
     if counts.pages == 0:
         stats.note("empty_files", path)
+
+
+# What a reader hands on: prose, or a Wikipedia page's (title, wikitext).
+_PROSE, _WIKITEXT = "prose", "wikitext"
+_CHUNK = 32  # pieces of prose per task sent to a worker
+
+
+def _make_document(kind: str, splitter_name: str, item) -> Document | None:
+    """Prose (or a page's wikitext) -> its sentences; None: a page that is no article."""
+    if kind == _WIKITEXT:
+        item = wikipedia.article_text(*item)
+        if item is None:
+            return None
+    return splitter(splitter_name)(item)
+
+
+def _make_documents(kind: str, splitter_name: str, items: list) -> list[Document | None]:
+    return [_make_document(kind, splitter_name, item) for item in items]
+
+
+class _DocumentMaker:
+    """Cuts prose into documents (strips wikitext first) in this process or, with
+    ``num_workers`` > 1, in that many processes; either way in input order, so the output does
+    not depend on the number of workers. At most two chunks per worker are in flight."""
+
+    def __init__(self, splitter_name: str, num_workers: int):
+        self.splitter_name, self.num_workers = splitter_name, num_workers
+        self.pool = None
+
+    def documents(self, kind: str, items: Iterator) -> Iterator[Document | None]:
+        if self.num_workers <= 1:
+            for item in items:
+                yield _make_document(kind, self.splitter_name, item)
+            return
+        if self.pool is None:
+            # spawn, not fork: the caller may hold TensorFlow or JAX threads.
+            context = multiprocessing.get_context("spawn")
+            self.pool = context.Pool(self.num_workers)
+        in_flight: deque = deque()
+        for chunk in iter(lambda: list(itertools.islice(items, _CHUNK)), []):
+            task = (kind, self.splitter_name, chunk)
+            in_flight.append(self.pool.apply_async(_make_documents, task))
+            while len(in_flight) >= 2 * self.num_workers:
+                yield from in_flight.popleft().get()
+        while in_flight:
+            yield from in_flight.popleft().get()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
 
 
 def parse_tfds_source(source: str) -> tuple[str, str]:
@@ -384,11 +423,7 @@ def _iter_tfds(
                     raise UserError(f"{source}#{index}: invalid UTF-8 ({err.reason})") from err
                 stats.note("invalid_utf8_lines", f"{source}#{index}")
                 value = value.decode("utf-8", errors="replace").replace("\ufffd", "")
-        document = split_text(str(value))
-        if document:
-            yield document
-        else:
-            stats.empty_documents += 1
+        yield split_text(str(value))
 
 
 def iter_documents(
@@ -401,43 +436,71 @@ def iter_documents(
     strict: bool = False,
     sentence_split: bool = False,
     splitter_name: str = DEFAULT_SPLITTER,
+    num_workers: int = 1,
 ) -> Iterator[Document]:
     """Stream documents from ``sources`` in order, counting into ``stats`` (see module docstring).
 
     Prose (JSONL, Parquet, TFDS, Wikipedia) is cut into sentences by the splitter
     ``splitter_name`` (``sentences.SPLITTERS``). ``sentence_split=True`` also splits the lines of
     original-format text files (for files that hold a paragraph per line); by default each line
-    is one sentence, as in the original format.
+    is one sentence, as in the original format. With ``num_workers`` > 1 the prose of JSONL,
+    Parquet and Wikipedia files is split (and wikitext stripped) in that many processes, while
+    this one reads; the documents and their order are the same.
     """
     stats = CorpusStats() if stats is None else stats
-    split = splitter(splitter_name)
-    for source in expand_sources(sources):
-        kind = source_kind(source)
-        if kind == "tfds":
-            documents: Iterator[Document] = _iter_tfds(
-                source, stats, tfds_data_dir, text_field, strict, split
-            )
-        elif kind == "embedded":
-            _, _, split = source.partition(":")
-            stats.files += 1
-            documents = iter(embedded_documents(split or "train"))
-        else:
-            stats.files += 1
-            if _is_jsonl(source):
-                documents = _iter_jsonl_file(
-                    source, stats, max_line_bytes, strict, text_field, split
-                )
-            elif parquet.is_parquet(source):
-                documents = _iter_parquet_file(source, stats, strict, text_field, split)
-            elif wikipedia.is_wikipedia_dump(source):
-                documents = _iter_wikipedia_dump(source, stats, split)
-            else:
-                documents = _iter_text_file(
-                    source, stats, max_line_bytes, strict, split if sentence_split else None
-                )
-        for document in documents:
-            stats.add_document(document)
-            yield document
+    split = splitter(splitter_name)  # an unknown name fails here, before anything is read
+    maker = _DocumentMaker(splitter_name, num_workers)
+    try:
+        for source in expand_sources(sources):
+            for document in _source_documents(
+                source,
+                stats,
+                maker,
+                split,
+                tfds_data_dir,
+                text_field,
+                max_line_bytes,
+                strict,
+                sentence_split,
+            ):
+                if document is None:
+                    stats.skipped_pages += 1  # a disambiguation page
+                elif not document:
+                    stats.empty_documents += 1
+                else:
+                    stats.add_document(document)
+                    yield document
+    finally:
+        maker.close()
+
+
+def _source_documents(
+    source: str,
+    stats: CorpusStats,
+    maker: _DocumentMaker,
+    split: Callable[[str], list[str]],
+    tfds_data_dir: str | None,
+    text_field: str,
+    max_line_bytes: int,
+    strict: bool,
+    sentence_split: bool,
+) -> Iterator[Document | None]:
+    """The documents of one source (``[]``: an empty one; ``None``: a page that is no article)."""
+    kind = source_kind(source)
+    if kind == "tfds":
+        return _iter_tfds(source, stats, tfds_data_dir, text_field, strict, split)
+    stats.files += 1
+    if kind == "embedded":
+        _, _, embedded_split = source.partition(":")
+        return iter(embedded_documents(embedded_split or "train"))
+    if _is_jsonl(source):
+        prose = _iter_jsonl_file(source, stats, max_line_bytes, strict, text_field)
+        return maker.documents(_PROSE, prose)
+    if parquet.is_parquet(source):
+        return maker.documents(_PROSE, _iter_parquet_file(source, stats, strict, text_field))
+    if wikipedia.is_wikipedia_dump(source):
+        return maker.documents(_WIKITEXT, _iter_wikipedia_dump(source, stats))
+    return _iter_text_file(source, stats, max_line_bytes, strict, split if sentence_split else None)
 
 
 def read_documents(

@@ -4,7 +4,9 @@ Public API:
 
 - ``is_wikipedia_dump(path)``: by name (``.xml``, ``.xml.bz2``), the sources ``sources`` hands here.
 - ``iter_articles(path) -> Iterator[(title, text)]``: the articles of a dump, streamed; ``text``
-  holds one paragraph per line.
+  holds one paragraph per line. It is ``iter_candidates`` (reading: bz2, XML, namespace and
+  redirect; cheap) then ``article_text`` (parsing the wikitext: the costly part, which
+  ``sources`` runs in worker processes).
 - ``wikitext_to_paragraphs(wikitext) -> list[str]``: the stripping alone.
 
 Pages are streamed with ``mwxml`` (one page in memory at a time; ``.bz2`` decompressed on the
@@ -177,18 +179,34 @@ def _pages(path: str) -> Iterator[tuple[int, bool, str, str | None]]:
         raw.close()
 
 
-def iter_articles(path: str, counts: Counts | None = None) -> Iterator[tuple[str, str]]:
-    """(title, text with one paragraph per line) of every article page of the dump at ``path``."""
-    import mwparserfromhell
-
+def iter_candidates(path: str, counts: Counts | None = None) -> Iterator[tuple[str, str]]:
+    """(title, wikitext) of the pages of ``path`` that may be articles: namespace 0, not a
+    redirect, not empty (cheap: no wikitext is parsed). ``article_text`` finishes the job."""
     counts = Counts() if counts is None else counts
     for namespace, redirect, title, text in _pages(path):
         counts.pages += 1
         if namespace != 0 or redirect or not text or text.lstrip()[:9].upper() == "#REDIRECT":
             counts.skipped_pages += 1
             continue
-        wikicode = mwparserfromhell.parse(text)
-        if is_disambiguation(title, wikicode):
+        yield title, text
+
+
+def article_text(title: str, wikitext: str) -> str | None:
+    """The running text of an article, one paragraph per line; None for a disambiguation page."""
+    import mwparserfromhell
+
+    wikicode = mwparserfromhell.parse(wikitext)
+    if is_disambiguation(title, wikicode):
+        return None
+    return "\n".join(wikitext_to_paragraphs(wikicode))
+
+
+def iter_articles(path: str, counts: Counts | None = None) -> Iterator[tuple[str, str]]:
+    """(title, text with one paragraph per line) of every article page of the dump at ``path``."""
+    counts = Counts() if counts is None else counts
+    for title, wikitext in iter_candidates(path, counts):
+        text = article_text(title, wikitext)
+        if text is None:
             counts.skipped_pages += 1
             continue
-        yield title, "\n".join(wikitext_to_paragraphs(wikicode))
+        yield title, text
