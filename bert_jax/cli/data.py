@@ -64,16 +64,13 @@ def _add_data(subparsers) -> None:
     prepare.add_argument(
         "--input",
         nargs="+",
-        required=True,
         metavar="SRC",
         help="text files/globs (one sentence per line, blank line between documents), .jsonl "
         "(text field), .parquet (text column, a row per document), Wikipedia XML dumps "
         "(.xml.bz2 / .xml, an article per document), tfds:NAME[/CONFIG][:SPLIT], or "
         "embedded[:train|eval]; local or gs://",
     )
-    prepare.add_argument(
-        "--tokenizer", required=True, metavar="TOK", help="tokenizer dir, .model or vocab.txt"
-    )
+    prepare.add_argument("--tokenizer", metavar="TOK", help="tokenizer dir, .model or vocab.txt")
     prepare.add_argument("--output", required=True, metavar="DIR")
     prepare.add_argument("--max-seq-length", type=int, default=128)
     prepare.add_argument("--max-predictions-per-seq", type=int, default=20)
@@ -87,6 +84,13 @@ def _add_data(subparsers) -> None:
         "--shard-index", type=int, default=0, help="this machine's index when several share work"
     )
     prepare.add_argument("--num-shards", type=int, default=1, help="number of machines")
+    prepare.add_argument(
+        "--merge",
+        action="store_true",
+        help="after the --num-shards machines prepared into one --output: check that every "
+        "shard finished with the same settings, tokenizer and inputs, and write the manifest "
+        "that pretrain reads (it refuses unmerged shards); takes --output only",
+    )
     prepare.add_argument(
         "--documents-per-shard",
         type=int,
@@ -127,7 +131,19 @@ def _prepare(args) -> int:
     import logging
 
     from bert_jax import config_lib
-    from bert_jax.data.prepare import PrepareSettings, prepare_records
+    from bert_jax.data.prepare import PrepareSettings, merge_shards, prepare_records
+    from bert_jax.errors import UserError
+
+    if args.merge:
+        if args.input or args.tokenizer:
+            raise UserError("--merge takes --output only: the shards record their inputs")
+        print(merge_shards(args.output).summary())
+        return 0
+    given = {"--input": args.input, "--tokenizer": args.tokenizer}
+    missing = [flag for flag, value in given.items() if not value]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise UserError(f"{' and '.join(missing)} {verb} required (unless --merge)")
 
     # Records no size preset can read are refused before any work (--max-seq-length 100000).
     config_lib.check_sequence_length(args.max_seq_length, "--max-seq-length")

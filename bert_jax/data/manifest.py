@@ -15,6 +15,12 @@ A run removes its machine's ``stats-I-of-N.json`` when it starts and writes it l
 is the completion mark: ``require_complete`` (used by the pipeline) refuses a directory with a
 manifest whose machines have not all finished, so a failed or killed run is never trusted.
 ``RECORDS_KIND`` is the records directory as an output (``files.check_replaceable``).
+
+Several machines (``--shard-index I --num-shards N``) prepare one directory: machine I writes the
+document groups ``g % N == I``, and its completion mark also holds its manifest and the groups it
+wrote. ``join_shards`` (``data prepare --merge``) checks the N of them against each other and
+the records on disk and returns the one manifest, with ``merged_shards = N``, that readers
+trust; until it is written ``require_complete`` refuses the directory.
 """
 
 from __future__ import annotations
@@ -33,19 +39,8 @@ from bert_jax.data import files
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.errors import UserError
 
-__all__ = [
-    "Manifest",
-    "read",
-    "write",
-    "read_prepare_config",
-    "input_identity",
-    "check_text_inputs",
-    "check_resumable",
-    "check_output_dir",
-    "require_complete",
-]
-
 INPUTS_KEY = "inputs"
+MERGED_KEY = "merged_shards"
 # Settings that change the bytes written; a resumed run must agree on all of them.
 OUTPUT_SETTINGS = (
     "format_version",
@@ -89,6 +84,14 @@ class IncompleteRecordsError(UserError):
     """A records directory whose `data prepare` run has not finished."""
 
 
+class UnmergedRecordsError(IncompleteRecordsError):
+    """A records directory prepared by several machines whose shards were not merged."""
+
+
+class ShardsError(UserError):
+    """Shards of one records directory that are missing, incomplete or inconsistent."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     """What a records directory was prepared from; ``prepare_config.json`` as a value.
@@ -96,24 +99,28 @@ class Manifest:
     ``settings``: every recorded key but the inputs (``OUTPUT_SETTINGS``, ``vocab_size``, and
     whatever an older or newer writer added, kept as it was). ``inputs``: one entry per input,
     ``{"path", "size", "sha256"}`` for a file or ``{"source"}`` for a named corpus; None in a
-    directory prepared before inputs were recorded. Treat both as read-only.
+    directory prepared before inputs were recorded. ``merged_shards``: N once ``join_shards``
+    checked the N machines' shards. Treat all as read-only.
     """
 
     settings: Mapping[str, Any]
     inputs: tuple[Mapping[str, Any], ...] | None = None
+    merged_shards: int | None = None
 
     def to_json(self) -> dict:
         """The object ``prepare_config.json`` holds."""
         payload = dict(self.settings)
         if self.inputs is not None:
             payload[INPUTS_KEY] = [dict(entry) for entry in self.inputs]
+        if self.merged_shards is not None:
+            payload[MERGED_KEY] = self.merged_shards
         return payload
 
     @classmethod
     def from_json(cls, payload: Mapping[str, Any]) -> Manifest:
-        settings = {key: value for key, value in payload.items() if key != INPUTS_KEY}
+        settings = {k: v for k, v in payload.items() if k not in (INPUTS_KEY, MERGED_KEY)}
         inputs = payload.get(INPUTS_KEY)
-        return cls(settings, None if inputs is None else tuple(inputs))
+        return cls(settings, None if inputs is None else tuple(inputs), payload.get(MERGED_KEY))
 
     def setting_changes(self, other: Manifest) -> list[str]:
         """``"key: mine -> other's"`` for every output setting on which the two differ."""
@@ -302,17 +309,28 @@ def stats_name(shard_index: int, num_shards: int) -> str:
     return f"stats-{shard_index}-of-{num_shards}.json"
 
 
-def require_complete(directory: str) -> None:
-    """Refuses a records directory written by ``data prepare`` whose machines have not all
-    finished (a failed, killed or still running preparation). Foreign records pass."""
-    if not fs.isdir(directory) or read(directory) is None:
-        return
+def completion_marks(names: list[str]) -> dict[int, set[int]]:
+    """{N: the machines I of N whose ``stats-I-of-N.json`` is among `names`}."""
     found: dict[int, set[int]] = {}
-    for name in fs.listdir(directory):
+    for name in names:
         match = _STATS_RE.match(name)
         if match:
             found.setdefault(int(match.group(2)), set()).add(int(match.group(1)))
-    if not any(len(done) == n for n, done in found.items()):
+    return found
+
+
+def require_complete(directory: str) -> None:
+    """Refuses a records directory written by ``data prepare`` whose machines have not all
+    finished (a failed, killed or still running preparation), or, prepared by several machines,
+    whose shards were not merged (``join_shards``). Foreign records pass."""
+    if not fs.isdir(directory):
+        return
+    recorded = read(directory)
+    if recorded is None:
+        return
+    found = completion_marks(fs.listdir(directory))
+    complete = sorted(n for n, done in found.items() if done >= set(range(n)))
+    if not complete:
         missing = "no stats-*-of-*.json"
         if found:
             n, done = max(found.items(), key=lambda item: len(item[1]))
@@ -321,3 +339,127 @@ def require_complete(directory: str) -> None:
             f"{directory}: data prepare did not finish ({missing}); re-run it to complete the "
             f"{RECORD_SUFFIX} shards before training on them"
         )
+    if 1 in complete or recorded.merged_shards in complete:
+        return
+    raise UnmergedRecordsError(
+        f"{directory}: prepared by {complete[0]} machines (--num-shards {complete[0]}) whose "
+        f"shards were not merged; run `bert-jax data prepare --merge --output {directory}` to "
+        "check them and write the manifest that training reads"
+    )
+
+
+# --- Shards of several machines -------------------------------------------------------------------
+
+
+def shard_record(manifest: Manifest, total_groups: int, parts: list[int]) -> dict:
+    """What a machine's completion mark says of its shard, for ``join_shards``: its manifest,
+    the number of document groups in the whole input and the groups it holds a part of."""
+    return {"manifest": manifest.to_json(), "input_groups": total_groups, "parts": sorted(parts)}
+
+
+def _input_token(entry: Mapping[str, Any]) -> str:
+    """An input by content (a file's SHA-256) or by name (``embedded``, ``tfds:...``): machines
+    may see one file under different paths."""
+    return entry["sha256"] if "sha256" in entry else f"source:{entry.get('source')}"
+
+
+def _shards_text(indices: list[int]) -> str:
+    return ("shard " if len(indices) == 1 else "shards ") + ", ".join(map(str, indices))
+
+
+def _check_same_inputs(manifests: dict[int, Manifest], num_shards: int) -> None:
+    """Every shard read the same inputs (by content), in the same order: each group's
+    documents, and so its records, depend on all the inputs before it."""
+    holders: dict[str, list[int]] = {}
+    names: dict[str, str] = {}
+    for index, shard in manifests.items():
+        for entry in shard.inputs or ():
+            token = _input_token(entry)
+            holders.setdefault(token, []).append(index)
+            names.setdefault(token, _input_key(entry))
+    for token, indices in holders.items():
+        if len(set(indices)) < num_shards:
+            missing = sorted(set(range(num_shards)) - set(indices))
+            raise ShardsError(
+                f"input {names[token]} was read by {_shards_text(sorted(set(indices)))} but not "
+                f"by {_shards_text(missing)} of {num_shards}: every machine must prepare the "
+                "same --input (each writes its share of the groups of the whole input)"
+            )
+    orders = {i: [_input_token(e) for e in m.inputs or ()] for i, m in manifests.items()}
+    for index, order in orders.items():
+        if order != orders[0]:
+            raise ShardsError(
+                f"shard {index} of {num_shards} read the inputs in another order than shard 0 "
+                "(the groups differ); give --input in the same order on every machine"
+            )
+
+
+def join_shards(
+    directory: str, num_shards: int, shards: Mapping[int, Mapping], parts: Mapping[int, set[str]]
+) -> Manifest:
+    """The one manifest of `directory` from the completion marks of its `num_shards` machines.
+
+    `shards`: machine index -> the ``shard_record`` in its ``stats-I-of-N.json`` (None: a mark
+    written before shards were recorded); `parts`:
+    ``groups.existing_parts`` of the directory. Refuses (ShardsError, one line naming it) a
+    machine that has not finished, shards that differ in a setting or the tokenizer, an input
+    that not every shard read, and a part that no shard or two shards account for, or that a
+    shard wrote and is gone.
+    """
+    missing = [i for i in range(num_shards) if i not in shards]
+    if missing:
+        names = ", ".join(stats_name(i, num_shards) for i in missing)
+        raise ShardsError(
+            f"{_shards_text(missing)} of {num_shards} did not finish ({directory} has no "
+            f"{names}); run data prepare with --shard-index {missing[0]} --num-shards "
+            f"{num_shards} again (it resumes), then --merge"
+        )
+    manifests: dict[int, Manifest] = {}
+    for index in range(num_shards):
+        if not shards[index]:
+            raise ShardsError(
+                f"{fs.join(directory, stats_name(index, num_shards))} holds no manifest (written "
+                f"before shards could be merged); run data prepare with --shard-index {index} "
+                f"--num-shards {num_shards} again (it resumes, writing no records), then --merge"
+            )
+        manifests[index] = Manifest.from_json(shards[index]["manifest"])
+    _check_same_inputs(manifests, num_shards)
+    for index in range(1, num_shards):
+        changed = manifests[0].setting_changes(manifests[index])
+        if changed:
+            raise ShardsError(
+                f"shard {index} of {num_shards} was prepared with other settings than shard 0 "
+                f"({'; '.join(changed)}); prepare it again with the same settings "
+                "(--overwrite), then --merge"
+            )
+    groups = {index: shards[index]["input_groups"] for index in range(num_shards)}
+    if len(set(groups.values())) > 1:
+        counts = ", ".join(f"shard {i}: {n}" for i, n in groups.items())
+        raise ShardsError(
+            f"the shards of {directory} cut the input into different numbers of document groups "
+            f"({counts}): they did not read the same documents (e.g. another --max-line-bytes); "
+            "prepare them again with the same settings"
+        )
+    owner: dict[int, int] = {}
+    for index in range(num_shards):
+        for group in shards[index]["parts"]:
+            if group in owner:
+                raise ShardsError(
+                    f"{directory}: part-{group:05d}{RECORD_SUFFIX} is claimed by shards "
+                    f"{owner[group]} and {index} of {num_shards}; prepare one of them again"
+                )
+            owner[group] = index
+            if not {"tfrecord", "json"} <= parts.get(group, set()):
+                raise ShardsError(
+                    f"{directory}: part-{group:05d}{RECORD_SUFFIX} of shard {index} of "
+                    f"{num_shards} is missing; run data prepare with --shard-index {index} "
+                    f"--num-shards {num_shards} again (it rewrites it), then --merge"
+                )
+    strays = sorted(g for g, suffixes in parts.items() if "tfrecord" in suffixes and g not in owner)
+    if strays:
+        raise ShardsError(
+            f"{directory}: part-{strays[0]:05d}{RECORD_SUFFIX} belongs to none of the "
+            f"{num_shards} shards (left by another run?); remove it, or prepare every shard "
+            "again with --overwrite"
+        )
+    return dataclasses.replace(manifests[0], merged_shards=num_shards)

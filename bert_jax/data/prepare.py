@@ -4,6 +4,7 @@ Public API::
 
     prepare_records(sources, tokenizer, output_dir, settings=PrepareSettings()) -> PrepareResult
     prepare_cached(sources, tokenizer, settings, cache_dir=None) -> list of record files
+    merge_shards(output_dir) -> MergeResult
 
 ``PrepareSettings`` holds every knob of ``bert-jax data prepare`` (one field per flag).
 ``prepare_cached`` is preparation for a pretraining run given a raw corpus: the records go to a
@@ -26,9 +27,24 @@ when complete, next to a small ``part-{g:05d}.json`` with its counts. A re-run w
 settings skips finished groups (resuming an interrupted job); different settings in the same
 output directory are refused unless ``overwrite=True``, which rewrites this machine's groups
 (its old shards are set aside in a hidden folder, removed once the new ones are complete). The
-settings are recorded in ``prepare_config.json``, the tokenizer is saved in ``tokenizer/`` (so the
+settings are recorded in ``prepare_config.json`` (``manifest.Manifest``: built, checked against
+the directory's and written once per run), the tokenizer is saved in ``tokenizer/`` (so the
 pipeline can re-mask dynamically), and a summary goes to
-``stats-{shard_index}-of-{num_shards}.json``.
+``stats-{shard_index}-of-{num_shards}.json``, the machine's completion mark.
+
+Several machines, one directory. Each machine runs with its ``--shard-index`` into the same
+``--output`` (a bucket or a shared disk; machines without one copy their directories' contents
+together: part and stats names never collide). Its stats file then holds its manifest and the
+groups it wrote. ``merge_shards`` (``data prepare --merge --output DIR``, run once after all of
+them) checks that every machine finished, with the same settings, tokenizer and inputs, and that
+every part on disk belongs to exactly one shard (``manifest.join_shards``), then writes the
+manifest that training trusts; until then the pipeline refuses the directory. The records are
+those one machine would have written, file for file.
+
+Why this file is long: one run of the stage (settings, the output opened for it, the groups in
+flight, the completion mark) and the two ways of using it (a pretraining run's cached
+preparation, the merge of several machines' runs) read as one story; the work itself lives in
+``groups``, the manifest's checks in ``manifest``.
 """
 
 from __future__ import annotations
@@ -51,7 +67,7 @@ from bert_jax.data import manifest
 from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.groups import InstanceStats, part_name
-from bert_jax.data.layout import TOKENIZER_SUBDIR
+from bert_jax.data.layout import CONFIG_FILE, TOKENIZER_SUBDIR
 from bert_jax.data.sentences import splitter_identity
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
 from bert_jax.errors import UserError, user_path
@@ -232,6 +248,7 @@ class _Progress:
         self.output_dir, self.output_what = output_dir, output_what
         self.instance_stats = InstanceStats()
         self.files: list[str] = []
+        self.parts: list[int] = []  # the groups whose record file this run wrote or kept
         self.groups_written = 0
         self.groups_skipped = 0
         self.total_groups = 0
@@ -239,6 +256,7 @@ class _Progress:
     def skip(self, group_index: int) -> None:
         self.groups_skipped += 1
         self.files.append(fs.join(self.output_dir, part_name(group_index)))
+        self.parts.append(group_index)
 
     def finished(self, group_index: int, counts: dict, serialized: list[bytes]) -> None:
         with user_path(self.output_dir, self.output_what, writing=True):  # a full disk, say
@@ -246,6 +264,7 @@ class _Progress:
         self.instance_stats.add(counts)
         if counts.get("instances"):
             self.files.append(fs.join(self.output_dir, part_name(group_index)))
+            self.parts.append(group_index)
             self.groups_written += 1
         logger.info("group %d: %d instances", group_index, counts.get("instances", 0))
 
@@ -349,13 +368,17 @@ def prepare_records(
         splitter_name=settings.splitter,
         num_workers=settings.num_workers,  # prose is split (wikitext stripped) in parallel too
     )
-    mine = (
-        (g, docs)
-        for g, docs in groups_lib.document_groups(documents, settings.documents_per_shard)
-        if g % settings.num_shards == settings.shard_index
-    )
+    every_group = groups_lib.document_groups(documents, settings.documents_per_shard)
+    input_groups = [0]  # groups in the whole input: the shards' merge checks they agree
+
+    def mine() -> Iterator[tuple[int, list[list[str]]]]:
+        for group_index, group in every_group:
+            input_groups[0] = group_index + 1
+            if group_index % settings.num_shards == settings.shard_index:
+                yield group_index, group
+
     progress = _Progress(output_dir, output_what)
-    _run_groups(mine, existing, tokenizer, recorded, settings.num_workers, progress)
+    _run_groups(mine(), existing, tokenizer, recorded, settings.num_workers, progress)
 
     if corpus_stats.documents < 2:
         raise manifest.InputError(
@@ -378,17 +401,20 @@ def prepare_records(
         wall_seconds=time.perf_counter() - started,
         settings=recorded,
     )
+    shard = manifest.shard_record(wanted, input_groups[0], progress.parts)
     with user_path(output_dir, output_what, writing=True):
-        _write_stats(result, settings)
+        _write_stats(result, settings, shard)
     _drop_set_aside(output_dir, settings)
     return result
 
 
-def _write_stats(result: PrepareResult, settings: PrepareSettings) -> None:
-    name = f"stats-{settings.shard_index}-of-{settings.num_shards}.json"
+def _write_stats(result: PrepareResult, settings: PrepareSettings, shard: dict) -> None:
+    """This machine's completion mark: its counts, and its shard (``manifest.shard_record``)."""
+    name = manifest.stats_name(settings.shard_index, settings.num_shards)
     write_json_atomic(
         fs.join(result.output_dir, name),
         {
+            "shard": shard,
             "corpus": result.corpus_stats.as_dict(),
             "instances": dataclasses.asdict(result.instance_stats),
             "groups_written": result.groups_written,
@@ -457,3 +483,83 @@ def prepare_cached(
     if write_marker:
         write_json_atomic(marker, {"files": [fs.basename(f) for f in files]})
     return files
+
+
+@dataclass
+class MergeResult:
+    output_dir: str
+    num_shards: int
+    parts: int
+    instances: int
+
+    def summary(self) -> str:
+        return (
+            f"merged {self.num_shards} shard(s) in {self.output_dir}: {self.parts} record "
+            f"file(s), {self.instances} instances, every shard complete and consistent; wrote "
+            f"{CONFIG_FILE}, which training reads"
+        )
+
+
+def _read_marks(output_dir: str, num_shards: int, done: set[int]) -> dict[int, dict | None]:
+    """Machine index -> the shard record in its completion mark (None in a mark of earlier
+    versions, which recorded no shard)."""
+    shards: dict[int, dict | None] = {}
+    for index in sorted(i for i in done if i < num_shards):
+        path = fs.join(output_dir, manifest.stats_name(index, num_shards))
+        try:
+            with fs.open(path, encoding="utf-8") as f:
+                shards[index] = json.load(f).get("shard")
+        except json.JSONDecodeError as err:
+            raise manifest.ShardsError(
+                f"{path} is not valid JSON ({err}); run data prepare with --shard-index {index} "
+                f"--num-shards {num_shards} again (it resumes), then --merge"
+            ) from None
+    return shards
+
+
+def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output") -> MergeResult:
+    """``data prepare --merge``: checks the shards that several machines prepared into
+    ``output_dir`` (``manifest.join_shards``) and writes the one manifest training reads.
+
+    Any refusal is a ``UserError`` naming the shard, setting, input or part; nothing is written
+    then, and the directory stays unreadable to training.
+    """
+    output_dir = fs.abspath(os.fspath(output_dir))
+    with user_path(output_dir, output_what):
+        names = fs.listdir(output_dir)
+    if manifest.read(output_dir) is None:
+        raise UserError(
+            f"{output_what} {output_dir} holds no {CONFIG_FILE}: not a directory that data "
+            "prepare wrote; give the --output of the machines' runs"
+        )
+    marks = manifest.completion_marks(names)
+    if not marks:
+        raise manifest.ShardsError(
+            f"{output_dir}: no machine finished data prepare (no stats-*-of-*.json); run every "
+            "--shard-index first, then --merge"
+        )
+    if len(marks) > 1:
+        counts = " and ".join(map(str, sorted(marks)))
+        raise manifest.ShardsError(
+            f"{output_dir} holds completion marks (stats-I-of-N.json) of runs over {counts} "
+            "machines: every machine must give the same --num-shards; remove the wrong runs' "
+            "stats files and run those shards again"
+        )
+    ((num_shards, done),) = marks.items()
+    if not fs.exists(fs.join(output_dir, TOKENIZER_SUBDIR, "bert_jax_tokenizer.json")):
+        raise manifest.ShardsError(
+            f"{output_dir} has no {TOKENIZER_SUBDIR}/ (each machine saves it); copy it from a "
+            "machine's output or run one shard again"
+        )
+    shards = _read_marks(output_dir, num_shards, done)
+    merged = manifest.join_shards(
+        output_dir, num_shards, shards, groups_lib.existing_parts(output_dir)
+    )
+    with user_path(output_dir, output_what, writing=True):
+        manifest.write(output_dir, merged)
+    instances = 0
+    for group in sorted(g for record in shards.values() for g in record["parts"]):
+        with fs.open(fs.join(output_dir, part_name(group, "json")), encoding="utf-8") as f:
+            instances += json.load(f).get("instances", 0)
+    parts = sum(len(record["parts"]) for record in shards.values())
+    return MergeResult(output_dir, num_shards, parts, instances)
