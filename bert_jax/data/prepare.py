@@ -315,17 +315,6 @@ def _run_groups(
             progress.finished(index, *result.get())
 
 
-def _expand_inputs(items: Sequence[str | os.PathLike]) -> list[str]:
-    """``sources.expand_sources``, its refusals of what the user named (a missing file, a glob
-    or directory without files) as the user errors they are."""
-    try:
-        return sources_lib.expand_sources(items)
-    except UserError:
-        raise
-    except (FileNotFoundError, ValueError) as err:
-        raise manifest.InputError(str(err)) from err
-
-
 def prepare_records(
     sources: Sequence[str | os.PathLike] | str,
     tokenizer: Tokenizer | str | os.PathLike,
@@ -346,7 +335,9 @@ def prepare_records(
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     # Resolve inputs before touching the output directory: a typo must not leave debris.
-    sources = _expand_inputs([sources] if isinstance(sources, (str, os.PathLike)) else sources)
+    sources = sources_lib.expand_sources(
+        [sources] if isinstance(sources, (str, os.PathLike)) else sources
+    )
     inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
     output_dir = fs.abspath(os.fspath(output_dir))
     recorded = _recorded_settings(settings, tokenizer, sources)
@@ -453,7 +444,7 @@ def prepare_cached(
     key_settings = {
         "items": items,
         # The inputs' content too: a changed corpus is prepared anew, never served stale.
-        "inputs": manifest.input_identity(_expand_inputs(items)),
+        "inputs": manifest.input_identity(sources_lib.expand_sources(items)),
         "tokenizer": tokenizer.fingerprint(),
         "max_seq_length": settings.max_seq_length,
         "max_predictions_per_seq": settings.max_predictions_per_seq,
