@@ -51,6 +51,7 @@ from bert_jax.config_lib import Phase
 from bert_jax.convert import mapping
 from bert_jax.data import shards as input_shards
 from bert_jax.errors import UserError, user_path
+from bert_jax.launch import heartbeat as heartbeat_lib
 from bert_jax.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
 from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
 
@@ -141,6 +142,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     writer = metrics.MetricWriter(workdir, enabled=is_main)
     step_log = metrics.StepLog(config, total, model_config, writer, console, checkpointer)
     preemption = checkpointing.Preemption(checkpointer)
+    heartbeat = heartbeat_lib.Heartbeat(workdir, jax.process_index(), step, total)  # supervisor
     iterator, phase, eval_batches, last_eval, preempted = None, None, [], {}, False
     try:
         while step < total:
@@ -165,6 +167,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
             )
             step += 1
             step_log.push(step, step_metrics, phase)
+            heartbeat.beat(step)
 
             preempted = preemption.requested(step)
             if _every(step, config.checkpoint.every_steps, total) or preempted:
@@ -181,6 +184,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
         try:
             checkpointer.wait()  # raises CheckpointSaveError if the last save failed
         finally:
+            heartbeat.close("done" if step >= total else "stopped" if preempted else "exited")
             preemption.restore()
             writer.close()
 

@@ -3,6 +3,7 @@ when the remote shell (or sbatch's bash) actually runs what we generate."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
@@ -55,10 +56,13 @@ START = (
     f"""{SSH} --worker=all '--command=cd "$HOME"/bert-jax/src && """
     """if [ -f "$HOME"/bert-jax/run.pid ] && kill -0 "$(cat "$HOME"/bert-jax/run.pid)" """
     """2>/dev/null; then echo '"'"'bert-jax: a run is still going on this worker; stop it """
-    """first'"'"' >&2; exit 1; fi; nohup env BERT_JAX_DISTRIBUTED=on TF_CPP_MIN_LOG_LEVEL=2 """
-    "../venv/bin/bert-jax pretrain --config configs/bert.py:base --workdir "
-    """/gcs/bucket/runs/base '"'"'--config.data.source=a b; rm -rf /'"'"' > """
-    """"$HOME"/bert-jax/run.log 2>&1 < /dev/null & echo $! > "$HOME"/bert-jax/run.pid'"""
+    """first'"'"' >&2; exit 1; fi; rm -f "$HOME"/bert-jax/run.pid "$HOME"/bert-jax/run.exit; """
+    """date +%s > "$HOME"/bert-jax/run.started; nohup bash -c '"'"'export """
+    """BERT_JAX_LOG_FILE="$HOME"/bert-jax/run.log; "$@" & echo $! > "$HOME"/bert-jax/run.pid; """
+    """wait $!; echo $? > "$HOME"/bert-jax/run.exit'"'"' bert-jax env BERT_JAX_DISTRIBUTED=on """
+    "TF_CPP_MIN_LOG_LEVEL=2 ../venv/bin/bert-jax pretrain --config configs/bert.py:base "
+    """--workdir /gcs/bucket/runs/base '"'"'--config.data.source=a b; rm -rf /'"'"' > """
+    """"$HOME"/bert-jax/run.log 2>&1 < /dev/null &'"""
 )
 LOGS = f"""{SSH} --worker=0 '--command=tail -n +1 -F "$HOME"/bert-jax/run.log'"""
 STOP = (
@@ -67,6 +71,19 @@ STOP = (
     """bert-jax on $(hostname)"; else echo "no bert-jax run on $(hostname)"; fi'"""
 )
 DELETE = f"gcloud compute tpus tpu-vm delete bert-base {WHERE} --quiet"
+QR = "gcloud compute tpus queued-resources"
+QR_DESCRIBE = f"{QR} describe bert-base {WHERE} '--format=value(state.state)'"
+QR_CREATE = (
+    f"{QR} create bert-base {WHERE} --node-id=bert-base --accelerator-type=v4-32 "
+    "--runtime-version=tpu-ubuntu2204-base"
+)
+QR_UP = [
+    QR_DESCRIBE,
+    "# only when the describe above finds none (SUSPENDED or FAILED: delete first):",
+    QR_CREATE,
+    "# then every 60 s until the state is ACTIVE:",
+    QR_DESCRIBE,
+]
 PREFLIGHT = [
     f"# preflight (in {REPO}): compile the step for v4-32 before creating anything; "
     "--skip-preflight skips it",
@@ -89,19 +106,26 @@ def _launch(capsys, *argv) -> list[str]:
     [
         (
             "create",
-            [],
+            ["--no-queued"],
             [DESCRIBE, "# only when the describe above fails (no such TPU VM):", CREATE],
         ),
+        ("create", [], QR_UP),
         ("setup", SETUP_FLAGS, [PACK, MKDIR, SCP, INSTALL]),
         ("run", ["--", *PRETRAIN], [START, LOGS]),
         ("run", ["--no-follow", "--", *PRETRAIN], [START]),
         ("logs", [], [LOGS]),
         ("logs", ["--worker", "3"], [LOGS.replace("--worker=0", "--worker=3")]),
         ("stop", [], [STOP]),
-        ("delete", [], [DELETE]),
+        ("delete", ["--no-queued"], [DELETE]),
+        ("delete", [], [f"{QR} delete bert-base {WHERE} --force --quiet"]),
         (
             "up",
             [*SETUP_FLAGS, "--", *PRETRAIN],
+            [*PREFLIGHT, *QR_UP, PACK, MKDIR, SCP, INSTALL, START, LOGS],
+        ),
+        (
+            "up",
+            [*SETUP_FLAGS, "--no-queued", "--", *PRETRAIN],
             [
                 *PREFLIGHT,
                 DESCRIBE,
@@ -125,7 +149,7 @@ def test_tpu_create_options_and_env(capsys):
     lines = _launch(
         capsys,
         *("tpu", "create", "--name", "bert-large", "--zone", "us-east5-a", "--dry-run"),
-        *("--accelerator-type", "v5p-128", "--version", "v2-alpha-tpuv5", "--spot"),
+        *("--accelerator-type", "v5p-128", "--version", "v2-alpha-tpuv5", "--spot", "--no-queued"),
     )
     assert lines[-1] == (
         "gcloud compute tpus tpu-vm create bert-large --zone=us-east5-a --accelerator-type=v5p-128 "
@@ -141,6 +165,85 @@ def test_tpu_create_options_and_env(capsys):
 
 
 @pytest.mark.parametrize(
+    "flags, track, tail",
+    [
+        (["--spot"], "", " --spot"),
+        (["--spot", "--valid-until-duration", "6h"], "", " --spot --valid-until-duration=6h"),
+        (["--best-effort"], " alpha", " --best-effort"),
+        (["--reserved"], "", " --reserved"),
+        (["--guaranteed"], "", " --guaranteed"),
+        ([], "", ""),
+    ],
+)
+def test_queued_resource_create_per_capacity(capsys, flags, track, tail):
+    lines = _launch(
+        capsys,
+        *("tpu", "create", "--name", "bert-large", "--zone", "us-east5-a", "--dry-run"),
+        *("--accelerator-type", "v5p-128", "--version", "v2-alpha-tpuv5", *flags),
+    )
+    assert lines[2] == (
+        f"gcloud{track} compute tpus queued-resources create bert-large --zone=us-east5-a "
+        "--node-id=bert-large --accelerator-type=v5p-128 --runtime-version=v2-alpha-tpuv5" + tail
+    )
+
+
+def test_queued_resource_waits_until_active_with_a_progress_line():
+    """WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE: one line per state with the time waited;
+    a SUSPENDED resource is deleted (without --force) and asked for again; one that ends FAILED
+    while waiting is a CommandFailed (exit status 1, not a user error)."""
+    from bert_jax.launch import CommandFailed, queued
+
+    def scripted(states):
+        calls = []
+
+        def fake_run(argv, check=False, **kwargs):
+            calls.append(argv)
+            if "describe" not in argv:
+                return subprocess.CompletedProcess(argv, 0, stdout="")
+            out = states.pop(0)
+            return subprocess.CompletedProcess(argv, 0 if out else 1, stdout=out + "\n")
+
+        return calls, fake_run
+
+    calls, fake_run = scripted(["SUSPENDED", "WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES",
+                                "PROVISIONING", "ACTIVE"])  # fmt: skip
+    out = io.StringIO()
+    qr = queued.QueuedResource(tpu.TpuVm("bert-base", "us-central2-b"), "spot")
+    queued.bring_up(qr, Runner(out=out, run=fake_run), poll_seconds=0)
+    shown = out.getvalue()
+    assert "queued resource bert-base: WAITING_FOR_RESOURCES, waited 0m00s" in shown
+    assert "queued resource bert-base: PROVISIONING" in shown
+    assert "is ACTIVE after" in shown
+    verbs = [argv[4] for argv in calls]
+    assert verbs == ["describe", "delete", "create", "describe", "describe", "describe", "describe"]
+    assert "--force" not in calls[1]
+
+    calls, fake_run = scripted(["WAITING_FOR_RESOURCES", "FAILED"])
+    with pytest.raises(CommandFailed, match="FAILED"):
+        queued.wait_until_active(qr, Runner(out=io.StringIO(), run=fake_run), poll_seconds=0)
+    with pytest.raises(LaunchError, match="duration"):
+        queued.QueuedResource(qr.vm, "spot", "six hours")
+
+
+@pytest.mark.parametrize(
+    "state, deletes, force",
+    [("ACTIVE", True, True), ("SUSPENDING", False, None), ("SUSPENDED", True, False),
+     ("FAILED", True, False), ("WAITING_FOR_RESOURCES", True, True), (None, False, None)],
+)  # fmt: skip
+def test_queued_resource_is_never_forced_while_suspending(state, deletes, force):
+    from bert_jax.launch import queued
+
+    calls = []
+    runner = Runner(out=open(os.devnull, "w"), run=lambda argv, **kw: calls.append(argv))  # noqa: SIM115
+    runner._run = lambda argv, **kw: calls.append(argv) or subprocess.CompletedProcess(argv, 0)
+    qr = queued.QueuedResource(tpu.TpuVm("bert-base", "us-central2-b"))
+    queued.delete(qr, runner, state)
+    assert bool(calls) == deletes
+    if deletes:
+        assert ("--force" in calls[0]) == force
+
+
+@pytest.mark.parametrize(
     "argv, message",
     [
         (["tpu", "run", "--name", HOSTILE, "--zone", "z", "--", "--config", "c"], "not valid"),
@@ -151,6 +254,24 @@ def test_tpu_create_options_and_env(capsys):
         (["slurm", "--nodes", "2", "--partition", "gpu\nrm", "--dry-run", "--", "x"], "#SBATCH"),
         (["slurm", "--nodes", "2", "--env", "1A=x", "--dry-run", "--", "x"], "variable name"),
         (["slurm", "--nodes", "2", "--dry-run"], "nothing to run"),
+        (
+            [
+                "tpu",
+                "up",
+                "--name",
+                "ok",
+                "--zone",
+                "z",
+                "--valid-until-duration",
+                "6 h",
+                "--dry-run",
+                "--",
+                "x",
+            ],
+            "--valid-until-duration",
+        ),
+        (["tpu", "up", "--name", "ok", "--zone", "z", "--watch", "--", "x"], "--workdir"),
+        (["tpu", "watch", "--workdir", "/nonexistent/run"], "job.json does not exist"),
     ],
 )
 def test_bad_values_are_refused_with_one_line(capsys, argv, message):

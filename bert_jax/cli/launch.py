@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from bert_jax.launch import LaunchError
+
 
 def add_to(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -30,7 +32,27 @@ def _add_tpu(kinds) -> None:
     creating = argparse.ArgumentParser(add_help=False)
     creating.add_argument("--accelerator-type", default="v4-32")
     creating.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM software")
-    creating.add_argument("--spot", action="store_true", help="a Spot (preemptible) TPU VM")
+    kinds_of_capacity = creating.add_mutually_exclusive_group()
+    for kind, text in (
+        ("spot", "Spot capacity: preemptible, about a third of the on-demand price"),
+        ("best-effort", "best-effort capacity (the alpha API's preemptible kind)"),
+        ("reserved", "the project's reserved capacity"),
+        ("guaranteed", "guaranteed capacity"),
+    ):
+        kinds_of_capacity.add_argument(
+            f"--{kind}", dest="capacity", action="store_const", const=kind, help=text
+        )
+    creating.add_argument(
+        "--valid-until-duration",
+        default=None,
+        metavar="DURATION",
+        help="give up the queued request after this long (e.g. 6h)",
+    )
+    creating.add_argument(
+        "--no-queued",
+        action="store_true",
+        help="create the TPU VM directly (`tpu-vm create`) instead of through a queued resource",
+    )
     installing = argparse.ArgumentParser(add_help=False)
     installing.add_argument(
         "--source", default=None, help="bert-jax checkout to copy (default: this one)"
@@ -62,28 +84,198 @@ def _add_tpu(kinds) -> None:
     )
     viewing = argparse.ArgumentParser(add_help=False)
     viewing.add_argument("--worker", type=int, default=0, help="whose log to stream")
+    deleting = argparse.ArgumentParser(add_help=False)
+    deleting.add_argument(
+        "--no-queued", action="store_true", help="a TPU VM created with --no-queued"
+    )
+    watching = _watching_flags()
+    starting_watch = argparse.ArgumentParser(add_help=False)
+    starting_watch.add_argument(
+        "--watch",
+        action="store_true",
+        help="then keep the run alive until its model is exported (launch/README.md)",
+    )
     parser = kinds.add_parser("tpu", help="Cloud TPU VM slice: create, setup, run, logs, stop")
     actions = parser.add_subparsers(dest="tpu_action", required=True, metavar="ACTION")
     helps = {
         "up": (
-            "compile-check here, then create (or reuse), setup, run",
-            [common, creating, installing, running, checking],
+            "compile-check here, then create (or reuse), setup, run; --watch: and supervise",
+            [common, creating, installing, running, checking, starting_watch, watching],
         ),
         "create": ("create the TPU VM unless it exists", [common, creating]),
         "setup": ("copy this source tree to every worker and install it", [common, installing]),
         "run": ("start bert-jax pretrain on every worker; stream worker 0", [common, running]),
         "logs": ("stream a worker's log", [common, viewing]),
         "stop": ("SIGTERM every worker: checkpoint at the same step, then exit", [common]),
-        "delete": ("delete the TPU VM", [common]),
+        "delete": ("delete the queued resource and its TPU VM", [common, deleting]),
     }
     for action, (summary, parents) in helps.items():
         action_parser = actions.add_parser(action, help=summary, parents=parents)
-        action_parser.set_defaults(command_name=f"launch tpu {action}")
-    parser.set_defaults(run=_run_tpu)
+        action_parser.set_defaults(command_name=f"launch tpu {action}", run=_run_tpu)
+    workdir = argparse.ArgumentParser(add_help=False)
+    workdir.add_argument("--workdir", required=True, help="the run's workdir (gs://...)")
+    watch = actions.add_parser(
+        "watch",
+        help="supervise a run started by `launch tpu up` (settings from WORKDIR/launch/)",
+        parents=[workdir, watching],
+    )
+    watch.add_argument("--dry-run", action="store_true", help=argparse.SUPPRESS)
+    watch.set_defaults(command_name="launch tpu watch", run=_run_watch)
+    status = actions.add_parser(
+        "status",
+        help="slice state, step, checkpoint, ETA, restarts by cause, goodput (from WORKDIR)",
+        parents=[workdir],
+    )
+    status.add_argument(
+        "--no-gcloud", action="store_true", help="do not ask gcloud for the slice's state"
+    )
+    status.set_defaults(command_name="launch tpu status", run=_run_status)
+
+
+def _seconds(text: str) -> float:
+    """A duration: seconds, or with a unit (90s, 30m, 2h)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 45m, 2h)") from None
+
+
+def _watching_flags() -> argparse.ArgumentParser:
+    watching = argparse.ArgumentParser(add_help=False)
+    group = watching.add_argument_group("supervisor (--watch, watch)")
+    group.add_argument(
+        "--max-failures", type=int, default=3, help="restarts after failures and stalls"
+    )
+    group.add_argument(
+        "--max-preemptions", type=int, default=None, help="recreations (default: no limit)"
+    )
+    group.add_argument(
+        "--stall-timeout",
+        type=_seconds,
+        default=None,
+        metavar="DURATION",
+        help="no new step for this long is a hang (default: max(30m, 5 x the slowest step))",
+    )
+    group.add_argument(
+        "--startup-timeout",
+        type=_seconds,
+        default=3600.0,
+        metavar="DURATION",
+        help="install + compile + restore limit, until the first step (default 1h)",
+    )
+    group.add_argument(
+        "--stop-grace", type=_seconds, default=120.0, metavar="DURATION",
+        help="SIGTERM to SIGKILL when stopping a hung job (default 2m)",
+    )  # fmt: skip
+    group.add_argument(
+        "--poll", type=_seconds, default=60.0, metavar="DURATION", help="default 60s"
+    )
+    group.add_argument("--keep", action="store_true", help="keep the slice when done")
+    group.add_argument(
+        "--detach",
+        action="store_true",
+        help="supervise in the background (pid file and log: --pid-file, --log)",
+    )
+    group.add_argument("--pid-file", default=None, help="default: bert-jax-watch-NAME.pid")
+    group.add_argument("--log", default=None, help="default: bert-jax-watch-NAME.log")
+    group.add_argument(
+        "--no-stream", action="store_true", help="do not stream worker 0's log while watching"
+    )
+    return watching
+
+
+def _policy(args):
+    from bert_jax.launch.supervisor import Policy
+
+    return Policy(
+        max_failures=args.max_failures,
+        max_preemptions=args.max_preemptions,
+        stall_timeout=args.stall_timeout,
+        startup_timeout=args.startup_timeout,
+        stop_grace=args.stop_grace,
+        poll_seconds=args.poll,
+        keep=args.keep,
+    )
+
+
+def _watch_argv(args, workdir: str) -> list[str]:
+    """`launch tpu watch` with this command's supervisor flags (for --detach)."""
+    argv = ["launch", "tpu", "watch", "--workdir", workdir, "--no-stream"]
+    argv += ["--max-failures", str(args.max_failures), "--poll", str(args.poll)]
+    argv += ["--startup-timeout", str(args.startup_timeout), "--stop-grace", str(args.stop_grace)]
+    if args.max_preemptions is not None:
+        argv += ["--max-preemptions", str(args.max_preemptions)]
+    if args.stall_timeout is not None:
+        argv += ["--stall-timeout", str(args.stall_timeout)]
+    return argv + (["--keep"] if args.keep else [])
+
+
+def _supervise(args, workdir: str) -> int:
+    import os
+    import subprocess
+    import sys
+
+    from bert_jax.launch import Runner, watcher
+
+    job = watcher.load_job(workdir)
+    if args.detach:
+        pid_file = args.pid_file or f"bert-jax-watch-{job.vm.name}.pid"
+        log_file = args.log or f"bert-jax-watch-{job.vm.name}.log"
+        with open(log_file, "a", encoding="utf-8") as log:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "bert_jax.cli", *_watch_argv(args, workdir)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        with open(pid_file, "w", encoding="utf-8") as f:
+            f.write(f"{child.pid}\n")
+        print(
+            f"supervising {job.vm.name} in the background: pid {child.pid} (in {pid_file}), "
+            f"log {os.path.abspath(log_file)}; `bert-jax launch tpu status --workdir {workdir}`"
+        )
+        return 0
+    runner = Runner()
+    runner.require("gcloud")
+    return watcher.Watcher(job, _policy(args), runner, stream=not args.no_stream).run()
+
+
+def _run_watch(args) -> int:
+    return _supervise(args, args.workdir)
+
+
+def _run_status(args) -> int:
+    import shutil
+
+    from bert_jax.launch import Runner, watcher
+
+    use_gcloud = not args.no_gcloud and shutil.which("gcloud") is not None
+    print(watcher.status_text(args.workdir, Runner() if use_gcloud else None))
+    return 0
 
 
 def _run_tpu(args) -> int:
-    from bert_jax.launch import Runner, tpu
+    import sys
+
+    from bert_jax.errors import EXIT_DOES_NOT_FIT
+    from bert_jax.launch import CommandFailed, tpu
+
+    try:
+        return _tpu_action(args)
+    except tpu.DoesNotFit as err:
+        print(f"bert-jax {args.command_name}: {err}", file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    except CommandFailed as err:  # gcloud said why, above; retrying later may work
+        print(f"bert-jax {args.command_name}: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _tpu_action(args) -> int:
+    from bert_jax.launch import Runner, queued, slurm, tpu
 
     # Flags only some actions have fall back to their defaults.
     vm = tpu.TpuVm(
@@ -92,13 +284,33 @@ def _run_tpu(args) -> int:
         project=args.project,
         accelerator_type=getattr(args, "accelerator_type", "v4-32"),
         version=getattr(args, "version", "tpu-ubuntu2204-base"),
-        spot=getattr(args, "spot", False),
+        spot=getattr(args, "capacity", None) == "spot",
         remote_dir=args.remote_dir,
     )
+    runner = Runner(dry_run=args.dry_run)
+    qr = None
+    if not getattr(args, "no_queued", False) and args.tpu_action in ("up", "create", "delete"):
+        qr = queued.QueuedResource(
+            vm,
+            getattr(args, "capacity", None) or "on-demand",
+            getattr(args, "valid_until_duration", None),
+        )
+    watch = getattr(args, "watch", False)
+    workdir = slurm.workdir_in(getattr(args, "pretrain_args", ()))
+    if watch and workdir is None:
+        raise LaunchError("--watch needs the run's --workdir in the pretrain arguments")
+    if args.tpu_action == "up" and workdir is not None and not args.dry_run:
+        _save_job(args, vm, workdir)
+    if watch:
+        if args.dry_run:
+            raise LaunchError("--watch runs gcloud as the run goes: it has no --dry-run")
+        if not args.skip_preflight:
+            tpu.preflight(vm, runner, args.pretrain_args, args.source or tpu.default_source_dir())
+        return _supervise(args, workdir)
     tpu.perform(
         args.tpu_action,
         vm,
-        Runner(dry_run=args.dry_run),
+        runner,
         pretrain_args=getattr(args, "pretrain_args", ()),
         env=tpu.parse_env(getattr(args, "env", ())),
         follow=not getattr(args, "no_follow", False),
@@ -108,8 +320,46 @@ def _run_tpu(args) -> int:
         setup_commands=getattr(args, "setup_command", ()),
         worker=getattr(args, "worker", 0),
         check_fit=not getattr(args, "skip_preflight", False),
+        create_slice=(lambda: queued.bring_up(qr, runner)) if qr else None,
+        delete_slice=(lambda: _delete_queued(qr, runner)) if qr else None,
     )
     return 0
+
+
+def _delete_queued(qr, runner) -> None:
+    from bert_jax.launch import CommandFailed, queued
+
+    if runner.dry_run:
+        runner(qr.delete_command(force=True))
+        return
+    state = queued.state(qr, runner)
+    if state is None:
+        runner.note(f"no queued resource {qr.name}; deleting the TPU VM itself")
+        runner(qr.vm.delete_command())
+    elif not queued.delete(qr, runner, state):
+        raise CommandFailed(f"queued resource {qr.name} is {state}: delete it once it is SUSPENDED")
+
+
+def _save_job(args, vm, workdir: str) -> None:
+    """WORKDIR/launch/job.json and src.tar.gz: what `launch tpu watch` restarts from."""
+    import os
+    import tempfile
+
+    from bert_jax.launch import tpu, watcher
+
+    capacity = None if args.no_queued else (args.capacity or "on-demand")
+    job = watcher.Job(
+        vm=vm,
+        workdir=workdir,
+        pretrain_args=tuple(args.pretrain_args),
+        capacity=capacity,
+        valid_until_duration=args.valid_until_duration,
+        env=tuple(tpu.parse_env(args.env).items()),
+        jax_spec=args.jax_spec or tpu.default_jax_spec(),
+        setup_commands=tuple(args.setup_command),
+    )
+    archive = args.archive or os.path.join(tempfile.gettempdir(), f"bert-jax-src-{vm.name}.tar.gz")
+    watcher.save_job(job, args.source or tpu.default_source_dir(), archive)
 
 
 def _add_slurm(kinds) -> None:

@@ -5,6 +5,16 @@ Commands are argument lists run without a shell; text that a remote shell will r
 command given to `gcloud ... ssh --command`, the lines of an sbatch script) is built with
 `shlex.quote` around every value that came from the user, so names, paths and config overrides
 such as `--config.data.source='a b; rm -rf /'` arrive as one argument each.
+
+Errors: what the user must change (a setting, a missing `gcloud`) is a `LaunchError`, a
+`UserError` (one line, exit status 2). A cloud command that fails (quota, capacity, permissions,
+the API itself; its own message is printed above ours) is a `CommandFailed`: one line too, but
+exit status 1, since retrying later may succeed where 2 says "change something first".
+
+Rooms: `tpu.py` (a TPU VM and its workers), `queued.py` (capacity through queued resources),
+`slurm.py`, `heartbeat.py` (what every host of a run writes into the workdir), `events.py`
+(`<workdir>/launch/events.jsonl`, goodput), `supervisor.py` (the decision function and the loop
+that keeps a run alive).
 """
 
 from __future__ import annotations
@@ -16,9 +26,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from bert_jax.errors import UserError
 
-class LaunchError(RuntimeError):
-    """A launch step failed (a command's exit status, or an invalid setting)."""
+
+class LaunchError(UserError):
+    """An invalid launch setting, or a tool the launch needs is missing: the user's to fix."""
+
+
+class CommandFailed(RuntimeError):
+    """An external command (gcloud, sbatch) failed; its own message is on stderr above."""
+
+    def __init__(self, message: str, returncode: int = 1):
+        super().__init__(message)
+        self.returncode = returncode
 
 
 # Where each external tool comes from: a missing one is named in one line with this.
@@ -89,7 +109,21 @@ class Runner:
         except FileNotFoundError:
             raise missing_tool(argv[0]) from None
         if check and result.returncode != 0:
-            raise LaunchError(
-                f"command failed (exit status {result.returncode}): {shlex.join(argv)}"
+            raise CommandFailed(
+                f"command failed (exit status {result.returncode}): {shlex.join(argv)}",
+                result.returncode,
             )
         return result.returncode
+
+    def capture(self, argv: Sequence[str]) -> tuple[int, str]:
+        """(exit status, standard output) of `argv`, run quietly; a dry run prints it and
+        returns (0, "")."""
+        argv = [str(a) for a in argv]
+        if self.dry_run:
+            self.show(shlex.join(argv))
+            return 0, ""
+        try:
+            result = self._run(argv, check=False, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise missing_tool(argv[0]) from None
+        return result.returncode, result.stdout or ""

@@ -13,7 +13,11 @@ Actions, each a short sequence of `gcloud compute tpus tpu-vm` commands:
           checkpoint at the same step and exit; `run` again resumes
   delete  delete the TPU VM
   up      preflight + create + setup + run: the job is first compiled here for the accelerator
-          type (`pretrain --compile-only --topology`); one that cannot fit never starts billing
+          type (`pretrain --compile-only --topology`); one that cannot fit never starts billing.
+          The slice comes through a queued resource (queued.py) unless `--no-queued`; `--watch`
+          then keeps the run alive (supervisor.py)
+  watch   the supervisor alone, for a run already started (its settings are in the workdir)
+  status  what `<workdir>/launch/events.jsonl` and the heartbeats say (events.py)
 
 Workers run from `~/REMOTE_DIR/src`, so config paths like `configs/bert.py:base` work; the workdir
 and data must be paths every worker sees (a bucket mounted with Cloud Storage FUSE, or Filestore),
@@ -28,13 +32,18 @@ import re
 import shlex
 import sys
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from bert_jax.errors import EXIT_DOES_NOT_FIT
 from bert_jax.launch import LaunchError, Runner
 
 SOURCE_ITEMS = ("pyproject.toml", "README.md", "bert_jax", "configs", "launch")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class DoesNotFit(LaunchError):
+    """The preflight compile check says the job does not fit the slice (exit status 4)."""
 
 
 def _home(path: str) -> str:
@@ -126,8 +135,14 @@ class TpuVm:
         return "; ".join(lines)
 
     def start_script(self, pretrain_args: Sequence[str], env: Mapping[str, str]) -> str:
-        """Start `bert-jax pretrain` detached; refuse when a run is still alive on the worker."""
+        """Start `bert-jax pretrain` detached; refuse when a run is still alive on the worker.
+
+        A small bash wrapper waits for the run and writes its exit status to `run.exit`
+        (`status_script` reads it); `run.pid` holds the run's own pid (what `stop` signals),
+        `run.started` marks a start before that pid is known. The wrapper also tells the run
+        where its log is (BERT_JAX_LOG_FILE), which the heartbeat copies into the workdir."""
         pid, log = _home(self.path("run.pid")), _home(self.path("run.log"))
+        status, started = _home(self.path("run.exit")), _home(self.path("run.started"))
         program = [
             "env",
             *(f"{key}={value}" for key, value in env.items()),
@@ -135,12 +150,38 @@ class TpuVm:
             "pretrain",
             *pretrain_args,
         ]
+        wrapper = (
+            f'export BERT_JAX_LOG_FILE={log}; "$@" & echo $! > {pid}; wait $!; echo $? > {status}'
+        )
         return (
             f"cd {_home(self.path('src'))} && "
             f'if [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null; then '
             "echo 'bert-jax: a run is still going on this worker; stop it first' >&2; exit 1; fi; "
-            f"nohup {shlex.join(program)} > {log} 2>&1 < /dev/null & echo $! > {pid}"
+            f"rm -f {pid} {status}; date +%s > {started}; "
+            f"nohup {shlex.join(['bash', '-c', wrapper, 'bert-jax', *program])} > {log} 2>&1 "
+            "< /dev/null &"
         )
+
+    def status_script(self) -> str:
+        """One line per worker: `bert-jax-job: running | starting | exited N | none`."""
+        pid, status = _home(self.path("run.pid")), _home(self.path("run.exit"))
+        started = _home(self.path("run.started"))
+        return (
+            f'if [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null; then s=running; '
+            f'elif [ -f {status} ]; then s="exited $(cat {status})"; '
+            f"elif [ -f {started} ]; then s=starting; else s=none; fi; "
+            'echo "bert-jax-job: $s"'
+        )
+
+    def kill_script(self) -> str:
+        """SIGKILL the run on a worker (after `stop`'s SIGTERM had its time)."""
+        pid = _home(self.path("run.pid"))
+        return f'if [ -f {pid} ]; then kill -KILL "$(cat {pid})" 2>/dev/null; fi; true'
+
+    def tail_script(self, lines: int = 20) -> str:
+        """The last lines of each worker's log, each prefixed with the worker's host name."""
+        log = _home(self.path("run.log"))
+        return f'tail -n {int(lines)} {log} 2>/dev/null | sed "s/^/[$(hostname)] /"'
 
     def logs_script(self) -> str:
         return f"tail -n +1 -F {_home(self.path('run.log'))}"
@@ -250,8 +291,8 @@ def preflight(vm: TpuVm, runner: Runner, pretrain_args: Sequence[str], source_di
         "creating anything; --skip-preflight skips it"
     )
     status = runner(preflight_command(vm, pretrain_args), check=False, cwd=source_dir)
-    if status == 4:
-        raise LaunchError(
+    if status == EXIT_DOES_NOT_FIT:
+        raise DoesNotFit(
             f"preflight: this job does not fit {vm.accelerator_type} (see above); nothing was "
             "created. Change the mesh, batch or accumulation (`bert-jax plan` searches them), or "
             "pass --skip-preflight"
@@ -309,9 +350,12 @@ def perform(
     setup_commands: Sequence[str] = (),
     worker: int = 0,
     check_fit: bool = True,
+    create_slice: Callable[[], None] | None = None,
+    delete_slice: Callable[[], None] | None = None,
 ) -> None:
     """One `bert-jax launch tpu ACTION` (see the module docstring); `up` first compiles the job
-    for the accelerator type here (`preflight`) unless `check_fit` is False."""
+    for the accelerator type here (`preflight`) unless `check_fit` is False. `create_slice` and
+    `delete_slice` replace the direct `tpu-vm create/delete` (queued resources: queued.py)."""
     if action not in ACTIONS:
         raise LaunchError(f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
     if action in ("up", "run") and not pretrain_args:
@@ -320,7 +364,7 @@ def perform(
     if action == "up" and check_fit:
         preflight(vm, runner, pretrain_args, source_dir or default_source_dir())
     if action in ("up", "create"):
-        create(vm, runner)
+        create_slice() if create_slice else create(vm, runner)
     if action in ("up", "setup"):
         import tempfile
 
@@ -340,4 +384,4 @@ def perform(
     if action == "stop":
         stop(vm, runner)
     if action == "delete":
-        delete(vm, runner)
+        delete_slice() if delete_slice else delete(vm, runner)

@@ -1,0 +1,259 @@
+"""What happened to a launched run: `<workdir>/launch/events.jsonl`, and goodput from it.
+
+One JSON row per event, written by the supervisor (or a SLURM job script): `time` (UNIX seconds),
+`event`, `attempt`, `step` (the highest step the hosts reported), `checkpoint` (the latest
+checkpoint step in the workdir) and what the event adds (`state`, `exit_status`, `reason`,
+`last_lines`, ...). Events:
+
+  queued      capacity asked for (a queued resource created, a TPU VM created)
+  active      the slice is there (queued resource ACTIVE / VM READY)
+  started     the job started on every host (`attempt` numbers the starts)
+  running     its first step is done (start-up over: install, compile, restore)
+  preempted   the slice was taken back (SUSPENDED / FAILED resource, PREEMPTED / TERMINATED VM,
+              or the job stopped by SIGTERM with status 143)
+  stalled     no new step for the stall timeout (or start-up took too long): the job was killed
+  failed      the job exited non-zero on a healthy slice
+  restarted   the same command started again (after a failure or a stall, same slice)
+  finished    the exported model exists
+  gave-up     a budget ran out, or the job's status says retrying cannot help (2, 4)
+  deleted     the slice was deleted (after finishing, unless --keep)
+  watching / stopped-watching   a supervisor attached / detached
+
+Goodput is productive step time over the wall time since the first event; the rest (badput) is
+split into waiting for capacity, start-up (install + compile + restore, until the first step),
+steps lost to restarts (steps after the last checkpoint, redone) and stalls (the time a hung job
+burnt before it was killed); `other` is what is left (tear-down, polling), so that the parts add
+up to the wall time. Times of steps come from the hosts' heartbeats (clocks kept by NTP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterable, Sequence
+
+from bert_jax import fs
+
+CAUSES = ("capacity", "startup", "lost", "stall", "other")
+CAUSE_NAMES = {
+    "capacity": "waiting for capacity",
+    "startup": "start-up (install, compile, restore)",
+    "lost": "steps lost to restarts (redone after the last checkpoint)",
+    "stall": "stalls",
+    "other": "other (tear-down, polling)",
+}
+RESTART_CAUSES = ("preempted", "stalled", "failed")
+
+
+def path(workdir: str) -> str:
+    return fs.join(workdir, "launch", "events.jsonl")
+
+
+class EventLog:
+    """events.jsonl of one workdir. Appends rewrite the file (a bucket object cannot be appended
+    to); the rows are few (one per event, not per step)."""
+
+    def __init__(self, workdir: str, clock=time.time):
+        self.path = path(workdir)
+        self._clock = clock
+        self.rows = read(workdir)
+
+    def append(self, event: str, **fields) -> dict:
+        row = {"time": round(self._clock(), 3), "event": event, **fields}
+        self.rows.append(row)
+        fs.makedirs(fs.dirname(self.path), exist_ok=True)
+        fs.write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
+        return row
+
+    @property
+    def attempt(self) -> int:
+        return sum(1 for r in self.rows if r["event"] in ("started", "restarted"))
+
+
+def read(workdir: str) -> list[dict]:
+    """The rows of events.jsonl (none when it does not exist); a torn last line is skipped."""
+    where = path(workdir)
+    if not fs.exists(where):
+        return []
+    rows = []
+    for line in fs.read_text(where).splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def counts(rows: Iterable[dict]) -> dict[str, int]:
+    """Restarts by cause: how many times each of preempted / stalled / failed happened."""
+    found = {cause: 0 for cause in RESTART_CAUSES}
+    for row in rows:
+        if row["event"] in found:
+            found[row["event"]] += 1
+    return found
+
+
+@dataclasses.dataclass
+class Accounting:
+    wall: float = 0.0
+    productive: float = 0.0
+    badput: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    redone_steps: int = 0
+
+    @property
+    def goodput(self) -> float:
+        return self.productive / self.wall if self.wall > 0 else 0.0
+
+
+# Which part of the badput the time after each event belongs to, until the next event.
+_MODE_AFTER = {
+    "queued": "capacity",
+    "preempted": "capacity",
+    "active": "startup",
+    "started": "startup",
+    "restarted": "startup",
+    "stalled": "startup",
+    "failed": "startup",
+    "running": "running",
+}
+_ENDS_A_RUN = ("preempted", "stalled", "failed", "finished", "gave-up")
+
+
+def account(
+    rows: Sequence[dict], now: float | None = None, current: dict | None = None
+) -> Accounting:
+    """Goodput and badput by cause from the events (see the module docstring).
+
+    A run of steps goes from a `running` row (`step`, `step_time`: the attempt's first step and
+    when the hosts finished it) to the row that ends the attempt, whose `step` / `step_time` say
+    the last step reached and when, and `checkpoint` the last one saved. Steps up to the
+    checkpoint are productive; those after it are lost (they will be redone); the time from the
+    last step to the end row is a stall for `stalled` and lost for the others. A run still
+    going at `now` ends at `current` (`step`, `step_time` of the newest heartbeat)."""
+    result = Accounting()
+    rows = sorted(rows, key=lambda r: r["time"])
+    if not rows:
+        return result
+    ends = [r["time"] for r in rows if r["event"] in ("finished", "gave-up")]
+    if ends:  # the wall time ends with the run (tear-down after it is not the run's)
+        rows = [r for r in rows if r["time"] <= ends[-1]]
+    if ends:
+        end = ends[-1]
+    else:
+        end = rows[-1]["time"] if now is None else max(now, rows[-1]["time"])
+    result.wall = end - rows[0]["time"]
+    mode, since, run = "other", rows[0]["time"], None
+    for row in [*rows, {**(current or {}), "time": end, "event": "now"}]:
+        t = row["time"]
+        if mode == "running":
+            if row["event"] not in (*_ENDS_A_RUN, "now"):
+                continue  # a row inside a run (e.g. watching): the run goes on
+            _close_run(result, run, row, t)
+        else:
+            if row["event"] == "running":  # start-up ended with the first step, seen later
+                t = min(max(float(row.get("step_time", t)), since), t)
+            result.badput[mode] += max(0.0, t - since)
+        if row["event"] == "now":
+            break
+        if row["event"] == "running":
+            run = {"start": t, "step": int(row.get("step", 0))}
+            mode = "running"
+        else:
+            mode = _MODE_AFTER.get(row["event"], "other")
+        since = row["time"]
+    accounted = result.productive + sum(result.badput.values())
+    result.badput["other"] += max(0.0, result.wall - accounted)
+    return result
+
+
+def _close_run(result: Accounting, run: dict, row: dict, t: float) -> None:
+    first_step, first_time = run["step"], run["start"]
+    last_step = int(row.get("step", first_step))
+    last_time = min(float(row.get("step_time", t)), t)
+    if row["event"] in ("finished", "now"):
+        kept = last_step
+    else:
+        kept = int(row.get("checkpoint") or 0)
+    kept = max(first_step, min(kept, last_step))
+    stepping = max(0.0, last_time - first_time)
+    per_step = stepping / (last_step - first_step) if last_step > first_step else 0.0
+    result.productive += per_step * (kept - first_step)
+    result.badput["lost"] += per_step * (last_step - kept)
+    result.redone_steps += last_step - kept
+    tail = max(0.0, t - max(first_time, last_time))
+    if row["event"] == "stalled":
+        result.badput["stall"] += tail
+    elif row["event"] not in ("finished", "now"):
+        result.badput["lost"] += tail
+    else:
+        result.badput["other"] += tail
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s"
+
+
+def describe(
+    rows: Sequence[dict],
+    heartbeats: Sequence[dict],
+    *,
+    slice_state: str | None = None,
+    checkpoint: int | None = None,
+    model_exported: bool = False,
+    now: float | None = None,
+) -> str:
+    """`launch tpu status`: slice state, step, latest checkpoint, ETA, restarts by cause,
+    goodput and the badput split."""
+    now = time.time() if now is None else now
+    lines = []
+    last = rows[-1] if rows else None
+    if slice_state is not None:
+        lines.append(f"slice: {slice_state}")
+    if last is not None:
+        lines.append(
+            f"last event: {last['event']} {_duration(now - last['time'])} ago (attempt "
+            f"{last.get('attempt', 0)})"
+        )
+    step = max((int(h.get("step", 0)) for h in heartbeats), default=None)
+    total = max((int(h.get("total_steps", 0)) for h in heartbeats), default=None)
+    if step is not None:
+        newest = max(float(h.get("step_time", 0)) for h in heartbeats)
+        line = f"step: {step}" + (f" of {total}" if total else "")
+        line += f" (reported {_duration(now - newest)} ago)"
+        speeds = [h["seconds_per_step"] for h in heartbeats if h.get("seconds_per_step")]
+        if speeds and total and step < total and not model_exported:
+            eta = (total - step) * max(speeds)
+            line += f", {max(speeds):.3g} s/step, ETA {_duration(eta)}"
+        lines.append(line)
+    lines.append(f"latest checkpoint: {'none' if checkpoint is None else f'step {checkpoint}'}")
+    if model_exported:
+        lines.append("exported model: yes")
+    restarts = counts(rows)
+    lines.append(
+        "restarts by cause: " + ", ".join(f"{name} {restarts[name]}" for name in RESTART_CAUSES)
+    )
+    newest = max(heartbeats, key=lambda h: h.get("step", 0), default=None)
+    accounting = account(rows, now, newest)
+    if accounting.wall > 0:
+        lines.append(
+            f"goodput: {100 * accounting.goodput:.1f}% ({_duration(accounting.productive)} of "
+            f"productive steps in {_duration(accounting.wall)} since the first start)"
+        )
+        lines.append("badput:")
+        for cause in CAUSES:
+            share = 100 * accounting.badput[cause] / accounting.wall
+            lines.append(
+                f"  {CAUSE_NAMES[cause]}: {share:.1f}% ({_duration(accounting.badput[cause])})"
+            )
+        if accounting.redone_steps:
+            lines.append(f"steps redone after restarts: {accounting.redone_steps}")
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""Capacity through Cloud TPU queued resources: create, describe, wait until ACTIVE, delete.
+
+A queued resource (QR) asks for a slice and waits for it: CREATING/ACCEPTED ->
+WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE, with its node (the TPU VM, named as the QR
+here) created when it turns ACTIVE. A preempted spot slice goes SUSPENDING -> SUSPENDED: its node
+is gone, the QR keeps its name until deleted. Delete without `--force` works once the nodes are
+gone (ACCEPTED, FAILED, SUSPENDED); `--force` (which deletes the nodes too) is used only on a
+resource that still holds a slice, and never while SUSPENDING.
+
+Capacity kinds: `spot` (preemptible, about a third of the on-demand price), `best-effort` (the
+alpha API's preemptible kind), `reserved` (a reservation of the project), `guaranteed`, and
+on-demand when none is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import time
+from collections.abc import Callable
+
+from bert_jax.launch import CommandFailed, LaunchError, Runner
+from bert_jax.launch.tpu import TpuVm
+
+CAPACITY = ("on-demand", "spot", "best-effort", "reserved", "guaranteed")
+WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING")
+LOST = ("SUSPENDED", "FAILED")  # the slice is gone: delete, then create again
+# gcloud's duration format, e.g. 6h, 90m, 1d, 1h30m.
+_DURATION = re.compile(r"^(\d+[dhms])+$")
+POLL_SECONDS = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class QueuedResource:
+    """The queued resource that brings `vm` (its node id) to life; it carries the VM's name."""
+
+    vm: TpuVm
+    capacity: str = "on-demand"
+    valid_until_duration: str | None = None
+
+    def __post_init__(self):
+        if self.capacity not in CAPACITY:
+            raise LaunchError(f"capacity {self.capacity!r}: use one of {', '.join(CAPACITY)}")
+        if self.valid_until_duration is not None and not _DURATION.match(self.valid_until_duration):
+            raise LaunchError(
+                f"--valid-until-duration {self.valid_until_duration!r}: use a duration such as "
+                "6h, 90m or 1d"
+            )
+
+    @property
+    def name(self) -> str:
+        return self.vm.name
+
+    def _gcloud(self, verb: str, *args: str) -> list[str]:
+        vm = self.vm
+        where = [f"--zone={vm.zone}"] + ([f"--project={vm.project}"] if vm.project else [])
+        # --best-effort exists in the alpha API only.
+        track = ["alpha"] if self.capacity == "best-effort" else []
+        return ["gcloud", *track, "compute", "tpus", "queued-resources", verb, *args, *where]
+
+    def create_command(self) -> list[str]:
+        command = self._gcloud("create", self.name) + [
+            f"--node-id={self.vm.name}",
+            f"--accelerator-type={self.vm.accelerator_type}",
+            f"--runtime-version={self.vm.version}",
+        ]
+        if self.capacity != "on-demand":
+            command.append(f"--{self.capacity}")
+        if self.valid_until_duration:
+            command.append(f"--valid-until-duration={self.valid_until_duration}")
+        return command
+
+    def describe_command(self) -> list[str]:
+        return self._gcloud("describe", self.name) + ["--format=value(state.state)"]
+
+    def delete_command(self, force: bool = False) -> list[str]:
+        return self._gcloud("delete", self.name) + (["--force"] if force else []) + ["--quiet"]
+
+
+def state(qr: QueuedResource, runner: Runner) -> str | None:
+    """The queued resource's state (ACTIVE, SUSPENDED, ...), or None when there is none."""
+    code, out = runner.capture(qr.describe_command())
+    text = out.strip().upper()
+    return text if code == 0 and text else None
+
+
+def node_state(vm: TpuVm, runner: Runner) -> str | None:
+    """The TPU VM's state (READY, PREEMPTED, ...), or None when it does not exist."""
+    code, out = runner.capture(vm.describe_command())
+    text = out.strip().upper()
+    return text if code == 0 and text else None
+
+
+def create(qr: QueuedResource, runner: Runner) -> None:
+    runner(qr.create_command())
+
+
+def delete(qr: QueuedResource, runner: Runner, current: str | None) -> bool:
+    """Deletes the queued resource as its state `current` allows; False when it must wait
+    (SUSPENDING: a forced delete then is what the service warns against; DELETING: under way)."""
+    if current is None or current in ("SUSPENDING", "DELETING"):
+        return current is None
+    holds_slice = current not in ("ACCEPTED", "FAILED", "SUSPENDED")
+    runner(qr.delete_command(force=holds_slice))
+    return True
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def wait_until_active(
+    qr: QueuedResource,
+    runner: Runner,
+    *,
+    poll_seconds: float = POLL_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    progress: Callable[[str], None] | None = None,
+) -> float:
+    """Polls until the queued resource is ACTIVE; returns the seconds waited. A progress line
+    (state and time waited) is shown at each poll. A resource that ends SUSPENDED or FAILED, or
+    disappears, is a CommandFailed: the capacity request did not succeed."""
+    if runner.dry_run:
+        runner.note(f"then every {poll_seconds:g} s until the state is ACTIVE:")
+        runner(qr.describe_command())
+        return 0.0
+    show = progress or _progress_line(runner)
+    start = clock()
+    while True:
+        current = state(qr, runner)
+        waited = clock() - start
+        show(f"queued resource {qr.name}: {current or 'absent'}, waited {_duration(waited)}")
+        if current == "ACTIVE":
+            return waited
+        if current is None or current in LOST:
+            raise CommandFailed(
+                f"queued resource {qr.name} is {current or 'gone'} after {_duration(waited)}: "
+                "the capacity request did not succeed (try again, another zone, or --watch to "
+                "keep asking)"
+            )
+        sleep(poll_seconds)
+
+
+def _progress_line(runner: Runner) -> Callable[[str], None]:
+    """One line rewritten in place on a terminal; a line per change otherwise (logs)."""
+    out = runner.out or sys.stdout
+    last = [None]
+    if out.isatty():
+
+        def show(text: str) -> None:
+            end = "\n" if text.split(":", 1)[1].startswith(" ACTIVE") else ""
+            print(f"\r\033[K{text}", end=end, file=out, flush=True)
+
+        return show
+
+    def show_changes(text: str) -> None:
+        state_now = text.split(",", 1)[0]
+        if state_now != last[0]:
+            print(text, file=out, flush=True)
+            last[0] = state_now
+
+    return show_changes
+
+
+def bring_up(
+    qr: QueuedResource,
+    runner: Runner,
+    *,
+    poll_seconds: float = POLL_SECONDS,
+) -> None:
+    """`launch tpu up`'s capacity step: reuse an ACTIVE (or still queued) resource of this
+    name, replace a SUSPENDED/FAILED one, create one otherwise; then wait until ACTIVE."""
+    if runner.dry_run:
+        runner(qr.describe_command())
+        runner.note("only when the describe above finds none (SUSPENDED or FAILED: delete first):")
+        runner(qr.create_command())
+        wait_until_active(qr, runner, poll_seconds=poll_seconds)
+        return
+    current = state(qr, runner)
+    if current in LOST:
+        runner.note(f"queued resource {qr.name} is {current}: deleting it to ask again")
+        delete(qr, runner, current)
+        current = None
+    if current is None:
+        create(qr, runner)
+    elif current in ("SUSPENDING", "DELETING"):
+        raise CommandFailed(
+            f"queued resource {qr.name} is {current}: wait until it is SUSPENDED (or gone), "
+            "then run this again (`launch tpu up --watch` waits by itself)"
+        )
+    else:
+        runner.note(f"reusing queued resource {qr.name} ({current})")
+    waited = wait_until_active(qr, runner, poll_seconds=poll_seconds)
+    runner.note(f"queued resource {qr.name} is ACTIVE after {_duration(waited)}")

@@ -1,0 +1,157 @@
+"""The supervisor of `launch tpu up --watch` / `launch tpu watch`: keeps a pod run alive.
+
+Each poll observes the slice (queued resource and TPU VM states), the job (one status line per
+worker: running, exited N, none) and the run's progress (the hosts' heartbeats in the workdir),
+then `decide` — a pure function from that observation to one action — says what to do:
+
+  the exported model exists                 -> finish: delete the slice (unless --keep), exit 0
+  resource SUSPENDED / FAILED, VM PREEMPTED / TERMINATED, or job stopped by SIGTERM (143)
+                                            -> a preemption: delete what is left, create, start
+  resource SUSPENDING / DELETING, queued    -> wait (a forced delete while SUSPENDING is refused)
+  job exited 2 (user error) or 4 (no fit)   -> give up at once: retrying cannot help
+  job exited non-zero on a healthy slice    -> a failure: restart it
+  no new step for the stall timeout, or start-up longer than its limit
+                                            -> a stall: SIGTERM, SIGKILL, restart
+  a budget spent (--max-failures for failures and stalls, --max-preemptions)
+                                            -> give up with the log's last lines (exit 1)
+
+The loop that observes and acts is in watcher.py; this file is the rules alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bert_jax.errors import EXIT_DOES_NOT_FIT, EXIT_STOPPED, EXIT_USER_ERROR
+from bert_jax.launch import queued
+
+NEVER_RETRIED = (EXIT_USER_ERROR, EXIT_DOES_NOT_FIT)
+MIN_STALL_TIMEOUT = 30 * 60.0
+STALL_STEP_FACTOR = 5.0
+NODE_LOST = ("PREEMPTED", "TERMINATED")
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    max_failures: int = 3  # failures and stalls on a healthy slice
+    max_preemptions: int | None = None  # None: no limit
+    stall_timeout: float | None = None  # None: max(30 min, 5 x the slowest step seen)
+    startup_timeout: float = 3600.0  # install + compile + restore, until the first step
+    stop_grace: float = 120.0  # SIGTERM -> SIGKILL
+    poll_seconds: float = 60.0
+    keep: bool = False  # keep the slice when done
+
+    def stall_limit(self, slowest_step: float) -> float:
+        if self.stall_timeout is not None:
+            return self.stall_timeout
+        return max(MIN_STALL_TIMEOUT, STALL_STEP_FACTOR * slowest_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What one poll saw. `qr_state` is None without a queued resource (or when there is
+    none); `job` is none | running | exited | unknown (workers unreachable)."""
+
+    queued: bool
+    qr_state: str | None
+    node_state: str | None
+    job: str = "none"
+    exit_statuses: tuple[int, ...] = ()
+    model_exported: bool = False
+    since_start: float | None = None  # seconds since this attempt started
+    since_progress: float | None = None  # seconds since a new step; None: no step yet
+    slowest_step: float = 0.0
+    preemptions: int = 0
+    failures: int = 0  # failures + stalls so far
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: str  # wait | create | recreate | start | restart | finish | give-up
+    event: str | None = None  # the events.jsonl row this decision writes
+    reason: str = ""
+    exit_status: int | None = None
+
+
+def decide(obs: Observation, policy: Policy) -> Decision:
+    """The action for one observation (see the module docstring); pure."""
+    if obs.model_exported:
+        return Decision("finish", "finished", "the exported model exists", 0)
+    if obs.queued:
+        if obs.qr_state is None:
+            return Decision("create", "queued", "no queued resource")
+        if obs.qr_state in queued.WAITING:
+            return Decision("wait", reason=f"queued resource {obs.qr_state}")
+        if obs.qr_state in ("SUSPENDING", "DELETING"):
+            return Decision("wait", reason=f"queued resource {obs.qr_state}: waiting for it")
+        if obs.qr_state in queued.LOST:
+            return _preempted(obs, policy, f"queued resource {obs.qr_state}", "recreate")
+        if obs.qr_state != "ACTIVE":
+            return Decision("wait", reason=f"queued resource {obs.qr_state}")
+    if obs.node_state in NODE_LOST:
+        return _preempted(obs, policy, f"TPU VM {obs.node_state}", "recreate")
+    if obs.node_state is None:
+        if obs.queued:
+            return Decision("wait", reason="queued resource ACTIVE, TPU VM not listed yet")
+        return Decision("create", "queued", "no TPU VM")
+    if obs.node_state != "READY":
+        return Decision("wait", reason=f"TPU VM {obs.node_state}")
+    return _job(obs, policy)
+
+
+def _job(obs: Observation, policy: Policy) -> Decision:
+    """The job on a healthy slice."""
+    if obs.job == "unknown":
+        return Decision("wait", reason="the workers did not answer")
+    if obs.job == "none":
+        return Decision("start", "started", "the slice is ready and runs no job")
+    failed = [s for s in obs.exit_statuses if s != 0]
+    for status in NEVER_RETRIED:
+        if status in failed:
+            what = "a user error" if status == EXIT_USER_ERROR else "does not fit"
+            return Decision(
+                "give-up", "failed", f"exit status {status} ({what}): not retried", status
+            )
+    if obs.job == "exited" and not failed:
+        return Decision("finish", "finished", "every worker exited 0", 0)
+    if failed and all(s == EXIT_STOPPED for s in failed):
+        if obs.job == "exited":
+            return _preempted(obs, policy, "the job stopped after SIGTERM (status 143)", "restart")
+        return Decision("wait", reason="workers are stopping after SIGTERM")
+    if failed:
+        return _failure(obs, policy, "failed", f"the job exited {max(failed)} on a healthy slice")
+    if obs.since_progress is None:
+        if obs.since_start is not None and obs.since_start > policy.startup_timeout:
+            return _failure(
+                obs,
+                policy,
+                "stalled",
+                f"no first step {obs.since_start:.0f} s after the start (limit "
+                f"{policy.startup_timeout:.0f} s)",
+            )
+        return Decision("wait", reason="starting")
+    limit = policy.stall_limit(obs.slowest_step)
+    if obs.since_progress > limit:
+        return _failure(
+            obs,
+            policy,
+            "stalled",
+            f"no new step for {obs.since_progress:.0f} s (limit {limit:.0f} s)",
+        )
+    return Decision("wait", reason="running")
+
+
+def _preempted(obs: Observation, policy: Policy, reason: str, action: str) -> Decision:
+    if policy.max_preemptions is not None and obs.preemptions >= policy.max_preemptions:
+        return Decision(
+            "give-up", "preempted", f"{reason}; --max-preemptions {policy.max_preemptions} spent", 1
+        )
+    return Decision(action, "preempted", reason)
+
+
+def _failure(obs: Observation, policy: Policy, event: str, reason: str) -> Decision:
+    if obs.failures >= policy.max_failures:
+        return Decision(
+            "give-up", event, f"{reason}; --max-failures {policy.max_failures} spent", 1
+        )
+    return Decision("restart", event, reason)

@@ -1,0 +1,418 @@
+"""The supervisor's loop: observe the slice, the job and the heartbeats; act on `decide`.
+
+`launch tpu up --watch` saves the job (`<workdir>/launch/job.json`: the TPU VM, capacity, pretrain
+command, environment; `<workdir>/launch/src.tar.gz`: the source the workers install) and runs
+this loop; `launch tpu watch --workdir W` loads them and runs it too, from any machine that can
+read the workdir and run gcloud. The rules are in supervisor.py; what happened goes to
+`<workdir>/launch/events.jsonl` (events.py).
+
+Progress is judged on this machine's clock: a stall is "no new step seen in the heartbeats for
+the stall timeout"; a watcher that starts afresh counts from its first look. Cloud commands that
+fail (an API hiccup) are retried at the next poll, with backoff; ten in a row stop the watch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from bert_jax import fs
+from bert_jax.launch import CommandFailed, LaunchError, Runner, events, heartbeat, queued, tpu
+from bert_jax.launch.supervisor import Decision, Observation, Policy, decide
+
+ATTEMPT_ENV = heartbeat.ATTEMPT_ENV
+MAX_COMMAND_FAILURES = 10
+
+
+def job_path(workdir: str) -> str:
+    return fs.join(workdir, "launch", "job.json")
+
+
+def source_path(workdir: str) -> str:
+    return fs.join(workdir, "launch", "src.tar.gz")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What the supervisor (re)starts: the slice, how it is obtained, and the command."""
+
+    vm: tpu.TpuVm
+    workdir: str
+    pretrain_args: tuple[str, ...]
+    capacity: str | None = "on-demand"  # None: a TPU VM created directly (--no-queued)
+    valid_until_duration: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    jax_spec: str = "jax[tpu]"
+    setup_commands: tuple[str, ...] = ()
+
+    @property
+    def qr(self) -> queued.QueuedResource | None:
+        if self.capacity is None:
+            return None
+        return queued.QueuedResource(self.vm, self.capacity, self.valid_until_duration)
+
+    def to_json(self) -> str:
+        fields = dataclasses.asdict(self)
+        return json.dumps(fields, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        fields = json.loads(text)
+        fields["vm"] = tpu.TpuVm(**fields["vm"])
+        fields["pretrain_args"] = tuple(fields["pretrain_args"])
+        fields["env"] = tuple(tuple(pair) for pair in fields["env"])
+        fields["setup_commands"] = tuple(fields["setup_commands"])
+        return cls(**fields)
+
+
+def save_job(job: Job, source_dir: str, archive: str) -> None:
+    """Writes job.json and the packed source into the workdir: all a later watcher needs."""
+    tpu.pack_source(source_dir, archive)
+    fs.makedirs(fs.dirname(job_path(job.workdir)), exist_ok=True)
+    fs.upload(archive, source_path(job.workdir))
+    fs.write_text(job_path(job.workdir), job.to_json())
+
+
+def load_job(workdir: str) -> Job:
+    where = job_path(workdir)
+    if not fs.exists(where):
+        raise LaunchError(
+            f"{where} does not exist: `launch tpu watch` follows a job started by `launch tpu up` "
+            "(which writes it); check --workdir"
+        )
+    return Job.from_json(fs.read_text(where))
+
+
+def latest_checkpoint(workdir: str) -> int | None:
+    """The newest finished checkpoint step (Orbax names it by its step) in the workdir."""
+    folder = fs.join(workdir, "checkpoints")
+    try:
+        steps = [int(name) for name in fs.listdir(folder) if name.isdigit()]
+    except FileNotFoundError:
+        return None
+    return max(steps, default=None)
+
+
+def model_exported(workdir: str) -> bool:
+    return fs.exists(fs.join(workdir, "model", "config.json"))
+
+
+def parse_job_status(output: str) -> tuple[str, tuple[int, ...]]:
+    """(none | running | exited | unknown, exit statuses) from the workers' status lines."""
+    states = [
+        line.split(":", 1)[1].strip()
+        for line in output.splitlines()
+        if line.startswith("bert-jax-job:")
+    ]
+    if not states:
+        return "unknown", ()
+    exited = tuple(
+        int(s.split()[1]) for s in states if s.startswith("exited ") and s.split()[1].isdigit()
+    )
+    if any(s in ("running", "starting") for s in states):
+        return "running", exited
+    if exited:
+        return "exited", exited
+    return "none", ()
+
+
+class Watcher:
+    """One supervisor: `run()` polls until the run is done or cannot go on; returns the exit
+    status of `launch tpu watch` (0 done, 2/4 the job's own, 1 a budget spent)."""
+
+    def __init__(
+        self,
+        job: Job,
+        policy: Policy,
+        runner: Runner,
+        *,
+        stream: bool = True,
+        out: TextIO | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.job, self.policy, self.runner = job, policy, runner
+        self.vm, self.qr = job.vm, job.qr
+        self.stream, self.out = stream, out or sys.stdout
+        self.clock, self.sleep = clock, sleep
+        self.log = events.EventLog(job.workdir, clock)
+        self._progress: tuple[int, int, float] | None = None  # (attempt, step, seen at)
+        self._streamer: subprocess.Popen | None = None
+        self._command_failures = 0
+
+    # --- observing --------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.clock()))
+        print(f"[watch {stamp}] {text}", file=self.out, flush=True)
+
+    def _heartbeats(self) -> list[dict]:
+        attempt = self.log.attempt
+        return [h for h in heartbeat.read_all(self.job.workdir) if h.get("attempt") == attempt]
+
+    def _where(self, beats: Sequence[dict]) -> dict:
+        """step / step_time / checkpoint fields for an event row."""
+        fields: dict = {
+            "attempt": self.log.attempt,
+            "checkpoint": latest_checkpoint(self.job.workdir),
+        }
+        if beats:
+            newest = max(beats, key=lambda h: (h.get("step", 0), h.get("step_time", 0)))
+            fields.update(step=newest["step"], step_time=newest["step_time"])
+            fields["start_step"] = min(h.get("start_step", 0) for h in beats)
+        return fields
+
+    def observe(self) -> tuple[Observation, list[dict]]:
+        qr_state = queued.state(self.qr, self.runner) if self.qr else None
+        node_state = None
+        if self.qr is None or qr_state == "ACTIVE":
+            node_state = queued.node_state(self.vm, self.runner)
+        job, statuses = "none", ()
+        if node_state == "READY":
+            code, output = self.runner.capture(self.vm.ssh_command(self.vm.status_script()))
+            job, statuses = parse_job_status(output) if code == 0 else ("unknown", ())
+        beats = self._heartbeats()
+        now = self.clock()
+        since_progress = None
+        if beats and any(h.get("first_step_time") for h in beats):
+            step = max(h["step"] for h in beats)
+            attempt = self.log.attempt
+            if self._progress is None or self._progress[0] != attempt or step > self._progress[1]:
+                self._progress = (attempt, step, now)
+            since_progress = now - self._progress[2]
+        starts = [r for r in self.log.rows if r["event"] in ("started", "restarted")]
+        counts = events.counts(self.log.rows)
+        obs = Observation(
+            queued=self.qr is not None,
+            qr_state=qr_state,
+            node_state=node_state,
+            job=job,
+            exit_statuses=statuses,
+            model_exported=model_exported(self.job.workdir),
+            since_start=now - starts[-1]["time"] if starts else None,
+            since_progress=since_progress,
+            slowest_step=max((h.get("slowest_step_seconds") or 0.0 for h in beats), default=0.0),
+            preemptions=counts["preempted"],
+            failures=counts["failed"] + counts["stalled"],
+        )
+        self._note_milestones(obs, beats)
+        return obs, beats
+
+    def _note_milestones(self, obs: Observation, beats: list[dict]) -> None:
+        """`active` when the slice is first seen ready, `running` at an attempt's first step."""
+        rows = self.log.rows
+        capacity = [r for r in rows if r["event"] in ("queued", "active", "preempted")]
+        if obs.node_state == "READY" and capacity and capacity[-1]["event"] != "active":
+            self.log.append("active", attempt=self.log.attempt)
+            self.say(f"slice {self.vm.name} is ready")
+        first = [h["first_step_time"] for h in beats if h.get("first_step_time")]
+        attempt = self.log.attempt
+        seen = any(r["event"] == "running" and r.get("attempt") == attempt for r in rows)
+        if first and attempt and not seen and len(first) == len(beats):
+            start = min(h.get("start_step", 0) for h in beats)
+            self.log.append(
+                "running", attempt=attempt, step=start + 1, step_time=max(first), start_step=start
+            )
+            self.say(f"attempt {attempt}: first step done (resumed from step {start})")
+
+    # --- acting -----------------------------------------------------------------------------
+    def _last_lines(self, lines: int = 20) -> list[str]:
+        code, output = self.runner.capture(self.vm.ssh_command(self.vm.tail_script(lines)))
+        kept = [line for line in output.splitlines() if line.strip()]
+        return kept[-2 * lines :] if code == 0 else []
+
+    def _create(self) -> None:
+        self.log.append("queued", attempt=self.log.attempt, capacity=self.job.capacity)
+        if self.qr is not None:
+            self.say(
+                f"asking for {self.vm.accelerator_type} ({self.job.capacity}) through a "
+                "queued resource"
+            )
+            queued.create(self.qr, self.runner)
+        else:
+            tpu.create(self.vm, self.runner)
+
+    def _delete_slice(self, qr_state: str | None) -> None:
+        if self.qr is not None:
+            queued.delete(self.qr, self.runner, qr_state or queued.state(self.qr, self.runner))
+        elif queued.node_state(self.vm, self.runner) is not None:
+            tpu.delete(self.vm, self.runner)
+
+    def _setup(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = os.path.join(tmp, "src.tar.gz")
+            fs.copy_to_local(source_path(self.job.workdir), archive)
+            self.runner(
+                self.vm.ssh_command(f"mkdir -p {shlex.quote(self.vm.remote_dir)}"), quiet=True
+            )
+            self.runner(self.vm.scp_command(archive, self.vm.path("src.tar.gz")), quiet=True)
+            self.runner(
+                self.vm.ssh_command(
+                    self.vm.install_script(self.job.jax_spec, self.job.setup_commands)
+                ),
+                quiet=True,
+            )
+
+    def _start(self, event: str) -> None:
+        attempt = self.log.attempt + 1
+        env = tpu.run_environment({**dict(self.job.env), ATTEMPT_ENV: str(attempt)})
+        self.runner(
+            self.vm.ssh_command(self.vm.start_script(self.job.pretrain_args, env)), quiet=True
+        )
+        self.log.append(event, attempt=attempt, checkpoint=latest_checkpoint(self.job.workdir))
+        self._progress = None
+        self.say(
+            f"attempt {attempt} {event} (latest checkpoint: {latest_checkpoint(self.job.workdir)})"
+        )
+        self._follow()
+
+    def _stop_job(self) -> None:
+        """SIGTERM every worker's run, then SIGKILL what is left after the grace period."""
+        self.runner(self.vm.ssh_command(self.vm.stop_script()), check=False, quiet=True)
+        deadline = self.clock() + self.policy.stop_grace
+        while self.clock() < deadline:
+            code, output = self.runner.capture(self.vm.ssh_command(self.vm.status_script()))
+            if code == 0 and parse_job_status(output)[0] != "running":
+                return
+            self.sleep(min(5.0, self.policy.poll_seconds))
+        self.runner(self.vm.ssh_command(self.vm.kill_script()), check=False, quiet=True)
+        for _ in range(30):
+            code, output = self.runner.capture(self.vm.ssh_command(self.vm.status_script()))
+            if code == 0 and parse_job_status(output)[0] != "running":
+                return
+            self.sleep(1.0)
+
+    def _follow(self) -> None:
+        """Streams worker 0's log here (foreground only), replacing an earlier stream."""
+        self._unfollow()
+        if self.stream and not self.runner.dry_run:
+            self._streamer = subprocess.Popen(
+                self.vm.ssh_command(self.vm.logs_script(), worker=0),
+                stdout=self.out if self.out is not sys.stdout else None,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def _unfollow(self) -> None:
+        if self._streamer is not None and self._streamer.poll() is None:
+            self._streamer.terminate()
+            self._streamer.wait()
+        self._streamer = None
+
+    def act(self, decision: Decision, obs: Observation, beats: list[dict]) -> int | None:
+        """Carries out one decision; an exit status when the watch is over."""
+        if decision.action == "wait":
+            return None
+        self.say(f"{decision.action}: {decision.reason}")
+        where = self._where(beats)
+        if decision.action == "create":
+            self._create()
+        elif decision.action == "recreate":
+            self.log.append(decision.event, reason=decision.reason, **where)
+            self._unfollow()
+            self._delete_slice(obs.qr_state)
+        elif decision.action == "start":
+            self._setup()
+            self._start("started")
+        elif decision.action == "restart":
+            lines = self._last_lines()
+            self.log.append(decision.event, reason=decision.reason, last_lines=lines, **where)
+            self._stop_job()
+            self._start("restarted")
+        elif decision.action in ("finish", "give-up"):
+            return self._end(decision, obs, where)
+        return None
+
+    def _end(self, decision: Decision, obs: Observation, where: dict) -> int:
+        self._unfollow()
+        if decision.action == "give-up":
+            lines = self._last_lines() if obs.node_state == "READY" else []
+            self.log.append(decision.event, reason=decision.reason, last_lines=lines, **where)
+            self.log.append(
+                "gave-up", reason=decision.reason, exit_status=decision.exit_status, **where
+            )
+            if obs.job == "running":
+                self._stop_job()
+            self.say(f"gave up: {decision.reason}")
+            if lines:
+                self.say("the log's last lines:\n" + "\n".join(lines))
+        else:
+            self.log.append("finished", reason=decision.reason, **where)
+            self.say(
+                f"finished: {decision.reason}; the model is in {fs.join(self.job.workdir, 'model')}"
+            )
+        if self.policy.keep:
+            self.say(f"keeping {self.vm.name} (--keep)")
+        else:
+            self._delete_slice(obs.qr_state)
+            self.log.append("deleted", attempt=self.log.attempt)
+            self.say(f"deleted {self.vm.name}")
+        return int(decision.exit_status or 0)
+
+    def poll_once(self) -> int | None:
+        obs, beats = self.observe()
+        return self.act(decide(obs, self.policy), obs, beats)
+
+    def run(self) -> int:
+        self.log.append(
+            "watching", attempt=self.log.attempt, host=os.uname().nodename, pid=os.getpid()
+        )
+        try:
+            while True:
+                try:
+                    status = self.poll_once()
+                    self._command_failures = 0
+                except CommandFailed as err:
+                    self._command_failures += 1
+                    self.say(f"{err} ({self._command_failures} in a row; retrying)")
+                    if self._command_failures >= MAX_COMMAND_FAILURES:
+                        raise
+                    self.sleep(
+                        min(512.0, self.policy.poll_seconds * 2 ** (self._command_failures - 1))
+                    )
+                    continue
+                if status is not None:
+                    return status
+                self.sleep(self.policy.poll_seconds)
+        except KeyboardInterrupt:
+            self.log.append("stopped-watching", attempt=self.log.attempt)
+            self.say(
+                "stopped watching; the job goes on. Watch again with `bert-jax launch tpu watch "
+                f"--workdir {self.job.workdir}`; `bert-jax launch tpu status --workdir "
+                f"{self.job.workdir}` says where it is"
+            )
+            return 130
+        finally:
+            self._unfollow()
+
+
+def status_text(workdir: str, runner: Runner | None = None) -> str:
+    """`launch tpu status`: the events and heartbeats of the workdir, and (with a runner that can
+    reach gcloud) the slice's state."""
+    rows = events.read(workdir)
+    beats = heartbeat.read_all(workdir)
+    attempt = sum(1 for r in rows if r["event"] in ("started", "restarted"))
+    beats = [h for h in beats if h.get("attempt") == attempt] or beats
+    slice_state = None
+    if runner is not None and fs.exists(job_path(workdir)):
+        job = load_job(workdir)
+        try:
+            qr_state = queued.state(job.qr, runner) if job.qr else None
+            node = queued.node_state(job.vm, runner)
+            parts = [f"queued resource {qr_state or 'absent'}"] if job.qr else []
+            slice_state = ", ".join([*parts, f"TPU VM {job.vm.name} {node or 'absent'}"])
+        except LaunchError:
+            slice_state = "unknown (gcloud not available here)"
+    return events.describe(
+        rows,
+        beats,
+        slice_state=slice_state,
+        checkpoint=latest_checkpoint(workdir),
+        model_exported=model_exported(workdir),
+    )

@@ -1,0 +1,243 @@
+"""The supervisor's parts, fast and without processes: `decide` (observation -> action), the
+heartbeat writer, events.jsonl and the goodput accounting, the workers' status lines, and the
+remote status / kill scripts run by a real shell."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bert_jax.launch import events, heartbeat, tpu, watcher
+from bert_jax.launch.supervisor import Observation, Policy, decide
+
+QUEUED_READY = Observation(queued=True, qr_state="ACTIVE", node_state="READY", job="running")
+POLICY = Policy(max_failures=3, max_preemptions=None, stall_timeout=None, startup_timeout=600)
+
+
+def _obs(**changes) -> Observation:
+    return dataclasses.replace(QUEUED_READY, **changes)
+
+
+@pytest.mark.parametrize(
+    "changes, action, event",
+    [
+        ({"model_exported": True}, "finish", "finished"),
+        ({"qr_state": None, "node_state": None}, "create", "queued"),
+        ({"qr_state": "WAITING_FOR_RESOURCES", "node_state": None}, "wait", None),
+        ({"qr_state": "PROVISIONING", "node_state": None}, "wait", None),
+        # Never a forced delete while SUSPENDING: wait for SUSPENDED.
+        ({"qr_state": "SUSPENDING", "node_state": None, "job": "unknown"}, "wait", None),
+        ({"qr_state": "SUSPENDED", "node_state": None}, "recreate", "preempted"),
+        ({"qr_state": "FAILED", "node_state": None}, "recreate", "preempted"),
+        ({"node_state": "PREEMPTED"}, "recreate", "preempted"),
+        ({"queued": False, "qr_state": None, "node_state": "TERMINATED"}, "recreate", "preempted"),
+        ({"queued": False, "qr_state": None, "node_state": None}, "create", "queued"),
+        ({"node_state": "REPAIRING"}, "wait", None),
+        ({"job": "none"}, "start", "started"),
+        ({"job": "unknown"}, "wait", None),
+        ({"job": "exited", "exit_statuses": (0, 0)}, "finish", "finished"),
+        ({"job": "exited", "exit_statuses": (1, 137)}, "restart", "failed"),
+        ({"job": "running", "exit_statuses": (1,)}, "restart", "failed"),
+        ({"job": "exited", "exit_statuses": (143, 143)}, "restart", "preempted"),
+        ({"job": "running", "exit_statuses": (143,)}, "wait", None),
+        # A user error (2) or a job that does not fit (4) is never retried.
+        ({"job": "exited", "exit_statuses": (2, 2)}, "give-up", "failed"),
+        ({"job": "exited", "exit_statuses": (4, 1)}, "give-up", "failed"),
+        ({"job": "exited", "exit_statuses": (2,), "failures": 0}, "give-up", "failed"),
+        # Failures and stalls count against --max-failures; preemptions do not.
+        ({"job": "exited", "exit_statuses": (1,), "failures": 3}, "give-up", "failed"),
+        ({"qr_state": "SUSPENDED", "preemptions": 99, "failures": 3}, "recreate", "preempted"),
+        # Hang watchdog: start-up has its own limit, then max(30 min, 5 x the slowest step).
+        ({"since_start": 500.0, "since_progress": None}, "wait", None),
+        ({"since_start": 700.0, "since_progress": None}, "restart", "stalled"),
+        ({"since_progress": 1799.0, "slowest_step": 2.0}, "wait", None),
+        ({"since_progress": 1801.0, "slowest_step": 2.0}, "restart", "stalled"),
+        ({"since_progress": 2500.0, "slowest_step": 600.0}, "wait", None),
+        ({"since_progress": 3001.0, "slowest_step": 600.0}, "restart", "stalled"),
+        ({"since_progress": 3001.0, "slowest_step": 600.0, "failures": 3}, "give-up", "stalled"),
+    ],
+)
+def test_decide(changes, action, event):
+    decision = decide(_obs(**changes), POLICY)
+    assert (decision.action, decision.event) == (action, event), decision
+
+
+def test_decide_budgets_and_exit_statuses():
+    limited = dataclasses.replace(POLICY, max_preemptions=2, stall_timeout=60.0)
+    assert decide(_obs(qr_state="SUSPENDED", preemptions=1), limited).action == "recreate"
+    gave_up = decide(_obs(qr_state="SUSPENDED", preemptions=2), limited)
+    assert (gave_up.action, gave_up.exit_status) == ("give-up", 1)
+    assert "--max-preemptions 2" in gave_up.reason
+    assert decide(_obs(since_progress=61.0), limited).event == "stalled"  # --stall-timeout wins
+    assert decide(_obs(job="exited", exit_statuses=(2,)), POLICY).exit_status == 2
+    assert decide(_obs(job="exited", exit_statuses=(4,)), POLICY).exit_status == 4
+    failed = decide(_obs(job="exited", exit_statuses=(1,), failures=3), POLICY)
+    assert failed.exit_status == 1 and "--max-failures 3" in failed.reason
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("bert-jax-job: running\nbert-jax-job: running\n", ("running", ())),
+        ("bert-jax-job: exited 1\nbert-jax-job: running\n", ("running", (1,))),
+        ("bert-jax-job: exited 0\nSSH: noise\nbert-jax-job: exited 143\n", ("exited", (0, 143))),
+        ("bert-jax-job: none\nbert-jax-job: none\n", ("none", ())),
+        ("bert-jax-job: starting\n", ("running", ())),
+        ("ssh: connect to host: timed out\n", ("unknown", ())),
+    ],
+)
+def test_job_status_lines(output, expected):
+    assert watcher.parse_job_status(output) == expected
+
+
+def test_remote_status_and_kill_scripts_in_a_real_shell(tmp_path):
+    """start -> running; the exit status is recorded (here 3); a SIGSTOPped run is killed."""
+    home = tmp_path / "home"
+    (home / "bert-jax" / "src").mkdir(parents=True)
+    venv_bin = home / "bert-jax" / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    program = venv_bin / "bert-jax"
+    program.write_text(f"#!{sys.executable}\nimport sys, time\ntime.sleep(float(sys.argv[2]))\n"
+                       "sys.exit(int(sys.argv[3]))\n")  # fmt: skip
+    program.chmod(0o755)
+    vm = tpu.TpuVm("bert-base", "z")
+    env = dict(os.environ, HOME=str(home))
+
+    def remote(command):
+        return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+
+    def status():
+        return watcher.parse_job_status(remote(vm.status_script()).stdout)
+
+    assert status() == ("none", ())
+    assert remote(vm.start_script(["0.3", "3"], {})).returncode == 0
+    assert status()[0] == "running"
+    deadline = time.monotonic() + 10
+    while status()[0] == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status() == ("exited", (3,))
+    assert remote(vm.start_script(["60", "0"], {})).returncode == 0
+    while not (home / "bert-jax" / "run.pid").exists():
+        time.sleep(0.02)
+    pid = int((home / "bert-jax" / "run.pid").read_text())
+    os.kill(pid, 19)  # SIGSTOP: SIGTERM stays pending, SIGKILL ends it
+    remote(vm.kill_script())
+    deadline = time.monotonic() + 10
+    while status()[0] == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status() == ("exited", (137,))
+
+
+def test_heartbeat_is_written_at_once_then_at_most_once_per_interval(tmp_path):
+    writes = []
+    real_write = heartbeat.fs.write_text
+
+    def counting(path, text):
+        writes.append(json.loads(text))
+        real_write(path, text)
+
+    clock_now = [1000.0]
+    log_file = tmp_path / "run.log"
+    log_file.write_text("line 1\nline 2\n")
+    hb = heartbeat.Heartbeat(
+        str(tmp_path / "work"), 1, 10, 100, interval=0.3, log_interval=0.1,
+        log_file=str(log_file), attempt=2, clock=lambda: clock_now[0],
+    )  # fmt: skip
+    heartbeat.fs.write_text = counting
+    try:
+        for step in range(11, 60):
+            clock_now[0] += 1.0
+            hb.beat(step)  # never waits for the write
+        time.sleep(0.05)
+        first = len(writes)
+        time.sleep(0.2)
+        hb.close("done")
+    finally:
+        heartbeat.fs.write_text = real_write
+    assert first <= 2, "written at most once per interval"
+    (record,) = heartbeat.read_all(str(tmp_path / "work"))
+    assert record["step"] == 59 and record["state"] == "done" and record["attempt"] == 2
+    assert record["start_step"] == 10 and record["total_steps"] == 100
+    assert record["first_step_time"] == 1001.0
+    assert record["slowest_step_seconds"] == pytest.approx(1.0)
+    copied = tmp_path / "work" / "launch" / "logs" / "attempt-2-process-1.log"
+    assert copied.read_text() == "line 1\nline 2\n"
+
+
+def test_heartbeat_failure_never_stops_the_run(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    hb = heartbeat.Heartbeat(str(blocker), 0, 0, 10, interval=0.01)  # a file in the way
+    hb.beat(1)
+    hb.close()
+    assert "failed (the run goes on)" in caplog.text
+    assert not hb._thread.is_alive()
+
+
+def _row(t, event, **fields):
+    return {"time": float(t), "event": event, **fields}
+
+
+# A run of 100 steps at 1 s/step, checkpoints every 10: queued 100 s, a preemption at step 35
+# (checkpoint 30), a stall at step 62 (checkpoint 60, killed 50 s after the last step), a
+# failure at step 81 (checkpoint 80), then to the end.
+DONE_WHEN_ROWS = [
+    _row(0, "queued"),
+    _row(100, "active"),
+    _row(100, "started", attempt=1),
+    _row(160, "running", attempt=1, step=1, step_time=130.0, start_step=0),
+    _row(170, "preempted", attempt=1, step=35, step_time=164.0, checkpoint=30),
+    _row(170, "queued"),
+    _row(200, "active"),
+    _row(200, "started", attempt=2),
+    _row(230, "running", attempt=2, step=31, step_time=220.0, start_step=30),
+    _row(301, "stalled", attempt=2, step=62, step_time=251.0, checkpoint=60),
+    _row(310, "restarted", attempt=3),
+    _row(330, "running", attempt=3, step=61, step_time=320.0, start_step=60),
+    _row(345, "failed", attempt=3, step=81, step_time=340.0, checkpoint=80),
+    _row(350, "restarted", attempt=4),
+    _row(370, "running", attempt=4, step=81, step_time=360.0, start_step=80),
+    _row(385, "finished", attempt=4, step=100, step_time=379.0, checkpoint=100),
+    _row(390, "deleted"),
+]
+
+
+def test_goodput_and_badput_by_cause():
+    result = events.account(DONE_WHEN_ROWS)
+    assert result.wall == 385.0
+    # Productive: steps 1-30, 31-60, 61-80, 81-100 after each first step: 29+29+19+19 s.
+    assert result.productive == pytest.approx(96.0)
+    assert result.redone_steps == 5 + 2 + 1
+    assert result.badput["capacity"] == pytest.approx(100 + 30)
+    # Start-ups: to each attempt's first step (130-100, 220-200, 320-301, 360-345).
+    assert result.badput["startup"] == pytest.approx(30 + 20 + 19 + 15)
+    assert result.badput["stall"] == pytest.approx(301 - 251)
+    # Lost: the steps after each last checkpoint, and the time from the last step to the end.
+    assert result.badput["lost"] == pytest.approx((5 + 6) + 2 + (1 + 5))
+    total = result.productive + sum(result.badput.values())
+    assert total == pytest.approx(result.wall)
+    text = events.describe(DONE_WHEN_ROWS, [], checkpoint=100, model_exported=True, now=400.0)
+    assert "restarts by cause: preempted 1, stalled 1, failed 1" in text
+    assert "goodput: 24.9%" in text
+    assert "waiting for capacity: 33.8%" in text
+    assert "steps redone after restarts: 8" in text
+
+
+def test_status_of_a_run_in_progress_has_an_eta(tmp_path):
+    log = events.EventLog(str(tmp_path), clock=iter([0.0, 10.0, 10.0]).__next__)
+    log.append("queued")
+    log.append("active")
+    log.append("started", attempt=1)
+    assert events.read(str(tmp_path)) == log.rows and log.attempt == 1
+    beats = [{"step": 40, "total_steps": 100, "step_time": 95.0, "seconds_per_step": 2.0,
+              "attempt": 1}]  # fmt: skip
+    text = events.describe(log.rows, beats, slice_state="ACTIVE", checkpoint=30, now=100.0)
+    assert "slice: ACTIVE" in text
+    assert "step: 40 of 100 (reported 0m05s ago), 2 s/step, ETA 2m00s" in text
+    assert "latest checkpoint: step 30" in text
