@@ -17,12 +17,21 @@ TFLOP/s per chip, MFU (every position counted as real), the bytes its collective
 compile time. Step times are estimates of XLA's cost model (see `cost_model.py` for how they are
 read), not measurements: the compile proves that the program fits and is valid for that chip,
 not how fast it runs.
+
+For TPU targets every compile's figures are cached on disk (`cache_root()`: $BERT_JAX_CACHE_DIR,
+else ~/.cache/bert_jax) under a hash of the lowered program, its compiler options, the topology
+and the jax and libtpu versions (`program_key`): lowering takes seconds where compiling takes
+minutes, so a second check or `plan` of the same program reads the figures back, and `plan` tells
+two settings that lower to the same program apart from two that do not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -33,6 +42,7 @@ import ml_collections
 import optax
 
 from bert_jax import config_lib, cost_model, metrics, optim, partitioning
+from bert_jax.errors import UserError
 from bert_jax.topology import TpuTarget, mesh_error
 from bert_jax.train import ShardedTrainer, dummy_batch
 
@@ -53,6 +63,8 @@ class PhaseCompile:
     update: cost_model.ProgramCost | None  # the optimizer update compiled alone (TPU targets)
     model_flops: float  # per step, all devices (metrics.flops_per_token, every position real)
     compile_seconds: float
+    program_key: str = ""  # the step's `program_key` (TPU targets; "" for local devices)
+    cached: bool = False  # the figures came from the compile cache (no compile ran)
 
     @property
     def peak_bytes(self) -> int:
@@ -150,7 +162,7 @@ def _check_batches(config, phases, mesh) -> None:
             phase.batch_size, mesh, f"config.{phase.name}.batch_size"
         )
         if accum < 1 or phase.batch_size % (accum * dp):
-            raise ValueError(
+            raise UserError(
                 f"config.{phase.name}.batch_size={phase.batch_size} must be divisible by "
                 f"config.grad_accum_steps={accum} x data-parallel size {dp}"
             )
@@ -192,9 +204,148 @@ def _compile(jitted, mesh, rules, *args, what: str):
             lowered = jitted.lower(*args)
             return lowered.compile()
     except Exception as err:  # XLA reports OOM at compile time on TPU/GPU
-        if "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower():
-            raise DoesNotFitError(f"{what} does not fit: {_oom_line(str(err))}") from err
+        _raise_if_out_of_memory(err, what)
         raise
+
+
+def _raise_if_out_of_memory(err: Exception, what: str) -> None:
+    if "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower():
+        raise DoesNotFitError(f"{what} does not fit: {_oom_line(str(err))}") from err
+
+
+CACHE_ENV = "BERT_JAX_CACHE_DIR"
+_CACHE_FORMAT = 1  # bump when what a cache entry holds changes
+
+
+def cache_root() -> str | None:
+    """Where compiled TPU programs' figures are kept: $BERT_JAX_CACHE_DIR (empty: no cache),
+    else $XDG_CACHE_HOME/bert_jax or ~/.cache/bert_jax."""
+    if CACHE_ENV in os.environ:
+        return os.environ[CACHE_ENV] or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "bert_jax")
+
+
+def _versions() -> str:
+    """The compiler's versions, and the code that reads its figures (a changed reading of the
+    same program must not be served from the cache)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        libtpu = version("libtpu")
+    except PackageNotFoundError:
+        libtpu = "none"
+    with open(cost_model.__file__, "rb") as f:
+        reader = hashlib.sha256(f.read()).hexdigest()[:16]
+    return f"jax {jax.__version__} libtpu {libtpu} cost_model {reader}"
+
+
+def program_key(lowered_text: str, compiler_options, target: TpuTarget) -> str:
+    """The hash that names a compiled program: its lowered text, the compiler options, the
+    topology (and chip configuration) it is compiled for, the compiler's versions and the
+    reader of its figures (`cost_model.py`)."""
+    digest = hashlib.sha256()
+    for part in (
+        f"format {_CACHE_FORMAT}",
+        _versions(),
+        target.topology,
+        str(target.generation.chip_config_name),
+        json.dumps(compiler_options or {}, sort_keys=True, default=str),
+        lowered_text,
+    ):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledFigures:
+    """What a check keeps of one compiled TPU program (cached by `program_key`)."""
+
+    key: str
+    memory: cost_model.Memory
+    cost: cost_model.ProgramCost
+    compile_seconds: float  # of the compile that made the figures
+    cached: bool = False
+
+
+def _cache_path(key: str) -> str | None:
+    root = cache_root()
+    return os.path.join(root, "tpu_compiles", f"{key}.json") if root else None
+
+
+def _cache_read(key: str) -> CompiledFigures | None:
+    path = _cache_path(key)
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            entry = json.load(f)
+        if "does_not_fit" in entry:
+            raise DoesNotFitError(entry["does_not_fit"])
+        return CompiledFigures(
+            key,
+            cost_model.Memory(**entry["memory"]),
+            cost_model.ProgramCost(**entry["cost"]),
+            float(entry["compile_seconds"]),
+            cached=True,
+        )
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable or older: compile again
+        return None
+
+
+def _cache_write(key: str, entry: dict) -> None:
+    """Best effort: a cache that cannot be written costs only the next compile."""
+    path = _cache_path(key)
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}.tmp"
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump(entry, f)
+        os.replace(partial, path)
+    except OSError:
+        pass
+
+
+def _compile_for_target(jitted, mesh, rules, *args, what: str, target: TpuTarget, options):
+    """Lowers for `target`'s compile-only devices and compiles, or reads the figures of the same
+    program from the cache; a program that does not fit is cached as such too."""
+    start = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules), _no_persistent_cache(True):
+            lowered = jitted.lower(*args)
+            key = program_key(lowered.as_text(), options, target)
+            found = _cache_read(key)
+            if found is not None:
+                return found
+            compiled = lowered.compile()
+    except DoesNotFitError:
+        raise
+    except Exception as err:
+        try:
+            _raise_if_out_of_memory(err, what)
+        except DoesNotFitError as no_fit:
+            if "key" in locals():
+                _cache_write(key, {"does_not_fit": str(no_fit)})
+            raise
+        raise
+    figures = CompiledFigures(
+        key,
+        cost_model.read_memory(compiled),
+        cost_model.read_cost(compiled),
+        time.perf_counter() - start,
+    )
+    _cache_write(
+        key,
+        {
+            "memory": dataclasses.asdict(figures.memory),
+            "cost": dataclasses.asdict(figures.cost),
+            "compile_seconds": figures.compile_seconds,
+        },
+    )
+    return figures
 
 
 def _oom_line(message: str) -> str:
@@ -208,7 +359,9 @@ def _oom_line(message: str) -> str:
     return message.strip().splitlines()[0][:300]
 
 
-def _update_cost(trainer: ShardedTrainer, state, mesh, rules) -> cost_model.ProgramCost:
+def _update_cost(
+    trainer: ShardedTrainer, state, mesh, rules, target: TpuTarget | None
+) -> cost_model.ProgramCost:
     """The optimizer update alone (params, slots and gradients as the step shards them)."""
 
     def apply(params, opt_state, grads):
@@ -229,7 +382,13 @@ def _update_cost(trainer: ShardedTrainer, state, mesh, rules) -> cost_model.Prog
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state.params, applied
     )
     args = (state.params, state.opt_state, grads)
-    return cost_model.read_cost(_compile(jitted, mesh, rules, *args, what="the optimizer update"))
+    what = "the optimizer update"
+    if target is not None:
+        options = trainer.compiler_options
+        return _compile_for_target(
+            jitted, mesh, rules, *args, what=what, target=target, options=options
+        ).cost
+    return cost_model.read_cost(_compile(jitted, mesh, rules, *args, what=what))
 
 
 def check(
@@ -240,8 +399,8 @@ def check(
 ) -> CompileReport:
     """Compiles the train step of every phase from shapes only; see the module docstring.
 
-    Raises ValueError for shapes that do not divide the mesh (naming the setting), UserError for
-    a mesh that cannot be laid over `target`'s torus, and DoesNotFitError when XLA itself runs
+    Raises UserError for shapes that do not divide the mesh (naming the setting) and for a mesh
+    that cannot be laid over `target`'s torus, and DoesNotFitError when XLA itself runs
     out of device memory while compiling.
     """
     phases = config_lib.plan_phases(config)
@@ -280,10 +439,20 @@ def check(
         start = time.perf_counter()
         what = f"config.{phase.name} (global batch {phase.batch_size}, seq {phase.max_seq_length})"
         # The very jitted step training runs (same shardings, donation, rules).
-        compiled = _compile(trainer._train_step, mesh, rules, state, batch, rng, what=what)  # noqa: SLF001
-        cost = cost_model.read_cost(compiled)
+        step, args = trainer._train_step, (state, batch, rng)  # noqa: SLF001
+        if target is not None:
+            figures = _compile_for_target(
+                step, mesh, rules, *args, what=what, target=target,
+                options=trainer.compiler_options,
+            )  # fmt: skip
+        else:
+            compiled = _compile(step, mesh, rules, *args, what=what)
+            figures = CompiledFigures(
+                "", cost_model.read_memory(compiled), cost_model.read_cost(compiled), 0.0
+            )
+        cost = figures.cost
         if cost.raw_seconds != 0.0 and update is None:  # a cost model: price the update alone
-            update = _update_cost(trainer, state, mesh, rules)
+            update = _update_cost(trainer, state, mesh, rules, target)
         share = phase.max_predictions_per_seq / phase.max_seq_length
         per_token = metrics.flops_per_token(model_config, phase.max_seq_length, share)
         results.append(
@@ -293,11 +462,13 @@ def check(
                 max_seq_length=phase.max_seq_length,
                 max_predictions_per_seq=phase.max_predictions_per_seq,
                 accum_steps=accum,
-                memory=cost_model.read_memory(compiled),
+                memory=figures.memory,
                 cost=cost,
                 update=update,
                 model_flops=per_token * phase.batch_size * phase.max_seq_length,
                 compile_seconds=time.perf_counter() - start,
+                program_key=figures.key,
+                cached=figures.cached,
             )
         )
     devices = list(mesh.devices.flat)
