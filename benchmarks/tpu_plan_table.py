@@ -2,13 +2,15 @@
 slices, compiled here by XLA's TPU compiler (libtpu, no TPU needed), as the README's table.
 
     .venv/bin/python benchmarks/tpu_plan_table.py [--out tpu_plans.jsonl]
-        [--row base:v5p-16 --row large:v5p-16 ...] [--meshes dp,fsdp] [--remat dots]
-        [--set KEY=JSON ...]
+        [--row base:v5p-16 --row large:v5p-16 ...] [--meshes dp,fsdp,dp_fsdp,fsdp_tp]
+        [--remat dots] [--set KEY=JSON ...]
 
 Each row is one `plan.plan` of `configs/bert.py:SIZE` (the paper's recipe: global batch 256,
 1M steps, 90% at seq 128, 10% at 512) on one slice; each finished row is appended to the JSONL
 file at once (a long run can stop and go on: rows already there are skipped), then the Markdown
-table of every row in the file is printed. Times are XLA's cost-model estimates, not
+table of every row in the file is printed. Rows made by the settings search (`plan` searching
+dtype, windowed einsums, ZeRO 1 and remat too; "search": 2 in the row) are the table's; rows
+from before it are printed below it as not re-searched. Times are XLA's cost-model estimates, not
 measurements; a Base compile takes minutes on a small CPU host, Large longer.
 """
 
@@ -19,6 +21,8 @@ import json
 import os
 import sys
 import time
+
+SEARCH = 2  # rows made by plan's settings search (mesh, dtype, windowed einsums, ZeRO 1, remat)
 
 DEFAULT_ROWS = (
     "base:v5p-16",
@@ -49,10 +53,25 @@ def _config(size: str, overrides: list[str]):
 
 
 HEADER = (
-    "| model | slice (chips) | seq 128: mesh | seqs/replica x accum | peak HBM/chip | est. step "
-    "| est. MFU | seq 512: mesh | seqs/replica x accum | peak HBM/chip | est. step | est. MFU "
-    "| est. days | est. cost |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| model | slice (chips) | seq 128: setting | seqs/replica x accum | peak HBM/chip | est. step "
+    "| est. MFU | seq 512: setting | seqs/replica x accum | peak HBM/chip | est. step | est. MFU "
+    "| est. days | est. cost | search |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
+
+
+def _setting(c: dict) -> str:
+    """The winning setting in short: mesh, dtype, windowed einsums, ZeRO 1, remat."""
+    parts = [f"{c['mesh_kind']} {tuple(c['mesh'])}"]
+    if "dtype" in c:
+        parts.append({"bfloat16": "bf16", "float32": "fp32"}.get(c["dtype"], c["dtype"]))
+    if "windowed_einsum" in c and (c["mesh"][1] > 1 or c["mesh"][2] > 1):
+        parts.append("windowed " + ("on" if c["windowed_einsum"] else "off"))
+    if c.get("shard_optimizer_state"):
+        parts.append("ZeRO 1")
+    if c.get("remat", "none") != "none":
+        parts.append(f"remat {c['remat']}")
+    return ", ".join(parts)
 
 
 def _link(candidate: dict) -> str:
@@ -70,9 +89,8 @@ def _row_line(row: dict) -> str:
         if c is None:
             cells += ["does not fit", "-", "-", "-", "-"]
             continue
-        remat = f", remat {c['remat']}" if c.get("remat", "none") != "none" else ""
         cells += [
-            f"{c['mesh_kind']} {tuple(c['mesh'])}{remat}",
+            _setting(c),
             f"{c['batch_per_replica']} x {c['accum_steps']}",
             f"{c['peak_bytes'] / 2**30:.1f} GiB",
             f"{c['step_seconds'] * 1e3:.1f} ms" + _link(c),
@@ -81,9 +99,13 @@ def _row_line(row: dict) -> str:
     days = f"{plan['total_seconds'] / 86400:.1f}" if plan["total_seconds"] else "-"
     cost = f"${plan['cost']:,.0f}" if plan["cost"] else "-"
     size = row["size"].capitalize()
+    if row.get("search") == SEARCH:
+        searched = f"searched, {row['seconds'] / 60:.0f} min, {plan.get('compiles', 0)} compiles"
+    else:
+        searched = "not re-searched (fsdp, windowed einsums on)"
     return (
         f"| {size} | {plan['accelerator_type']} ({plan['chips']}) | "
-        + " | ".join([*cells, days, cost])
+        + " | ".join([*cells, days, cost, searched])
         + " |"
     )
 
@@ -97,9 +119,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="tpu_plans.jsonl")
     parser.add_argument("--row", action="append", default=None, metavar="SIZE:SLICE")
-    parser.add_argument("--meshes", default="dp,fsdp")
+    parser.add_argument("--meshes", default="dp,fsdp,dp_fsdp,fsdp_tp")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
-    parser.add_argument("--remat", default="", help="policies to try besides the configured one")
+    parser.add_argument("--remat", default="dots", help="policies to try besides the configured")
     args = parser.parse_args(argv)
 
     from bert_jax import plan, topology
@@ -108,7 +130,11 @@ def main(argv=None) -> int:
     done = set()
     if os.path.exists(args.out):
         with open(args.out, encoding="utf-8") as f:
-            done = {(r["size"], r["slice"], r["set"]) for r in map(json.loads, f)}
+            done = {
+                (r["size"], r["slice"], r["set"])
+                for r in map(json.loads, f)
+                if r.get("search") == SEARCH
+            }
     prices = plan.load_prices(None)
     for item in args.row or DEFAULT_ROWS:
         size, name = item.split(":", 1)
@@ -122,17 +148,27 @@ def main(argv=None) -> int:
             kinds=args.meshes.split(","),
             prices=prices,
             remats=[r for r in args.remat.split(",") if r],
+            progress=lambda c, item=item: print(
+                f"  {item} {c.phase} {c.stage}: {c.setting.label()}: "
+                f"{c.note or f'{c.step_seconds * 1e3:.1f} ms'} "
+                f"({'compiled' if c.compiles else 'not compiled'})",
+                flush=True,
+            ),
         )
         row = {"size": size, "slice": name, "set": key[2], "plan": json.loads(result.to_json())}
+        row["search"] = SEARCH
         row["seconds"] = time.perf_counter() - start
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{item}: {row['seconds']:.0f} s\n{plan.format_plan(result)}", flush=True)
     with open(args.out, encoding="utf-8") as f:
         rows = sorted((json.loads(line) for line in f), key=row_order)
+    # The searched row of a slice replaces the one from before the search.
+    searched = {(r["size"], r["slice"]) for r in rows if r.get("search") == SEARCH}
     print(HEADER)
     for row in rows:
-        print(_row_line(row))
+        if row.get("search") == SEARCH or (row["size"], row["slice"]) not in searched:
+            print(_row_line(row))
     return 0
 
 

@@ -1,9 +1,26 @@
-"""`bert-jax plan --config configs/bert.py:SIZE --topology T`: what fits a TPU slice, the cost."""
+"""`bert-jax plan --config configs/bert.py:SIZE --topology T`: the fastest settings per phase for a
+TPU slice (mesh, dtype, windowed einsums, ZeRO 1, remat, accumulation), their flags, the cost."""
 
 from __future__ import annotations
 
+import sys
+
 from bert_jax.cli.config_flags import ConfigCommand
 from bert_jax.errors import UserError
+
+
+def _values(flag: str, text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _booleans(flag: str, text: str) -> list[bool]:
+    words = {"true": True, "on": True, "false": False, "off": False}
+    found = []
+    for value in _values(flag, text):
+        if value.lower() not in words:
+            raise UserError(f"--{flag}: {value!r} is not true or false")
+        found.append(words[value.lower()])
+    return found
 
 
 def _run(flag_values) -> int:
@@ -11,27 +28,42 @@ def _run(flag_values) -> int:
 
     if not flag_values.topology:
         raise UserError("--topology is required (e.g. v5p-16, v5litepod-16, v5p:2x2x2)")
+    if flag_values.margin < 1:
+        raise UserError(f"--margin {flag_values.margin:g} must be at least 1")
     target = topology.parse(flag_values.topology)
-    kinds = [k.strip() for k in flag_values.meshes.split(",") if k.strip()]
-    remats = [r.strip() for r in flag_values.remat.split(",") if r.strip()]
     prices = plan.load_prices(flag_values.prices)
+
+    def progress(candidate) -> None:  # a search takes minutes: say what each compile gave
+        what = candidate.note if not candidate.timed else plan._ms(candidate.step_seconds)  # noqa: SLF001
+        print(
+            f"plan: {candidate.phase} {candidate.stage}: {candidate.setting.label()}: {what}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     result = plan.plan(
         flag_values.config,
         target,
-        kinds=kinds,
+        kinds=_values("meshes", flag_values.meshes),
         max_accum=flag_values.max_accum,
         prices=prices,
-        remats=remats,
+        remats=_values("remat", flag_values.remat),
+        dtypes=_values("dtypes", flag_values.dtypes),
+        windowed=_booleans("windowed_einsum", flag_values.windowed_einsum),
+        zero=_booleans("shard_optimizer_state", flag_values.shard_optimizer_state),
+        margin=flag_values.margin,
+        progress=progress if flag_values.verbose else None,
     )
     print(result.to_json() if flag_values.json else plan.format_plan(result))
-    # 4, as `pretrain --compile-only`: some phase fits no mesh of this slice.
+    # 4, as `pretrain --compile-only`: some phase fits no setting on this slice.
     return 4 if any(s.candidate is None for s in result.schedule) else 0
 
 
 COMMAND = ConfigCommand(
     name="plan",
-    summary="for a TPU slice: the mesh, batch per chip and accumulation that fit each phase, and "
-    "the schedule's time and cost (estimates of XLA's TPU cost model)",
+    summary="for a TPU slice: the fastest settings that fit each phase (mesh, dtype, windowed "
+    "einsums, ZeRO 1, remat, accumulation), their --config. flags, and the schedule's time and "
+    "cost (estimates of XLA's TPU cost model)",
     own_flags=(
         (
             "string",
@@ -42,20 +74,49 @@ COMMAND = ConfigCommand(
         (
             "string",
             "meshes",
-            "dp,fsdp,fsdp_tp",
-            "mesh kinds to try: dp (data parallel), fsdp, "
-            "fsdp_tp (fsdp with a tensor axis of 4 or 2)",
+            "dp,fsdp,dp_fsdp,fsdp_tp",
+            "mesh kinds to try: dp (data parallel), fsdp, dp_fsdp (data over the smallest torus "
+            "axis x fsdp), fsdp_tp (fsdp with a tensor axis of 4 or 2)",
+        ),
+        (
+            "string",
+            "dtypes",
+            "bfloat16,float32",
+            "config.model.dtype values to try (float32 master weights either way); the first is "
+            "searched over meshes, the others on the fastest setting",
+        ),
+        (
+            "string",
+            "windowed_einsum",
+            "false,true",
+            "config.mesh.windowed_einsum values to try; the first on every mesh, the others on "
+            "the fastest mesh that gathers weights",
+        ),
+        (
+            "string",
+            "shard_optimizer_state",
+            "false,true",
+            "config.mesh.shard_optimizer_state (ZeRO 1) values to try; true only where a data "
+            "axis could make it win",
         ),
         ("integer", "max_accum", 64, "the largest gradient-accumulation factor to try"),
         (
             "string",
             "remat",
-            "",
+            "dots",
             "rematerialization policies to try besides config.model.remat (none, dots, full), "
             "each only where it could take fewer accumulation steps",
         ),
+        (
+            "float",
+            "margin",
+            1.25,
+            "a later phase compiles only the meshes within this factor of the earlier phase's "
+            "best step",
+        ),
         ("string", "prices", None, "price file (default: configs/tpu_prices.json)"),
-        ("bool", "json", False, "print the plan as JSON"),
+        ("bool", "json", False, "print the plan as JSON (the winners' flags included)"),
+        ("bool", "verbose", True, "say each candidate's outcome on stderr as the search goes"),
     ),
     run=_run,
 )
