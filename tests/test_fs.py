@@ -1,4 +1,5 @@
-"""bert_jax/fs.py without a bucket: URL arithmetic, local behaviour, errors as one line.
+"""bert_jax/fs.py without a bucket: URL arithmetic, local behaviour through fsspec, errors as one
+line (remote) or left as they are (local).
 
 The same functions against a Cloud Storage emulator: tests/test_gcs.py (`make test-gcs`).
 """
@@ -92,3 +93,77 @@ def test_read_range_and_local_then_place_on_disk(tmp_path):
         open(local, "wb").close()
         raise RuntimeError
     assert sorted(os.listdir(tmp_path)) == ["f.bin", "plot.png"]  # nothing half-written left
+
+
+def test_local_errors_are_left_as_the_os_raised_them(tmp_path):
+    """A local OSError is no user error here: the caller that opened a user's path decides."""
+    with pytest.raises(PermissionError) as raised, fs._remote_errors(str(tmp_path)):  # noqa: SLF001
+        raise PermissionError(13, "denied")
+    assert not isinstance(raised.value, UserError)
+    for call in (fs.read_text, fs.getsize, fs.remove, fs.listdir, fs.rmtree):
+        with pytest.raises(FileNotFoundError):
+            call(str(tmp_path / "missing"))
+    fs.write_text(str(tmp_path / "f"), "x")
+    with pytest.raises(NotADirectoryError):
+        fs.listdir(str(tmp_path / "f"))
+    assert not fs.exists("") and not fs.isdir("")  # fsspec alone would take the working dir
+    with pytest.raises(FileNotFoundError):
+        fs.read_bytes("")
+
+
+def test_relative_paths_stay_relative_and_wildcards_skip_dot_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("d/a.txt", "d/.hidden.txt", "d/sub/b.txt", "d/.cache/c.txt"):
+        fs.makedirs(fs.dirname(name), exist_ok=True)
+        fs.write_text(name, name)
+    assert fs.glob("d/*.txt") == ["d/a.txt"] and fs.glob("./d/*/*.txt") == ["./d/sub/b.txt"]
+    assert fs.glob("d/.*.txt") == ["d/.hidden.txt"]  # named by the pattern: found
+    assert sorted(fs.walk_files("d/")) == [
+        "d/.cache/c.txt",
+        "d/.hidden.txt",
+        "d/a.txt",
+        "d/sub/b.txt",
+    ]
+    assert fs.listdir("d") == [".cache", ".hidden.txt", "a.txt", "sub"]
+
+
+def test_local_rename_is_os_rename(tmp_path):
+    """Atomic, replacing a file; never moving into an existing directory (as shutil.move)."""
+    a, b, full = (str(tmp_path / n) for n in ("a", "b", "full"))
+    fs.write_text(a, "new")
+    fs.write_text(b, "old")
+    fs.rename(a, b)
+    assert fs.read_text(b) == "new" and not fs.exists(a)
+    fs.makedirs(a)
+    fs.makedirs(fs.join(full, "x"))
+    with pytest.raises(OSError):
+        fs.rename(a, full)
+    assert fs.listdir(full) == ["x"] and fs.isdir(a)
+
+
+def test_copies_to_local_disk_land_whole_or_not_at_all(tmp_path):
+    source = tmp_path / "src"
+    fs.makedirs(str(source / "sub"))
+    fs.write_text(str(source / "sub" / "x.txt"), "x")
+    fs.write_text(str(source / "y.txt"), "y")
+    copy = str(tmp_path / "copy")
+    assert fs.copy_to_local(str(source), copy) == copy
+    assert sorted(fs.walk_files(copy)) == [f"{copy}/sub/x.txt", f"{copy}/y.txt"]
+    with pytest.raises(FileExistsError):  # a tree never replaces one
+        fs.copy_to_local(str(source), copy)
+    fs.upload(str(source / "y.txt"), str(tmp_path / "z.txt"))
+    fs.upload(str(source), str(tmp_path / "uploaded"))
+    assert fs.read_text(str(tmp_path / "z.txt")) == "y"
+    assert fs.read_text(str(tmp_path / "uploaded" / "sub" / "x.txt")) == "x"
+    with pytest.raises(FileNotFoundError):
+        fs.copy_to_local(str(tmp_path / "missing"), str(tmp_path / "never"))
+    assert sorted(os.listdir(tmp_path)) == ["copy", "src", "uploaded", "z.txt"]  # no leftovers
+
+
+def test_a_url_goes_to_gcsfs_at_the_emulator_when_one_is_set(monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+    with fs._on("gs://b/run/", check=False) as (filesystem, name):  # noqa: SLF001
+        assert type(filesystem).__name__ == "GCSFileSystem" and name == "b/run"
+        assert filesystem._location == "http://127.0.0.1:9"  # noqa: SLF001
+    with fs._on("/tmp/x/") as (filesystem, name):  # noqa: SLF001
+        assert type(filesystem).__name__ == "LocalFileSystem" and name == "/tmp/x"
