@@ -3,7 +3,8 @@
 The dump is written here (nothing is downloaded): ``--pages`` pages in the MediaWiki export
 format, bz2-compressed, shaped like enwiki's pages-articles: 45% redirects, 5% other namespaces,
 articles of ~650 words of prose on average (enwiki: ~4.5B words in 6.9M articles today; the
-paper's 2,500M words came from fewer, shorter ones) wrapped in the markup real articles carry: an
+paper's 2,500M words came from fewer, shorter ones) made of real English sentences (the embedded
+corpus's: Python's documentation), wrapped in the markup real articles carry: an
 infobox, citation templates inside ``<ref>`` tags (about one per two sentences), links, bold and
 italics, sections with headings, a bulleted "See also" list, a table in one article of four, a
 file with its caption, categories. Random but seeded: the same dump each run.
@@ -32,6 +33,7 @@ from xml.sax.saxutils import escape
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax.data import sources, wikipedia  # noqa: E402
+from bert_jax.data.embedded import embedded_documents  # noqa: E402
 
 _HEADER = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" \
 xml:lang="en">
@@ -61,6 +63,9 @@ _FUNCTION_WORDS = (
 class _Writer:
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
+        self.sentences = [
+            s for d in embedded_documents("all") for s in d if s[-1:] in ".?!" and len(s) > 40
+        ]
         self.vocabulary = sorted(
             {
                 "".join(self.rng.choice(_SYLLABLES) for _ in range(self.rng.randint(1, 4)))
@@ -78,22 +83,18 @@ class _Writer:
         return " ".join(self.word().capitalize() for _ in range(self.rng.randint(1, 3)))
 
     def sentence(self) -> str:
+        """A real English sentence (the embedded corpus's) with wiki links and italics."""
         words = []
-        for _ in range(self.rng.randint(8, 34)):
+        for word in self.rng.choice(self.sentences).split():
             r = self.rng.random()
-            if r < 0.06:
+            if r < 0.06 and word.isalpha():
                 target = self.name()
-                words.append(
-                    f"[[{target}|{self.word()}]]" if self.rng.random() < 0.3 else f"[[{target}]]"
-                )
-            elif r < 0.08:
-                words.append(str(self.rng.randint(1, 2024)))
-            elif r < 0.09:
-                words.append(f"''{self.word()}''")
+                words.append(f"[[{target}|{word}]]" if self.rng.random() < 0.3 else f"[[{word}]]")
+            elif r < 0.07 and word.isalpha():
+                words.append(f"''{word}''")
             else:
-                words.append(self.word())
-        words[0] = words[0][0].upper() + words[0][1:]
-        text = " ".join(words) + self.rng.choice([".", ".", ".", ".", "?", "!"])
+                words.append(word)
+        text = " ".join(words)
         if self.rng.random() < 0.5:
             text += (
                 "<ref>{{cite web |url=https://example.org/"
@@ -103,7 +104,7 @@ class _Writer:
         return text
 
     def paragraph(self) -> str:
-        return " ".join(self.sentence() for _ in range(self.rng.randint(2, 7)))
+        return " ".join(self.sentence() for _ in range(self.rng.randint(3, 9)))
 
     def article(self, title: str) -> str:
         lead = self.paragraph()

@@ -59,6 +59,7 @@ __all__ = [
     "embedded_document_names",
     "embedded_documents",
     "expand_sources",
+    "is_original_format",
     "is_text_file",
     "iter_documents",
     "read_documents",
@@ -96,6 +97,17 @@ def source_kind(source: str | os.PathLike) -> SourceKind:
 def _is_jsonl(path: str) -> bool:
     base = path[:-3] if path.endswith(".gz") else path
     return base.endswith(".jsonl")
+
+
+def is_original_format(path: str) -> bool:
+    """Whether a corpus file (``source_kind`` "text") is in the original format as it lies on
+    disk (one sentence per line), not JSONL, gzip, Parquet or a Wikipedia dump."""
+    return not (
+        _is_jsonl(path)
+        or path.endswith(".gz")
+        or parquet.is_parquet(path)
+        or wikipedia.is_wikipedia_dump(path)
+    )
 
 
 def is_text_file(path: str) -> bool:

@@ -182,7 +182,7 @@ def train_tokenizer(
 
     def is_plain(source: str) -> bool:  # original-format text: SentencePiece reads it as it is
         kind = sources_lib.source_kind(source)
-        return kind == "text" and not source.endswith((".jsonl", ".gz"))
+        return kind == "text" and sources_lib.is_original_format(source)
 
     plain = [s for s in resolved if is_plain(s)]
     others = [s for s in resolved if not is_plain(s)]

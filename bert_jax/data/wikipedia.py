@@ -1,8 +1,8 @@
-"""Wikipedia XML dumps (``*.xml.bz2`` / ``*.xml``) -> one plain-text document per article.
+"""Wikipedia XML dumps (``*.xml.bz2``, ``*.xml-p1p41242.bz2``, ``*.xml``) -> a document per article.
 
 Public API:
 
-- ``is_wikipedia_dump(path)``: by name (``.xml``, ``.xml.bz2``), the sources ``sources`` hands here.
+- ``is_wikipedia_dump(path)``: by name (``.xml``, ``.bz2``), the sources ``sources`` hands here.
 - ``iter_articles(path) -> Iterator[(title, text)]``: the articles of a dump, streamed; ``text``
   holds one paragraph per line. It is ``iter_candidates`` (reading: bz2, XML, namespace and
   redirect; cheap) then ``article_text`` (parsing the wikitext: the costly part, which
@@ -57,7 +57,9 @@ _LIST_LINE = "\x00"
 
 
 def is_wikipedia_dump(path: str) -> bool:
-    return path.endswith((".xml", ".xml.bz2"))
+    """``.xml`` or any ``.bz2`` (the multistream parts are named ``...xml-p1p41242.bz2``; a bz2
+    file that is no dump is refused naming it, rather than read as text)."""
+    return path.endswith((".xml", ".bz2"))
 
 
 def _template_name(template) -> str:
