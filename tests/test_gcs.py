@@ -400,3 +400,36 @@ def test_init_from_reads_a_model_directory_in_the_bucket(emulator, capsys):
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2]
     assert fs.exists(f"{workdir}/checkpoints/2/commit_success.txt")
+
+
+def test_parquet_and_a_wikipedia_dump_from_the_bucket(emulator, corpus, tmp_path, capsys):
+    """The paper's kinds of corpus, read from the bucket a batch of rows / a page at a time: the
+    records equal those prepared from the same files on local disk, and a damaged Parquet file
+    in the bucket is one line naming its URL."""
+    from bert_jax.data import sources
+    from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
+
+    books = ["\n".join(document) for document in sources.embedded_documents("train")[:40]]
+    names = ("enwiki-multistream1.xml-p1p9.bz2", "books.parquet")
+    local = tmp_path / "corpus"
+    local.mkdir()
+    write_multistream_bz2(local / names[0], wikipedia_dump_xml())
+    write_parquet(local / names[1], books)
+    for name in names:
+        fs.upload(str(local / name), f"{BUCKET}/wiki_books/{name}")
+    tokenizer = str(corpus / "tok")
+    argv = prepare_argv(f"{BUCKET}/wiki_books/{names[0]}", tokenizer, f"{BUCKET}/wiki_books_data")
+    assert run_cli(capsys, [*argv[:4], f"{BUCKET}/wiki_books/{names[1]}", *argv[4:]]).code == 0
+    argv = prepare_argv(str(local / names[0]), tokenizer, str(tmp_path / "data"))
+    assert run_cli(capsys, [*argv[:4], str(local / names[1]), *argv[4:]]).code == 0
+    parts = sorted(p.name for p in (tmp_path / "data").glob("part-*.tfrecord"))
+    assert parts
+    for name in parts:
+        remote = fs.read_bytes(f"{BUCKET}/wiki_books_data/{name}")
+        assert remote == (tmp_path / "data" / name).read_bytes()
+
+    fs.write_bytes(f"{BUCKET}/wiki_books/damaged.parquet", b"PAR1" + b"\x00" * 64 + b"PAR1")
+    argv = prepare_argv(f"{BUCKET}/wiki_books/damaged.parquet", tokenizer, f"{BUCKET}/damaged")
+    outcome = run_cli(capsys, argv)
+    assert outcome.code == 2, outcome.err
+    assert f"{BUCKET}/wiki_books/damaged.parquet: not a readable Parquet file" in outcome.message
