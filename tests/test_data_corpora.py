@@ -141,3 +141,23 @@ def test_prose_split_in_worker_processes_gives_the_same_documents(tmp_path, dump
     parallel, parallel_stats = read_documents([packed, books], num_workers=2)
     assert parallel == serial and len(serial) == 2 + 77
     assert parallel_stats.as_dict() == serial_stats.as_dict()
+
+
+def test_wikitext_edge_cases():
+    import mwparserfromhell
+
+    text = (
+        "The film [[Ali: Fear Eats the Soul]] (''{{lang|de|Angst essen Seele auf}}'') won; see "
+        "[[wikt:prize|prize]] and [[:Category:Films|films]]. Its area is <math>x^2</math> km.\n"
+        "[[de:Angst essen Seele auf]]\n<gallery>\nA.jpg|Caption.\n</gallery>\n"
+        "Second&nbsp;paragraph.<br />Same paragraph."
+    )
+    assert wikipedia.wikitext_to_paragraphs(text) == [
+        "The film Ali: Fear Eats the Soul won; see prize and films. Its area is km.",
+        "Second paragraph. Same paragraph.",  # &nbsp; is a space like any other
+    ]
+    not_disambiguation = mwparserfromhell.parse("{{Index}} {{Disambiguation needed}} Text.")
+    assert not wikipedia.is_disambiguation("Index", not_disambiguation)
+    for page in ("{{School disambiguation}}", "{{hndis|Smith, John}}", "{{Dab}}"):
+        assert wikipedia.is_disambiguation("X", mwparserfromhell.parse(page)), page
+    assert wikipedia.is_disambiguation("Mercury (disambiguation)", mwparserfromhell.parse("x"))

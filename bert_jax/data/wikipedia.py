@@ -43,11 +43,12 @@ _DROPPED_TAGS = frozenset(
 _LIST_MARKUP = frozenset("*#;:")
 _LINE_BREAK_TAGS = frozenset(("br", "hr"))
 _DROPPED_LINK_NAMESPACES = frozenset(("file", "image", "media", "category"))
-# An interlanguage or interwiki link `[[de:Titel]]` (shown in the sidebar, not the text).
-_INTERWIKI = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
+# An interlanguage link `[[de:Titel]]` (shown in the sidebar, not the text): a lower-case
+# language code, where an article's title is capitalised (`[[Ali: Fear Eats the Soul]]`).
+_INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(-[a-z]+)*:")
+# Besides these, any template whose name ends in " disambiguation" ({{school disambiguation}}).
 _DISAMBIGUATION_TEMPLATES = frozenset(
-    "disambiguation disambig dab disamb dis hndis geodis numberdis set index article "
-    "letter-number combination disambiguation".split(" ")
+    ("disambiguation", "disambig", "dab", "disamb", "dis", "hndis", "geodis", "numberdis")
 )
 _BEHAVIOUR_SWITCH = re.compile(r"__[A-Z]+__")
 _EMPTY_BRACKETS = re.compile(r"\(\s*[,;:]?\s*\)")
@@ -83,7 +84,7 @@ def _link_is_dropped(title: str) -> bool:
     prefix, colon, _ = title.partition(":")
     if colon and prefix.strip().lower() in _DROPPED_LINK_NAMESPACES:
         return True
-    return bool(_INTERWIKI.match(title.lower()))
+    return bool(_INTERLANGUAGE.match(title))
 
 
 def _append_text(nodes, out: list[str]) -> None:
