@@ -21,7 +21,8 @@ def _add_tokenizer(subparsers) -> None:
         nargs="+",
         required=True,
         metavar="FILE",
-        help="text files (one sentence per line), .jsonl, tfds:NAME[/CONFIG][:SPLIT] or embedded",
+        help="text files (one sentence per line), .jsonl, .parquet, Wikipedia XML dumps (.bz2), "
+        "tfds:NAME[/CONFIG][:SPLIT] or embedded",
     )
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--output", required=True, metavar="DIR")
