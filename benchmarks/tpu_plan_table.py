@@ -23,6 +23,13 @@ import sys
 import time
 
 SEARCH = 2  # rows made by plan's settings search (mesh, dtype, windowed einsums, ZeRO 1, remat)
+FULL_SEARCH = {
+    "meshes": "dp,fsdp,dp_fsdp,fsdp_tp",
+    "dtypes": "bfloat16,float32",
+    "windowed_einsum": "false,true",
+    "shard_optimizer_state": "false,true",
+    "remat": "dots",
+}
 
 DEFAULT_ROWS = (
     "base:v5p-16",
@@ -101,6 +108,9 @@ def _row_line(row: dict) -> str:
     size = row["size"].capitalize()
     if row.get("search") == SEARCH:
         searched = f"searched, {row['seconds'] / 60:.0f} min, {plan.get('compiles', 0)} compiles"
+        narrowed = {k: v for k, v in row.get("searched", {}).items() if v != FULL_SEARCH.get(k, v)}
+        if narrowed:
+            searched += " (only " + ", ".join(f"{k} {v}" for k, v in narrowed.items()) + ")"
     else:
         searched = "not re-searched (fsdp, windowed einsums on)"
     return (
@@ -122,6 +132,9 @@ def main(argv=None) -> int:
     parser.add_argument("--meshes", default="dp,fsdp,dp_fsdp,fsdp_tp")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
     parser.add_argument("--remat", default="dots", help="policies to try besides the configured")
+    parser.add_argument("--dtypes", default="bfloat16,float32", help="model.dtype values to try")
+    parser.add_argument("--windowed-einsum", default="false,true", help="values to try")
+    parser.add_argument("--shard-optimizer-state", default="false,true", help="values to try")
     args = parser.parse_args(argv)
 
     from bert_jax import plan, topology
@@ -148,6 +161,9 @@ def main(argv=None) -> int:
             kinds=args.meshes.split(","),
             prices=prices,
             remats=[r for r in args.remat.split(",") if r],
+            dtypes=args.dtypes.split(","),
+            windowed=[v == "true" for v in args.windowed_einsum.split(",")],
+            zero=[v == "true" for v in args.shard_optimizer_state.split(",")],
             progress=lambda c, item=item: print(
                 f"  {item} {c.phase} {c.stage}: {c.setting.label()}: "
                 f"{c.note or f'{c.step_seconds * 1e3:.1f} ms'} "
@@ -157,6 +173,13 @@ def main(argv=None) -> int:
         )
         row = {"size": size, "slice": name, "set": key[2], "plan": json.loads(result.to_json())}
         row["search"] = SEARCH
+        row["searched"] = {
+            "meshes": args.meshes,
+            "dtypes": args.dtypes,
+            "windowed_einsum": args.windowed_einsum,
+            "shard_optimizer_state": args.shard_optimizer_state,
+            "remat": args.remat,
+        }
         row["seconds"] = time.perf_counter() - start
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
