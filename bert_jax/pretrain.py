@@ -142,7 +142,9 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     writer = metrics.MetricWriter(workdir, enabled=is_main)
     step_log = metrics.StepLog(config, total, model_config, writer, console, checkpointer)
     preemption = checkpointing.Preemption(checkpointer)
-    heartbeat = heartbeat_lib.Heartbeat(workdir, jax.process_index(), step, total)  # supervisor
+    heartbeat = heartbeat_lib.Heartbeat(  # for a supervisor (launch tpu watch)
+        workdir, jax.process_index(), step, total, process_count=jax.process_count()
+    )
     iterator, phase, eval_batches, last_eval, preempted = None, None, [], {}, False
     try:
         while step < total:

@@ -426,6 +426,8 @@ SLURM_SCRIPT = """#!/bin/bash
 #SBATCH --partition=gpu
 #SBATCH --account=lab
 #SBATCH --output=/gcs/bucket/runs/base/bert-base-%j.out
+#SBATCH --requeue
+#SBATCH --signal=TERM@300
 #SBATCH --exclusive
 #SBATCH --mem=0
 # Written by `bert-jax launch slurm`: 2 node(s) x 8 GPU(s), one process per GPU (16 processes).
@@ -439,8 +441,29 @@ export BERT_JAX_NUM_PROCESSES="$SLURM_NTASKS"
 export BERT_JAX_LOCAL_DEVICE_IDS=local-rank
 export TF_CPP_MIN_LOG_LEVEL=2
 export EXTRA='a b; rm -rf /'
+# The n-th start of this job (requeues included); heartbeats carry it.
+export BERT_JAX_LAUNCH_ATTEMPT="$((${SLURM_RESTART_COUNT:-0} + 1))"
+bert-jax launch slurm record started --workdir /gcs/bucket/runs/base --note \
+"job $SLURM_JOB_ID" || true
+set +e
 srun --kill-on-bad-exit=1 bert-jax pretrain --config configs/bert.py:base --workdir \
 /gcs/bucket/runs/base '--config.data.source=a b; rm -rf /'
+status=$?
+set -e
+# 143: stopped by SIGTERM after saving (time limit near, or preempted): requeue, resume from the \
+workdir.
+if [ "$status" -eq 143 ]; then
+  bert-jax launch slurm record preempted --workdir /gcs/bucket/runs/base --note \
+"job $SLURM_JOB_ID" --exit-status "$status" || true
+  scontrol requeue "$SLURM_JOB_ID"
+elif [ "$status" -eq 0 ]; then
+  bert-jax launch slurm record finished --workdir /gcs/bucket/runs/base --note \
+"job $SLURM_JOB_ID" --exit-status "$status" || true
+else
+  bert-jax launch slurm record failed --workdir /gcs/bucket/runs/base --note \
+"job $SLURM_JOB_ID" --exit-status "$status" || true
+fi
+exit "$status"
 """
 SLURM_FLAGS = [
     *("--nodes", "2", "--job-name", "bert-base", "--partition", "gpu", "--account", "lab"),
@@ -509,6 +532,44 @@ def test_slurm_script_runs_under_bash_and_feeds_distributed(tmp_path):
     )
 
 
+@pytest.mark.parametrize("status, requeued, event", [(143, True, "preempted"), (0, False,
+                         "finished"), (1, False, "failed")])  # fmt: skip
+def test_slurm_script_requeues_a_run_stopped_before_the_time_limit(
+    tmp_path, status, requeued, event
+):
+    """srun ends 143 (SIGTERM before the time limit: saved) -> `scontrol requeue`; every start
+    and end is an events.jsonl row that `launch slurm status` reads."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    _executable(bin_dir / "scontrol", f"#!/bin/sh\necho \"scontrol $*\" >> {calls}\n"
+                "printf 'gpu017\\n'\n")  # fmt: skip
+    _executable(bin_dir / "srun", f"#!/bin/sh\nexit {status}\n")
+    _executable(
+        bin_dir / "bert-jax",
+        f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m bert_jax.cli "$@"\n',
+    )
+    workdir = tmp_path / "run"
+    script = tmp_path / "job.sbatch"
+    job = slurm.SlurmJob(nodes=1, time="1:00:00")
+    slurm.write_and_submit(
+        job, ["--workdir", str(workdir)], str(script), Runner(out=io.StringIO()), False
+    )
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu017",
+               SLURM_NTASKS="8", SLURM_JOB_ID="77", SLURM_RESTART_COUNT="1")  # fmt: skip
+    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert result.returncode == status, result.stderr
+    assert ("scontrol requeue 77" in calls.read_text()) == requeued
+    rows = [json.loads(line) for line in (workdir / "launch" / "events.jsonl").open()]
+    assert [(r["event"], r["attempt"]) for r in rows] == [("started", 2), (event, 2)]
+    assert rows[1]["note"] == "job 77" and rows[1]["exit_status"] == status
+    shown = subprocess.run(
+        [sys.executable, "-m", "bert_jax.cli", "launch", "slurm", "status", "--workdir",
+         str(workdir)], capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert f"restarts by cause: preempted {int(requeued)}" in shown.stdout, shown.stderr
+
+
 def test_gcs_mount_script_is_valid_bash():
     assert (
         subprocess.run(["bash", "-n", os.path.join(REPO, "launch", "mount_gcs.sh")]).returncode == 0
@@ -524,7 +585,8 @@ def test_slurm_submit_writes_the_script_and_calls_sbatch(tmp_path):
         ),
     )
     path = str(tmp_path / "job.sbatch")
-    slurm.write_and_submit(slurm.SlurmJob(nodes=1), ["--config", "c"], path, runner, submit=True)
+    job = slurm.SlurmJob(nodes=1, requeue=False)
+    slurm.write_and_submit(job, ["--config", "c"], path, runner, submit=True)
     assert calls == [["sbatch", path]]
     assert open(path, encoding="utf-8").read().endswith("bert-jax pretrain --config c\n")
     assert shlex.split(open(path).read().splitlines()[-1])[0] == "srun"

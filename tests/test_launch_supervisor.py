@@ -241,3 +241,22 @@ def test_status_of_a_run_in_progress_has_an_eta(tmp_path):
     assert "slice: ACTIVE" in text
     assert "step: 40 of 100 (reported 0m05s ago), 2 s/step, ETA 2m00s" in text
     assert "latest checkpoint: step 30" in text
+
+
+def test_names_shared_with_the_pretraining_workdir():
+    from bert_jax import checkpointing
+    from bert_jax import workdir as workdir_lib
+
+    assert watcher.COMMIT_MARKER == checkpointing.COMMIT_MARKER
+    assert watcher.LOCK_NAME == workdir_lib.LOCK_NAME
+
+
+def test_latest_checkpoint_and_export_in_a_local_workdir(tmp_path):
+    assert watcher.latest_checkpoint(str(tmp_path)) is None
+    for name in ("4", "8", "12.orbax-checkpoint-tmp-1"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    assert watcher.latest_checkpoint(str(tmp_path)) == 8
+    assert not watcher.model_exported(str(tmp_path))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert watcher.model_exported(str(tmp_path))

@@ -365,11 +365,12 @@ def _save_job(args, vm, workdir: str) -> None:
 def _add_slurm(kinds) -> None:
     parser = kinds.add_parser(
         "slurm",
-        help="write (and --submit) an sbatch script for GPU nodes",
+        help="write (and --submit) an sbatch script for GPU nodes; `slurm status`: how it goes",
         description="One process per GPU (--per gpu) or per node (--per node); the coordinator is "
-        "the first node of the allocation.",
+        "the first node of the allocation. `bert-jax launch slurm status --workdir W` prints the "
+        "run's events, step, ETA and goodput; `record` is what the script calls to add events.",
     )
-    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--nodes", type=int, default=None, help="required to write a script")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--per", choices=["gpu", "node"], default="gpu")
     parser.add_argument("--job-name", default="bert-jax")
@@ -401,6 +402,22 @@ def _add_slurm(kinds) -> None:
         "--script", default=None, help="default: JOB_NAME.sbatch in the pretrain --workdir"
     )
     parser.add_argument("--submit", action="store_true", help="run sbatch on the script")
+    parser.add_argument(
+        "--no-requeue",
+        action="store_true",
+        help="no --requeue and no SIGTERM before the time limit (the job then ends there)",
+    )
+    parser.add_argument(
+        "--signal-before",
+        type=_seconds,
+        default=300.0,
+        metavar="DURATION",
+        help="SIGTERM the run this long before the time limit: it saves, then is requeued "
+        "(default 5m)",
+    )
+    parser.add_argument("--workdir", default=None, help="for `status` and `record`")
+    parser.add_argument("--note", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--exit-status", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dry-run", action="store_true", help="print the script only")
     parser.add_argument(
         "pretrain_args", nargs="*", metavar="-- PRETRAIN_ARGS", help="bert-jax pretrain args"
@@ -409,8 +426,23 @@ def _add_slurm(kinds) -> None:
 
 
 def _run_slurm(args) -> int:
-    from bert_jax.launch import Runner, slurm
+    from bert_jax.launch import Runner, slurm, watcher
 
+    action = args.pretrain_args[:1]
+    if action in (["status"], ["record"]):
+        if not args.workdir:
+            raise LaunchError(f"launch slurm {action[0]} needs --workdir (the run's workdir)")
+        if action == ["status"]:
+            print(watcher.status_text(args.workdir))
+            return 0
+        if len(args.pretrain_args) != 2:
+            raise LaunchError("launch slurm record EVENT --workdir W (started, finished, ...)")
+        watcher.record_event(
+            args.workdir, args.pretrain_args[1], note=args.note, exit_status=args.exit_status
+        )
+        return 0
+    if args.nodes is None:
+        raise LaunchError("--nodes is required (the number of nodes to run on)")
     script, output = slurm.default_paths(
         args.job_name, args.pretrain_args, args.script, args.output
     )
@@ -429,6 +461,8 @@ def _run_slurm(args) -> int:
         setup=tuple(args.setup),
         env=slurm.parse_env(args.env),
         sbatch_options=tuple(args.sbatch_option),
+        requeue=not args.no_requeue,
+        signal_seconds=int(args.signal_before),
     )
     slurm.write_and_submit(
         job,

@@ -65,6 +65,7 @@ class Heartbeat:
         start_step: int,
         total_steps: int,
         *,
+        process_count: int = 1,
         interval: float | None = None,
         log_interval: float | None = None,
         log_file: str | None = None,
@@ -90,6 +91,7 @@ class Heartbeat:
         now = clock()
         self.record = {
             "process": process_index,
+            "process_count": process_count,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "attempt": attempt,

@@ -5,6 +5,13 @@ and a port), the number of processes (`$SLURM_NTASKS`) and which devices a proce
 starts one `bert-jax pretrain` per task with `srun`; each task takes its process id from
 `$SLURM_PROCID` (see bert_jax/distributed.py). `srun --kill-on-bad-exit=1` ends the whole job
 when one task fails, and JAX's heartbeat does the same when a node vanishes.
+
+Unattended: the job is `--requeue`able (SLURM puts it back in the queue after a node failure or
+a preemption), and `--signal=TERM@SECONDS` has SLURM send SIGTERM to every task that long before
+the time limit: the run saves a checkpoint at the same step on every host and exits 143, and the
+script then requeues the job itself (`scontrol requeue`), which resumes from the workdir. Each
+start and end is a row of `<workdir>/launch/events.jsonl` (`bert-jax launch slurm record`),
+which `bert-jax launch slurm status --workdir W` reads, as `launch tpu status` does.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from bert_jax.errors import EXIT_STOPPED
 from bert_jax.launch import LaunchError, Runner
 
 PER_CHOICES = ("gpu", "node")
@@ -41,6 +49,8 @@ class SlurmJob:
     setup: tuple[str, ...] = ()  # shell lines run first (module load, source venv/bin/activate)
     env: tuple[tuple[str, str], ...] = ()
     sbatch_options: tuple[str, ...] = ()  # extra directives, e.g. --exclusive, --mem=0
+    requeue: bool = True  # requeue after a preemption / node failure, and after the time limit
+    signal_seconds: int = 300  # SIGTERM this long before the time limit (0: none)
 
     def __post_init__(self):
         # `--sbatch-option mem=0` reads better on a command line than `--sbatch-option=--mem=0`.
@@ -50,6 +60,8 @@ class SlurmJob:
             raise LaunchError("--nodes and --gpus-per-node must be at least 1")
         if self.per not in PER_CHOICES:
             raise LaunchError(f"--per {self.per!r}: use gpu or node")
+        if self.signal_seconds < 0:
+            raise LaunchError(f"--signal-before {self.signal_seconds}: use 0 or more seconds")
         if self.port is not None and not 1 <= self.port <= 65535:
             raise LaunchError(f"--port {self.port} is not a TCP port")
         for flag, value in (
@@ -97,6 +109,10 @@ class SlurmJob:
             if value:
                 directives.append(f"--{flag}={value}")
         directives.append(f"--output={self.output or self.job_name + '-%j.out'}")
+        if self.requeue:
+            directives.append("--requeue")
+            if self.signal_seconds:
+                directives.append(f"--signal=TERM@{self.signal_seconds}")
         directives.extend(self.sbatch_options)
         port = str(self.port) if self.port else "$((SLURM_JOB_ID % 4096 + 61440))"
         devices = "local-rank" if self.per == "gpu" else "all"
@@ -115,7 +131,41 @@ class SlurmJob:
             f"export BERT_JAX_LOCAL_DEVICE_IDS={devices}",
             "export TF_CPP_MIN_LOG_LEVEL=2",
             *(f"export {key}={shlex.quote(value)}" for key, value in self.env),
-            shlex.join(["srun", "--kill-on-bad-exit=1", self.bert_jax, "pretrain", *pretrain_args]),
+        ]
+        srun = shlex.join(
+            ["srun", "--kill-on-bad-exit=1", self.bert_jax, "pretrain", *pretrain_args]
+        )
+        workdir = workdir_in(pretrain_args)
+        if not self.requeue:
+            return "\n".join([*lines, srun]) + "\n"
+        record = [self.bert_jax, "launch", "slurm", "record"] if workdir else None
+
+        def note(event: str) -> str:
+            if record is None:
+                return ":"
+            status = "" if event == "started" else ' --exit-status "$status"'
+            line = shlex.join([*record, event, "--workdir", workdir])
+            return line + f' --note "job $SLURM_JOB_ID"{status} || true'
+
+        lines += [
+            "# The n-th start of this job (requeues included); heartbeats carry it.",
+            'export BERT_JAX_LAUNCH_ATTEMPT="$((${SLURM_RESTART_COUNT:-0} + 1))"',
+            note("started"),
+            "set +e",
+            srun,
+            "status=$?",
+            "set -e",
+            f"# {EXIT_STOPPED}: stopped by SIGTERM after saving (time limit near, or preempted): "
+            "requeue, resume from the workdir.",
+            f'if [ "$status" -eq {EXIT_STOPPED} ]; then',
+            f"  {note('preempted')}",
+            '  scontrol requeue "$SLURM_JOB_ID"',
+            'elif [ "$status" -eq 0 ]; then',
+            f"  {note('finished')}",
+            "else",
+            f"  {note('failed')}",
+            "fi",
+            'exit "$status"',
         ]
         return "\n".join(lines) + "\n"
 

@@ -63,6 +63,7 @@ class Observation:
     slowest_step: float = 0.0
     preemptions: int = 0
     failures: int = 0  # failures + stalls so far
+    attempt: int = 1  # starts recorded in the workdir; 0: none (a job not started by us)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,8 @@ def _job(obs: Observation, policy: Policy) -> Decision:
         return Decision("wait", reason="the workers did not answer")
     if obs.job == "none":
         return Decision("start", "started", "the slice is ready and runs no job")
+    if obs.job == "exited" and obs.attempt == 0:  # an earlier job's status, not this run's
+        return Decision("start", "started", "the slice is ready and runs no job of this run")
     failed = [s for s in obs.exit_statuses if s != 0]
     for status in NEVER_RETRIED:
         if status in failed:

@@ -91,14 +91,24 @@ def load_job(workdir: str) -> Job:
     return Job.from_json(fs.read_text(where))
 
 
+# checkpointing.COMMIT_MARKER and workdir.LOCK_NAME (not imported: that would pull JAX into
+# `launch tpu status`; tests/test_launch_supervisor.py checks they agree).
+COMMIT_MARKER = "commit_success.txt"
+LOCK_NAME = "bert-jax.lock"
+
+
 def latest_checkpoint(workdir: str) -> int | None:
-    """The newest finished checkpoint step (Orbax names it by its step) in the workdir."""
+    """The newest finished checkpoint step in the workdir: Orbax names a save by its step (a
+    local one once complete; one in a bucket is complete with its commit marker)."""
     folder = fs.join(workdir, "checkpoints")
     try:
-        steps = [int(name) for name in fs.listdir(folder) if name.isdigit()]
+        steps = sorted((int(name) for name in fs.listdir(folder) if name.isdigit()), reverse=True)
     except FileNotFoundError:
         return None
-    return max(steps, default=None)
+    for step in steps:
+        if not fs.is_remote(folder) or fs.exists(fs.join(folder, str(step), COMMIT_MARKER)):
+            return step
+    return None
 
 
 def model_exported(workdir: str) -> bool:
@@ -122,6 +132,14 @@ def parse_job_status(output: str) -> tuple[str, tuple[int, ...]]:
     if exited:
         return "exited", exited
     return "none", ()
+
+
+def _all_stepped(beats: Sequence[dict]) -> bool:
+    """Whether every host of the run has reported a first step (a host that dispatched its
+    first step may wait for another that is still compiling: that is start-up too)."""
+    count = max((int(h.get("process_count", 1)) for h in beats), default=0)
+    stepped = {h.get("process") for h in beats if h.get("first_step_time")}
+    return bool(beats) and len(stepped) >= count
 
 
 class Watcher:
@@ -181,7 +199,7 @@ class Watcher:
         beats = self._heartbeats()
         now = self.clock()
         since_progress = None
-        if beats and any(h.get("first_step_time") for h in beats):
+        if _all_stepped(beats):  # start-up is over once every host has done a step
             step = max(h["step"] for h in beats)
             attempt = self.log.attempt
             if self._progress is None or self._progress[0] != attempt or step > self._progress[1]:
@@ -201,6 +219,7 @@ class Watcher:
             slowest_step=max((h.get("slowest_step_seconds") or 0.0 for h in beats), default=0.0),
             preemptions=counts["preempted"],
             failures=counts["failed"] + counts["stalled"],
+            attempt=self.log.attempt,
         )
         self._note_milestones(obs, beats)
         return obs, beats
@@ -212,10 +231,10 @@ class Watcher:
         if obs.node_state == "READY" and capacity and capacity[-1]["event"] != "active":
             self.log.append("active", attempt=self.log.attempt)
             self.say(f"slice {self.vm.name} is ready")
-        first = [h["first_step_time"] for h in beats if h.get("first_step_time")]
         attempt = self.log.attempt
         seen = any(r["event"] == "running" and r.get("attempt") == attempt for r in rows)
-        if first and attempt and not seen and len(first) == len(beats):
+        if attempt and not seen and _all_stepped(beats):
+            first = [h["first_step_time"] for h in beats]
             start = min(h.get("start_step", 0) for h in beats)
             self.log.append(
                 "running", attempt=attempt, step=start + 1, step_time=max(first), start_step=start
@@ -244,6 +263,15 @@ class Watcher:
             queued.delete(self.qr, self.runner, qr_state or queued.state(self.qr, self.runner))
         elif queued.node_state(self.vm, self.runner) is not None:
             tpu.delete(self.vm, self.runner)
+
+    def _release_lock(self) -> None:
+        """The workdir lock of a run whose slice is gone: its holder died with the slice, and a
+        new slice's hosts (other host names) could not tell; the next start would be refused."""
+        lock = fs.join(self.job.workdir, LOCK_NAME)
+        if fs.exists(lock):
+            holder = fs.read_text(lock).strip()
+            fs.remove(lock)
+            self.say(f"removed the lock of the run that died with the slice ({holder})")
 
     def _setup(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -317,6 +345,7 @@ class Watcher:
             self.log.append(decision.event, reason=decision.reason, **where)
             self._unfollow()
             self._delete_slice(obs.qr_state)
+            self._release_lock()
         elif decision.action == "start":
             self._setup()
             self._start("started")
@@ -416,3 +445,30 @@ def status_text(workdir: str, runner: Runner | None = None) -> str:
         checkpoint=latest_checkpoint(workdir),
         model_exported=model_exported(workdir),
     )
+
+
+def record_event(
+    workdir: str, event: str, *, note: str | None = None, exit_status: int | None = None
+) -> dict:
+    """An event written by a job script (SLURM): `started` numbers the attempt; an ending event
+    (finished, preempted, failed) takes step, checkpoint and, before it, the attempt's `running`
+    row from the hosts' heartbeats, so that goodput is counted as under `launch tpu watch`."""
+    known = ("started", "finished", "preempted", "failed", "stalled")
+    if event not in known:
+        raise LaunchError(f"event {event!r}: use one of {', '.join(known)}")
+    log = events.EventLog(workdir)
+    extra = {k: v for k, v in (("note", note), ("exit_status", exit_status)) if v is not None}
+    attempt = int(os.environ.get(ATTEMPT_ENV) or 0) or log.attempt + (event == "started")
+    if event == "started":
+        return log.append("started", attempt=attempt, **extra)
+    beats = [h for h in heartbeat.read_all(workdir) if h.get("attempt") == attempt]
+    seen = any(r["event"] == "running" and r.get("attempt") == attempt for r in log.rows)
+    if _all_stepped(beats) and not seen:
+        start = min(h.get("start_step", 0) for h in beats)
+        first = max(h["first_step_time"] for h in beats)
+        log.append("running", attempt=attempt, step=start + 1, step_time=first, start_step=start)
+    fields: dict = {"attempt": attempt, "checkpoint": latest_checkpoint(workdir), **extra}
+    if beats:
+        newest = max(beats, key=lambda h: (h.get("step", 0), h.get("step_time", 0)))
+        fields.update(step=newest["step"], step_time=newest["step_time"])
+    return log.append(event, **fields)
