@@ -260,3 +260,64 @@ def test_latest_checkpoint_and_export_in_a_local_workdir(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     assert watcher.model_exported(str(tmp_path))
+
+
+def _watchable_workdir(tmp_path) -> tuple[str, dict]:
+    """A workdir with launch/job.json (as `launch tpu up` leaves it) and a stand-in gcloud whose
+    queued resources wait for capacity for ever: the supervisor only polls."""
+    from tests import fake_gcloud
+
+    workdir = tmp_path / "run"
+    job = watcher.Job(
+        vm=tpu.TpuVm("bert-sim", "fake-zone-a", accelerator_type="v4-16"),
+        workdir=str(workdir),
+        pretrain_args=("--config", "c", "--workdir", str(workdir)),
+        capacity="spot",
+    )
+    (workdir / "launch").mkdir(parents=True)
+    (workdir / "launch" / "job.json").write_text(job.to_json())
+    assert watcher.load_job(str(workdir)) == job
+    state = str(tmp_path / "state.json")
+    fake_gcloud.new_state(state, str(tmp_path / "nodes"), queue_polls=10**6)
+    env = {**os.environ, **fake_gcloud.install(str(tmp_path / "bin"), state)}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return str(workdir), env
+
+
+def test_ctrl_c_stops_the_watching_not_the_job_and_detach_leaves_a_pid_file(tmp_path):
+    import signal
+
+    workdir, env = _watchable_workdir(tmp_path)
+    argv = [sys.executable, "-m", "bert_jax.cli", "launch", "tpu", "watch", "--workdir", workdir]
+    foreground = subprocess.Popen(
+        [*argv, "--poll", "0.2", "--no-stream"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert "Ctrl-C stops the watching, not the job" in foreground.stdout.readline()
+    first = foreground.stdout.readline()  # the first action: ask for capacity
+    assert "create: no queued resource" in first, first
+    foreground.send_signal(signal.SIGINT)
+    rest = foreground.communicate(timeout=30)[0]
+    assert foreground.returncode == 130
+    assert "stopped watching; the job goes on" in rest and "launch tpu watch" in rest
+    assert [r["event"] for r in events.read(workdir)] == ["watching", "queued", "stopped-watching"]
+
+    pid_file, log_file = tmp_path / "watch.pid", tmp_path / "watch.log"
+    detached = subprocess.run(
+        [*argv, "--poll", "0.2", "--detach", "--pid-file", str(pid_file), "--log", str(log_file)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert detached.returncode == 0, detached.stderr
+    pid = int(pid_file.read_text())
+    assert f"pid {pid}" in detached.stdout
+    try:
+        deadline = time.monotonic() + 30
+        while "[watch" not in log_file.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "[watch" in log_file.read_text()  # a second watcher picked up the same run
+        assert [r["event"] for r in events.read(workdir)][3] == "watching"
+    finally:
+        os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "stopped watching" in log_file.read_text()

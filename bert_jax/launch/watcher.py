@@ -13,13 +13,16 @@ fail (an API hiccup) are retried at the next poll, with backoff; ten in a row st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
@@ -165,6 +168,8 @@ class Watcher:
         self._progress: tuple[int, int, float] | None = None  # (attempt, step, seen at)
         self._streamer: subprocess.Popen | None = None
         self._command_failures = 0
+        self._interrupted = threading.Event()
+        self._waiting: str | None = None
 
     # --- observing --------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -336,7 +341,11 @@ class Watcher:
     def act(self, decision: Decision, obs: Observation, beats: list[dict]) -> int | None:
         """Carries out one decision; an exit status when the watch is over."""
         if decision.action == "wait":
+            if decision.reason != self._waiting:  # a line per change of state, not per poll
+                self.say(decision.reason)
+                self._waiting = decision.reason
             return None
+        self._waiting = None
         self.say(f"{decision.action}: {decision.reason}")
         where = self._where(beats)
         if decision.action == "create":
@@ -388,12 +397,27 @@ class Watcher:
         obs, beats = self.observe()
         return self.act(decide(obs, self.policy), obs, beats)
 
+    def _pause(self, seconds: float) -> None:
+        if self.sleep is time.sleep:
+            self._interrupted.wait(seconds)  # Ctrl-C ends the wait at once
+        else:
+            self.sleep(seconds)
+
     def run(self) -> int:
+        """Polls until done. Ctrl-C (SIGINT) is taken between actions, never inside one: an
+        action started (a create, a restart) is finished and recorded first."""
+        previous = None
+        with contextlib.suppress(ValueError):  # not the main thread: no handler
+            previous = signal.signal(signal.SIGINT, lambda *_: self._interrupted.set())
         self.log.append(
             "watching", attempt=self.log.attempt, host=os.uname().nodename, pid=os.getpid()
         )
+        self.say(
+            f"watching {self.vm.name} ({self.job.workdir}) every {self.policy.poll_seconds:g} s; "
+            "Ctrl-C stops the watching, not the job"
+        )
         try:
-            while True:
+            while not self._interrupted.is_set():
                 try:
                     status = self.poll_once()
                     self._command_failures = 0
@@ -402,14 +426,13 @@ class Watcher:
                     self.say(f"{err} ({self._command_failures} in a row; retrying)")
                     if self._command_failures >= MAX_COMMAND_FAILURES:
                         raise
-                    self.sleep(
+                    self._pause(
                         min(512.0, self.policy.poll_seconds * 2 ** (self._command_failures - 1))
                     )
                     continue
                 if status is not None:
                     return status
-                self.sleep(self.policy.poll_seconds)
-        except KeyboardInterrupt:
+                self._pause(self.policy.poll_seconds)
             self.log.append("stopped-watching", attempt=self.log.attempt)
             self.say(
                 "stopped watching; the job goes on. Watch again with `bert-jax launch tpu watch "
@@ -419,6 +442,8 @@ class Watcher:
             return 130
         finally:
             self._unfollow()
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
 
 
 def status_text(workdir: str, runner: Runner | None = None) -> str:
