@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from bert_jax.launch import events, heartbeat, tpu, watcher
+from bert_jax.launch import events, heartbeat, tpu, watcher, workdir_state
 from bert_jax.launch.supervisor import Observation, Policy, decide
 
 QUEUED_READY = Observation(queued=True, qr_state="ACTIVE", node_state="READY", job="running")
@@ -247,19 +247,19 @@ def test_names_shared_with_the_pretraining_workdir():
     from bert_jax import checkpointing
     from bert_jax import workdir as workdir_lib
 
-    assert watcher.COMMIT_MARKER == checkpointing.COMMIT_MARKER
-    assert watcher.LOCK_NAME == workdir_lib.LOCK_NAME
+    assert workdir_state.COMMIT_MARKER == checkpointing.COMMIT_MARKER
+    assert workdir_state.LOCK_NAME == workdir_lib.LOCK_NAME
 
 
 def test_latest_checkpoint_and_export_in_a_local_workdir(tmp_path):
-    assert watcher.latest_checkpoint(str(tmp_path)) is None
+    assert workdir_state.latest_checkpoint(str(tmp_path)) is None
     for name in ("4", "8", "12.orbax-checkpoint-tmp-1"):
         (tmp_path / "checkpoints" / name).mkdir(parents=True)
-    assert watcher.latest_checkpoint(str(tmp_path)) == 8
-    assert not watcher.model_exported(str(tmp_path))
+    assert workdir_state.latest_checkpoint(str(tmp_path)) == 8
+    assert not workdir_state.model_exported(str(tmp_path))
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    assert watcher.model_exported(str(tmp_path))
+    assert workdir_state.model_exported(str(tmp_path))
 
 
 def _watchable_workdir(tmp_path) -> tuple[str, dict]:
@@ -268,7 +268,7 @@ def _watchable_workdir(tmp_path) -> tuple[str, dict]:
     from tests import fake_gcloud
 
     workdir = tmp_path / "run"
-    job = watcher.Job(
+    job = workdir_state.Job(
         vm=tpu.TpuVm("bert-sim", "fake-zone-a", accelerator_type="v4-16"),
         workdir=str(workdir),
         pretrain_args=("--config", "c", "--workdir", str(workdir)),
@@ -276,7 +276,7 @@ def _watchable_workdir(tmp_path) -> tuple[str, dict]:
     )
     (workdir / "launch").mkdir(parents=True)
     (workdir / "launch" / "job.json").write_text(job.to_json())
-    assert watcher.load_job(str(workdir)) == job
+    assert workdir_state.load_job(str(workdir)) == job
     state = str(tmp_path / "state.json")
     fake_gcloud.new_state(state, str(tmp_path / "nodes"), queue_polls=10**6)
     env = {**os.environ, **fake_gcloud.install(str(tmp_path / "bin"), state)}

@@ -218,9 +218,9 @@ def _supervise(args, workdir: str) -> int:
     import subprocess
     import sys
 
-    from bert_jax.launch import Runner, watcher
+    from bert_jax.launch import Runner, watcher, workdir_state
 
-    job = watcher.load_job(workdir)
+    job = workdir_state.load_job(workdir)
     if args.detach:
         pid_file = args.pid_file or f"bert-jax-watch-{job.vm.name}.pid"
         log_file = args.log or f"bert-jax-watch-{job.vm.name}.log"
@@ -251,10 +251,10 @@ def _run_watch(args) -> int:
 def _run_status(args) -> int:
     import shutil
 
-    from bert_jax.launch import Runner, watcher
+    from bert_jax.launch import Runner, workdir_state
 
     use_gcloud = not args.no_gcloud and shutil.which("gcloud") is not None
-    print(watcher.status_text(args.workdir, Runner() if use_gcloud else None))
+    print(workdir_state.status_text(args.workdir, Runner() if use_gcloud else None))
     return 0
 
 
@@ -345,10 +345,10 @@ def _save_job(args, vm, workdir: str) -> None:
     import os
     import tempfile
 
-    from bert_jax.launch import tpu, watcher
+    from bert_jax.launch import tpu, workdir_state
 
     capacity = None if args.no_queued else (args.capacity or "on-demand")
-    job = watcher.Job(
+    job = workdir_state.Job(
         vm=vm,
         workdir=workdir,
         pretrain_args=tuple(args.pretrain_args),
@@ -359,7 +359,7 @@ def _save_job(args, vm, workdir: str) -> None:
         setup_commands=tuple(args.setup_command),
     )
     archive = args.archive or os.path.join(tempfile.gettempdir(), f"bert-jax-src-{vm.name}.tar.gz")
-    watcher.save_job(job, args.source or tpu.default_source_dir(), archive)
+    workdir_state.save_job(job, args.source or tpu.default_source_dir(), archive)
 
 
 def _add_slurm(kinds) -> None:
@@ -426,18 +426,18 @@ def _add_slurm(kinds) -> None:
 
 
 def _run_slurm(args) -> int:
-    from bert_jax.launch import Runner, slurm, watcher
+    from bert_jax.launch import Runner, slurm, workdir_state
 
     action = args.pretrain_args[:1]
     if action in (["status"], ["record"]):
         if not args.workdir:
             raise LaunchError(f"launch slurm {action[0]} needs --workdir (the run's workdir)")
         if action == ["status"]:
-            print(watcher.status_text(args.workdir))
+            print(workdir_state.status_text(args.workdir))
             return 0
         if len(args.pretrain_args) != 2:
             raise LaunchError("launch slurm record EVENT --workdir W (started, finished, ...)")
-        watcher.record_event(
+        workdir_state.record_event(
             args.workdir, args.pretrain_args[1], note=args.note, exit_status=args.exit_status
         )
         return 0

@@ -14,8 +14,6 @@ fail (an API hiccup) are retried at the next poll, with backoff; ten in a row st
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import shlex
 import signal
@@ -28,94 +26,19 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from bert_jax import fs
-from bert_jax.launch import CommandFailed, LaunchError, Runner, events, heartbeat, queued, tpu
+from bert_jax.launch import CommandFailed, Runner, events, heartbeat, queued, tpu
 from bert_jax.launch.supervisor import Decision, Observation, Policy, decide
+from bert_jax.launch.workdir_state import (
+    LOCK_NAME,
+    Job,
+    all_stepped,
+    latest_checkpoint,
+    model_exported,
+    source_path,
+)
 
 ATTEMPT_ENV = heartbeat.ATTEMPT_ENV
 MAX_COMMAND_FAILURES = 10
-
-
-def job_path(workdir: str) -> str:
-    return fs.join(workdir, "launch", "job.json")
-
-
-def source_path(workdir: str) -> str:
-    return fs.join(workdir, "launch", "src.tar.gz")
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """What the supervisor (re)starts: the slice, how it is obtained, and the command."""
-
-    vm: tpu.TpuVm
-    workdir: str
-    pretrain_args: tuple[str, ...]
-    capacity: str | None = "on-demand"  # None: a TPU VM created directly (--no-queued)
-    valid_until_duration: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    jax_spec: str = "jax[tpu]"
-    setup_commands: tuple[str, ...] = ()
-
-    @property
-    def qr(self) -> queued.QueuedResource | None:
-        if self.capacity is None:
-            return None
-        return queued.QueuedResource(self.vm, self.capacity, self.valid_until_duration)
-
-    def to_json(self) -> str:
-        fields = dataclasses.asdict(self)
-        return json.dumps(fields, indent=2) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Job:
-        fields = json.loads(text)
-        fields["vm"] = tpu.TpuVm(**fields["vm"])
-        fields["pretrain_args"] = tuple(fields["pretrain_args"])
-        fields["env"] = tuple(tuple(pair) for pair in fields["env"])
-        fields["setup_commands"] = tuple(fields["setup_commands"])
-        return cls(**fields)
-
-
-def save_job(job: Job, source_dir: str, archive: str) -> None:
-    """Writes job.json and the packed source into the workdir: all a later watcher needs."""
-    tpu.pack_source(source_dir, archive)
-    fs.makedirs(fs.dirname(job_path(job.workdir)), exist_ok=True)
-    fs.upload(archive, source_path(job.workdir))
-    fs.write_text(job_path(job.workdir), job.to_json())
-
-
-def load_job(workdir: str) -> Job:
-    where = job_path(workdir)
-    if not fs.exists(where):
-        raise LaunchError(
-            f"{where} does not exist: `launch tpu watch` follows a job started by `launch tpu up` "
-            "(which writes it); check --workdir"
-        )
-    return Job.from_json(fs.read_text(where))
-
-
-# checkpointing.COMMIT_MARKER and workdir.LOCK_NAME (not imported: that would pull JAX into
-# `launch tpu status`; tests/test_launch_supervisor.py checks they agree).
-COMMIT_MARKER = "commit_success.txt"
-LOCK_NAME = "bert-jax.lock"
-
-
-def latest_checkpoint(workdir: str) -> int | None:
-    """The newest finished checkpoint step in the workdir: Orbax names a save by its step (a
-    local one once complete; one in a bucket is complete with its commit marker)."""
-    folder = fs.join(workdir, "checkpoints")
-    try:
-        steps = sorted((int(name) for name in fs.listdir(folder) if name.isdigit()), reverse=True)
-    except FileNotFoundError:
-        return None
-    for step in steps:
-        if not fs.is_remote(folder) or fs.exists(fs.join(folder, str(step), COMMIT_MARKER)):
-            return step
-    return None
-
-
-def model_exported(workdir: str) -> bool:
-    return fs.exists(fs.join(workdir, "model", "config.json"))
 
 
 def parse_job_status(output: str) -> tuple[str, tuple[int, ...]]:
@@ -135,14 +58,6 @@ def parse_job_status(output: str) -> tuple[str, tuple[int, ...]]:
     if exited:
         return "exited", exited
     return "none", ()
-
-
-def _all_stepped(beats: Sequence[dict]) -> bool:
-    """Whether every host of the run has reported a first step (a host that dispatched its
-    first step may wait for another that is still compiling: that is start-up too)."""
-    count = max((int(h.get("process_count", 1)) for h in beats), default=0)
-    stepped = {h.get("process") for h in beats if h.get("first_step_time")}
-    return bool(beats) and len(stepped) >= count
 
 
 class Watcher:
@@ -204,7 +119,7 @@ class Watcher:
         beats = self._heartbeats()
         now = self.clock()
         since_progress = None
-        if _all_stepped(beats):  # start-up is over once every host has done a step
+        if all_stepped(beats):  # start-up is over once every host has done a step
             step = max(h["step"] for h in beats)
             attempt = self.log.attempt
             if self._progress is None or self._progress[0] != attempt or step > self._progress[1]:
@@ -238,7 +153,7 @@ class Watcher:
             self.say(f"slice {self.vm.name} is ready")
         attempt = self.log.attempt
         seen = any(r["event"] == "running" and r.get("attempt") == attempt for r in rows)
-        if attempt and not seen and _all_stepped(beats):
+        if attempt and not seen and all_stepped(beats):
             first = [h["first_step_time"] for h in beats]
             start = min(h.get("start_step", 0) for h in beats)
             self.log.append(
@@ -444,56 +359,3 @@ class Watcher:
             self._unfollow()
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
-
-
-def status_text(workdir: str, runner: Runner | None = None) -> str:
-    """`launch tpu status`: the events and heartbeats of the workdir, and (with a runner that can
-    reach gcloud) the slice's state."""
-    rows = events.read(workdir)
-    beats = heartbeat.read_all(workdir)
-    attempt = sum(1 for r in rows if r["event"] in ("started", "restarted"))
-    beats = [h for h in beats if h.get("attempt") == attempt] or beats
-    slice_state = None
-    if runner is not None and fs.exists(job_path(workdir)):
-        job = load_job(workdir)
-        try:
-            qr_state = queued.state(job.qr, runner) if job.qr else None
-            node = queued.node_state(job.vm, runner)
-            parts = [f"queued resource {qr_state or 'absent'}"] if job.qr else []
-            slice_state = ", ".join([*parts, f"TPU VM {job.vm.name} {node or 'absent'}"])
-        except LaunchError:
-            slice_state = "unknown (gcloud not available here)"
-    return events.describe(
-        rows,
-        beats,
-        slice_state=slice_state,
-        checkpoint=latest_checkpoint(workdir),
-        model_exported=model_exported(workdir),
-    )
-
-
-def record_event(
-    workdir: str, event: str, *, note: str | None = None, exit_status: int | None = None
-) -> dict:
-    """An event written by a job script (SLURM): `started` numbers the attempt; an ending event
-    (finished, preempted, failed) takes step, checkpoint and, before it, the attempt's `running`
-    row from the hosts' heartbeats, so that goodput is counted as under `launch tpu watch`."""
-    known = ("started", "finished", "preempted", "failed", "stalled")
-    if event not in known:
-        raise LaunchError(f"event {event!r}: use one of {', '.join(known)}")
-    log = events.EventLog(workdir)
-    extra = {k: v for k, v in (("note", note), ("exit_status", exit_status)) if v is not None}
-    attempt = int(os.environ.get(ATTEMPT_ENV) or 0) or log.attempt + (event == "started")
-    if event == "started":
-        return log.append("started", attempt=attempt, **extra)
-    beats = [h for h in heartbeat.read_all(workdir) if h.get("attempt") == attempt]
-    seen = any(r["event"] == "running" and r.get("attempt") == attempt for r in log.rows)
-    if _all_stepped(beats) and not seen:
-        start = min(h.get("start_step", 0) for h in beats)
-        first = max(h["first_step_time"] for h in beats)
-        log.append("running", attempt=attempt, step=start + 1, step_time=first, start_step=start)
-    fields: dict = {"attempt": attempt, "checkpoint": latest_checkpoint(workdir), **extra}
-    if beats:
-        newest = max(beats, key=lambda h: (h.get("step", 0), h.get("step_time", 0)))
-        fields.update(step=newest["step"], step_time=newest["step_time"])
-    return log.append(event, **fields)
