@@ -215,8 +215,6 @@ def _watch_argv(args, workdir: str) -> list[str]:
 
 def _supervise(args, workdir: str) -> int:
     import os
-    import subprocess
-    import sys
 
     from bert_jax.launch import Runner, watcher, workdir_state
 
@@ -224,19 +222,10 @@ def _supervise(args, workdir: str) -> int:
     if args.detach:
         pid_file = args.pid_file or f"bert-jax-watch-{job.vm.name}.pid"
         log_file = args.log or f"bert-jax-watch-{job.vm.name}.log"
-        with open(log_file, "a", encoding="utf-8") as log:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "bert_jax.cli", *_watch_argv(args, workdir)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        with open(pid_file, "w", encoding="utf-8") as f:
-            f.write(f"{child.pid}\n")
+        pid = watcher.detach(_watch_argv(args, workdir), pid_file, log_file)
         print(
-            f"supervising {job.vm.name} in the background: pid {child.pid} (in {pid_file}), "
-            f"log {os.path.abspath(log_file)}; `bert-jax launch tpu status --workdir {workdir}`"
+            f"supervising {job.vm.name} in the background: pid {pid} (in {pid_file}), log "
+            f"{os.path.abspath(log_file)}; `bert-jax launch tpu status --workdir {workdir}`"
         )
         return 0
     runner = Runner()
@@ -299,11 +288,13 @@ def _tpu_action(args) -> int:
     workdir = slurm.workdir_in(getattr(args, "pretrain_args", ()))
     if watch and workdir is None:
         raise LaunchError("--watch needs the run's --workdir in the pretrain arguments")
-    if args.tpu_action == "up" and workdir is not None and not args.dry_run:
-        _save_job(args, vm, workdir)
+    if watch and args.dry_run:
+        raise LaunchError("--watch runs gcloud as the run goes: it has no --dry-run")
     if watch:
-        if args.dry_run:
-            raise LaunchError("--watch runs gcloud as the run goes: it has no --dry-run")
+        _save_job(args, vm, workdir)
+    elif args.tpu_action == "up" and workdir is not None and not args.dry_run:
+        _save_job_if_reachable(args, vm, workdir)
+    if watch:
         if not args.skip_preflight:
             tpu.preflight(vm, runner, args.pretrain_args, args.source or tpu.default_source_dir())
         return _supervise(args, workdir)
@@ -321,23 +312,23 @@ def _tpu_action(args) -> int:
         worker=getattr(args, "worker", 0),
         check_fit=not getattr(args, "skip_preflight", False),
         create_slice=(lambda: queued.bring_up(qr, runner)) if qr else None,
-        delete_slice=(lambda: _delete_queued(qr, runner)) if qr else None,
+        delete_slice=(lambda: queued.delete_slice(qr, runner)) if qr else None,
     )
     return 0
 
 
-def _delete_queued(qr, runner) -> None:
-    from bert_jax.launch import CommandFailed, queued
+def _save_job_if_reachable(args, vm, workdir: str) -> None:
+    """Without --watch: keep the job in a gs:// workdir too, so that `launch tpu watch` can take
+    over later; a path only the workers see (a FUSE mount) is left alone."""
+    from bert_jax import fs
+    from bert_jax.errors import UserError
 
-    if runner.dry_run:
-        runner(qr.delete_command(force=True))
+    if not fs.is_remote(workdir):
         return
-    state = queued.state(qr, runner)
-    if state is None:
-        runner.note(f"no queued resource {qr.name}; deleting the TPU VM itself")
-        runner(qr.vm.delete_command())
-    elif not queued.delete(qr, runner, state):
-        raise CommandFailed(f"queued resource {qr.name} is {state}: delete it once it is SUSPENDED")
+    try:
+        _save_job(args, vm, workdir)
+    except (UserError, OSError) as err:
+        print(f"# not written: {workdir}/launch/job.json ({err}); `launch tpu watch` needs it")
 
 
 def _save_job(args, vm, workdir: str) -> None:

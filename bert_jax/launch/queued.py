@@ -197,3 +197,19 @@ def bring_up(
         runner.note(f"reusing queued resource {qr.name} ({current})")
     waited = wait_until_active(qr, runner, poll_seconds=poll_seconds)
     runner.note(f"queued resource {qr.name} is ACTIVE after {_duration(waited)}")
+
+
+def delete_slice(qr: QueuedResource, runner: Runner) -> None:
+    """`launch tpu delete`: the queued resource (and its TPU VM); a TPU VM without one (created
+    with --no-queued) is deleted itself."""
+    if runner.dry_run:
+        runner(qr.delete_command(force=True))
+        return
+    current = state(qr, runner)
+    if current is None:
+        runner.note(f"no queued resource {qr.name}; deleting the TPU VM itself")
+        runner(qr.vm.delete_command())
+    elif not delete(qr, runner, current):
+        raise CommandFailed(
+            f"queued resource {qr.name} is {current}: delete it once it is SUSPENDED"
+        )

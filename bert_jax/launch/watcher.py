@@ -359,3 +359,19 @@ class Watcher:
             self._unfollow()
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+
+
+def detach(watch_argv: Sequence[str], pid_file: str, log_file: str) -> int:
+    """`bert-jax WATCH_ARGV` in the background, in a session of its own (a closed terminal does
+    not end it), its output appended to `log_file`; writes its pid to `pid_file`."""
+    with open(log_file, "a", encoding="utf-8") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "bert_jax.cli", *watch_argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    with open(pid_file, "w", encoding="utf-8") as f:
+        f.write(f"{child.pid}\n")
+    return child.pid
