@@ -24,7 +24,6 @@ import gzip
 import io
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -187,10 +186,6 @@ def getsize(path: str | os.PathLike) -> int:
 
 def getmtime(path: str | os.PathLike) -> float:
     return _call(path, "modified").timestamp()
-
-
-def age_seconds(path: str | os.PathLike) -> float:
-    return time.time() - getmtime(path)
 
 
 def disk_free(path: str | os.PathLike) -> int | None:
