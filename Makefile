@@ -8,7 +8,7 @@ DEMO_DIR ?= demo_workdir
 # stealing keeps both workers busy to the end; the slowest tests are listed after the run.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-gcs demo lint format clean bench bench-peer
+.PHONY: venv test test-gcs test-launch demo lint format clean bench bench-peer
 
 venv: $(STAMP)
 
@@ -26,6 +26,11 @@ test: $(STAMP)
 # (tests/gcs_emulator.py); one process: the tests share the bucket and run in order.
 test-gcs: $(STAMP)
 	$(BIN)/python -m pytest -m gcs -n 0 --durations=10 -q tests/test_gcs.py
+
+# The supervisor (`launch tpu up --watch`) against a stand-in gcloud whose TPU VM workers are
+# local processes, the workdir in the Cloud Storage emulator: preemptions, a hang, failures.
+test-launch: $(STAMP)
+	$(BIN)/python -m pytest -m launch -n 0 --durations=10 -q -s tests/test_launch_simulated.py
 
 # A fresh run each time (a kept workdir would resume at its final step and do nothing).
 demo: $(STAMP)

@@ -133,13 +133,13 @@ class Heartbeat:
 
     def close(self, state: str = "exited") -> None:
         """Writes the last heartbeat (`state`: done, stopped, exited) and the log; waits for it
-        at most a few seconds."""
+        at most 10 s (a bucket that does not answer must not hold the run up)."""
         with self._lock:
             self.record["state"] = state
             self._dirty = True
             self._closing = True
         self._wake.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=10)
 
     # --- the writer thread ----------------------------------------------------------------
     def _run(self) -> None:
