@@ -311,6 +311,13 @@ def test_ctrl_c_stops_the_watching_not_the_job_and_detach_leaves_a_pid_file(tmp_
     assert f"pid {pid}" in detached.stdout
     try:
         deadline = time.monotonic() + 30
+        while len(events.read(workdir)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        second = subprocess.run([*argv, "--no-stream"], env=env, capture_output=True, text=True)
+        assert second.returncode == 2 and f"another supervisor watches this run (pid {pid}" in (
+            second.stderr
+        )
+        deadline = time.monotonic() + 30
         while "[watch" not in log_file.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert "[watch" in log_file.read_text()  # a second watcher picked up the same run

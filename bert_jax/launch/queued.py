@@ -106,7 +106,7 @@ def delete(qr: QueuedResource, runner: Runner, current: str | None) -> bool:
     return True
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
@@ -134,12 +134,12 @@ def wait_until_active(
     while True:
         current = state(qr, runner)
         waited = clock() - start
-        show(f"queued resource {qr.name}: {current or 'absent'}, waited {_duration(waited)}")
+        show(f"queued resource {qr.name}: {current or 'absent'}, waited {duration(waited)}")
         if current == "ACTIVE":
             return waited
         if current is None or current in LOST:
             raise CommandFailed(
-                f"queued resource {qr.name} is {current or 'gone'} after {_duration(waited)}: "
+                f"queued resource {qr.name} is {current or 'gone'} after {duration(waited)}: "
                 "the capacity request did not succeed (try again, another zone, or --watch to "
                 "keep asking)"
             )
@@ -196,7 +196,7 @@ def bring_up(
     else:
         runner.note(f"reusing queued resource {qr.name} ({current})")
     waited = wait_until_active(qr, runner, poll_seconds=poll_seconds)
-    runner.note(f"queued resource {qr.name} is ACTIVE after {_duration(waited)}")
+    runner.note(f"queued resource {qr.name} is ACTIVE after {duration(waited)}")
 
 
 def delete_slice(qr: QueuedResource, runner: Runner) -> None:

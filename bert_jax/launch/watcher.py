@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from bert_jax import fs
-from bert_jax.launch import CommandFailed, Runner, events, heartbeat, queued, tpu
+from bert_jax.launch import CommandFailed, LaunchError, Runner, events, heartbeat, queued, tpu
 from bert_jax.launch.supervisor import Decision, Observation, Policy, decide
 from bert_jax.launch.workdir_state import (
     LOCK_NAME,
@@ -257,7 +257,11 @@ class Watcher:
         """Carries out one decision; an exit status when the watch is over."""
         if decision.action == "wait":
             if decision.reason != self._waiting:  # a line per change of state, not per poll
-                self.say(decision.reason)
+                asked = [r for r in self.log.rows if r["event"] == "queued"]
+                waited = ""
+                if obs.qr_state in queued.WAITING and asked:
+                    waited = f", waited {queued.duration(self.clock() - asked[-1]['time'])}"
+                self.say(decision.reason + waited)
                 self._waiting = decision.reason
             return None
         self._waiting = None
@@ -312,6 +316,33 @@ class Watcher:
         obs, beats = self.observe()
         return self.act(decide(obs, self.policy), obs, beats)
 
+    def _check_alone(self) -> None:
+        """Two supervisors of one run would both recreate and restart: refuse to start beside a
+        live one on this host; name one on another host (it cannot be checked from here)."""
+        last = None
+        for row in self.log.rows:
+            if row["event"] == "watching":
+                last = row
+            elif row["event"] in ("stopped-watching", "finished", "gave-up"):
+                last = None
+        if last is None or last.get("pid") == os.getpid():
+            return
+        if last.get("host") == os.uname().nodename:
+            try:
+                os.kill(int(last["pid"]), 0)
+            except (ProcessLookupError, ValueError, TypeError):
+                return  # it died without saying so
+            except PermissionError:
+                pass
+            raise LaunchError(
+                f"another supervisor watches this run (pid {last['pid']} on this host): stop it "
+                f"first (kill -INT {last['pid']}), or leave it to watch"
+            )
+        self.say(
+            f"note: a supervisor on {last.get('host')} (pid {last.get('pid')}) started watching "
+            "this run and never said it stopped; if it still runs, stop one of the two"
+        )
+
     def _pause(self, seconds: float) -> None:
         if self.sleep is time.sleep:
             self._interrupted.wait(seconds)  # Ctrl-C ends the wait at once
@@ -321,6 +352,7 @@ class Watcher:
     def run(self) -> int:
         """Polls until done. Ctrl-C (SIGINT) is taken between actions, never inside one: an
         action started (a create, a restart) is finished and recorded first."""
+        self._check_alone()
         previous = None
         with contextlib.suppress(ValueError):  # not the main thread: no handler
             previous = signal.signal(signal.SIGINT, lambda *_: self._interrupted.set())
