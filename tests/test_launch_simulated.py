@@ -329,3 +329,16 @@ def test_failures_past_the_limit_stop_with_the_log_and_exit_2_is_not_retried(clo
     assert kinds(rows) == ["started", "failed", "gave-up", "deleted"], kinds(rows)
     assert "not retried" in rows[1]["reason"]
     assert any("learning_rat" in line for line in rows[1]["last_lines"])
+
+    # The same through a TPU VM created directly (--no-queued): created, started once, deleted.
+    workdir = f"{BUCKET}/user-error-vm"
+    flags = ("--name", "bert-sim-vm", "--no-queued")
+    code, output = finish(
+        start_supervisor(cloud, workdir, *flags, **{"optimizer.learning_rat": "0"})
+    )
+    assert code == 2, output[-4000:]
+    assert kinds(events.read(workdir)) == ["queued", "active", "started", "failed", "gave-up",
+                                           "deleted"]  # fmt: skip
+    state = fake_gcloud.read(cloud["state"])
+    assert "bert-sim-vm" not in state["nodes"] and "bert-sim-vm" not in state["resources"]
+    assert ["compute", "tpus", "tpu-vm", "create", "bert-sim-vm"] in [c[:5] for c in state["calls"]]
