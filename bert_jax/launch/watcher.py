@@ -314,6 +314,8 @@ class Watcher:
 
     def poll_once(self) -> int | None:
         obs, beats = self.observe()
+        if obs.job == "running" and self._streamer is None:
+            self._follow()  # a watcher that found the job running streams it too
         return self.act(decide(obs, self.policy), obs, beats)
 
     def _check_alone(self) -> None:
