@@ -147,7 +147,7 @@ def _watching_flags() -> argparse.ArgumentParser:
     watching = argparse.ArgumentParser(add_help=False)
     group = watching.add_argument_group("supervisor (--watch, watch)")
     group.add_argument(
-        "--max-failures", type=int, default=3, help="restarts after failures and stalls"
+        "--max-failures", type=int, default=3, help="restarts after failures and stalls (default 3)"
     )
     group.add_argument(
         "--max-preemptions", type=int, default=None, help="recreations (default: no limit)"
