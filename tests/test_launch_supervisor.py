@@ -229,6 +229,15 @@ def test_goodput_and_badput_by_cause():
     assert "steps redone after restarts: 8" in text
 
 
+def test_a_watcher_coming_and_going_changes_no_figure():
+    busy = sorted(
+        [*DONE_WHEN_ROWS, _row(50, "watching"), _row(180, "stopped-watching"),
+         _row(185, "watching"), _row(240, "watching")],
+        key=lambda r: r["time"],
+    )  # fmt: skip
+    assert events.account(busy) == events.account(DONE_WHEN_ROWS)
+
+
 def test_status_of_a_run_in_progress_has_an_eta(tmp_path):
     log = events.EventLog(str(tmp_path), clock=iter([0.0, 10.0, 10.0]).__next__)
     log.append("queued")

@@ -160,7 +160,8 @@ def account(
             run = {"start": t, "step": int(row.get("step", 0))}
             mode = "running"
         else:
-            mode = _MODE_AFTER.get(row["event"], "other")
+            # Rows that change nothing (watching, deleted, ...) leave the mode as it was.
+            mode = _MODE_AFTER.get(row["event"], "other" if row["event"] in _ENDS_A_RUN else mode)
         since = row["time"]
     accounted = result.productive + sum(result.badput.values())
     result.badput["other"] += max(0.0, result.wall - accounted)
