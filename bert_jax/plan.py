@@ -587,30 +587,32 @@ def plan(
     )
 
 
-def flags_from_plan_json(path: str, phase: str | None = None) -> list[str]:
+def flags_from_plan_json(path: str, phase: str | None = None, what: str = "--plan") -> list[str]:
     """The `--config.` flags a `bert-jax plan --json` file chose: the one setting for the whole
     run, or with `phase` ("phase1", ...) that phase's own winner. Raises UserError naming the
-    file when it is not such a plan or chose nothing."""
-    with user_path(path, "--plan"):
+    file (as given by the flag `what`) when it is not such a plan or chose nothing."""
+    with user_path(path, what):
         with open(path, encoding="utf-8") as f:
             text = f.read()
     try:
         found = json.loads(text)
     except json.JSONDecodeError as err:
-        raise UserError(f"--plan {path}: not JSON ({err})") from None
+        raise UserError(f"{what} {path}: not JSON ({err})") from None
     if not isinstance(found, dict) or "schedule" not in found:
-        raise UserError(f"--plan {path}: not the output of `bert-jax plan --json`")
+        raise UserError(f"{what} {path}: not the output of `bert-jax plan --json`")
+    if "flags" not in found:
+        raise UserError(f"{what} {path}: made by a `bert-jax plan` without flags; plan again")
     if phase is None:
         flags = found.get("flags") or []
         if not flags:
-            raise UserError(f"--plan {path}: the plan found no setting that fits every phase")
+            raise UserError(f"{what} {path}: the plan found no setting that fits every phase")
         return [str(f) for f in flags]
     phases = {s.get("phase"): s for s in found["schedule"]}
     if phase not in phases:
-        raise UserError(f"--plan {path}: no phase {phase!r}; it has {', '.join(map(str, phases))}")
+        raise UserError(f"{what} {path}: no phase {phase!r}; it has {', '.join(map(str, phases))}")
     flags = phases[phase].get("flags") or []
     if not flags:
-        raise UserError(f"--plan {path}: nothing fits {phase} on {found.get('accelerator_type')}")
+        raise UserError(f"{what} {path}: nothing fits {phase} on {found.get('accelerator_type')}")
     return [str(f) for f in flags]
 
 
