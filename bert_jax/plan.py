@@ -266,6 +266,8 @@ def search(
                 compiles += 1
             if report.fits:
                 estimate = report.estimates(fitted) or {}
+                if not estimate.get("step_seconds"):  # e.g. -1 s ops outweighing the rest
+                    common["note"] = "fits, but XLA's cost model gave no positive step time"
                 return Candidate(
                     phase.name, setting.mesh_kind, tuple(setting.mesh), accum, per_replica, True,
                     peak_bytes=fitted.peak_bytes,
@@ -462,7 +464,7 @@ def _search_phase(
 def _why(best: Candidate, other: Candidate | None) -> str:
     """Winner against runner-up in words: step, HBM, link time."""
     if other is None:
-        return "the only setting that fits"
+        return "no other setting compiled and fits for this phase (see the pruned ones)"
     gain = other.step_seconds / best.step_seconds - 1
     text = (
         f"est. step {_ms(best.step_seconds)} vs {_ms(other.step_seconds)} ({gain:.0%} faster); "

@@ -219,6 +219,17 @@ def test_nothing_fits_is_said_and_exit_4(monkeypatch, capsys):
     assert [accum for phase, _, accum in calls if phase == "phase1"] == [1, 2, 4]
 
 
+def test_a_fit_without_a_usable_time_says_so(monkeypatch, base_config):
+    """XLA's cost model can price a step at zero or below (ops it cannot price count -1 s): the
+    candidate fits but cannot be ranked, and says why."""
+    monkeypatch.setattr(compile_check, "check", scripted_check(0.01, -1.0, []))
+    result = plan.plan(base_config, topology.parse("v5p-16"), kinds=["dp"], **MESHES_ONLY)
+    (first, *_) = result.candidates
+    assert first.fits and not first.timed
+    assert first.note == "fits, but XLA's cost model gave no positive step time"
+    assert result.schedule[0].candidate is None and not result.flags
+
+
 def test_json_output_and_the_shipped_price_file(monkeypatch, capsys):
     monkeypatch.setattr(compile_check, "check", scripted_check(0.01, 1.0, []))
     argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5litepod-16", "--json"]
