@@ -23,6 +23,10 @@ else ~/.cache/bert_jax) under a hash of the lowered program, its compiler option
 and the jax and libtpu versions (`program_key`): lowering takes seconds where compiling takes
 minutes, so a second check or `plan` of the same program reads the figures back, and `plan` tells
 two settings that lower to the same program apart from two that do not.
+
+Why this file is long: one compile gives fit, memory and the cost model's figures for each
+phase; the TPU compile cache, the separately priced optimizer update and the link-time bound all
+read the same lowered program and compiled object, which would otherwise travel between modules.
 """
 
 from __future__ import annotations

@@ -35,6 +35,11 @@ step time; chip-hours times the price per chip-hour from configs/tpu_prices.json
 its source and date). A run has one mesh, dtype and accumulation factor for all its phases, so
 the plan also names the one setting with the least estimated time over the whole schedule:
 `flags_from_plan_json` reads those flags (or a phase's) back from `plan --json`.
+
+Why this file is long: the search is one staged procedure (meshes, then windowed einsums, ZeRO 1,
+dtype and remat on the front-runner, each pruning step with its reason) whose stages share the
+candidate records, the schedule built from them and their printed and JSON forms; split, each
+part would reach into the others' records. A candidate for splitting: the search's stages.
 """
 
 from __future__ import annotations
@@ -616,6 +621,25 @@ def flags_from_plan_json(path: str, phase: str | None = None, what: str = "--pla
     if not flags:
         raise UserError(f"{what} {path}: nothing fits {phase} on {found.get('accelerator_type')}")
     return [str(f) for f in flags]
+
+
+def with_planned_flags(
+    path: str, accelerator_type: str, pretrain_args: Sequence[str], what: str = "--settings"
+) -> tuple[list[str], list[str]]:
+    """(`pretrain_args` with the plan's flags for the whole run added, the flags added): a key
+    `pretrain_args` sets itself keeps the user's value. A plan for another slice than
+    `accelerator_type` is a UserError naming both."""
+    flags = flags_from_plan_json(path, what=what)
+    with open(path, encoding="utf-8") as f:
+        planned_for = json.load(f).get("accelerator_type")
+    if planned_for and planned_for != accelerator_type:
+        raise UserError(
+            f"{what} {path} was planned for {planned_for}, not --accelerator-type "
+            f"{accelerator_type}: plan again with --topology {accelerator_type}"
+        )
+    mine = {a.split("=", 1)[0] for a in pretrain_args if a.startswith("--config.")}
+    added = [f for f in flags if f.split("=", 1)[0] not in mine]
+    return [*pretrain_args, *added], added
 
 
 def _duration(seconds: float) -> str:

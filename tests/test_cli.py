@@ -86,7 +86,8 @@ def test_every_argparse_command_runs_something_and_names_itself_for_errors():
     leaves = {path: (leaf, run) for path, leaf, run in _leaves(cli.build_parser())}
     assert set(leaves) >= {"pretrain", "plan", "bench"}  # listed only: absl parses them
     del leaves["pretrain"], leaves["plan"], leaves["bench"]
-    assert len(leaves) == 14  # tokenizer train, data prepare, 4 more, launch tpu (7), slurm
+    # tokenizer train, data prepare, 4 more, launch tpu (9: with watch and status), slurm
+    assert len(leaves) == 16
     for path, (leaf, run) in leaves.items():
         assert leaf.get_default("command_name") == path and callable(run), path
 
@@ -327,7 +328,6 @@ def test_every_user_error_class_is_one_line_and_exit_2(capsys, monkeypatch):
     ):
         assert name in names, name
     for cls in classes:
-
         # Some classes take extra arguments: build each without __init__ and set its args.
         def refuse(*args, _cls=cls, **kwargs):
             err = _cls.__new__(_cls)

@@ -590,3 +590,50 @@ def test_slurm_submit_writes_the_script_and_calls_sbatch(tmp_path):
     assert calls == [["sbatch", path]]
     assert open(path, encoding="utf-8").read().endswith("bert-jax pretrain --config c\n")
     assert shlex.split(open(path).read().splitlines()[-1])[0] == "srun"
+
+
+def _plan_file(tmp_path, accelerator_type="v4-32") -> str:
+    """What `bert-jax plan --json` writes, reduced to what the launcher reads."""
+    chosen = [
+        "--config.mesh.shape=(1,16,1)",
+        "--config.model.dtype=bfloat16",
+        "--config.mesh.windowed_einsum=False",
+    ]
+    plan = {
+        "accelerator_type": accelerator_type,
+        "schedule": [{"phase": "phase1", "flags": chosen}, {"phase": "phase2", "flags": chosen}],
+        "flags": chosen,
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan), encoding="utf-8")
+    return str(path)
+
+
+def test_up_with_plan_settings_passes_them_to_the_preflight_and_every_worker(capsys, tmp_path):
+    """`up --settings PLAN.json`: the plan's flags join PRETRAIN_ARGS in the preflight compile and
+    the start on --worker=all; a key PRETRAIN_ARGS sets itself keeps the user's value."""
+    mine = [*PRETRAIN, "--config.model.dtype=float32"]
+    lines = _launch(
+        capsys, "tpu", "up", *TPU, *SETUP_FLAGS, "--settings", _plan_file(tmp_path), "--", *mine
+    )
+    preflight = next(line for line in lines if "--compile-only" in line)
+    (start,) = [line for line in lines if "--worker=all" in line and " pretrain " in line]
+    for command in (preflight, start):
+        assert "--config.mesh.shape=(1,16,1)" in command, command
+        assert "--config.mesh.windowed_einsum=False" in command
+        assert "--config.model.dtype=float32" in command
+        assert "--config.model.dtype=bfloat16" not in command
+    assert any(line.startswith("# settings from --settings") for line in lines)
+
+
+def test_plan_settings_for_another_slice_are_refused(capsys, tmp_path):
+    path = _plan_file(tmp_path, "v5p-16")
+    argv = ["launch", "tpu", "up", *TPU, *SETUP_FLAGS, "--settings", path, "--", *PRETRAIN]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--settings {path} was planned for v5p-16, not --accelerator-type v4-32" in err
+    path = tmp_path / "not_a_plan.json"
+    path.write_text("{}", encoding="utf-8")
+    argv[argv.index("--settings") + 1] = str(path)
+    assert cli.main(argv) == 2
+    assert "not the output of `bert-jax plan --json`" in capsys.readouterr().err

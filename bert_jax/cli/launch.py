@@ -1,4 +1,9 @@
-"""`bert-jax launch {tpu,slurm}`: `bert-jax pretrain` on a Cloud TPU VM slice or a SLURM cluster."""
+"""`bert-jax launch {tpu,slurm}`: `bert-jax pretrain` on a Cloud TPU VM slice or a SLURM cluster.
+
+Why this file is long: it declares the flags of eleven actions (nine of `launch tpu`, `slurm` and
+its status), grouped in argparse parents that several actions share; what the actions do lives
+in `bert_jax.launch` (and the plan's flags in `bert_jax.plan.with_planned_flags`).
+"""
 
 from __future__ import annotations
 
@@ -72,6 +77,20 @@ def _add_tpu(kinds) -> None:
     )
     running.add_argument(
         "--no-follow", action="store_true", help="do not stream worker 0's log after the start"
+    )
+    chosen = running.add_mutually_exclusive_group()
+    chosen.add_argument(
+        "--settings",
+        default=None,
+        metavar="PLAN.json",
+        help="run the settings a `bert-jax plan --json` file chose for the whole run (its "
+        "--config. flags are added to PRETRAIN_ARGS, which win where both set a key)",
+    )
+    chosen.add_argument(
+        "--plan",
+        action="store_true",
+        help="run `bert-jax plan` for --accelerator-type and the --config in PRETRAIN_ARGS here "
+        "first (minutes of compile; cached), then run what it chose, as --settings does",
     )
     running.add_argument(
         "pretrain_args", nargs="*", metavar="-- PRETRAIN_ARGS", help="bert-jax pretrain args"
@@ -266,6 +285,9 @@ def _run_tpu(args) -> int:
 def _tpu_action(args) -> int:
     from bert_jax.launch import Runner, queued, slurm, tpu
 
+    if getattr(args, "settings", None) or getattr(args, "plan", False):
+        args.pretrain_args = _with_planned_settings(args)
+
     # Flags only some actions have fall back to their defaults.
     vm = tpu.TpuVm(
         name=args.name,
@@ -315,6 +337,35 @@ def _tpu_action(args) -> int:
         delete_slice=(lambda: queued.delete_slice(qr, runner)) if qr else None,
     )
     return 0
+
+
+def _with_planned_settings(args) -> list[str]:
+    """PRETRAIN_ARGS with what `plan` chose for the slice (see `plan.with_planned_flags`)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from bert_jax import plan
+
+    accelerator = getattr(args, "accelerator_type", None) or "v4-32"
+    what, path = "--settings", args.settings
+    if args.plan:
+        config_args = [a for a in args.pretrain_args if a.startswith("--config")]
+        if not config_args:
+            raise LaunchError("--plan needs the run's --config in the pretrain arguments")
+        command = [sys.executable, "-m", "bert_jax.cli", "plan", *config_args]
+        command += ["--topology", accelerator, "--json"]
+        print(f"# planning {accelerator}: {' '.join(command[2:])}", flush=True)
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        if done.returncode not in (0, 4):
+            raise LaunchError(f"--plan: `bert-jax plan` exited with {done.returncode} (above)")
+        what, path = "--plan", os.path.join(tempfile.mkdtemp(prefix="bert-jax-plan-"), "plan.json")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(done.stdout)
+    combined, added = plan.with_planned_flags(path, accelerator, args.pretrain_args, what)
+    print(f"# settings from {what} {path}: {' '.join(added) or '(all set in PRETRAIN_ARGS)'}")
+    return combined
 
 
 def _save_job_if_reachable(args, vm, workdir: str) -> None:

@@ -31,6 +31,11 @@ skipped (``bad_records``, as are Parquet rows whose text is null). ``strict=True
 these (except empty and one-sentence documents) into a ``UserError`` naming the file and line. A
 missing file, a glob that matches nothing, an unknown TFDS dataset, and a damaged bz2 or Parquet
 file are always a ``UserError`` naming it (``bert-jax`` prints one line and exits 2).
+
+Why this file is long: every source kind (text, JSONL, TFDS, embedded, Parquet, Wikipedia
+dumps) resolves, opens and reports its bad input through the same few helpers, and the worker
+pool that splits prose in input order serves all of them; the readers of their own formats
+live in parquet.py and wikipedia.py.
 """
 
 from __future__ import annotations
