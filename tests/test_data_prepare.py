@@ -244,3 +244,16 @@ def test_records_keep_their_bytes_for_a_seed(tmp_path, whole_word_mask, digest):
     (path,) = result.files
     with open(path, "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest()[:16] == digest
+
+
+def test_a_manifest_from_before_the_splitter_was_recorded_reads_as_the_regex():
+    """prepare_config.json of an earlier version has no `splitter` / `text_field`: it was split by
+    the regex from JSONL's `text`, so a resume with syntok names that change, not `None`."""
+    from bert_jax.data import manifest
+
+    old = manifest.Manifest.from_json({"max_seq_length": 128, "seed": 1})
+    assert old.settings["splitter"] == "regex" and old.settings["text_field"] == "text"
+    new = manifest.Manifest.from_json(
+        {"max_seq_length": 128, "seed": 1, "splitter": "syntok 1.4.4", "text_field": "text"}
+    )
+    assert old.setting_changes(new) == ["splitter: 'regex' -> 'syntok 1.4.4'"]

@@ -58,6 +58,9 @@ OUTPUT_SETTINGS = (
     "tokenizer_fingerprint",
     "sources",
 )
+# Settings added to OUTPUT_SETTINGS later, with the value every earlier prepare used: a directory
+# prepared before then compares as what it is (the regex splitter), not as None.
+_BEFORE_RECORDED = {"splitter": "regex", "text_field": "text"}
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 _OWN_NAME_RE = re.compile(r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json)$")
@@ -119,6 +122,8 @@ class Manifest:
     @classmethod
     def from_json(cls, payload: Mapping[str, Any]) -> Manifest:
         settings = {k: v for k, v in payload.items() if k not in (INPUTS_KEY, MERGED_KEY)}
+        for key, value in _BEFORE_RECORDED.items():  # what a version that did not record it did
+            settings.setdefault(key, value)
         inputs = payload.get(INPUTS_KEY)
         return cls(settings, None if inputs is None else tuple(inputs), payload.get(MERGED_KEY))
 
