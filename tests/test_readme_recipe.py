@@ -2,18 +2,20 @@
 
 The recipe's shell block is read from README.md: its variables are pointed at a corpus this test
 writes (a multistream Wikipedia dump and a books Parquet file, in a directory laid out as the
-README says) and each `bert-jax` line is run in order through `bert_jax.cli.main`. Changes for the
-scale, and only these: one worker instead of 16, a 300-piece tokenizer (a tiny corpus cannot
-hold 30,522), and pretraining is resolved against the prepared records with `--dry-run` (the
-training loop on records is `tests/test_pretrain.py`'s, GLUE's `tests/test_finetune_sweep.py`'s;
-the suite's time budget leaves no room to repeat them here). `plan` compiles for a TPU: only
-parsed, as every README command line is in `tests/test_readme.py`.
+README says) and each `bert-jax` line is run in order through `bert_jax.cli.main`, every step for
+real. Changes for the scale, and only these (`TINY`): one worker instead of 16, a 300-piece
+tokenizer (a tiny corpus cannot hold 30,522), BERT-Tiny (2/128/2) for BERT-Base; `plan` searches
+one setting per phase instead of the whole space; pretraining runs 6 steps of 8 sequences (5 at
+seq 128, 1 at 512) instead of 1M of 256; GLUE fine-tunes RTE alone (the fixture's GLUE files),
+one learning rate, one epoch, batch 8, 32 tokens.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import pathlib
 import re
 import shlex
 import string
@@ -24,10 +26,28 @@ from bert_jax import cli
 from bert_jax.data.embedded import embedded_documents
 from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
 from tests.data_fixtures import minilm_vocab_path
+from tests.glue_fixtures.tiny import GLUE_DIR
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "## Reproduce BERT-Base from scratch"
-SCALE = {"--num-workers 16": "--num-workers 1", "--vocab-size 30522": "--vocab-size 300"}
+SCALE = {
+    "--num-workers 16": "--num-workers 1",
+    "--vocab-size 30522": "--vocab-size 300",
+    "configs/bert.py:base": "configs/bert.py:tiny",
+}
+# The run at tiny scale: 6 steps of 8 sequences (5 at seq 128, 1 at 512), planned as pretrained.
+RUN = (
+    " --config.total_steps=6 --config.phase1.batch_size=8 --config.phase2.batch_size=8"
+    " --config.optimizer.warmup_steps=2 --config.eval.every_steps=0"
+    " --config.checkpoint.every_steps=5 --config.log_every_steps=1"
+)
+TINY = {  # flags appended to each command, for the scale
+    "plan": "--meshes fsdp --dtypes bfloat16 --windowed_einsum false --shard_optimizer_state false"
+    " --remat none --noverbose" + RUN,
+    "pretrain": RUN,
+    "glue": "--tasks RTE --learning-rates 5e-5 --epochs 1 --batch-size 8 --eval-batch-size 8"
+    " --max-seq-length 32",
+}
 
 
 def _recipe() -> tuple[dict[str, str], list[str]]:
@@ -72,19 +92,13 @@ def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys):
         "DATA": str(corpus / "data"),
         "RUNS": str(corpus / "runs"),
         "VOCAB": minilm_vocab_path(),  # an uncased 30,522-piece vocab.txt, as Google's
-        "GLUE": str(corpus / "glue"),
+        "GLUE": GLUE_DIR,
     }
     for command in commands:
         for written, tiny in SCALE.items():
             command = command.replace(written, tiny)
         argv = [string.Template(arg).substitute(here) for arg in shlex.split(command)[1:]]
-        if argv[0] == "plan":
-            continue
-        if argv[0] == "glue":
-            assert cli.build_parser().parse_args(argv).model == here["RUNS"] + "/bert-base"
-            continue
-        if argv[0] == "pretrain":
-            argv.append("--dry-run")
+        argv += TINY.get(argv[0], "").split()
         assert cli.main(argv) == 0, (command, capsys.readouterr().err)
 
     out = capsys.readouterr().out
@@ -98,3 +112,25 @@ def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys):
         stats = json.loads((records / "stats-0-of-1.json").read_text())
         assert stats["corpus"]["documents"] == 2 + 24 and stats["corpus"]["skipped_pages"] == 5
         assert sorted(p.name for p in records.glob("part-*.tfrecord"))
+
+    # 3. plan: a winner for each phase, with the flags to run it.
+    assert "phase1: 5 steps" in out and "phase2: 1 steps" in out and "fsdp (1, 4, 1)" in out
+    # 4. pretrain: both phases on the records prepared in step 2, the model exported.
+    run = corpus / "runs" / "bert-base"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["phase1"]["data"] == here["DATA"] + "/seq128"
+    assert saved["phase2"]["data"] == here["DATA"] + "/seq512"
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in lines if m["kind"] == "train"]
+    assert [(m["step"], m["seq_len"]) for m in train] == [(s, 128) for s in range(1, 6)] + [
+        (6, 512)
+    ]
+    assert all(math.isfinite(m["loss"]) and m["skipped_steps_total"] == 0 for m in train)
+    assert (run / "checkpoints" / "6").is_dir() and (run / "model" / "config.json").is_file()
+    # 5. GLUE on the pretrained workdir: RTE's dev score and its submission file.
+    glue = corpus / "runs" / "glue-base"
+    results = json.loads((glue / "results.json").read_text())
+    assert results["protocol"]["model"] == str(run)
+    assert 0.0 <= results["summary"]["columns"]["RTE"] <= 100.0
+    test_rows = (pathlib.Path(GLUE_DIR) / "RTE" / "test.tsv").read_text().splitlines()
+    assert len((glue / "submission" / "RTE.tsv").read_text().splitlines()) == len(test_rows)
