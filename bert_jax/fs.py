@@ -1,18 +1,13 @@
-"""The one file-system layer: every path a user gives may be local or a ``gs://bucket/...`` URL.
+"""Every path a user gives may be local or a ``gs://bucket/...`` URL: both go through fsspec
+(``url_to_fs``: its local file system, or gcsfs, which retries Cloud Storage with backoff).
 
-Both go through fsspec (``url_to_fs``: its local file system, or gcsfs, which retries Cloud
-Storage's 408/429/5xx and dropped connections with backoff). Added here only what fsspec does not
-do: a Cloud Storage failure as one line naming the URL (``StorageError``: a missing bucket, no
-credentials, a permission refused, an outage past the retries; "missing" and "exists" stay
-FileNotFoundError and FileExistsError, and a local OSError stays as it is, see
-`errors.user_path`), create-if-absent, and copies and renames that land whole or not at all.
-
-A bucket has objects, not directories: ``makedirs`` only checks the bucket, ``rename`` is
-copy-then-delete (not atomic: whole-or-nothing callers write a marker last, data/files.py) and
-``create_exclusive`` an upload on the precondition ``ifGenerationMatch=0`` (atomic). Credentials:
-Application Default Credentials; none with ``STORAGE_EMULATOR_HOST`` (the tests' emulator). Orbax
-reaches buckets through etils.epath (set here to this gcsfs) and TensorStore, tf.data through
-TensorFlow's own GCS file system; TensorFlow is never imported here.
+Added here only what fsspec does not do: a Cloud Storage failure as one line naming the URL
+(``StorageError``; "missing" and "exists" stay FileNotFoundError and FileExistsError, a local
+OSError stays as the OS raised it, see `errors.user_path`), an atomic create-if-absent, renames
+and copies that land whole or not at all, and paths spelled as the user gave them. A bucket has
+no directories: ``makedirs`` checks the bucket only. Credentials: Application Default
+Credentials, none with ``STORAGE_EMULATOR_HOST`` (the tests' emulator). Orbax reaches buckets
+through etils.epath (set here to gcsfs), tf.data through TensorFlow's own GCS file system.
 """
 
 from __future__ import annotations
@@ -32,24 +27,23 @@ import fsspec
 
 from bert_jax.errors import UserError
 
-# Orbax's paths (etils.epath) take the gcsfs backend for gs:// rather than tf.io.gfile: one
-# client and one set of retries for every Python-side access, and no TensorFlow import for it.
+# Orbax (etils.epath) takes gcsfs for gs://, not tf.io.gfile: one client and one set of retries.
 os.environ.setdefault("EPATH_USE_TF", "false")
-# gcsfs's experimental zonal-bucket support asks the Storage Control API about every bucket
-# first; the regional/multi-regional buckets of a pod job need the plain client.
+# gcsfs's zonal-bucket support would ask the Storage Control API about every bucket first.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 SCHEME = "gs://"
+AnyPath = str | os.PathLike
 
 
 class StorageError(UserError):
     """Cloud Storage refused or could not do an operation; the message names the URL."""
 
 
-# --- Path arithmetic: os.path for local paths (relative ones stay relative), never I/O ---
+# --- Path arithmetic (os.path, whose slashes suit URLs too), never I/O ---
 
 
-def is_remote(path: str | os.PathLike) -> bool:
+def is_remote(path: AnyPath) -> bool:
     return os.fspath(path).startswith(SCHEME)
 
 
@@ -57,16 +51,15 @@ def bucket(url: str) -> str:
     return url[len(SCHEME) :].split("/", 1)[0]
 
 
-def join(path: str | os.PathLike, *parts: str) -> str:
+def join(path: AnyPath, *parts: str) -> str:
+    """os.path.join; a part that is a URL starts the path anew, as an absolute one does."""
     path = os.fspath(path)
-    if not is_remote(path):
-        return os.path.join(path, *parts)
     for part in parts:
-        path = part if is_remote(part) else path.rstrip("/") + "/" + part.lstrip("/")
+        path = part if is_remote(part) else os.path.join(path, part)
     return path
 
 
-def abspath(path: str | os.PathLike) -> str:
+def abspath(path: AnyPath) -> str:
     """A local path made absolute; a URL without a trailing slash."""
     path = os.fspath(path)
     if not is_remote(path):
@@ -74,26 +67,24 @@ def abspath(path: str | os.PathLike) -> str:
     return path.rstrip("/") if len(path.rstrip("/")) > len(SCHEME) else path
 
 
-def dirname(path: str | os.PathLike) -> str:
+def dirname(path: AnyPath) -> str:
     path = os.fspath(path)
-    if not is_remote(path):
-        return os.path.dirname(path)
-    head = path.rstrip("/").rsplit("/", 1)[0]
-    return head if len(head) > len(SCHEME) else path
+    head = os.path.dirname(path.rstrip("/") if is_remote(path) else path)
+    return path if is_remote(path) and len(head) <= len(SCHEME) else head
 
 
-def basename(path: str | os.PathLike) -> str:
+def basename(path: AnyPath) -> str:
     path = os.fspath(path)
-    return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path)
+    return os.path.basename(path.rstrip("/") if is_remote(path) else path)
 
 
 # --- The file system behind a path, and its errors ---
 
 
 @contextlib.contextmanager
-def _on(path: str | os.PathLike, check: bool = True) -> Iterator[tuple[Any, str]]:
-    """(fsspec file system, its name for `path`: absolute, or the URL less gs://); in a bucket,
-    that it exists (`check`) and its failures as StorageError naming `path`."""
+def _on(path: AnyPath, check: bool = True) -> Iterator[tuple[Any, str]]:
+    """(fsspec file system, its name for `path`); in a bucket, that the bucket exists (`check`),
+    and failures as StorageError naming `path`."""
     path = os.fspath(path)
     if not path:  # fsspec would take "" for the working directory
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
@@ -110,18 +101,16 @@ def _on(path: str | os.PathLike, check: bool = True) -> Iterator[tuple[Any, str]
 
 @functools.lru_cache(maxsize=64)
 def _bucket_exists(name: str, emulator: str | None) -> None:
-    """One request per bucket (and emulator) and run: a missing bucket is a StorageError."""
+    """One request per bucket (and emulator) and run."""
     with _on(SCHEME + name, check=False) as (filesystem, _):
-        try:
-            filesystem.info(name)
-        except FileNotFoundError:
-            raise StorageError(f"{SCHEME}{name}: the bucket does not exist") from None
+        if not filesystem.exists(name):
+            raise StorageError(f"{SCHEME}{name}: the bucket does not exist")
 
 
 @contextlib.contextmanager
 def _remote_errors(url: str) -> Iterator[None]:
-    """Cloud Storage failures as StorageError naming `url`; missing/exists pass through, and so
-    does any error on a local path."""
+    """A bucket's failures as one StorageError line naming `url`; "missing", "exists" and any
+    error on a local path pass through."""
     try:
         yield
     except (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError):
@@ -129,73 +118,114 @@ def _remote_errors(url: str) -> Iterator[None]:
     except Exception as err:
         if not is_remote(url) or isinstance(err, StorageError):
             raise
-        raise StorageError(_why(err, url)) from None
-
-
-def _why(err: BaseException, url: str) -> str:
-    """One line: what Cloud Storage said about `url`."""
-    name = type(err).__name__
-    text = " ".join(str(err).split()) or name
-    if "DefaultCredentialsError" in name or "credentials were not found" in text:
-        return (
-            f"no Google Cloud credentials for {url}: run `gcloud auth application-default "
-            "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key (on a TPU "
-            "VM the VM's service account is used)"
-        )
-    if text.startswith("Forbidden") or getattr(err, "code", None) in (401, 403):
-        return f"permission denied on {url}: the account in use may not access bucket " + (
-            f"gs://{bucket(url)} ({text[:200]})"
-        )
-    if "bucket does not exist" in text.lower() or "notfound" in text.lower():
-        return f"{url}: the bucket gs://{bucket(url)} does not exist"
-    return f"Cloud Storage failed on {url} after retries: {text[:300]}"
-
-
-def _call(path: str | os.PathLike, method: str, *args: Any, **kwargs: Any) -> Any:
-    with _on(path) as (filesystem, name):
-        return getattr(filesystem, method)(name, *args, **kwargs)
+        kind, text = type(err).__name__, " ".join(str(err).split()) or type(err).__name__
+        if "DefaultCredentialsError" in kind or "credentials were not found" in text:
+            why = (
+                f"no Google Cloud credentials for {url}: run `gcloud auth application-default "
+                "login` or set GOOGLE_APPLICATION_CREDENTIALS (a TPU VM uses its service account)"
+            )
+        elif text.startswith("Forbidden") or getattr(err, "code", None) in (401, 403):
+            why = f"permission denied on {url}: the account in use may not access bucket "
+            why += f"{SCHEME}{bucket(url)} ({text[:200]})"
+        elif "bucket does not exist" in text.lower() or "notfound" in text.lower():
+            why = f"{url}: the bucket {SCHEME}{bucket(url)} does not exist"
+        else:
+            why = f"Cloud Storage failed on {url} after retries: {text[:300]}"
+        raise StorageError(why) from None
 
 
 def _as_given(given: str, name: str, found: str) -> str:
-    """`found`, listed under `name` (`given` as the file system names it), spelled as `given`
-    is: a relative path stays relative, a URL keeps its scheme."""
+    """`found`, listed under `name` (`given` as fsspec names it), spelled as `given` is: a
+    relative path stays relative, a URL keeps its scheme."""
     given = given.rstrip("/") or given
     same = len(os.path.commonprefix([given[::-1], name[::-1]]))
     head = name[: len(name) - same]
     return given[: len(given) - same] + found[len(head) :] if found.startswith(head) else found
 
 
-# --- Queries ---
+def _call(path: AnyPath, method: str, *args: Any, **kwargs: Any) -> Any:
+    with _on(path) as (filesystem, name):
+        return getattr(filesystem, method)(name, *args, **kwargs)
 
 
-def exists(path: str | os.PathLike) -> bool:
+# --- fsspec's operations, through `_on` ---
+
+
+def exists(path: AnyPath) -> bool:
     return bool(os.fspath(path)) and _call(path, "exists")
 
 
-def isdir(path: str | os.PathLike) -> bool:
+def isdir(path: AnyPath) -> bool:
     return bool(os.fspath(path)) and _call(path, "isdir")
 
 
-def isfile(path: str | os.PathLike) -> bool:
+def isfile(path: AnyPath) -> bool:
     return bool(os.fspath(path)) and _call(path, "isfile")
 
 
-def getsize(path: str | os.PathLike) -> int:
+def getsize(path: AnyPath) -> int:
     return int(_call(path, "size"))
 
 
-def getmtime(path: str | os.PathLike) -> float:
+def getmtime(path: AnyPath) -> float:
     return _call(path, "modified").timestamp()
 
 
-def disk_free(path: str | os.PathLike) -> int | None:
-    """Free bytes on the local file system holding `path`; None for a bucket."""
-    return None if is_remote(path) else shutil.disk_usage(path).free
+def read_bytes(path: AnyPath, start: int | None = None, end: int | None = None) -> bytes:
+    """The file's bytes, or bytes [start, end) (one ranged request in a bucket)."""
+    return _call(path, "cat_file", start=start, end=end)
 
 
-def listdir(path: str | os.PathLike) -> list[str]:
-    """Names of the entries directly under `path`, sorted. In a bucket, which has no empty
-    directories, a prefix with nothing under it (or a file) lists as empty."""
+def read_text(path: AnyPath) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def write_bytes(path: AnyPath, data: bytes) -> None:
+    _call(path, "pipe_file", data)
+
+
+def write_text(path: AnyPath, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def remove(path: AnyPath) -> None:
+    _call(path, "rm_file")
+
+
+def rmtree(path: AnyPath, ignore_errors: bool = False) -> None:
+    with contextlib.suppress(*((OSError, StorageError) if ignore_errors else ())):
+        _call(path, "rm", recursive=True)
+
+
+def makedirs(path: AnyPath, exist_ok: bool = False) -> None:
+    """A local directory; in a bucket only the bucket's check (gcsfs would create a bucket)."""
+    with _on(path) as (filesystem, name):
+        if not is_remote(path):
+            filesystem.makedirs(name, exist_ok=exist_ok)
+
+
+def open(path: AnyPath, mode: str = "r", encoding: str | None = None) -> IO[Any]:  # noqa: A001
+    """A file object; in a bucket a write becomes visible (whole) when it is closed."""
+    f = _call(path, "open", mode, **({} if "b" in mode else {"encoding": encoding or "utf-8"}))
+    if mode == "rb" and isinstance(f, fsspec.spec.AbstractBufferedFile):
+        return io.BufferedReader(f, buffer_size=1 << 20)  # readline(limit), peek, ...
+    return f
+
+
+def open_gzip(path: AnyPath) -> IO[bytes]:
+    """A gzip file opened for reading; closing it closes the file under it too."""
+    stream = gzip.GzipFile(fileobj=open(path, "rb"))
+    stream.myfileobj = stream.fileobj  # the one file GzipFile closes
+    return stream
+
+
+# --- Listings, spelled as the path or pattern was given ---
+
+
+def listdir(path: AnyPath) -> list[str]:
+    """The names directly under `path`, sorted; in a bucket a prefix with nothing under it lists
+    as empty."""
     with _on(path) as (filesystem, name):
         try:
             entries = filesystem.ls(name, detail=False)
@@ -214,82 +244,38 @@ def glob(pattern: str) -> list[str]:
         found = [_as_given(pattern, name, p) for p in filesystem.glob(name)]
     magic = min((pattern.find(c) for c in "*?[" if c in pattern), default=len(pattern))
     head = pattern.rfind("/", 0, magic) + 1
-    if "/." not in "/" + pattern[head:]:
-        found = [p for p in found if "/." not in "/" + p[head:]]
-    return sorted(found)
+    hidden = "/." in "/" + pattern[head:]
+    return sorted(p for p in found if hidden or "/." not in "/" + p[head:])
 
 
-def walk_files(path: str | os.PathLike) -> Iterator[str]:
+def walk_files(path: AnyPath) -> Iterator[str]:
     """Every file under `path`, recursively."""
     with _on(path) as (filesystem, name):
         found = filesystem.find(name)
     yield from (_as_given(os.fspath(path), name, file) for file in found)
 
 
-# --- Reading and writing ---
+# --- Whole or nothing ---
 
 
-def open(path: str | os.PathLike, mode: str = "r", encoding: str | None = None) -> IO[Any]:  # noqa: A001
-    """A file object; on Cloud Storage a write becomes visible (whole) when it is closed."""
-    text = {} if "b" in mode else {"encoding": encoding or "utf-8"}
-    f = _call(path, "open", mode, **text)
-    if mode == "rb" and isinstance(f, fsspec.spec.AbstractBufferedFile):
-        return io.BufferedReader(f, buffer_size=1 << 20)  # readline(limit), peek, ...
-    return f
-
-
-def open_gzip(path: str | os.PathLike) -> IO[bytes]:
-    """A gzip file opened for reading (closing it closes the underlying file too)."""
-    stream = gzip.GzipFile(fileobj=open(path, "rb"))
-    stream.myfileobj = stream.fileobj  # GzipFile closes the file it was given only through this
-    return stream
-
-
-def read_bytes(path: str | os.PathLike) -> bytes:
-    return _call(path, "cat_file")
-
-
-def read_text(path: str | os.PathLike) -> str:
-    with open(path, "r") as f:
-        return f.read()
-
-
-def read_range(path: str | os.PathLike, start: int, end: int) -> bytes:
-    """Bytes [start, end) of a file (fewer at its end); one ranged request on Cloud Storage."""
-    return _call(path, "cat_file", start=start, end=end)
-
-
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    _call(path, "pipe_file", data)
-
-
-def write_text(path: str | os.PathLike, text: str) -> None:
-    write_bytes(path, text.encode("utf-8"))
-
-
-def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
+def create_exclusive(path: AnyPath, data: bytes) -> bool:
     """Writes `path` only if no file of that name exists, atomically; False when one does.
-
-    Locally mode "xb" (O_CREAT | O_EXCL; fsspec's local ``pipe_file(mode="create")`` checks, then
-    writes). In a bucket gcsfs's ``pipe_file(mode="create")``: one upload with
-    ``ifGenerationMatch=0``, refused (412) while a live object of that name exists, so of two
-    writers one wins (its "xb" file is a resumable upload, whose precondition the emulator skips).
-    """
-    with _on(path) as (filesystem, name):
-        try:
-            if is_remote(path):
-                filesystem.pipe_file(name, data, mode="create")
-                return True
+    Locally "xb" (O_EXCL; fsspec's ``mode="create"`` checks, then writes); in a bucket one upload
+    on ``ifGenerationMatch=0`` (gcsfs's "xb" is a resumable upload, whose precondition the
+    emulator skips)."""
+    with _on(path) as (filesystem, name), contextlib.suppress(FileExistsError):
+        if is_remote(path):
+            filesystem.pipe_file(name, data, mode="create")
+        else:
             with filesystem.open(name, "xb") as f:
                 f.write(data)
-        except FileExistsError:
-            return False
-    return True
+        return True
+    return False
 
 
-def copy_to_local(path: str | os.PathLike, local: str) -> str:
-    """`path` (a file or a directory tree) copied to the local path `local`, whole or nothing:
-    into a hidden sibling, then renamed. A tree never replaces one; returns `local`."""
+def copy_to_local(path: AnyPath, local: str) -> str:
+    """`path` (a file or a tree) copied to `local` on this disk into a hidden sibling, then
+    renamed; a tree never replaces one. Returns `local`."""
     parent, base = os.path.split(os.path.abspath(local))
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex[:8]}")
     with _on(path) as (filesystem, name):
@@ -300,13 +286,13 @@ def copy_to_local(path: str | os.PathLike, local: str) -> str:
             filesystem.get(name + "/" * tree, tmp + "/" * tree, recursive=tree)
             os.rename(tmp, local)
         finally:
-            rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     return local
 
 
-def upload(local: str, path: str | os.PathLike) -> None:
-    """A local file or directory tree copied to `path`: a local path whole or nothing, in a
-    bucket each object visible once written."""
+def upload(local: str, path: AnyPath) -> None:
+    """A local file or tree copied to `path`: whole or nothing on a disk, in a bucket each
+    object visible once written."""
     if not is_remote(path):
         copy_to_local(local, os.fspath(path))
         return
@@ -315,44 +301,20 @@ def upload(local: str, path: str | os.PathLike) -> None:
         filesystem.put(local.rstrip("/") + "/" * tree, name + "/" * tree, recursive=tree)
 
 
-# --- Changing the tree ---
-
-
-def makedirs(path: str | os.PathLike, exist_ok: bool = False) -> None:
-    """Creates a local directory; in a bucket (no directories) checks the bucket only (gcsfs's
-    makedirs would create a missing bucket)."""
-    with _on(path) as (filesystem, name):
-        if not is_remote(path):
-            filesystem.makedirs(name, exist_ok=exist_ok)
-
-
-def remove(path: str | os.PathLike) -> None:
-    _call(path, "rm_file")
-
-
-def rmtree(path: str | os.PathLike, ignore_errors: bool = False) -> None:
-    try:
-        _call(path, "rm", recursive=True)
-    except (OSError, StorageError):
-        if not ignore_errors:
-            raise
-
-
-def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Local: an atomic rename (fsspec's ``mv`` is ``shutil.move``, which moves into an existing
-    directory). In a bucket: every object copied, then the source deleted; a failed copy takes
-    back the copies made, so the target is whole or absent."""
+def rename(source: AnyPath, target: AnyPath) -> None:
+    """Locally os.rename (atomic; fsspec's ``mv`` would move into an existing directory). In a
+    bucket every object copied server-side, then the source deleted; a failed copy takes back
+    the copies made, so the target is whole or absent."""
     source, target = os.fspath(source), os.fspath(target)
     if is_remote(source) != is_remote(target):  # callers rename within a directory: a bug
         raise ValueError(f"cannot rename {source} to {target}: one is local, one in a bucket")
+    if not is_remote(source):
+        return os.rename(source, target)
     with _on(source) as (filesystem, old), _on(target) as (_, new):
-        if not is_remote(source):
-            os.rename(old, new)
-            return
         keys = filesystem.find(old) if filesystem.isdir(old) else [old]
         copies, done = [new + key[len(old) :] for key in keys], 0
         try:
-            for key, copy in zip(keys, copies):  # server-side copies (rewriteTo), then deletes
+            for key, copy in zip(keys, copies):
                 filesystem.cp_file(key, copy)
                 done += 1
         except BaseException:
@@ -362,3 +324,8 @@ def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
             raise
         for key in keys:
             filesystem.rm_file(key)
+
+
+def disk_free(path: AnyPath) -> int | None:
+    """Free bytes on the local file system holding `path`; None for a bucket."""
+    return None if is_remote(path) else shutil.disk_usage(path).free

@@ -82,7 +82,7 @@ def test_read_range_and_local_then_place_on_disk(tmp_path):
 
     path = str(tmp_path / "f.bin")
     fs.write_bytes(path, b"0123456789")
-    assert fs.read_range(path, 2, 5) == b"234" and fs.read_range(path, 8, 20) == b"89"
+    assert fs.read_bytes(path, 2, 5) == b"234" and fs.read_bytes(path, 8, 20) == b"89"
     target = str(tmp_path / "plot.png")
     with files.local_then_place(target, ".png") as local:
         assert local.endswith(".png") and local != target

@@ -66,7 +66,7 @@ class SafetensorsFile:
                 f"{self.path}: tensor {name!r} claims shape {shape} {info['dtype']} but holds "
                 f"{end - begin} bytes (a truncated or corrupt file)"
             )
-        raw = fs.read_range(self.path, self.data_start + begin, self.data_start + end)
+        raw = fs.read_bytes(self.path, self.data_start + begin, self.data_start + end)
         if len(raw) != end - begin:
             raise ConversionError(
                 f"{self.path}: tensor {name!r} is cut short ({len(raw)} of {end - begin} bytes): "
