@@ -31,6 +31,10 @@ from bert_jax.errors import UserError
 os.environ.setdefault("EPATH_USE_TF", "false")
 # gcsfs's zonal-bucket support would ask the Storage Control API about every bucket first.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# Every gcsfs client (Orbax's too) lists the bucket afresh: other hosts and bert-jax's own
+# set-asides change it, and a remembered listing made Orbax delete a step set aside before it
+# saved that step again (FileNotFoundError in its save).
+fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 
 SCHEME = "gs://"
 AnyPath = str | os.PathLike

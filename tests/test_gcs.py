@@ -369,19 +369,20 @@ def _pretrain_here(capsys, argv) -> str:
 
 def test_uncommitted_save_is_set_aside_and_resume_from_reads_the_bucket(emulator, capsys):
     """A save killed midway in a bucket leaves `<step>/` without commit_success.txt (written here
-    by hand: the end-to-end run's step 8 copied without its marker, as a SIGKILL between the
-    arrays and the marker leaves it). The next run sets it aside (never deleted) and resumes by
-    `config.resume_from` from the other run's checkpoints in the bucket."""
+    by hand: the end-to-end run's step 8 copied as step 10 without its marker, as a SIGKILL
+    between the arrays and the marker leaves it). The next run sets it aside (never deleted),
+    resumes by `config.resume_from` from the other run's checkpoints in the bucket, and saves
+    step 10 again: Orbax's own listing of the bucket must not remember the step set aside."""
     source, workdir = f"{BUCKET}/run/checkpoints/8", f"{BUCKET}/killed"
     for path in fs.walk_files(source):
         if not path.endswith("/commit_success.txt"):
-            fs.write_bytes(f"{workdir}/checkpoints/8" + path[len(source) :], fs.read_bytes(path))
+            fs.write_bytes(f"{workdir}/checkpoints/10" + path[len(source) :], fs.read_bytes(path))
     argv = pretrain_argv(f"{BUCKET}/data", workdir, total_steps=10, every=2)
     out = _pretrain_here(capsys, [*argv, f"--config.resume_from={BUCKET}/run"])
     assert "set aside checkpoint save(s) an interrupted run never committed" in out, out
     assert f"starting at step 8 from config.resume_from={BUCKET}/run step 8" in out, out
     names = fs.listdir(f"{workdir}/checkpoints")
-    aside = [n for n in names if n.startswith("8.uncommitted-")]
+    aside = [n for n in names if n.startswith("10.uncommitted-")]
     assert len(aside) == 1 and "10" in names and "8" not in names, names
     assert fs.exists(f"{workdir}/checkpoints/10/commit_success.txt")
     assert not fs.exists(f"{workdir}/checkpoints/{aside[0]}/commit_success.txt")
