@@ -167,3 +167,12 @@ def test_a_url_goes_to_gcsfs_at_the_emulator_when_one_is_set(monkeypatch):
         assert filesystem._location == "http://127.0.0.1:9"  # noqa: SLF001
     with fs._on("/tmp/x/") as (filesystem, name):  # noqa: SLF001
         assert type(filesystem).__name__ == "LocalFileSystem" and name == "/tmp/x"
+
+
+def test_every_gcsfs_client_lists_the_bucket_afresh():
+    """Orbax's gcsfs (etils.epath asks fsspec for one) keeps no listing either: a remembered
+    listing of a step set aside made its next save of that step fail (test_gcs shows it)."""
+    import fsspec
+
+    orbax_like = fsspec.filesystem("gcs", token="anon", finalize_on_close=True)
+    assert orbax_like.dircache.use_listings_cache is False
