@@ -90,7 +90,9 @@ DISAMBIGUATION = """'''Mercury''' may refer to:
 """
 
 
-def wikipedia_dump_xml() -> str:
+def wikipedia_dump_xml(repeat: int = 1) -> str:
+    """Seven pages (two articles, a redirect, a disambiguation page, three other namespaces),
+    `repeat` times over."""
     pages = [
         page(1, "Amberley", 0, ARTICLE),
         page(2, "Amberly", 0, "#REDIRECT [[Amberley]]", redirect="Amberley"),
@@ -100,7 +102,7 @@ def wikipedia_dump_xml() -> str:
         page(6, "Kerrin", 0, SECOND),
         page(7, "Template:Infobox", 10, "Template documentation. Not prose."),
     ]
-    return _SITEINFO + "".join(pages) + "</mediawiki>\n"
+    return _SITEINFO + "".join(pages) * repeat + "</mediawiki>\n"
 
 
 def write_multistream_bz2(path, xml: str) -> None:
@@ -109,6 +111,25 @@ def write_multistream_bz2(path, xml: str) -> None:
     cut = data.index(b"  <page>", data.index(b"<title>Mercury"))
     with open(path, "wb") as f:
         f.write(bz2.compress(data[:cut]) + bz2.compress(data[cut:]))
+
+
+def write_stream_per_page_bz2(path, xml: str) -> None:
+    """``xml`` laid out as Wikimedia writes a multistream dump: the header in a bz2 stream of
+    its own, then whole pages per stream (one here; enwiki: 100), the closing tag in the last."""
+    data = xml.encode()
+    cuts = [i for i in range(len(data)) if data.startswith(b"  <page>", i)]
+    with open(path, "wb") as f:
+        for start, end in zip([0, *cuts], [*cuts, len(data)]):
+            f.write(bz2.compress(data[start:end]))
+
+
+def write_cut_anywhere_bz2(path, xml: str, every: int = 300) -> None:
+    """``xml`` as parallel compressors (pbzip2) write it: a bz2 stream per ``every`` bytes,
+    cut wherever that falls, mid-page."""
+    data = xml.encode()
+    with open(path, "wb") as f:
+        for start in range(0, len(data), every):
+            f.write(bz2.compress(data[start : start + every]))
 
 
 def write_parquet(path, rows, row_group_size=2, **columns):

@@ -3,7 +3,9 @@ into documents of sentences; damaged files are one line naming them."""
 
 from __future__ import annotations
 
+import bz2
 import json
+import re
 
 import pytest
 
@@ -11,7 +13,13 @@ from bert_jax import cli
 from bert_jax.data import parquet, wikipedia
 from bert_jax.data.sources import read_documents
 from bert_jax.errors import UserError
-from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
+from tests.corpus_fixtures import (
+    wikipedia_dump_xml,
+    write_cut_anywhere_bz2,
+    write_multistream_bz2,
+    write_parquet,
+    write_stream_per_page_bz2,
+)
 from tests.data_fixtures import minilm_vocab_path
 
 EXPECTED = [
@@ -141,6 +149,55 @@ def test_prose_split_in_worker_processes_gives_the_same_documents(tmp_path, dump
     parallel, parallel_stats = read_documents([packed, books], num_workers=2)
     assert parallel == serial and len(serial) == 2 + 77
     assert parallel_stats.as_dict() == serial_stats.as_dict()
+
+
+def test_a_multistream_dump_is_read_in_chunks_of_whole_streams(tmp_path, dump_files):
+    """Workers read a multistream dump's chunks apart: the same documents, in the same order, as
+    one process reading it whole; a dump in one stream, or in streams cut mid-page, is read
+    whole."""
+    xml = wikipedia_dump_xml(repeat=12)
+    per_page, cut_anywhere = tmp_path / "per-page.xml.bz2", tmp_path / "pbzip2.xml.bz2"
+    write_stream_per_page_bz2(per_page, xml)
+    write_cut_anywhere_bz2(cut_anywhere, xml)
+    header = wikipedia.multistream_header(str(per_page))
+    assert header.startswith(b"<mediawiki") and header.rstrip().endswith(b"</siteinfo>")
+    assert wikipedia.multistream_header(str(dump_files[1])) is not None  # two streams
+    assert wikipedia.multistream_header(str(cut_anywhere)) is None
+    assert wikipedia.multistream_header(str(dump_files[0])) is None  # .xml
+    single = tmp_path / "single.xml.bz2"
+    single.write_bytes(bz2.compress(xml.encode()))
+    assert wikipedia.multistream_header(str(single)) is None
+
+    chunks = list(wikipedia.iter_chunks(str(per_page), size=400))
+    assert len(chunks) > 10 and b"".join(chunks) == per_page.read_bytes()
+    assert all(chunk.startswith(b"BZh9") for chunk in chunks)
+    pages = [p for c in chunks for p in wikipedia.chunk_candidates(str(per_page), header, c)]
+    assert (
+        len(pages) == 7 * 12
+        and [p[0] for p in pages if p] == ["Amberley", "Mercury", "Kerrin"] * 12
+    )
+
+    serial = read_documents([single])
+    assert serial[0] == EXPECTED * 12 and serial[1].skipped_pages == 5 * 12
+    for dump in (per_page, cut_anywhere):
+        parallel = read_documents([dump], num_workers=2)
+        assert parallel[0] == serial[0]
+        assert parallel[1].as_dict() == {**serial[1].as_dict(), "files": 1}
+
+
+def test_a_damaged_stream_anywhere_is_one_line_naming_the_file(tmp_path):
+    """Inside a stream or at its start (where bz2.BZ2File would end the file quietly, the pages
+    after it lost), read whole or in chunks by workers."""
+    dump = tmp_path / "enwiki-damaged.xml.bz2"
+    write_stream_per_page_bz2(dump, wikipedia_dump_xml(repeat=12))
+    good = dump.read_bytes()
+    starts = [m.start() for m in re.finditer(rb"BZh91AY&SY", good)]
+    inside, header = (len(good) * 3) // 4, starts[60]  # past the streams checked first
+    for damaged in (inside + 20, header):
+        dump.write_bytes(good[:damaged] + b"\x00" * 4 + good[damaged + 4 :])
+        for workers in (1, 2):
+            with pytest.raises(UserError, match=f"--input {dump}: not a readable Wikipedia XML"):
+                read_documents([dump], num_workers=workers)
 
 
 def test_wikitext_edge_cases():

@@ -404,9 +404,10 @@ def test_init_from_reads_a_model_directory_in_the_bucket(emulator, capsys):
 
 
 def test_parquet_and_a_wikipedia_dump_from_the_bucket(emulator, corpus, tmp_path, capsys):
-    """The paper's kinds of corpus, read from the bucket a batch of rows / a page at a time: the
-    records equal those prepared from the same files on local disk, and a damaged Parquet file
-    in the bucket is one line naming its URL."""
+    """The paper's kinds of corpus, read from the bucket a batch of rows / a page at a time (the
+    dump in chunks of streams, by two workers): the records equal those prepared from the same
+    files on local disk in one process, and a damaged Parquet file in the bucket is one line
+    naming its URL."""
     from bert_jax.data import sources
     from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
 
@@ -420,6 +421,7 @@ def test_parquet_and_a_wikipedia_dump_from_the_bucket(emulator, corpus, tmp_path
         fs.upload(str(local / name), f"{BUCKET}/wiki_books/{name}")
     tokenizer = str(corpus / "tok")
     argv = prepare_argv(f"{BUCKET}/wiki_books/{names[0]}", tokenizer, f"{BUCKET}/wiki_books_data")
+    argv += ["--num-workers", "2"]  # the dump's streams read in chunks by the workers
     assert run_cli(capsys, [*argv[:4], f"{BUCKET}/wiki_books/{names[1]}", *argv[4:]]).code == 0
     argv = prepare_argv(str(local / names[0]), tokenizer, str(tmp_path / "data"))
     assert run_cli(capsys, [*argv[:4], str(local / names[1]), *argv[4:]]).code == 0

@@ -15,7 +15,8 @@ Public API:
       (``parquet.py``: streamed a batch of rows at a time);
     * a Wikipedia XML dump (``.xml.bz2`` or ``.xml``), one article = one document, its running
       text split into sentences, paragraph by paragraph (``wikipedia.py``: streamed a page at a
-      time; redirects, disambiguation and non-article pages are counted in ``skipped_pages``);
+      time, or, with workers, a multistream dump in chunks of whole bz2 streams that the workers
+      read; redirects, disambiguation and non-article pages are counted in ``skipped_pages``);
     * ``tfds:NAME[/CONFIG][:SPLIT]`` (split defaults to "train"), read offline from
       ``tfds_data_dir`` (or TFDS's default data dir) — it must already be prepared;
     * ``embedded[:train|eval|all]`` (``embedded.embedded_documents``, re-exported here).
@@ -330,28 +331,32 @@ def _iter_wikipedia_dump(path: str, stats: CorpusStats) -> Iterator[tuple[str, s
         stats.note("empty_files", path)
 
 
-# What a reader hands on: prose, or a Wikipedia page's (title, wikitext).
-_PROSE, _WIKITEXT = "prose", "wikitext"
-_CHUNK = 32  # pieces of prose per task sent to a worker
+# What a reader hands on: prose, a Wikipedia page's (title, wikitext) (None: no article), or a
+# chunk of a multistream dump's bz2 streams (path, the dump's XML header, compressed bytes).
+_PROSE, _WIKITEXT, _DUMP_CHUNK = "prose", "wikitext", "dump chunk"
+_CHUNK = 32  # pieces of prose per task sent to a worker (dump chunks: one)
 
 
 def _make_document(kind: str, splitter_name: str, item) -> Document | None:
     """Prose (or a page's wikitext) -> its sentences; None: a page that is no article."""
     if kind == _WIKITEXT:
-        item = wikipedia.article_text(*item)
+        item = None if item is None else wikipedia.article_text(*item)
         if item is None:
             return None
     return splitter(splitter_name)(item)
 
 
 def _make_documents(kind: str, splitter_name: str, items: list) -> list[Document | None]:
+    if kind == _DUMP_CHUNK:
+        kind, items = _WIKITEXT, [p for item in items for p in wikipedia.chunk_candidates(*item)]
     return [_make_document(kind, splitter_name, item) for item in items]
 
 
 class _DocumentMaker:
-    """Cuts prose into documents (strips wikitext first) in this process or, with
-    ``num_workers`` > 1, in that many processes; either way in input order, so the output does
-    not depend on the number of workers. At most two chunks per worker are in flight."""
+    """Cuts prose into documents (strips wikitext first; reads a dump chunk first) in this
+    process or, with ``num_workers`` > 1, in that many processes; either way in input order, so
+    the output does not depend on the number of workers. At most two tasks per worker are in
+    flight."""
 
     def __init__(self, splitter_name: str, num_workers: int):
         self.splitter_name, self.num_workers = splitter_name, num_workers
@@ -360,14 +365,15 @@ class _DocumentMaker:
     def documents(self, kind: str, items: Iterator) -> Iterator[Document | None]:
         if self.num_workers <= 1:
             for item in items:
-                yield _make_document(kind, self.splitter_name, item)
+                yield from _make_documents(kind, self.splitter_name, [item])
             return
         if self.pool is None:
             # spawn, not fork: the caller may hold TensorFlow or JAX threads.
             context = multiprocessing.get_context("spawn")
             self.pool = context.Pool(self.num_workers)
         in_flight: deque = deque()
-        for chunk in iter(lambda: list(itertools.islice(items, _CHUNK)), []):
+        per_task = 1 if kind == _DUMP_CHUNK else _CHUNK
+        for chunk in iter(lambda: list(itertools.islice(items, per_task)), []):
             task = (kind, self.splitter_name, chunk)
             in_flight.append(self.pool.apply_async(_make_documents, task))
             while len(in_flight) >= 2 * self.num_workers:
@@ -380,6 +386,23 @@ class _DocumentMaker:
             self.pool.terminate()
             self.pool.join()
             self.pool = None
+
+
+def _dump_documents(source: str, stats: CorpusStats, maker: _DocumentMaker) -> Iterator:
+    """A dump's documents. With workers, a multistream dump is read in chunks of whole streams,
+    each decompressed, parsed and stripped by a worker; any other dump is read here (bz2 and
+    XML) and its wikitext stripped by the workers."""
+    header = wikipedia.multistream_header(source) if maker.num_workers > 1 else None
+    if header is None:
+        yield from maker.documents(_WIKITEXT, _iter_wikipedia_dump(source, stats))
+        return
+    chunks = ((source, header, chunk) for chunk in wikipedia.iter_chunks(source))
+    empty = True
+    for document in maker.documents(_DUMP_CHUNK, chunks):
+        empty = False
+        yield document
+    if empty:
+        stats.note("empty_files", source)
 
 
 def parse_tfds_source(source: str) -> tuple[str, str]:
@@ -516,7 +539,7 @@ def _source_documents(
     if parquet.is_parquet(source):
         return maker.documents(_PROSE, _iter_parquet_file(source, stats, strict, text_field))
     if wikipedia.is_wikipedia_dump(source):
-        return maker.documents(_WIKITEXT, _iter_wikipedia_dump(source, stats))
+        return _dump_documents(source, stats, maker)
     return _iter_text_file(source, stats, max_line_bytes, strict, split if sentence_split else None)
 
 

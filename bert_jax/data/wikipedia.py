@@ -8,9 +8,16 @@ Public API:
   redirect; cheap) then ``article_text`` (parsing the wikitext: the costly part, which
   ``sources`` runs in worker processes).
 - ``wikitext_to_paragraphs(wikitext) -> list[str]``: the stripping alone.
+- ``multistream_header``, ``iter_chunks``, ``chunk_candidates``: a multistream dump read apart.
+  Wikimedia's ``*-multistream*.xml*.bz2`` files are bz2 streams of 100 whole pages each (the
+  first holds the header): cut at stream starts into chunks of about ``CHUNK_BYTES``, each chunk
+  is decompressed and parsed by a worker under the dump's header, so a dump's reading runs in
+  ``--num-workers`` processes too, in input order (``sources``). A dump in one stream, or in
+  streams cut mid-page (pbzip2), is read whole in one process.
 
 Pages are streamed with ``mwxml`` (one page in memory at a time; ``.bz2`` decompressed on the
-fly, multistream dumps included, local or ``gs://`` through ``bert_jax.fs``) and kept when they are
+fly, stream after stream, a damaged stream anywhere an error rather than the end of the file as
+``bz2.BZ2File`` takes it; local or ``gs://`` through ``bert_jax.fs``) and kept when they are
 articles: namespace 0, not a redirect, not a disambiguation page (a disambiguation template such
 as ``{{disambiguation}}``, ``{{dab}}``, ``{{hndis}}``, or a title ending in "(disambiguation)").
 Their wikitext is parsed with ``mwparserfromhell`` and only running text stays, as the paper
@@ -27,8 +34,10 @@ A dump that is not valid bz2 or not valid XML is a ``UserError`` naming the file
 from __future__ import annotations
 
 import bz2
+import io
 import re
 from collections.abc import Iterator
+from typing import IO
 
 from bert_jax import fs
 from bert_jax.errors import UserError, user_path
@@ -158,40 +167,158 @@ class Counts:
 def _pages(path: str) -> Iterator[tuple[int, bool, str, str | None]]:
     """(namespace, is a redirect, title, latest text) of each page; a damaged file (bz2 or
     XML) is a UserError naming it."""
+    with user_path(path, "--input"):
+        raw = fs.open(path, "rb")
+    stream = io.BufferedReader(_Bz2Streams(raw), 1 << 20) if path.endswith(".bz2") else raw
+    try:
+        yield from _parse(stream, path)
+    finally:
+        raw.close()
+
+
+def _decompressed(raw: IO[bytes]) -> Iterator[bytes]:
+    """The bz2 streams of ``raw`` one after another (a multistream dump is many), decompressed.
+    Unlike ``bz2.BZ2File`` and ``bz2.decompress``, which end the file quietly at the first bytes
+    after a stream that are not a valid stream, a damaged stream anywhere is an error."""
+    decompressor = bz2.BZ2Decompressor()
+    while block := raw.read(1 << 20):
+        while block:
+            if decompressor.eof:
+                decompressor = bz2.BZ2Decompressor()
+            yield decompressor.decompress(block)
+            block = decompressor.unused_data if decompressor.eof else b""
+    if not decompressor.eof:
+        raise EOFError("the last bz2 stream is cut short")
+
+
+class _Bz2Streams(io.RawIOBase):
+    """``_decompressed(raw)`` as a file to read."""
+
+    def __init__(self, raw: IO[bytes]):
+        self.blocks, self.rest = _decompressed(raw), memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.rest:
+            block = next(self.blocks, None)
+            if block is None:
+                return 0
+            self.rest = memoryview(block)
+        size = min(len(buffer), len(self.rest))
+        buffer[:size], self.rest = self.rest[:size], self.rest[size:]
+        return size
+
+
+def _parse(stream: IO[bytes], path: str) -> Iterator[tuple[int, bool, str, str | None]]:
     import mwxml
     from mwxml.errors import MalformedXML
 
-    with user_path(path, "--input"):
-        raw = fs.open(path, "rb")
-    # BZ2File reads concatenated streams too (the "multistream" dumps).
-    stream = bz2.BZ2File(raw) if path.endswith(".bz2") else raw
     try:
-        dump = mwxml.Dump.from_file(stream)
-        for page in dump:
+        for page in mwxml.Dump.from_file(stream):
             text = None
             for revision in page:  # a pages-articles dump holds the latest revision only
                 text = revision.text
             yield page.namespace, bool(page.redirect), page.title, text
     except (OSError, EOFError, SyntaxError, MalformedXML) as err:
-        # bz2: "Invalid data stream" (OSError) or a stream cut short (EOFError); XML:
-        # ElementTree's ParseError (a SyntaxError) or mwxml's MalformedXML.
-        reason = " ".join("".join(c if c.isprintable() else " " for c in str(err)).split())
-        raise UserError(f"--input {path}: not a readable Wikipedia XML dump ({reason})") from err
-    finally:
-        stream.close()
-        raw.close()
+        raise _unreadable(path, err) from err
+
+
+def _unreadable(path: str, err: BaseException) -> UserError:
+    """bz2: "Invalid data stream" (OSError) or a stream cut short (EOFError); XML: ElementTree's
+    ParseError (a SyntaxError) or mwxml's MalformedXML."""
+    reason = " ".join("".join(c if c.isprintable() else " " for c in str(err)).split())
+    return UserError(f"--input {path}: not a readable Wikipedia XML dump ({reason})")
+
+
+def _candidate(page: tuple[int, bool, str, str | None]) -> tuple[str, str] | None:
+    """(title, wikitext) of a page that may be an article: namespace 0, not a redirect, not
+    empty (cheap: no wikitext is parsed); None otherwise."""
+    namespace, redirect, title, text = page
+    if namespace != 0 or redirect or not text or text.lstrip()[:9].upper() == "#REDIRECT":
+        return None
+    return title, text
 
 
 def iter_candidates(path: str, counts: Counts | None = None) -> Iterator[tuple[str, str]]:
-    """(title, wikitext) of the pages of ``path`` that may be articles: namespace 0, not a
-    redirect, not empty (cheap: no wikitext is parsed). ``article_text`` finishes the job."""
+    """``_candidate`` of each page of ``path``, in this process; ``article_text`` finishes the
+    job."""
     counts = Counts() if counts is None else counts
-    for namespace, redirect, title, text in _pages(path):
+    for page in _pages(path):
         counts.pages += 1
-        if namespace != 0 or redirect or not text or text.lstrip()[:9].upper() == "#REDIRECT":
+        candidate = _candidate(page)
+        if candidate is None:
             counts.skipped_pages += 1
             continue
-        yield title, text
+        yield candidate
+
+
+# --- A multistream dump read in parallel: chunks of whole bz2 streams, each parsed by a worker ---
+
+# Where a bz2 stream starts: "BZh", the block size, the first block's magic (48 bits).
+_STREAM_START = re.compile(rb"BZh[1-9]1AY&SY")
+CHUNK_BYTES = 1 << 20  # compressed bytes per chunk: about 10 streams of enwiki's 100 pages
+_PROBE_BYTES = 8 << 20
+_PROBE_STREAMS = 4
+
+
+def multistream_header(path: str) -> bytes | None:
+    """The XML before the first page (``<mediawiki>`` and ``<siteinfo>``) when ``path`` is a
+    multistream dump whose streams hold whole pages, as Wikimedia writes them (checked on its
+    first streams), so that chunks of streams can be read apart; None otherwise (one stream, or
+    streams cut anywhere, as pbzip2 cuts them): the file is read as one stream."""
+    if not path.endswith(".bz2"):
+        return None
+    with user_path(path, "--input"):
+        head = fs.read_bytes(path, 0, _PROBE_BYTES)
+    starts = [m.start() for m in _STREAM_START.finditer(head)][: _PROBE_STREAMS + 1]
+    if len(starts) < 2 or starts[0] != 0:
+        return None
+    try:
+        texts = [bz2.decompress(head[a:b]) for a, b in zip(starts, starts[1:])]
+    except (OSError, EOFError, ValueError):
+        return None
+    if b"</siteinfo>" not in texts[0]:
+        return None
+    header, _, first = texts[0].partition(b"</siteinfo>")
+    for text in [first, *texts[1:]]:
+        text = text.strip()
+        if text and not (text.startswith(b"<page>") and text.endswith(b"</page>")):
+            return None
+    return header + b"</siteinfo>\n"
+
+
+def iter_chunks(path: str, size: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The compressed bytes of ``path`` in chunks of whole bz2 streams, about ``size`` each (a
+    stream longer than that is one chunk); joined they are the file."""
+    with user_path(path, "--input"):
+        raw = fs.open(path, "rb")
+    with raw:
+        buffer = b""
+        while block := raw.read(size):
+            searched = max(1, len(buffer) - 9)  # a start may straddle the blocks
+            buffer += block
+            starts = [m.start() for m in _STREAM_START.finditer(buffer, searched)]
+            if starts:  # up to the last stream that began: every stream before it is whole
+                yield buffer[: starts[-1]]
+                buffer = buffer[starts[-1] :]
+        if buffer:
+            yield buffer
+
+
+def chunk_candidates(path: str, header: bytes, chunk: bytes) -> list[tuple[str, str] | None]:
+    """``_candidate`` of each page in ``chunk`` (whole streams of ``path``, parsed under the
+    dump's ``header``), in order; None for each page that is no article."""
+    try:
+        xml = b"".join(_decompressed(io.BytesIO(chunk)))
+    except (OSError, EOFError) as err:
+        raise _unreadable(path, err) from err
+    if b"</siteinfo>" in xml:  # the first chunk: its header is `header`
+        xml = xml.partition(b"</siteinfo>")[2]
+    xml = xml.rpartition(b"</mediawiki>")[0] if b"</mediawiki>" in xml else xml
+    document = io.BytesIO(header + xml + b"</mediawiki>\n")
+    return [_candidate(page) for page in _parse(document, path)]
 
 
 def article_text(title: str, wikitext: str) -> str | None:
