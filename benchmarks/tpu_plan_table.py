@@ -110,7 +110,8 @@ def _row_line(row: dict) -> str:
         searched = f"searched, {row['seconds'] / 60:.0f} min, {plan.get('compiles', 0)} compiles"
         narrowed = {k: v for k, v in row.get("searched", {}).items() if v != FULL_SEARCH.get(k, v)}
         if narrowed:
-            searched += " (only " + ", ".join(f"{k} {v}" for k, v in narrowed.items()) + ")"
+            only = [f"{k} {v}" if v else f"no {k}" for k, v in narrowed.items()]
+            searched += " (only " + ", ".join(only) + ")"
     else:
         searched = "not re-searched (fsdp, windowed einsums on)"
     return (
