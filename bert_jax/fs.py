@@ -290,7 +290,7 @@ def copy_to_local(path: AnyPath, local: str) -> str:
             filesystem.get(name + "/" * tree, tmp + "/" * tree, recursive=tree)
             os.rename(tmp, local)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            rmtree(tmp, ignore_errors=True)  # a file or a tree
     return local
 
 

@@ -176,3 +176,16 @@ def test_every_gcsfs_client_lists_the_bucket_afresh():
 
     orbax_like = fsspec.filesystem("gcs", token="anon", finalize_on_close=True)
     assert orbax_like.dircache.use_listings_cache is False
+
+
+def test_a_failed_copy_of_one_file_leaves_nothing_behind(tmp_path, monkeypatch):
+    source = tmp_path / "one.txt"
+    source.write_text("x")
+
+    def refuse(*_):
+        raise OSError("rename refused")
+
+    monkeypatch.setattr(fs.os, "rename", refuse)
+    with pytest.raises(OSError, match="rename refused"):
+        fs.copy_to_local(str(source), str(tmp_path / "copy.txt"))
+    assert sorted(os.listdir(tmp_path)) == ["one.txt"]  # no hidden temporary file left
