@@ -104,13 +104,13 @@ def read_or_problem(read: Callable[[], Any]) -> tuple[Any, str | None]:
 def missing_file(step_dir: str) -> str | None:
     """What a complete checkpoint directory lacks (before trying to read it), or None."""
     for item in ITEMS:
-        item_dir = fs.join(step_dir, item)
+        item_dir = os.path.join(step_dir, item)
         if not fs.isdir(item_dir):
             return f"{item}/ is missing"
-        if not fs.isfile(fs.join(item_dir, "_METADATA")):
+        if not fs.isfile(os.path.join(item_dir, "_METADATA")):
             return f"{item}/_METADATA is missing"
         ocdbt = any(name.startswith("ocdbt.process_") for name in fs.listdir(item_dir))
-        if ocdbt and not fs.isfile(fs.join(item_dir, "manifest.ocdbt")):
+        if ocdbt and not fs.isfile(os.path.join(item_dir, "manifest.ocdbt")):
             return f"{item}/manifest.ocdbt is missing"
     return None
 

@@ -26,6 +26,7 @@ import datetime
 import logging
 import os
 import re
+import shutil
 import signal
 from collections.abc import Sequence
 from typing import Any
@@ -299,10 +300,10 @@ class Checkpointer:
         full = checkpoint_health.disk_full(err)
         if full is None:
             return
-        where = full.filename or fs.join(self.directory, str(step))
-        previous_dir = fs.join(self.directory, str(previous))
+        where = full.filename or os.path.join(self.directory, str(step))
+        previous_dir = os.path.join(self.directory, str(previous))
         needed = checkpoint_health.tree_bytes(previous_dir) if previous is not None else 0
-        free = fs.disk_free(self.directory) or 0
+        free = 0 if fs.is_remote(self.directory) else shutil.disk_usage(self.directory).free
         kept = (
             f"the previous checkpoint, step {previous}, is intact"
             if previous is not None
@@ -345,12 +346,12 @@ class Checkpointer:
     def problem(self, step: int, abstract_state: Any) -> str | None:
         """Why the checkpoint at `step` cannot be restored as `abstract_state`, found without
         reading its arrays (a missing file, other parameter shapes), or None."""
-        step_dir = fs.join(self.directory, str(step))
+        step_dir = os.path.join(self.directory, str(step))
         missing = checkpoint_health.missing_file(step_dir)
         if missing is not None:
             return missing
         try:
-            return checkpoint_health.shape_problem(fs.join(step_dir, "state"), abstract_state)
+            return checkpoint_health.shape_problem(os.path.join(step_dir, "state"), abstract_state)
         except Exception as err:  # unreadable metadata
             return f"state/ metadata cannot be read: {checkpoint_health.describe_error(err)}"
 
@@ -360,7 +361,7 @@ class Checkpointer:
         stamp = _utc_stamp()
         moved = []
         for step, _ in failed:
-            source = fs.join(self.directory, str(step))
+            source = os.path.join(self.directory, str(step))
             target = f"{source}.corrupt-{stamp}"
             fs.rename(source, target)
             moved.append(target)
@@ -376,7 +377,7 @@ class Checkpointer:
         process, while no save is running."""
         removed = []
         for name in sorted(fs.listdir(self.directory)):
-            path = fs.join(self.directory, name)
+            path = os.path.join(self.directory, name)
             if _TMP_SAVE.match(name) and fs.isdir(path) and not os.path.islink(path):
                 fs.rmtree(path)
                 removed.append(path)
@@ -391,8 +392,12 @@ class Checkpointer:
             return []
         stamp, moved = _utc_stamp(), []
         for name in sorted(fs.listdir(self.directory)):
-            path = fs.join(self.directory, name)
-            if name.isdigit() and not fs.exists(fs.join(path, COMMIT_MARKER)) and fs.isdir(path):
+            path = os.path.join(self.directory, name)
+            if (
+                name.isdigit()
+                and not fs.exists(os.path.join(path, COMMIT_MARKER))
+                and fs.isdir(path)
+            ):
                 target = f"{path}.uncommitted-{stamp}"
                 fs.rename(path, target)
                 moved.append(target)
@@ -437,7 +442,7 @@ def find_checkpoint_dir(path: str) -> str:
     A path that does not exist is a `CheckpointError` (rather than an empty checkpoint directory
     created there).
     """
-    candidate = fs.join(path, "checkpoints")
+    candidate = os.path.join(path, "checkpoints")
     if fs.isdir(candidate):
         return candidate
     if not fs.isdir(path):

@@ -45,7 +45,7 @@ _HF_EXPORT_FILES = (
 HF_EXPORT_KIND = files.OutputKind(
     name="Hugging Face export",
     marker=HF_EXPORT_MARKER,
-    is_own=lambda path: fs.isfile(fs.join(path, HF_EXPORT_MARKER)),
+    is_own=lambda path: fs.isfile(os.path.join(path, HF_EXPORT_MARKER)),
     holds=lambda name: name in _HF_EXPORT_FILES,
     marker_file=HF_EXPORT_MARKER,
 )
@@ -222,7 +222,7 @@ def convert(
         with files.atomic_output_dir(dst, HF_EXPORT_KIND, overwrite, what="--to") as tmp:
             report.written = hf.write_hf_dir(tmp, loaded.config, loaded.params, loaded.tokenizer)
             files.write_json_atomic(
-                fs.join(tmp, HF_EXPORT_MARKER),
+                os.path.join(tmp, HF_EXPORT_MARKER),
                 {"written_by": "bert-jax convert", "from": src_format, "source": report.source},
             )
         if loaded.tokenizer is not None and loaded.tokenizer.kind == "sentencepiece":

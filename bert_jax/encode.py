@@ -252,7 +252,7 @@ def encode_file(
         raise UserError(f"{input_path} holds no lines to encode")
     loaded = load_model_dir(model)
     result = encode_texts(loaded, examples, **options)
-    parent = fs.dirname(fs.abspath(output_path))
+    parent = os.path.dirname(fs.abspath(output_path))
     with user_path(output_path, "--output", writing=True):
         fs.makedirs(parent, exist_ok=True)
         _save_npy(output_path, result.features)

@@ -1,39 +1,33 @@
-"""Every path a user gives may be local or a ``gs://bucket/...`` URL: both go through fsspec
-(``url_to_fs``: its local file system, or gcsfs, which retries Cloud Storage with backoff).
+"""Local paths and ``gs://bucket/...`` URLs, both through fsspec (gcsfs retries with backoff).
 
-Added here only what fsspec does not do: a Cloud Storage failure as one line naming the URL
-(``StorageError``; "missing" and "exists" stay FileNotFoundError and FileExistsError, a local
-OSError stays as the OS raised it, see `errors.user_path`), an atomic create-if-absent, renames
-and copies that land whole or not at all, and paths spelled as the user gave them. A bucket has
-no directories: ``makedirs`` checks the bucket only. Credentials: Application Default
-Credentials, none with ``STORAGE_EMULATOR_HOST`` (the tests' emulator). Orbax reaches buckets
-through etils.epath (set here to gcsfs), tf.data through TensorFlow's own GCS file system.
+Added only what fsspec does not do: a Cloud Storage failure as one line naming the URL
+(``StorageError``; a local OSError stays as the OS raised it, see `errors.user_path`), an atomic
+create-if-absent, renames and copies whole or not at all, listings spelled as the path was given.
+Credentials: ADC; none with ``STORAGE_EMULATOR_HOST`` (the tests' emulator, read by gcsfs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import functools
 import gzip
 import io
 import os
-import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import fsspec
 
 from bert_jax.errors import UserError
 
-# Orbax (etils.epath) takes gcsfs for gs://, not tf.io.gfile: one client and one set of retries.
+# Orbax (etils.epath) takes gcsfs, not tf.io.gfile; gcsfs asks nothing about zonal buckets.
 os.environ.setdefault("EPATH_USE_TF", "false")
-# gcsfs's zonal-bucket support would ask the Storage Control API about every bucket first.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-# Every gcsfs client (Orbax's too) lists the bucket afresh: other hosts and bert-jax's own
-# set-asides change it, and a remembered listing made Orbax delete a step set aside before it
-# saved that step again (FileNotFoundError in its save).
+# Every gcsfs client (Orbax's too) lists afresh: a remembered listing made Orbax delete a step
+# that bert-jax had set aside (FileNotFoundError in its save).
 fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 
 SCHEME = "gs://"
@@ -44,7 +38,7 @@ class StorageError(UserError):
     """Cloud Storage refused or could not do an operation; the message names the URL."""
 
 
-# --- Path arithmetic (os.path, whose slashes suit URLs too), never I/O ---
+# --- Paths, never I/O ---
 
 
 def is_remote(path: AnyPath) -> bool:
@@ -55,31 +49,13 @@ def bucket(url: str) -> str:
     return url[len(SCHEME) :].split("/", 1)[0]
 
 
-def join(path: AnyPath, *parts: str) -> str:
-    """os.path.join; a part that is a URL starts the path anew, as an absolute one does."""
-    path = os.fspath(path)
-    for part in parts:
-        path = part if is_remote(part) else os.path.join(path, part)
-    return path
-
-
 def abspath(path: AnyPath) -> str:
-    """A local path made absolute; a URL without a trailing slash."""
+    """A local path made absolute; a URL without a trailing slash (os.path's functions then
+    suit both, as a URL's slashes are a path's)."""
     path = os.fspath(path)
     if not is_remote(path):
         return os.path.abspath(path)
     return path.rstrip("/") if len(path.rstrip("/")) > len(SCHEME) else path
-
-
-def dirname(path: AnyPath) -> str:
-    path = os.fspath(path)
-    head = os.path.dirname(path.rstrip("/") if is_remote(path) else path)
-    return path if is_remote(path) and len(head) <= len(SCHEME) else head
-
-
-def basename(path: AnyPath) -> str:
-    path = os.fspath(path)
-    return os.path.basename(path.rstrip("/") if is_remote(path) else path)
 
 
 # --- The file system behind a path, and its errors ---
@@ -92,10 +68,9 @@ def _on(path: AnyPath, check: bool = True) -> Iterator[tuple[Any, str]]:
     path = os.fspath(path)
     if not path:  # fsspec would take "" for the working directory
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-    emulator, options = os.environ.get("STORAGE_EMULATOR_HOST"), {}
-    if is_remote(path):  # the emulator takes no credentials, a bucket ADC (never anonymous)
-        token = "anon" if emulator else "google_default"
-        options = {"token": token, "endpoint_url": emulator, "use_listings_cache": False}
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    # The emulator takes no credentials, a bucket ADC (never anonymous).
+    options = {"token": "anon" if emulator else "google_default"} if is_remote(path) else {}
     with _remote_errors(path):
         filesystem, name = fsspec.core.url_to_fs(path, **options)
         if check and is_remote(path):
@@ -138,68 +113,36 @@ def _remote_errors(url: str) -> Iterator[None]:
         raise StorageError(why) from None
 
 
-def _as_given(given: str, name: str, found: str) -> str:
-    """`found`, listed under `name` (`given` as fsspec names it), spelled as `given` is: a
-    relative path stays relative, a URL keeps its scheme."""
-    given = given.rstrip("/") or given
-    same = len(os.path.commonprefix([given[::-1], name[::-1]]))
-    head = name[: len(name) - same]
-    return given[: len(given) - same] + found[len(head) :] if found.startswith(head) else found
+def _fsspec(method: str, empty: Any = None, **fixed: Any) -> Callable[..., Any]:
+    """fsspec's `method` on the path's file system, through `_on`; `empty` for "" if given."""
+
+    def call(path: AnyPath, *args: Any, **kwargs: Any) -> Any:
+        if empty is not None and not os.fspath(path):
+            return empty
+        with _on(path) as (filesystem, name):
+            return getattr(filesystem, method)(name, *args, **fixed, **kwargs)
+
+    return call
 
 
-def _call(path: AnyPath, method: str, *args: Any, **kwargs: Any) -> Any:
-    with _on(path) as (filesystem, name):
-        return getattr(filesystem, method)(name, *args, **kwargs)
+# --- fsspec's own operations, under the names of os.path ---
 
-
-# --- fsspec's operations, through `_on` ---
-
-
-def exists(path: AnyPath) -> bool:
-    return bool(os.fspath(path)) and _call(path, "exists")
-
-
-def isdir(path: AnyPath) -> bool:
-    return bool(os.fspath(path)) and _call(path, "isdir")
-
-
-def isfile(path: AnyPath) -> bool:
-    return bool(os.fspath(path)) and _call(path, "isfile")
-
-
-def getsize(path: AnyPath) -> int:
-    return int(_call(path, "size"))
-
-
-def getmtime(path: AnyPath) -> float:
-    return _call(path, "modified").timestamp()
-
-
-def read_bytes(path: AnyPath, start: int | None = None, end: int | None = None) -> bytes:
-    """The file's bytes, or bytes [start, end) (one ranged request in a bucket)."""
-    return _call(path, "cat_file", start=start, end=end)
-
-
-def read_text(path: AnyPath) -> str:
-    with open(path) as f:
-        return f.read()
-
-
-def write_bytes(path: AnyPath, data: bytes) -> None:
-    _call(path, "pipe_file", data)
-
-
-def write_text(path: AnyPath, text: str) -> None:
-    write_bytes(path, text.encode("utf-8"))
-
-
-def remove(path: AnyPath) -> None:
-    _call(path, "rm_file")
+exists: Callable[[AnyPath], bool] = _fsspec("exists", empty=False)
+isdir: Callable[[AnyPath], bool] = _fsspec("isdir", empty=False)
+isfile: Callable[[AnyPath], bool] = _fsspec("isfile", empty=False)
+getsize: Callable[[AnyPath], int] = _fsspec("size")
+modified: Callable[[AnyPath], datetime.datetime] = _fsspec("modified")
+# (path, start=None, end=None): the bytes [start, end), one ranged request in a bucket.
+read_bytes: Callable[..., bytes] = _fsspec("cat_file")
+write_bytes: Callable[[AnyPath, bytes], None] = _fsspec("pipe_file")
+read_text: Callable[[AnyPath], str] = _fsspec("read_text", encoding="utf-8")
+write_text: Callable[[AnyPath, str], None] = _fsspec("write_text", encoding="utf-8")
+remove: Callable[[AnyPath], None] = _fsspec("rm_file")
 
 
 def rmtree(path: AnyPath, ignore_errors: bool = False) -> None:
     with contextlib.suppress(*((OSError, StorageError) if ignore_errors else ())):
-        _call(path, "rm", recursive=True)
+        _fsspec("rm")(path, recursive=True)
 
 
 def makedirs(path: AnyPath, exist_ok: bool = False) -> None:
@@ -211,7 +154,8 @@ def makedirs(path: AnyPath, exist_ok: bool = False) -> None:
 
 def open(path: AnyPath, mode: str = "r", encoding: str | None = None) -> IO[Any]:  # noqa: A001
     """A file object; in a bucket a write becomes visible (whole) when it is closed."""
-    f = _call(path, "open", mode, **({} if "b" in mode else {"encoding": encoding or "utf-8"}))
+    text = {} if "b" in mode else {"encoding": encoding or "utf-8"}
+    f = _fsspec("open")(path, mode, **text)
     if mode == "rb" and isinstance(f, fsspec.spec.AbstractBufferedFile):
         return io.BufferedReader(f, buffer_size=1 << 20)  # readline(limit), peek, ...
     return f
@@ -225,6 +169,15 @@ def open_gzip(path: AnyPath) -> IO[bytes]:
 
 
 # --- Listings, spelled as the path or pattern was given ---
+
+
+def _as_given(given: str, name: str, found: str) -> str:
+    """`found`, listed under `name` (`given` as fsspec names it), spelled as `given` is: a
+    relative path stays relative, a URL keeps its scheme."""
+    given = given.rstrip("/") or given
+    same = len(os.path.commonprefix([given[::-1], name[::-1]]))
+    head = name[: len(name) - same]
+    return given[: len(given) - same] + found[len(head) :] if found.startswith(head) else found
 
 
 def listdir(path: AnyPath) -> list[str]:
@@ -316,20 +269,12 @@ def rename(source: AnyPath, target: AnyPath) -> None:
         return os.rename(source, target)
     with _on(source) as (filesystem, old), _on(target) as (_, new):
         keys = filesystem.find(old) if filesystem.isdir(old) else [old]
-        copies, done = [new + key[len(old) :] for key in keys], 0
-        try:
-            for key, copy in zip(keys, copies):
+        copies = [new + key[len(old) :] for key in keys]
+        for done, (key, copy) in enumerate(zip(keys, copies)):
+            try:
                 filesystem.cp_file(key, copy)
-                done += 1
-        except BaseException:
-            for copy in copies[:done]:
+            except BaseException:
                 with contextlib.suppress(Exception):
-                    filesystem.rm_file(copy)
-            raise
-        for key in keys:
-            filesystem.rm_file(key)
-
-
-def disk_free(path: AnyPath) -> int | None:
-    """Free bytes on the local file system holding `path`; None for a bucket."""
-    return None if is_remote(path) else shutil.disk_usage(path).free
+                    filesystem.rm(copies[:done])
+                raise
+        filesystem.rm(keys)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable
 
 import jax
@@ -29,12 +30,12 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     from bert_jax import model_dir
 
     if model_dir.is_unexported_workdir(path):  # its run config and tokenizer/ describe the model
-        with fs.open(fs.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:
+        with fs.open(os.path.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:
             model = json.load(f).get("model", {})
-        tokenizer_dir = fs.join(path, "tokenizer")
+        tokenizer_dir = os.path.join(path, "tokenizer")
     else:
         model = model_dir.read_config(path)[0].to_dict()
-        tokenizer_dir = fs.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
+        tokenizer_dir = os.path.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
     source = f"config.init_from={path}"
     changes = config_lib.adopt_model_identity(config, model, source, explicit)
     if fs.isdir(tokenizer_dir) and config.data.tokenizer:
@@ -65,10 +66,10 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str):
     if config.data.tokenizer:
         return tokenizer_lib.load_tokenizer(config.data.tokenizer)
     for phase in phases:
-        candidate = fs.join(phase.source, layout.TOKENIZER_SUBDIR)
+        candidate = os.path.join(phase.source, layout.TOKENIZER_SUBDIR)
         if fs.isdir(candidate):
             return tokenizer_lib.load_tokenizer(candidate)
-    own = fs.join(workdir, "tokenizer")
+    own = os.path.join(workdir, "tokenizer")
     if fs.isdir(own):
         return tokenizer_lib.load_tokenizer(own)
     corpora = [p.source for p in phases if sources.source_kind(p.source) != "records"]
@@ -129,7 +130,7 @@ def _iterator(
                 num_workers=int(config.data.num_workers),
                 splitter=str(config.data.get("splitter", sentences.DEFAULT_SPLITTER)),
             ),
-            config.data.cache_dir or fs.join(workdir, "data"),
+            config.data.cache_dir or os.path.join(workdir, "data"),
             write_marker=jax.process_index() == 0,
         )
 

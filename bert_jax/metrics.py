@@ -211,11 +211,11 @@ class MetricWriter:
 
     @property
     def jsonl_path(self) -> str:
-        return fs.join(self.log_dir, "metrics.jsonl")
+        return os.path.join(self.log_dir, "metrics.jsonl")
 
     @property
     def tensorboard_dir(self) -> str:
-        return fs.join(self.log_dir, "tensorboard")
+        return os.path.join(self.log_dir, "tensorboard")
 
     def write(self, step: int, scalars: Mapping[str, Any], kind: str = "train") -> None:
         if not self.enabled:
@@ -251,7 +251,7 @@ class MetricWriter:
         if self._tb_local is None:
             return
         for name in os.listdir(self._tb_local):
-            fs.upload(os.path.join(self._tb_local, name), fs.join(self.tensorboard_dir, name))
+            fs.upload(os.path.join(self._tb_local, name), os.path.join(self.tensorboard_dir, name))
 
     def close(self) -> None:
         if self._jsonl is not None:

@@ -68,7 +68,7 @@ class ModelDir:
 
     @property
     def tokenizer_path(self) -> str | None:
-        path = fs.join(self.path, TOKENIZER_DIR)
+        path = os.path.join(self.path, TOKENIZER_DIR)
         return path if fs.isdir(path) else None
 
     @property
@@ -99,7 +99,7 @@ class ModelDir:
 
 def is_model_dir(path: str | os.PathLike) -> bool:
     """`path` carries a model directory's marker: config.json with this format's bert_jax block."""
-    config_path = fs.join(os.fspath(path), CONFIG_NAME)
+    config_path = os.path.join(os.fspath(path), CONFIG_NAME)
     try:
         info = _read_json(config_path).get("bert_jax")
     except (OSError, ValueError, AttributeError):
@@ -186,11 +186,11 @@ def save_model_dir(
     json.dumps(payload)  # fail on non-serializable `extra` before writing anything
     with files.atomic_output_dir(path, MODEL_DIR_KIND, overwrite, what=what) as tmp:
         with _checkpointer(process_local=True) as checkpointer:
-            checkpointer.save(fs.join(tmp, PARAMS_DIR), params)
+            checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
             checkpointer.wait_until_finished()
         if tokenizer is not None:
-            tokenizer.save(fs.join(tmp, TOKENIZER_DIR))
-        with fs.open(fs.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as f:
+            tokenizer.save(os.path.join(tmp, TOKENIZER_DIR))
+        with fs.open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2, sort_keys=True)
             f.write("\n")
     return fs.abspath(os.fspath(path))
@@ -215,10 +215,10 @@ def is_unexported_workdir(path: str | os.PathLike) -> bool:
     preempted): `load_model_dir` then reads its latest checkpoint."""
     path = os.fspath(path)
     return (
-        fs.isdir(fs.join(path, "checkpoints"))
-        and fs.exists(fs.join(path, CONFIG_NAME))
-        and not fs.exists(fs.join(path, WORKDIR_MODEL_SUBDIR, CONFIG_NAME))
-        and "bert_jax" not in _read_json(fs.join(path, CONFIG_NAME))
+        fs.isdir(os.path.join(path, "checkpoints"))
+        and fs.exists(os.path.join(path, CONFIG_NAME))
+        and not fs.exists(os.path.join(path, WORKDIR_MODEL_SUBDIR, CONFIG_NAME))
+        and "bert_jax" not in _read_json(os.path.join(path, CONFIG_NAME))
     )
 
 
@@ -230,16 +230,16 @@ def resolve(path: str | os.PathLike) -> str:
     path = fs.abspath(os.fspath(path))
     if not fs.isdir(path):
         raise ModelDirError(f"model directory not found: {path}")
-    for candidate in (path, fs.join(path, WORKDIR_MODEL_SUBDIR)):
-        config_path = fs.join(candidate, CONFIG_NAME)
+    for candidate in (path, os.path.join(path, WORKDIR_MODEL_SUBDIR)):
+        config_path = os.path.join(candidate, CONFIG_NAME)
         if fs.exists(config_path) and "bert_jax" in _read_json(config_path):
             return candidate
-    if fs.exists(fs.join(path, CONFIG_NAME)):
+    if fs.exists(os.path.join(path, CONFIG_NAME)):
         raise ModelDirError(
             f"{path} looks like a Hugging Face model directory, not a bert-jax one; convert it "
             f"first: bert-jax convert --from hf {path} --to bert-jax OUT"
         )
-    if fs.exists(fs.join(path, "bert_config.json")):
+    if fs.exists(os.path.join(path, "bert_config.json")):
         raise ModelDirError(
             f"{path} looks like a Google TF1 BERT checkpoint; convert it first: "
             f"bert-jax convert --from tf1 {path} --to bert-jax OUT"
@@ -247,14 +247,14 @@ def resolve(path: str | os.PathLike) -> str:
     raise ModelDirError(
         f"{path} is not a bert-jax model directory (no {CONFIG_NAME} with a 'bert_jax' block) "
         f"and not a pretraining workdir with an exported model at "
-        f"{fs.join(path, WORKDIR_MODEL_SUBDIR)}/"
+        f"{os.path.join(path, WORKDIR_MODEL_SUBDIR)}/"
     )
 
 
 def read_config(path: str | os.PathLike) -> tuple[BertConfig, dict[str, Any]]:
     """A model directory's BertConfig and its "bert_jax" block, without reading the params."""
     directory = resolve(path)
-    values = _read_json(fs.join(directory, CONFIG_NAME))
+    values = _read_json(os.path.join(directory, CONFIG_NAME))
     info = values.pop("bert_jax")
     if info.get("format") != FORMAT_NAME or not isinstance(info.get("format_version"), int):
         raise ModelDirError(f"{directory}/{CONFIG_NAME}: not a {FORMAT_NAME} config")
@@ -354,7 +354,7 @@ def load_model_dir(
     has_heads = bool(info.get("has_pretraining_heads"))
     params = None
     if load_params:
-        params_dir = fs.join(directory, info.get("params", PARAMS_DIR))
+        params_dir = os.path.join(directory, info.get("params", PARAMS_DIR))
         if not fs.isdir(params_dir):
             raise ModelDirError(f"{directory} has no {PARAMS_DIR}/ directory (incomplete copy?)")
         expected = _expected_tree(config, has_heads)
@@ -393,9 +393,9 @@ def load_workdir_checkpoint(
     from bert_jax import checkpointing, config_lib
 
     workdir = fs.abspath(os.fspath(workdir))
-    run_config = ml_collections.ConfigDict(_read_json(fs.join(workdir, CONFIG_NAME)))
+    run_config = ml_collections.ConfigDict(_read_json(os.path.join(workdir, CONFIG_NAME)))
     config = config_lib.bert_config(run_config)
-    checkpoints = checkpointing.Checkpointer(fs.join(workdir, "checkpoints"), async_save=False)
+    checkpoints = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
     step, params = checkpoints.latest_step(), None
     if step is not None and load_params:
         # The params as the run holds them (padded vocabulary, `param_dtype`), onto the CPU.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 
 import jax
@@ -115,7 +116,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
         int(config.seed), str(config.get("dropout_rng_impl", "threefry2x32"))
     )
     checkpointer = checkpointing.Checkpointer(
-        fs.join(workdir, "checkpoints"),
+        os.path.join(workdir, "checkpoints"),
         keep=int(config.checkpoint.keep),
         async_save=bool(config.checkpoint.async_save),
     )
@@ -130,7 +131,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     )
     step = int(state.step)
     if is_main:  # the rows of steps after this one are redone: drop the old ones
-        metrics.drop_rows_after(fs.join(workdir, "metrics.jsonl"), step)
+        metrics.drop_rows_after(os.path.join(workdir, "metrics.jsonl"), step)
     console(
         f"bert-jax pretrain: {model_config.num_hidden_layers} layers, hidden "
         f"{model_config.hidden_size}, {total} steps in {len(phases)} phase(s) on "
@@ -193,7 +194,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     # --- Export and summary. ---
     model_path = None
     if not preempted and config.export_model:
-        model_path = export_model(trainer, state, tokenizer, fs.join(workdir, "model"))
+        model_path = export_model(trainer, state, tokenizer, os.path.join(workdir, "model"))
         console(f"exported model directory {model_path}")
     checkpointer.close()
     if last_eval:
@@ -230,11 +231,11 @@ def _prepare_workdir(config, workdir: str, is_main: bool):
     config_lib.validate(config, phases, mesh, None)
     tokenizer = inputs.resolve_tokenizer(config, phases, workdir)
     config_lib.validate(config, phases, mesh, tokenizer)
-    own_tokenizer = fs.join(workdir, "tokenizer")
+    own_tokenizer = os.path.join(workdir, "tokenizer")
     if is_main and not fs.isdir(own_tokenizer):
         tokenizer.save(own_tokenizer)  # the workdir alone then describes the model
     if is_main:
-        with fs.open(fs.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+        with fs.open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
             f.write(config.to_json_best_effort(indent=2))
     return phases, mesh, tokenizer
 

@@ -51,7 +51,7 @@ class WorkdirLock:
     """The lock on `workdir` (`<workdir>/bert-jax.lock`); `acquire` / `release`, or `with`."""
 
     def __init__(self, workdir: str | os.PathLike):
-        self.path = fs.join(fs.abspath(os.fspath(workdir)), LOCK_NAME)
+        self.path = os.path.join(fs.abspath(os.fspath(workdir)), LOCK_NAME)
         self.held = False
         self._mine: dict[str, object] = {}
 
@@ -112,7 +112,7 @@ class WorkdirLock:
 
     def _age(self) -> float:
         try:
-            return time.time() - fs.getmtime(self.path)
+            return time.time() - fs.modified(self.path).timestamp()
         except FileNotFoundError:
             return _WRITING_SECONDS
 
@@ -136,7 +136,7 @@ class WorkdirLock:
             else f"if that run is over, delete {self.path}"
         )
         return (
-            f"workdir {fs.dirname(self.path)} is in use by another run ({who}; lock file "
+            f"workdir {os.path.dirname(self.path)} is in use by another run ({who}; lock file "
             f"{self.path}): {hint}, or use another --workdir"
         )
 
@@ -173,10 +173,10 @@ def remove_leftovers(workdir: str, checkpointer, console) -> None:
             f"commit_success.txt; delete them once not needed): {', '.join(moved)}"
         )
     removed = checkpointer.remove_leftovers()
-    exported = fs.isdir(fs.join(workdir, "model"))
+    exported = fs.isdir(os.path.join(workdir, "model"))
     for name in sorted(fs.listdir(workdir)):
         match = _EXPORT_LEFTOVER.match(name)
-        path = fs.join(workdir, name)
+        path = os.path.join(workdir, name)
         if match and fs.isdir(path) and (match.group(1) == "tmp" or exported):
             fs.rmtree(path)
             removed.append(path)
@@ -209,8 +209,8 @@ def check_same_model(workdir: str, config) -> None:
     hold; the checkpoints are fine, the config changed, so the refusal names the differing
     settings and how to go on. Nothing in the workdir is touched.
     """
-    stored_path = fs.join(workdir, "config.json")
-    checkpoints = fs.join(workdir, "checkpoints")
+    stored_path = os.path.join(workdir, "config.json")
+    checkpoints = os.path.join(workdir, "checkpoints")
     if not fs.isfile(stored_path) or not fs.isdir(checkpoints):
         return
     if not any(name.isdigit() for name in fs.listdir(checkpoints)):

@@ -312,19 +312,19 @@ def _weight_files(path: str) -> list[str]:
         (SAFETENSORS_NAME, f"{SAFETENSORS_NAME}.index.json"),
         (PYTORCH_NAME, f"{PYTORCH_NAME}.index.json"),
     ):
-        if fs.exists(fs.join(path, single)):
-            return [fs.join(path, single)]
-        index_path = fs.join(path, index)
+        if fs.exists(os.path.join(path, single)):
+            return [os.path.join(path, single)]
+        index_path = os.path.join(path, index)
         if fs.exists(index_path):
             with fs.open(index_path, encoding="utf-8") as f:
                 weight_map = json.load(f).get("weight_map", {})
             files = sorted(set(weight_map.values()))
             if not files:
                 raise ConversionError(f"{index_path} lists no weight files")
-            missing = [name for name in files if not fs.exists(fs.join(path, name))]
+            missing = [name for name in files if not fs.exists(os.path.join(path, name))]
             if missing:
                 raise ConversionError(f"{index_path} lists {missing[0]}, which is missing")
-            return [fs.join(path, name) for name in files]
+            return [os.path.join(path, name) for name in files]
     present = ", ".join(sorted(fs.listdir(path))) or "nothing"
     raise ConversionError(
         f"{path} holds no {SAFETENSORS_NAME} or {PYTORCH_NAME} (found: {present}); only PyTorch "
@@ -338,7 +338,7 @@ def read_hf_dir(path: str | os.PathLike) -> HFCheckpoint:
     path = os.fspath(path)
     if not fs.isdir(path):
         raise ConversionError(f"{path} is not a directory (expected a Hugging Face model dir)")
-    config_path = fs.join(path, "config.json")
+    config_path = os.path.join(path, "config.json")
     if not fs.exists(config_path):
         raise ConversionError(f"{path} has no config.json")
     with fs.open(config_path, encoding="utf-8") as f:
@@ -380,10 +380,10 @@ def write_hf_dir(
     with_heads = "predictions" in params
     state = hf_state_dict_from(params, config, base_model_keys=not with_heads)
     written = ["config.json", SAFETENSORS_NAME]
-    with fs.open(fs.join(path, "config.json"), "w", encoding="utf-8") as f:
+    with fs.open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_config_from(config, with_heads=with_heads), f, indent=2, sort_keys=True)
         f.write("\n")
-    write_safetensors(fs.join(path, SAFETENSORS_NAME), state, {"format": "pt"})
+    write_safetensors(os.path.join(path, SAFETENSORS_NAME), state, {"format": "pt"})
     if tokenizer is not None:
         written += write_hf_tokenizer(path, tokenizer, config)
     return written
@@ -441,7 +441,7 @@ def write_hf_tokenizer(path: str, tokenizer: Any, config: BertConfig) -> list[st
         ("tokenizer_config.json", tok_config),
         ("special_tokens_map.json", special),
     ):
-        with fs.open(fs.join(path, name), "w", encoding="utf-8") as f:
+        with fs.open(os.path.join(path, name), "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2, sort_keys=True)
             f.write("\n")
         files.append(name)

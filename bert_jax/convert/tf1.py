@@ -92,12 +92,12 @@ def find_checkpoint(path: str | os.PathLike) -> str:
         return path
     if not fs.isdir(path):
         raise ConversionError(f"{path} is neither a checkpoint directory nor a checkpoint prefix")
-    if fs.exists(fs.join(path, "checkpoint")):
+    if fs.exists(os.path.join(path, "checkpoint")):
         tf = _tensorflow()
         latest = tf.train.latest_checkpoint(path)
         if latest and fs.exists(latest + ".index"):
             return latest
-    prefixes = sorted(p[: -len(".index")] for p in fs.glob(fs.join(path, "*.index")))
+    prefixes = sorted(p[: -len(".index")] for p in fs.glob(os.path.join(path, "*.index")))
     if len(prefixes) == 1:
         return prefixes[0]
     if not prefixes:
@@ -109,7 +109,7 @@ def find_checkpoint(path: str | os.PathLike) -> str:
     steps = [re.search(r"-(\d+)$", p) for p in prefixes]
     if all(steps):
         return max(zip(steps, prefixes), key=lambda sp: int(sp[0].group(1)))[1]
-    names = ", ".join(fs.basename(p) for p in prefixes)
+    names = ", ".join(os.path.basename(p) for p in prefixes)
     raise ConversionError(f"{path} holds several checkpoints ({names}); pass one prefix")
 
 
@@ -140,8 +140,8 @@ class TF1Checkpoint:
 def read_tf1_dir(path: str | os.PathLike) -> TF1Checkpoint:
     """Opens a checkpoint (directory or prefix) with bert_config.json beside it."""
     prefix = find_checkpoint(path)
-    directory = os.fspath(path) if fs.isdir(path) else fs.dirname(prefix)
-    config_path = fs.join(directory, CONFIG_NAME)
+    directory = os.fspath(path) if fs.isdir(path) else os.path.dirname(prefix)
+    config_path = os.path.join(directory, CONFIG_NAME)
     if not fs.exists(config_path):
         raise ConversionError(f"{directory} has no {CONFIG_NAME} (Google's model config)")
     with fs.open(config_path, encoding="utf-8") as f:
@@ -165,7 +165,7 @@ def read_tf1_dir(path: str | os.PathLike) -> TF1Checkpoint:
                 f"file?): {type(err).__name__}: {err}"
             ) from err
 
-    vocab = fs.join(directory, VOCAB_NAME)
+    vocab = os.path.join(directory, VOCAB_NAME)
     return TF1Checkpoint(
         os.fspath(path),
         prefix,

@@ -38,9 +38,9 @@ from bert_jax.errors import UserError, user_path
 
 def temporary_name(path: str) -> str:
     """A hidden sibling of ``path`` that no other writer can be using."""
-    directory, name = fs.dirname(fs.abspath(path)), fs.basename(path)
+    directory, name = os.path.dirname(fs.abspath(path)), os.path.basename(path)
     unique = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    return fs.join(directory, f".{name}.tmp-{unique}")
+    return os.path.join(directory, f".{name}.tmp-{unique}")
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
@@ -113,7 +113,7 @@ def _protected(path: str) -> str | None:
     if fs.is_remote(path):
         if "/" not in path[len(fs.SCHEME) :].strip("/"):
             return "a whole bucket"
-        if fs.isdir(fs.join(path, "checkpoints")):
+        if fs.isdir(os.path.join(path, "checkpoints")):
             return "a pretraining workdir (it holds checkpoints/)"
         return None
     home = os.path.abspath(os.path.expanduser("~"))
@@ -216,13 +216,17 @@ def _bucket_output_dir(path: str, kind: OutputKind, overwrite: bool) -> Iterator
         if not overwrite:
             raise UserError(f"{path} already exists (pass --overwrite to replace it)")
         check_replaceable(path, kind)
-    tmp = fs.join(fs.dirname(path), f".{fs.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = os.path.join(
+        os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}"
+    )
     try:
         yield tmp
         written = sorted(fs.walk_files(tmp))
         if fs.exists(path):
             fs.rmtree(path)
-        marker = [f for f in written if kind.marker_file and f == fs.join(tmp, kind.marker_file)]
+        marker = [
+            f for f in written if kind.marker_file and f == os.path.join(tmp, kind.marker_file)
+        ]
         for source in [f for f in written if f not in marker] + marker:
             fs.rename(source, path + source[len(tmp) :])
     finally:

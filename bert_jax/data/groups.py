@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -138,8 +139,8 @@ def write_group(output_dir: str, group_index: int, counts: dict, serialized: lis
     if not serialized:
         return
     # The sidecar goes first: a shard under its final name always has its counts next to it.
-    write_json_atomic(fs.join(output_dir, part_name(group_index, "json")), counts)
-    records_lib.write_records(fs.join(output_dir, part_name(group_index)), serialized)
+    write_json_atomic(os.path.join(output_dir, part_name(group_index, "json")), counts)
+    records_lib.write_records(os.path.join(output_dir, part_name(group_index)), serialized)
 
 
 # --- driver side ----------------------------------------------------------------------------------

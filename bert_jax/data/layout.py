@@ -20,7 +20,7 @@ TOKENIZER_SUBDIR = "tokenizer"
 
 def read_prepare_config(directory: str | os.PathLike) -> dict | None:
     """The settings ``data prepare`` recorded in ``directory``, or None for foreign records."""
-    path = fs.join(os.fspath(directory), CONFIG_FILE)
+    path = os.path.join(os.fspath(directory), CONFIG_FILE)
     if not fs.exists(path):
         return None
     with fs.open(path, encoding="utf-8") as f:

@@ -30,6 +30,7 @@ import dataclasses
 import gzip
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -69,7 +70,7 @@ _OWN_NAMES = (CONFIG_FILE, TOKENIZER_SUBDIR, "prepared-complete.json")
 RECORDS_KIND = files.OutputKind(
     name="records directory",
     marker=CONFIG_FILE,
-    is_own=lambda path: fs.isfile(fs.join(path, CONFIG_FILE)),
+    is_own=lambda path: fs.isfile(os.path.join(path, CONFIG_FILE)),
     holds=lambda name: name in _OWN_NAMES or bool(_OWN_NAME_RE.match(name)),
     marker_file=CONFIG_FILE,
 )
@@ -142,14 +143,14 @@ def read(directory: str) -> Manifest | None:
         payload = read_prepare_config(directory)
     except json.JSONDecodeError as err:
         raise UserError(
-            f"{fs.join(directory, CONFIG_FILE)} is not valid JSON ({err}); prepare the "
+            f"{os.path.join(directory, CONFIG_FILE)} is not valid JSON ({err}); prepare the "
             "directory again, into a new --output directory or with --overwrite"
         ) from None
     return None if payload is None else Manifest.from_json(payload)
 
 
 def write(directory: str, manifest: Manifest) -> None:
-    files.write_json_atomic(fs.join(directory, CONFIG_FILE), manifest.to_json())
+    files.write_json_atomic(os.path.join(directory, CONFIG_FILE), manifest.to_json())
 
 
 class _TextCheck:
@@ -422,8 +423,9 @@ def join_shards(
     manifests: dict[int, Manifest] = {}
     for index in range(num_shards):
         if not shards[index]:
+            stats = os.path.join(directory, stats_name(index, num_shards))
             raise ShardsError(
-                f"{fs.join(directory, stats_name(index, num_shards))} holds no manifest (written "
+                f"{stats} holds no manifest (written "
                 f"before shards could be merged); run data prepare with --shard-index {index} "
                 f"--num-shards {num_shards} again (it resumes, writing no records), then --merge"
             )

@@ -167,7 +167,7 @@ class PretrainIterator:
     # --- position ---------------------------------------------------------------------------
     def _fingerprint(self) -> str:
         description = {
-            "files": [fs.basename(f) for f in self.all_files],
+            "files": [os.path.basename(f) for f in self.all_files],
             "batch_size": self.batch_size,
             "max_seq_length": self.max_seq_length,
             "max_predictions_per_seq": self.max_predictions_per_seq,
@@ -355,7 +355,7 @@ def _masking_tokenizer(items: list[str], tokenizer: Tokenizer | None) -> Tokeniz
     """
     if tokenizer is None:
         for item in items:
-            candidate = fs.join(item, TOKENIZER_SUBDIR)
+            candidate = os.path.join(item, TOKENIZER_SUBDIR)
             if fs.isdir(item) and fs.isdir(candidate):
                 tokenizer = load_tokenizer(candidate)
                 break

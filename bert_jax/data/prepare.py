@@ -182,14 +182,14 @@ def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources:
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
         "sources": [
-            s if sources_lib.source_kind(s) in ("tfds", "embedded") else fs.basename(s)
+            s if sources_lib.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
             for s in sources
         ],
     }
 
 
 def _aside_dir(output_dir: str, settings: PrepareSettings) -> str:
-    return fs.join(output_dir, f".old-parts-{settings.shard_index}-of-{settings.num_shards}")
+    return os.path.join(output_dir, f".old-parts-{settings.shard_index}-of-{settings.num_shards}")
 
 
 def _set_aside_parts(
@@ -207,7 +207,7 @@ def _set_aside_parts(
         fs.makedirs(aside, exist_ok=True)
         for suffix in sorted(suffixes):
             name = part_name(group, suffix)
-            fs.rename(fs.join(output_dir, name), fs.join(aside, name))
+            fs.rename(os.path.join(output_dir, name), os.path.join(aside, name))
     return kept
 
 
@@ -227,15 +227,15 @@ def _start_stage(
     """
     fs.makedirs(output_dir, exist_ok=True)
     # Until this machine's stats file is written again, readers refuse the directory.
-    mark = fs.join(output_dir, manifest.stats_name(settings.shard_index, settings.num_shards))
+    mark = os.path.join(output_dir, manifest.stats_name(settings.shard_index, settings.num_shards))
     if fs.exists(mark):
         fs.remove(mark)
     existing = groups_lib.existing_parts(output_dir)
     if settings.overwrite:  # this machine's old shards: set aside, removed once all are new
         existing = _set_aside_parts(output_dir, existing, settings)
     manifest.write(output_dir, wanted)
-    tokenizer_dir = fs.join(output_dir, TOKENIZER_SUBDIR)
-    saved = fs.exists(fs.join(tokenizer_dir, "bert_jax_tokenizer.json"))
+    tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
+    saved = fs.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json"))
     if not saved or settings.overwrite:
         tokenizer.save(tokenizer_dir)
     return existing
@@ -255,7 +255,7 @@ class _Progress:
 
     def skip(self, group_index: int) -> None:
         self.groups_skipped += 1
-        self.files.append(fs.join(self.output_dir, part_name(group_index)))
+        self.files.append(os.path.join(self.output_dir, part_name(group_index)))
         self.parts.append(group_index)
 
     def finished(self, group_index: int, counts: dict, serialized: list[bytes]) -> None:
@@ -263,7 +263,7 @@ class _Progress:
             groups_lib.write_group(self.output_dir, group_index, counts, serialized)
         self.instance_stats.add(counts)
         if counts.get("instances"):
-            self.files.append(fs.join(self.output_dir, part_name(group_index)))
+            self.files.append(os.path.join(self.output_dir, part_name(group_index)))
             self.parts.append(group_index)
             self.groups_written += 1
         logger.info("group %d: %d instances", group_index, counts.get("instances", 0))
@@ -403,7 +403,7 @@ def _write_stats(result: PrepareResult, settings: PrepareSettings, shard: dict) 
     """This machine's completion mark: its counts, and its shard (``manifest.shard_record``)."""
     name = manifest.stats_name(settings.shard_index, settings.num_shards)
     write_json_atomic(
-        fs.join(result.output_dir, name),
+        os.path.join(result.output_dir, name),
         {
             "shard": shard,
             "corpus": result.corpus_stats.as_dict(),
@@ -457,12 +457,12 @@ def prepare_cached(
     }
     key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
     if cache_dir is None:
-        cache_dir = fs.join(tempfile.gettempdir(), "bert_jax_data")
-    output_dir = fs.join(os.fspath(cache_dir), f"prepared-{key[:16]}")
-    marker = fs.join(output_dir, _COMPLETE_MARKER)
+        cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")
+    output_dir = os.path.join(os.fspath(cache_dir), f"prepared-{key[:16]}")
+    marker = os.path.join(output_dir, _COMPLETE_MARKER)
     if fs.exists(marker):
         with fs.open(marker, encoding="utf-8") as f:
-            return [fs.join(output_dir, name) for name in json.load(f)["files"]]
+            return [os.path.join(output_dir, name) for name in json.load(f)["files"]]
     files = prepare_records(
         items, tokenizer, output_dir, settings, output_what="config.data.cache_dir"
     ).files
@@ -472,7 +472,7 @@ def prepare_cached(
             "sentence pairs); give a larger corpus"
         )
     if write_marker:
-        write_json_atomic(marker, {"files": [fs.basename(f) for f in files]})
+        write_json_atomic(marker, {"files": [os.path.basename(f) for f in files]})
     return files
 
 
@@ -496,7 +496,7 @@ def _read_marks(output_dir: str, num_shards: int, done: set[int]) -> dict[int, d
     versions, which recorded no shard)."""
     shards: dict[int, dict | None] = {}
     for index in sorted(i for i in done if i < num_shards):
-        path = fs.join(output_dir, manifest.stats_name(index, num_shards))
+        path = os.path.join(output_dir, manifest.stats_name(index, num_shards))
         try:
             with fs.open(path, encoding="utf-8") as f:
                 shards[index] = json.load(f).get("shard")
@@ -537,7 +537,7 @@ def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output"
             "stats files and run those shards again"
         )
     ((num_shards, done),) = marks.items()
-    if not fs.exists(fs.join(output_dir, TOKENIZER_SUBDIR, "bert_jax_tokenizer.json")):
+    if not fs.exists(os.path.join(output_dir, TOKENIZER_SUBDIR, "bert_jax_tokenizer.json")):
         raise manifest.ShardsError(
             f"{output_dir} has no {TOKENIZER_SUBDIR}/ (each machine saves it); copy it from a "
             "machine's output or run one shard again"
@@ -550,7 +550,7 @@ def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output"
         manifest.write(output_dir, merged)
     instances = 0
     for group in sorted(g for record in shards.values() for g in record["parts"]):
-        with fs.open(fs.join(output_dir, part_name(group, "json")), encoding="utf-8") as f:
+        with fs.open(os.path.join(output_dir, part_name(group, "json")), encoding="utf-8") as f:
             instances += json.load(f).get("instances", 0)
     parts = sum(len(record["parts"]) for record in shards.values())
     return MergeResult(output_dir, num_shards, parts, instances)

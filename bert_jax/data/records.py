@@ -295,7 +295,7 @@ def write_records(path: str, serialized: Sequence[bytes]) -> int:
             for record in serialized:
                 writer.write(record)
         return len(serialized)
-    fs.makedirs(fs.dirname(fs.abspath(path)), exist_ok=True)
+    fs.makedirs(os.path.dirname(fs.abspath(path)), exist_ok=True)
     tmp = temporary_name(path)
     try:
         with tf.io.TFRecordWriter(tmp) as writer:
@@ -333,7 +333,7 @@ def list_record_files(records: str | os.PathLike | Sequence[str | os.PathLike]) 
         item = os.fspath(item)
         if fs.isdir(item):
             found = sorted(
-                fs.join(item, f)
+                os.path.join(item, f)
                 for f in fs.listdir(item)
                 if RECORD_SUFFIX in f and not f.startswith(".")
             )

@@ -127,7 +127,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self.processor.decode(keep)
 
     def _save_files(self, directory: str) -> None:
-        write_bytes_atomic(fs.join(directory, SPM_NAME), self._model_proto)
+        write_bytes_atomic(os.path.join(directory, SPM_NAME), self._model_proto)
 
     def _fingerprint_bytes(self) -> bytes:
         return self._model_proto
@@ -205,7 +205,7 @@ def train_sentencepiece(
             tokenizer = SentencePieceTokenizer(f.read(), lowercase=lowercase)
         # The human-readable piece list, for inspection only (loading needs just the model).
         if fs.is_remote(output_dir):
-            fs.upload(prefix + ".vocab", fs.join(output_dir, "spiece.vocab"))
+            fs.upload(prefix + ".vocab", os.path.join(output_dir, "spiece.vocab"))
         else:
             os.replace(prefix + ".vocab", os.path.join(output_dir, "spiece.vocab"))
     tokenizer.save(output_dir)

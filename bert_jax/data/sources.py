@@ -93,11 +93,11 @@ def source_kind(source: str | os.PathLike) -> SourceKind:
         return "tfds"
     if source.split(":", 1)[0] == EMBEDDED:
         return "embedded"
-    if fs.is_remote(source) and RECORD_SUFFIX in fs.basename(source):
+    if fs.is_remote(source) and RECORD_SUFFIX in os.path.basename(source):
         return "records"  # by its name alone: no request to the bucket
     if fs.isdir(source):
         return "records" if any(RECORD_SUFFIX in f for f in fs.listdir(source)) else "text"
-    return "records" if RECORD_SUFFIX in fs.basename(source) else "text"
+    return "records" if RECORD_SUFFIX in os.path.basename(source) else "text"
 
 
 def _is_jsonl(path: str) -> bool:
@@ -176,9 +176,9 @@ def expand_sources(sources: Sequence[str | os.PathLike]) -> list[str]:
             resolved.append(source)
         elif fs.isdir(source):
             files = sorted(
-                fs.join(source, f)
+                os.path.join(source, f)
                 for f in fs.listdir(source)
-                if not f.startswith(".") and fs.isfile(fs.join(source, f))
+                if not f.startswith(".") and fs.isfile(os.path.join(source, f))
             )
             if not files:
                 raise UserError(f"input directory {source} holds no files")

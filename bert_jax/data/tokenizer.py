@@ -107,39 +107,39 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> To
 
 def _load_tokenizer(path: str, lowercase: bool | None) -> Tokenizer:
     # A model directory or pretraining workdir keeps its tokenizer in `tokenizer/`.
-    nested = fs.join(path, "tokenizer")
-    if fs.isdir(nested) and not fs.exists(fs.join(path, CONFIG_NAME)):
+    nested = os.path.join(path, "tokenizer")
+    if fs.isdir(nested) and not fs.exists(os.path.join(path, CONFIG_NAME)):
         path = nested
     if fs.isdir(path):
-        config_path = fs.join(path, CONFIG_NAME)
+        config_path = os.path.join(path, CONFIG_NAME)
         if fs.exists(config_path):
             config = read_json(config_path)
             stored_lowercase = bool(config.get("lowercase", False))
             lower = stored_lowercase if lowercase is None else lowercase
             kind = config.get("type")
             if kind == "sentencepiece":
-                return SentencePieceTokenizer.from_file(fs.join(path, SPM_NAME), lower)
+                return SentencePieceTokenizer.from_file(os.path.join(path, SPM_NAME), lower)
             if kind == "wordpiece":
-                return WordPieceTokenizer.from_file(fs.join(path, VOCAB_NAME), lower)
+                return WordPieceTokenizer.from_file(os.path.join(path, VOCAB_NAME), lower)
             raise UserError(f"{config_path}: unknown tokenizer type {kind!r}")
         models = sorted(f for f in fs.listdir(path) if f.endswith(".model"))
         if SPM_NAME in models:
             models = [SPM_NAME]
         if len(models) == 1:
-            return SentencePieceTokenizer.from_file(fs.join(path, models[0]), bool(lowercase))
+            return SentencePieceTokenizer.from_file(os.path.join(path, models[0]), bool(lowercase))
         if len(models) > 1:
             raise UserError(
                 f"{path} holds several SentencePiece models ({', '.join(models)}); pass one file"
             )
-        vocab_path = fs.join(path, VOCAB_NAME)
+        vocab_path = os.path.join(path, VOCAB_NAME)
         if fs.exists(vocab_path):
             if lowercase is None:
-                hf_config = fs.join(path, "tokenizer_config.json")
+                hf_config = os.path.join(path, "tokenizer_config.json")
                 if fs.exists(hf_config):
                     value = read_json(hf_config).get("do_lower_case")
                     lowercase = None if value is None else bool(value)
             return WordPieceTokenizer.from_file(vocab_path, lowercase)
-        hf_json = fs.join(path, HF_TOKENIZER_JSON)
+        hf_json = os.path.join(path, HF_TOKENIZER_JSON)
         if fs.exists(hf_json):
             return WordPieceTokenizer.from_hf_json(hf_json, lowercase)
         raise UserError(

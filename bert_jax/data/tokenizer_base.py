@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -131,7 +132,7 @@ class Tokenizer:
             "vocab_size": self.vocab_size,
             "special_tokens": self.special_ids,
         }
-        write_json_atomic(fs.join(directory, CONFIG_NAME), config)
+        write_json_atomic(os.path.join(directory, CONFIG_NAME), config)
 
     def __repr__(self) -> str:
         return (

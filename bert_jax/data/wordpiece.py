@@ -22,6 +22,7 @@ it does not NFC-normalise, so a cased vocabulary sees "e" + U+0301 as two pieces
 from __future__ import annotations
 
 import json
+import os
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -345,7 +346,7 @@ class WordPieceTokenizer(Tokenizer):
 
     def _save_files(self, directory: str) -> None:
         text = "".join(token + "\n" for token in self.vocab)
-        write_bytes_atomic(fs.join(directory, VOCAB_NAME), text.encode("utf-8"))
+        write_bytes_atomic(os.path.join(directory, VOCAB_NAME), text.encode("utf-8"))
 
     def _fingerprint_bytes(self) -> bytes:
         return "\n".join(self.vocab).encode("utf-8")

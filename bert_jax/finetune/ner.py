@@ -23,6 +23,7 @@ sub-tokens around the sentence in its document (half before, half after), unlabe
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,7 +116,7 @@ def read_conll(path: str) -> list[Sentence]:
 
 def split_path(data: str, split: str) -> str | None:
     for name in SPLIT_FILES[split]:
-        path = fs.join(data, name)
+        path = os.path.join(data, name)
         if fs.isfile(path):
             return path
     return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -424,19 +425,19 @@ def write_reports(
         "selection": "best dev score in the paper's metric per task (MNLI: mean of m and mm)",
     }
     written = []
-    path = fs.join(workdir, "results.json")
+    path = os.path.join(workdir, "results.json")
     _write_text_atomic(path, json.dumps(results_json(records, best, protocol), indent=2) + "\n")
     written.append(path)
-    path = fs.join(workdir, "results.csv")
+    path = os.path.join(workdir, "results.csv")
     _write_text_atomic(path, results_csv(records, best))
     written.append(path)
-    path = fs.join(workdir, "results.md")
+    path = os.path.join(workdir, "results.md")
     _write_text_atomic(path, results_markdown(records, best, protocol))
     written.append(path)
-    plots = fs.join(workdir, "plots")
+    plots = os.path.join(workdir, "plots")
     fs.makedirs(plots, exist_ok=True)
     for task_name in _ordered_tasks(best):
-        path = fs.join(plots, f"{get_task(task_name).name}.png")
+        path = os.path.join(plots, f"{get_task(task_name).name}.png")
         plot_task(path, task_name, [r for r in records if r["task"] == task_name], best[task_name])
         written.append(path)
     return written

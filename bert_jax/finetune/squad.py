@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
@@ -133,10 +134,10 @@ def split_files(data: str, version: str, dev_data: str | None = None) -> tuple[s
     """(train JSON, dev JSON) from `--data` (a directory or the train file) and `--dev-data`."""
     names = {split: f"{split}-{version}.json" for split in ("train", "dev")}
     if fs.isdir(data):
-        train, dev = (fs.join(data, names[s]) for s in ("train", "dev"))
+        train, dev = (os.path.join(data, names[s]) for s in ("train", "dev"))
     else:
         train = data
-        dev = fs.join(fs.dirname(fs.abspath(data)), names["dev"])
+        dev = os.path.join(os.path.dirname(fs.abspath(data)), names["dev"])
     dev = dev_data or dev
     for path in (train, dev):
         if not fs.isfile(path):

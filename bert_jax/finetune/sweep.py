@@ -80,7 +80,7 @@ class Trial:
         return f"{self.task.name}/lr={self.learning_rate:g}_seed={self.seed}"
 
     def directory(self, workdir: str) -> str:
-        return fs.join(
+        return os.path.join(
             workdir, "trials", self.task.name, f"lr={self.learning_rate:g}_seed={self.seed}"
         )
 
@@ -147,7 +147,7 @@ def load_finished(
     trial: Trial, workdir: str, settings: FinetuneSettings, model: str
 ) -> dict[str, Any] | None:
     """The trial's saved record when it finished with matching settings; None when not finished."""
-    path = fs.join(trial.directory(workdir), RESULT_NAME)
+    path = os.path.join(trial.directory(workdir), RESULT_NAME)
     if not fs.exists(path):
         return None
     with fs.open(path, encoding="utf-8") as f:
@@ -198,9 +198,9 @@ def run_trial(
         fs.makedirs(directory, exist_ok=True)
         for split, (guids, predictions) in result.test_predictions.items():
             write_submission_tsv(
-                fs.join(directory, submission_file(trial.task, split)), guids, predictions
+                os.path.join(directory, submission_file(trial.task, split)), guids, predictions
             )
-        write_json_atomic(fs.join(directory, RESULT_NAME), record)
+        write_json_atomic(os.path.join(directory, RESULT_NAME), record)
     return record
 
 
@@ -256,7 +256,7 @@ def select_best(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def copy_submission(best: dict[str, dict[str, Any]], workdir: str) -> list[str]:
     """Copy each task's selected trial's prediction files into `workdir/submission/`."""
-    target = fs.join(workdir, SUBMISSION_DIR)
+    target = os.path.join(workdir, SUBMISSION_DIR)
     fs.makedirs(target, exist_ok=True)
     written = []
     for task_name, record in best.items():
@@ -264,9 +264,9 @@ def copy_submission(best: dict[str, dict[str, Any]], workdir: str) -> list[str]:
             workdir
         )
         for name in record.get("test_files", []):
-            data = fs.read_bytes(fs.join(source, name))
-            files.write_bytes_atomic(fs.join(target, name), data)
-            written.append(fs.join(target, name))
+            data = fs.read_bytes(os.path.join(source, name))
+            files.write_bytes_atomic(os.path.join(target, name), data)
+            written.append(os.path.join(target, name))
     return written
 
 

@@ -90,7 +90,7 @@ class TaskSpec:
         return 1 if self.labels is None else len(self.labels)
 
     def split_file(self, data_dir: str, split: str) -> str:
-        return fs.join(data_dir, self.directory, f"{split}.tsv")
+        return os.path.join(data_dir, self.directory, f"{split}.tsv")
 
 
 def _pair(text_a: str, text_b: str, label: str | None) -> Columns:
@@ -349,7 +349,7 @@ def read_split(data: str, task: TaskSpec | str, split: str) -> list[Example]:
     if data == "tfds" or data.startswith("tfds:"):
         return read_tfds(task, split, data_dir=data[5:] or None)
     if split == "diagnostic":
-        path = fs.join(data, DIAGNOSTIC_FILE)
+        path = os.path.join(data, DIAGNOSTIC_FILE)
         return read_tsv(path, task, DIAGNOSTIC_COLUMNS, labeled=False, split=split)
     test = is_test_split(split)
     columns = task.test_columns if test else task.labeled_columns
@@ -366,7 +366,7 @@ def available_test_splits(data: str, task: TaskSpec) -> list[str]:
     present = []
     for split in splits:
         path = (
-            fs.join(data, DIAGNOSTIC_FILE)
+            os.path.join(data, DIAGNOSTIC_FILE)
             if split == "diagnostic"
             else task.split_file(data, split)
         )

@@ -19,6 +19,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -132,12 +133,12 @@ def run_token_task(
     if _is_writer():
         workdir = finetune_workdir.open_workdir(workdir, "finetune")
         for name, text in outputs.items():
-            _write_text(fs.join(workdir, name), text)
-        _write_text(fs.join(workdir, "results.md"), results_markdown(result))
-        fs.makedirs(fs.join(workdir, "plots"), exist_ok=True)
+            _write_text(os.path.join(workdir, name), text)
+        _write_text(os.path.join(workdir, "results.md"), results_markdown(result))
+        fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
         plot_name = result["task"].replace("/", "-") + ".png"
-        plot_history(fs.join(workdir, "plots", plot_name), result)
-        files.write_json_atomic(fs.join(workdir, "result.json"), result)
+        plot_history(os.path.join(workdir, "plots", plot_name), result)
+        files.write_json_atomic(os.path.join(workdir, "result.json"), result)
     return result
 
 

@@ -11,6 +11,8 @@ the current or home directory, or a pretraining workdir (`data.files.check_repla
 
 from __future__ import annotations
 
+import os
+
 from bert_jax import fs
 from bert_jax.data import files
 from bert_jax.errors import user_path
@@ -36,7 +38,7 @@ _NAMES = (
 
 def is_finetune_workdir(path: str) -> bool:
     """Marked, or holding a result of a run from before the marker existed."""
-    return any(fs.exists(fs.join(path, name)) for name in (MARKER, "result.json", "trials"))
+    return any(fs.exists(os.path.join(path, name)) for name in (MARKER, "result.json", "trials"))
 
 
 KIND = files.OutputKind(
@@ -59,7 +61,7 @@ def open_workdir(workdir: str, command: str, writer: bool = True) -> str:
     if writer:
         with user_path(workdir, "--workdir", writing=True):
             fs.makedirs(workdir, exist_ok=True)
-            marker = fs.join(workdir, MARKER)
+            marker = os.path.join(workdir, MARKER)
             if not fs.exists(marker):
                 files.write_json_atomic(marker, {"written_by": f"bert-jax {command}"})
     return workdir

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Iterable, Sequence
 
@@ -47,7 +48,7 @@ RESTART_CAUSES = ("preempted", "stalled", "failed")
 
 
 def path(workdir: str) -> str:
-    return fs.join(workdir, "launch", "events.jsonl")
+    return os.path.join(workdir, "launch", "events.jsonl")
 
 
 class EventLog:
@@ -62,7 +63,7 @@ class EventLog:
     def append(self, event: str, **fields) -> dict:
         row = {"time": round(self._clock(), 3), "event": event, **fields}
         self.rows.append(row)
-        fs.makedirs(fs.dirname(self.path), exist_ok=True)
+        fs.makedirs(os.path.dirname(self.path), exist_ok=True)
         fs.write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
         return row
 

@@ -39,11 +39,11 @@ log = logging.getLogger("bert_jax")
 
 
 def directory(workdir: str) -> str:
-    return fs.join(workdir, "launch", "heartbeat")
+    return os.path.join(workdir, "launch", "heartbeat")
 
 
 def logs_directory(workdir: str) -> str:
-    return fs.join(workdir, "launch", "logs")
+    return os.path.join(workdir, "launch", "logs")
 
 
 def _seconds(name: str, default: float) -> float:
@@ -72,7 +72,7 @@ class Heartbeat:
         attempt: int | None = None,
         clock: Callable[[], float] = time.time,
     ):
-        self.path = fs.join(directory(workdir), f"process-{process_index}.json")
+        self.path = os.path.join(directory(workdir), f"process-{process_index}.json")
         self.interval = (
             interval if interval is not None else _seconds(INTERVAL_ENV, DEFAULT_INTERVAL)
         )
@@ -84,7 +84,7 @@ class Heartbeat:
         if attempt is None:
             attempt = int(os.environ.get(ATTEMPT_ENV, "0") or 0)
         self.log_file = log_file if log_file is not None else os.environ.get(LOG_FILE_ENV)
-        self.log_copy = fs.join(
+        self.log_copy = os.path.join(
             logs_directory(workdir), f"attempt-{attempt}-process-{process_index}.log"
         )
         self._clock = clock
@@ -180,7 +180,7 @@ class Heartbeat:
         self._last_write = now
 
         def write():
-            fs.makedirs(fs.dirname(self.path), exist_ok=True)
+            fs.makedirs(os.path.dirname(self.path), exist_ok=True)
             fs.write_text(self.path, json.dumps(record) + "\n")
 
         self._guard(write, "heartbeat")
@@ -196,7 +196,7 @@ class Heartbeat:
             with open(path, "rb") as f:
                 f.seek(max(0, size - LOG_BYTES))
                 data = f.read()
-            fs.makedirs(fs.dirname(self.log_copy), exist_ok=True)
+            fs.makedirs(os.path.dirname(self.log_copy), exist_ok=True)
             fs.write_bytes(self.log_copy, data)
 
         self._guard(copy, "log copy")
@@ -222,7 +222,7 @@ def read_all(workdir: str) -> list[dict]:
         if not (name.startswith("process-") and name.endswith(".json")):
             continue
         try:
-            found.append(json.loads(fs.read_text(fs.join(folder, name))))
+            found.append(json.loads(fs.read_text(os.path.join(folder, name))))
         except (OSError, ValueError):
             continue
     return sorted(found, key=lambda r: r.get("process", 0))

@@ -187,7 +187,7 @@ class Watcher:
     def _release_lock(self) -> None:
         """The workdir lock of a run whose slice is gone: its holder died with the slice, and a
         new slice's hosts (other host names) could not tell; the next start would be refused."""
-        lock = fs.join(self.job.workdir, LOCK_NAME)
+        lock = os.path.join(self.job.workdir, LOCK_NAME)
         if fs.exists(lock):
             holder = fs.read_text(lock).strip()
             fs.remove(lock)
@@ -301,9 +301,8 @@ class Watcher:
                 self.say("the log's last lines:\n" + "\n".join(lines))
         else:
             self.log.append("finished", reason=decision.reason, **where)
-            self.say(
-                f"finished: {decision.reason}; the model is in {fs.join(self.job.workdir, 'model')}"
-            )
+            model = os.path.join(self.job.workdir, "model")
+            self.say(f"finished: {decision.reason}; the model is in {model}")
         if self.policy.keep:
             self.say(f"keeping {self.vm.name} (--keep)")
         else:

@@ -20,11 +20,11 @@ ATTEMPT_ENV = heartbeat.ATTEMPT_ENV
 
 
 def job_path(workdir: str) -> str:
-    return fs.join(workdir, "launch", "job.json")
+    return os.path.join(workdir, "launch", "job.json")
 
 
 def source_path(workdir: str) -> str:
-    return fs.join(workdir, "launch", "src.tar.gz")
+    return os.path.join(workdir, "launch", "src.tar.gz")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Job:
 def save_job(job: Job, source_dir: str, archive: str) -> None:
     """Writes job.json and the packed source into the workdir: all a later watcher needs."""
     tpu.pack_source(source_dir, archive)
-    fs.makedirs(fs.dirname(job_path(job.workdir)), exist_ok=True)
+    fs.makedirs(os.path.dirname(job_path(job.workdir)), exist_ok=True)
     fs.upload(archive, source_path(job.workdir))
     fs.write_text(job_path(job.workdir), job.to_json())
 
@@ -87,19 +87,19 @@ LOCK_NAME = "bert-jax.lock"
 def latest_checkpoint(workdir: str) -> int | None:
     """The newest finished checkpoint step in the workdir: Orbax names a save by its step (a
     local one once complete; one in a bucket is complete with its commit marker)."""
-    folder = fs.join(workdir, "checkpoints")
+    folder = os.path.join(workdir, "checkpoints")
     try:
         steps = sorted((int(name) for name in fs.listdir(folder) if name.isdigit()), reverse=True)
     except FileNotFoundError:
         return None
     for step in steps:
-        if not fs.is_remote(folder) or fs.exists(fs.join(folder, str(step), COMMIT_MARKER)):
+        if not fs.is_remote(folder) or fs.exists(os.path.join(folder, str(step), COMMIT_MARKER)):
             return step
     return None
 
 
 def model_exported(workdir: str) -> bool:
-    return fs.exists(fs.join(workdir, "model", "config.json"))
+    return fs.exists(os.path.join(workdir, "model", "config.json"))
 
 
 def all_stepped(beats: Sequence[dict]) -> bool:
