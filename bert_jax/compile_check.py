@@ -38,16 +38,16 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import flax.linen as nn
 import jax
 import ml_collections
 import optax
 
-from bert_jax import config_lib, cost_model, metrics, optim, partitioning
+from bert_jax import config_lib, cost_model, host_memory, metrics, optim, partitioning
 from bert_jax.errors import UserError
-from bert_jax.topology import TpuTarget, mesh_error
+from bert_jax.topology import TpuTarget, compile_environment, has_local_tpu_chips, mesh_error
 from bert_jax.train import ShardedTrainer, dummy_batch
 
 GIB = 1024**3
@@ -285,17 +285,22 @@ def _cache_read(key: str) -> CompiledFigures | None:
     try:
         with open(path, encoding="utf-8") as f:
             entry = json.load(f)
-        if "does_not_fit" in entry:
-            raise DoesNotFitError(entry["does_not_fit"])
-        return CompiledFigures(
+        figures = CompiledFigures(
             key,
             cost_model.Memory(**entry["memory"]),
             cost_model.ProgramCost(**entry["cost"]),
             float(entry["compile_seconds"]),
             cached=True,
-        )
-    except (OSError, ValueError, KeyError, TypeError):  # unreadable or older: compile again
+        ) if "memory" in entry else None  # fmt: skip
+        limit = int(entry.get("host_memory_limit", 0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable, older
         return None
+    if "does_not_fit" in entry:
+        raise DoesNotFitError(entry["does_not_fit"])
+    # Too large for a host's memory: held against a limit no larger, compiled again on more.
+    if limit and _host_limit is not None and _host_limit <= limit:
+        raise host_memory.HostMemoryError(f"{entry['host_memory']} (found in the compile cache)")
+    return figures
 
 
 def _cache_write(key: str, entry: dict) -> None:
@@ -313,6 +318,35 @@ def _cache_write(key: str, entry: dict) -> None:
         pass
 
 
+# In a watched child (`check(watched=True)`): told (program key, what) as each compile starts
+# (and ("", ...) as it ends), and the host-memory limit a cached "too large for this host"
+# verdict is held against.
+_compiling: Callable[[str, str], None] = lambda key, what: None
+_host_limit: int | None = None
+
+
+def _check_in_child(note, config, target, device_memory_bytes, limit):
+    global _compiling, _host_limit
+    _compiling, _host_limit = note, limit
+    return check(config, target, device_memory_bytes=device_memory_bytes)
+
+
+def _check_watched(config, target: TpuTarget, device_memory_bytes) -> CompileReport:
+    limit = host_memory.limit_bytes()
+    compiling = [("", f"the compile check for {target.describe()}")]
+    try:
+        return host_memory.run_watched(
+            _check_in_child, config, target, device_memory_bytes, limit,
+            what=lambda: compiling[-1][1], on_note=lambda *note: compiling.append(note),
+            limit=limit, environment=compile_environment(),
+        )  # fmt: skip
+    except host_memory.HostMemoryError as err:
+        key = compiling[-1][0]
+        if key and limit is not None:
+            _cache_write(key, {"host_memory_limit": limit, "host_memory": str(err)})
+        raise
+
+
 def _compile_for_target(jitted, mesh, rules, *args, what: str, target: TpuTarget, options):
     """Lowers for `target`'s compile-only devices and compiles, or reads the figures of the same
     program from the cache; a program that does not fit is cached as such too."""
@@ -324,7 +358,9 @@ def _compile_for_target(jitted, mesh, rules, *args, what: str, target: TpuTarget
             found = _cache_read(key)
             if found is not None:
                 return found
+            _compiling(key, f"compiling {what} for {target.describe()}")
             compiled = lowered.compile()
+            _compiling("", f"the compile check for {target.describe()}")
     except DoesNotFitError:
         raise
     except Exception as err:
@@ -400,13 +436,19 @@ def check(
     target: TpuTarget | None = None,
     *,
     device_memory_bytes: int | None = None,
+    watched: bool = False,
 ) -> CompileReport:
     """Compiles the train step of every phase from shapes only; see the module docstring.
 
     Raises UserError for shapes that do not divide the mesh (naming the setting) and for a mesh
     that cannot be laid over `target`'s torus, and DoesNotFitError when XLA itself runs
-    out of device memory while compiling.
+    out of device memory while compiling. `watched`: for a TPU target on a host without chips,
+    the check runs in a child process stopped at the host's memory limit (`host_memory`), with
+    HostMemoryError naming the program; the program is remembered in the compile cache as too
+    large for that limit.
     """
+    if watched and target is not None and not has_local_tpu_chips():
+        return _check_watched(config, target, device_memory_bytes)
     phases = config_lib.plan_phases(config)
     config_lib.check_values(config, phases)
     mesh = _mesh(config, target)
@@ -572,7 +614,7 @@ def main(
     memory = None if device_memory_gib is None else int(device_memory_gib * GIB)
     show = print if jax.process_index() == 0 else (lambda *a, **k: None)
     try:
-        report = check(config, target=target, device_memory_bytes=memory)
+        report = check(config, target=target, device_memory_bytes=memory, watched=True)
     except DoesNotFitError as err:
         on = f" on {target.describe()}" if target is not None else ""
         show(f"compile check: DOES NOT FIT{on}: {err}")

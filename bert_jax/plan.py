@@ -28,7 +28,10 @@ prunes what cannot win or cannot differ; every pruned candidate is kept in the p
 Two settings that lower to the same program (the same `compile_check.program_key`: lowered text,
 compiler options, topology, versions) are compiled once; the later one is reported as pruned.
 Compiled figures are cached on disk by that key (`compile_check.cache_root()`), so a re-plan
-lowers but does not compile again.
+lowers but does not compile again. On a host without TPU chips each candidate compiles in a
+child process stopped at the host's memory limit (`host_memory`): a program too large to
+compile here, or one whose compile crashes XLA, is a candidate that does not fit, with the
+reason, and the search goes on.
 
 The fastest fitting candidate of each phase makes the schedule (its steps times the estimated
 step time; chip-hours times the price per chip-hour from configs/tpu_prices.json, which states
@@ -56,7 +59,7 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import compile_check, config_lib
+from bert_jax import compile_check, config_lib, host_memory
 from bert_jax.errors import UserError, user_path
 from bert_jax.model import REMAT_POLICIES
 from bert_jax.topology import TpuTarget
@@ -255,14 +258,18 @@ def search(
     while accum <= max_accum and phase.batch_size % (replicas * accum) == 0:
         per_replica = phase.batch_size // (replicas * accum)
         try:
-            report = compile_check.check(_phase_config(config, phase, setting, accum), target)
+            phase_config = _phase_config(config, phase, setting, accum)
+            report = compile_check.check(phase_config, target, watched=True)
         except compile_check.DoesNotFitError as err:
             last, fitted = str(err), None
             compiles += 1
-        except UserError as err:  # e.g. a mesh the torus cannot hold
+        except (UserError, host_memory.ChildDied) as err:
+            # a mesh the torus cannot hold; a compile past the host's memory, or one that
+            # crashed XLA's compiler: not compiled here, and the search goes on
+            why = f"the compiler crashed: {err}" if isinstance(err, host_memory.ChildDied) else err
             return Candidate(
                 phase.name, setting.mesh_kind, tuple(setting.mesh), accum, per_replica, False,
-                note=str(err), **common,
+                note=str(why), **common,
             )  # fmt: skip
         else:
             fitted = report.phases[0]

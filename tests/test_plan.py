@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from bert_jax import cli, compile_check, config_lib, cost_model, plan, topology
+from bert_jax import cli, compile_check, config_lib, cost_model, host_memory, plan, topology
 from bert_jax.cli import config_flags
 from bert_jax.cli import plan as plan_cli
 from bert_jax.errors import UserError
@@ -148,6 +148,38 @@ def test_rematerialization_is_tried_only_where_it_saves_micro_batches(monkeypatc
     assert "fits without accumulation: remat only adds recomputation" in out
     outcome = faults.run_cli(capsys, [*argv, "--remat", "some"])
     faults.assert_user_error(outcome, "--remat: unknown policy 'some'")
+
+
+@pytest.mark.parametrize(
+    "failure, note",
+    [
+        (
+            host_memory.ChildDied("compiling ...: its process ended by SIGSEGV"),
+            "the compiler crashed",
+        ),
+        (host_memory.HostMemoryError("compiling ... held 21.0 GiB"), "compiling ... held 21.0 GiB"),
+    ],
+)
+def test_a_compile_that_crashes_or_outgrows_the_host_is_noted_and_the_search_goes_on(
+    monkeypatch, base_config, failure, note
+):
+    """Remat's compile (data parallel needs 2 micro-batches, so remat is tried at 1) crashes XLA
+    or passes the host's memory: that candidate is not compiled, the plan is made without it."""
+    scripted = scripted_check(4.0, 1.0, [], micro_ms=10.0)
+
+    def check(config, target=None, **kwargs):
+        if config.model.remat != "none":
+            raise failure
+        return scripted(config, target, **kwargs)
+
+    monkeypatch.setattr(compile_check, "check", check)
+    result = plan.plan(
+        base_config, topology.parse("v5p-16"), kinds=["dp"], dtypes=("bfloat16",),
+        windowed=(False,), zero=(False,), remats=("dots",),
+    )  # fmt: skip
+    (remat,) = [c for c in result.candidates if c.phase == "phase1" and c.stage == "remat"]
+    assert not remat.fits and remat.note.startswith(note)
+    assert result.schedule[0].candidate.accum_steps == 2 and result.schedule[0].candidate.fits
 
 
 def test_the_stages_prune_what_cannot_win_and_say_why(monkeypatch, base_config):
