@@ -71,13 +71,15 @@ def test_the_childs_result_notes_and_errors_come_back():
 
 
 def test_a_child_past_the_limit_is_stopped_and_named():
-    started = time.perf_counter()
+    """The child imports what it needs (well under 1 GiB), says so, then grows 64 MiB at a time:
+    it is stopped past the limit, named by its latest note."""
+    started, doing = time.perf_counter(), ["importing"]
     with pytest.raises(host_memory.HostMemoryError) as raised:
         host_memory.run_watched(
-            _grows, 64, what="growing", on_note=lambda *n: None, limit=300 * MIB
+            _grows, 64, what=lambda: doing[-1], on_note=doing.append, limit=1024 * MIB
         )
     message = str(raised.value)
-    assert message.startswith("growing held ") and "past the limit of 0.29 GiB" in message
+    assert message.startswith("allocating held ") and "past the limit of 1.00 GiB" in message
     assert host_memory.LIMIT_ENV in message and time.perf_counter() - started < 60
 
 
