@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bert_jax import cli
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "configs", "bert.py:tiny")
@@ -69,7 +69,7 @@ def test_config_commands_list_their_flags_under_one_heading(capsys):
     ours = out.split("\nbert_jax.cli:\n", 1)[1].split("\n\n", 1)[0]
     for flag in ("--config:", "--workdir:", "--[no]compile_only:", "--device_memory_gib:"):
         assert flag in ours, out
-    assert "\nbert_jax.distributed:\n" in out and "--coordinator_address" in out
+    assert "\nbert_jax.runtime.distributed:\n" in out and "--coordinator_address" in out
 
 
 def _leaves(parser, path=(), run=None):
@@ -248,7 +248,8 @@ def test_a_user_error_raised_by_the_library_is_one_line(capsys, monkeypatch):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
-    from bert_jax import config_lib, encode
+    from bert_jax import encode
+    from bert_jax.training import config_checks
 
     def bug(*args, **kwargs):
         raise KeyError("a bug")
@@ -256,7 +257,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(encode, "encode_file", bug)
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["encode", "--model", "m", "--input", "t.txt", "--output", "o.npy"])
-    monkeypatch.setattr(config_lib, "describe", bug)
+    monkeypatch.setattr(config_checks, "describe", bug)
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["pretrain", "--config", TINY, "--dry-run"])
     # A config file with a bug is not mistaken for an override typo.

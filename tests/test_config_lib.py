@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from bert_jax import config_lib, partitioning
+from bert_jax.core import partitioning
+from bert_jax.training import config_checks, config_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,8 +99,8 @@ def mesh():
 def test_a_valid_config_passes(mesh):
     config = small_config()
     tokenizer = types.SimpleNamespace(vocab_size=config.model.vocab_size)
-    config_lib.validate(config, config_lib.plan_phases(config), mesh, tokenizer)
-    config_lib.validate(config, config_lib.plan_phases(config), mesh, None)
+    config_checks.validate(config, config_lib.plan_phases(config), mesh, tokenizer)
+    config_checks.validate(config, config_lib.plan_phases(config), mesh, None)
 
 
 @pytest.mark.parametrize(
@@ -121,12 +122,12 @@ def test_validate_names_the_setting(mesh, overrides, vocab, message):
     config = small_config(**overrides)
     tokenizer = None if vocab is None else types.SimpleNamespace(vocab_size=vocab)
     with pytest.raises(ValueError, match=message):
-        config_lib.validate(config, config_lib.plan_phases(config), mesh, tokenizer)
+        config_checks.validate(config, config_lib.plan_phases(config), mesh, tokenizer)
 
 
 def test_evaluation_off_skips_the_eval_batch_checks(mesh):
     config = small_config(**{"eval.every_steps": 0, "eval.batch_size": 3})
-    config_lib.validate(config, config_lib.plan_phases(config), mesh, None)
+    config_checks.validate(config, config_lib.plan_phases(config), mesh, None)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +186,7 @@ def test_base_and_large_configs_follow_the_paper(capsys):
 
 def test_describe_lists_every_setting_as_an_override_in_key_order():
     config = config_lib.pretraining_config("tiny")
-    text = config_lib.describe(config)
+    text = config_checks.describe(config)
     lines = text.splitlines()
     settings = [line.strip().split(" = ")[0] for line in lines[1 : lines.index("phases:")]]
     assert settings == sorted(settings, key=lambda key: key.split("."))

@@ -131,9 +131,9 @@ def _add_data(subparsers) -> None:
 def _prepare(args) -> int:
     import logging
 
-    from bert_jax import config_lib
     from bert_jax.data.prepare import PrepareSettings, merge_shards, prepare_records
-    from bert_jax.errors import UserError
+    from bert_jax.runtime.errors import UserError
+    from bert_jax.training import config_checks
 
     if args.merge:
         if args.input or args.tokenizer:
@@ -147,7 +147,7 @@ def _prepare(args) -> int:
         raise UserError(f"{' and '.join(missing)} {verb} required (unless --merge)")
 
     # Records no size preset can read are refused before any work (--max-seq-length 100000).
-    config_lib.check_sequence_length(args.max_seq_length, "--max-seq-length")
+    config_checks.check_sequence_length(args.max_seq_length, "--max-seq-length")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     settings = PrepareSettings(
         max_seq_length=args.max_seq_length,

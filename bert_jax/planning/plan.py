@@ -59,10 +59,12 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import compile_check, config_lib, host_memory
-from bert_jax.errors import UserError, user_path
-from bert_jax.model import REMAT_POLICIES
-from bert_jax.topology import TpuTarget
+from bert_jax.core.model import REMAT_POLICIES
+from bert_jax.planning import compile_check
+from bert_jax.runtime import host_memory
+from bert_jax.runtime.errors import UserError, user_path
+from bert_jax.runtime.topology import TpuTarget
+from bert_jax.training import config_checks, config_lib
 
 GIB = 1024**3
 MESH_KINDS = ("dp", "fsdp", "dp_fsdp", "fsdp_tp")
@@ -74,7 +76,7 @@ _MESH_NAMES = {
     "fsdp_tp": "fsdp + tensor",
 }
 _DEFAULT_PRICES = os.path.join(
-    os.path.dirname(os.path.dirname(__file__)), "configs", "tpu_prices.json"
+    os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "tpu_prices.json"
 )
 
 
@@ -543,7 +545,7 @@ def plan(
     may be and still be compiled for a later phase; `progress` sees each candidate as it comes."""
     start = time.perf_counter()
     phases = config_lib.plan_phases(config)
-    config_lib.check_values(config, phases)
+    config_checks.check_values(config, phases)
     unknown = sorted(set(remats) - set(REMAT_POLICIES))
     if unknown:
         raise UserError(

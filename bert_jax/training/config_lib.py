@@ -21,11 +21,10 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from bert_jax import metrics, partitioning
+from bert_jax.core import partitioning
+from bert_jax.core.model import BertConfig
 from bert_jax.data import sentences
-from bert_jax.data import shards as input_shards
-from bert_jax.errors import UserError
-from bert_jax.model import BertConfig
+from bert_jax.runtime.errors import UserError
 
 log = logging.getLogger("bert_jax")
 
@@ -185,7 +184,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
     config.mesh = ml_collections.ConfigDict(
         {
             "shape": (-1, 1, 1),  # (data, fsdp, tensor); -1 takes the remaining devices
-            # Logical axis -> mesh axes, tried in order (see bert_jax/partitioning.py).
+            # Logical axis -> mesh axes, tried in order (see bert_jax/core/partitioning.py).
             "rules": partitioning.DEFAULT_RULES,
             "shard_optimizer_state": False,  # ZeRO 1: Adam slots split over `data` too
             # XLA:TPU's windowed matmuls for FSDP/tensor axes (partitioning.compiler_options)
@@ -263,135 +262,6 @@ def phase_at(phases: list[Phase], step: int) -> Phase:
     return phases[-1]
 
 
-def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
-    """Config errors that must fail before compilation, each naming its setting."""
-    check_values(config, phases)
-    model = config.model
-    if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
-        raise UserError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but config.model.vocab_size="
-            f"{model.vocab_size}; ids beyond the embedding table give NaN losses. Raise "
-            "config.model.vocab_size or use a smaller vocabulary"
-        )
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    _, _, num_shards = input_shards.layout(data_shards(config), 0, jax.process_count())
-    for phase in phases:
-        setting = f"config.{phase.name}"
-        if not phase.source:
-            raise UserError(
-                f"{setting}.data and config.data.source are empty: name prepared records "
-                "(`bert-jax data prepare`), a corpus (text files, .jsonl, tfds:NAME) or 'embedded'"
-            )
-        partitioning.check_batch_divisible(phase.batch_size, mesh, f"{setting}.batch_size")
-        if phase.batch_size % num_shards:
-            raise UserError(
-                f"{setting}.batch_size={phase.batch_size} is not divisible by the {num_shards} "
-                f"input shards (config.data.shards; 0 = one per host, {jax.process_count()} here)"
-            )
-        accum = int(config.grad_accum_steps)
-        if accum < 1 or phase.batch_size % (accum * dp):
-            raise UserError(
-                f"{setting}.batch_size={phase.batch_size} must be divisible by "
-                f"config.grad_accum_steps={accum} x data-parallel size {dp}"
-            )
-    if config.eval.every_steps > 0:
-        partitioning.check_batch_divisible(config.eval.batch_size, mesh, "config.eval.batch_size")
-        if config.eval.batch_size % num_shards:
-            raise UserError(
-                f"config.eval.batch_size={config.eval.batch_size} is not divisible by the "
-                f"{num_shards} input shards (config.data.shards)"
-            )
-
-
-def check_sequence_length(
-    length: int,
-    setting: str,
-    max_positions: int = PRESET_MAX_POSITIONS,
-    limit: str = "config.model.max_position_embeddings of every size preset",
-) -> None:
-    """Refuses a sequence length the model cannot hold: positions past its position embeddings
-    (`limit` names them; by default every size preset's 512, the bound for `data prepare
-    --max-seq-length`, which knows no model), or too short for a sentence pair."""
-    if length < MIN_SEQ_LENGTH:
-        raise UserError(
-            f"{setting}={length} must be at least {MIN_SEQ_LENGTH} ([CLS] A [SEP] B [SEP])"
-        )
-    if length > max_positions:
-        raise UserError(
-            f"{setting}={length} exceeds the model's {max_positions} position embeddings ({limit})"
-        )
-
-
-# The range of each numeric setting, checked before anything compiles (NaN, inf and values out
-# of range would otherwise train to garbage or fail late). Every float in the config must also be
-# finite.
-_RANGES = {
-    "[1, inf)": "log_every_steps checkpoint.every_steps checkpoint.keep grad_accum_steps "
-    "model.vocab_size model.hidden_size model.num_hidden_layers model.num_attention_heads "
-    "model.intermediate_size model.max_position_embeddings model.type_vocab_size",
-    "[0, inf)": "max_consecutive_nonfinite optimizer.learning_rate optimizer.end_learning_rate "
-    "optimizer.warmup_steps optimizer.clip_norm",
-    "(0, inf)": "optimizer.eps model.layer_norm_eps model.initializer_range",
-    "[0, 1)": "optimizer.b1 optimizer.b2 optimizer.weight_decay model.hidden_dropout_prob "
-    "model.attention_probs_dropout_prob",
-    "[0, 1]": "data.short_seq_prob",
-    "(0, 1)": "data.masked_lm_prob",
-}
-
-
-_PACKING = ("packing_factor", 0, 1)
-
-
-def _in_range(value: float, interval: str) -> bool:
-    low, high = (float(x) for x in interval[1:-1].split(","))
-    above = value >= low if interval[0] == "[" else value > low
-    below = value <= high if interval[-1] == "]" else value < high
-    return above and below
-
-
-def check_values(config, phases: list[Phase]) -> None:
-    """Values out of range, each naming its setting; needs no devices (`pretrain --dry-run`)."""
-    for key, value in _flat_settings(config):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"config.{key}={value} must be a finite number")
-    for interval, keys in _RANGES.items():
-        for key in keys.split():
-            value = _setting(config, key)
-            if value is not None and not _in_range(value, interval):
-                raise UserError(f"config.{key}={value} is out of range: it must be in {interval}")
-    for phase in phases:
-        spec = config[phase.name]
-        # Each with its "off" value (the optimizer's rate and warmup; no packing).
-        for key, off, least in (("learning_rate", -1, 0), ("warmup_steps", -1, 0), _PACKING):
-            value = spec.get(key, off)
-            if value != off and value < least:
-                raise UserError(f"config.{phase.name}.{key}={value}: use {off} or at least {least}")
-    if config.eval.every_steps > 0 and min(config.eval.batches, config.eval.batch_size) < 1:
-        raise UserError(
-            "config.eval.batches and config.eval.batch_size must be at least 1 with evaluation on "
-            "(config.eval.every_steps=0 turns it off)"
-        )
-    positions = int(config.model.max_position_embeddings)
-    for phase in phases:
-        setting = f"config.{phase.name}"
-        if phase.batch_size < 1:
-            raise UserError(f"{setting}.batch_size={phase.batch_size} must be at least 1")
-        check_sequence_length(
-            phase.max_seq_length,
-            f"{setting}.max_seq_length",
-            positions,
-            f"config.model.max_position_embeddings={positions}",
-        )
-        predictions = phase.max_predictions_per_seq
-        if predictions > phase.max_seq_length:
-            raise UserError(
-                f"{setting}.max_predictions_per_seq={predictions} exceeds its "
-                f"max_seq_length={phase.max_seq_length}"
-            )
-        if predictions < 1:
-            raise UserError(f"{setting}.max_predictions_per_seq={predictions} must be at least 1")
-
-
 def adopt_model_identity(
     config: ml_collections.ConfigDict,
     model: Mapping[str, Any],
@@ -426,33 +296,12 @@ def adopt_model_identity(
     return adopted
 
 
-def describe(config: ml_collections.ConfigDict) -> str:
-    """The resolved config, phase plan, parameter count and FLOPs per token (for --dry-run)."""
-    phases = plan_phases(config)
-    check_values(config, phases)
-    model_config = bert_config(config)
-    lines = ["config (each line is a --config.KEY=VALUE override):"]
-    lines += [f"  {key} = {value!r}" for key, value in _flat_settings(config)]
-    lines += ["phases:"]
-    for phase in phases:
-        share = phase.max_predictions_per_seq / phase.max_seq_length
-        flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
-        lines.append(
-            f"  {phase.name}: steps {phase.start}..{phase.end - 1} ({phase.steps}), seq "
-            f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, global batch "
-            f"{phase.batch_size}, data {phase.source or '(unset)'}, "
-            f"{flops / 1e9:.3f} GFLOP/token (gathered MLM positions)"
-        )
-    lines.append(f"parameters: {count_parameters(model_config):,}")
-    return "\n".join(lines)
-
-
 def count_parameters(model_config) -> int:
     """Parameters of BertForPreTraining, not counting vocabulary padding rows."""
     import flax.linen as nn
 
-    from bert_jax.model import BertForPreTraining
-    from bert_jax.train import dummy_batch, model_inputs
+    from bert_jax.core.model import BertForPreTraining
+    from bert_jax.core.train import dummy_batch, model_inputs
 
     shapes = jax.eval_shape(
         lambda: BertForPreTraining(model_config.replace(vocab_pad_multiple=1)).init(
@@ -462,14 +311,14 @@ def count_parameters(model_config) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)["params"])))
 
 
-def _setting(config, key: str):
+def setting_value(config, key: str):
     """The value at a dotted key, None where the config lacks it."""
     for part in key.split("."):
         config = config.get(part) if hasattr(config, "get") else None
     return config
 
 
-def _flat_settings(config: ml_collections.ConfigDict) -> list[tuple[str, Any]]:
+def flat_settings(config: ml_collections.ConfigDict) -> list[tuple[str, Any]]:
     """(dotted key, value) for every setting, in the order of the nested keys."""
     flat = traverse_util.flatten_dict(config.to_dict())
     return [(".".join(path), flat[path]) for path in sorted(flat)]

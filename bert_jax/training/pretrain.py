@@ -36,25 +36,17 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import (
-    checkpointing,
-    config_lib,
-    distributed,
-    fs,
-    inputs,
-    metrics,
-    model_dir,
-    optim,
-    partitioning,
-)
-from bert_jax import workdir as workdir_lib
-from bert_jax.config_lib import Phase
 from bert_jax.convert import mapping
+from bert_jax.core import optim, partitioning
+from bert_jax.core.train import ShardedTrainer, TrainState, init_and_dropout_keys
 from bert_jax.data import shards as input_shards
-from bert_jax.errors import UserError, user_path
 from bert_jax.launch import heartbeat as heartbeat_lib
-from bert_jax.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
-from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
+from bert_jax.runtime import distributed, fs
+from bert_jax.runtime.errors import UserError, user_path
+from bert_jax.training import checkpointing, config_checks, config_lib, inputs, metrics, model_dir
+from bert_jax.training import workdir as workdir_lib
+from bert_jax.training.config_lib import Phase
+from bert_jax.training.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
 
 log = logging.getLogger("bert_jax")
 
@@ -82,7 +74,7 @@ def pretrain(
     is_main = jax.process_index() == 0
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
     config_lib.bert_config(config)  # a bad model setting fails first
-    config_lib.check_values(config, config_lib.plan_phases(config))  # before the workdir exists
+    config_checks.check_values(config, config_lib.plan_phases(config))  # before the workdir exists
     # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
     distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
     if is_main:
@@ -228,9 +220,9 @@ def _prepare_workdir(config, workdir: str, is_main: bool):
     workdir_lib.check_same_model(workdir, config)  # before config.json is written anew
     phases = config_lib.plan_phases(config)
     mesh = partitioning.make_mesh(config.mesh.shape)
-    config_lib.validate(config, phases, mesh, None)
+    config_checks.validate(config, phases, mesh, None)
     tokenizer = inputs.resolve_tokenizer(config, phases, workdir)
-    config_lib.validate(config, phases, mesh, tokenizer)
+    config_checks.validate(config, phases, mesh, tokenizer)
     own_tokenizer = os.path.join(workdir, "tokenizer")
     if is_main and not fs.isdir(own_tokenizer):
         tokenizer.save(own_tokenizer)  # the workdir alone then describes the model

@@ -1,0 +1,8 @@
+"""The plumbing every other part stands on; it imports nothing else of bert-jax.
+
+- ``errors``: what a user error is (one line, exit 2) and the other exit statuses.
+- ``fs``: the one file-system layer, local paths and ``gs://`` alike.
+- ``host_memory``: what this host can give a child process (a compile, a prepare worker).
+- ``topology``: Cloud TPU slice names -> topologies and compile-only devices.
+- ``distributed``: ``jax.distributed`` start-up, host agreement, heartbeats between hosts.
+"""

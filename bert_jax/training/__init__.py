@@ -1,0 +1,11 @@
+"""A pretraining run: its settings, its inputs, its loop, and what it leaves in the workdir.
+
+- ``metrics``: JSONL + TensorBoard writers, FLOPs per token, peak table, MFU.
+- ``checkpoint_health``: damaged checkpoints named; ``checkpointing``: Orbax train-state
+  checkpoints, the resume order, params-only restore.
+- ``workdir``: the pretraining workdir's lock and leftovers.
+- ``config_lib``: configs -> frozen settings, the phases plan, validation, parameter counts.
+- ``model_dir``: the model-directory format (export, load; reads workdir checkpoints).
+- ``inputs``: the tokenizer and records of each phase, iterators, the eval source.
+- ``pretrain``: the pretraining loop (read it on one screen).
+"""
