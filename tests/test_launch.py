@@ -96,6 +96,13 @@ PACK = f"# pack pyproject.toml README.md bert_jax configs launch of {REPO} into 
 SETUP_FLAGS = ["--source", REPO, "--archive", "/tmp/src.tar.gz", "--jax-spec", "jax[tpu]==0.10.2"]
 
 
+# What gcloud prints when the service answers that the thing does not exist.
+NOT_FOUND = (
+    "ERROR: (gcloud.compute.tpus.tpu-vm.describe) NOT_FOUND: Resource "
+    "'projects/my-proj/locations/us-central2-b/nodes/bert-base' was not found\n"
+)
+
+
 def _launch(capsys, *argv) -> list[str]:
     assert cli.main(["launch", *argv]) == 0
     return capsys.readouterr().out.splitlines()
@@ -107,7 +114,11 @@ def _launch(capsys, *argv) -> list[str]:
         (
             "create",
             ["--no-queued"],
-            [DESCRIBE, "# only when the describe above fails (no such TPU VM):", CREATE],
+            [
+                DESCRIBE,
+                "# only when the describe above answers NOT_FOUND (no such TPU VM):",
+                CREATE,
+            ],
         ),
         ("create", [], QR_UP),
         ("setup", SETUP_FLAGS, [PACK, MKDIR, SCP, INSTALL]),
@@ -129,7 +140,7 @@ def _launch(capsys, *argv) -> list[str]:
             [
                 *PREFLIGHT,
                 DESCRIBE,
-                "# only when the describe above fails (no such TPU VM):",
+                "# only when the describe above answers NOT_FOUND (no such TPU VM):",
                 CREATE,
                 PACK,
                 MKDIR,
@@ -201,7 +212,9 @@ def test_queued_resource_waits_until_active_with_a_progress_line():
             if "describe" not in argv:
                 return subprocess.CompletedProcess(argv, 0, stdout="")
             out = states.pop(0)
-            return subprocess.CompletedProcess(argv, 0 if out else 1, stdout=out + "\n")
+            if not out:
+                return subprocess.CompletedProcess(argv, 1, stdout="", stderr=NOT_FOUND)
+            return subprocess.CompletedProcess(argv, 0, stdout=out + "\n")
 
         return calls, fake_run
 
@@ -355,8 +368,11 @@ def test_tpu_up_reuses_an_existing_vm_and_packs_the_source(tmp_path):
 
     def fake_run(argv, check=False, **kwargs):
         calls.append(argv)
-        exists = argv[4] == "describe" and fake_run.exists
-        return subprocess.CompletedProcess(argv, 0 if exists or argv[4] != "describe" else 1)
+        if argv[4] != "describe":
+            return subprocess.CompletedProcess(argv, 0)
+        if fake_run.exists:
+            return subprocess.CompletedProcess(argv, 0, stdout="READY\n")
+        return subprocess.CompletedProcess(argv, 1, stdout="", stderr=NOT_FOUND)
 
     archive = str(tmp_path / "src.tar.gz")
     for exists in (False, True):
@@ -396,6 +412,8 @@ def test_tpu_up_creates_nothing_when_the_preflight_fails(status, said, tmp_path)
 
     def fake_run(argv, check=False, **kwargs):
         calls.append((argv, kwargs.get("cwd")))
+        if "describe" in argv:  # no such TPU VM yet
+            return subprocess.CompletedProcess(argv, 1, stdout="", stderr=NOT_FOUND)
         return subprocess.CompletedProcess(argv, status if "--compile-only" in argv else 0)
 
     vm = tpu.TpuVm("bert-base", "us-central2-b", accelerator_type="v5p-16")

@@ -253,7 +253,7 @@ def _supervise(args, workdir: str) -> int:
 
 
 def _run_watch(args) -> int:
-    return _supervise(args, args.workdir)
+    return _one_line_for_cloud_errors(args, lambda: _supervise(args, args.workdir))
 
 
 def _run_status(args) -> int:
@@ -267,13 +267,17 @@ def _run_status(args) -> int:
 
 
 def _run_tpu(args) -> int:
+    return _one_line_for_cloud_errors(args, lambda: _tpu_action(args))
+
+
+def _one_line_for_cloud_errors(args, action) -> int:
     import sys
 
     from bert_jax.errors import EXIT_DOES_NOT_FIT
     from bert_jax.launch import CommandFailed, tpu
 
     try:
-        return _tpu_action(args)
+        return action()
     except tpu.DoesNotFit as err:
         print(f"bert-jax {args.command_name}: {err}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
