@@ -16,7 +16,7 @@ import time
 import pytest
 
 from bert_jax import cli, distributed
-from bert_jax.launch import LaunchError, Runner, slurm, tpu
+from bert_jax.launch import LaunchError, Runner, slurm, tpu, watcher, workdir_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTILE = "a b; rm -rf /"
@@ -291,6 +291,53 @@ def test_bad_values_are_refused_with_one_line(capsys, argv, message):
     assert cli.main(["launch", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--stall-timeout", "-5"), ("--stall-timeout", "0"), ("--stall-timeout", "inf"),
+     ("--poll", "0"), ("--startup-timeout", "-1h"), ("--stop-grace", "nan"), ("--poll", "-5"),
+     ("--max-failures", "-1"), ("--max-preemptions", "-2")],
+)  # fmt: skip
+def test_supervisor_settings_are_checked_before_anything_runs(
+    capsys, monkeypatch, tmp_path, flag, value
+):
+    """`up --watch --stall-timeout -5` would rent a slice, then restart a healthy job at every
+    poll: every duration and count of the supervisor is refused in one line naming its flag,
+    before a preflight, a gcloud command or launch/job.json; `watch --detach` too, before the
+    background supervisor starts."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("something ran before the supervisor's settings were checked")
+
+    for target, name in (
+        (tpu, "preflight"),
+        (workdir_state, "save_job"),
+        (watcher, "detach"),
+        (watcher.Watcher, "run"),
+        (Runner, "__call__"),
+        (Runner, "capture_all"),
+    ):
+        monkeypatch.setattr(target, name, refuse)  # fmt: skip
+    workdir = tmp_path / "run"
+    # As a user writes them: `--stall-timeout -5`, but `--startup-timeout=-1h` (argparse reads
+    # a lone -1h as a flag).
+    given = [f"{flag}={value}"] if value == "-1h" else [flag, value]
+    up = ["tpu", "up", "--name", "ok", "--zone", "z", "--watch", *given, "--"]
+    assert cli.main(["launch", *up, "--config", "c", "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bert-jax launch tpu up: error: {flag} ") and err.count("\n") == 1, err
+    assert not workdir.exists()
+
+    job = workdir_state.Job(tpu.TpuVm("ok", "z"), str(workdir), ("--workdir", str(workdir)))
+    (workdir / "launch").mkdir(parents=True)
+    (workdir / "launch" / "job.json").write_text(job.to_json())
+    pid_file = tmp_path / "watch.pid"
+    watch = ["tpu", "watch", "--workdir", str(workdir), *given, "--detach"]
+    assert cli.main(["launch", *watch, "--pid-file", str(pid_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bert-jax launch tpu watch: error: {flag} "), err
+    assert not pid_file.exists()
 
 
 def _executable(path, text: str) -> None:
