@@ -340,6 +340,27 @@ def test_supervisor_settings_are_checked_before_anything_runs(
     assert not pid_file.exists()
 
 
+@pytest.mark.parametrize("action", [["tpu", "status", "--no-gcloud"], ["slurm", "status"]])
+def test_status_names_a_workdir_that_is_a_file_or_does_not_exist(
+    capsys, monkeypatch, tmp_path, action
+):
+    """A typo must not read as a run without checkpoints: a file, or a path that does not
+    exist, is one line naming it (exit 2); an existing workdir without checkpoints says so."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    for workdir, said in (
+        ("corpus.txt", "--workdir corpus.txt is a file, not a run's workdir"),
+        ("runs/bse", "--workdir runs/bse does not exist: check the path"),
+        ("corpus.txt/run", "--workdir corpus.txt/run does not exist"),
+    ):
+        assert cli.main(["launch", *action, "--workdir", workdir]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+    (tmp_path / "runs" / "base").mkdir(parents=True)
+    assert cli.main(["launch", *action, "--workdir", "runs/base"]) == 0
+    assert "latest checkpoint: none" in capsys.readouterr().out
+
+
 def _executable(path, text: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)

@@ -110,6 +110,19 @@ def all_stepped(beats: Sequence[dict]) -> bool:
     return bool(beats) and len(stepped) >= count
 
 
+def check_workdir(workdir: str) -> None:
+    """That `--workdir` is a directory a run may have written to: a typo must not read as a run
+    without checkpoints. A local path must exist; in a bucket, where folders exist only through
+    their objects, a prefix with no object under it does not exist either (a run writes
+    `launch/job.json` or its config there as it starts)."""
+    if fs.isdir(workdir):
+        return
+    if fs.isfile(workdir):
+        raise LaunchError(f"--workdir {workdir} is a file, not a run's workdir")
+    where = " (no object in the bucket under it)" if fs.is_remote(workdir) else ""
+    raise LaunchError(f"--workdir {workdir} does not exist{where}: check the path")
+
+
 def _slice_state(job: Job, runner: Runner) -> str:
     """`queued resource ACTIVE, TPU VM NAME READY`; a state gcloud failed to give (an API error,
     not NOT_FOUND) is `unknown`, with gcloud's error, never `absent`."""
@@ -129,7 +142,8 @@ def _slice_state(job: Job, runner: Runner) -> str:
 
 def status_text(workdir: str, runner: Runner | None = None) -> str:
     """`launch tpu status`: the events and heartbeats of the workdir, and (with a runner that can
-    reach gcloud) the slice's state."""
+    reach gcloud) the slice's state. A workdir that does not exist, or a file, is a LaunchError."""
+    check_workdir(workdir)
     rows = events.read(workdir)
     beats = heartbeat.read_all(workdir)
     attempt = sum(1 for r in rows if r["event"] in ("started", "restarted"))
