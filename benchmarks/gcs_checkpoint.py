@@ -23,7 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bert_jax import checkpointing, config_lib, fs  # noqa: E402
+from bert_jax.training import checkpointing, config_lib
+from bert_jax.runtime import fs  # noqa: E402
 from tests import gcs_emulator  # noqa: E402
 
 
@@ -31,8 +32,8 @@ def base_state() -> dict:
     """BERT-Base params (vocab padded to 30592, as the configs) and two slots of the same shapes."""
     import flax.linen as nn
 
-    from bert_jax.model import BertForPreTraining
-    from bert_jax.train import dummy_batch, model_inputs
+    from bert_jax.core.model import BertForPreTraining
+    from bert_jax.core.train import dummy_batch, model_inputs
 
     config = config_lib.bert_config(config_lib.pretraining_config("base"))
     shapes = jax.eval_shape(

@@ -56,7 +56,7 @@ def fwd_bwd(config, params, data, precision: str = "default"):
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.model import BertModel
+    from bert_jax.core.model import BertModel
 
     inputs, projection, valid = data
     model = BertModel(config, add_pooler=False)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.model import BertConfig, BertModel
+    from bert_jax.core.model import BertConfig, BertModel
 
     print(f"jax {jax.__version__}; devices {jax.devices()}", flush=True)
     base = BertConfig(

@@ -46,7 +46,7 @@ DEFAULT_ROWS = (
 
 
 def _config(size: str, overrides: list[str]):
-    from bert_jax import config_lib
+    from bert_jax.training import config_lib
 
     config = config_lib.pretraining_config(size)
     for item in overrides:
@@ -138,7 +138,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shard-optimizer-state", default="false,true", help="values to try")
     args = parser.parse_args(argv)
 
-    from bert_jax import plan, topology
+    from bert_jax.planning import plan
+    from bert_jax.runtime import topology
 
     topology.quiet_runtime_without_chips()
     done = set()

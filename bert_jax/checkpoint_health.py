@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from bert_jax import fs
+from bert_jax.runtime import fs
 
 ITEMS = ("state", "data")  # the items of a pretraining checkpoint (checkpointing.py)
 

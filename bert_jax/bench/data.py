@@ -13,7 +13,7 @@ import numpy as np
 
 from bert_jax.bench.spec import BenchSpec
 from bert_jax.data import packing as packing_lib
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 @dataclasses.dataclass

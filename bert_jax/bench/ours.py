@@ -11,7 +11,7 @@ import numpy as np
 from bert_jax.bench.data import batch_counts
 from bert_jax.bench.report import Window
 from bert_jax.bench.spec import BenchSpec
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 def _peak_memory(devices) -> int | None:
@@ -45,8 +45,8 @@ class OursRunner:
         import flax.linen as nn
         import jax
 
-        from bert_jax import optim, partitioning
-        from bert_jax.train import ShardedTrainer
+        from bert_jax.core import optim, partitioning
+        from bert_jax.core.train import ShardedTrainer
 
         self.spec = spec
         devices = jax.devices()

@@ -37,7 +37,7 @@ import numpy as np
 
 from bert_jax.bench.report import Window
 from bert_jax.bench.spec import BenchSpec, spec_to_json
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 PEER_VENV = ".venv-peer"
 
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     import optax
     import transformers
 
-    from bert_jax import optim
+    from bert_jax.core import optim
     from bert_jax.bench.data import batch_counts
     from bert_jax.bench.ours import rng_key
     from bert_jax.bench.spec import spec_from_json
