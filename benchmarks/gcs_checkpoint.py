@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bert_jax.training import checkpointing, config_lib
 from bert_jax.runtime import fs  # noqa: E402
+from bert_jax.training import checkpointing, config_lib
 from tests import gcs_emulator  # noqa: E402
 
 

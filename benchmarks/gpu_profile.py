@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from bert_jax.core import model as model_lib
     from bert_jax.bench import data as bench_data
     from bert_jax.bench import spec as bench_spec
     from bert_jax.bench.ours import OursRunner
+    from bert_jax.core import model as model_lib
     from bert_jax.training.config_lib import pretraining_config
 
     original_gathered_table = model_lib.gathered_table

@@ -36,8 +36,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bert_jax import checkpoint_health, fs
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import checkpoint_health
 
 log = logging.getLogger("bert_jax")
 

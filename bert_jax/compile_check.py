@@ -9,7 +9,7 @@ read. Without a target it compiles for the devices at hand (on a pod, every host
 `topology.TpuTarget` it compiles for that TPU slice on whatever machine it runs: XLA's TPU
 compiler lays the configured mesh over the slice's chips (every host's), and its memory and cost
 analyses describe the TPU program. `bert-jax pretrain --compile-only [--topology v5p-128]` is the
-command; `bert_jax/plan.py` searches batch sizes and meshes with it.
+command; `bert_jax/planning/plan.py` searches batch sizes and meshes with it.
 
 Per phase it reports memory per device (arguments, outputs, temporaries, peak) against the
 device's memory, and for TPU targets the cost model's step time and from it tokens/s, model
@@ -45,10 +45,18 @@ import jax
 import ml_collections
 import optax
 
-from bert_jax import config_lib, cost_model, host_memory, metrics, optim, partitioning
-from bert_jax.errors import UserError
-from bert_jax.topology import TpuTarget, compile_environment, has_local_tpu_chips, mesh_error
-from bert_jax.train import ShardedTrainer, dummy_batch
+from bert_jax.core import optim, partitioning
+from bert_jax.core.train import ShardedTrainer, dummy_batch
+from bert_jax.planning import cost_model
+from bert_jax.runtime import host_memory
+from bert_jax.runtime.errors import UserError
+from bert_jax.runtime.topology import (
+    TpuTarget,
+    compile_environment,
+    has_local_tpu_chips,
+    mesh_error,
+)
+from bert_jax.training import config_lib, metrics
 
 GIB = 1024**3
 

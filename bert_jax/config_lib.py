@@ -21,11 +21,12 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from bert_jax import metrics, partitioning
+from bert_jax.core import partitioning
+from bert_jax.core.model import BertConfig
 from bert_jax.data import sentences
 from bert_jax.data import shards as input_shards
-from bert_jax.errors import UserError
-from bert_jax.model import BertConfig
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import metrics
 
 log = logging.getLogger("bert_jax")
 
@@ -185,7 +186,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
     config.mesh = ml_collections.ConfigDict(
         {
             "shape": (-1, 1, 1),  # (data, fsdp, tensor); -1 takes the remaining devices
-            # Logical axis -> mesh axes, tried in order (see bert_jax/partitioning.py).
+            # Logical axis -> mesh axes, tried in order (see bert_jax/core/partitioning.py).
             "rules": partitioning.DEFAULT_RULES,
             "shard_optimizer_state": False,  # ZeRO 1: Adam slots split over `data` too
             # XLA:TPU's windowed matmuls for FSDP/tensor axes (partitioning.compiler_options)
@@ -451,8 +452,8 @@ def count_parameters(model_config) -> int:
     """Parameters of BertForPreTraining, not counting vocabulary padding rows."""
     import flax.linen as nn
 
-    from bert_jax.model import BertForPreTraining
-    from bert_jax.train import dummy_batch, model_inputs
+    from bert_jax.core.model import BertForPreTraining
+    from bert_jax.core.train import dummy_batch, model_inputs
 
     shapes = jax.eval_shape(
         lambda: BertForPreTraining(model_config.replace(vocab_pad_multiple=1)).init(

@@ -21,12 +21,13 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax import fs, model_dir
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
+from bert_jax.core.model import BertConfig
 from bert_jax.data import files
-from bert_jax.errors import UserError
-from bert_jax.model import BertConfig
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import model_dir
 
 SOURCE_FORMATS = ("tf1", "hf", "bert-jax")
 TARGET_FORMATS = ("bert-jax", "hf")

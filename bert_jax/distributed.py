@@ -41,8 +41,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bert_jax import topology
-from bert_jax.errors import UserError
+from bert_jax.runtime import topology
+from bert_jax.runtime.errors import UserError
 
 log = logging.getLogger("bert_jax")
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 

@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import fs
+from bert_jax.core.model import BertConfig, BertModel
 from bert_jax.data import files
-from bert_jax.errors import UserError, user_path
-from bert_jax.model import BertConfig, BertModel
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError, user_path
 
 POOLS = ("cls", "mean", "none")
 PAIR_SEPARATOR = " ||| "
@@ -240,7 +240,7 @@ def encode_file(
 
     With `pool="none"` the token counts go to `lengths_path(output_path)`. Returns a summary.
     """
-    from bert_jax.model_dir import load_model_dir
+    from bert_jax.training.model_dir import load_model_dir
 
     output_path = os.fspath(output_path)
     outputs = [output_path] + ([lengths_path(output_path)] if options.get("pool") == "none" else [])

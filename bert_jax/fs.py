@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import fsspec
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 # Orbax (etils.epath) takes gcsfs, not tf.io.gfile; gcsfs asks nothing about zonal buckets.
 os.environ.setdefault("EPATH_USE_TF", "false")

@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 GIB = 1024**3
 LIMIT_ENV = "BERT_JAX_HOST_MEMORY_GIB"

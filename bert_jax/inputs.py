@@ -10,10 +10,11 @@ from collections.abc import Iterable
 
 import jax
 
-from bert_jax import config_lib, distributed, fs
-from bert_jax.config_lib import Phase
 from bert_jax.data import shards as input_shards
-from bert_jax.errors import UserError
+from bert_jax.runtime import distributed, fs
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import config_lib
+from bert_jax.training.config_lib import Phase
 
 log = logging.getLogger("bert_jax")
 
@@ -27,7 +28,7 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     path = config.get("init_from", "")
     if not path:
         return []
-    from bert_jax import model_dir
+    from bert_jax.training import model_dir
 
     if model_dir.is_unexported_workdir(path):  # its run config and tokenizer/ describe the model
         with fs.open(os.path.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:

@@ -24,8 +24,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import fs, losses
-from bert_jax.model import BertConfig
+from bert_jax.core import losses
+from bert_jax.core.model import BertConfig
+from bert_jax.runtime import fs
 
 # Dense bf16 peak TFLOP/s per chip, matched against `jax.Device.device_kind` (lower case).
 PEAK_TFLOPS_BF16: tuple[tuple[str, float], ...] = (

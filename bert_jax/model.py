@@ -36,8 +36,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.dropout import DROPOUT_IMPLEMENTATIONS, Dropout
-from bert_jax.errors import UserError
+from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS, Dropout
+from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 DType = Any

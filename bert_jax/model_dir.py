@@ -36,12 +36,13 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from bert_jax import checkpoint_health, fs
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import check_params
+from bert_jax.core.model import BertConfig
 from bert_jax.data import files
-from bert_jax.errors import UserError
-from bert_jax.model import BertConfig
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import checkpoint_health
 
 FORMAT_NAME = "bert-jax-model"
 FORMAT_VERSION = 1
@@ -390,7 +391,7 @@ def load_workdir_checkpoint(
     Orbax partial restore, see `checkpointing.Checkpointer.restore_params`). They come back on
     the CPU, or with `sharding` (one Sharding, or a tree for the params) when given.
     """
-    from bert_jax import checkpointing, config_lib
+    from bert_jax.training import checkpointing, config_lib
 
     workdir = fs.abspath(os.fspath(workdir))
     run_config = ml_collections.ConfigDict(_read_json(os.path.join(workdir, CONFIG_NAME)))
@@ -446,8 +447,8 @@ def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any
 def param_shardings(config: BertConfig, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
     """NamedShardings for the full BertForPreTraining param tree on `mesh` (the model's logical
     axes mapped through `rules`, default `partitioning.DEFAULT_RULES`); checks divisibility."""
-    from bert_jax import partitioning, train
-    from bert_jax.model import BertForPreTraining
+    from bert_jax.core import partitioning, train
+    from bert_jax.core.model import BertForPreTraining
 
     rules = partitioning.DEFAULT_RULES if rules is None else rules
     model = BertForPreTraining(config)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 Schedule = Callable[[jax.Array], jax.Array]
 

@@ -59,10 +59,12 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import compile_check, config_lib, host_memory
-from bert_jax.errors import UserError, user_path
-from bert_jax.model import REMAT_POLICIES
-from bert_jax.topology import TpuTarget
+from bert_jax.core.model import REMAT_POLICIES
+from bert_jax.planning import compile_check
+from bert_jax.runtime import host_memory
+from bert_jax.runtime.errors import UserError, user_path
+from bert_jax.runtime.topology import TpuTarget
+from bert_jax.training import config_lib
 
 GIB = 1024**3
 MESH_KINDS = ("dp", "fsdp", "dp_fsdp", "fsdp_tp")

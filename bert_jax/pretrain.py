@@ -36,25 +36,17 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import (
-    checkpointing,
-    config_lib,
-    distributed,
-    fs,
-    inputs,
-    metrics,
-    model_dir,
-    optim,
-    partitioning,
-)
-from bert_jax import workdir as workdir_lib
-from bert_jax.config_lib import Phase
 from bert_jax.convert import mapping
+from bert_jax.core import optim, partitioning
+from bert_jax.core.train import ShardedTrainer, TrainState, init_and_dropout_keys
 from bert_jax.data import shards as input_shards
-from bert_jax.errors import UserError, user_path
 from bert_jax.launch import heartbeat as heartbeat_lib
-from bert_jax.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
-from bert_jax.train import ShardedTrainer, TrainState, init_and_dropout_keys
+from bert_jax.runtime import distributed, fs
+from bert_jax.runtime.errors import UserError, user_path
+from bert_jax.training import checkpointing, config_lib, inputs, metrics, model_dir
+from bert_jax.training import workdir as workdir_lib
+from bert_jax.training.config_lib import Phase
+from bert_jax.training.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
 
 log = logging.getLogger("bert_jax")
 

@@ -23,7 +23,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 GIB = 1024**3
 

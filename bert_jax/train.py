@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax import losses, partitioning
-from bert_jax.errors import UserError
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.core import losses, partitioning
+from bert_jax.core.model import BertConfig, BertForPreTraining
+from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 Batch = Mapping[str, Array]

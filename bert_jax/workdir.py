@@ -25,8 +25,8 @@ import time
 
 import jax
 
-from bert_jax import distributed, fs
-from bert_jax.errors import UserError
+from bert_jax.runtime import distributed, fs
+from bert_jax.runtime.errors import UserError
 
 LOCK_NAME = "bert-jax.lock"
 # An unreadable lock file younger than this may be one another run is writing right now.

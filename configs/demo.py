@@ -5,7 +5,7 @@ The paper's recipe at a size that fits a laptop: both phases (90% of steps at le
 the most-frequent-token baseline. Shorter and hotter than the paper (500 steps, lr 1e-3).
 """
 
-from bert_jax.config_lib import pretraining_config
+from bert_jax.training.config_lib import pretraining_config
 
 
 def get_config():

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from bert_jax.model import BertConfig
+from bert_jax.core.model import BertConfig
 from tests.helpers import REAL_SENTENCES
 
 SPECIALS = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -3,7 +3,7 @@
     python -m tests.distributed_child '{"process_id": 0, "num_processes": 2, "port": 1234, ...}'
 
 Sets its own device count before JAX is imported (the parent's conftest is not loaded here),
-joins the job through `bert_jax.distributed.initialize`, runs `pretrain.pretrain` on
+joins the job through `bert_jax.runtime.distributed.initialize`, runs `pretrain.pretrain` on
 `tests.test_pretrain.small_config(shared_dirs, **overrides)` and, with `record`, saves the batch
 this process fed at every step to `<record>-<process_id>.npz`; with `die_at_step`, process
 `die_process` kills itself (SIGKILL) when it reaches that step.
@@ -42,7 +42,8 @@ def config_from(spec: dict):
 
 def main(spec: dict) -> None:
     jax = _setup_jax(int(spec.get("devices", 4)))
-    from bert_jax import distributed, pretrain
+    from bert_jax.runtime import distributed
+    from bert_jax.training import pretrain
 
     distributed.initialize(
         coordinator_address=f"localhost:{spec['port']}",

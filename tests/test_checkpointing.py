@@ -10,8 +10,9 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import checkpointing, partitioning
-from bert_jax.train import ShardedTrainer
+from bert_jax.core import partitioning
+from bert_jax.core.train import ShardedTrainer
+from bert_jax.training import checkpointing
 from tests.helpers import tiny_config
 
 

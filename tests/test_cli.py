@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bert_jax import cli
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "configs", "bert.py:tiny")
@@ -248,7 +248,8 @@ def test_a_user_error_raised_by_the_library_is_one_line(capsys, monkeypatch):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
-    from bert_jax import config_lib, encode
+    from bert_jax import encode
+    from bert_jax.training import config_lib
 
     def bug(*args, **kwargs):
         raise KeyError("a bug")

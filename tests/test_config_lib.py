@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from bert_jax import config_lib, partitioning
+from bert_jax.core import partitioning
+from bert_jax.training import config_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -17,12 +17,13 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import cli, train
+from bert_jax import cli
 from bert_jax.conversion import convert
 from bert_jax.convert import hf as hf_convert
 from bert_jax.convert.strict import ConversionError
-from bert_jax.model import BertForPreTraining, BertModel
-from bert_jax.model_dir import load_model_dir, save_model_dir
+from bert_jax.core import train
+from bert_jax.core.model import BertForPreTraining, BertModel
+from bert_jax.training.model_dir import load_model_dir, save_model_dir
 from tests.convert_fixtures import (
     google_bert_config,
     hf_state_dict_from_tf1,

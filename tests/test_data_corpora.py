@@ -12,7 +12,7 @@ import pytest
 from bert_jax import cli
 from bert_jax.data import parquet, wikipedia
 from bert_jax.data.sources import read_documents
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 from tests.corpus_fixtures import (
     wikipedia_dump_xml,
     write_cut_anywhere_bz2,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import records
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 LENGTH, SLOTS = 64, 10
 

@@ -9,7 +9,7 @@ import pytest
 
 from bert_jax.data import sentences
 from bert_jax.data.sentences import split_sentences
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 def test_split_sentences():

@@ -13,7 +13,7 @@ import pytest
 from bert_jax import cli
 from bert_jax.data import manifest, records
 from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 from tests.convert_fixtures import write_vocab
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.helpers import REAL_SENTENCES

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bert_jax.data.sources import read_documents, source_kind
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 def test_importing_data_modules_does_not_import_tensorflow_or_jax():

@@ -11,7 +11,7 @@ import pytest
 from bert_jax.data import sources as corpus
 from bert_jax.data.tokenizer import load_tokenizer
 from bert_jax.data.wordpiece import WordPieceTokenizer
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 from tests.data_fixtures import minilm_vocab_path
 
 # Text that exercises every branch of BERT's basic tokenizer: accents (composed and combining),

@@ -15,8 +15,11 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import cli, compile_check, cost_model, distributed, metrics, pretrain
+from bert_jax import cli
 from bert_jax.data import shards
+from bert_jax.planning import compile_check, cost_model
+from bert_jax.runtime import distributed
+from bert_jax.training import metrics, pretrain
 from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, small_config  # noqa: F401
 from tests.xla_flags import with_devices
 
@@ -91,7 +94,7 @@ def _original_rows(batch) -> list[bytes]:
 def _exported_params(workdir):
     import jax
 
-    from bert_jax import model_dir
+    from bert_jax.training import model_dir
 
     return jax.tree.leaves(model_dir.load_model_dir(os.path.join(workdir, "model")).params)
 
@@ -385,7 +388,8 @@ def test_input_shards_make_the_global_batch_independent_of_the_process_count():
 
 
 def test_position_table_round_trip():
-    from bert_jax import checkpointing, partitioning
+    from bert_jax.core import partitioning
+    from bert_jax.training import checkpointing
 
     mesh = partitioning.make_mesh((2, 4, 1))
     states = [
@@ -416,7 +420,7 @@ TINY_ONE_PHASE = [
 
 
 def test_compile_only_prints_the_memory_per_device_without_initializing(capsys, monkeypatch):
-    from bert_jax import train
+    from bert_jax.core import train
 
     def no_init(*args, **kwargs):
         raise AssertionError("--compile-only must not initialize the state")

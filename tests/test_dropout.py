@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bert_jax.dropout import Dropout, drop_threshold, hash_bits
-from bert_jax.model import BertConfig
+from bert_jax.core.dropout import Dropout, drop_threshold, hash_bits
+from bert_jax.core.model import BertConfig
 
 
 def _apply(module: nn.Module, x, key, deterministic=False):

@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from bert_jax import metrics, pretrain
-from bert_jax import workdir as workdir_lib
+from bert_jax.training import metrics, pretrain
+from bert_jax.training import workdir as workdir_lib
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.helpers import TINY_PRETRAIN_FLAGS
 from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, sigterm_at, small_config
@@ -172,8 +172,9 @@ def test_checkpoint_of_other_shapes_is_set_aside(run, shared_dirs, tmp_path, cap
     hidden size, saved at step 12) is found from its metadata alone."""
     import jax
 
-    from bert_jax import checkpointing, config_lib, optim, partitioning
-    from bert_jax.train import ShardedTrainer
+    from bert_jax.core import optim, partitioning
+    from bert_jax.core.train import ShardedTrainer
+    from bert_jax.training import checkpointing, config_lib
 
     workdir = copy_run(run, tmp_path)
     config = small_config(shared_dirs, total_steps=8, **ONE_PHASE)

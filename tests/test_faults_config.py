@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import config_lib, inputs
-from bert_jax import model_dir as md
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import config_lib, inputs
+from bert_jax.training import model_dir as md
 from tests.convert_fixtures import random_params, write_vocab
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.helpers import tiny_config
@@ -54,7 +54,7 @@ def _pretrain(capsys, *flags: str):
 def _config_file(tmp_path, body: str) -> str:
     path = tmp_path / "my_config.py"
     path.write_text(
-        "from bert_jax.config_lib import pretraining_config\n\n\ndef get_config():\n"
+        "from bert_jax.training.config_lib import pretraining_config\n\n\ndef get_config():\n"
         '    config = pretraining_config("tiny")\n' + body + "    return config\n"
     )
     return str(path)
@@ -76,7 +76,7 @@ def test_init_from_takes_the_models_tanh_gelu_vocabulary_and_tokenizer(capsys, m
     model_config = config_lib.bert_config(config)
     assert (model_config.hidden_act, model_config.vocab_size) == ("gelu_new", 512)
     assert config.data.tokenizer == os.path.join(models["google"], "tokenizer")
-    from bert_jax.model import _ACTIVATIONS
+    from bert_jax.core.model import _ACTIVATIONS
 
     x = np.linspace(-3, 3, 7, dtype=np.float32)
     used = np.asarray(_ACTIVATIONS[model_config.hidden_act](x))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import partitioning
+from bert_jax.core import partitioning
 from bert_jax.data.tokenizer import encode_pairs
 from bert_jax.finetune import heads, loop
 from bert_jax.finetune.features import EncodedSplit, TaskData

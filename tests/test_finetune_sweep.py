@@ -13,7 +13,7 @@ import pytest
 from bert_jax import cli
 from bert_jax.finetune import metrics, sweep, tasks
 from bert_jax.finetune.loop import FinetuneSettings
-from bert_jax.model_dir import save_model_dir
+from bert_jax.training.model_dir import save_model_dir
 from tests.glue_fixtures.tiny import GLUE_DIR, fixture_tokenizer, tiny_encoder
 
 SMALL = FinetuneSettings(epochs=1, batch_size=8, eval_batch_size=8, max_seq_length=32)

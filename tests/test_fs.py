@@ -1,4 +1,4 @@
-"""bert_jax/fs.py without a bucket: URL arithmetic, local behaviour through fsspec, errors as one
+"""bert_jax/runtime/fs.py without a bucket: URL arithmetic, local behaviour through fsspec, errors as one
 line (remote) or left as they are (local).
 
 The same functions against a Cloud Storage emulator: tests/test_gcs.py (`make test-gcs`).
@@ -13,8 +13,8 @@ import time
 import fsspec
 import pytest
 
-from bert_jax import fs
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 
 def test_urls_take_os_path_once_made_absolute():

@@ -23,8 +23,8 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import fs
-from bert_jax import workdir as workdir_lib
+from bert_jax.runtime import fs
+from bert_jax.training import workdir as workdir_lib
 from tests import gcs_emulator
 from tests.faults import run_cli
 from tests.helpers import TINY_PRETRAIN_FLAGS
@@ -273,7 +273,7 @@ def test_convert_reads_and_writes_model_directories_in_the_bucket(emulator, tmp_
     into a bert-jax model directory in the bucket, that one into a Hugging Face directory in the
     bucket (safetensors read back in ranges): the params equal the same conversions on disk.
     `--overwrite` replaces only an earlier export of the same kind."""
-    from bert_jax import model_dir
+    from bert_jax.training import model_dir
     from tests.convert_fixtures import google_bert_config, tf1_arrays, write_tf1_checkpoint
     from tests.helpers import tiny_config
 

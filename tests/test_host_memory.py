@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from bert_jax import compile_check, host_memory, topology
-from bert_jax.errors import UserError
+from bert_jax.planning import compile_check
+from bert_jax.runtime import host_memory, topology
+from bert_jax.runtime.errors import UserError
 from tests.test_topology import small_config
 
 MIB = 1024**2

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import config_lib, inputs
+from bert_jax.training import config_lib, inputs
 from tests.convert_fixtures import write_vocab
 
 

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from bert_jax import cli, distributed
+from bert_jax import cli
 from bert_jax.launch import LaunchError, Runner, slurm, tpu, watcher, workdir_state
+from bert_jax.runtime import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTILE = "a b; rm -rf /"

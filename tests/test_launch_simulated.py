@@ -25,8 +25,8 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import fs
 from bert_jax.launch import events, heartbeat, workdir_state
+from bert_jax.runtime import fs
 from tests import fake_gcloud, gcs_emulator
 from tests.helpers import TINY_PRETRAIN_FLAGS
 
@@ -180,7 +180,7 @@ class Chaos:
 def exported_params(workdir: str) -> list[np.ndarray]:
     import jax
 
-    from bert_jax import model_dir
+    from bert_jax.training import model_dir
 
     return [
         np.asarray(x) for x in jax.tree.leaves(model_dir.load_model_dir(f"{workdir}/model").params)

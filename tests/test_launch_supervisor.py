@@ -265,8 +265,8 @@ def test_status_of_a_run_in_progress_has_an_eta(tmp_path):
 
 
 def test_names_shared_with_the_pretraining_workdir():
-    from bert_jax import checkpointing
-    from bert_jax import workdir as workdir_lib
+    from bert_jax.training import checkpointing
+    from bert_jax.training import workdir as workdir_lib
 
     assert workdir_state.COMMIT_MARKER == checkpointing.COMMIT_MARKER
     assert workdir_state.LOCK_NAME == workdir_lib.LOCK_NAME

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import log_softmax
 
-from bert_jax import losses
+from bert_jax.core import losses
 
 
 def test_masked_lm_sums_ignore_padded_slots():

@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import metrics, train
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.core import train
+from bert_jax.core.model import BertConfig, BertForPreTraining
+from bert_jax.training import metrics
 
 
 def test_jsonl_rows_by_kind_and_tensorboard_events(tmp_path):

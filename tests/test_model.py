@@ -10,10 +10,10 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import losses, train
 from bert_jax.convert import hf as hf_convert
 from bert_jax.convert import mapping
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel, Embed
+from bert_jax.core import losses, train
+from bert_jax.core.model import BertConfig, BertForPreTraining, BertModel, Embed
 from tests.helpers import REAL_SENTENCES, hf_config, minilm_dir, random_batch, tiny_config
 
 

@@ -10,13 +10,13 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import model_dir as md
-from bert_jax import partitioning, train
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError
+from bert_jax.core import partitioning, train
+from bert_jax.core.model import BertForPreTraining
 from bert_jax.data.tokenizer import load_tokenizer
-from bert_jax.errors import UserError
-from bert_jax.model import BertForPreTraining
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import model_dir as md
 from tests.convert_fixtures import random_params, write_vocab
 from tests.helpers import REAL_SENTENCES, tiny_config
 
@@ -210,7 +210,7 @@ def test_refusals_say_what_was_found(tmp_path, params):
 def test_a_workdir_without_a_checkpoint_or_export_is_an_error(tmp_path):
     """A pretraining workdir is read from its latest checkpoint until it exports model/; one
     that has neither says so (the checkpoint read itself is tested in test_pretrain)."""
-    from bert_jax import config_lib
+    from bert_jax.training import config_lib
 
     workdir = tmp_path / "run"
     (workdir / "checkpoints").mkdir(parents=True)

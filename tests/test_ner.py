@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import seqeval.metrics
 
-from bert_jax import partitioning
+from bert_jax.core import partitioning
 from bert_jax.data.tokenizer import load_tokenizer
 from bert_jax.finetune import ner, token_tasks
 from bert_jax.finetune.ner import NerDataError, Sentence

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optim
+from bert_jax.core import optim
 
 
 def test_warmup_then_linear_decay_values():

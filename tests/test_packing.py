@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from bert_jax import losses, train
+from bert_jax.core import losses, train
+from bert_jax.core.model import BertForPreTraining
 from bert_jax.data import packing
-from bert_jax.model import BertForPreTraining
 
 CLS, SEP = 2, 3
 
@@ -256,7 +256,7 @@ def test_pretraining_phase_with_packing_runs(tmp_path):
     """`config.phaseN.packing_factor`: packed training batches, unpacked evaluation."""
     from helpers import minilm_dir
 
-    from bert_jax import config_lib, metrics, pretrain
+    from bert_jax.training import config_lib, metrics, pretrain
 
     config = config_lib.pretraining_config("tiny")
     config.model.update(hidden_size=32, num_attention_heads=2, intermediate_size=64)

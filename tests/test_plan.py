@@ -12,10 +12,13 @@ import os
 
 import pytest
 
-from bert_jax import cli, compile_check, config_lib, cost_model, host_memory, plan, topology
+from bert_jax import cli
 from bert_jax.cli import config_flags
 from bert_jax.cli import plan as plan_cli
-from bert_jax.errors import UserError
+from bert_jax.planning import compile_check, cost_model, plan
+from bert_jax.runtime import host_memory, topology
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import config_lib
 from tests import faults
 
 GIB = 1024**3

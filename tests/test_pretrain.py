@@ -16,8 +16,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from bert_jax import config_lib, metrics, optim, pretrain
 from bert_jax.convert import mapping
+from bert_jax.core import optim
+from bert_jax.training import config_lib, metrics, pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,8 +102,9 @@ def _params_of(result_workdir, shared_dirs):
     """Restores the final checkpoint's params as NumPy (the whole train state, as a resume does)."""
     import jax
 
-    from bert_jax import checkpointing, partitioning
-    from bert_jax.train import ShardedTrainer
+    from bert_jax.core import partitioning
+    from bert_jax.core.train import ShardedTrainer
+    from bert_jax.training import checkpointing
 
     config = small_config(shared_dirs)
     tx, _ = optim.from_config(config.optimizer, [11, 1], [config.phase1, config.phase2])
@@ -169,7 +171,7 @@ def test_sigkill_after_checkpoint_then_resume_from_is_exact(uninterrupted, share
         sys.path.insert(0, {REPO!r})
         import tests.conftest  # 8 CPU devices, as in the parent
         from tests.test_pretrain import small_config
-        from bert_jax import pretrain
+        from bert_jax.training import pretrain
 
         def hook(step, batch):
             if step == 10:
@@ -244,7 +246,7 @@ def test_workdir_is_a_model_for_later_commands(uninterrupted, shared_dirs, tmp_p
     """MODEL may be a workdir: its latest checkpoint while unexported, else its model/ export."""
     import jax
 
-    from bert_jax import model_dir
+    from bert_jax.training import model_dir
 
     reference_dir, _, _, ref_params = uninterrupted
     loaded = model_dir.load_model_dir(reference_dir, load_tokenizer=True)
@@ -268,8 +270,9 @@ def test_init_from_a_model_directory(uninterrupted, shared_dirs, tmp_path):
     1024 rows) must give the reference run's losses."""
     import jax
 
-    from bert_jax import model_dir, partitioning
-    from bert_jax.train import ShardedTrainer, init_and_dropout_keys
+    from bert_jax.core import partitioning
+    from bert_jax.core.train import ShardedTrainer, init_and_dropout_keys
+    from bert_jax.training import model_dir
 
     config = small_config(shared_dirs)
     model_config = config_lib.bert_config(config)

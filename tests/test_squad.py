@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import transformers
 
-from bert_jax import cli, partitioning
+from bert_jax import cli
 from bert_jax.conversion import convert
+from bert_jax.core import partitioning
 from bert_jax.data.tokenizer import load_tokenizer
 from bert_jax.finetune import squad, squad_eval, token_tasks
 from bert_jax.finetune.squad import SquadDataError, SquadExample

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bert_jax import cli, compile_check, config_lib, cost_model, metrics, topology
-from bert_jax.errors import UserError
+from bert_jax import cli
+from bert_jax.planning import compile_check, cost_model
+from bert_jax.runtime import topology
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import config_lib, metrics
 from tests import faults
 
 REPO_CONFIG = "configs/bert.py:tiny"

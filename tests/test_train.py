@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optim, partitioning, train
-from bert_jax.train import ShardedTrainer
+from bert_jax.core import optim, partitioning, train
+from bert_jax.core.train import ShardedTrainer
 from tests.helpers import random_batch, tiny_config
 
 # The training tests need a model that learns, not depth: one layer compiles in about half the

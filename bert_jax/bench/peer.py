@@ -200,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     import optax
     import transformers
 
-    from bert_jax.core import optim
     from bert_jax.bench.data import batch_counts
     from bert_jax.bench.ours import rng_key
     from bert_jax.bench.spec import spec_from_json
+    from bert_jax.core import optim
 
     with open(args.spec, encoding="utf-8") as f:
         spec = spec_from_json(json.load(f))

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bert_jax.training import metrics
-from bert_jax.runtime.errors import UserError
 from bert_jax.core.model import BertConfig
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import metrics
 
 PEERS = ("hf-flax",)
 DATA_SOURCES = ("synthetic", "embedded")

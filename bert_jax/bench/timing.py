@@ -6,7 +6,6 @@ import dataclasses
 import os
 from typing import Any
 
-from bert_jax.training import metrics
 from bert_jax.bench.data import make_data
 from bert_jax.bench.ours import OursRunner
 from bert_jax.bench.peer import PeerRunner
@@ -19,6 +18,7 @@ from bert_jax.bench.spec import (
     peak_flops,
 )
 from bert_jax.runtime.errors import UserError
+from bert_jax.training import metrics
 
 
 def run(

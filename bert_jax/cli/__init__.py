@@ -4,7 +4,7 @@ One module per command family declares its flags and a `run` that calls the libr
 lazily (so `bert-jax --help` stays fast and the model, train step and bench never import
 TensorFlow). `pretrain` and `bench` take an ml_collections config (`--config FILE[:ARG]
 --config.key=value`), which `config_flags` parses for both. A user error raised anywhere below
-(see `bert_jax.errors`) becomes one line on stderr and exit status 2 here, and only here;
+(see `bert_jax.runtime.errors`) becomes one line on stderr and exit status 2 here, and only here;
 any other exception is a bug and keeps its traceback.
 """
 
@@ -16,7 +16,6 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from bert_jax import errors, topology
 from bert_jax.cli import (
     bench,
     config_flags,
@@ -28,6 +27,7 @@ from bert_jax.cli import (
     plan,
     pretrain,
 )
+from bert_jax.runtime import errors, topology
 
 # `bert-jax --help` lists the commands in this order (data: tokenizer, data; finetune:
 # finetune, glue).

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 # The help lists our flags under this heading (as it did when the CLI was one module).
 HELP_SECTION = "bert_jax.cli"
@@ -181,8 +181,8 @@ def _unknown_file_setting(config) -> str | None:
     """A config file that misspells a key (`config.optimizer.learnig_rate = 1e-3`) adds a setting
     that nothing reads (overrides cannot: the config is locked). Names the first such key, with
     the closest setting of the recipe (config_lib.pretraining_config; model: BertConfig fields)."""
-    from bert_jax import config_lib
-    from bert_jax.model import BertConfig
+    from bert_jax.core.model import BertConfig
+    from bert_jax.training import config_lib
 
     known = set(_flat_keys(config_lib.pretraining_config("base").to_dict()))
     known.update(f"model.{field.name}" for field in dataclasses.fields(BertConfig))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 def add_to(subparsers) -> None:
@@ -83,7 +83,7 @@ def _run(args) -> int:
     )
     print(report.summary())
     if args.report_json:
-        from bert_jax import fs
+        from bert_jax.runtime import fs
 
         fs.write_text(args.report_json, report.to_json() + "\n")
     return 0

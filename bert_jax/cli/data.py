@@ -131,9 +131,9 @@ def _add_data(subparsers) -> None:
 def _prepare(args) -> int:
     import logging
 
-    from bert_jax import config_lib
     from bert_jax.data.prepare import PrepareSettings, merge_shards, prepare_records
-    from bert_jax.errors import UserError
+    from bert_jax.runtime.errors import UserError
+    from bert_jax.training import config_lib
 
     if args.merge:
         if args.input or args.tokenizer:

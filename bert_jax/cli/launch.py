@@ -2,7 +2,7 @@
 
 Why this file is long: it declares the flags of eleven actions (nine of `launch tpu`, `slurm` and
 its status), grouped in argparse parents that several actions share; what the actions do lives
-in `bert_jax.launch` (and the plan's flags in `bert_jax.plan.with_planned_flags`).
+in `bert_jax.launch` (and the plan's flags in `bert_jax.planning.plan.with_planned_flags`).
 """
 
 from __future__ import annotations
@@ -274,8 +274,8 @@ def _run_tpu(args) -> int:
 def _one_line_for_cloud_errors(args, action) -> int:
     import sys
 
-    from bert_jax.errors import EXIT_DOES_NOT_FIT
     from bert_jax.launch import CommandFailed, tpu
+    from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT
 
     try:
         return action()
@@ -353,7 +353,7 @@ def _with_planned_settings(args) -> list[str]:
     import sys
     import tempfile
 
-    from bert_jax import plan
+    from bert_jax.planning import plan
 
     accelerator = getattr(args, "accelerator_type", None) or "v4-32"
     what, path = "--settings", args.settings
@@ -378,8 +378,8 @@ def _with_planned_settings(args) -> list[str]:
 def _save_job_if_reachable(args, vm, workdir: str) -> None:
     """Without --watch: keep the job in a gs:// workdir too, so that `launch tpu watch` can take
     over later; a path only the workers see (a FUSE mount) is left alone."""
-    from bert_jax import fs
-    from bert_jax.errors import UserError
+    from bert_jax.runtime import fs
+    from bert_jax.runtime.errors import UserError
 
     if not fs.is_remote(workdir):
         return

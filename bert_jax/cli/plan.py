@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from bert_jax.cli.config_flags import ConfigCommand
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 def _values(flag: str, text: str) -> list[str]:
@@ -24,7 +24,8 @@ def _booleans(flag: str, text: str) -> list[bool]:
 
 
 def _run(flag_values) -> int:
-    from bert_jax import plan, topology
+    from bert_jax.planning import plan
+    from bert_jax.runtime import topology
 
     if not flag_values.topology:
         raise UserError("--topology is required (e.g. v5p-16, v5litepod-16, v5p:2x2x2)")

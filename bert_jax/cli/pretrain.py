@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from bert_jax import errors
 from bert_jax.cli.config_flags import ConfigCommand
-from bert_jax.errors import UserError
+from bert_jax.runtime import errors
+from bert_jax.runtime.errors import UserError
 
 
 def _run(flag_values) -> int:
-    from bert_jax import config_lib, distributed, inputs, pretrain
+    from bert_jax.runtime import distributed
+    from bert_jax.training import config_lib, inputs, pretrain
 
     config = flag_values.config
     # Which --config.KEY overrides were given: init_from's model refuses those that conflict.
@@ -23,7 +24,8 @@ def _run(flag_values) -> int:
         print(config_lib.describe(config))
         return 0
     if flag_values.topology:
-        from bert_jax import compile_check, topology
+        from bert_jax.planning import compile_check
+        from bert_jax.runtime import topology
 
         if not flag_values.compile_only:
             raise UserError("--topology compiles for a TPU slice: it needs --compile-only")
@@ -33,7 +35,7 @@ def _run(flag_values) -> int:
     # Multi-process jobs join up before anything touches a device.
     distributed.initialize_from_flags(flag_values)
     if flag_values.compile_only:
-        from bert_jax import compile_check
+        from bert_jax.planning import compile_check
 
         return compile_check.main(config, flag_values.device_memory_gib)
     if not flag_values.workdir:
@@ -48,7 +50,7 @@ def _run(flag_values) -> int:
 
 
 def _define_distributed(flags, flag_values) -> None:
-    from bert_jax import distributed
+    from bert_jax.runtime import distributed
 
     distributed.define_flags(flags, flag_values)
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.convert import mapping, strict
 from bert_jax.convert.safetensors import read_safetensors, write_safetensors
 from bert_jax.convert.strict import ConversionError, ConversionReport
-from bert_jax.model import BertConfig
+from bert_jax.core.model import BertConfig
+from bert_jax.runtime import fs
 
 __all__ = [
     "ConversionError",

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from bert_jax.model import BertConfig
+from bert_jax.core.model import BertConfig
 
 Path = tuple[str, ...]
 

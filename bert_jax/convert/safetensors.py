@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.convert.strict import ConversionError
+from bert_jax.runtime import fs
 
 
 def _safetensors_dtypes() -> dict[str, np.dtype]:

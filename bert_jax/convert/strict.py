@@ -17,8 +17,8 @@ import numpy as np
 from flax import traverse_util
 
 from bert_jax.convert import mapping
-from bert_jax.errors import UserError
-from bert_jax.model import BertConfig
+from bert_jax.core.model import BertConfig
+from bert_jax.runtime.errors import UserError
 
 
 class ConversionError(UserError):

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.convert import strict
 from bert_jax.convert.strict import ConversionError, ConversionReport
-from bert_jax.model import BertConfig
+from bert_jax.core.model import BertConfig
+from bert_jax.runtime import fs
 
 CONFIG_NAME = "bert_config.json"
 VOCAB_NAME = "vocab.txt"

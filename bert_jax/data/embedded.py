@@ -29,7 +29,7 @@ import zlib
 from bert_jax.data import sentences as sentences_module
 from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.sentences import split_sentences
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 Document = list[str]
 

@@ -32,8 +32,8 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 
-from bert_jax import fs
-from bert_jax.errors import UserError, user_path
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError, user_path
 
 
 def temporary_name(path: str) -> str:

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.data import instances as instances_lib
 from bert_jax.data import records as records_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.masking import MaskingConfig
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.runtime import fs
 
 logger = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ import numpy as np
 from bert_jax.data.masking import MaskingConfig, mask_ids
 from bert_jax.data.row_masking import mask_rows
 from bert_jax.data.tokenizer import Tokenizer
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 TokenizedDocument = list[list[int]]
 

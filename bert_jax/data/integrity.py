@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 class CorruptRecordError(UserError):

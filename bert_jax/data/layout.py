@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from bert_jax import fs
+from bert_jax.runtime import fs
 
 RECORD_SUFFIX = ".tfrecord"
 CONFIG_FILE = "prepare_config.json"

@@ -35,10 +35,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from bert_jax import fs
 from bert_jax.data import files
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 INPUTS_KEY = "inputs"
 MERGED_KEY = "merged_shards"

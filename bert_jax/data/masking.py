@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_jax.data.tokenizer import Tokenizer
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 # Thresholds on one uniform draw per selected unit: [0, 0.8) -> [MASK], [0.8, 0.9) -> random
 # ordinary token, [0.9, 1) -> unchanged.

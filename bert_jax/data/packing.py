@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 Batch = dict[str, np.ndarray]
 

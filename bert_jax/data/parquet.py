@@ -6,7 +6,7 @@ Public API:
 - ``iter_texts(path, text_field) -> Iterator[(row, str | None)]``: the ``text_field`` column of
   every row in file order (``None`` for a null or a non-string value), streamed.
 
-The file is read through ``bert_jax.fs`` (local or ``gs://``) with pyarrow, one batch of
+The file is read through ``bert_jax.runtime.fs`` (local or ``gs://``) with pyarrow, one batch of
 ``BATCH_ROWS`` rows of the one column at a time, so memory is bounded by a row group's column
 chunk, never by the file. A file that is not Parquet (or is damaged) and a missing column are
 ``UserError`` naming the file (and ``--text-field``).
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from bert_jax import fs
-from bert_jax.errors import UserError, user_path
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError, user_path
 
 BATCH_ROWS = 256
 

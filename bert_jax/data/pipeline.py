@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.data import integrity, manifest
 from bert_jax.data import records as records_lib
 from bert_jax.data.layout import TOKENIZER_SUBDIR, read_prepare_config
@@ -55,7 +54,8 @@ from bert_jax.data.masking import MaskingConfig, dynamic_mask_batch
 from bert_jax.data.packing import PackedIterator, PackingConfig
 from bert_jax.data.sources import source_kind
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 STATE_VERSION = 1
 logger = logging.getLogger(__name__)

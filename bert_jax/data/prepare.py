@@ -61,7 +61,6 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from bert_jax import fs
 from bert_jax.data import groups as groups_lib
 from bert_jax.data import manifest
 from bert_jax.data import sources as sources_lib
@@ -70,7 +69,8 @@ from bert_jax.data.groups import InstanceStats, part_name
 from bert_jax.data.layout import CONFIG_FILE, TOKENIZER_SUBDIR
 from bert_jax.data.sentences import splitter_identity
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
-from bert_jax.errors import UserError, user_path
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError, user_path
 
 logger = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.data.files import temporary_name
 from bert_jax.data.layout import RECORD_SUFFIX
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 INT_FEATURES = ("input_ids", "input_mask", "segment_ids")
 PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids")

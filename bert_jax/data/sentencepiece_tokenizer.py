@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.tokenizer_base import (
     CLS,
@@ -25,7 +24,8 @@ from bert_jax.data.tokenizer_base import (
     UNK,
     Tokenizer,
 )
-from bert_jax.errors import UserError, user_path
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError, user_path
 
 # SentencePiece models from other projects (ALBERT, T5) spell pad/unk differently.
 _SPM_ALIASES = {PAD: (PAD, "<pad>"), UNK: (UNK, "<unk>")}

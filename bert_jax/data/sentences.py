@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from importlib import metadata
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 # Candidates compared in benchmarks/sentence_split_eval.py; the package each needs (None: none).
 _PACKAGES = {"syntok": "syntok", "blingfire": "blingfire", "pysbd": "pysbd", "regex": None}

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 def layout(shards_setting: int, process_index: int, process_count: int) -> tuple[int, int, int]:

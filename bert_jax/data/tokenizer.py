@@ -35,7 +35,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer, train_sentencepiece
 from bert_jax.data.tokenizer_base import (
     CLS,
@@ -55,7 +54,8 @@ from bert_jax.data.wordpiece import (
     infer_lowercase,
     read_json,
 )
-from bert_jax.errors import UserError, user_path
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError, user_path
 
 __all__ = [
     "CLS",

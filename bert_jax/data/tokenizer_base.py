@@ -15,9 +15,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.data.files import write_json_atomic
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 CONFIG_NAME = "bert_jax_tokenizer.json"
 SPM_NAME = "spiece.model"

@@ -17,7 +17,7 @@ Public API:
 
 Pages are streamed with ``mwxml`` (one page in memory at a time; ``.bz2`` decompressed on the
 fly, stream after stream, a damaged stream anywhere an error rather than the end of the file as
-``bz2.BZ2File`` takes it; local or ``gs://`` through ``bert_jax.fs``) and kept when they are
+``bz2.BZ2File`` takes it; local or ``gs://`` through ``bert_jax.runtime.fs``) and kept when they are
 articles: namespace 0, not a redirect, not a disambiguation page (a disambiguation template such
 as ``{{disambiguation}}``, ``{{dab}}``, ``{{hndis}}``, or a title ending in "(disambiguation)").
 Their wikitext is parsed with ``mwparserfromhell`` and only running text stays, as the paper
@@ -39,8 +39,8 @@ import re
 from collections.abc import Iterator
 from typing import IO
 
-from bert_jax import fs
-from bert_jax.errors import UserError, user_path
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError, user_path
 
 # Tags whose content is not running text.
 _DROPPED_TAGS = frozenset(

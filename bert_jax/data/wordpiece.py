@@ -29,10 +29,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.tokenizer_base import SPECIAL_TOKENS, UNK, VOCAB_NAME, Tokenizer
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 HF_TOKENIZER_JSON = "tokenizer.json"
 

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model import BertConfig, BertModel, Dense
+from bert_jax.core.model import BertConfig, BertModel, Dense
 
 Array = jax.Array
 

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import partitioning, train
-from bert_jax.errors import UserError
+from bert_jax.core import partitioning, train
+from bert_jax.core.model import BertConfig
 from bert_jax.finetune import metrics as glue_metrics
 from bert_jax.finetune import steps
 from bert_jax.finetune.features import (
@@ -38,7 +38,7 @@ from bert_jax.finetune.features import (
 from bert_jax.finetune.heads import BertForSequenceClassification, ClassifierHead, head_loss
 from bert_jax.finetune.tasks import TaskSpec
 from bert_jax.finetune.tuner import HeadTuner
-from bert_jax.model import BertConfig
+from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class PretrainedEncoder:
 def load_pretrained(path: str) -> PretrainedEncoder:
     """A model directory or pretraining workdir, through `model_dir.load_model_dir` (the loader
     every command uses); the params come to the host and are placed on the mesh per trial."""
-    from bert_jax import model_dir
+    from bert_jax.training import model_dir
 
     return PretrainedEncoder.from_model_dir(model_dir.load_model_dir(path))
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import fs
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 TASK_NAME = "conll2003"
 SPLIT_FILES = {

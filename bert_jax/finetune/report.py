@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import fs
 from bert_jax.data import files
 from bert_jax.finetune import metrics as glue_metrics
 from bert_jax.finetune.tasks import TASK_ORDER, get_task
+from bert_jax.runtime import fs
 
 # Devlin et al. (2019), Table 1: GLUE test-server scores, and the train sizes it lists.
 PAPER_ROWS: dict[str, dict[str, float]] = {

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import fs
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 VERSIONS = ("v1.1", "v2.0")
 

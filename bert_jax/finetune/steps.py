@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import optim, partitioning
-from bert_jax.errors import UserError
+from bert_jax.core import optim, partitioning
+from bert_jax.core.model import BertConfig
+from bert_jax.core.train import TrainState
 from bert_jax.finetune.features import epoch_end_steps, host_rows, train_order
-from bert_jax.model import BertConfig
-from bert_jax.train import TrainState
+from bert_jax.runtime.errors import UserError
 
 
 def unit_schedule(count: jax.Array) -> jax.Array:

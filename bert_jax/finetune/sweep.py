@@ -28,9 +28,7 @@ from typing import Any
 
 import jax
 
-from bert_jax import fs
 from bert_jax.data import files
-from bert_jax.errors import UserError
 from bert_jax.finetune import report
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.features import TaskData, load_task_data
@@ -50,6 +48,8 @@ from bert_jax.finetune.tasks import (
     get_task,
     submission_file,
 )
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 logger = logging.getLogger(__name__)
 

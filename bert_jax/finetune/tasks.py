@@ -32,8 +32,8 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
-from bert_jax import fs
-from bert_jax.errors import UserError
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
 
 # Which split names a task has, and the GLUE-server file each test split's predictions go to.
 TRAIN = "train"

@@ -13,8 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.core.model import BertConfig, BertModel
 from bert_jax.finetune.heads import ClassifierHead
-from bert_jax.model import BertConfig, BertModel
 
 Array = jax.Array
 

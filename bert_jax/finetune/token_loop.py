@@ -22,14 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import partitioning, train
+from bert_jax.core import partitioning, train
+from bert_jax.core.model import BertConfig
 from bert_jax.finetune import steps
 from bert_jax.finetune.features import host_rows
 from bert_jax.finetune.heads import ClassifierHead
 from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder
 from bert_jax.finetune.token_heads import BertForTokenOutputs, span_loss, token_loss
 from bert_jax.finetune.tuner import HeadTuner
-from bert_jax.model import BertConfig
 
 Array = jax.Array
 SPAN = "span"

@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import optim, partitioning, train
-from bert_jax.errors import UserError
+from bert_jax.core import optim, partitioning, train
+from bert_jax.core.train import TrainState
 from bert_jax.finetune import steps
-from bert_jax.train import TrainState
+from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 

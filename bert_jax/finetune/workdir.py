@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 
-from bert_jax import fs
 from bert_jax.data import files
-from bert_jax.errors import user_path
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import user_path
 
 MARKER = "bert_jax_finetune.json"
 _NAMES = (

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from bert_jax.errors import UserError
+from bert_jax.runtime.errors import UserError
 
 
 class LaunchError(UserError):

@@ -37,7 +37,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-from bert_jax import fs
+from bert_jax.runtime import fs
 
 CAUSES = ("capacity", "startup", "lost", "stall", "other")
 CAUSE_NAMES = {

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from bert_jax import fs
+from bert_jax.runtime import fs
 
 INTERVAL_ENV = "BERT_JAX_HEARTBEAT_SECONDS"
 LOG_INTERVAL_ENV = "BERT_JAX_LOG_COPY_SECONDS"

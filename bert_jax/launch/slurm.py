@@ -3,7 +3,7 @@
 The script exports the coordinator (first host of `scontrol show hostnames $SLURM_JOB_NODELIST`
 and a port), the number of processes (`$SLURM_NTASKS`) and which devices a process drives, then
 starts one `bert-jax pretrain` per task with `srun`; each task takes its process id from
-`$SLURM_PROCID` (see bert_jax/distributed.py). `srun --kill-on-bad-exit=1` ends the whole job
+`$SLURM_PROCID` (see bert_jax/runtime/distributed.py). `srun --kill-on-bad-exit=1` ends the whole job
 when one task fails, and JAX's heartbeat does the same when a node vanishes.
 
 Unattended: the job is `--requeue`able (SLURM puts it back in the queue after a node failure or
@@ -22,8 +22,8 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from bert_jax.errors import EXIT_STOPPED
 from bert_jax.launch import LaunchError, Runner
+from bert_jax.runtime.errors import EXIT_STOPPED
 
 PER_CHOICES = ("gpu", "node")
 # The script's mark: `write_and_submit` replaces only a file that carries it.

@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bert_jax.errors import EXIT_DOES_NOT_FIT, EXIT_STOPPED, EXIT_USER_ERROR
 from bert_jax.launch import LaunchError, queued
+from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT, EXIT_STOPPED, EXIT_USER_ERROR
 
 NEVER_RETRIED = (EXIT_USER_ERROR, EXIT_DOES_NOT_FIT)
 MIN_STALL_TIMEOUT = 30 * 60.0

@@ -34,8 +34,8 @@ import sys
 import tarfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from bert_jax.errors import EXIT_DOES_NOT_FIT
 from bert_jax.launch import LaunchError, Runner, describe
+from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT
 
 SOURCE_ITEMS = ("pyproject.toml", "README.md", "bert_jax", "configs", "launch")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")

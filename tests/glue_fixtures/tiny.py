@@ -13,10 +13,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from bert_jax.core.model import BertConfig, BertForPreTraining
+from bert_jax.core.train import dummy_batch, model_inputs
 from bert_jax.data.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer
 from bert_jax.finetune.loop import PretrainedEncoder
-from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.train import dummy_batch, model_inputs
 from tests.helpers import tiny_config
 
 GLUE_DIR = os.path.dirname(os.path.abspath(__file__))
