@@ -17,8 +17,13 @@ preemption kills exactly those. `python3 -m venv` on a worker makes a venv whose
 nothing and whose `bert-jax` runs the source unpacked on that worker with this Python.
 
 The test drives the cloud's side through the functions below (`preempt`, `hang`, `kill_worker`)
-and makes commands fail with `fail_next`. Deleting a queued resource with --force while it is
-SUSPENDING is refused and recorded in `violations`, as is any delete the real service refuses.
+and makes commands fail with `fail_next` (the next N matching commands) or `flaky` (every k-th
+one, for a whole run), with one of the real CLI's transient errors (`API_ERRORS`: an auth-token
+refresh, 429, 503, a dropped connection) or a message of the test's own. Errors are printed as
+gcloud prints them, e.g. `ERROR: (gcloud.compute.tpus.queued-resources.describe) NOT_FOUND:
+Resource 'projects/P/locations/Z/queuedResources/N' was not found`. Deleting a queued resource
+with --force while it is SUSPENDING is refused and recorded in `violations`, as is any delete the
+real service refuses.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ def new_state(path: str, root: str, **settings) -> None:
         "resources": {},
         "nodes": {},
         "failures": [],
+        "flaky": [],
+        "injected": 0,  # commands failed on purpose (fail_next, flaky)
         "violations": [],
         "calls": [],
         "incarnation": 0,
@@ -81,12 +88,67 @@ def read(path: str) -> dict:
 # --- what the test does to the "cloud" --------------------------------------------------------
 
 
-def fail_next(path: str, match: str, times: int = 1, status: int = 1, message: str = "") -> None:
-    """The next `times` commands whose line contains `match` fail with `status`."""
+# What the real CLI prints (after `ERROR: (gcloud.GROUP.VERB) `, exit status 1) when the call
+# fails on the way rather than in the service's answer; `connection` is printed without the
+# command's name, as gcloud does for an exception it did not expect.
+API_ERRORS = {
+    "auth": "There was a problem refreshing your current auth tokens: ('invalid_grant: Bad "
+    "Request', {'error': 'invalid_grant', 'error_description': 'Bad Request'})\nPlease run:\n\n"
+    "  $ gcloud auth login\n\nto obtain new credentials.",
+    "quota": "RESOURCE_EXHAUSTED: Quota exceeded for quota metric 'Read requests' and limit 'Read "
+    "requests per minute' of service 'tpu.googleapis.com'",
+    "unavailable": "UNAVAILABLE: The service is currently unavailable.",
+    "connection": "ERROR: gcloud crashed (ConnectionError): ('Connection aborted.', "
+    "RemoteDisconnected('Remote end closed connection without response'))",
+}
+
+
+def fail_next(
+    path: str,
+    match: str,
+    times: int = 1,
+    status: int = 1,
+    message: str = "",
+    error: str | None = None,
+) -> None:
+    """The next `times` commands whose line contains `match` fail with `status`, printing
+    `message`, or API_ERRORS[`error`] as gcloud prints it."""
     with locked(path) as state:
         state["failures"].append(
-            {"match": match, "times": times, "status": status, "message": message}
+            {"match": match, "times": times, "status": status, "message": message, "error": error}
         )
+
+
+def flaky(path: str, match: str, every: int, error: str = "auth") -> None:
+    """From now on every `every`-th command whose line contains `match` fails (exit status 1)
+    with API_ERRORS[`error`]; `every=0` ends it."""
+    with locked(path) as state:
+        state["flaky"] = (
+            [{"match": match, "every": every, "seen": 0, "error": error}] if every else []
+        )
+
+
+def error_line(argv: list[str], text: str) -> str:
+    """`text` as gcloud prints an error of the command `argv` ([alpha] compute tpus GROUP VERB)."""
+    if text.startswith("ERROR:"):
+        return text
+    command = argv[: 4 + (argv[:1] in (["alpha"], ["beta"]))]
+    return f"ERROR: (gcloud.{'.'.join(command)}) {text}"
+
+
+def _injected_failure(state: dict, argv: list[str]) -> tuple[int, str] | None:
+    line = " ".join(argv)
+    for failure in state["failures"]:
+        if failure["times"] > 0 and failure["match"] in line:
+            failure["times"] -= 1
+            text = API_ERRORS[failure["error"]] if failure.get("error") else failure["message"]
+            return failure["status"], error_line(argv, text or f"fake failure of {line}")
+    for failure in state.get("flaky", []):
+        if failure["match"] in line:
+            failure["seen"] += 1
+            if failure["seen"] % failure["every"] == 0:
+                return 1, error_line(argv, API_ERRORS[failure["error"]])
+    return None
 
 
 def preempt(path: str, name: str) -> None:
@@ -200,11 +262,29 @@ def _make_node(state: dict, name: str, accelerator_type: str) -> dict:
     return node
 
 
+def _resource(flags: dict[str, str], kind: str, name: str) -> str:
+    project = flags.get("project") or "fake-project"
+    return f"'projects/{project}/locations/{flags.get('zone', '')}/{kind}/{name}'"
+
+
+def not_found(flags: dict[str, str], kind: str, name: str) -> Refused:
+    """The service's NOT_FOUND (the command's name is added by `error_line`)."""
+    return Refused(
+        f"NOT_FOUND: Resource {_resource(flags, kind, name)} was not found. This command is "
+        "authenticated as tester@example.com which is the active account specified by the "
+        "[core/account] property"
+    )
+
+
+def already_exists(flags: dict[str, str], kind: str, name: str) -> Refused:
+    return Refused(f"ALREADY_EXISTS: Resource {_resource(flags, kind, name)} already exists")
+
+
 def queued_resources(state: dict, verb: str, name: str, flags: dict[str, str]) -> str:
     resources = state["resources"]
     if verb == "create":
         if name in resources:
-            raise Refused(f"ERROR: queued resource {name} already exists")
+            raise already_exists(flags, "queuedResources", name)
         resources[name] = {
             "state": "ACCEPTED",
             "polls": 0,
@@ -215,7 +295,7 @@ def queued_resources(state: dict, verb: str, name: str, flags: dict[str, str]) -
         }
         return ""
     if name not in resources:
-        raise Refused(f"ERROR: NOT_FOUND: queued resource {name}")
+        raise not_found(flags, "queuedResources", name)
     resource = resources[name]
     if verb == "describe":
         shown = resource["state"]
@@ -253,7 +333,7 @@ def tpu_vm(state: dict, verb: str, positional: list[str], flags: dict[str, str])
     nodes = state["nodes"]
     if verb == "create":
         if positional[0] in nodes:
-            raise Refused(f"ERROR: TPU VM {positional[0]} already exists")
+            raise already_exists(flags, "nodes", positional[0])
         _make_node(state, positional[0], flags.get("accelerator-type", ""))
         return ""
     if verb == "scp":
@@ -268,12 +348,12 @@ def tpu_vm(state: dict, verb: str, positional: list[str], flags: dict[str, str])
     name = positional[0]
     if verb == "describe":
         if name not in nodes:
-            raise Refused(f"ERROR: NOT_FOUND: TPU VM {name}")
+            raise not_found(flags, "nodes", name)
         return nodes[name]["state"] + "\n"
     if verb == "delete":
         node = nodes.pop(name, None)
         if node is None:
-            raise Refused(f"ERROR: NOT_FOUND: TPU VM {name}")
+            raise not_found(flags, "nodes", name)
         _kill_node(node)
         return ""
     raise Refused(f"fake gcloud: tpu-vm {verb} is not simulated")
@@ -362,11 +442,12 @@ def main(argv: list[str]) -> int:
     line = " ".join(argv)
     with locked(path) as state:
         state["calls"].append(argv)
-        for failure in state["failures"]:
-            if failure["times"] > 0 and failure["match"] in line:
-                failure["times"] -= 1
-                print(failure["message"] or f"ERROR: (fake) {line} failed", file=sys.stderr)
-                return failure["status"]
+        injected = _injected_failure(state, argv)
+        if injected is not None:
+            state["injected"] += 1
+    if injected is not None:
+        print(injected[1], file=sys.stderr)
+        return injected[0]
     args = argv[1:] if argv and argv[0] in ("alpha", "beta") else argv
     if args[:2] != ["compute", "tpus"] or len(args) < 4:
         print(f"fake gcloud: {line} is not simulated", file=sys.stderr)
@@ -384,7 +465,10 @@ def main(argv: list[str]) -> int:
             else:
                 raise Refused(f"fake gcloud: {group} is not simulated", 2)
     except Refused as refused:
-        print(refused, file=sys.stderr)
+        message = str(refused)
+        if group in ("queued-resources", "tpu-vm") and verb not in ("ssh", "scp"):
+            message = error_line(argv, message)
+        print(message, file=sys.stderr)
         return refused.status
     print(out, end="")
     return 0

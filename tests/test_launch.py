@@ -16,7 +16,7 @@ import time
 import pytest
 
 from bert_jax import cli
-from bert_jax.launch import LaunchError, Runner, slurm, tpu
+from bert_jax.launch import LaunchError, Runner, slurm, tpu, watcher, workdir_state
 from bert_jax.runtime import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,6 +97,13 @@ PACK = f"# pack pyproject.toml README.md bert_jax configs launch of {REPO} into 
 SETUP_FLAGS = ["--source", REPO, "--archive", "/tmp/src.tar.gz", "--jax-spec", "jax[tpu]==0.10.2"]
 
 
+# What gcloud prints when the service answers that the thing does not exist.
+NOT_FOUND = (
+    "ERROR: (gcloud.compute.tpus.tpu-vm.describe) NOT_FOUND: Resource "
+    "'projects/my-proj/locations/us-central2-b/nodes/bert-base' was not found\n"
+)
+
+
 def _launch(capsys, *argv) -> list[str]:
     assert cli.main(["launch", *argv]) == 0
     return capsys.readouterr().out.splitlines()
@@ -108,7 +115,11 @@ def _launch(capsys, *argv) -> list[str]:
         (
             "create",
             ["--no-queued"],
-            [DESCRIBE, "# only when the describe above fails (no such TPU VM):", CREATE],
+            [
+                DESCRIBE,
+                "# only when the describe above answers NOT_FOUND (no such TPU VM):",
+                CREATE,
+            ],
         ),
         ("create", [], QR_UP),
         ("setup", SETUP_FLAGS, [PACK, MKDIR, SCP, INSTALL]),
@@ -130,7 +141,7 @@ def _launch(capsys, *argv) -> list[str]:
             [
                 *PREFLIGHT,
                 DESCRIBE,
-                "# only when the describe above fails (no such TPU VM):",
+                "# only when the describe above answers NOT_FOUND (no such TPU VM):",
                 CREATE,
                 PACK,
                 MKDIR,
@@ -202,7 +213,9 @@ def test_queued_resource_waits_until_active_with_a_progress_line():
             if "describe" not in argv:
                 return subprocess.CompletedProcess(argv, 0, stdout="")
             out = states.pop(0)
-            return subprocess.CompletedProcess(argv, 0 if out else 1, stdout=out + "\n")
+            if not out:
+                return subprocess.CompletedProcess(argv, 1, stdout="", stderr=NOT_FOUND)
+            return subprocess.CompletedProcess(argv, 0, stdout=out + "\n")
 
         return calls, fake_run
 
@@ -281,6 +294,74 @@ def test_bad_values_are_refused_with_one_line(capsys, argv, message):
     assert message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--stall-timeout", "-5"), ("--stall-timeout", "0"), ("--stall-timeout", "inf"),
+     ("--poll", "0"), ("--startup-timeout", "-1h"), ("--stop-grace", "nan"), ("--poll", "-5"),
+     ("--max-failures", "-1"), ("--max-preemptions", "-2")],
+)  # fmt: skip
+def test_supervisor_settings_are_checked_before_anything_runs(
+    capsys, monkeypatch, tmp_path, flag, value
+):
+    """`up --watch --stall-timeout -5` would rent a slice, then restart a healthy job at every
+    poll: every duration and count of the supervisor is refused in one line naming its flag,
+    before a preflight, a gcloud command or launch/job.json; `watch --detach` too, before the
+    background supervisor starts."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("something ran before the supervisor's settings were checked")
+
+    for target, name in (
+        (tpu, "preflight"),
+        (workdir_state, "save_job"),
+        (watcher, "detach"),
+        (watcher.Watcher, "run"),
+        (Runner, "__call__"),
+        (Runner, "capture_all"),
+    ):
+        monkeypatch.setattr(target, name, refuse)  # fmt: skip
+    workdir = tmp_path / "run"
+    # As a user writes them: `--stall-timeout -5`, but `--startup-timeout=-1h` (argparse reads
+    # a lone -1h as a flag).
+    given = [f"{flag}={value}"] if value == "-1h" else [flag, value]
+    up = ["tpu", "up", "--name", "ok", "--zone", "z", "--watch", *given, "--"]
+    assert cli.main(["launch", *up, "--config", "c", "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bert-jax launch tpu up: error: {flag} ") and err.count("\n") == 1, err
+    assert not workdir.exists()
+
+    job = workdir_state.Job(tpu.TpuVm("ok", "z"), str(workdir), ("--workdir", str(workdir)))
+    (workdir / "launch").mkdir(parents=True)
+    (workdir / "launch" / "job.json").write_text(job.to_json())
+    pid_file = tmp_path / "watch.pid"
+    watch = ["tpu", "watch", "--workdir", str(workdir), *given, "--detach"]
+    assert cli.main(["launch", *watch, "--pid-file", str(pid_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bert-jax launch tpu watch: error: {flag} "), err
+    assert not pid_file.exists()
+
+
+@pytest.mark.parametrize("action", [["tpu", "status", "--no-gcloud"], ["slurm", "status"]])
+def test_status_names_a_workdir_that_is_a_file_or_does_not_exist(
+    capsys, monkeypatch, tmp_path, action
+):
+    """A typo must not read as a run without checkpoints: a file, or a path that does not
+    exist, is one line naming it (exit 2); an existing workdir without checkpoints says so."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    for workdir, said in (
+        ("corpus.txt", "--workdir corpus.txt is a file, not a run's workdir"),
+        ("runs/bse", "--workdir runs/bse does not exist: check the path"),
+        ("corpus.txt/run", "--workdir corpus.txt/run does not exist"),
+    ):
+        assert cli.main(["launch", *action, "--workdir", workdir]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+    (tmp_path / "runs" / "base").mkdir(parents=True)
+    assert cli.main(["launch", *action, "--workdir", "runs/base"]) == 0
+    assert "latest checkpoint: none" in capsys.readouterr().out
+
+
 def _executable(path, text: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
@@ -356,8 +437,11 @@ def test_tpu_up_reuses_an_existing_vm_and_packs_the_source(tmp_path):
 
     def fake_run(argv, check=False, **kwargs):
         calls.append(argv)
-        exists = argv[4] == "describe" and fake_run.exists
-        return subprocess.CompletedProcess(argv, 0 if exists or argv[4] != "describe" else 1)
+        if argv[4] != "describe":
+            return subprocess.CompletedProcess(argv, 0)
+        if fake_run.exists:
+            return subprocess.CompletedProcess(argv, 0, stdout="READY\n")
+        return subprocess.CompletedProcess(argv, 1, stdout="", stderr=NOT_FOUND)
 
     archive = str(tmp_path / "src.tar.gz")
     for exists in (False, True):
@@ -397,6 +481,8 @@ def test_tpu_up_creates_nothing_when_the_preflight_fails(status, said, tmp_path)
 
     def fake_run(argv, check=False, **kwargs):
         calls.append((argv, kwargs.get("cwd")))
+        if "describe" in argv:  # no such TPU VM yet
+            return subprocess.CompletedProcess(argv, 1, stdout="", stderr=NOT_FOUND)
         return subprocess.CompletedProcess(argv, status if "--compile-only" in argv else 0)
 
     vm = tpu.TpuVm("bert-base", "us-central2-b", accelerator_type="v5p-16")

@@ -9,7 +9,8 @@ when the heartbeats say a chosen step was reached. Shown: a run with two preempt
 and a failure ends with the same model as an uninterrupted run, only the steps after each last
 checkpoint redone, each event in events.jsonl and `launch tpu status` printing goodput and
 badput by cause; failures past --max-failures stop with the log's last lines; exit status 2 is
-not retried.
+not retried. The uninterrupted run has a flaky gcloud (every third describe fails with an
+auth-token refresh error): nothing is created, deleted or restarted because of it.
 """
 
 from __future__ import annotations
@@ -209,15 +210,24 @@ def without_watching(rows) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(cloud):
-    """The run with nothing in its way: its model is what every interrupted run must equal."""
+    """The run with nothing in its way but a flaky gcloud (every third describe, of the queued
+    resource or the TPU VM, fails with an auth-token refresh error, exit status 1): its model is
+    what every interrupted run must equal."""
     workdir = f"{BUCKET}/uninterrupted"
     started = time.monotonic()
-    code, output = finish(start_supervisor(cloud, workdir))
+    before = fake_gcloud.read(cloud["state"])
+    fake_gcloud.flaky(cloud["state"], "describe", every=3, error="auth")
+    try:
+        code, output = finish(start_supervisor(cloud, workdir))
+    finally:
+        fake_gcloud.flaky(cloud["state"], "describe", every=0)
     took = time.monotonic() - started
     assert code == 0, output[-6000:]
     print(f"uninterrupted run under the supervisor: {took:.0f} s")
+    state = fake_gcloud.read(cloud["state"])
     return {"workdir": workdir, "params": exported_params(workdir), "seconds": took,
-            "output": output}  # fmt: skip
+            "output": output, "calls": state["calls"][len(before["calls"]) :],
+            "injected": state["injected"] - before["injected"]}  # fmt: skip
 
 
 def test_an_uninterrupted_run_under_the_supervisor(cloud, uninterrupted):
@@ -225,6 +235,12 @@ def test_an_uninterrupted_run_under_the_supervisor(cloud, uninterrupted):
     rows = events.read(uninterrupted["workdir"])
     print("\n".join(json.dumps(r) for r in rows))
     assert kinds(rows) == ["queued", "active", "started", "running", "finished", "deleted"]
+    # The flaky describes were met and said, and changed nothing: one create, one start.
+    assert uninterrupted["injected"] >= 3, uninterrupted["injected"]
+    assert "its state is unknown, not absent" in uninterrupted["output"]
+    verbs = [c[2:4] for c in uninterrupted["calls"] if c[:2] == ["compute", "tpus"]]
+    assert verbs.count(["queued-resources", "create"]) == 1
+    assert verbs.count(["queued-resources", "delete"]) == 1
     rows = without_watching(rows)
     assert rows[3]["start_step"] == 0 and rows[4]["step"] == TOTAL_STEPS
     state = fake_gcloud.read(cloud["state"])
@@ -235,6 +251,14 @@ def test_an_uninterrupted_run_under_the_supervisor(cloud, uninterrupted):
     assert "goodput:" in text and "waiting for capacity" in text
     logs = fs.listdir(f"{uninterrupted['workdir']}/launch/logs")
     assert logs == ["attempt-1-process-0.log", "attempt-1-process-1.log"]
+    # A bucket prefix with nothing under it is a typo, not a run without checkpoints.
+    typo = subprocess.run(
+        [sys.executable, "-m", "bert_jax.cli", "launch", "tpu", "status", "--workdir",
+         f"{BUCKET}/uninterupted"], cwd=REPO, env=cloud["env"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert typo.returncode == 2 and "does not exist (no object in the bucket under it)" in (
+        typo.stderr
+    ), typo.stderr
 
 
 def test_two_preemptions_a_hang_and_a_failure_end_with_the_same_model(cloud, uninterrupted):

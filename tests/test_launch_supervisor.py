@@ -5,6 +5,7 @@ remote status / kill scripts run by a real shell."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -13,8 +14,19 @@ import time
 
 import pytest
 
-from bert_jax.launch import events, heartbeat, tpu, watcher, workdir_state
+from bert_jax.launch import (
+    ApiError,
+    CommandFailed,
+    Runner,
+    events,
+    heartbeat,
+    queued,
+    tpu,
+    watcher,
+    workdir_state,
+)
 from bert_jax.launch.supervisor import Observation, Policy, decide
+from tests import fake_gcloud
 
 QUEUED_READY = Observation(queued=True, qr_state="ACTIVE", node_state="READY", job="running")
 POLICY = Policy(max_failures=3, max_preemptions=None, stall_timeout=None, startup_timeout=600)
@@ -274,8 +286,6 @@ def test_latest_checkpoint_and_export_in_a_local_workdir(tmp_path):
 def _watchable_workdir(tmp_path) -> tuple[str, dict]:
     """A workdir with launch/job.json (as `launch tpu up` leaves it) and a stand-in gcloud whose
     queued resources wait for capacity for ever: the supervisor only polls."""
-    from tests import fake_gcloud
-
     workdir = tmp_path / "run"
     job = workdir_state.Job(
         vm=tpu.TpuVm("bert-sim", "fake-zone-a", accelerator_type="v4-16"),
@@ -337,3 +347,179 @@ def test_ctrl_c_stops_the_watching_not_the_job_and_detach_leaves_a_pid_file(tmp_
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "stopped watching" in log_file.read_text()
+
+
+# --- A flaky gcloud: only NOT_FOUND is "absent" ----------------------------------------------
+
+
+class ScriptedGcloud:
+    """gcloud for a Runner, in-process: a slice whose queued resource is `qr` and TPU VM `node`
+    (None: NOT_FOUND), a job `running` on it; describes fail as `failures` says, one entry per
+    describe in order (an API_ERRORS kind of the stand-in gcloud, or None: answer). Errors are
+    worded as tests/fake_gcloud.py (and the real CLI) word them."""
+
+    def __init__(self, failures=(), qr="ACTIVE", node="READY"):
+        self.failures, self.qr, self.node = list(failures), qr, node
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, check=False, **kwargs):
+        self.calls.append(argv)
+        command = argv[1 : argv.index("tpus") + 3]  # [alpha] compute tpus GROUP VERB
+        done = subprocess.CompletedProcess
+        if command[-1] == "describe":
+            kind = self.failures.pop(0) if self.failures else None
+            if kind is not None:
+                return done(
+                    argv, 1, "", fake_gcloud.error_line(command, fake_gcloud.API_ERRORS[kind])
+                )
+            current = self.qr if "queued-resources" in argv else self.node
+            if current is None:
+                kind = "queuedResources" if "queued-resources" in argv else "nodes"
+                refused = fake_gcloud.not_found({"zone": "fake-zone-a"}, kind, argv[5])
+                return done(argv, 1, "", fake_gcloud.error_line(command, str(refused)))
+            return done(argv, 0, current + "\n", "")
+        if command[-1] == "ssh":
+            return done(argv, 0, "bert-jax-job: running\nbert-jax-job: running\n", "")
+        return done(argv, 0, "", "")
+
+    def verbs(self) -> list[str]:
+        return [argv[argv.index("tpus") + 2] for argv in self.calls]
+
+
+def _started_job(tmp_path, capacity: str | None = "spot") -> workdir_state.Job:
+    """A job that the supervisor started a moment ago (queued, active, started)."""
+    job = workdir_state.Job(
+        vm=tpu.TpuVm("bert-sim", "fake-zone-a", accelerator_type="v4-16"),
+        workdir=str(tmp_path / "run"),
+        pretrain_args=("--config", "c", "--workdir", str(tmp_path / "run")),
+        capacity=capacity,
+    )
+    log = events.EventLog(job.workdir, clock=lambda: 1000.0)
+    for event in ("queued", "active", "started"):
+        log.append(event, attempt=1 if event == "started" else 0)
+    return job
+
+
+def _watch(job, gcloud, polls: int) -> tuple[watcher.Watcher, list[float], str]:
+    """Runs the supervisor (poll 1 s) for `polls` pauses on an injected clock; (the watcher, the
+    pauses it took, what it said)."""
+    out, pauses = io.StringIO(), []
+    policy = dataclasses.replace(POLICY, poll_seconds=1.0)
+    supervisor = watcher.Watcher(
+        job, policy, Runner(out=out, run=gcloud), stream=False, out=out,
+        clock=lambda: 1000.0 + sum(pauses), sleep=pauses.append,
+    )  # fmt: skip
+    real_pause = supervisor._pause
+
+    def pause(seconds):
+        real_pause(seconds)
+        if len(pauses) >= polls:
+            supervisor._interrupted.set()
+
+    supervisor._pause = pause
+    status = supervisor.run()
+    assert status == 130, out.getvalue()
+    return supervisor, pauses, out.getvalue()
+
+
+@pytest.mark.parametrize("capacity", ["spot", None])
+def test_describes_that_fail_never_make_the_supervisor_act_on_a_healthy_slice(tmp_path, capacity):
+    """The issue's case: describes that fail with an auth-token refresh error (then 429, 503, a
+    dropped connection) while the slice is ACTIVE and the job runs. Nothing is created, deleted
+    or restarted; each failed poll is a line, backoff doubles the pause, the third in a row is a
+    `cloud-errors` row, and the first answer after them resets the count."""
+    job = _started_job(tmp_path, capacity)
+    failures = ["auth", "auth", None, "unavailable", "quota", "connection"]
+    if capacity is None:  # --no-queued: only the TPU VM is described
+        failures = ["auth", "auth", "unavailable", "quota", "connection"]
+    gcloud = ScriptedGcloud(failures)
+    supervisor, pauses, said = _watch(job, gcloud, polls=7)
+    assert set(gcloud.verbs()) == {"describe", "ssh"}, gcloud.verbs()  # no create, no delete
+    # Over ssh only the workers' status: no start, stop or kill.
+    ssh = [argv for argv in gcloud.calls if "ssh" in argv]
+    assert ssh and all(f"--command={job.vm.status_script()}" in argv for argv in ssh)
+    assert pauses == [1.0, 2.0, 4.0, 8.0, 16.0, 1.0, 1.0]
+    rows = events.read(job.workdir)
+    assert [r["event"] for r in rows] == ["queued", "active", "started", "watching",
+                                          "cloud-errors", "stopped-watching"]  # fmt: skip
+    assert rows[4]["count"] == 3 and "its state is unknown, not absent" in rows[4]["error"]
+    assert "There was a problem refreshing your current auth tokens" in said
+    assert said.count("nothing done on it") == 5
+    assert "cloud commands work again after 5 failed poll(s)" in said
+    assert "create" not in said and "absent" not in said.replace("not absent", "")
+
+
+def test_a_gcloud_that_keeps_failing_stops_the_watch_not_the_job(tmp_path):
+    job = _started_job(tmp_path)
+    gcloud = ScriptedGcloud(["unavailable"] * watcher.MAX_COMMAND_FAILURES)
+    with pytest.raises(CommandFailed, match="UNAVAILABLE"):
+        _watch(job, gcloud, polls=100)
+    assert set(gcloud.verbs()) == {"describe"}
+    rows = events.read(job.workdir)
+    assert (
+        rows[-1]["event"] == "stopped-watching"
+        and "10 failed polls in a row" in (rows[-1]["reason"])
+    )
+
+
+def test_only_not_found_is_absent_and_the_supervisor_creates_then(tmp_path):
+    """The control: the service's NOT_FOUND (as gcloud prints it) is an absent queued resource,
+    which the supervisor asks for again."""
+    job = _started_job(tmp_path)
+    gcloud = ScriptedGcloud(qr=None)
+    _watch(job, gcloud, polls=1)
+    assert gcloud.verbs()[:2] == ["describe", "create"]
+
+
+@pytest.mark.parametrize("kind", ["auth", "quota", "unavailable", "connection", "empty"])
+def test_describe_tells_an_api_error_from_not_found(kind):
+    qr = queued.QueuedResource(tpu.TpuVm("bert-sim", "fake-zone-a"), "spot")
+    command = ["compute", "tpus", "queued-resources", "describe"]
+
+    def answering(code, stderr):
+        run = lambda argv, **kw: subprocess.CompletedProcess(argv, code, "", stderr)  # noqa: E731
+        return Runner(run=run)
+
+    refused = str(fake_gcloud.not_found({"zone": "fake-zone-a"}, "queuedResources", "bert-sim"))
+    assert queued.state(qr, answering(1, fake_gcloud.error_line(command, refused))) is None
+    if kind == "empty":  # exit 0 and no state: not an answer either
+        runner = answering(0, "")
+    else:
+        runner = answering(1, fake_gcloud.error_line(command, fake_gcloud.API_ERRORS[kind]))
+    with pytest.raises(ApiError, match="queued resource bert-sim .*its state is unknown"):
+        queued.state(qr, runner)
+    with pytest.raises(ApiError):
+        queued.node_state(qr.vm, runner)
+
+
+def test_status_says_unknown_for_an_api_error_never_absent(tmp_path):
+    job = _started_job(tmp_path)
+    (tmp_path / "run" / "launch" / "job.json").write_text(job.to_json())
+    text = workdir_state.status_text(job.workdir, Runner(run=ScriptedGcloud(["auth"])))
+    line = next(x for x in text.splitlines() if x.startswith("slice:"))
+    assert line.startswith(
+        "slice: queued resource unknown (API error), TPU VM bert-sim READY; gcloud could not "
+        "describe queued resource bert-sim (exit status 1: ERROR: "
+        "(gcloud.compute.tpus.queued-resources.describe) There was a problem refreshing"
+    ), line
+    text = workdir_state.status_text(job.workdir, Runner(run=ScriptedGcloud(qr=None, node=None)))
+    assert "slice: queued resource absent, TPU VM bert-sim absent\n" in text
+
+
+def test_up_waits_through_api_errors_and_creates_nothing_on_one(tmp_path):
+    """`launch tpu up` (no --watch): an API error at the first describe stops it (exit status 1)
+    before any create; one while waiting for ACTIVE is retried."""
+    qr = queued.QueuedResource(tpu.TpuVm("bert-sim", "fake-zone-a"), "spot")
+    gcloud = ScriptedGcloud(["auth"], qr=None)
+    with pytest.raises(CommandFailed, match="There was a problem refreshing"):
+        queued.bring_up(qr, Runner(out=io.StringIO(), run=gcloud), poll_seconds=0)
+    assert gcloud.verbs() == ["describe"]
+    gcloud = ScriptedGcloud(["unavailable", "unavailable"])
+    out = io.StringIO()
+    assert queued.wait_until_active(qr, Runner(out=out, run=gcloud), poll_seconds=0) >= 0
+    assert gcloud.verbs() == ["describe"] * 3 and "2 in a row; retrying" in out.getvalue()
+    vm = tpu.TpuVm("bert-sim", "fake-zone-a")
+    gcloud = ScriptedGcloud(["auth"])
+    with pytest.raises(CommandFailed):
+        tpu.create(vm, Runner(out=io.StringIO(), run=gcloud))  # --no-queued
+    assert gcloud.verbs() == ["describe"]

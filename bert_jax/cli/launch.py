@@ -237,6 +237,7 @@ def _supervise(args, workdir: str) -> int:
 
     from bert_jax.launch import Runner, watcher, workdir_state
 
+    policy = _policy(args)  # refused here, before a detached child would be started
     job = workdir_state.load_job(workdir)
     if args.detach:
         pid_file = args.pid_file or f"bert-jax-watch-{job.vm.name}.pid"
@@ -249,11 +250,11 @@ def _supervise(args, workdir: str) -> int:
         return 0
     runner = Runner()
     runner.require("gcloud")
-    return watcher.Watcher(job, _policy(args), runner, stream=not args.no_stream).run()
+    return watcher.Watcher(job, policy, runner, stream=not args.no_stream).run()
 
 
 def _run_watch(args) -> int:
-    return _supervise(args, args.workdir)
+    return _one_line_for_cloud_errors(args, lambda: _supervise(args, args.workdir))
 
 
 def _run_status(args) -> int:
@@ -267,13 +268,17 @@ def _run_status(args) -> int:
 
 
 def _run_tpu(args) -> int:
+    return _one_line_for_cloud_errors(args, lambda: _tpu_action(args))
+
+
+def _one_line_for_cloud_errors(args, action) -> int:
     import sys
 
     from bert_jax.launch import CommandFailed, tpu
     from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT
 
     try:
-        return _tpu_action(args)
+        return action()
     except tpu.DoesNotFit as err:
         print(f"bert-jax {args.command_name}: {err}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
@@ -285,6 +290,8 @@ def _run_tpu(args) -> int:
 def _tpu_action(args) -> int:
     from bert_jax.launch import Runner, queued, slurm, tpu
 
+    if hasattr(args, "max_failures"):  # `up`: its supervisor settings, before anything runs
+        _policy(args)
     if getattr(args, "settings", None) or getattr(args, "plan", False):
         args.pretrain_args = _with_planned_settings(args)
 
@@ -468,6 +475,8 @@ def _add_slurm(kinds) -> None:
 
 
 def _run_slurm(args) -> int:
+    import math
+
     from bert_jax.launch import Runner, slurm, workdir_state
 
     action = args.pretrain_args[:1]
@@ -485,6 +494,8 @@ def _run_slurm(args) -> int:
         return 0
     if args.nodes is None:
         raise LaunchError("--nodes is required (the number of nodes to run on)")
+    if not math.isfinite(args.signal_before):
+        raise LaunchError(f"--signal-before {args.signal_before}: use a duration (e.g. 5m)")
     script, output = slurm.default_paths(
         args.job_name, args.pretrain_args, args.script, args.output
     )

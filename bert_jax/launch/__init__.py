@@ -11,6 +11,10 @@ Errors: what the user must change (a setting, a missing `gcloud`) is a `LaunchEr
 the API itself; its own message is printed above ours) is a `CommandFailed`: one line too, but
 exit status 1, since retrying later may succeed where 2 says "change something first".
 
+A describe (`describe`) tells three answers apart: a state, the service's NOT_FOUND (the thing is
+absent: None) and anything else (an `ApiError`: an expired auth token, 429/5xx, a dropped
+connection). Only NOT_FOUND may lead to a create; an ApiError leaves the state unknown.
+
 Rooms: `tpu.py` (a TPU VM and its workers), `queued.py` (capacity through queued resources),
 `slurm.py`, `heartbeat.py` (what every host of a run writes into the workdir), `events.py`
 (`<workdir>/launch/events.jsonl`, goodput), `supervisor.py` (the decision function and the loop
@@ -19,6 +23,7 @@ that keeps a run alive).
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -39,6 +44,22 @@ class CommandFailed(RuntimeError):
     def __init__(self, message: str, returncode: int = 1):
         super().__init__(message)
         self.returncode = returncode
+
+
+class ApiError(CommandFailed):
+    """A describe failed for another reason than NOT_FOUND: the state is unknown (not absent)."""
+
+
+# How gcloud reports the service's NOT_FOUND, e.g. `ERROR: (gcloud.compute.tpus.tpu-vm.describe)
+# NOT_FOUND: Resource 'projects/P/locations/Z/nodes/N' was not found`. Nothing else is "absent".
+_NOT_FOUND = re.compile(r"^ERROR: \(gcloud\.[^)]*\) NOT_FOUND\b", re.MULTILINE)
+
+
+def first_error_line(stderr: str) -> str:
+    """The line of gcloud's stderr that says what went wrong (its `ERROR:` line), shortened."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    line = next((x for x in lines if x.startswith("ERROR:")), lines[0] if lines else "")
+    return line if len(line) <= 240 else line[:237] + "..."
 
 
 # Where each external tool comes from: a missing one is named in one line with this.
@@ -127,3 +148,36 @@ class Runner:
         except FileNotFoundError:
             raise missing_tool(argv[0]) from None
         return result.returncode, result.stdout or ""
+
+    def capture_all(self, argv: Sequence[str]) -> tuple[int, str, str]:
+        """(exit status, standard output, standard error) of `argv`, run quietly; a dry run
+        prints it and returns (0, "", "")."""
+        argv = [str(a) for a in argv]
+        if self.dry_run:
+            self.show(shlex.join(argv))
+            return 0, "", ""
+        try:
+            result = self._run(argv, check=False, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise missing_tool(argv[0]) from None
+        return result.returncode, result.stdout or "", result.stderr or ""
+
+
+def describe(runner: Runner, argv: Sequence[str], what: str) -> str | None:
+    """The state a `gcloud ... describe --format=value(...)` prints (upper case); None only when
+    the service answers NOT_FOUND. Any other failure, or an answer without a state, is an
+    ApiError naming `what` and gcloud's error line: the caller must not act on it."""
+    code, out, err = runner.capture_all(argv)
+    if runner.dry_run:
+        return None
+    text = out.strip().upper()
+    if code == 0 and text:
+        return text
+    if code != 0 and _NOT_FOUND.search(err):
+        return None
+    why = first_error_line(err) if code != 0 else "it answered without a state"
+    raise ApiError(
+        f"gcloud could not describe {what} (exit status {code}: {why or 'no message'}); its state "
+        "is unknown, not absent",
+        code or 1,
+    )

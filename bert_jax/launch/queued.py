@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bert_jax.launch import CommandFailed, LaunchError, Runner
+from bert_jax.launch import ApiError, CommandFailed, LaunchError, Runner, describe
 from bert_jax.launch.tpu import TpuVm
 
 CAPACITY = ("on-demand", "spot", "best-effort", "reserved", "guaranteed")
@@ -29,6 +29,13 @@ LOST = ("SUSPENDED", "FAILED")  # the slice is gone: delete, then create again
 # gcloud's duration format, e.g. 6h, 90m, 1d, 1h30m.
 _DURATION = re.compile(r"^(\d+[dhms])+$")
 POLL_SECONDS = 60.0
+MAX_API_ERRORS = 10  # describes in a row that fail (not NOT_FOUND) before a wait gives up
+
+
+def retry_delay(poll_seconds: float, failures: int) -> float:
+    """The pause after `failures` failed cloud commands in a row: the poll, doubled each time,
+    at most 512 s (AXLearn's backoff)."""
+    return min(512.0, poll_seconds * 2 ** max(0, failures - 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,17 +86,15 @@ class QueuedResource:
 
 
 def state(qr: QueuedResource, runner: Runner) -> str | None:
-    """The queued resource's state (ACTIVE, SUSPENDED, ...), or None when there is none."""
-    code, out = runner.capture(qr.describe_command())
-    text = out.strip().upper()
-    return text if code == 0 and text else None
+    """The queued resource's state (ACTIVE, SUSPENDED, ...); None when the service says
+    NOT_FOUND. Any other failure of the describe is an ApiError (the state is unknown)."""
+    return describe(runner, qr.describe_command(), f"queued resource {qr.name}")
 
 
 def node_state(vm: TpuVm, runner: Runner) -> str | None:
-    """The TPU VM's state (READY, PREEMPTED, ...), or None when it does not exist."""
-    code, out = runner.capture(vm.describe_command())
-    text = out.strip().upper()
-    return text if code == 0 and text else None
+    """The TPU VM's state (READY, PREEMPTED, ...); None when the service says NOT_FOUND. Any
+    other failure of the describe is an ApiError (the state is unknown)."""
+    return describe(runner, vm.describe_command(), f"TPU VM {vm.name}")
 
 
 def create(qr: QueuedResource, runner: Runner) -> None:
@@ -124,15 +129,27 @@ def wait_until_active(
 ) -> float:
     """Polls until the queued resource is ACTIVE; returns the seconds waited. A progress line
     (state and time waited) is shown at each poll. A resource that ends SUSPENDED or FAILED, or
-    disappears, is a CommandFailed: the capacity request did not succeed."""
+    disappears (NOT_FOUND), is a CommandFailed: the capacity request did not succeed. A describe
+    that fails otherwise is retried with backoff; MAX_API_ERRORS in a row end the wait."""
     if runner.dry_run:
         runner.note(f"then every {poll_seconds:g} s until the state is ACTIVE:")
         runner(qr.describe_command())
         return 0.0
     show = progress or _progress_line(runner)
     start = clock()
+    api_errors = 0
     while True:
-        current = state(qr, runner)
+        try:
+            current = state(qr, runner)
+        except ApiError as err:
+            api_errors += 1
+            if api_errors >= MAX_API_ERRORS:
+                raise
+            delay = retry_delay(poll_seconds, api_errors)
+            runner.note(f"{err} ({api_errors} in a row; retrying in {delay:g} s)")
+            sleep(delay)
+            continue
+        api_errors = 0
         waited = clock() - start
         show(f"queued resource {qr.name}: {current or 'absent'}, waited {duration(waited)}")
         if current == "ACTIVE":

@@ -21,14 +21,23 @@ The loop that observes and acts is in watcher.py; this file is the rules alone.
 from __future__ import annotations
 
 import dataclasses
+import math
 
-from bert_jax.launch import queued
+from bert_jax.launch import LaunchError, queued
 from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT, EXIT_STOPPED, EXIT_USER_ERROR
 
 NEVER_RETRIED = (EXIT_USER_ERROR, EXIT_DOES_NOT_FIT)
 MIN_STALL_TIMEOUT = 30 * 60.0
 STALL_STEP_FACTOR = 5.0
 NODE_LOST = ("PREEMPTED", "TERMINATED")
+# The flag of each setting: a bad value is refused in one line naming it.
+COUNT_FLAGS = {"max_failures": "--max-failures", "max_preemptions": "--max-preemptions"}
+DURATION_FLAGS = {
+    "stall_timeout": "--stall-timeout",
+    "startup_timeout": "--startup-timeout",
+    "stop_grace": "--stop-grace",
+    "poll_seconds": "--poll",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +49,20 @@ class Policy:
     stop_grace: float = 120.0  # SIGTERM -> SIGKILL
     poll_seconds: float = 60.0
     keep: bool = False  # keep the slice when done
+
+    def __post_init__(self):
+        """Refuses, before anything runs, a setting that would make the supervisor act on a
+        healthy run (a negative stall timeout restarts the job at every poll)."""
+        for name, flag in COUNT_FLAGS.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise LaunchError(f"{flag} {value!r}: use a whole number, 0 or more")
+            if value is not None and value < 0:
+                raise LaunchError(f"{flag} {value}: use a whole number, 0 or more")
+        for name, flag in DURATION_FLAGS.items():
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise LaunchError(f"{flag} {value:g} s: use a duration above 0 (e.g. 90s, 45m, 2h)")
 
     def stall_limit(self, slowest_step: float) -> float:
         if self.stall_timeout is not None:

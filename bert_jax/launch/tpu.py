@@ -34,7 +34,7 @@ import sys
 import tarfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from bert_jax.launch import LaunchError, Runner
+from bert_jax.launch import LaunchError, Runner, describe
 from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT
 
 SOURCE_ITEMS = ("pyproject.toml", "README.md", "bert_jax", "configs", "launch")
@@ -248,11 +248,14 @@ def default_source_dir() -> str:
 def create(vm: TpuVm, runner: Runner) -> None:
     if runner.dry_run:
         runner(vm.describe_command())
-        runner.note("only when the describe above fails (no such TPU VM):")
+        runner.note("only when the describe above answers NOT_FOUND (no such TPU VM):")
         runner(vm.create_command())
         return
-    if runner(vm.describe_command(), check=False, quiet=True) == 0:
-        runner.note(f"reusing TPU VM {vm.name} in {vm.zone}")
+    # Only the service's NOT_FOUND leads to a create; a describe that fails otherwise stops here
+    # (an ApiError, exit status 1) rather than create a second VM of the same name.
+    current = describe(runner, vm.describe_command(), f"TPU VM {vm.name}")
+    if current is not None:
+        runner.note(f"reusing TPU VM {vm.name} in {vm.zone} ({current})")
         return
     runner(vm.create_command())
 

@@ -7,8 +7,14 @@ read the workdir and run gcloud. The rules are in supervisor.py; what happened g
 `<workdir>/launch/events.jsonl` (events.py).
 
 Progress is judged on this machine's clock: a stall is "no new step seen in the heartbeats for
-the stall timeout"; a watcher that starts afresh counts from its first look. Cloud commands that
-fail (an API hiccup) are retried at the next poll, with backoff; ten in a row stop the watch.
+the stall timeout"; a watcher that starts afresh counts from its first look.
+
+Only the service's NOT_FOUND makes a queued resource or TPU VM absent. A describe that fails
+otherwise (an expired auth token, 429/5xx, a dropped connection: `ApiError`), like any cloud
+command that fails, ends the poll before anything is decided: nothing is created, deleted or
+restarted because of it. It is retried with backoff and said on a line; `API_ERRORS_EVENT_AFTER`
+in a row add a `cloud-errors` row to events.jsonl; `MAX_COMMAND_FAILURES` in a row stop the watch
+(exit 1; the job goes on).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from bert_jax.runtime import fs
 
 ATTEMPT_ENV = heartbeat.ATTEMPT_ENV
 MAX_COMMAND_FAILURES = 10
+API_ERRORS_EVENT_AFTER = 3  # failed polls in a row that make a `cloud-errors` row
 
 
 def parse_job_status(output: str) -> tuple[str, tuple[int, ...]]:
@@ -178,10 +185,12 @@ class Watcher:
         else:
             tpu.create(self.vm, self.runner)
 
-    def _delete_slice(self, qr_state: str | None) -> None:
+    def _delete_slice(self, obs: Observation) -> None:
+        """Deletes what the observation saw (no describe of its own, which could fail between
+        an event row and the delete, and make the next poll record the event again)."""
         if self.qr is not None:
-            queued.delete(self.qr, self.runner, qr_state or queued.state(self.qr, self.runner))
-        elif queued.node_state(self.vm, self.runner) is not None:
+            queued.delete(self.qr, self.runner, obs.qr_state)
+        elif obs.node_state is not None:
             tpu.delete(self.vm, self.runner)
 
     def _release_lock(self) -> None:
@@ -272,7 +281,7 @@ class Watcher:
         elif decision.action == "recreate":
             self.log.append(decision.event, reason=decision.reason, **where)
             self._unfollow()
-            self._delete_slice(obs.qr_state)
+            self._delete_slice(obs)
             self._release_lock()
         elif decision.action == "start":
             self._setup()
@@ -306,7 +315,7 @@ class Watcher:
         if self.policy.keep:
             self.say(f"keeping {self.vm.name} (--keep)")
         else:
-            self._delete_slice(obs.qr_state)
+            self._delete_slice(obs)
             self.log.append("deleted", attempt=self.log.attempt)
             self.say(f"deleted {self.vm.name}")
         return int(decision.exit_status or 0)
@@ -344,6 +353,24 @@ class Watcher:
             "this run and never said it stopped; if it still runs, stop one of the two"
         )
 
+    def _failed_poll(self, err: CommandFailed) -> float:
+        """Counts and reports a poll that a cloud command ended (nothing was decided on it);
+        the pause before the next one. MAX_COMMAND_FAILURES in a row stop the watch."""
+        self._command_failures += 1
+        failures = self._command_failures
+        if failures >= MAX_COMMAND_FAILURES:
+            reason = f"{failures} failed polls in a row: {err}"
+            self.log.append("stopped-watching", attempt=self.log.attempt, reason=reason)
+            self.say(f"{err} ({failures} in a row: stopping the watch; the job goes on)")
+            raise err
+        if failures == API_ERRORS_EVENT_AFTER:
+            self.log.append(
+                "cloud-errors", attempt=self.log.attempt, count=failures, error=str(err)
+            )
+        delay = queued.retry_delay(self.policy.poll_seconds, failures)
+        self.say(f"{err} ({failures} in a row; nothing done on it, retrying in {delay:g} s)")
+        return delay
+
     def _pause(self, seconds: float) -> None:
         if self.sleep is time.sleep:
             self._interrupted.wait(seconds)  # Ctrl-C ends the wait at once
@@ -368,16 +395,14 @@ class Watcher:
             while not self._interrupted.is_set():
                 try:
                     status = self.poll_once()
-                    self._command_failures = 0
                 except CommandFailed as err:
-                    self._command_failures += 1
-                    self.say(f"{err} ({self._command_failures} in a row; retrying)")
-                    if self._command_failures >= MAX_COMMAND_FAILURES:
-                        raise
-                    self._pause(
-                        min(512.0, self.policy.poll_seconds * 2 ** (self._command_failures - 1))
-                    )
+                    self._pause(self._failed_poll(err))
                     continue
+                if self._command_failures:
+                    self.say(
+                        f"cloud commands work again after {self._command_failures} failed poll(s)"
+                    )
+                    self._command_failures = 0
                 if status is not None:
                     return status
                 self._pause(self.policy.poll_seconds)

@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from bert_jax.launch import LaunchError, Runner, events, heartbeat, queued, tpu
+from bert_jax.launch import ApiError, LaunchError, Runner, events, heartbeat, queued, tpu
 from bert_jax.runtime import fs
 
 ATTEMPT_ENV = heartbeat.ATTEMPT_ENV
@@ -110,9 +110,40 @@ def all_stepped(beats: Sequence[dict]) -> bool:
     return bool(beats) and len(stepped) >= count
 
 
+def check_workdir(workdir: str) -> None:
+    """That `--workdir` is a directory a run may have written to: a typo must not read as a run
+    without checkpoints. A local path must exist; in a bucket, where folders exist only through
+    their objects, a prefix with no object under it does not exist either (a run writes
+    `launch/job.json` or its config there as it starts)."""
+    if fs.isdir(workdir):
+        return
+    if fs.isfile(workdir):
+        raise LaunchError(f"--workdir {workdir} is a file, not a run's workdir")
+    where = " (no object in the bucket under it)" if fs.is_remote(workdir) else ""
+    raise LaunchError(f"--workdir {workdir} does not exist{where}: check the path")
+
+
+def _slice_state(job: Job, runner: Runner) -> str:
+    """`queued resource ACTIVE, TPU VM NAME READY`; a state gcloud failed to give (an API error,
+    not NOT_FOUND) is `unknown`, with gcloud's error, never `absent`."""
+    failed: list[ApiError] = []
+
+    def shown(describe) -> str:
+        try:
+            return describe() or "absent"
+        except ApiError as err:
+            failed.append(err)
+            return "unknown (API error)"
+
+    parts = [f"queued resource {shown(lambda: queued.state(job.qr, runner))}"] if job.qr else []
+    parts.append(f"TPU VM {job.vm.name} {shown(lambda: queued.node_state(job.vm, runner))}")
+    return ", ".join(parts) + "".join(f"; {err}" for err in failed[:1])
+
+
 def status_text(workdir: str, runner: Runner | None = None) -> str:
     """`launch tpu status`: the events and heartbeats of the workdir, and (with a runner that can
-    reach gcloud) the slice's state."""
+    reach gcloud) the slice's state. A workdir that does not exist, or a file, is a LaunchError."""
+    check_workdir(workdir)
     rows = events.read(workdir)
     beats = heartbeat.read_all(workdir)
     attempt = sum(1 for r in rows if r["event"] in ("started", "restarted"))
@@ -121,10 +152,7 @@ def status_text(workdir: str, runner: Runner | None = None) -> str:
     if runner is not None and fs.exists(job_path(workdir)):
         job = load_job(workdir)
         try:
-            qr_state = queued.state(job.qr, runner) if job.qr else None
-            node = queued.node_state(job.vm, runner)
-            parts = [f"queued resource {qr_state or 'absent'}"] if job.qr else []
-            slice_state = ", ".join([*parts, f"TPU VM {job.vm.name} {node or 'absent'}"])
+            slice_state = _slice_state(job, runner)
         except LaunchError:
             slice_state = "unknown (gcloud not available here)"
     return events.describe(
