@@ -254,6 +254,31 @@ def test_nothing_fits_is_said_and_exit_4(monkeypatch, capsys):
     assert [accum for phase, _, accum in calls if phase == "phase1"] == [1, 2, 4]
 
 
+def test_a_host_too_small_to_compile_is_not_a_slice_too_small(monkeypatch, capsys, tmp_path):
+    """Every candidate stopped at this host's memory limit (never compiled): no verdict on the
+    slice, so not exit 4 (which `launch tpu up --plan` would repeat) but one line naming the
+    host's limit and its setting, exit 2; a plan file saying so is refused with the reason."""
+    monkeypatch.setenv(host_memory.LIMIT_ENV, "0.5")
+
+    def check(config, target=None, **kwargs):
+        raise host_memory.HostMemoryError("compiling phase1 held 0.6 GiB")
+
+    monkeypatch.setattr(compile_check, "check", check)
+    argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5p-8", "--remat", ""]
+    argv += ["--meshes", "dp", "--json"]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()[-1:]
+    assert "phase1: no verdict on this host: 1 candidate(s) could not be compiled here" in line
+    assert "of 0.5 GiB" in line and host_memory.LIMIT_ENV in line
+    found = json.loads(captured.out)
+    assert found["schedule"][0]["candidate"] is None and found["schedule"][0]["undecided"] == 1
+    path = tmp_path / "plan.json"
+    path.write_text(captured.out)
+    with pytest.raises(UserError, match="could not be compiled on the host that planned"):
+        plan.flags_from_plan_json(str(path))
+
+
 def test_a_fit_without_a_usable_time_says_so(monkeypatch, base_config):
     """XLA's cost model can price a step at zero or below (ops it cannot price count -1 s): the
     candidate fits but cannot be ranked, and says why."""

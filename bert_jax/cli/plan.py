@@ -24,8 +24,8 @@ def _booleans(flag: str, text: str) -> list[bool]:
 
 
 def _run(flag_values) -> int:
-    from bert_jax.planning import plan
-    from bert_jax.runtime import topology
+    from bert_jax.planning import candidates, plan
+    from bert_jax.runtime import host_memory, topology
 
     if not flag_values.topology:
         raise UserError("--topology is required (e.g. v5p-16, v5litepod-16, v5p:2x2x2)")
@@ -35,7 +35,7 @@ def _run(flag_values) -> int:
     prices = plan.load_prices(flag_values.prices)
 
     def progress(candidate) -> None:  # a search takes minutes: say what each compile gave
-        what = candidate.note if not candidate.timed else plan._ms(candidate.step_seconds)  # noqa: SLF001
+        what = candidate.note if not candidate.timed else candidates.ms(candidate.step_seconds)
         print(
             f"plan: {candidate.phase} {candidate.stage}: {candidate.setting.label()}: {what}",
             file=sys.stderr,
@@ -56,6 +56,16 @@ def _run(flag_values) -> int:
         progress=progress if flag_values.verbose else None,
     )
     print(result.to_json() if flag_values.json else plan.format_plan(result))
+    undecided = [s for s in result.schedule if s.candidate is None and s.undecided]
+    if undecided:
+        # Not 4: the slice may well hold the step; this host could not compile it to a verdict.
+        limit = host_memory.limit_bytes()
+        raise UserError(
+            f"{undecided[0].phase}: no verdict on this host: {undecided[0].undecided} "
+            "candidate(s) could not be compiled here (stopped at the host's memory limit"
+            + (f" of {limit / host_memory.GIB:.1f} GiB" if limit else "")
+            + f", or XLA crashed): plan on a host with more memory or raise {host_memory.LIMIT_ENV}"
+        )
     # 4, as `pretrain --compile-only`: some phase fits no setting on this slice.
     return 4 if any(s.candidate is None for s in result.schedule) else 0
 
