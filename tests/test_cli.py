@@ -43,12 +43,12 @@ def test_help_lists_every_designed_subcommand(capsys):
     [
         (["tokenizer", "train"], "--vocab-size VOCAB_SIZE"),
         (["data", "prepare"], "--max-predictions-per-seq"),
-        (["pretrain"], "--[no]dry_run"),
+        (["pretrain"], "--dry-run, --no-dry-run"),
         (["convert"], "--vocab-pad-multiple N"),
         (["encode"], "--pool {cls,mean,none}"),
         (["finetune"], "--task glue/NAME"),
         (["glue"], "--learning-rates LR"),
-        (["bench"], "--peer_python"),
+        (["bench"], "--peer-python"),
         (["launch", "tpu", "up"], "--accelerator-type"),
         (["launch", "tpu", "logs"], "--worker"),
         (["launch", "slurm"], "--gpus-per-node"),
@@ -66,10 +66,25 @@ def test_config_commands_list_their_flags_under_one_heading(capsys):
     with pytest.raises(SystemExit):
         cli.main(["pretrain", "-h"])
     out = capsys.readouterr().out
-    ours = out.split("\nbert_jax.cli:\n", 1)[1].split("\n\n", 1)[0]
-    for flag in ("--config:", "--workdir:", "--[no]compile_only:", "--device_memory_gib:"):
-        assert flag in ours, out
-    assert "\nbert_jax.runtime.distributed:\n" in out and "--coordinator_address" in out
+    ours = "\n" + out.split("\noptions:\n", 1)[1].split("\n\n", 1)[0]
+    for flag in ("--config CONFIG", "--workdir WORKDIR", "--compile-only, --no-compile-only"):
+        assert f"\n  {flag}\n" in ours, out
+    assert "--device-memory-gib DEVICE_MEMORY_GIB" in ours
+    assert "\ndistributed options:\n  --coordinator-address" in out
+    names = [line.split()[0] for line in out.splitlines() if line.startswith("  --")]
+    assert names and not [name for name in names if "_" in name]
+
+
+def test_config_commands_take_dashed_flags_and_the_old_spellings(capsys):
+    """One flag style (issue 37): dashes, `--no-NAME` for a boolean; absl's underscores and
+    `--noNAME` keep working for scripts; absl's errors name the dashed spelling."""
+    argv = ["plan", "--config", TINY, "--topology", "v5p-8", "--max-accum", "x"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--max-accum" in err and "--max_accum" not in err
+    for spelling in ("--no-dry-run", "--nodry_run", "--no-dry_run"):
+        assert cli.main(["pretrain", "--config", TINY, "--dry-run", spelling]) == 2
+        assert "--workdir is required" in capsys.readouterr().err
 
 
 def _leaves(parser, path=(), run=None):

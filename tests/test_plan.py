@@ -127,7 +127,7 @@ def test_rematerialization_is_tried_only_where_it_saves_micro_batches(monkeypatc
     argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5p-16", "--remat", "dots,none,dots"]
     argv += ["--dtypes", "bfloat16", "--windowed-einsum", "false", "--shard-optimizer-state", "no"]
     outcome = faults.run_cli(capsys, [*argv, "--meshes", "dp,fsdp"])
-    faults.assert_user_error(outcome, "--shard_optimizer_state: 'no' is not true or false")
+    faults.assert_user_error(outcome, "--shard-optimizer-state: 'no' is not true or false")
     argv[-1] = "false"
     assert cli.main([*argv, "--meshes", "dp"]) == 0
     out = capsys.readouterr().out

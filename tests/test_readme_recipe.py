@@ -42,8 +42,8 @@ RUN = (
     " --config.checkpoint.every_steps=5 --config.log_every_steps=1"
 )
 TINY = {  # flags appended to each command, for the scale
-    "plan": "--meshes fsdp --dtypes bfloat16 --windowed_einsum false --shard_optimizer_state false"
-    " --remat none --noverbose" + RUN,
+    "plan": "--meshes fsdp --dtypes bfloat16 --windowed-einsum false --shard-optimizer-state false"
+    " --remat none --no-verbose" + RUN,
     "pretrain": RUN,
     "glue": "--tasks RTE --learning-rates 5e-5 --epochs 1 --batch-size 8 --eval-batch-size 8"
     " --max-seq-length 32",

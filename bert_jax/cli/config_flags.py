@@ -71,7 +71,7 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
         command.define_more(flags, flag_values)
     if any(arg in ("-h", "--help") for arg in argv):
         print(f"usage: {prog} --config FILE[:ARG] [--config.key=value ...] [flags]\n")
-        print(flag_values.get_help())
+        print(flags_help(flag_values))
         raise SystemExit(0)
 
     spec = _config_spec(argv)
@@ -80,7 +80,11 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
     try:
         flag_values([prog, *argv])
     except flags.Error as err:
-        raise UserError(_without_traceback(str(err))) from None
+        message = _without_traceback(str(err))
+        for name in flag_values:  # absl names its flags with underscores; we document dashes
+            if "_" in name and not name.startswith("config."):
+                message = message.replace(f"--{name}", dashed(name))
+        raise UserError(message) from None
     except (KeyError, AttributeError) as err:
         # ml_collections raises these when an override names no setting; anything else is a bug.
         problem = _unknown_override(spec, argv) if spec is not None else None
@@ -96,11 +100,49 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
 
 
 def _absl_spelling(arg: str) -> str:
-    """absl spells flags with underscores; accept the dashed spelling the other commands use."""
+    """absl spells flags with underscores and a boolean's negation `--noNAME`; accept the dashed
+    spelling every command documents (`--max-accum`, `--no-json`) and the old one alike."""
     if arg.startswith("--") and not arg.startswith("--config"):
         name, sep, value = arg[2:].partition("=")
+        if name.startswith("no-"):
+            name = "no" + name[3:]
         return "--" + name.replace("-", "_") + sep + value
     return arg
+
+
+def dashed(name: str) -> str:
+    """A flag's documented spelling: `max_accum` -> `--max-accum`."""
+    return "--" + name.replace("_", "-")
+
+
+def flags_help(flag_values) -> str:
+    """The flags in the layout of the argparse commands: dashed names, a boolean as
+    `--NAME, --no-NAME`, the default, then the help; ours first, then each group absl keeps."""
+    import textwrap
+
+    sections = flag_values.flags_by_module_dict()
+    order = [HELP_SECTION] + sorted(m for m in sections if m != HELP_SECTION)
+    lines = []
+    for module in order:
+        if module not in sections:
+            continue
+        title = "options" if module == HELP_SECTION else module.rpartition(".")[2] + " options"
+        shown = sorted(sections[module], key=lambda f: f.name)
+        if not shown:
+            continue
+        lines.append(f"{title}:")
+        for flag in shown:
+            if flag.boolean:
+                spelling = f"{dashed(flag.name)}, --no-{flag.name.replace('_', '-')}"
+            else:
+                spelling = f"{dashed(flag.name)} {flag.name.upper()}"
+            text = flag.help or ""
+            if flag.default is not None and not flag.boolean:
+                text += f" (default: {flag.default})"
+            lines.append(f"  {spelling}")
+            lines += textwrap.wrap(text, 96, initial_indent=" " * 8, subsequent_indent=" " * 8)
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def _config_spec(argv: list[str]) -> str | None:

@@ -18,7 +18,7 @@ def _booleans(flag: str, text: str) -> list[bool]:
     found = []
     for value in _values(flag, text):
         if value.lower() not in words:
-            raise UserError(f"--{flag}: {value!r} is not true or false")
+            raise UserError(f"--{flag.replace('_', '-')}: {value!r} is not true or false")
         found.append(words[value.lower()])
     return found
 
