@@ -4,6 +4,7 @@ page and markup the reader must handle) and Parquet files."""
 from __future__ import annotations
 
 import bz2
+import os
 from xml.sax.saxutils import escape
 
 _SITEINFO = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" \
@@ -103,6 +104,44 @@ def wikipedia_dump_xml(repeat: int = 1) -> str:
         page(7, "Template:Infobox", 10, "Template documentation. Not prose."),
     ]
     return _SITEINFO + "".join(pages) * repeat + "</mediawiki>\n"
+
+
+# Five long articles in enwiki's markup (tests/wikitext/TITLE.wiki), written for the tests in the
+# patterns real articles carry: infoboxes, nested templates, references with templates inside,
+# tables with cell styles and unbalanced bold and italics, galleries, math, nowiki, definition
+# lists, entities, comments, magic words; beside each, the running text it must come out as, a
+# paragraph per line (TITLE.txt).
+WIKITEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wikitext")
+
+
+def realistic_articles() -> list[tuple[str, str, list[str]]]:
+    """(title, wikitext, expected paragraphs) of each article in ``WIKITEXT_DIR``."""
+    articles = []
+    for name in sorted(os.listdir(WIKITEXT_DIR)):
+        if name.endswith(".wiki"):
+            stem = os.path.join(WIKITEXT_DIR, name[: -len(".wiki")])
+            with open(stem + ".wiki", encoding="utf-8") as f:
+                wikitext = f.read()
+            with open(stem + ".txt", encoding="utf-8") as f:
+                expected = f.read().splitlines()
+            articles.append((name[: -len(".wiki")].replace("_", " "), wikitext, expected))
+    return articles
+
+
+def realistic_dump_xml(siteinfo: bool = True, repeat: int = 1) -> str:
+    """The realistic articles as a pages-articles export, each followed by a redirect to it and
+    its talk page (``repeat`` times over, titles numbered after the first); without
+    ``<siteinfo>`` (optional in the export schema) when ``siteinfo`` is False."""
+    pages, page_id = [], 0
+    for copy in range(repeat):
+        for title, wikitext, _ in realistic_articles():
+            title = title if copy == 0 else f"{title} {copy}"
+            pages.append(page(page_id + 1, title, 0, wikitext))
+            pages.append(page(page_id + 2, f"{title}s", 0, f"#REDIRECT [[{title}]]", title))
+            pages.append(page(page_id + 3, f"Talk:{title}", 1, "== Sources ==\nCited? ~~~~"))
+            page_id += 3
+    header = _SITEINFO if siteinfo else _SITEINFO.partition("  <siteinfo>")[0]
+    return header + "".join(pages) + "</mediawiki>\n"
 
 
 def write_multistream_bz2(path, xml: str) -> None:

@@ -218,3 +218,19 @@ def test_wikitext_edge_cases():
     for page in ("{{School disambiguation}}", "{{hndis|Smith, John}}", "{{Dab}}"):
         assert wikipedia.is_disambiguation("X", mwparserfromhell.parse(page)), page
     assert wikipedia.is_disambiguation("Mercury (disambiguation)", mwparserfromhell.parse("x"))
+
+
+def test_an_xml_file_that_is_no_mediawiki_export_is_one_line_naming_it(tmp_path, capsys):
+    """An RSS feed (any .xml is read as a dump): mwxml's bare AssertionError was a traceback."""
+    feed = tmp_path / "feed.xml"
+    feed.write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n<rss version="2.0"><channel><title>News</title>'
+        "<item><title>One</title><description>First story. It is short.</description></item>"
+        "</channel></rss>\n",
+        encoding="utf-8",
+    )
+    err = _prepare_error(capsys, tmp_path, feed)
+    assert f"--input {feed}: not a MediaWiki XML export" in err and "<rss>" in err, err
+    for workers in (1, 2):
+        with pytest.raises(UserError, match="root element is <rss>"):
+            read_documents([feed], num_workers=workers)

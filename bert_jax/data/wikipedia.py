@@ -23,17 +23,26 @@ as ``{{disambiguation}}``, ``{{dab}}``, ``{{hndis}}``, or a title ending in "(di
 Their wikitext is parsed with ``mwparserfromhell`` and only running text stays, as the paper
 asks ("text passages only; lists, tables and headers ignored"): templates (infoboxes, citations,
 navigation boxes), references, tables, lists (``*``, ``#``, ``;``, ``:`` lines), headings,
-comments, file/image/category/interlanguage links, and tags that hold no prose (``<math>``,
-``<gallery>``, ...) are dropped; a link keeps its text, bold and italics their words, an HTML
-entity its character. Paragraphs stay paragraphs: wikitext's blank lines separate them, the
-lines inside one are joined, and a sentence never runs across two.
+comments, magic words, file/image/category/interlanguage links, and tags that hold no prose
+(``<math>``, ``<gallery>``, ...) are dropped; a link keeps its text, bold and italics their
+words, ``<nowiki>`` its content as literal text, an HTML entity its character (a no-break space,
+like any other whitespace, becomes an ordinary space). Bold and italics are resolved line by
+line as MediaWiki does, not by the parser, whose marks may run across lines and tables (one left
+open in a table cell took the table's end, or a paragraph, with it). Paragraphs stay paragraphs:
+wikitext's blank lines and block tags (``<blockquote>``, ``<div>``) separate them, the lines
+inside one are joined, and a sentence never runs across two. ``markup_leftovers(text)`` finds
+markup that stripped text should never hold (the tests and ``benchmarks/wikipedia_bench.py``
+count it).
 
-A dump that is not valid bz2 or not valid XML is a ``UserError`` naming the file.
+An export without ``<siteinfo>`` (optional in the schema) is read. A dump that is not valid bz2
+or not valid XML, or XML that is no MediaWiki export (an RSS feed named ``.xml``), is a
+``UserError`` naming the file.
 """
 
 from __future__ import annotations
 
 import bz2
+import html
 import io
 import re
 from collections.abc import Iterator
@@ -51,6 +60,8 @@ _DROPPED_TAGS = frozenset(
 # Wiki markup that starts a list line (`*`, `#`, `;`, `:`): the whole line is dropped.
 _LIST_MARKUP = frozenset("*#;:")
 _LINE_BREAK_TAGS = frozenset(("br", "hr"))
+# Tags that are blocks of their own: their text is a paragraph.
+_BLOCK_TAGS = frozenset(("blockquote", "div", "p", "center", "poem"))
 _DROPPED_LINK_NAMESPACES = frozenset(("file", "image", "media", "category"))
 # An interlanguage link `[[de:Titel]]` (shown in the sidebar, not the text): a lower-case
 # language code, where an article's title is capitalised (`[[Ali: Fear Eats the Soul]]`).
@@ -60,10 +71,37 @@ _DISAMBIGUATION_TEMPLATES = frozenset(
     ("disambiguation", "disambig", "dab", "disamb", "dis", "hndis", "geodis", "numberdis")
 )
 _BEHAVIOUR_SWITCH = re.compile(r"__[A-Z]+__")
-_EMPTY_BRACKETS = re.compile(r"\(\s*[,;:]?\s*\)")
+# What dropped templates leave in brackets: "({{IPAc-en|...}}; {{lang|de|Wien}}; 1840-1926)".
+_PUNCTUATION_AFTER_BRACKET = re.compile(r"\(\s*(?:[,;:]\s*)+")
+_PUNCTUATION_BEFORE_BRACKET = re.compile(r"(?:\s*[,;:])+\s*\)")
+_EMPTY_BRACKETS = re.compile(r"\(\s*\)")
 _SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([,.;:!?])")
 # Marks a list line while the text is assembled; such lines are removed afterwards.
 _LIST_LINE = "\x00"
+# A run of two or more apostrophes in the text, kept as "\x02" run "\x03" until its line is
+# complete (so that runs on either side of a dropped node do not join); XML 1.0 holds neither
+# character, so no dump does.
+_QUOTE_RUN = re.compile(r"''+")
+_QUOTE_MARK = re.compile("\x02('+)\x03")
+# A <ref> that the parser left as text (unclosed, or inside what it gave up on), with its content.
+_STRAY_REF = re.compile(r"<ref\b[^<>]*?(?:/>|>.*?</ref\s*>)|</?ref\b[^<>]*>", re.S | re.I)
+# Markup that stripped text never holds (``markup_leftovers``).
+_LEFTOVER = re.compile(
+    "|".join(
+        (
+            r"\{\||\|\}|\|-|\|\+|\|\||!!",  # tables
+            r"\{\{|\}\}|\[\[|\]\]",  # templates, links
+            r"\[(?:https?:)?//",  # external links
+            r"''",  # bold, italics
+            r"</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>|<!--|-->",  # tags (ref, math, br, ...), comments
+            r"&(?:[a-zA-Z][a-zA-Z0-9]*|#[0-9]+|#[xX][0-9a-fA-F]+);",  # entities
+            r"==",  # headings
+            r"__[A-Z]+__",  # magic words
+            r"\b(?:Category|File|Image):",  # category and file links
+            r"\b(?:style|class|colspan|rowspan|align|width|scope)\s*=",  # table attributes
+        )
+    )
+)
 
 
 def is_wikipedia_dump(path: str) -> bool:
@@ -96,20 +134,27 @@ def _link_is_dropped(title: str) -> bool:
     return bool(_INTERLANGUAGE.match(title))
 
 
+def _mark_quotes(match: re.Match) -> str:
+    return "\x02" + match.group() + "\x03"
+
+
 def _append_text(nodes, out: list[str]) -> None:
     """The running text of ``nodes`` (a Wikicode's), appended to ``out`` piece by piece."""
     import mwparserfromhell.nodes as n
 
     for node in nodes:
         if isinstance(node, n.Text):
-            out.append(node.value)
+            value = node.value
+            out.append(_QUOTE_RUN.sub(_mark_quotes, value) if "''" in value else value)
         elif isinstance(node, n.Wikilink):
             if _link_is_dropped(str(node.title)):
                 continue
             if node.text is not None:
                 _append_text(node.text.nodes, out)
-            else:
-                out.append(str(node.title).lstrip(":").split("#")[0])
+            else:  # the title as shown: its entities decoded, without a #section
+                title: list[str] = []
+                _append_text(node.title.nodes, title)
+                out.append("".join(title).lstrip(":").split("#")[0])
         elif isinstance(node, n.ExternalLink):
             if node.title is not None:
                 _append_text(node.title.nodes, out)
@@ -121,24 +166,128 @@ def _append_text(nodes, out: list[str]) -> None:
                 out.append(_LIST_LINE)
             elif tag in _LINE_BREAK_TAGS:
                 out.append("\n" if tag == "hr" else " ")
-            elif tag not in _DROPPED_TAGS and node.contents is not None:
+            elif tag == "nowiki":  # literal text, its entities decoded as the page shows them
+                if node.contents is not None:
+                    out.append(html.unescape(str(node.contents)))
+            elif tag in _DROPPED_TAGS or node.contents is None:
+                continue
+            elif tag in _BLOCK_TAGS:
+                out.append("\n\n")
+                _append_text(node.contents.nodes, out)
+                out.append("\n\n")
+            else:
                 _append_text(node.contents.nodes, out)
         # Templates, headings, comments, arguments: nothing of them is running text.
 
 
-def wikitext_to_paragraphs(wikicode) -> list[str]:
-    """Paragraphs of running text (``wikicode``: a string or a parsed ``Wikicode``)."""
+def _resolve_quotes(line: str) -> str:
+    """``line`` without its bold and italics marks, read as MediaWiki's ``doQuotes`` reads them,
+    a line at a time: four apostrophes are an apostrophe and bold, more than five the extra
+    ones and bold italics; with an odd count of both bold and italics on the line, one bold is
+    an apostrophe and italics (an italic title's possessive): the first after a one-letter
+    word, else the first after a longer one, else the first after a space. A mark left open
+    ends with its line; no word is lost."""
+    parts = _QUOTE_MARK.split(line)  # text, run, text, run, ..., text
+    italics = bold = 0
+    for i in range(1, len(parts), 2):
+        run = len(parts[i])
+        if run == 4:
+            parts[i - 1] += "'"
+            run = 3
+        elif run > 5:
+            parts[i - 1] += "'" * (run - 5)
+            run = 5
+        parts[i] = run
+        italics += run in (2, 5)
+        bold += run in (3, 5)
+    if italics % 2 and bold % 2:
+        single_letter = multi_letter = after_space = None
+        for i in range(1, len(parts), 2):
+            if parts[i] != 3:
+                continue
+            before = parts[i - 1]
+            if before[-1:] == " ":
+                after_space = after_space or i
+            elif before[-2:-1] == " ":
+                single_letter = i
+                break
+            else:
+                multi_letter = multi_letter or i
+        chosen = single_letter or multi_letter or after_space
+        if chosen:
+            parts[chosen - 1] += "'"
+    return "".join(parts[0::2])
+
+
+def _is_table_row(line: str) -> bool:
+    return line.lstrip().startswith(("|", "!"))
+
+
+def _without_unparsed_tables(lines: list[str]) -> list[str]:
+    """``lines`` without the tables that the parser left as text (it gives up on some malformed
+    ones): from a ``{|`` line to its ``|}``; a table never closed ends with its last row (a
+    ``|`` or ``!`` line) and the lines that continue that row."""
+    kept: list[str] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].lstrip().startswith("{|"):
+            kept.append(lines[i])
+            i += 1
+            continue
+        depth, end = 0, None
+        for j in range(i, len(lines)):
+            row = lines[j].lstrip()
+            depth += row.startswith("{|") - row.startswith("|}")
+            if depth == 0:
+                end = j + 1
+                break
+        if end is None:  # never closed
+            end = i + 1
+            while end < len(lines):
+                if lines[end].strip():
+                    end += 1
+                    continue
+                following = end
+                while following < len(lines) and not lines[following].strip():
+                    following += 1
+                if following == len(lines) or not _is_table_row(lines[following]):
+                    break
+                end = following
+        kept.append("")
+        i = end
+    return kept
+
+
+def parse(wikitext: str):
+    """``wikitext`` parsed by mwparserfromhell with bold and italics left as text:
+    ``wikitext_to_paragraphs`` reads them line by line, as MediaWiki does."""
     import mwparserfromhell
 
+    return mwparserfromhell.parse(wikitext, skip_style_tags=True)
+
+
+def wikitext_to_paragraphs(wikicode) -> list[str]:
+    """Paragraphs of running text (``wikicode``: a string or ``parse``'s ``Wikicode``)."""
     if isinstance(wikicode, str):
-        wikicode = mwparserfromhell.parse(wikicode)
+        wikicode = parse(wikicode)
     pieces: list[str] = []
     _append_text(wikicode.nodes, pieces)
+    text = "".join(pieces)
+    if "<ref" in text or "</ref" in text:
+        text = _STRAY_REF.sub("", text)
+    lines = text.split("\n")
+    if "{|" in text:
+        lines = _without_unparsed_tables(lines)
     paragraphs: list[str] = []
     current: list[str] = []
-    for line in "".join(pieces).split("\n"):
-        if line.lstrip().startswith(_LIST_LINE):
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith(_LIST_LINE):
             line = ""  # a list item ends the paragraph before it, as in the rendered page
+        elif len(stripped) > 1 and stripped[0] == stripped[-1] == "=":
+            line = ""  # a heading that the parser left as text
+        elif "\x02" in line:
+            line = _resolve_quotes(line)
         line = _BEHAVIOUR_SWITCH.sub("", line).strip()
         if line:
             current.append(line)
@@ -149,11 +298,22 @@ def wikitext_to_paragraphs(wikicode) -> list[str]:
         paragraphs.append(" ".join(current))
     cleaned = []
     for paragraph in paragraphs:
-        paragraph = " ".join(_EMPTY_BRACKETS.sub("", paragraph).split())
-        paragraph = _SPACE_BEFORE_PUNCTUATION.sub(r"\1", paragraph)
+        if "(" in paragraph:
+            paragraph = _PUNCTUATION_AFTER_BRACKET.sub("(", paragraph)
+            paragraph = _PUNCTUATION_BEFORE_BRACKET.sub(")", paragraph)
+            paragraph = _EMPTY_BRACKETS.sub("", paragraph)
+        paragraph = _SPACE_BEFORE_PUNCTUATION.sub(r"\1", " ".join(paragraph.split()))
         if any(c.isalpha() for c in paragraph):
             cleaned.append(paragraph)
     return cleaned
+
+
+def markup_leftovers(text: str) -> list[str]:
+    """The pieces of wiki markup in ``text``, which stripped text never holds: table, template
+    and link brackets, bold and italics marks, tags and comments, entities, headings, magic
+    words, category and file links, table attributes. (``<nowiki>`` content is literal text and
+    may hold any of them.)"""
+    return _LEFTOVER.findall(text)
 
 
 class Counts:
@@ -212,17 +372,42 @@ class _Bz2Streams(io.RawIOBase):
 
 
 def _parse(stream: IO[bytes], path: str) -> Iterator[tuple[int, bool, str, str | None]]:
-    import mwxml
     from mwxml.errors import MalformedXML
 
     try:
-        for page in mwxml.Dump.from_file(stream):
+        for page in _dump_pages(stream, path):
             text = None
             for revision in page:  # a pages-articles dump holds the latest revision only
                 text = revision.text
             yield page.namespace, bool(page.redirect), page.title, text
     except (OSError, EOFError, SyntaxError, MalformedXML) as err:
         raise _unreadable(path, err) from err
+
+
+def _dump_pages(stream: IO[bytes], path: str) -> Iterator:
+    """mwxml's pages of an export, as ``mwxml.Dump.from_file`` gives them, but with
+    ``<siteinfo>`` optional (as the export schema has it) and any other root element, an RSS
+    feed's, a UserError naming it (mwxml asserts it)."""
+    import mwxml
+    from mwxml.element_iterator import ElementIterator
+    from mwxml.errors import MalformedXML
+
+    root = ElementIterator.from_file(stream)
+    if root.tag != "mediawiki":
+        raise UserError(
+            f"--input {path}: not a MediaWiki XML export (its root element is <{root.tag}>, not "
+            "<mediawiki>); every .xml and .bz2 input is read as a Wikipedia dump"
+        )
+    namespaces = None
+    for element in root:
+        if element.tag == "page":
+            yield mwxml.Page.from_element(element, namespaces)
+        elif element.tag == "siteinfo":
+            site_info = mwxml.SiteInfo.from_element(element)
+            if site_info.namespaces is not None:
+                namespaces = {namespace.name: namespace for namespace in site_info.namespaces}
+        elif element.tag != "logitem":
+            raise MalformedXML(f"unexpected <{element.tag}> in <mediawiki>")
 
 
 def _unreadable(path: str, err: BaseException) -> UserError:
@@ -323,9 +508,7 @@ def chunk_candidates(path: str, header: bytes, chunk: bytes) -> list[tuple[str, 
 
 def article_text(title: str, wikitext: str) -> str | None:
     """The running text of an article, one paragraph per line; None for a disambiguation page."""
-    import mwparserfromhell
-
-    wikicode = mwparserfromhell.parse(wikitext)
+    wikicode = parse(wikitext)
     if is_disambiguation(title, wikicode):
         return None
     return "\n".join(wikitext_to_paragraphs(wikicode))
