@@ -234,3 +234,45 @@ def test_an_xml_file_that_is_no_mediawiki_export_is_one_line_naming_it(tmp_path,
     for workers in (1, 2):
         with pytest.raises(UserError, match="root element is <rss>"):
             read_documents([feed], num_workers=workers)
+
+
+def test_parquet_text_as_dictionary_string_view_or_large_string(tmp_path):
+    """What pandas writes for a `category` column (dictionary<int, string>), string_view and
+    large_string are text like string; nulls in them stay bad records."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = ["One doc. Two sentences.", None, "Third doc. Ends here."]
+    expected = [["One doc.", "Two sentences."], ["Third doc.", "Ends here."]]
+    columns = {
+        "dictionary": pa.array(rows).dictionary_encode(),
+        "dictionary_large": pa.array(rows, pa.large_string()).dictionary_encode(),
+        "string_view": pa.array(rows, pa.string_view()),
+        "large_string": pa.array(rows, pa.large_string()),
+    }
+    for name, column in columns.items():
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"text": column}), path)
+        documents, stats = read_documents([path], splitter_name="regex")
+        assert documents == expected and stats.bad_records == 1, name
+
+
+def test_a_parquet_column_that_is_not_text_is_one_line_naming_it_and_its_type(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, column in {
+        "ints": pa.array([1, 2, 3]),
+        "binary": pa.array([b"One doc. Two.", b"x", b"y"]),
+        "dict_ints": pa.array([1, 2, 1]).dictionary_encode(),
+    }.items():
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"body": column}), path)
+        stored = pq.read_schema(path).field("body").type  # a dictionary of ints reads as ints
+        named = re.escape(f"--input {path}: column 'body' holds {stored}, not text")
+        with pytest.raises(UserError, match=named):
+            read_documents([path], text_field="body")
+    numbers = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"text": pa.array([1, 2, 3])}), numbers)
+    err = _prepare_error(capsys, tmp_path, numbers)
+    assert f"{numbers}: column 'text' holds int64, not text" in err and "--text-field" in err, err

@@ -4,12 +4,13 @@ Public API:
 
 - ``is_parquet(path)``: by name, the sources ``sources`` hands here.
 - ``iter_texts(path, text_field) -> Iterator[(row, str | None)]``: the ``text_field`` column of
-  every row in file order (``None`` for a null or a non-string value), streamed.
+  every row in file order (``None`` for a null), streamed. The column holds text: string,
+  large_string, string_view or a dictionary of them (pandas' ``category``).
 
 The file is read through ``bert_jax.runtime.fs`` (local or ``gs://``) with pyarrow, one batch of
 ``BATCH_ROWS`` rows of the one column at a time, so memory is bounded by a row group's column
-chunk, never by the file. A file that is not Parquet (or is damaged) and a missing column are
-``UserError`` naming the file (and ``--text-field``).
+chunk, never by the file. A file that is not Parquet (or is damaged), a missing column and a
+column of another type are ``UserError`` naming the file (and ``--text-field``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ def is_parquet(path: str) -> bool:
     return path.endswith(".parquet")
 
 
+def _is_text(column_type) -> bool:
+    """string, large_string, string_view, or a dictionary of them (what pandas writes for a
+    ``category`` column)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column_type):
+        column_type = column_type.value_type
+    is_string_view = getattr(pa.types, "is_string_view", None)  # pyarrow 16 and later
+    return (
+        pa.types.is_string(column_type)
+        or pa.types.is_large_string(column_type)
+        or (is_string_view is not None and is_string_view(column_type))
+    )
+
+
 def iter_texts(path: str, text_field: str = "text") -> Iterator[tuple[int, str | None]]:
     """(row number from 1, the row's text or None) for every row of the Parquet file ``path``."""
     import pyarrow as pa
@@ -47,13 +63,17 @@ def iter_texts(path: str, text_field: str = "text") -> Iterator[tuple[int, str |
                     f"--input {path}: no column {text_field!r} (columns: {', '.join(names)}); "
                     "choose one with --text-field"
                 )
+            column_type = parquet.schema_arrow.field(text_field).type
+            if not _is_text(column_type):
+                raise UserError(
+                    f"--input {path}: column {text_field!r} holds {column_type}, not text; "
+                    "choose a text column with --text-field"
+                )
             row = 0
             for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[text_field]):
-                column = batch.column(0)
-                is_text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-                for value in column.to_pylist():
+                for value in batch.column(0).to_pylist():  # a dictionary's values, decoded
                     row += 1
-                    yield row, value if is_text and isinstance(value, str) else None
+                    yield row, value if isinstance(value, str) else None
         except (pa.ArrowException, OSError) as err:
             # ArrowInvalid ("Parquet magic bytes not found", a corrupt page) or an I/O error.
             raise UserError(
