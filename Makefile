@@ -8,7 +8,7 @@ DEMO_DIR ?= demo_workdir
 # stealing keeps both workers busy to the end; the slowest tests are listed after the run.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-gcs test-launch demo lint format clean bench bench-peer
+.PHONY: venv test test-gcs test-launch demo lint format clean bench bench-peer bench-wikipedia
 
 venv: $(STAMP)
 
@@ -66,5 +66,19 @@ $(PEER_STAMP): $(STAMP)
 	  'from importlib.metadata import version; print(*(f"{n}=={version(n)}" for n in ("jax", "jaxlib", "flax", "optax")))')
 	touch $(PEER_STAMP)
 
+# Wikitext stripping beside wikiextractor (words per article, markup left over, speed), the peer
+# in an environment of its own: it is no dependency of bert-jax.
+WIKIEXTRACTOR_VENV := .venv-wikiextractor
+WIKIEXTRACTOR_STAMP := $(WIKIEXTRACTOR_VENV)/.installed
+
+bench-wikipedia: $(STAMP) $(WIKIEXTRACTOR_STAMP)
+	$(BIN)/python benchmarks/wikipedia_extractors_bench.py --wikiextractor $(WIKIEXTRACTOR_VENV)/bin/python
+
+$(WIKIEXTRACTOR_STAMP):
+	test -x $(WIKIEXTRACTOR_VENV)/bin/python || $(PYTHON) -m venv $(WIKIEXTRACTOR_VENV)
+	$(WIKIEXTRACTOR_VENV)/bin/pip install --quiet --upgrade pip
+	$(WIKIEXTRACTOR_VENV)/bin/pip install --quiet wikiextractor==3.1.0
+	touch $(WIKIEXTRACTOR_STAMP)
+
 clean:
-	rm -rf $(VENV) .venv-peer $(DEMO_DIR) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-peer $(WIKIEXTRACTOR_VENV) $(DEMO_DIR) .pytest_cache .ruff_cache
