@@ -92,11 +92,19 @@ def test_markup_leaves_nothing_behind(markup):
 
 
 def test_block_tags_are_paragraphs():
-    assert strip("It is true:\n<blockquote>Given ''a'', b.</blockquote>\nAfter.") == [
+    assert strip(
+        "It is true:\n<blockquote>Given ''a'', b.</blockquote>\nAfter <div>x</div> end."
+    ) == [
         "It is true:",
         "Given a, b.",
-        "After.",
+        "After",
+        "x",
+        "end.",
     ]
+    # A block inside a list item is part of the list: dropped with it.
+    assert strip(
+        "* Item <div>in a div</div> more\n; Term <blockquote>q</blockquote> : d\nA B C."
+    ) == ["A B C."]
 
 
 def test_the_leftover_detector_finds_every_kind_of_markup():

@@ -78,6 +78,8 @@ _EMPTY_BRACKETS = re.compile(r"\(\s*\)")
 _SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([,.;:!?])")
 # Marks a list line while the text is assembled; such lines are removed afterwards.
 _LIST_LINE = "\x00"
+# Marks a block tag's edges (a paragraph's) while the text is assembled.
+_BLOCK = "\x01"
 # A run of two or more apostrophes in the text, kept as "\x02" run "\x03" until its line is
 # complete (so that runs on either side of a dropped node do not join); XML 1.0 holds neither
 # character, so no dump does.
@@ -85,17 +87,29 @@ _QUOTE_RUN = re.compile(r"''+")
 _QUOTE_MARK = re.compile("\x02('+)\x03")
 # A <ref> that the parser left as text (unclosed, or inside what it gave up on), with its content.
 _STRAY_REF = re.compile(r"<ref\b[^<>]*?(?:/>|>.*?</ref\s*>)|</?ref\b[^<>]*>", re.S | re.I)
-# Markup that stripped text never holds (``markup_leftovers``).
+# Markup that stripped text never holds (``markup_leftovers``). Tags by name (MediaWiki's own
+# and the HTML it allows): prose may hold "<path>" or "a == b", which MediaWiki shows as text.
+_MARKUP_TAGS = "|".join(
+    sorted(
+        _DROPPED_TAGS
+        | _BLOCK_TAGS
+        | _LINE_BREAK_TAGS
+        | frozenset(
+            "nowiki span small big sup sub font b i u s strike del ins abbr cite q tt var kbd "
+            "section indicator".split()
+        )
+    )
+)
 _LEFTOVER = re.compile(
     "|".join(
         (
-            r"\{\||\|\}|\|-|\|\+|\|\||!!",  # tables
+            r"\{\||\|\}|\|-|\|\+",  # tables
             r"\{\{|\}\}|\[\[|\]\]",  # templates, links
             r"\[(?:https?:)?//",  # external links
             r"''",  # bold, italics
-            r"</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>|<!--|-->",  # tags (ref, math, br, ...), comments
+            rf"</?(?i:{_MARKUP_TAGS})\b[^<>]*>|<!--",  # tags (ref, math, br, ...), comments
             r"&(?:[a-zA-Z][a-zA-Z0-9]*|#[0-9]+|#[xX][0-9a-fA-F]+);",  # entities
-            r"==",  # headings
+            r"(?P<heading>={2,6}) ?[A-Z0-9'\"][^=\n]{0,80}? ?(?P=heading)(?!=)",  # headings
             r"__[A-Z]+__",  # magic words
             r"\b(?:Category|File|Image):",  # category and file links
             r"\b(?:style|class|colspan|rowspan|align|width|scope)\s*=",  # table attributes
@@ -172,9 +186,9 @@ def _append_text(nodes, out: list[str]) -> None:
             elif tag in _DROPPED_TAGS or node.contents is None:
                 continue
             elif tag in _BLOCK_TAGS:
-                out.append("\n\n")
+                out.append(_BLOCK)
                 _append_text(node.contents.nodes, out)
-                out.append("\n\n")
+                out.append(_BLOCK)
             else:
                 _append_text(node.contents.nodes, out)
         # Templates, headings, comments, arguments: nothing of them is running text.
@@ -227,6 +241,14 @@ def _without_unparsed_tables(lines: list[str]) -> list[str]:
     """``lines`` without the tables that the parser left as text (it gives up on some malformed
     ones): from a ``{|`` line to its ``|}``; a table never closed ends with its last row (a
     ``|`` or ``!`` line) and the lines that continue that row."""
+    closing: dict[int, int] = {}  # a `{|` line -> its `|}` line
+    opened: list[int] = []
+    for i, line in enumerate(lines):
+        row = line.lstrip()
+        if row.startswith("{|"):
+            opened.append(i)
+        elif row.startswith("|}") and opened:
+            closing[opened.pop()] = i
     kept: list[str] = []
     i = 0
     while i < len(lines):
@@ -234,14 +256,9 @@ def _without_unparsed_tables(lines: list[str]) -> list[str]:
             kept.append(lines[i])
             i += 1
             continue
-        depth, end = 0, None
-        for j in range(i, len(lines)):
-            row = lines[j].lstrip()
-            depth += row.startswith("{|") - row.startswith("|}")
-            if depth == 0:
-                end = j + 1
-                break
-        if end is None:  # never closed
+        if i in closing:
+            end = closing[i] + 1
+        else:
             end = i + 1
             while end < len(lines):
                 if lines[end].strip():
@@ -282,18 +299,20 @@ def wikitext_to_paragraphs(wikicode) -> list[str]:
     current: list[str] = []
     for line in lines:
         stripped = line.strip()
-        if stripped.startswith(_LIST_LINE):
-            line = ""  # a list item ends the paragraph before it, as in the rendered page
-        elif len(stripped) > 1 and stripped[0] == stripped[-1] == "=":
-            line = ""  # a heading that the parser left as text
+        if _LIST_LINE in stripped or (  # a list line (the parser may see a `;` line's `:` later)
+            len(stripped) > 1 and stripped[0] == stripped[-1] == "="  # a heading left as text
+        ):
+            line = _BLOCK  # a list item ends the paragraph before it, as in the rendered page
         elif "\x02" in line:
             line = _resolve_quotes(line)
-        line = _BEHAVIOUR_SWITCH.sub("", line).strip()
-        if line:
-            current.append(line)
-        elif current:
-            paragraphs.append(" ".join(current))
-            current = []
+        for k, segment in enumerate(line.split(_BLOCK)):
+            segment = _BEHAVIOUR_SWITCH.sub("", segment).strip()
+            if segment and not k:
+                current.append(segment)
+                continue
+            if current:  # a blank line or a block's edge: the paragraph ends
+                paragraphs.append(" ".join(current))
+            current = [segment] if segment else []
     if current:
         paragraphs.append(" ".join(current))
     cleaned = []
@@ -313,7 +332,7 @@ def markup_leftovers(text: str) -> list[str]:
     and link brackets, bold and italics marks, tags and comments, entities, headings, magic
     words, category and file links, table attributes. (``<nowiki>`` content is literal text and
     may hold any of them.)"""
-    return _LEFTOVER.findall(text)
+    return [match.group() for match in _LEFTOVER.finditer(text)]
 
 
 class Counts:
