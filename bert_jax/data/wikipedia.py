@@ -7,7 +7,8 @@ Public API:
   holds one paragraph per line. It is ``iter_candidates`` (reading: bz2, XML, namespace and
   redirect; cheap) then ``article_text`` (parsing the wikitext: the costly part, which
   ``sources`` runs in worker processes).
-- ``wikitext_to_paragraphs(wikitext) -> list[str]``: the stripping alone.
+- ``wikitext_to_paragraphs(wikitext) -> list[str]``: the stripping alone (``parse`` first);
+  ``markup_leftovers(text)``: the markup that stripped text must not hold.
 - ``multistream_header``, ``iter_chunks``, ``chunk_candidates``: a multistream dump read apart.
   Wikimedia's ``*-multistream*.xml*.bz2`` files are bz2 streams of 100 whole pages each (the
   first holds the header): cut at stream starts into chunks of about ``CHUNK_BYTES``, each chunk
@@ -31,8 +32,8 @@ line as MediaWiki does, not by the parser, whose marks may run across lines and 
 open in a table cell took the table's end, or a paragraph, with it). Paragraphs stay paragraphs:
 wikitext's blank lines and block tags (``<blockquote>``, ``<div>``) separate them, the lines
 inside one are joined, and a sentence never runs across two. ``markup_leftovers(text)`` finds
-markup that stripped text should never hold (the tests and ``benchmarks/wikipedia_bench.py``
-count it).
+markup that stripped text should never hold (the tests and
+``benchmarks/wikipedia_extractors_bench.py`` count it).
 
 An export without ``<siteinfo>`` (optional in the schema) is read. A dump that is not valid bz2
 or not valid XML, or XML that is no MediaWiki export (an RSS feed named ``.xml``), is a
