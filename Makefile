@@ -8,7 +8,7 @@ DEMO_DIR ?= demo_workdir
 # stealing keeps both workers busy to the end; the slowest tests are listed after the run.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-gcs test-launch demo lint format clean bench bench-peer bench-wikipedia
+.PHONY: venv test test-gcs test-launch demo lint format docs clean bench bench-peer bench-wikipedia
 
 venv: $(STAMP)
 
@@ -36,6 +36,11 @@ test-launch: $(STAMP)
 demo: $(STAMP)
 	rm -rf $(DEMO_DIR)
 	$(BIN)/bert-jax pretrain --config configs/demo.py --workdir $(DEMO_DIR)
+
+# The manual (docs/, mkdocs.yml) as a site in site/; strict: a broken link or anchor, or a page
+# missing from the navigation, fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(BIN)/ruff check bert_jax configs tests launch benchmarks

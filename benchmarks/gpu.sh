@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU rows of README's performance section, in one go (one H100/H200; bf16):
+# The GPU rows of docs/performance.md, in one go (one H100/H200; bf16):
 #   BERT-Base seq 128 and BERT-Large seq 512 beside Hugging Face's FlaxBertForPreTraining, then
 #   the fused-attention check (benchmarks/gpu_attention.py).
 # Usage: benchmarks/gpu.sh OUT_DIR [extra `bert-jax bench` flags]

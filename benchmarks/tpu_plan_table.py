@@ -1,5 +1,5 @@
 """TPU slices benchmark (not a test): `bert-jax plan` for BERT-Base and BERT-Large on Cloud TPU
-slices, compiled here by XLA's TPU compiler (libtpu, no TPU needed), as the README's table.
+slices, compiled here by XLA's TPU compiler (libtpu, no TPU needed), as docs/performance.md's table.
 
     .venv/bin/python benchmarks/tpu_plan_table.py [--out tpu_plans.jsonl]
         [--row base:v5p-16 --row large:v5p-16 ...] [--meshes dp,fsdp,dp_fsdp,fsdp_tp]

@@ -141,11 +141,12 @@ def test_circle_finder(graph, circles):
     assert _circles(graph) == circles
 
 
-def _readme_layout() -> list[str]:
-    """The entries of README's Architecture block under `bert_jax/`, in their order."""
-    with open(os.path.join(os.path.dirname(ROOT), "README.md"), encoding="utf-8") as f:
+def _readme_layout(page: str = os.path.join("docs", "architecture.md")) -> list[str]:
+    """The entries of a page's `bert_jax/` block (the manual's Architecture page by default), in
+    their order."""
+    with open(os.path.join(os.path.dirname(ROOT), page), encoding="utf-8") as f:
         text = f.read()
-    block = text.split("\nbert_jax/ ", 1)[1].split("\nconfigs/", 1)[0]
+    block = text.split("\nbert_jax/", 1)[1].split("\nconfigs/", 1)[0].split("\n```", 1)[0]
     return re.findall(r"^  (\w+)(?:\.py|/)", block, flags=re.MULTILINE)
 
 
@@ -156,7 +157,7 @@ def test_the_readme_layout_lists_every_module_in_import_order():
         return module.split(".")[1]
 
     modules = {entry(m) for m in _modules() if m != "bert_jax"}
-    assert sorted(listed) == sorted(modules), "README's Architecture block and bert_jax/ differ"
+    assert sorted(listed) == sorted(modules), "docs/architecture.md's block and bert_jax/ differ"
     position = {name: i for i, name in enumerate(listed)}
     later = sorted(
         f"{module} imports {target}"
@@ -165,4 +166,10 @@ def test_the_readme_layout_lists_every_module_in_import_order():
         for target in targets
         if position[entry(target)] > position[entry(module)]
     )
-    assert later == [], "README lists an entry before one it imports"
+    assert later == [], "docs/architecture.md lists an entry before one it imports"
+
+
+def test_the_readme_house_lists_every_package_in_import_order():
+    """README's short picture of the house: every package of bert_jax/, in the manual's order."""
+    packages = [entry for entry in _readme_layout() if os.path.isdir(os.path.join(ROOT, entry))]
+    assert _readme_layout("README.md") == packages

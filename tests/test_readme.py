@@ -1,5 +1,6 @@
-"""Every `bert-jax` command line in README.md's code blocks is accepted by today's CLI: the
-arguments parse and config overrides name real settings (nothing is run)."""
+"""Every `bert-jax` command line in the code blocks of README.md and of the manual (docs/*.md) is
+accepted by today's CLI: the arguments parse and config overrides name real settings (nothing is
+run)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,19 @@ from bert_jax.cli import config_flags
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+PAGES = ["README.md"] + sorted(
+    os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
+)
+
+
 def _examples() -> list[list[str]]:
-    """The argv of each `bert-jax ...` line in the README's fenced code blocks (continuations
+    """The argv of each `bert-jax ...` line in the pages' fenced code blocks (continuations
     joined, comments dropped, a `.venv/bin/` prefix allowed)."""
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        blocks = re.findall(r"^```[a-z]*\n(.*?)^```", f.read(), flags=re.MULTILINE | re.DOTALL)
+    blocks = []
+    for page in PAGES:
+        with open(os.path.join(REPO, page), encoding="utf-8") as f:
+            text = f.read()
+        blocks += re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
     found = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
@@ -31,7 +40,7 @@ def _examples() -> list[list[str]]:
 EXAMPLES = _examples()
 
 
-def test_the_readme_has_examples_of_every_command():
+def test_the_pages_have_examples_of_every_command():
     commands = {argv[0] for argv in EXAMPLES}
     expected = {"tokenizer", "data", "pretrain", "plan", "convert", "encode", "finetune", "glue"}
     expected.add("bench")

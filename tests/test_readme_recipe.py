@@ -1,8 +1,9 @@
-"""README's "Reproduce BERT-Base from scratch", run as written on a tiny corpus.
+"""The manual's "Reproduce BERT-Base from scratch" (docs/reproduce.md), run as written on a tiny
+corpus.
 
-The recipe's shell block is read from README.md: its variables are pointed at a corpus this test
+The recipe's shell block is read from docs/reproduce.md: its variables are pointed at a corpus this test
 writes (a multistream Wikipedia dump and a books Parquet file, in a directory laid out as the
-README says) and each `bert-jax` line is run in order through `bert_jax.cli.main`, every step for
+page says) and each `bert-jax` line is run in order through `bert_jax.cli.main`, every step for
 real. Changes for the scale, and only these (`TINY`): one worker instead of 16, a 300-piece
 tokenizer (a tiny corpus cannot hold 30,522), BERT-Tiny (2/128/2) for BERT-Base; `plan` searches
 one setting per phase instead of the whole space; pretraining runs 6 steps of 8 sequences (5 at
@@ -29,7 +30,7 @@ from tests.data_fixtures import minilm_vocab_path
 from tests.glue_fixtures.tiny import GLUE_DIR
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTION = "## Reproduce BERT-Base from scratch"
+SECTION = "# Reproduce BERT-Base from scratch"
 SCALE = {
     "--num-workers 16": "--num-workers 1",
     "--vocab-size 30522": "--vocab-size 300",
@@ -52,7 +53,7 @@ TINY = {  # flags appended to each command, for the scale
 
 def _recipe() -> tuple[dict[str, str], list[str]]:
     """The section's variables and its `bert-jax` command lines (continuations joined)."""
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "docs", "reproduce.md"), encoding="utf-8") as f:
         readme = f.read()
     section = readme[readme.index(SECTION) :]
     block = re.search(r"^```sh\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL).group(1)

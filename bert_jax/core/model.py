@@ -95,7 +95,7 @@ class BertConfig:
     # Its `sequence_output` is then [batch, predictions, hidden]. False: every position.
     sparse_last_layer: bool = True
     # Where dropout masks come from (`dropout.py`): "hash", a keyed counter hash fused into the
-    # masked op, no mask array drawn and stored (README, Performance, has the figures); "prng",
+    # masked op, no mask array drawn and stored (docs/performance.md has the figures); "prng",
     # Flax's `nn.Dropout` (jax.random.bernoulli with the key's PRNG). Same rates either way.
     dropout_impl: str = "hash"
     # The word-embedding table and the MLM output bias hold `padded_vocab_size` rows: vocab_size
@@ -397,7 +397,7 @@ class Embed(nn.Module):
 
     Rows are read in the parameter dtype and cast after, so gradients accumulate in float32: a
     bf16 scatter-add runs as compare-and-swap loops on GPUs, which can take a large share of a
-    step's time (README, Performance, has the figures).
+    step's time (docs/performance.md has the figures).
     """
 
     num_embeddings: int

@@ -99,7 +99,7 @@ def bert_adamw(
     The math and the state are those of the optax chain `bert_adamw_chain` (same NamedTuples,
     so checkpoints are interchangeable). The update computes each parameter's clipped gradient,
     both moments and its update in one elementwise expression, which XLA fuses into fewer passes
-    over memory than the chain's transform-by-transform trees (README, Performance, has the
+    over memory than the chain's transform-by-transform trees (docs/performance.md has the
     measured figures).
     """
     chain = bert_adamw_chain(schedule, b1, b2, eps, weight_decay, clip_norm, bias_correction)

@@ -320,7 +320,7 @@ class ShardedSteps:
         # gradients computed in the parameters' layout, then cut to the slots' for the update.
         # Left to itself, sharding propagation pulls the slots' layout back into the backward
         # matmuls, which XLA:TPU then splits into windowed loops (by its cost model a Base step
-        # on 8 v5p chips took 26.5 ms that way; README, Performance, has the figures).
+        # on 8 v5p chips took 26.5 ms that way; docs/performance.md has the figures).
         self.grad_shardings = None
         if shard_optimizer_state:
             zero = partitioning.optimizer_state_rules(rules)

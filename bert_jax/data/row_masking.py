@@ -9,7 +9,7 @@ Public API:
 
 Why it exists: masking a row with ``mask_ids`` is mostly the per-call overhead of NumPy's
 Generator (``choice``, ``random``, ``integers``), which made it the largest stage of ``data
-prepare`` with several dupe passes (figures in the README, data preparation).
+prepare`` with several dupe passes (figures in docs/performance.md, data preparation).
 
 How it stays exact. The Generator's PCG64 is read once per batch (``random_raw``), and what
 NumPy does with those 64-bit outputs for the three calls is replayed on arrays

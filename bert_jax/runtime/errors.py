@@ -21,7 +21,8 @@ import errno
 import os
 from collections.abc import Iterator
 
-# What `bert-jax` exits with; README and `bert-jax --help` list them, a supervisor relies on them.
+# What `bert-jax` exits with; README, docs/faults.md and `bert-jax --help` list them, a
+# supervisor relies on them.
 EXIT_OK = 0
 EXIT_BUG = 1
 EXIT_USER_ERROR = 2
