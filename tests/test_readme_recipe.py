@@ -1,8 +1,8 @@
 """The manual's "Reproduce BERT-Base from scratch" (docs/reproduce.md), run as written on a tiny
 corpus.
 
-The recipe's shell block is read from docs/reproduce.md: its variables are pointed at a corpus this test
-writes (a multistream Wikipedia dump and a books Parquet file, in a directory laid out as the
+The recipe's shell block is read from docs/reproduce.md: its variables are pointed at a corpus
+this test writes (a multistream Wikipedia dump and a books Parquet file, in a directory laid out as the
 page says) and each `bert-jax` line is run in order through `bert_jax.cli.main`, every step for
 real. Changes for the scale, and only these (`TINY`): one worker instead of 16, a 300-piece
 tokenizer (a tiny corpus cannot hold 30,522), BERT-Tiny (2/128/2) for BERT-Base; `plan` searches
