@@ -2,13 +2,13 @@
 corpus.
 
 The recipe's shell block is read from docs/reproduce.md: its variables are pointed at a corpus
-this test writes (a multistream Wikipedia dump and a books Parquet file, in a directory laid out as the
-page says) and each `bert-jax` line is run in order through `bert_jax.cli.main`, every step for
-real. Changes for the scale, and only these (`TINY`): one worker instead of 16, a 300-piece
-tokenizer (a tiny corpus cannot hold 30,522), BERT-Tiny (2/128/2) for BERT-Base; `plan` searches
-one setting per phase instead of the whole space; pretraining runs 6 steps of 8 sequences (5 at
-seq 128, 1 at 512) instead of 1M of 256; GLUE fine-tunes RTE alone (the fixture's GLUE files),
-one learning rate, one epoch, batch 8, 32 tokens.
+this test writes (a multistream Wikipedia dump and a books Parquet file, in a directory laid out
+as the page says) and each `bert-jax` line is run in order through `bert_jax.cli.main`, every
+step for real. Changes for the scale, and only these (`TINY`): one worker instead of 16, a
+300-piece tokenizer (a tiny corpus cannot hold 30,522), BERT-Tiny (2/128/2) for BERT-Base;
+`plan` searches one setting per phase instead of the whole space; pretraining runs 6 steps of 8
+sequences (5 at seq 128, 1 at 512) instead of 1M of 256; GLUE fine-tunes RTE alone (the
+fixture's GLUE files), one learning rate, one epoch, batch 8, 32 tokens.
 """
 
 from __future__ import annotations
