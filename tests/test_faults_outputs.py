@@ -453,3 +453,28 @@ def test_a_killed_overwrite_sets_the_old_shards_aside_until_a_rerun_completes(
     assert not aside.exists()
     settings = PipelineSettings(batch_size=1, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
     next(make_pretrain_iterator(str(out), settings))
+
+
+# --- A splitter never changes the words it is given ----------------------------------------------
+
+
+def test_prepare_stops_at_a_splitter_that_changes_words(vocab, tmp_path, capsys, monkeypatch):
+    """The check runs inside data prepare: a splitter whose sentences are not its text (what
+    syntok's normalised tokens did to "don't") stops the run, naming the splitter and the text."""
+    from bert_jax.data import sentences
+
+    corpus = tmp_path / "corpus.jsonl"
+    texts = [" ".join(REAL_SENTENCES[i::3]) + " I don't know why." for i in range(3)]
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    out = tmp_path / "data"
+    monkeypatch.setitem(
+        sentences._PARAGRAPH_SPLITTERS, "regex", lambda p: [p.replace("n't", "not")]
+    )
+    sentences.splitter.cache_clear()
+    try:
+        outcome = run_cli(capsys, _prepare(str(corpus), vocab, out, "--splitter", "regex"))
+    finally:
+        sentences.splitter.cache_clear()
+    assert_user_error(outcome, "--splitter regex changed the text", "don't")
+    assert "Traceback" not in outcome.err
+    assert not any(name.startswith("stats-") for name in os.listdir(out))  # nothing trusted
