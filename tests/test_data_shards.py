@@ -119,6 +119,21 @@ def test_three_shards_merged_hold_the_instances_of_one_prepare(corpus, prepared,
     next(make_pretrain_iterator(str(sharded), READER))
 
 
+def test_merge_refuses_shards_of_the_old_text_extraction(prepared, tmp_path, capsys):
+    """Shards whose completion marks were written before text extraction was recorded (their
+    words may differ from this version's) are refused by name, whether all or some are old."""
+    sharded = _copy(prepared, tmp_path)
+    for index in (1, 0):
+        stats = sharded / manifest.stats_name(index, SHARDS)
+        payload = json.loads(stats.read_text())
+        del payload["shard"]["manifest"]["text_extraction"]
+        stats.write_text(json.dumps(payload))
+        before = tree_digest(sharded)
+        outcome = run_cli(capsys, _merge(sharded))
+        assert_user_error(outcome, "text extraction v1", "extracts v2", "--overwrite")
+        assert tree_digest(sharded) == before
+
+
 def test_merge_refuses_a_missing_or_incomplete_shard(prepared, tmp_path, capsys):
     sharded = _copy(prepared, tmp_path)
     stats = sharded / manifest.stats_name(1, SHARDS)

@@ -478,3 +478,31 @@ def test_prepare_stops_at_a_splitter_that_changes_words(vocab, tmp_path, capsys,
     assert_user_error(outcome, "--splitter regex changed the text", "don't")
     assert "Traceback" not in outcome.err
     assert not any(name.startswith("stats-") for name in os.listdir(out))  # nothing trusted
+
+
+def _as_made_by_the_old_code(config_path) -> None:
+    """prepare_config.json as versions before text extraction was recorded wrote it."""
+    payload = json.loads(config_path.read_text())
+    del payload["text_extraction"]
+    config_path.write_text(json.dumps(payload))
+
+
+def test_records_of_the_old_text_extraction_are_not_resumed(vocab, tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    texts = [" ".join(REAL_SENTENCES[i::4]) for i in range(4)]
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    out = tmp_path / "data"
+    assert run_cli(capsys, _prepare(str(corpus), vocab, out)).code == 0
+    assert manifest.read_prepare_config(out)["text_extraction"] == 2
+    _as_made_by_the_old_code(out / "prepare_config.json")
+    os.remove(out / "part-00001.tfrecord")  # an interrupted run of the old code
+    before = tree_digest(out)
+    outcome = run_cli(capsys, _prepare(str(corpus), vocab, out))
+    assert_user_error(
+        outcome, str(out), "records were made with text extraction v1", "extracts v2", "--overwrite"
+    )
+    assert tree_digest(out) == before
+    assert run_cli(capsys, _prepare(str(corpus), vocab, out, "--overwrite")).code == 0
+    assert manifest.read_prepare_config(out)["text_extraction"] == 2
+    settings = PipelineSettings(batch_size=1, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
+    next(make_pretrain_iterator(str(out), settings))

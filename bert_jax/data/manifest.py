@@ -5,7 +5,9 @@ the tokenizer's fingerprint among them) and the identity of every input file (pa
 SHA-256 of the content, streamed, never held in memory). ``prepare`` builds it, checks it against
 the one already in the output directory (``check_resumable``: unchanged inputs and settings
 resume; a change is refused in one line naming the file or the setting unless ``--overwrite``
-asks for a rebuild) and writes it once per stage (``write``). On disk it is the flat JSON object
+asks for a rebuild) and writes it once per stage (``write``). Records whose text another version
+extracted (``text_extraction``, ``sources.TEXT_EXTRACTION_VERSION``; 1 where it is not recorded)
+are refused first, by that name (``check_extraction``): they hold other words. On disk it is the flat JSON object
 ``prepare_config.json``, the same keys as ever: ``from_json`` reads every earlier version.
 
 Reading the inputs for their identity also refuses input that is not text (a NUL byte: an image,
@@ -55,13 +57,15 @@ OUTPUT_SETTINGS = (
     "documents_per_shard",
     "sentence_split",
     "splitter",
+    "text_extraction",
     "text_field",
     "tokenizer_fingerprint",
     "sources",
 )
 # Settings added to OUTPUT_SETTINGS later, with the value every earlier prepare used: a directory
 # prepared before then compares as what it is (the regex splitter), not as None.
-_BEFORE_RECORDED = {"splitter": "regex", "text_field": "text"}
+_BEFORE_RECORDED = {"splitter": "regex", "text_field": "text", "text_extraction": 1}
+EXTRACTION_KEY = "text_extraction"
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 _OWN_NAME_RE = re.compile(r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json)$")
@@ -280,6 +284,23 @@ def _check_inputs(previous: Manifest, wanted: Manifest, output_dir: str) -> None
             )
 
 
+def check_extraction(
+    previous: Manifest, wanted: Manifest, output_dir: str, rerun: str = ""
+) -> None:
+    """Refuses (SettingsChangedError, one line) records whose text was extracted by another
+    version of bert-jax (``sources.TEXT_EXTRACTION_VERSION``): they hold other words than this
+    version would write, and a resumed or merged directory would mix both."""
+    made, now = previous.settings.get(EXTRACTION_KEY), wanted.settings.get(EXTRACTION_KEY)
+    if made != now:
+        raise SettingsChangedError(
+            f"{output_dir}: records were made with text extraction v{made}, this version of "
+            f"bert-jax extracts v{now} (sentence splitters keep every word, wikitext is "
+            "stripped anew); they would mix: rerun "
+            f"{rerun or 'data prepare'} with --overwrite to rebuild them, or choose a new "
+            "--output directory"
+        )
+
+
 def check_resumable(
     previous: Manifest | None, wanted: Manifest, output_dir: str, overwrite: bool
 ) -> None:
@@ -289,6 +310,7 @@ def check_resumable(
     same output settings (else SettingsChangedError listing each change). With it: always."""
     if previous is None or overwrite:
         return
+    check_extraction(previous, wanted, output_dir)
     _check_inputs(previous, wanted, output_dir)
     changed = previous.setting_changes(wanted)
     if changed:

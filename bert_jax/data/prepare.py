@@ -178,6 +178,7 @@ def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources:
         "sentence_split": settings.sentence_split,
         # The library's version too: another version may cut the same text differently.
         "splitter": splitter_identity(settings.splitter),
+        "text_extraction": sources_lib.TEXT_EXTRACTION_VERSION,
         "text_field": settings.text_field,
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
@@ -454,6 +455,7 @@ def prepare_cached(
         "whole_word_mask": settings.whole_word_mask,
         "seed": settings.seed,
         "splitter": splitter_identity(settings.splitter),
+        "text_extraction": sources_lib.TEXT_EXTRACTION_VERSION,
     }
     key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
     if cache_dir is None:
@@ -543,6 +545,12 @@ def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output"
             "machine's output or run one shard again"
         )
     shards = _read_marks(output_dir, num_shards, done)
+    # Shards made by another version of bert-jax hold other words: refused by name, first.
+    current = manifest.Manifest({manifest.EXTRACTION_KEY: sources_lib.TEXT_EXTRACTION_VERSION})
+    for record in shards.values():
+        if record:
+            made = manifest.Manifest.from_json(record["manifest"])
+            manifest.check_extraction(made, current, output_dir, "data prepare of every shard")
     merged = manifest.join_shards(
         output_dir, num_shards, shards, groups_lib.existing_parts(output_dir)
     )

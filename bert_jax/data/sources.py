@@ -78,6 +78,12 @@ SourceKind = Literal["records", "tfds", "embedded", "text"]
 EMBEDDED = "embedded"
 TFDS_PREFIX = "tfds:"
 DEFAULT_MAX_LINE_BYTES = 200_000
+# How this version turns prose into sentences (wikitext stripping and sentence splitting), recorded
+# as ``text_extraction`` beside the splitter in prepared data: records made by another version
+# hold other words, so a resume or a merge over them is refused (``manifest.check_resumable``).
+# 1: every version before it (not recorded); 2: splitters only cut, never rewrite ("don't" had
+# become "donot" with syntok), and wikitext is stripped without markup left or prose lost.
+TEXT_EXTRACTION_VERSION = 2
 _MAX_PROBLEM_EXAMPLES = 20
 
 
