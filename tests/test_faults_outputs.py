@@ -506,3 +506,26 @@ def test_records_of_the_old_text_extraction_are_not_resumed(vocab, tmp_path, cap
     assert manifest.read_prepare_config(out)["text_extraction"] == 2
     settings = PipelineSettings(batch_size=1, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
     next(make_pretrain_iterator(str(out), settings))
+
+
+# --- An existing path is that path, whatever its name holds --------------------------------------
+
+
+def test_an_input_named_like_a_glob_is_that_file(vocab, tmp_path, capsys):
+    """`corpus [2020].txt` exists: it is the input, not a pattern matching `corpus 2.txt` or
+    nothing; a real pattern still expands."""
+    from bert_jax.data import sources
+
+    corpus = _corpus(tmp_path / "corpus [2020].txt")
+    (tmp_path / "corpus 2.txt").write_text("Another file the class [2020] would match.\n")
+    assert sources.expand_sources([corpus]) == [corpus]
+    assert sources.expand_sources([str(tmp_path / "corpus [0-9].txt")]) == [
+        str(tmp_path / "corpus 2.txt")
+    ]
+    out = tmp_path / "data"
+    outcome = run_cli(capsys, _prepare(corpus, vocab, out))
+    assert outcome.code == 0, outcome.err
+    assert [entry["path"] for entry in manifest.read_prepare_config(out)["inputs"]] == [corpus]
+    shard = out / "part [1].tfrecord"
+    os.rename(out / "part-00000.tfrecord", shard)
+    assert records.list_record_files([str(shard)]) == [str(shard)]

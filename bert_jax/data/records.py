@@ -340,13 +340,13 @@ def list_record_files(records: str | os.PathLike | Sequence[str | os.PathLike]) 
             if not found:
                 raise UserError(f"{item} holds no {RECORD_SUFFIX} files")
             files.extend(found)
+        elif fs.isfile(item):  # before globbing: "part [1].tfrecord" is that file
+            files.append(item)
         elif glob.has_magic(item):
             found = sorted(f for f in fs.glob(item) if fs.isfile(f))
             if not found:
                 raise UserError(f"record pattern {item} matches no files")
             files.extend(found)
-        elif fs.isfile(item):
-            files.append(item)
         else:
             raise UserError(f"record file not found: {item}")
     if not files:

@@ -172,7 +172,8 @@ class CorpusStats:
 
 
 def expand_sources(sources: Sequence[str | os.PathLike]) -> list[str]:
-    """Resolve paths, directories and globs to files (sorted per pattern); keep special sources."""
+    """Resolve paths, directories and globs to files (sorted per pattern); keep special sources.
+    A path that exists is that path, even with glob characters in its name."""
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     resolved: list[str] = []
@@ -189,13 +190,13 @@ def expand_sources(sources: Sequence[str | os.PathLike]) -> list[str]:
             if not files:
                 raise UserError(f"input directory {source} holds no files")
             resolved.extend(files)
+        elif fs.isfile(source):  # before globbing: "corpus [2020].txt" is that file
+            resolved.append(source)
         elif glob.has_magic(source):
             files = sorted(f for f in fs.glob(source) if fs.isfile(f))
             if not files:
                 raise UserError(f"input pattern {source} matches no files")
             resolved.extend(files)
-        elif fs.isfile(source):
-            resolved.append(source)
         else:
             raise UserError(f"input not found: {source}")
     if not resolved:
