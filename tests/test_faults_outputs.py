@@ -529,3 +529,50 @@ def test_an_input_named_like_a_glob_is_that_file(vocab, tmp_path, capsys):
     shard = out / "part [1].tfrecord"
     os.rename(out / "part-00000.tfrecord", shard)
     assert records.list_record_files([str(shard)]) == [str(shard)]
+
+
+# --- A full output disk ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("full_at", ["part-00001.tfrecord", "part-00001.json"])
+def test_prepare_on_a_full_disk_is_one_line_and_a_rerun_writes_the_same_records(
+    full_at, vocab, tmp_path, capsys, monkeypatch
+):
+    """The disk fills while the second shard is written: TensorFlow's own error for the records
+    (a ResourceExhaustedError, "No space left on device"; its writer is pointed at /dev/full
+    through a link) or an OSError for the counts beside them. One line naming where and how
+    much, exit 2; nothing half-written is left or trusted; a rerun writes identical records."""
+    corpus = _corpus(tmp_path / "corpus.txt")
+    reference, out = tmp_path / "reference", tmp_path / "data"
+    assert run_cli(capsys, _prepare(corpus, vocab, reference)).code == 0
+    module = records if full_at.endswith(".tfrecord") else files
+    real_name = module.temporary_name
+
+    def fills_up(path):
+        name = real_name(path)
+        if os.path.basename(path) == full_at:
+            os.symlink("/dev/full", name)  # removed (the link, not the device) by the writer
+        return name
+
+    monkeypatch.setattr(module, "temporary_name", fills_up)
+    outcome = run_cli(capsys, _prepare(corpus, vocab, out))
+    monkeypatch.setattr(module, "temporary_name", real_name)
+    assert_user_error(
+        outcome,
+        f"no space left on device writing part-00001.tfrecord in --output {out}",
+        "the shard takes about",
+        "B are free",
+        "the 1 shard(s) finished are kept",
+        only_line=False,
+    )
+    assert "Traceback" not in outcome.err and len(outcome.err.splitlines()) < 10, outcome.err
+    assert not [n for n in os.listdir(out) if n.startswith(".") or n.startswith("stats-")]
+    assert not os.path.exists(out / "part-00001.tfrecord")
+    settings = PipelineSettings(batch_size=1, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
+    with pytest.raises(manifest.IncompleteRecordsError):
+        make_pretrain_iterator(str(out), settings)
+    assert run_cli(capsys, _prepare(corpus, vocab, out)).code == 0
+    made, wanted = tree_digest(out), tree_digest(reference)
+    shards = [name for name in wanted if name.endswith(".tfrecord")]
+    assert len(shards) == 2 and all(made[name] == wanted[name] for name in shards)

@@ -50,11 +50,13 @@ preparation, the merge of several machines' runs) read as one story; the work it
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
 from collections import deque
@@ -63,6 +65,7 @@ from dataclasses import dataclass, field
 
 from bert_jax.data import groups as groups_lib
 from bert_jax.data import manifest
+from bert_jax.data import records as records_lib
 from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.groups import InstanceStats, part_name
@@ -242,6 +245,10 @@ def _start_stage(
     return existing
 
 
+def _size(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
+
+
 class _Progress:
     """The driver's tally: groups finished, skipped (already written) and their record files."""
 
@@ -254,14 +261,35 @@ class _Progress:
         self.groups_skipped = 0
         self.total_groups = 0
 
+    def _disk_full(self, err: OSError, group_index: int, serialized: list[bytes]) -> UserError:
+        """One line: where, how much the shard needs and what is free, what is kept."""
+        if err.errno == errno.EDQUOT:
+            room = "the disk quota is exceeded"
+        elif fs.is_remote(self.output_dir):
+            room = "a bucket's free space is not known"
+        else:
+            room = f"{_size(shutil.disk_usage(self.output_dir).free)} are free"
+        return UserError(
+            f"no space left on device writing {part_name(group_index)} in {self.output_what} "
+            f"{self.output_dir}: the shard takes about "
+            f"{_size(records_lib.records_bytes(serialized))}, {room}; the "
+            f"{self.groups_written + self.groups_skipped} shard(s) finished are kept, nothing "
+            "half-written is left: free some space and run the same command again to resume"
+        )
+
     def skip(self, group_index: int) -> None:
         self.groups_skipped += 1
         self.files.append(os.path.join(self.output_dir, part_name(group_index)))
         self.parts.append(group_index)
 
     def finished(self, group_index: int, counts: dict, serialized: list[bytes]) -> None:
-        with user_path(self.output_dir, self.output_what, writing=True):  # a full disk, say
-            groups_lib.write_group(self.output_dir, group_index, counts, serialized)
+        with user_path(self.output_dir, self.output_what, writing=True):  # permissions, say
+            try:
+                groups_lib.write_group(self.output_dir, group_index, counts, serialized)
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise self._disk_full(err, group_index, serialized) from None
         self.instance_stats.add(counts)
         if counts.get("instances"):
             self.files.append(os.path.join(self.output_dir, part_name(group_index)))

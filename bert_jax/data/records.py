@@ -27,6 +27,7 @@ TensorFlow is imported inside the functions that need it.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import struct
@@ -287,13 +288,36 @@ def _prefix_columns(name: str, size: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return table[inverse], used[inverse], lengths[inverse]
 
 
+# What TensorFlow's file systems say, in an OpError, for the OS errors a user fixes (a full disk
+# is a ResourceExhaustedError "PATH; No space left on device").
+_TF_OS_ERRORS = {
+    "No space left on device": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "Read-only file system": errno.EROFS,
+    "Permission denied": errno.EACCES,
+}
+
+
+def _as_os_error(err: Exception, path: str) -> Exception:
+    """TensorFlow's error for an OS error as the OSError it is (naming `path`), so that callers
+    handle a full disk as one; anything else as it is."""
+    for words, code in _TF_OS_ERRORS.items():
+        if words in str(err):
+            return OSError(code, words, path)
+    return err
+
+
 def write_records(path: str, serialized: Sequence[bytes]) -> int:
-    """Write serialized examples to ``path`` atomically; returns the number written."""
+    """Write serialized examples to ``path`` atomically; returns the number written. A full disk
+    (or another OS error TensorFlow reports) is raised as an OSError naming ``path``."""
     tf = import_tensorflow()
     if fs.is_remote(path):  # TensorFlow's GCS writer: the object appears whole when closed
-        with tf.io.TFRecordWriter(path) as writer:
-            for record in serialized:
-                writer.write(record)
+        try:
+            with tf.io.TFRecordWriter(path) as writer:
+                for record in serialized:
+                    writer.write(record)
+        except tf.errors.OpError as err:
+            raise _as_os_error(err, path) from err
         return len(serialized)
     fs.makedirs(os.path.dirname(fs.abspath(path)), exist_ok=True)
     tmp = temporary_name(path)
@@ -302,10 +326,18 @@ def write_records(path: str, serialized: Sequence[bytes]) -> int:
             for record in serialized:
                 writer.write(record)
         fs.rename(tmp, path)
+    except tf.errors.OpError as err:
+        raise _as_os_error(err, path) from err
     finally:
         if fs.exists(tmp):
             fs.remove(tmp)
     return len(serialized)
+
+
+def records_bytes(serialized: Sequence[bytes]) -> int:
+    """The size of a TFRecord file holding `serialized`: each record framed by 16 bytes (its
+    length and two CRCs)."""
+    return sum(len(record) + 16 for record in serialized)
 
 
 def parse_batch(serialized, max_seq_length: int, max_predictions_per_seq: int) -> dict:
