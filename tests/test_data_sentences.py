@@ -140,3 +140,33 @@ def test_splitters_may_respace_but_the_sentences_are_the_texts():
         "Next.",
     ]
     assert cut("x", "A. B.\x07", ["A.", "B."]) == ["A.", "B.\x07"]
+
+
+def _gold_sets() -> dict[str, list[list[str]]]:
+    """The benchmark's gold sets (benchmarks/sentence_split_eval.py), read from the repository."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sentence_split_eval.py")
+    spec = importlib.util.spec_from_file_location("sentence_split_eval", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {name: module.read_gold(file) for name, file in module.GOLD_SETS.items()}
+
+
+def test_the_gold_sets_are_whole_and_no_splitter_changes_their_words():
+    """The public sets come with the repository (no download); their provenance header is not
+    read as a paragraph; every splitter keeps their words too."""
+    gold = _gold_sets()
+    assert {name: len(paragraphs) for name, paragraphs in gold.items()} == {
+        "own": 121,
+        "golden rules": 48,
+        "syntok OSPL": 1,
+    }
+    assert gold["golden rules"][0] == ["Hello World.", "My name is Jonas."]
+    for name in sentences.SPLITTERS:
+        split = sentences.splitter(name)
+        for paragraphs in gold.values():
+            for paragraph in paragraphs:
+                text = " ".join(paragraph)
+                assert _visible("".join(split(text))) == _visible(text), (name, text[:100])

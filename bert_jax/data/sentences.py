@@ -2,9 +2,9 @@
 
 Public API:
 
-- ``SPLITTERS``: the choices of ``data prepare --splitter``; ``DEFAULT_SPLITTER`` is the one that
-  scored best on ``benchmarks/data/sentence_gold.txt`` (``benchmarks/sentence_split_eval.py``;
-  README's "Sentence splitting" has the table).
+- ``SPLITTERS``: the choices of ``data prepare --splitter``; ``DEFAULT_SPLITTER`` was chosen on
+  the gold sets of ``benchmarks/sentence_split_eval.py`` (our sample and two public ones; README's
+  "Sentence splitting" has the table and the reasons).
 - ``splitter(name) -> Callable[[str], list[str]]``: the named splitter (an unknown name is a
   ``UserError`` naming ``--splitter``); ``splitter_identity(name)`` is the name and the library's
   version, which ``data prepare`` records so that prepared data says how it was split.
