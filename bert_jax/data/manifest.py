@@ -7,8 +7,9 @@ the one already in the output directory (``check_resumable``: unchanged inputs a
 resume; a change is refused in one line naming the file or the setting unless ``--overwrite``
 asks for a rebuild) and writes it once per stage (``write``). Records whose text another version
 extracted (``text_extraction``, ``sources.TEXT_EXTRACTION_VERSION``; 1 where it is not recorded)
-are refused first, by that name (``check_extraction``): they hold other words. On disk it is the flat JSON object
-``prepare_config.json``, the same keys as ever: ``from_json`` reads every earlier version.
+are refused first, by that name (``check_extraction``): they hold other words. On disk it is the
+flat JSON object ``prepare_config.json``, the same keys as ever: ``from_json`` reads every
+earlier version.
 
 Reading the inputs for their identity also refuses input that is not text (a NUL byte: an image,
 a library) or not UTF-8 (say Latin-1), naming the file and the line, before anything is written.

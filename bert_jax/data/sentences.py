@@ -3,8 +3,8 @@
 Public API:
 
 - ``SPLITTERS``: the choices of ``data prepare --splitter``; ``DEFAULT_SPLITTER`` was chosen on
-  the gold sets of ``benchmarks/sentence_split_eval.py`` (our sample and two public ones; README's
-  "Sentence splitting" has the table and the reasons).
+  the gold sets of ``benchmarks/sentence_split_eval.py`` (our sample and two public ones;
+  docs/reproduce.md, "Sentence splitting", has the table and the reasons).
 - ``splitter(name) -> Callable[[str], list[str]]``: the named splitter (an unknown name is a
   ``UserError`` naming ``--splitter``); ``splitter_identity(name)`` is the name and the library's
   version, which ``data prepare`` records so that prepared data says how it was split.
