@@ -119,7 +119,9 @@ class FeatureTuner(train.ShardedSteps):
         return self._init(rng)
 
     def train_step(self, state, batch, rng, learning_rate, bert_params):
-        return self.call(self._train_step, state, batch, rng, jnp.float32(learning_rate), bert_params)
+        return self.call(
+            self._train_step, state, batch, rng, jnp.float32(learning_rate), bert_params
+        )
 
     def predict(self, params, batch, bert_params) -> Array:
         return self.call(self._predict_step, params, batch, bert_params)
@@ -187,9 +189,7 @@ def run_feature_ner(
     length = settings.max_seq_length
 
     def prepared(sentences):
-        windows = ner.build_features(
-            sentences, encoder.tokenizer, labels, length, document_context
-        )
+        windows = ner.build_features(sentences, encoder.tokenizer, labels, length, document_context)
         return windows, feature_tagger.word_arrays(windows, length)
 
     (train_windows, train_arrays), (dev_windows, dev_arrays) = prepared(train_split), prepared(dev)

@@ -72,9 +72,7 @@ def variant_layers(variant: str, num_hidden_layers: int) -> tuple[str, tuple[int
     }[variant]
 
 
-def word_features(
-    bert_params, batch, *, config: BertConfig, layers: Sequence[int]
-) -> Array:
+def word_features(bert_params, batch, *, config: BertConfig, layers: Sequence[int]) -> Array:
     """Frozen hidden states at each word's first sub-token: [batch, words, len(layers), hidden]
     float32, for `batch`'s input_ids/input_mask/segment_ids [B, L] and word_positions [B, W]."""
     outputs = BertModel(config, add_pooler=False).apply(

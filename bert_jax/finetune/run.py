@@ -26,7 +26,7 @@ class TaskOptions:
 
 
 def kind(task: str) -> str:
-    """"glue", "squad", "conll2003" or "swag"."""
+    """ "glue", "squad", "conll2003" or "swag"."""
     if swag.is_swag_task(task):
         return "swag"
     if ner.is_ner_task(task):

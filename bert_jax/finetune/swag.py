@@ -94,8 +94,7 @@ def read_csv(path: str, labelled: bool = True) -> list[SwagExample]:
         missing = [name for name in wanted if name not in columns]
         if missing:
             raise SwagDataError(
-                f"{path}: header has no column {', '.join(missing)} (expected "
-                f"{','.join(HEADER)})"
+                f"{path}: header has no column {', '.join(missing)} (expected {','.join(HEADER)})"
             )
         examples = [
             _example(row, columns, len(header), labelled, f"{path}: row {number}")
@@ -162,7 +161,5 @@ def build_features(
         key: value.reshape(len(examples), NUM_CHOICES, max_seq_length)
         for key, value in encoded.items()
     }
-    arrays["labels"] = np.asarray(
-        [-1 if e.label is None else e.label for e in examples], np.int32
-    )
+    arrays["labels"] = np.asarray([-1 if e.label is None else e.label for e in examples], np.int32)
     return arrays

@@ -218,7 +218,9 @@ def train_and_predict(
     )
     outputs = {"dev_predictions.csv": predictions_csv(splits["dev"], kept["dev"])}
     if "test" in arrays:
-        scores = predict_logits(tuner, trained.state.params, arrays["test"], settings.eval_batch_size)
+        scores = predict_logits(
+            tuner, trained.state.params, arrays["test"], settings.eval_batch_size
+        )
         outputs["test_predictions.csv"] = predictions_csv(splits["test"], scores)
     result = {
         "task": swag.TASK_NAME,
