@@ -34,6 +34,24 @@ def kind(task: str) -> str:
     return "squad" if token_tasks.is_token_task(task) else "glue"
 
 
+def task_settings(task: str, overrides: Mapping[str, Any], options: TaskOptions = TaskOptions()):
+    """The `FinetuneSettings` a run of `task` uses: the task's defaults, then the overrides."""
+    task_kind = kind(task)
+    if task_kind == "swag":
+        from bert_jax.finetune import swag_task
+
+        return swag_task.task_settings(overrides)
+    if task_kind == "conll2003" and options.features is not None:
+        from bert_jax.finetune import feature_ner
+
+        return feature_ner.task_settings(overrides)
+    if task_kind != "glue":
+        return token_tasks.task_settings(task, overrides)
+    from bert_jax.finetune import sweep
+
+    return sweep.sweep_options(overrides=dict(overrides))["settings"]
+
+
 def run_task(
     model: str | PretrainedEncoder,
     task: str,
@@ -47,10 +65,10 @@ def run_task(
     task_kind = kind(task)
     if options.features is not None and task_kind != "conll2003":
         raise UserError(f"--features is the feature-based CoNLL-2003 tagger; not for {task}")
+    settings = task_settings(task, overrides, options)
     if task_kind == "swag":
         from bert_jax.finetune import swag_task
 
-        settings = swag_task.task_settings(overrides)
         return swag_task.run_swag(
             model, data, workdir, settings, log=log, predict_test=options.predict_test
         )
@@ -62,25 +80,17 @@ def run_task(
             data,
             workdir,
             options.features,
-            feature_ner.task_settings(overrides),
+            settings,
             document_context=options.span.document_context,
             lstm_size=options.lstm_size,
             log=log,
         )
     if task_kind != "glue":
-        settings = token_tasks.task_settings(task, overrides)
         return token_tasks.run_token_task(model, task, data, workdir, settings, options.span, log)
     from bert_jax.finetune import sweep
 
-    sweep_options = sweep.sweep_options(overrides=dict(overrides))
     return sweep.run_single(
-        model,
-        task,
-        data,
-        workdir,
-        settings=sweep_options["settings"],
-        predict_test=options.predict_test,
-        log=log,
+        model, task, data, workdir, settings=settings, predict_test=options.predict_test, log=log
     )
 
 
