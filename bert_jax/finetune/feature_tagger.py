@@ -122,11 +122,11 @@ class BiLstmTagger(nn.Module):
         x = LayerMix(self.mode, name="mix")(features_BxWxKxD)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
         for index in range(self.num_layers):
-            x = nn.Bidirectional(
-                nn.RNN(nn.OptimizedLSTMCell(self.lstm_size)),
-                nn.RNN(nn.OptimizedLSTMCell(self.lstm_size)),
-                name=f"bilstm_{index}",
-            )(x, seq_lengths=word_counts_B)
+            forward, backward = (
+                nn.OptimizedLSTMCell(self.lstm_size, name=f"lstm_{index}_{way}")
+                for way in ("forward", "backward")
+            )
+            x = nn.Bidirectional(nn.RNN(forward), nn.RNN(backward))(x, seq_lengths=word_counts_B)
             x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
         return nn.Dense(self.num_labels, name="output")(x).astype(jnp.float32)
 
