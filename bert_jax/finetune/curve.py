@@ -23,6 +23,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
+
 from bert_jax.data import files
 from bert_jax.finetune import run
 from bert_jax.finetune import workdir as finetune_workdir
@@ -87,7 +89,9 @@ def run_curve(
             + (f"not of {missing}" if missing else "none to fine-tune from")
         )
     settings = run.task_settings(task, overrides, options)
-    workdir = finetune_workdir.open_workdir(workdir, "finetune --each-checkpoint")
+    workdir = finetune_workdir.open_workdir(
+        workdir, "finetune --each-checkpoint", writer=jax.process_index() == 0
+    )
     _check_same_task(workdir, task, options)
     points = []
     for step in chosen:
@@ -113,10 +117,11 @@ def run_curve(
         "settings": settings.to_dict(),
         "points": points,
     }
-    files.write_json_atomic(os.path.join(workdir, CURVE_NAME), curve)
-    files.write_bytes_atomic(os.path.join(workdir, "curve.md"), curve_markdown(curve).encode())
-    fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
-    plot_curve(os.path.join(workdir, "plots", "curve.png"), curve)
+    if jax.process_index() == 0:  # every process computes the same curve; one writes it
+        files.write_json_atomic(os.path.join(workdir, CURVE_NAME), curve)
+        files.write_bytes_atomic(os.path.join(workdir, "curve.md"), curve_markdown(curve).encode())
+        fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+        plot_curve(os.path.join(workdir, "plots", "curve.png"), curve)
     return curve
 
 

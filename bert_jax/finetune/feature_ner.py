@@ -222,13 +222,13 @@ def run_feature_ner(
         log,
         name=f"conll2003[{variant}]",
     )
-    outputs = {"dev_predictions.txt": token_tasks._conll_text(dev, kept["dev"])}
+    outputs = {"dev_predictions.txt": token_tasks.conll_text(dev, kept["dev"])}
     result: dict[str, Any] = {"dev_metrics": trained.dev}
     if test is not None:
         test_windows, test_arrays = prepared(test)
         params = trained.state.params
         result["test_metrics"], predicted = score(test, test_windows, test_arrays, params)
-        outputs["test_predictions.txt"] = token_tasks._conll_text(test, predicted)
+        outputs["test_predictions.txt"] = token_tasks.conll_text(test, predicted)
     result.update(
         task=ner.TASK_NAME,
         features=variant,

@@ -236,6 +236,9 @@ def _conll_text(sentences, predicted) -> str:
     return "\n".join(lines) + "\n"
 
 
+conll_text = _conll_text  # conlleval's input format; the feature-based tagger writes it too
+
+
 def _run_ner(encoder, splits, settings, options, log, mesh):
     train, dev, test = splits
     labels = ner.label_list(train)
