@@ -1,4 +1,5 @@
-"""`bert-jax finetune` (one GLUE, SQuAD or CoNLL-2003 task, one setting) and `bert-jax glue`."""
+"""`bert-jax finetune` (one GLUE, SQuAD, CoNLL-2003 or SWAG task, one setting; or one task from
+each checkpoint of a pretraining run) and `bert-jax glue`."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _add_finetune(subparsers) -> None:
     parser = subparsers.add_parser(
         "finetune",
         help="fine-tune on one GLUE task with one setting (the unit of `bert-jax glue`), or on "
-        "SQuAD v1.1/v2.0 or CoNLL-2003 NER",
+        "SQuAD v1.1/v2.0, CoNLL-2003 NER (fine-tuned or feature-based) or SWAG",
         description="Writes DIR/result.json (dev metrics, settings, history) and the test-set "
         "predictions in the GLUE submission format (e.g. DIR/CoLA.tsv). SQuAD: "
         "DIR/predictions.json (and null_odds.json for v2.0) in the official format, the official "
@@ -39,17 +40,52 @@ def _add_finetune(subparsers) -> None:
         "dev-v1.1.json (v2.0 alike), the train JSON (dev from --dev-data) or tfds[:DATA_DIR]. "
         "CoNLL-2003: DIR/dev_predictions.txt (conlleval's format), span F1 in result.json; --data "
         "is a directory of column files (eng.train/eng.testa/eng.testb or train.txt/valid.txt/"
-        "test.txt) or tfds[:DATA_DIR].",
+        "test.txt) or tfds[:DATA_DIR]. SWAG: --data holds the official train.csv, val.csv "
+        "(and test.csv); DIR/dev_predictions.csv and test_predictions.csv, dev accuracy in "
+        "result.json.",
     )
     parser.add_argument(
         "--task",
         required=True,
         metavar="glue/NAME",
-        help="a GLUE task (e.g. glue/MRPC), or squad/v1.1, squad/v2.0, conll2003",
+        help="a GLUE task (e.g. glue/MRPC), or squad/v1.1, squad/v2.0, conll2003, swag",
     )
     _add_shared_flags(parser, sweep=False)
     _add_span_flags(parser)
+    _add_paper_flags(parser)
     parser.set_defaults(run=_run_finetune, command_name="finetune")
+
+
+def _add_paper_flags(parser) -> None:
+    """The paper's other evaluations: the feature-based tagger (Table 7), the step curve
+    (Figure 5). SWAG (Table 4) is `--task swag`."""
+    group = parser.add_argument_group("feature-based NER and the pretraining-step curve")
+    group.add_argument(
+        "--features",
+        default=None,
+        metavar="VARIANT",
+        help="CoNLL-2003: keep BERT frozen and train a two-layer BiLSTM tagger on these layers "
+        "(Table 7): embeddings, second_to_last, last, sum_last_four (learned weighted sum), "
+        "concat_last_four, sum_all (learned weighted sum of every layer)",
+    )
+    group.add_argument(
+        "--lstm-size", type=int, default=768, help="--features: BiLSTM units each way"
+    )
+    group.add_argument(
+        "--each-checkpoint",
+        action="store_true",
+        help="MODEL is a pretraining workdir: fine-tune from each retained checkpoint into "
+        "DIR/steps/step=N/ (resumable) and plot the dev score against the step (Figure 5) in "
+        "DIR/curve.{json,md} and DIR/plots/curve.png",
+    )
+    group.add_argument(
+        "--steps",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="--each-checkpoint: only these checkpoint steps (default: every retained one)",
+    )
 
 
 def _add_span_flags(parser) -> None:
@@ -75,10 +111,10 @@ def _add_span_flags(parser) -> None:
     group.add_argument("--dev-data", default=None, metavar="JSON", help="SQuAD dev JSON file")
 
 
-def _run_token_task(args) -> int:
-    from bert_jax.finetune import token_tasks
+def _task_options(args):
+    from bert_jax.finetune import run, token_tasks
 
-    options = token_tasks.SpanOptions(
+    span = token_tasks.SpanOptions(
         doc_stride=args.doc_stride,
         max_query_length=args.max_query_length,
         n_best_size=args.n_best_size,
@@ -87,31 +123,35 @@ def _run_token_task(args) -> int:
         document_context=args.document_context,
         dev_data=args.dev_data,
     )
-    settings = token_tasks.task_settings(args.task, _overrides(args))
-    result = token_tasks.run_token_task(
-        args.model, args.task, args.data, args.workdir, settings, options
+    return run.TaskOptions(
+        span=span,
+        features=args.features,
+        lstm_size=args.lstm_size,
+        predict_test=args.predict_test is not False,
     )
-    shown = {k: v for k, v in result["dev_metrics"].items() if not isinstance(v, dict)}
-    print(f"{result['task']} dev: {shown} -> {args.workdir}/result.json")
-    return 0
 
 
 def _run_finetune(args) -> int:
-    from bert_jax.finetune import sweep, token_tasks
+    from bert_jax.finetune import run
 
     _log_progress()
-    if token_tasks.is_token_task(args.task):
-        return _run_token_task(args)
-    options = sweep.sweep_options(overrides=_overrides(args))
-    record = sweep.run_single(
-        args.model,
-        args.task,
-        args.data,
-        args.workdir,
-        settings=options["settings"],
-        predict_test=args.predict_test is not False,
-    )
-    print(f"{record['task']} dev: {record['dev_metrics']} -> {args.workdir}/result.json")
+    options = _task_options(args)
+    if args.each_checkpoint:
+        from bert_jax.finetune import curve
+
+        outcome = curve.run_curve(
+            args.model, args.task, args.data, args.workdir, _overrides(args), options, args.steps
+        )
+        points = ", ".join(f"{p['step']}: {p['score']:.2f}" for p in outcome["points"])
+        print(f"{outcome['task']} {outcome['metric']} by step: {points} -> {args.workdir}/curve.md")
+        return 0
+    if args.steps is not None:
+        from bert_jax.runtime.errors import UserError
+
+        raise UserError("--steps selects checkpoints for --each-checkpoint; add that flag")
+    result = run.run_task(args.model, args.task, args.data, args.workdir, _overrides(args), options)
+    shown = {k: v for k, v in result["dev_metrics"].items() if not isinstance(v, dict)}
+    print(f"{result['task']} dev: {shown or result['dev_metrics']} -> {args.workdir}/result.json")
     return 0
 
 

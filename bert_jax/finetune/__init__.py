@@ -17,4 +17,12 @@ SQuAD v1.1/v2.0 and CoNLL-2003 NER (`bert-jax finetune --task squad/v1.1|squad/v
 - `token_heads`: a dense head at every token (`BertForTokenOutputs`); span and tagging losses.
 - `token_loop`: their fine-tuning loop on `train.py`'s update (the GLUE loop's recipe).
 - `token_tasks`: `run_token_task(...)`: read, fine-tune, write predictions, result.json, results.md.
+
+The paper's other evaluations (docs/paper.md lists every table with its commands):
+- `swag`, `swag_task`: SWAG's official CSV files, four choices scored on the pooled [CLS]
+  (`heads.BertForMultipleChoice`), `run_swag(...)` (Table 4).
+- `feature_tagger`, `feature_ner`: frozen BERT layers (six variants) into a two-layer BiLSTM
+  tagger, `run_feature_ner(...)` (`--features`, Table 7).
+- `run`: one run of any task by name (`bert-jax finetune`); `curve`: a task from each retained
+  checkpoint of a pretraining workdir, the score against the step (`--each-checkpoint`, Figure 5).
 """

@@ -4,7 +4,8 @@
 pretraining model's `bert` subtree, so a model directory's encoder loads as is) followed by dropout
 and one dense layer under `classifier/output/`: softmax over `num_labels` classes, or one regression
 output (STS-B, mean squared error) when `num_labels == 1`. Sentence pairs are told apart by
-`segment_ids`, as in pretraining.
+`segment_ids`, as in pretraining. `BertForMultipleChoice` scores each of several choices with one
+output on its pooled [CLS] (SWAG).
 """
 
 from __future__ import annotations
@@ -64,6 +65,34 @@ class BertForSequenceClassification(nn.Module):
             self.config, self.num_labels, self.classifier_dropout, name="classifier"
         )
         return head(outputs["pooled_output"], deterministic=deterministic)
+
+
+class BertForMultipleChoice(nn.Module):
+    """BERT + `ClassifierHead` with one output on each choice's pooled [CLS] (SWAG): inputs
+    [batch, choices, length], float32 scores [batch, choices] (softmax over the choices), as
+    Hugging Face's `BertForMultipleChoice`. The head's one vector is the only new parameter."""
+
+    config: BertConfig
+    classifier_dropout: float = 0.1
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array,
+        segment_ids: Array,
+        deterministic: bool = True,
+    ) -> Array:
+        length = input_ids.shape[-1]
+        outputs = BertModel(self.config, name="bert")(
+            input_ids.reshape(-1, length),
+            input_mask.reshape(-1, length),
+            segment_ids.reshape(-1, length),
+            deterministic=deterministic,
+        )
+        head = ClassifierHead(self.config, 1, self.classifier_dropout, name="classifier")
+        scores = head(outputs["pooled_output"], deterministic=deterministic)
+        return scores.reshape(input_ids.shape[:-1])
 
 
 def classification_loss(logits_BxC: Array, labels_B: Array, weights_B: Array) -> dict[str, Array]:

@@ -147,7 +147,12 @@ def load_finished(
     trial: Trial, workdir: str, settings: FinetuneSettings, model: str
 ) -> dict[str, Any] | None:
     """The trial's saved record when it finished with matching settings; None when not finished."""
-    path = os.path.join(trial.directory(workdir), RESULT_NAME)
+    return load_matching(os.path.join(trial.directory(workdir), RESULT_NAME), settings, model)
+
+
+def load_matching(path: str, settings: FinetuneSettings, model: str) -> dict[str, Any] | None:
+    """A finished run's `result.json` at `path` (None when absent); a UserError when it was run
+    with other settings or another model (shared by every resumable fine-tuning run)."""
     if not fs.exists(path):
         return None
     with fs.open(path, encoding="utf-8") as f:

@@ -53,6 +53,14 @@ PAPER = {
         ("BERT-Large (paper)", {"dev f1": 96.6, "test f1": 92.8}),
     ],
 }
+PAPER["swag"] = [  # Table 4 (SWAG's run is swag_task.py; its report is drawn here)
+    ("BERT-Base (paper, dev)", {"accuracy": 81.6}),
+    ("BERT-Large (paper, dev)", {"accuracy": 86.6}),
+]
+
+
+def _paper_key(task: str) -> str:
+    return task if task in PAPER else task.split("/")[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +236,9 @@ def _conll_text(sentences, predicted) -> str:
     return "\n".join(lines) + "\n"
 
 
+conll_text = _conll_text  # conlleval's input format; the feature-based tagger writes it too
+
+
 def _run_ner(encoder, splits, settings, options, log, mesh):
     train, dev, test = splits
     labels = ner.label_list(train)
@@ -276,13 +287,13 @@ def plot_history(path: str, result: Mapping[str, Any]) -> None:
     from matplotlib.figure import Figure
 
     task = result["task"]
-    key = ner.TASK_NAME if task == ner.TASK_NAME else task.split("/")[1]
+    key = _paper_key(task)
     figure = Figure(figsize=(7.0, 3.6), dpi=110)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     epochs = [entry["epoch"] for entry in result["history"]]
     exact = "exact_match" if key == "v1.1" else "exact"
-    names = ["f1"] if key == ner.TASK_NAME else [exact, "f1"]
+    names = {ner.TASK_NAME: ["f1"], "swag": ["accuracy"]}.get(key, [exact, "f1"])
     for name, color in zip(names, ("tab:blue", "tab:orange")):
         axes.plot(
             epochs,
@@ -308,7 +319,7 @@ def plot_history(path: str, result: Mapping[str, Any]) -> None:
 def results_markdown(result: Mapping[str, Any]) -> str:
     """The run's dev figures beside the paper's, as a Markdown table."""
     task = result["task"]
-    key = ner.TASK_NAME if task == ner.TASK_NAME else task.split("/")[1]
+    key = _paper_key(task)
     reference = PAPER[key]
     columns = list(reference[0][1])
     ours = dict(result["dev_metrics"])

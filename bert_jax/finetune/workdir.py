@@ -2,9 +2,9 @@
 
 `bert-jax finetune` and `bert-jax glue` write their results (result.json, the GLUE-server TSVs,
 trials/, submission/, results.*, plots/; SQuAD's predictions.json, null_odds.json,
-nbest_predictions.json; CoNLL-2003's dev/test_predictions.txt) into `--workdir`, replacing
-earlier ones of the same name. So they write only into a directory that is new, empty or already
-theirs (it carries
+nbest_predictions.json; CoNLL-2003's dev/test_predictions.txt; SWAG's dev/test_predictions.csv;
+the checkpoint curve's steps/ and curve.*) into `--workdir`, replacing earlier ones of the same
+name. So they write only into a directory that is new, empty or already theirs (it carries
 `bert_jax_finetune.json`, or holds a result of an earlier run), never into one holding other files,
 the current or home directory, or a pretraining workdir (`data.files.check_replaceable`).
 """
@@ -33,6 +33,13 @@ _NAMES = (
     "nbest_predictions.json",
     "dev_predictions.txt",
     "test_predictions.txt",
+    # SWAG (swag_task.py)
+    "dev_predictions.csv",
+    "test_predictions.csv",
+    # the pretraining-step curve (curve.py)
+    "steps",
+    "curve.json",
+    "curve.md",
 )
 
 

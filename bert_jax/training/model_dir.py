@@ -384,8 +384,10 @@ def load_workdir_checkpoint(
     sharding: Any = None,
     load_params: bool = True,
     load_tokenizer: bool = False,
+    step: int | None = None,
 ) -> ModelDir:
-    """A `ModelDir` from a pretraining workdir's latest checkpoint (a run not yet exported).
+    """A `ModelDir` from a pretraining workdir's latest checkpoint (or its retained checkpoint
+    `step`: the checkpoint curve reads each in turn; a step not retained is a ModelDirError).
 
     The run's `config.json` gives the model; only the params are read from the checkpoint (an
     Orbax partial restore, see `checkpointing.Checkpointer.restore_params`). They come back on
@@ -397,7 +399,11 @@ def load_workdir_checkpoint(
     run_config = ml_collections.ConfigDict(_read_json(os.path.join(workdir, CONFIG_NAME)))
     config = config_lib.bert_config(run_config)
     checkpoints = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-    step, params = checkpoints.latest_step(), None
+    retained, params = checkpoints.all_steps(), None
+    if step is not None and step not in retained:
+        checkpoints.close()
+        raise ModelDirError(f"{workdir} keeps no checkpoint of step {step} (it has {retained})")
+    step = step if step is not None else checkpoints.latest_step()
     if step is not None and load_params:
         # The params as the run holds them (padded vocabulary, `param_dtype`), onto the CPU.
         cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])

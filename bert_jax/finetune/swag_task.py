@@ -1,0 +1,236 @@
+"""`bert-jax finetune --task swag`: the paper's SWAG recipe on the official CSV files.
+
+The model is `heads.BertForMultipleChoice` (one score per choice from its pooled [CLS], softmax
+over the four), trained with GLUE's machinery (`tuner.HeadTuner`, `steps.run_steps`: BERT AdamW,
+warmup over 10% then linear decay) and the paper's recipe: 3 epochs, lr 2e-5, batch 16,
+max_seq_length 128 (the paper gives no length; 128 holds nearly every SWAG choice).
+
+Writes into the workdir: `result.json` (dev accuracy in percent, settings, history),
+`dev_predictions.csv` and `test_predictions.csv` (`id,prediction,score0..score3`: the row's
+first column, the chosen ending and the four softmax probabilities), `results.md` (the run beside
+Table 4's dev figures) and `plots/swag.png`. A workdir whose `result.json` was written with the
+same settings and model is a finished run: running again rewrites the reports and trains nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.core import partitioning, train
+from bert_jax.core.model import BertConfig
+from bert_jax.data import files
+from bert_jax.finetune import steps, swag, token_tasks
+from bert_jax.finetune import workdir as finetune_workdir
+from bert_jax.finetune.heads import BertForMultipleChoice, ClassifierHead, classification_loss
+from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, load_pretrained
+from bert_jax.finetune.sweep import RESULT_NAME, load_matching
+from bert_jax.finetune.token_loop import MODEL_KEYS, gather_rows, predict_logits
+from bert_jax.finetune.tuner import HeadTuner
+from bert_jax.runtime import fs
+
+logger = logging.getLogger(__name__)
+Array = jax.Array
+
+# Table 4's recipe.
+DEFAULTS = {"learning_rate": 2e-5, "batch_size": 16, "epochs": 3.0, "max_seq_length": 128}
+
+
+def task_settings(overrides: Mapping[str, Any]) -> FinetuneSettings:
+    """The paper's SWAG recipe, then the overrides that are not None."""
+    values = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
+    if "mesh_shape" in values:
+        values["mesh_shape"] = tuple(int(x) for x in values["mesh_shape"])
+    return FinetuneSettings(**values)
+
+
+def choice_loss(model: BertForMultipleChoice) -> train.LossFn:
+    """Cross-entropy over the choices, averaged over the batch's rows of nonzero weight."""
+
+    def loss_fn(params, batch, dropout_rng):
+        scores = model.apply(
+            {"params": params},
+            *(batch[key] for key in MODEL_KEYS),
+            deterministic=False,
+            rngs={"dropout": dropout_rng},
+        )
+        sums = classification_loss(scores, batch["labels"], batch["weights"])
+        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
+
+    return loss_fn
+
+
+def _predict(params: Any, batch: Mapping[str, Array], *, model: BertForMultipleChoice) -> Array:
+    return model.apply({"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True)
+
+
+class ChoiceTuner(HeadTuner):
+    """`BertForMultipleChoice`, its loss and optimizer on a mesh, compiled once."""
+
+    def __init__(
+        self,
+        config: BertConfig,
+        mesh: jax.sharding.Mesh,
+        dropout: float = 0.1,
+        weight_decay: float = 0.01,
+        clip_norm: float = 1.0,
+        adam_bias_correction: bool = True,
+    ):
+        model = BertForMultipleChoice(config, dropout)
+        super().__init__(
+            model,
+            ClassifierHead(config, 1, dropout),
+            jnp.zeros((1, config.hidden_size), jnp.float32),  # a choice's pooled [CLS]
+            choice_loss(model),
+            _predict,
+            mesh,
+            partitioning.DEFAULT_RULES,
+            weight_decay,
+            clip_norm,
+            adam_bias_correction,
+        )
+
+
+@functools.lru_cache(maxsize=2)
+def choice_tuner(config, mesh, dropout, weight_decay, clip_norm, adam_bias_correction):
+    return ChoiceTuner(config, mesh, dropout, weight_decay, clip_norm, adam_bias_correction)
+
+
+def accuracy(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Percent of examples whose highest-scoring choice is the gold one."""
+    correct = np.argmax(scores, axis=-1) == labels
+    return {"accuracy": 100.0 * float(np.mean(correct)), "num_examples": int(len(labels))}
+
+
+def predictions_csv(examples: list[swag.SwagExample], scores: np.ndarray) -> str:
+    shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probabilities = shifted / shifted.sum(axis=-1, keepdims=True)
+    lines = ["id,prediction," + ",".join(f"score{i}" for i in range(swag.NUM_CHOICES))]
+    for example, row, probs in zip(examples, scores, probabilities, strict=True):
+        cells = ",".join(f"{p:.6f}" for p in probs)
+        lines.append(f"{example.example_id},{int(np.argmax(row))},{cells}")
+    return "\n".join(lines) + "\n"
+
+
+def run_swag(
+    model: str | PretrainedEncoder,
+    data: str,
+    workdir: str,
+    settings: FinetuneSettings | None = None,
+    log: Callable[[str], None] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    predict_test: bool = True,
+) -> dict[str, Any]:
+    """Fine-tune on SWAG (or reuse a finished run in `workdir`); write the workdir's files and
+    return result.json's content. `model`: a model directory / pretraining workdir, or a loaded
+    encoder; `mesh` defaults to one of `settings.mesh_shape` over every device."""
+    log = log or logger.info
+    settings = settings or task_settings({})
+    # Inputs first, then the workdir, then the model: a bad input or model leaves nothing behind.
+    swag.check_files(data)
+    splits = {split: swag.read_split(data, split) for split in ("train", "dev")}
+    splits["test"] = swag.read_split(data, "test") if predict_test else None
+    finetune_workdir.check_workdir(workdir)
+    model_name = fs.abspath(model) if isinstance(model, str) else model.source
+    finished = load_matching(os.path.join(fs.abspath(workdir), RESULT_NAME), settings, model_name)
+    if finished is not None:
+        log(f"swag: finished earlier in {workdir}, reports rewritten")
+        _write_reports(fs.abspath(workdir), finished)
+        return finished
+    encoder = load_pretrained(model) if isinstance(model, str) else model
+    result, outputs = train_and_predict(encoder, splits, settings, log, mesh)
+    result.update(
+        model=model_name,
+        data=data,
+        finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    if jax.process_index() == 0:
+        workdir = finetune_workdir.open_workdir(workdir, "finetune")
+        for name, text in outputs.items():
+            files.write_bytes_atomic(os.path.join(workdir, name), text.encode("utf-8"))
+        _write_reports(workdir, result)
+        files.write_json_atomic(os.path.join(workdir, RESULT_NAME), result)  # the done marker
+    return result
+
+
+def _write_reports(workdir: str, result: Mapping[str, Any]) -> None:
+    if jax.process_index() != 0:
+        return
+    text = token_tasks.results_markdown(result)
+    files.write_bytes_atomic(os.path.join(workdir, "results.md"), text.encode("utf-8"))
+    fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+    token_tasks.plot_history(os.path.join(workdir, "plots", "swag.png"), result)
+
+
+def train_and_predict(
+    encoder: PretrainedEncoder,
+    splits: Mapping[str, list[swag.SwagExample] | None],
+    settings: FinetuneSettings,
+    log: Callable[[str], None],
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The run on read splits: result.json's figures and the prediction files' text."""
+    started = time.time()
+    mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
+    config = steps.run_config(encoder, settings, mesh)
+    tuner = choice_tuner(
+        config,
+        mesh,
+        settings.dropout,
+        settings.weight_decay,
+        settings.clip_norm,
+        settings.adam_bias_correction,
+    )
+    arrays = {
+        name: swag.build_features(examples, encoder.tokenizer, settings.max_seq_length)
+        for name, examples in splits.items()
+        if examples is not None
+    }
+    log(f"SWAG: {len(splits['train'])} train, {len(splits['dev'])} dev examples")
+    init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
+    state = tuner.init(init_rng, encoder.bert_params)
+    train_inputs = {key: arrays["train"][key] for key in (*MODEL_KEYS, "labels")}
+    kept: dict[str, np.ndarray] = {}
+
+    def evaluate(params):
+        kept["dev"] = predict_logits(tuner, params, arrays["dev"], settings.eval_batch_size)
+        return accuracy(kept["dev"], arrays["dev"]["labels"])
+
+    trained = steps.run_steps(
+        tuner,
+        state,
+        dropout_rng,
+        settings,
+        len(splits["train"]),
+        lambda rows: gather_rows(train_inputs, rows),
+        evaluate,
+        log,
+        name="swag",
+    )
+    outputs = {"dev_predictions.csv": predictions_csv(splits["dev"], kept["dev"])}
+    if "test" in arrays:
+        scores = predict_logits(
+            tuner, trained.state.params, arrays["test"], settings.eval_batch_size
+        )
+        outputs["test_predictions.csv"] = predictions_csv(splits["test"], scores)
+    result = {
+        "task": swag.TASK_NAME,
+        "dev_metrics": trained.dev,
+        "history": trained.history,
+        "train_loss": trained.train_loss,
+        "num_train_examples": len(splits["train"]),
+        "num_train_steps": trained.num_steps,
+        "skipped_steps": int(trained.state.skipped),
+        "seconds": time.time() - started,
+        "settings": settings.to_dict(),
+    }
+    return result, outputs
