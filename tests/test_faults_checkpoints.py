@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import sys
 
 import pytest
 
+from bert_jax import cli
 from bert_jax.training import metrics, pretrain
 from bert_jax.training import workdir as workdir_lib
 from tests.faults import assert_user_error, run_cli, tree_digest
@@ -365,6 +367,67 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_last_checkpoint(
     assert "Traceback" not in outcome.err and len(outcome.err.splitlines()) < 10, outcome.err
     assert tree_digest(os.path.join(workdir, "checkpoints", "8")) == before
     assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_NAME))
+
+
+# A process whose TensorStore writes of step 6's train state fail as on a full disk: each is
+# written, then fails with ENOSPC, one after the other within half a second (a real disk fails
+# the OCDBT batch's writes together; their callbacks race the first failure).
+FULL_DISK_DURING_STEP_6 = """
+import errno, itertools, sys, threading
+import tensorstore as ts
+from bert_jax import cli
+
+write, order = ts.TensorStore.write, itertools.count()
+
+def full_disk(self, *args, **kwargs):
+    pending = write(self, *args, **kwargs)
+    if "/6.orbax-checkpoint-tmp/state" not in str(self.kvstore):
+        return pending
+    promise, failing = ts.Promise.new()
+    def fail():
+        pending.exception()
+        promise.set_exception(OSError(errno.ENOSPC, "No space left on device"))
+    threading.Timer(0.2 + 0.005 * next(order), fail).start()
+    return failing
+
+ts.TensorStore.write = full_disk
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_disk_full_run_prints_only_its_line_and_resumes_exactly(run, shared_dirs, tmp_path, capsys):
+    """Issue 36 item 4. A save's writes still in flight when one fails used to end on the event
+    loop Orbax had closed meanwhile: one `RuntimeError: Event loop is closed` traceback each
+    on the run's stderr. Step 6's asynchronous save fails while steps 7 and 8 train; the save
+    of step 8 reports it, naming step 6 (not 8) and step 4 as the intact one. Run as a user runs
+    it (its own process, stderr as it is), then again on the freed disk: it resumes from step 4
+    and trains the shared run's steps exactly."""
+    workdir = copy_run(run, tmp_path)
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "8"))
+    before = tree_digest(os.path.join(workdir, "checkpoints", "4"))
+    argv = pretrain_argv(shared_dirs, workdir, total_steps=8, **{"checkpoint.every_steps": 2})
+    env = {**os.environ, "PYTHONPATH": REPO}
+    failed = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_DURING_STEP_6, *argv],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert "Event loop is closed" not in failed.stderr, failed.stderr[-3000:]
+    # Aside from the C++ runtimes' start-up lines (absl: "I0000 ...", "WARNING: All log messages
+    # before absl::InitializeLog() ...") and Orbax's warning on every restore, the one line.
+    noise = r"[IWEF]\d{4} |WARNING: All log messages before absl|WARNING:absl:Metadata file does"
+    ours = [line for line in failed.stderr.splitlines() if not re.match(noise, line)]
+    assert len(ours) == 1, failed.stderr[-3000:]
+    assert ours[0].startswith("bert-jax pretrain: error: no space left on device saving "), ours
+    assert "checkpoint step 6 " in ours[0], ours
+    assert "the previous checkpoint, step 4, is intact" in ours[0], ours
+    assert tree_digest(os.path.join(workdir, "checkpoints", "4")) == before
+
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    assert "starting at step 4 from checkpoint" in capsys.readouterr().out
+    assert losses_by_step(workdir) == run[1]
 
 
 # --- Damaged model directories: encode, convert, finetune ---

@@ -275,6 +275,66 @@ def test_a_vocab_txt_that_is_not_text_is_named_with_its_line(capsys, cwd, tmp_pa
     assert not output.exists()
 
 
+# Settings with a closed set of values (issue 36 item 8): a dry run accepted optimizer.name=adam
+# and optimizer.schedule=linear, which the run refused after writing config.json and tokenizer/;
+# model.dtype=bf16 was a TypeError traceback (exit 1) in both.
+CLOSED_SET_CASES = [
+    ("model.dtype=bf16", "config.model.dtype='bf16' is not one of 'float32', 'bfloat16'"),
+    ("model.param_dtype=float16", "config.model.param_dtype='float16' is not one of"),
+    ("optimizer.name=adam", "config.optimizer.name='adam' is not one of 'adamw', 'lamb'"),
+    ("optimizer.schedule=linear", "config.optimizer.schedule='linear' is not one of 'whole_run'"),
+    ("model.hidden_act=swish", "config.model.hidden_act='swish' is not one of 'gelu', "),
+    ("model.attention_impl=flash", "config.model.attention_impl='flash' is not one of 'auto'"),
+    ("model.attention_impl=dot_product", "config.model.attention_impl='dot_product' cannot apply"),
+    ("model.dropout_impl=bernoulli", "config.model.dropout_impl='bernoulli' is not one of 'hash'"),
+    ("model.remat=some", "config.model.remat='some' is not one of 'none', 'full', 'dots'"),
+    ("dropout_rng_impl=philox", "config.dropout_rng_impl='philox' is not one of 'threefry2x32'"),
+    ("data.splitter=punkt", "config.data.splitter='punkt' is not one of 'syntok'"),
+    ("mesh.shape=(2,2)", "config.mesh.shape=(2, 2) must be 3 sizes"),
+    ("mesh.shape=(-1,-1,1)", "config.mesh.shape=(-1, -1, 1) must be 3 sizes"),
+]
+
+
+@pytest.mark.parametrize("override, named", CLOSED_SET_CASES)
+def test_a_value_outside_its_closed_set_is_refused_by_the_dry_run_and_the_run_alike(
+    capsys, cwd, tmp_path, override, named
+):
+    """One line naming the setting and its values (exit 2), the same from `--dry-run` as from a
+    real run, which writes nothing: its workdir is never created."""
+    dry = _pretrain(capsys, f"--config.{override}")
+    assert_user_error(dry, named)
+    workdir = tmp_path / "run"
+    argv = ["pretrain", "--config", TINY, "--workdir", str(workdir), f"--config.{override}"]
+    real = run_cli(capsys, argv)
+    assert_user_error(real, named)
+    assert real.message == dry.message
+    assert not workdir.exists() and tree_digest(cwd) == {}
+
+
+def test_every_allowed_value_is_one_the_run_accepts():
+    """config_checks.CHOICES is what the model, the optimizer and the keys take: no value the
+    dry run lets through is refused later."""
+    from bert_jax.core import optim
+    from bert_jax.core.model import BertConfig
+    from bert_jax.core.train import init_and_dropout_keys
+
+    choices = config_checks.CHOICES
+    config = config_lib.pretraining_config("tiny")
+    for key in choices:
+        assert config_lib.setting_value(config, key) in choices[key], key
+    for key in ("hidden_act", "attention_impl", "dropout_impl", "remat", "dtype", "param_dtype"):
+        for value in choices[f"model.{key}"]:
+            BertConfig(**{key: value})
+            if key.endswith("dtype"):
+                assert jax.numpy.dtype(value).name == value
+    for name in choices["optimizer.name"]:
+        for schedule in choices["optimizer.schedule"]:
+            config.optimizer.name, config.optimizer.schedule = name, schedule
+            optim.from_config(config.optimizer, [10, 5], [config.phase1, config.phase2])
+    for impl in choices["dropout_rng_impl"]:
+        init_and_dropout_keys(0, impl)
+
+
 def test_compile_only_checks_the_values_too(capsys, cwd):
     outcome = run_cli(
         capsys, ["pretrain", "--config", TINY, "--compile-only", "--config.log_every_steps=-1"]

@@ -220,6 +220,11 @@ def phased_schedule(
     return schedule
 
 
+# The values of `optimizer.name` and `optimizer.schedule` (config_checks refuses others up front).
+OPTIMIZERS = ("adamw", "lamb")
+SCHEDULES = ("whole_run", "per_phase")
+
+
 def from_config(
     opt_config, phase_steps: Sequence[int], phase_configs: Sequence[Any] = ()
 ) -> tuple[optax.GradientTransformation, Schedule]:
@@ -248,9 +253,7 @@ def from_config(
             opt_config.end_learning_rate,
         )
     else:
-        raise UserError(
-            f"optimizer.schedule={opt_config.schedule!r} is not one of 'whole_run', 'per_phase'"
-        )
+        raise UserError(f"optimizer.schedule={opt_config.schedule!r} is not one of {SCHEDULES}")
     common = dict(
         b1=opt_config.b1,
         b2=opt_config.b2,
@@ -263,5 +266,5 @@ def from_config(
     elif opt_config.name == "lamb":
         tx = lamb(schedule, **common)
     else:
-        raise UserError(f"optimizer.name={opt_config.name!r} is not one of 'adamw', 'lamb'")
+        raise UserError(f"optimizer.name={opt_config.name!r} is not one of {OPTIMIZERS}")
     return tx, schedule

@@ -12,7 +12,11 @@ import math
 import jax
 import ml_collections
 
-from bert_jax.core import partitioning
+from bert_jax.core import optim, partitioning
+from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS
+from bert_jax.core.model import _ACTIVATIONS, ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES
+from bert_jax.core.train import DROPOUT_RNG_IMPLS
+from bert_jax.data import sentences
 from bert_jax.data import shards as input_shards
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import metrics
@@ -107,6 +111,28 @@ _RANGES = {
 
 _PACKING = ("packing_factor", 0, 1)
 
+# The compute and parameter dtypes the run supports (README: bfloat16 / float32). Other spellings
+# ('bf16', 'fp32') are refused naming these, so that config.json and the model directory say
+# each dtype one way.
+DTYPES = ("float32", "bfloat16")
+# Settings with a closed set of values: checked here, where `--dry-run`, `plan` and the run all
+# look before the workdir is written (the model, optimizer and keys would refuse them later).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": DTYPES,
+    "model.param_dtype": DTYPES,
+    "model.hidden_act": tuple(_ACTIVATIONS),
+    "model.attention_impl": ATTENTION_IMPLEMENTATIONS,
+    "model.dropout_impl": DROPOUT_IMPLEMENTATIONS,
+    "model.remat": tuple(REMAT_POLICIES),
+    "optimizer.name": optim.OPTIMIZERS,
+    "optimizer.schedule": optim.SCHEDULES,
+    "dropout_rng_impl": DROPOUT_RNG_IMPLS,
+    "data.splitter": sentences.SPLITTERS,
+}
+# Attention implementations that cannot drop attention probabilities (pretraining always does,
+# unless model.attention_probs_dropout_prob is 0): the model refuses them at the first step.
+_NO_ATTENTION_DROPOUT = ("dot_product", "cudnn")
+
 
 def _in_range(value: float, interval: str) -> bool:
     low, high = (float(x) for x in interval[1:-1].split(","))
@@ -115,8 +141,35 @@ def _in_range(value: float, interval: str) -> bool:
     return above and below
 
 
+def check_choices(config) -> None:
+    """Settings with a closed set of values (`CHOICES`), the mesh shape's form and attention
+    implementations that cannot apply the config's dropout, each naming its setting."""
+    for key, choices in CHOICES.items():
+        value = setting_value(config, key)
+        if value is not None and value not in choices:
+            listed = ", ".join(repr(choice) for choice in choices)
+            raise UserError(f"config.{key}={value!r} is not one of {listed}")
+    model = config.model
+    dropout = model.get("attention_probs_dropout_prob", 0.0)
+    if model.get("attention_impl") in _NO_ATTENTION_DROPOUT and dropout > 0:
+        raise UserError(
+            f"config.model.attention_impl={model.attention_impl!r} cannot apply attention-"
+            f"probability dropout (config.model.attention_probs_dropout_prob={dropout}); use "
+            "'auto' or 'xla', or set the dropout to 0"
+        )
+    shape = tuple(setting_value(config, "mesh.shape") or (-1, 1, 1))
+    sizes_ok = all(isinstance(s, int) and (s >= 1 or s == -1) for s in shape)
+    if len(shape) != len(partitioning.MESH_AXES) or shape.count(-1) > 1 or not sizes_ok:
+        raise UserError(
+            f"config.mesh.shape={shape} must be 3 sizes {partitioning.MESH_AXES}, each at "
+            "least 1; one may be -1 (the devices left)"
+        )
+
+
 def check_values(config, phases: list[Phase]) -> None:
-    """Values out of range, each naming its setting; needs no devices (`pretrain --dry-run`)."""
+    """Values out of range or outside their closed set, each naming its setting; needs no
+    devices (`pretrain --dry-run`, `plan` and the run call it before the workdir is written)."""
+    check_choices(config)
     for key, value in flat_settings(config):
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(f"config.{key}={value} must be a finite number")

@@ -73,8 +73,8 @@ def pretrain(
     workdir = fs.abspath(workdir)
     is_main = jax.process_index() == 0
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
-    config_lib.bert_config(config)  # a bad model setting fails first
     config_checks.check_values(config, config_lib.plan_phases(config))  # before the workdir exists
+    config_lib.bert_config(config)
     # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
     distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
     if is_main:
