@@ -45,7 +45,7 @@ force_interpret = False
 
 
 def pallas_mode() -> str | None:
-    """"compiled" where Pallas lowers (GPU), "interpret" when tests force it, else None."""
+    """ "compiled" where Pallas lowers (GPU), "interpret" when tests force it, else None."""
     if force_interpret:
         return "interpret"
     return "compiled" if jax.default_backend() == "gpu" else None
@@ -275,6 +275,4 @@ def flash_attention(
     if mask.ndim != 4 or mask.shape[3] != key.shape[1]:
         raise ValueError(f"mask {mask.shape} is not [B|1, H|1, Q|1, {key.shape[1]}]")
     words = jnp.zeros((3,), jnp.uint32) if dropout_words is None else dropout_words
-    return _flash(
-        query, key, value, mask, words, float(dropout_rate), block_q, block_k, interpret
-    )
+    return _flash(query, key, value, mask, words, float(dropout_rate), block_q, block_k, interpret)
