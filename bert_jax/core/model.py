@@ -320,7 +320,7 @@ class BertSelfAttention(nn.Module):
                 raise UserError(
                     f"attention_impl={cfg.attention_impl!r} cannot apply attention-probability "
                     f"dropout (attention_probs_dropout_prob={cfg.attention_probs_dropout_prob}); "
-                    "use 'auto' or 'xla', or set the dropout to 0"
+                    "use 'auto', 'xla' or 'pallas', or set the dropout to 0"
                 )
             if impl == "cudnn":
                 # cuDNN takes the mask as a bias of the full [batch, 1, q, k] shape.
