@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU rows of docs/performance.md in one run on one H100/H200 (bf16, dropout 0.1), within
 # BUDGET_S seconds (default 450: 8 minutes with room to start), stages in order of worth:
-#   1. check: the compiled Pallas attention against the einsum path (tests/pallas_gpu_check.py);
+#   1. check: the compiled Pallas attention against the einsum path (tests/pallas_gpu_check.py),
+#      again with the einsum form's backward if the Pallas backward kernels fail;
 #   2. Base seq 128, packed: ours with attention_impl=xla beside Hugging Face's Flax BERT, then
 #      ours with attention_impl=pallas (the fused kernel that keeps attention dropout);
 #   3. Large seq 512, packed: the same two;
@@ -83,7 +84,13 @@ fused_ok=1
 if [[ $mode == --tiny ]]; then
   note "check: skipped in --tiny (needs a GPU; tests/test_attention.py covers the interpreter)"
 else
-  run check 90 "$python" -m tests.pallas_gpu_check --quick || fused_ok=0
+  if ! run check 90 "$python" -m tests.pallas_gpu_check --quick; then
+    # The forward kernel alone, gradients through the einsum form: still keeps the probabilities
+    # out of the forward pass.
+    export BERT_JAX_ATTENTION_BACKWARD=reference
+    run check-reference-backward 60 "$python" -m tests.pallas_gpu_check --quick || fused_ok=0
+    ((fused_ok)) && note "fused rows below use BERT_JAX_ATTENTION_BACKWARD=reference"
+  fi
 fi
 
 # 2-3. Each size: einsum attention beside the peer, then the fused kernel alone.

@@ -111,11 +111,18 @@ def class_times(perfetto_path: str, steps: int) -> list[str]:
         (e["pid"], e["tid"]): e["args"]["name"] for e in meta if e.get("name") == "thread_name"
     }
     device = {pid for pid, name in procs.items() if name.startswith("/device:")}
+    # A GPU's kernels are on its "Stream #N" lines; derived lines (XLA Modules, XLA Ops, Steps)
+    # repeat the same time and are left out.
+    streams = {key for key, name in threads.items() if key[0] in device and "Stream" in name}
 
     def is_kernel(e) -> bool:
+        if streams:
+            return (e["pid"], e["tid"]) in streams
         if device:
-            return e["pid"] in device
-        return threads.get((e["pid"], e["tid"]), "").startswith(("tf_XLA", "XLA"))
+            name = threads.get((e["pid"], e["tid"]), "")
+            return e["pid"] in device and not re.search(r"Modules|Steps|Framework", name)
+        on_xla_thread = threads.get((e["pid"], e["tid"]), "").startswith(("tf_XLA", "XLA"))
+        return on_xla_thread and not re.search(r"ThunkExecutor|ThreadPool", e["name"])
 
     per_class = collections.Counter()
     per_kernel = collections.Counter()

@@ -52,33 +52,45 @@ def _masks(rng, batch, queries, keys):
     }
 
 
+def _loss_and_grads(fn, query, key, value, weights):
+    def loss(q, k, v):
+        out = fn(q, k, v)
+        return jnp.sum(out * weights), out
+
+    return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(query, key, value)
+
+
 @pytest.mark.parametrize("rate", [0.0, 0.1])
 @pytest.mark.parametrize(
     ("queries", "keys", "block_q", "block_k"),
     [(24, 24, 16, 16), (7, 40, 16, 32)],  # padded to blocks; 7 gathered queries of 40 positions
 )
 def test_kernel_equals_einsum_path(rate, queries, keys, block_q, block_k):
+    """Outputs and gradients (the Pallas backward kernels) for every kind of mask."""
     rng = np.random.default_rng(queries + keys)
     query, key, value = _qkv(rng, 2, queries, keys)
+    weights = jnp.asarray(rng.normal(size=query.shape), jnp.float32)
     words = hash_key_words(jax.random.key(5))
     for name, mask in _masks(rng, 2, queries, keys).items():
         if mask is not None and mask.shape[2] not in (1, queries):
             continue  # a full-length mask and a query subset do not go together
         if name == "causal" and queries != keys:
             continue
-        got = attention.flash_attention(
-            query,
-            key,
-            value,
-            mask,
-            dropout_rate=rate,
-            dropout_words=words,
-            block_q=block_q,
-            block_k=block_k,
-            interpret=True,
-        )
-        want = attention.reference_attention(query, key, value, mask, words, rate)
+
+        def fused(q, k, v, mask=mask):
+            return attention.flash_attention(
+                q, k, v, mask, dropout_rate=rate, dropout_words=words, block_q=block_q,
+                block_k=block_k, interpret=True,
+            )  # fmt: skip
+
+        def einsum(q, k, v, mask=mask):
+            return attention.reference_attention(q, k, v, mask, words, rate)
+
+        (_, got), got_grads = _loss_and_grads(fused, query, key, value, weights)
+        (_, want), want_grads = _loss_and_grads(einsum, query, key, value, weights)
         np.testing.assert_allclose(got, want, atol=TOL, rtol=0, err_msg=name)
+        for g, w, what in zip(got_grads, want_grads, "qkv", strict=True):
+            np.testing.assert_allclose(g, w, atol=TOL, rtol=0, err_msg=f"{name} d{what}")
 
 
 def test_dropout_drops_the_rate_and_depends_on_the_key():
@@ -97,25 +109,23 @@ def test_dropout_drops_the_rate_and_depends_on_the_key():
     np.testing.assert_allclose(float(a.mean()), 1.0, atol=0.15)
 
 
-def test_gradients_equal_einsum_path():
+def test_reference_backward_equals_kernels(monkeypatch):
+    """BERT_JAX_ATTENTION_BACKWARD=reference (the einsum form's vjp) gives the same gradients."""
     rng = np.random.default_rng(2)
     query, key, value = _qkv(rng, 2, 16, 32)
     mask = _masks(rng, 2, 16, 32)["packed_query_subset"]
     words = hash_key_words(jax.random.key(9))
     weights = jnp.asarray(rng.normal(size=query.shape), jnp.float32)
 
-    def loss(fn):
-        return lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
-
-    fused = loss(
-        lambda q, k, v: attention.flash_attention(
+    def fused(q, k, v):
+        return attention.flash_attention(
             q, k, v, mask, dropout_rate=0.1, dropout_words=words, interpret=True
         )
-    )
-    einsum = loss(lambda q, k, v: attention.reference_attention(q, k, v, mask, words, 0.1))
-    got = jax.grad(fused, (0, 1, 2))(query, key, value)
-    want = jax.grad(einsum, (0, 1, 2))(query, key, value)
-    for g, w in zip(got, want, strict=True):
+
+    _, kernels = _loss_and_grads(fused, query, key, value, weights)
+    monkeypatch.setattr(attention, "backward", "reference")
+    _, reference = _loss_and_grads(fused, query, key, value, weights)
+    for g, w in zip(kernels, reference, strict=True):
         np.testing.assert_allclose(g, w, atol=TOL, rtol=0)
 
 
