@@ -200,3 +200,16 @@ def test_compiled_kernel_on_gpu_equals_einsum_path():
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pallas_refuses_prng_dropout(monkeypatch):
+    """The kernel draws hash masks; with dropout_impl="prng" it would drop other elements."""
+    monkeypatch.setattr(attention, "force_interpret", True)
+    config = tiny_config(num_hidden_layers=1, attention_impl="pallas", dropout_impl="prng")
+    ids = jnp.ones((1, 8), jnp.int32)
+    model = BertModel(config, add_pooler=False)
+    params = model.init(jax.random.key(0), ids, ids, ids * 0)
+    with pytest.raises(Exception, match="dropout_impl='hash'"):
+        model.apply(
+            params, ids, ids, ids * 0, deterministic=False, rngs={"dropout": jax.random.key(1)}
+        )
