@@ -22,6 +22,8 @@ set -uo pipefail
 out=${1:?usage: benchmarks/gpu.sh OUT_DIR [--dry-run | --tiny]}
 mode=${2:-}
 mkdir -p "$out/profile"
+out=$(cd "$out" && pwd)
+[[ -n ${WHEELS:-} ]] && WHEELS=$(cd "$WHEELS" && pwd)
 cd "$(dirname "$0")/.."
 python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 budget=${BUDGET_S:-450}
@@ -55,7 +57,7 @@ if [[ -n ${WHEELS:-} && $mode != --dry-run ]]; then
   "$python" -m pip install --quiet --no-index --no-deps --find-links "$WHEELS" \
     --target "$out/.pydeps" ml-collections transformers huggingface-hub tokenizers \
     2>&1 | tail -n 3
-  export PYTHONPATH=$PYTHONPATH:$PWD/$out/.pydeps
+  export PYTHONPATH=$PYTHONPATH:$out/.pydeps
 fi
 "$python" -c "import jax, ml_collections; print('jax', jax.__version__, jax.devices())" 2>&1 |
   tee -a "$summary" || note "ml_collections missing: bench and profile will fail (set WHEELS)"
@@ -94,12 +96,16 @@ else
 fi
 
 # 2-3. Each size: einsum attention beside the peer, then the fused kernel alone.
+# The packed rows' instances: BERT's uncased vocabulary where carried (as on the CPU rows), else
+# bench trains a small SentencePiece model on the embedded corpus.
+tokenizer=()
+[[ -f ${WHEELS:-}/tokenizer.json ]] && tokenizer=(--tokenizer "$WHEELS/tokenizer.json")
 bench() { # NAME CAP_S CONFIG SEQ BATCH IMPL [flags]
   local name=$1 cap=$2 config=$3 seq=$4 batch=$5 impl=$6
   shift 6
   run "$name" "$cap" "$python" -m bert_jax.cli bench --config "$config" --seq-len "$seq" \
     --batch "$batch" --packing "${timing[@]}" --config.model.dtype="$dtype" \
-    --config.model.attention_impl="$impl" --json "$out/$name.json" "$@"
+    --config.model.attention_impl="$impl" --json "$out/$name.json" "${tokenizer[@]}" "$@"
 }
 for entry in "${sizes[@]}"; do
   IFS=: read -r name file arg seq batch <<<"$entry"
