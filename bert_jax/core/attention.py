@@ -44,10 +44,9 @@ BLOCK_K = 64
 _fallback_logged = False
 # Tests set this to run the kernel in Pallas' interpreter on CPU (slow; never for training).
 force_interpret = False
-# The backward pass: "pallas" (two kernels, dK/dV and dQ, recomputing the probabilities from the
-# forward pass's log-sum-exp), or "reference" (jax.vjp of the einsum form: stores the
-# probabilities). BERT_JAX_ATTENTION_BACKWARD=reference selects the second (benchmarks/gpu.sh
-# does when the first does not pass the GPU check).
+# The backward pass: "pallas" (the dK/dV and dQ kernels) or "reference" (jax.vjp of the einsum
+# form, which stores the probabilities), e.g. BERT_JAX_ATTENTION_BACKWARD=reference on a GPU
+# where the backward kernels fail tests/pallas_gpu_check.py (benchmarks/gpu.sh does that).
 backward = os.environ.get("BERT_JAX_ATTENTION_BACKWARD", "pallas")
 
 
@@ -113,9 +112,7 @@ def _tile(q, k, mask, words_ref, row_base, k_index, *, rate, num_keys):
 
     s = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * (1.0 / float(q.shape[-1]) ** 0.5)
     s = jnp.where(mask != 0, s, jnp.finfo(jnp.float32).min)
-    if num_keys % k.shape[0] or k.shape[0] > num_keys:
-        # Padded keys weigh nothing, not even in a fully masked row (which then is uniform
-        # over the real keys, as in the einsum form).
+    if num_keys % k.shape[0]:  # padded keys weigh nothing, even in a fully masked row
         s = jnp.where((k_index < num_keys)[None, :], s, -jnp.inf)
     keep = None
     if rate > 0.0:
@@ -264,19 +261,12 @@ def _call(kernel, args, grid, in_specs, out_specs, out_shape, interpret, head_di
 
     params = {}
     if not interpret:
-        params["compiler_params"] = plgpu.CompilerParams(
-            num_warps=4 if head_dim <= 64 else 8, num_stages=2
-        )
-    return pl.pallas_call(
-        kernel,
-        grid=grid,
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        interpret=interpret,
-        name=name,
-        **params,
-    )(*args)
+        warps = 4 if head_dim <= 64 else 8
+        params["compiler_params"] = plgpu.CompilerParams(num_warps=warps, num_stages=2)
+    specs = dict(in_specs=in_specs, out_specs=out_specs, out_shape=out_shape)
+    return pl.pallas_call(kernel, grid=grid, interpret=interpret, name=name, **specs, **params)(
+        *args
+    )
 
 
 def _layout(query, key, mask, words, block_q, block_k):
