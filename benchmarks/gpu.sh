@@ -10,7 +10,9 @@
 #   5. Large seq 512 beside Hugging Face (last: the peer's Large compile is the longest; ours
 #      comes from the persistent compilation cache that stage 3 filled).
 # Each stage gets what is left of the budget; one that fails or runs out is noted and the next
-# runs. Everything lands in OUT_DIR (*.txt, *.json, profile/summary.txt, summary.txt).
+# runs. What to read lands in OUT_DIR (summary.txt, a .txt log and .json per stage,
+# profile_summary.txt); the bulky parts (traces, compilation cache, installed wheels) in WORK
+# (default $TMPDIR/bert_jax_gpu_sh), so that OUT_DIR stays small enough to fetch back.
 #
 # Usage: benchmarks/gpu.sh OUT_DIR [--dry-run | --tiny]
 #   --dry-run  print the commands, run nothing;  --tiny  Mini-sized, runs on CPU in a few minutes
@@ -18,18 +20,19 @@
 # Environment: PYTHON (default .venv/bin/python, else python3). The GPU image needs no TensorFlow;
 # ml_collections (bench's --config) must be importable: WHEELS=DIR installs it, and the peer's
 # transformers 4.57.6 (the last with Flax BERT; transformers 5 has none), from wheels made by
-# `make gpu-wheels` into OUT_DIR/.pydeps. PEER_PYTHON: a Python with transformers 4.57.6, if any.
+# `make gpu-wheels` into WORK/pydeps. PEER_PYTHON: a Python with transformers 4.57.6, if any.
 # Without a peer, the bench rows run ours only and say so.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu.sh OUT_DIR [--dry-run | --tiny]}
 mode=${2:-}
-mkdir -p "$out/profile"
+work=${WORK:-${TMPDIR:-/tmp}/bert_jax_gpu_sh}
+mkdir -p "$out" "$work/profile"
 out=$(cd "$out" && pwd)
 [[ -n ${WHEELS:-} ]] && WHEELS=$(cd "$WHEELS" && pwd)
 cd "$(dirname "$0")/.."
 python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 budget=${BUDGET_S:-450}
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$out/.jax_cache}
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$work/jax_cache}
 start=$SECONDS
 summary="$out/summary.txt"
 : >"$summary"
@@ -57,10 +60,10 @@ run() { # NAME CAP_S CMD...: run under the smaller of CAP_S and what is left; lo
 # --- environment: ml_collections for ours, transformers 4.57.6 (Flax) for the peer ---
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [[ -n ${WHEELS:-} && $mode != --dry-run ]]; then
-  "$python" -m pip install --quiet --no-index --no-deps --find-links "$WHEELS" \
-    --target "$out/.pydeps" ml-collections transformers huggingface-hub tokenizers \
+  "$python" -m pip install --quiet --upgrade --no-index --no-deps --find-links "$WHEELS" \
+    --target "$work/pydeps" ml-collections transformers huggingface-hub tokenizers \
     2>&1 | tail -n 3
-  export PYTHONPATH=$PYTHONPATH:$out/.pydeps
+  export PYTHONPATH=$PYTHONPATH:$work/pydeps
 fi
 "$python" -c "import jax, ml_collections; print('jax', jax.__version__, jax.devices())" 2>&1 |
   tee -a "$summary" || note "ml_collections missing: bench and profile will fail (set WHEELS)"
@@ -131,8 +134,11 @@ done
 variants=(--variant xla:attention_impl=xla)
 ((fused_ok)) && variants+=(--variant pallas:attention_impl=pallas)
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" run profile 150 \
-  "$python" benchmarks/gpu_profile.py "${profile[@]}" "${variants[@]}" --top 15 --out "$out/profile"
-[[ -f $out/profile/summary.txt ]] && sed "s/^/profile: /" "$out/profile/summary.txt" >>"$summary"
+  "$python" benchmarks/gpu_profile.py "${profile[@]}" "${variants[@]}" --top 15 --out "$work/profile"
+if [[ -f $work/profile/summary.txt ]]; then
+  cp "$work/profile/summary.txt" "$out/profile_summary.txt"
+  sed "s/^/profile: /" "$work/profile/summary.txt" >>"$summary"
+fi
 
 # 5. The second size beside the peer, with what is left.
 if ((${#peer[@]})); then
