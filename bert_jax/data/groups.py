@@ -22,6 +22,7 @@ import numpy as np
 
 from bert_jax.data import instances as instances_lib
 from bert_jax.data import records as records_lib
+from bert_jax.data import single_instances
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.masking import MaskingConfig
 from bert_jax.data.tokenizer import Tokenizer
@@ -96,14 +97,27 @@ def process_group(
         settings["masked_lm_prob"],
         settings["max_predictions_per_seq"],
         settings["whole_word_mask"],
+        mask_share=settings.get("mask_share", 0.8),
+        same_share=settings.get("same_share", 0.1),
+        random_share=settings.get("random_share", 0.1),
     )
-    batches, order = instances_lib.create_instance_rows(
+    instance_format = settings.get("instance_format", "sentence_pairs")
+    make_rows = instances_lib.create_instance_rows
+    extra = {}
+    if instance_format != "sentence_pairs":  # no NSP: [CLS] text [SEP] rows
+        make_rows = single_instances.create_single_rows
+        extra = {
+            "instance_format": instance_format,
+            "mask": settings.get("objective") != "ltr",  # a left-to-right LM reads text as is
+        }
+    batches, order = make_rows(
         tokenized,
         masking,
         max_seq_length=settings["max_seq_length"],
         short_seq_prob=settings["short_seq_prob"],
         dupe_factor=settings["dupe_factor"],
         seed=_group_seed(settings["seed"], group_index),
+        **extra,
     )
     serialized: list[bytes] = []
     tally = dict.fromkeys(

@@ -58,10 +58,23 @@ OUTPUT_SETTINGS = (
     "text_field",
     "tokenizer_fingerprint",
     "sources",
+    "objective",
+    "instance_format",
+    "mask_share",
+    "same_share",
+    "random_share",
 )
 # Settings added to OUTPUT_SETTINGS later, with the value every earlier prepare used: a directory
 # prepared before then compares as what it is (the regex splitter), not as None.
-_BEFORE_RECORDED = {"splitter": "regex", "text_field": "text"}
+_BEFORE_RECORDED = {
+    "splitter": "regex",
+    "text_field": "text",
+    "objective": "mlm+nsp",
+    "instance_format": "sentence_pairs",
+    "mask_share": 0.8,
+    "same_share": 0.1,
+    "random_share": 0.1,
+}
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 _OWN_NAME_RE = re.compile(r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json)$")

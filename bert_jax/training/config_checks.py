@@ -15,7 +15,7 @@ import ml_collections
 from bert_jax.core import partitioning
 from bert_jax.data import shards as input_shards
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import metrics
+from bert_jax.training import config_lib, metrics
 from bert_jax.training.config_lib import (
     MIN_SEQ_LENGTH,
     PRESET_MAX_POSITIONS,
@@ -132,6 +132,17 @@ def check_values(config, phases: list[Phase]) -> None:
             value = spec.get(key, off)
             if value != off and value < least:
                 raise UserError(f"config.{phase.name}.{key}={value}: use {off} or at least {least}")
+    config_lib.objective(config)
+    config_lib.instance_format(config)
+    config_lib.mask_shares(config)
+    if config_lib.objective(config) == "ltr":
+        for phase in phases:
+            if float(config[phase.name].get("packing_factor", 0.0)) > 0:
+                raise UserError(
+                    f"config.{phase.name}.packing_factor is not supported with "
+                    "config.objective='ltr' (next-token targets would cross packed instances); "
+                    "set it to 0"
+                )
     if config.eval.every_steps > 0 and min(config.eval.batches, config.eval.batch_size) < 1:
         raise UserError(
             "config.eval.batches and config.eval.batch_size must be at least 1 with evaluation on "

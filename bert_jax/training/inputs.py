@@ -113,7 +113,16 @@ def _iterator(
             factor=packing_factor,
         )
 
+    from bert_jax.data import layout, objectives
+
+    objective = config_lib.objective(config)
+    shares = config_lib.mask_shares(config)
     records = source
+    if sources.source_kind(source) == "records" and fs.isdir(source):
+        where = f"{source} (data for {phase.name})"
+        objectives.check_records(
+            where, layout.read_prepare_config(source), objective, "config.objective"
+        )
     if sources.source_kind(source) != "records":
         # A raw corpus: prepared once into the cache (every host the same bytes), then read.
         # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
@@ -130,6 +139,9 @@ def _iterator(
                 whole_word_mask=bool(config.data.whole_word_mask),
                 num_workers=int(config.data.num_workers),
                 splitter=str(config.data.get("splitter", sentences.DEFAULT_SPLITTER)),
+                objective=objective,
+                instance_format=config_lib.instance_format(config),
+                **shares,
             ),
             config.data.cache_dir or os.path.join(workdir, "data"),
             write_marker=jax.process_index() == 0,
@@ -149,6 +161,8 @@ def _iterator(
             shuffle_buffer_size=shuffle_buffer,
             packing=pack,
             skip_corrupt_records=bool(config.data.get("skip_corrupt_records", False)),
+            objective=objective,
+            **shares,
         )
         return pipeline.make_pretrain_iterator(records, settings, tokenizer)
 
