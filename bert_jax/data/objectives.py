@@ -22,6 +22,13 @@ from bert_jax.runtime.errors import UserError
 OBJECTIVES = ("mlm+nsp", "mlm", "ltr")
 INSTANCE_FORMATS = ("sentence_pairs", "doc_sentences", "full_sentences")
 DEFAULT_OBJECTIVE = "mlm+nsp"
+# The paper's MASK/SAME/RND shares (what records without recorded shares were masked with).
+PAPER_SHARES = {"mask_share": 0.8, "same_share": 0.1, "random_share": 0.1}
+
+
+def shares_text(shares: dict) -> str:
+    """80/10/10 for {"mask_share": 0.8, "same_share": 0.1, "random_share": 0.1}."""
+    return "/".join(f"{100 * shares[k]:g}" for k in PAPER_SHARES)
 
 
 def check_objective(objective: str, setting: str) -> str:

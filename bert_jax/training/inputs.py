@@ -113,16 +113,10 @@ def _iterator(
             factor=packing_factor,
         )
 
-    from bert_jax.data import layout, objectives
-
     objective = config_lib.objective(config)
     shares = config_lib.mask_shares(config)
     records = source
-    if sources.source_kind(source) == "records" and fs.isdir(source):
-        where = f"{source} (data for {phase.name})"
-        objectives.check_records(
-            where, layout.read_prepare_config(source), objective, "config.objective"
-        )
+    check_records_objective(config, [(f"data for {phase.name}", source)])
     if sources.source_kind(source) != "records":
         # A raw corpus: prepared once into the cache (every host the same bytes), then read.
         # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
@@ -174,6 +168,30 @@ def _iterator(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
+
+
+def check_records_objective(config, named_sources) -> None:
+    """Refuses (one line naming both) prepared records made for another objective than
+    config.objective; `named_sources`: (what, source) pairs. Corpora and foreign records pass."""
+    from bert_jax.data import layout, objectives, sources
+
+    objective = config_lib.objective(config)
+    shares = config_lib.mask_shares(config)
+    for what, source in named_sources:
+        if source and sources.source_kind(source) == "records" and fs.isdir(source):
+            recorded = layout.read_prepare_config(source)
+            objectives.check_records(f"{source} ({what})", recorded, objective, "config.objective")
+            if recorded is None or bool(config.data.dynamic_masking) or objective == "ltr":
+                continue
+            # Static masking trains on the records' own MASK/SAME/RND mix: it must be the config's.
+            theirs = {k: float(recorded.get(k, v)) for k, v in objectives.PAPER_SHARES.items()}
+            if theirs != shares:
+                raise UserError(
+                    f"{source} ({what}) was masked with MASK/SAME/RND "
+                    f"{objectives.shares_text(theirs)} but config.data asks for "
+                    f"{objectives.shares_text(shares)} with static masking "
+                    "(config.data.dynamic_masking=False): prepare them with those shares"
+                )
 
 
 def eval_source(config, phase: Phase) -> str:

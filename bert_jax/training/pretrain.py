@@ -76,7 +76,13 @@ def pretrain(
     is_main = jax.process_index() == 0
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
     config_lib.bert_config(config)  # a bad model setting fails first
-    config_checks.check_values(config, config_lib.plan_phases(config))  # before the workdir exists
+    phases = config_lib.plan_phases(config)
+    config_checks.check_values(config, phases)  # before the workdir exists
+    inputs.check_records_objective(  # records made for another objective: before any work
+        config,
+        [(f"data for {p.name}", p.source) for p in phases]
+        + [(f"eval data for {p.name}", inputs.eval_source(config, p)) for p in phases],
+    )
     # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
     distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
     if is_main:
