@@ -35,7 +35,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from bert_jax.data import files
+from bert_jax.data import files, objectives
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
@@ -58,23 +58,11 @@ OUTPUT_SETTINGS = (
     "text_field",
     "tokenizer_fingerprint",
     "sources",
-    "objective",
-    "instance_format",
-    "mask_share",
-    "same_share",
-    "random_share",
+    *objectives.BEFORE_RECORDED,  # the objective, instance format and MASK/SAME/RND shares
 )
 # Settings added to OUTPUT_SETTINGS later, with the value every earlier prepare used: a directory
 # prepared before then compares as what it is (the regex splitter), not as None.
-_BEFORE_RECORDED = {
-    "splitter": "regex",
-    "text_field": "text",
-    "objective": "mlm+nsp",
-    "instance_format": "sentence_pairs",
-    "mask_share": 0.8,
-    "same_share": 0.1,
-    "random_share": 0.1,
-}
+_BEFORE_RECORDED = {"splitter": "regex", "text_field": "text", **objectives.BEFORE_RECORDED}
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 _OWN_NAME_RE = re.compile(r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json)$")

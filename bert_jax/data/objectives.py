@@ -24,6 +24,13 @@ INSTANCE_FORMATS = ("sentence_pairs", "doc_sentences", "full_sentences")
 DEFAULT_OBJECTIVE = "mlm+nsp"
 # The paper's MASK/SAME/RND shares (what records without recorded shares were masked with).
 PAPER_SHARES = {"mask_share": 0.8, "same_share": 0.1, "random_share": 0.1}
+# What `data prepare` records about the objective (manifest.OUTPUT_SETTINGS), with the value of
+# records prepared before it did.
+BEFORE_RECORDED = {
+    "objective": DEFAULT_OBJECTIVE,
+    "instance_format": "sentence_pairs",
+    **PAPER_SHARES,
+}
 
 
 def shares_text(shares: dict) -> str:
