@@ -267,12 +267,49 @@ def test_every_bad_objective_setting_is_one_line(key, value, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_nsp_needs_sentence_pairs_and_ltr_refuses_packing():
+def test_nsp_needs_sentence_pairs():
     config = config_lib.pretraining_config("tiny")
     config.data.instance_format = "doc_sentences"
     with pytest.raises(UserError, match="objective 'mlm\\+nsp' needs sentence_pairs"):
         config_checks.check_values(config, config_lib.plan_phases(config))
-    config.objective = "ltr"
-    config.phase1.packing_factor = 1.5
-    with pytest.raises(UserError, match="packing_factor is not supported with"):
-        config_checks.check_values(config, config_lib.plan_phases(config))
+
+
+def test_left_to_right_packed_row_computes_what_its_instances_do_apart():
+    """Packing with the causal mask: no attention and no next-token target across instances."""
+    config = tiny_config(objective="ltr")
+    model = BertForPreTraining(config)
+    rng = np.random.default_rng(3)
+    first, second = rng.integers(5, 512, 9), rng.integers(5, 512, 12)
+    length, zeros = 24, np.zeros((2, 2), np.int32)
+    apart = {
+        "input_ids": np.zeros((2, length), np.int32),
+        "input_mask": np.zeros((2, length), np.int32),
+        "segment_ids": np.zeros((2, length), np.int32),
+        "masked_lm_positions": zeros,
+        "masked_lm_ids": zeros,
+        "masked_lm_weights": zeros.astype(np.float32),
+        "next_sentence_labels": np.zeros(2, np.int32),
+    }
+    for row, ids in enumerate((first, second)):
+        apart["input_ids"][row, : len(ids)] = ids
+        apart["input_mask"][row, : len(ids)] = 1
+    pad = np.zeros(3, np.int32)
+    packed = {
+        "input_ids": np.concatenate([first, second, pad])[None].astype(np.int32),
+        "input_mask": np.concatenate([np.ones(21), pad])[None].astype(np.int32),
+        "segment_ids": np.zeros((1, length), np.int32),
+        "position_ids": np.concatenate([np.arange(9), np.arange(12), pad])[None].astype(np.int32),
+        "packed_segment_ids": np.repeat([1, 2, 0], [9, 12, 3])[None].astype(np.int32),
+        "cls_positions": np.asarray([[0, 9]], np.int32),
+        "masked_lm_positions": zeros[:1],
+        "masked_lm_ids": zeros[:1],
+        "masked_lm_weights": zeros[:1].astype(np.float32),
+        "next_sentence_labels": zeros[:1],
+        "next_sentence_weights": np.ones((1, 2), np.float32),
+    }
+    params = model.init(jax.random.key(0), **train.model_inputs(apart))["params"]
+    sums_apart = train.compute_sums(params, apart, model, deterministic=True)
+    sums_packed = train.compute_sums(params, packed, model, deterministic=True)
+    assert float(sums_packed["mlm_weight"]) == float(sums_apart["mlm_weight"]) == 8 + 11
+    for key in ("mlm_loss_sum", "mlm_correct_sum"):
+        np.testing.assert_allclose(float(sums_packed[key]), float(sums_apart[key]), rtol=1e-5)

@@ -116,10 +116,15 @@ def compute_sums(
 
 def objective_batch(batch: Batch, objective: str) -> Batch:
     """The batch the objective's heads read: for "ltr" every position's next token in the
-    masked-LM slots (losses.next_token_targets; the records' own slots are unused), else as is."""
+    masked-LM slots (losses.next_token_targets; the records' own slots are unused; in a packed
+    row the last token of an instance predicts nothing), else as is."""
     if objective != "ltr":
         return batch
     positions, ids, weights = losses.next_token_targets(batch["input_ids"], batch["input_mask"])
+    if "packed_segment_ids" in batch:  # packed rows: no target across two instances
+        segments = batch["packed_segment_ids"]
+        same = (segments[:, 1:] == segments[:, :-1]).astype(weights.dtype)
+        weights = weights * jnp.concatenate([same, jnp.zeros_like(same[:, :1])], axis=1)
     return {
         **batch,
         "masked_lm_positions": positions,

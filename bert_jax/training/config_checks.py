@@ -135,14 +135,6 @@ def check_values(config, phases: list[Phase]) -> None:
     config_lib.objective(config)
     config_lib.instance_format(config)
     config_lib.mask_shares(config)
-    if config_lib.objective(config) == "ltr":
-        for phase in phases:
-            if float(config[phase.name].get("packing_factor", 0.0)) > 0:
-                raise UserError(
-                    f"config.{phase.name}.packing_factor is not supported with "
-                    "config.objective='ltr' (next-token targets would cross packed instances); "
-                    "set it to 0"
-                )
     if config.eval.every_steps > 0 and min(config.eval.batches, config.eval.batch_size) < 1:
         raise UserError(
             "config.eval.batches and config.eval.batch_size must be at least 1 with evaluation on "
