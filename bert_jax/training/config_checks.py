@@ -170,7 +170,9 @@ def describe(config: ml_collections.ConfigDict) -> str:
     lines += [f"  {key} = {value!r}" for key, value in flat_settings(config)]
     lines += ["phases:"]
     for phase in phases:
-        share = phase.max_predictions_per_seq / phase.max_seq_length
+        share = metrics.head_share(
+            model_config, phase.max_seq_length, phase.max_predictions_per_seq
+        )
         flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
         lines.append(
             f"  {phase.name}: steps {phase.start}..{phase.end - 1} ({phase.steps}), seq "

@@ -51,6 +51,12 @@ def peak_flops_per_chip(device_kind: str) -> float | None:
     return None
 
 
+def head_share(config: BertConfig, seq_len: int, predictions: int) -> float:
+    """The share of positions that reach the MLM head: every one for the left-to-right
+    objective (each predicts the next token), else the masked-LM slots."""
+    return 1.0 if config.objective == "ltr" else predictions / seq_len
+
+
 def flops_per_token(
     config: BertConfig, seq_len: int, mlm_fraction: float, last_layer_fraction: float = 1.0
 ) -> float:
@@ -88,7 +94,7 @@ class Throughput:
         self._real_tokens += real_tokens
         self._padded_tokens += batch_size * seq_len
         self._sequences += batch_size
-        share = predictions / seq_len
+        share = head_share(self.config, seq_len, predictions)
         self._flops += real_tokens * flops_per_token(self.config, seq_len, share)
 
     def summary(self) -> dict[str, float]:
