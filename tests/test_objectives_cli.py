@@ -142,3 +142,27 @@ def test_every_ablation_recipe_command_parses(argv, monkeypatch):
         assert config_flags.parse(commands[argv[0]], argv[1:]).config is not None
     else:
         assert callable(cli.build_parser().parse_args(argv).run)
+
+
+def test_init_from_and_resume_from_another_objective_are_refused_in_one_line(
+    runs, tmp_path, capsys
+):
+    from bert_jax.core.model import BertConfig
+    from bert_jax.training import model_dir
+
+    model = tmp_path / "mlm-model"  # what is checked first: the config.json of each
+    model.mkdir()
+    values = model_dir.config_dict(BertConfig(objective="mlm"), True, None, {})
+    (model / "config.json").write_text(json.dumps(values))
+    run = tmp_path / "mlm-run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"objective": "mlm"}))
+    _, workdir, argv = runs["ltr"]
+    argv = [a for a in argv if not a.startswith("--workdir")] + ["--workdir", str(tmp_path / "w")]
+    for setting, path in (("init_from", model), ("resume_from", run)):
+        assert cli.main([*argv, f"--config.{setting}={path}"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert f"config.{setting}={path} was pretrained for objective 'mlm' but " in err
+        assert "config.objective is 'ltr'" in err
+    assert not (tmp_path / "w").exists()

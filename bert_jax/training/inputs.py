@@ -28,16 +28,21 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     path = config.get("init_from", "")
     if not path:
         return []
+    from bert_jax.data import objectives
     from bert_jax.training import model_dir
 
     if model_dir.is_unexported_workdir(path):  # its run config and tokenizer/ describe the model
         with fs.open(os.path.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:
-            model = json.load(f).get("model", {})
+            run = json.load(f)
+        model = run.get("model", {})
+        theirs = run.get("objective", objectives.DEFAULT_OBJECTIVE)
         tokenizer_dir = os.path.join(path, "tokenizer")
     else:
         model = model_dir.read_config(path)[0].to_dict()
+        theirs = model["objective"]
         tokenizer_dir = os.path.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
     source = f"config.init_from={path}"
+    objectives.check_model(source, theirs, config_lib.objective(config))
     changes = config_lib.adopt_model_identity(config, model, source, explicit)
     if fs.isdir(tokenizer_dir) and config.data.tokenizer:
         from bert_jax.data import tokenizer as tokenizer_lib

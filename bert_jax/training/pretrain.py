@@ -75,6 +75,8 @@ def pretrain(
     workdir = fs.abspath(workdir)
     is_main = jax.process_index() == 0
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
+    if config.resume_from:  # another run of another objective: refused before any work
+        _check_run_objective(config.resume_from, config_lib.objective(config))
     config_lib.bert_config(config)  # a bad model setting fails first
     phases = config_lib.plan_phases(config)
     config_checks.check_values(config, phases)  # before the workdir exists
