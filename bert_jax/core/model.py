@@ -641,6 +641,8 @@ class BertForPreTraining(nn.Module):
     [batch, n, 2] with `cls_positions`), plus the outputs of `BertModel`: with
     `config.sparse_last_layer` the last layer runs only where the heads read, and
     `sequence_output` is [batch, predictions, hidden] (the states at `masked_lm_positions`).
+    Every objective (`config.objective`) has this one tree; for "ltr" the encoder is causal and
+    `masked_lm_positions` are every position (train.objective_batch), the head a next-token head.
     """
 
     config: BertConfig
