@@ -73,12 +73,12 @@ def test_each_objective_pretrains_evaluates_and_exports_to_its_class(runs, objec
     final = [line for line in console.splitlines() if line.startswith("final eval")]
     assert final and "MLM perplexity" in final[0]
     assert ("NSP accuracy" in final[0]) == (objective == "mlm+nsp")
-    with capsys.disabled():  # the tiny run's result, shown with pytest -s
-        print(f"\n{objective}: {final[0]}")
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     train_rows = [row for row in rows if row.get("kind", "train") == "train" and "loss" in row]
     assert train_rows and all(("nsp_loss" in row) == (objective == "mlm+nsp") for row in train_rows)
+    with capsys.disabled():  # the tiny run's result, shown with pytest -s
+        print(f"\n{objective}: last train loss {train_rows[-1]['loss']:.4f}; {final[0]}")
 
     assert cli.main(["eval", "--model", workdir, "--data", records, "--batch-size", "8"]) == 0
     printed = capsys.readouterr().out
