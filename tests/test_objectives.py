@@ -313,3 +313,23 @@ def test_left_to_right_packed_row_computes_what_its_instances_do_apart():
     assert float(sums_packed["mlm_weight"]) == float(sums_apart["mlm_weight"]) == 8 + 11
     for key in ("mlm_loss_sum", "mlm_correct_sum"):
         np.testing.assert_allclose(float(sums_packed[key]), float(sums_apart[key]), rtol=1e-5)
+
+
+def test_a_corpus_without_documents_prepares_without_nsp(tmp_path):
+    """Tweets, queries: one sentence per line, no blank line. Pairs need two documents; the
+    single-sequence formats do not."""
+    from bert_jax.data import prepare, sources
+    from tests.data_fixtures import embedded_spm_dir
+
+    corpus = tmp_path / "lines.txt"
+    lines = [s for document in sources.embedded_documents("eval")[:5] for s in document]
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    settings = prepare.PrepareSettings(
+        max_seq_length=32, max_predictions_per_seq=5, objective="mlm"
+    )
+    result = prepare.prepare_records([str(corpus)], embedded_spm_dir(), tmp_path / "out", settings)
+    assert result.corpus_stats.documents == 1 and result.instance_stats.instances > 0
+    with pytest.raises(UserError, match="sentence pairs need at least two"):
+        prepare.prepare_records(
+            [str(corpus)], embedded_spm_dir(), tmp_path / "pairs", prepare.PrepareSettings()
+        )

@@ -84,10 +84,11 @@ def process_group(
     assert tokenizer is not None, "worker not initialised"
     tokenized = instances_lib.tokenize_documents(documents, tokenizer)
     counts = {"groups": 1, "documents": len(tokenized)}
-    if len(tokenized) < 2:
+    # Pairs need a second document for random next sentences; single sequences need text.
+    pairs = settings.get("instance_format", "sentence_pairs") == "sentence_pairs"
+    if len(tokenized) < (2 if pairs else 1):
         logger.warning(
-            "group %d: fewer than two documents left after tokenization; nothing written",
-            group_index,
+            "group %d: too few documents left after tokenization; nothing written", group_index
         )
         counts["seconds"] = time.perf_counter() - started
         counts["cpu_seconds"] = time.process_time() - started_cpu

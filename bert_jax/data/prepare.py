@@ -401,7 +401,7 @@ def prepare_records(
     progress = _Progress(output_dir, output_what)
     _run_groups(mine(), existing, tokenizer, recorded, settings.num_workers, progress)
 
-    if corpus_stats.documents < 2:
+    if corpus_stats.documents < (2 if recorded["instance_format"] == "sentence_pairs" else 1):
         raise manifest.InputError(
             f"inputs {', '.join(sources)} hold {corpus_stats.documents} usable document(s); "
             f"sentence pairs need at least two ({corpus_stats.summary()})"
