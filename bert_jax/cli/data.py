@@ -80,6 +80,21 @@ def _add_data(subparsers) -> None:
     prepare.add_argument("--dupe-factor", type=int, default=5)
     prepare.add_argument("--seed", type=int, default=12345)
     prepare.add_argument("--whole-word-mask", action="store_true")
+    prepare.add_argument(
+        "--objective",
+        default="mlm+nsp",
+        help="what the records are for: mlm+nsp (the paper's), mlm (no NSP) or ltr "
+        "(left-to-right LM, unmasked); pretrain refuses records of another objective",
+    )
+    prepare.add_argument(
+        "--instance-format",
+        default="",
+        help="sentence_pairs (NSP's), doc_sentences or full_sentences (RoBERTa's, no NSP); "
+        "default: sentence_pairs for mlm+nsp, else full_sentences",
+    )
+    prepare.add_argument("--mask-share", type=float, default=0.8, help="share of [MASK]")
+    prepare.add_argument("--same-share", type=float, default=0.1, help="share left unchanged")
+    prepare.add_argument("--random-share", type=float, default=0.1, help="share of random ids")
     prepare.add_argument("--num-workers", type=int, default=1)
     prepare.add_argument(
         "--shard-index", type=int, default=0, help="this machine's index when several share work"
@@ -157,6 +172,11 @@ def _prepare(args) -> int:
         dupe_factor=args.dupe_factor,
         seed=args.seed,
         whole_word_mask=args.whole_word_mask,
+        objective=args.objective,
+        instance_format=args.instance_format,
+        mask_share=args.mask_share,
+        same_share=args.same_share,
+        random_share=args.random_share,
         num_workers=args.num_workers,
         shard_index=args.shard_index,
         num_shards=args.num_shards,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.convert import mapping, strict
+from bert_jax.convert import hf_objectives, mapping, strict
 from bert_jax.convert.safetensors import read_safetensors, write_safetensors
 from bert_jax.convert.strict import ConversionError, ConversionReport
 from bert_jax.core.model import BertConfig
@@ -67,9 +67,12 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> BertConfig
             "config.json has position_embedding_type="
             f"{hf_config['position_embedding_type']!r}; only 'absolute' (BERT's) is supported"
         )
-    if hf_config.get("is_decoder") or hf_config.get("add_cross_attention"):
-        raise ConversionError("config.json describes a BERT decoder; only the encoder is supported")
+    if hf_config.get("add_cross_attention"):
+        raise ConversionError(
+            "config.json describes a BERT decoder with cross-attention; not supported"
+        )
     values = dict(hf_config)
+    values["objective"] = hf_objectives.objective_from_hf(hf_config)  # is_decoder: causal
     act = values.get("hidden_act", "gelu")
     values["hidden_act"] = _HF_ACTIVATION_ALIASES.get(act, act)
     try:
@@ -82,7 +85,9 @@ def hf_config_from(config: BertConfig, with_heads: bool = True) -> dict[str, Any
     """A Hugging Face `config.json` dict for `config` (BertForPreTraining, or BertModel)."""
     act = "gelu_new" if config.hidden_act == "gelu_tanh" else config.hidden_act
     return {
-        "architectures": ["BertForPreTraining" if with_heads else "BertModel"],
+        # The objective's class (hf_objectives): BertForPreTraining, BertForMaskedLM or
+        # BertLMHeadModel with is_decoder (causal attention).
+        **hf_objectives.hf_config_fields(config.objective, with_heads),
         "model_type": "bert",
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
@@ -184,6 +189,12 @@ def import_state(
         raise ValueError("with_heads=True and drop_heads=True contradict each other")
     if with_heads:
         _check_tied_copies(shapes, read)
+        # BertForMaskedLM / BertLMHeadModel: no pooler, no NSP head; those start fresh.
+        shapes, read, filled = hf_objectives.fill_nsp_only(
+            shapes, read, config.hidden_size, config.initializer_range
+        )
+        if filled and report is not None:
+            report.notes.append(f"no pooler/NSP head in the checkpoint: {', '.join(filled)} fresh")
     try:
         params = strict.import_params(
             shapes,
@@ -252,7 +263,7 @@ def hf_state_dict_from(
         value = np.asarray(mapping.get_path(params, entry.path), dtype=np.float32)
         key = entry.hf[len("bert.") :] if base_model_keys else entry.hf
         out[key] = np.ascontiguousarray(mapping.from_bert_jax(entry, value, config, "hf"))
-    return out
+    return hf_objectives.drop_nsp_only(out, config.objective) if with_heads else out
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -373,7 +384,8 @@ def write_hf_dir(
     """Writes config.json, model.safetensors and the tokenizer files into the existing directory
     `path`. Returns the names written.
 
-    Params with heads become a BertForPreTraining checkpoint; encoder-only params a BertModel one
+    Params with heads become the objective's class (BertForPreTraining, BertForMaskedLM or
+    BertLMHeadModel, hf_objectives); encoder-only params a BertModel one
     (keys without the "bert." prefix). Tied copies are not written: transformers re-ties them.
     """
     path = os.fspath(path)

@@ -6,6 +6,8 @@ mean is needed (in the loss for the gradient, on the host for logged metrics).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -52,22 +54,51 @@ def next_sentence(
     }
 
 
+def no_next_sentence() -> dict[str, Array]:
+    """The NSP sums of an objective without NSP: zero weight, so no NSP loss and no metrics."""
+    zero = jnp.zeros((), jnp.float32)
+    return {"nsp_loss_sum": zero, "nsp_correct_sum": zero, "nsp_weight": zero}
+
+
+def next_token_targets(input_ids_BxL: Array, input_mask_BxL: Array) -> tuple[Array, Array, Array]:
+    """The left-to-right objective as masked-LM slots: every position predicts the next token.
+
+    Returns (positions [B, L], ids [B, L], weights [B, L]): position t's target is token t + 1,
+    weighted when that token is real; the last position has no target (weight 0). The same L
+    slots as the input keep shapes even.
+    """
+    batch, length = input_ids_BxL.shape
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], (batch, length))
+    pad = jnp.zeros((batch, 1), jnp.int32)
+    ids = jnp.concatenate([input_ids_BxL[:, 1:].astype(jnp.int32), pad], axis=1)
+    weights = jnp.concatenate([input_mask_BxL[:, 1:].astype(jnp.int32), pad], axis=1)
+    return positions, ids, weights.astype(jnp.float32)
+
+
 def pretraining_loss(sums: dict[str, Array]) -> Array:
-    """The paper's objective: mean masked-LM loss + mean next-sentence loss."""
+    """The paper's objective: mean masked-LM loss + mean next-sentence loss (0 without NSP)."""
     mlm = sums["mlm_loss_sum"] / jnp.maximum(sums["mlm_weight"], 1e-5)
     nsp = sums["nsp_loss_sum"] / jnp.maximum(sums["nsp_weight"], 1e-5)
     return mlm + nsp
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:
-    """Host-side means from accumulated sums (call once, after adding up steps or hosts)."""
+    """Host-side means from accumulated sums (call once, after adding up steps or hosts).
+
+    `mlm_perplexity` is exp of the mean masked-token loss (the paper's Table 6 "LM (ppl)"; for
+    the left-to-right objective, of the mean next-token loss). Without NSP (weight 0: an
+    objective without it) there are no nsp_* entries.
+    """
     mlm_w = max(float(sums["mlm_weight"]), 1e-5)
-    nsp_w = max(float(sums["nsp_weight"]), 1e-5)
     out = {
         "mlm_loss": float(sums["mlm_loss_sum"]) / mlm_w,
         "mlm_accuracy": float(sums["mlm_correct_sum"]) / mlm_w,
-        "nsp_loss": float(sums["nsp_loss_sum"]) / nsp_w,
-        "nsp_accuracy": float(sums["nsp_correct_sum"]) / nsp_w,
     }
-    out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+    out["mlm_perplexity"] = math.exp(min(out["mlm_loss"], 700.0))
+    out["loss"] = out["mlm_loss"]
+    if float(sums.get("nsp_weight", 0.0)) > 0:
+        nsp_w = float(sums["nsp_weight"])
+        out["nsp_loss"] = float(sums["nsp_loss_sum"]) / nsp_w
+        out["nsp_accuracy"] = float(sums["nsp_correct_sum"]) / nsp_w
+        out["loss"] = out["mlm_loss"] + out["nsp_loss"]
     return out

@@ -53,6 +53,10 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn", "pallas")
+# What pretraining trains (docs/ablations.md): "mlm+nsp" the paper's masked LM + next sentence
+# prediction; "mlm" masked LM only (RoBERTa's "no NSP"); "ltr" a left-to-right LM (causal
+# attention, every position predicts the next token; the paper's Table 5 "LTR & No NSP").
+OBJECTIVES = ("mlm+nsp", "mlm", "ltr")
 EMBED_LOOKUPS = ("gather", "one_hot")
 # What each encoder layer keeps for the backward pass (BertConfig.remat): jax.checkpoint
 # policies; "none" keeps everything (no jax.checkpoint at all).
@@ -115,8 +119,14 @@ class BertConfig:
     # recomputes the layer; "dots" keeps the outputs of the weight matmuls (projections, FFN) and
     # recomputes the rest (attention scores, softmax, GELU, layer norms, dropout).
     remat: str = "none"
+    # The pretraining objective (OBJECTIVES). "ltr" makes the encoder causal (Hugging Face's
+    # is_decoder): a query attends to its own and earlier positions only, in pretraining and in
+    # fine-tuning alike, and the pooler reads the last real token instead of [CLS].
+    objective: str = "mlm+nsp"
 
     def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"objective={self.objective!r} is not one of {OBJECTIVES}")
         if (
             isinstance(self.vocab_pad_multiple, bool)
             or not isinstance(self.vocab_pad_multiple, int)
@@ -151,6 +161,11 @@ class BertConfig:
     def padded_vocab_size(self) -> int:
         """Rows of the word-embedding table: vocab_size rounded up to vocab_pad_multiple."""
         return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
+
+    @property
+    def is_decoder(self) -> bool:
+        """Causal self-attention (the left-to-right objective)."""
+        return self.objective == "ltr"
 
     @property
     def head_dim(self) -> int:
@@ -247,6 +262,7 @@ def attention_mask(
     input_mask: Array,
     packed_segment_ids: Array | None = None,
     query_positions: Array | None = None,
+    causal: bool = False,
 ) -> Array:
     """[batch, 1, q, k] boolean mask: True where query q may attend to key k.
 
@@ -264,7 +280,23 @@ def attention_mask(
             )
         same = query_ids[:, :, None] == packed_segment_ids[:, None, :]
         keep = jnp.logical_and(keep, same[:, None, :, :])
+    if causal:  # a query sees its own and earlier positions only
+        length = input_mask.shape[1]
+        queries = (
+            jnp.arange(length, dtype=jnp.int32)[None, :]
+            if query_positions is None
+            else query_positions.astype(jnp.int32)
+        )
+        earlier = jnp.arange(length, dtype=jnp.int32)[None, None, :] <= queries[:, :, None]
+        keep = jnp.logical_and(keep, earlier[:, None, :, :])
     return keep
+
+
+def last_token_positions(input_mask: Array) -> Array:
+    """[batch, 1]: the position of each row's last real token (what a causal model's sentence
+    heads read: under a causal mask [CLS] at position 0 has seen nothing of the sentence)."""
+    last = jnp.sum(input_mask.astype(jnp.int32), axis=1, keepdims=True) - 1
+    return jnp.maximum(last, 0)
 
 
 class BertSelfAttention(nn.Module):
@@ -547,27 +579,35 @@ class BertModel(nn.Module):
         hidden = BertEmbeddings(cfg, name="embeddings")(
             input_ids, segment_ids, position_ids, deterministic
         )
-        mask = attention_mask(input_mask, packed_segment_ids)
+        causal = cfg.is_decoder
+        mask = attention_mask(input_mask, packed_segment_ids, causal=causal)
+        # Where the pooler reads: [CLS] at 0, each packed instance's [CLS], or under a causal
+        # mask the last real token (the only one that has seen the whole input).
+        single = cls_positions is None
+        pool_positions = cls_positions
+        if single:
+            pool_positions = (
+                last_token_positions(input_mask)
+                if causal
+                else jnp.zeros((input_ids.shape[0], 1), jnp.int32)
+            )
         encoder = BertEncoder(cfg, name="encoder")
         if output_positions is None:
             sequence_output, hidden_states = encoder(hidden, mask, deterministic)
         else:
-            # The last layer at the requested positions, then at the [CLS] the pooler reads.
+            # The last layer at the requested positions, then where the pooler reads.
             num_outputs = output_positions.shape[1]
             queries = output_positions.astype(jnp.int32)
             if self.add_pooler:
-                cls = (
-                    jnp.zeros((input_ids.shape[0], 1), jnp.int32)
-                    if cls_positions is None
-                    else cls_positions.astype(jnp.int32)
-                )
-                queries = jnp.concatenate([queries, cls], axis=1)
+                queries = jnp.concatenate([queries, pool_positions.astype(jnp.int32)], axis=1)
             last, hidden_states = encoder(
                 hidden,
                 mask,
                 deterministic,
                 last_layer_positions=queries,
-                last_layer_mask=attention_mask(input_mask, packed_segment_ids, queries),
+                last_layer_mask=attention_mask(
+                    input_mask, packed_segment_ids, queries, causal=causal
+                ),
             )
             sequence_output = last[:, :num_outputs]
             hidden_states = (*hidden_states[:-1], sequence_output)
@@ -575,11 +615,11 @@ class BertModel(nn.Module):
         if self.add_pooler:
             if output_positions is not None:
                 first = last[:, num_outputs:]
-                first = first[:, 0] if cls_positions is None else first
-            elif cls_positions is None:
-                first = sequence_output[:, 0]
+            elif single and not causal:
+                first = sequence_output[:, :1]
             else:
-                first = gather_positions(sequence_output, cls_positions)
+                first = gather_positions(sequence_output, pool_positions)
+            first = first[:, 0] if single else first
             pooled = _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")(first)
             outputs["pooled_output"] = jnp.tanh(pooled)
         return outputs
@@ -626,6 +666,8 @@ class BertForPreTraining(nn.Module):
     [batch, n, 2] with `cls_positions`), plus the outputs of `BertModel`: with
     `config.sparse_last_layer` the last layer runs only where the heads read, and
     `sequence_output` is [batch, predictions, hidden] (the states at `masked_lm_positions`).
+    Every objective (`config.objective`) has this one tree; for "ltr" the encoder is causal and
+    `masked_lm_positions` are every position (train.objective_batch), the head a next-token head.
     """
 
     config: BertConfig

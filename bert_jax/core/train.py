@@ -95,17 +95,41 @@ def compute_sums(
     dropout_rng: Array | None = None,
 ) -> dict[str, Array]:
     rngs = None if deterministic else {"dropout": dropout_rng}
+    batch = objective_batch(batch, model.config.objective)
     outputs = model.apply(
         {"params": params}, **model_inputs(batch), deterministic=deterministic, rngs=rngs
     )
     nsp_weights = batch.get("next_sentence_weights")
+    sums = losses.masked_lm(
+        outputs.get("mlm_logits_padded", outputs["mlm_logits"]),
+        batch["masked_lm_ids"],
+        batch["masked_lm_weights"],
+    )
+    if model.config.objective == "mlm+nsp":
+        sums.update(
+            losses.next_sentence(outputs["nsp_logits"], batch["next_sentence_labels"], nsp_weights)
+        )
+    else:  # no NSP loss, no NSP metrics
+        sums.update(losses.no_next_sentence())
+    return sums
+
+
+def objective_batch(batch: Batch, objective: str) -> Batch:
+    """The batch the objective's heads read: for "ltr" every position's next token in the
+    masked-LM slots (losses.next_token_targets; the records' own slots are unused; in a packed
+    row the last token of an instance predicts nothing), else as is."""
+    if objective != "ltr":
+        return batch
+    positions, ids, weights = losses.next_token_targets(batch["input_ids"], batch["input_mask"])
+    if "packed_segment_ids" in batch:  # packed rows: no target across two instances
+        segments = batch["packed_segment_ids"]
+        same = (segments[:, 1:] == segments[:, :-1]).astype(weights.dtype)
+        weights = weights * jnp.concatenate([same, jnp.zeros_like(same[:, :1])], axis=1)
     return {
-        **losses.masked_lm(
-            outputs.get("mlm_logits_padded", outputs["mlm_logits"]),
-            batch["masked_lm_ids"],
-            batch["masked_lm_weights"],
-        ),
-        **losses.next_sentence(outputs["nsp_logits"], batch["next_sentence_labels"], nsp_weights),
+        **batch,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": ids,
+        "masked_lm_weights": weights,
     }
 
 
@@ -227,6 +251,7 @@ def pretraining_loss(batch: Batch, *, model: BertForPreTraining) -> LossFn:
     The totals are the full batch's (known before the forward pass), so micro-batches' gradients
     add up to exactly the full batch's and the objective is unchanged by accumulation.
     """
+    batch = objective_batch(batch, model.config.objective)
     mlm_total = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1e-5)
     nsp_weights = batch.get("next_sentence_weights")
     nsp_total = jnp.maximum(

@@ -22,6 +22,7 @@ import numpy as np
 
 from bert_jax.data import instances as instances_lib
 from bert_jax.data import records as records_lib
+from bert_jax.data import single_instances
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.masking import MaskingConfig
 from bert_jax.data.tokenizer import Tokenizer
@@ -83,10 +84,11 @@ def process_group(
     assert tokenizer is not None, "worker not initialised"
     tokenized = instances_lib.tokenize_documents(documents, tokenizer)
     counts = {"groups": 1, "documents": len(tokenized)}
-    if len(tokenized) < 2:
+    # Pairs need a second document for random next sentences; single sequences need text.
+    pairs = settings.get("instance_format", "sentence_pairs") == "sentence_pairs"
+    if len(tokenized) < (2 if pairs else 1):
         logger.warning(
-            "group %d: fewer than two documents left after tokenization; nothing written",
-            group_index,
+            "group %d: too few documents left after tokenization; nothing written", group_index
         )
         counts["seconds"] = time.perf_counter() - started
         counts["cpu_seconds"] = time.process_time() - started_cpu
@@ -96,14 +98,27 @@ def process_group(
         settings["masked_lm_prob"],
         settings["max_predictions_per_seq"],
         settings["whole_word_mask"],
+        mask_share=settings.get("mask_share", 0.8),
+        same_share=settings.get("same_share", 0.1),
+        random_share=settings.get("random_share", 0.1),
     )
-    batches, order = instances_lib.create_instance_rows(
+    instance_format = settings.get("instance_format", "sentence_pairs")
+    make_rows = instances_lib.create_instance_rows
+    extra = {}
+    if instance_format != "sentence_pairs":  # no NSP: [CLS] text [SEP] rows
+        make_rows = single_instances.create_single_rows
+        extra = {
+            "instance_format": instance_format,
+            "mask": settings.get("objective") != "ltr",  # a left-to-right LM reads text as is
+        }
+    batches, order = make_rows(
         tokenized,
         masking,
         max_seq_length=settings["max_seq_length"],
         short_seq_prob=settings["short_seq_prob"],
         dupe_factor=settings["dupe_factor"],
         seed=_group_seed(settings["seed"], group_index),
+        **extra,
     )
     serialized: list[bytes] = []
     tally = dict.fromkeys(

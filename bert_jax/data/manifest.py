@@ -38,7 +38,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from bert_jax.data import files
+from bert_jax.data import files, objectives
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
@@ -62,10 +62,16 @@ OUTPUT_SETTINGS = (
     "text_field",
     "tokenizer_fingerprint",
     "sources",
+    *objectives.BEFORE_RECORDED,  # the objective, instance format and MASK/SAME/RND shares
 )
 # Settings added to OUTPUT_SETTINGS later, with the value every earlier prepare used: a directory
 # prepared before then compares as what it is (the regex splitter), not as None.
-_BEFORE_RECORDED = {"splitter": "regex", "text_field": "text", "text_extraction": 1}
+_BEFORE_RECORDED = {
+    "splitter": "regex",
+    "text_field": "text",
+    "text_extraction": 1,
+    **objectives.BEFORE_RECORDED,
+}
 EXTRACTION_KEY = "text_extraction"
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")

@@ -45,9 +45,28 @@ from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.runtime.errors import UserError
 
 # Thresholds on one uniform draw per selected unit: [0, 0.8) -> [MASK], [0.8, 0.9) -> random
-# ordinary token, [0.9, 1) -> unchanged.
+# ordinary token, [0.9, 1) -> unchanged. The paper's default; other MASK/SAME/RND mixes (its
+# Table 8) are MaskingConfig's shares, compared against the same draws in the same way.
 MASK_SHARE = 0.8
 RANDOM_SHARE = 0.1
+SAME_SHARE = 0.1
+
+
+def check_shares(mask: float, same: float, random: float, names=("mask", "same", "random")):
+    """UserError (one line, naming the setting) unless each share is in [0, 1] and they sum to 1.
+
+    `names`: how the caller spells the three settings (config keys or command-line flags)."""
+    for name, value in zip(names, (mask, same, random)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{name}={value!r} must be a number in [0, 1]")
+        if not 0.0 <= float(value) <= 1.0:
+            raise UserError(f"{name}={value} must be in [0, 1]")
+    total = float(mask) + float(same) + float(random)
+    if abs(total - 1.0) > 1e-6:
+        raise UserError(
+            f"{names[0]}={mask} + {names[1]}={same} + {names[2]}={random} must sum to 1, "
+            f"got {total:g}"
+        )
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,16 @@ class MaskingConfig:
     sep_id: int
     pad_id: int
     vocab_size: int
+    # Shares of the selected tokens that become [MASK] and a random ordinary token (the rest
+    # stay unchanged): one uniform draw d per unit, [MASK] if d < mask_share, random if
+    # d < mask_share + random_share.
+    mask_share: float = MASK_SHARE
+    random_share: float = RANDOM_SHARE
+
+    @property
+    def random_below(self) -> float:
+        # Computed as the defaults always were (0.8 + 0.1), so 80/10/10 draws the same bits.
+        return self.mask_share + self.random_share
 
     @classmethod
     def from_tokenizer(
@@ -72,7 +101,12 @@ class MaskingConfig:
         masked_lm_prob: float = 0.15,
         max_predictions_per_seq: int = 20,
         whole_word_mask: bool = False,
+        mask_share: float = MASK_SHARE,
+        same_share: float = SAME_SHARE,
+        random_share: float = RANDOM_SHARE,
+        share_names=("mask_share", "same_share", "random_share"),
     ) -> MaskingConfig:
+        check_shares(mask_share, same_share, random_share, share_names)
         if not 0.0 < masked_lm_prob < 1.0:
             raise UserError(f"masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
         if max_predictions_per_seq < 1:
@@ -93,6 +127,8 @@ class MaskingConfig:
             sep_id=tokenizer.sep_id,
             pad_id=tokenizer.pad_id,
             vocab_size=tokenizer.vocab_size,
+            mask_share=float(mask_share),
+            random_share=float(random_share),
         )
 
     @property
@@ -168,9 +204,9 @@ def mask_ids(
     labels = [input_ids[p] for p in positions]
     masked = list(input_ids)
     to_random = []
-    mask_id, random_below = masking.mask_id, MASK_SHARE + RANDOM_SHARE
+    mask_id, mask_below, random_below = masking.mask_id, masking.mask_share, masking.random_below
     for position, draw in zip(positions, token_draws):
-        if draw < MASK_SHARE:
+        if draw < mask_below:
             masked[position] = mask_id
         elif draw < random_below:
             to_random.append(position)
@@ -311,8 +347,9 @@ def dynamic_mask_batch(batch: dict, seed, masking: MaskingConfig) -> dict:
             dtype=tf.int32,
         ),
     )
-    to_mask = selected & (token_draws < MASK_SHARE)
-    to_random = selected & (token_draws >= MASK_SHARE) & (token_draws < MASK_SHARE + RANDOM_SHARE)
+    mask_below, random_below = masking.mask_share, masking.random_below
+    to_mask = selected & (token_draws < mask_below)
+    to_random = selected & (token_draws >= mask_below) & (token_draws < random_below)
     masked_ids = tf.where(to_mask, masking.mask_id, tf.where(to_random, random_ids, input_ids))
 
     # Selected positions, ascending, padded with position 0 / id 0 / weight 0.

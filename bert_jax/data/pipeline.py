@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data import integrity, manifest
+from bert_jax.data import integrity, manifest, objectives
 from bert_jax.data import records as records_lib
 from bert_jax.data.layout import TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.data.masking import MaskingConfig, dynamic_mask_batch
@@ -84,6 +84,13 @@ class PipelineSettings:
     packing: PackingConfig | None = None
     # Keep a damaged file's records before the damage and count it, instead of stopping.
     skip_corrupt_records: bool = False
+    # What the records must be prepared for (data/objectives.py; records without a recorded
+    # objective are not checked), and the MASK/SAME/RND shares of dynamic masking. "ltr" reads
+    # the text unmasked: no dynamic masking.
+    objective: str = "mlm+nsp"
+    mask_share: float = 0.8
+    same_share: float = 0.1
+    random_share: float = 0.1
 
 
 def _derived_seed(*parts: int) -> int:
@@ -401,16 +408,23 @@ def make_pretrain_iterator(
         tokenizer = load_tokenizer(tokenizer)
     for item in items:
         manifest.require_complete(item)  # a failed or unfinished `data prepare` is not trusted
+        if fs.isdir(item):
+            objectives.check_records(
+                item, read_prepare_config(item), settings.objective, "the objective"
+            )
     files = records_lib.list_record_files(items)
     length, slots = settings.max_seq_length, settings.max_predictions_per_seq
     _check_record_shapes(files, length, slots, settings.skip_corrupt_records)
     masking = None
-    if settings.dynamic_masking:
+    if settings.dynamic_masking and settings.objective != "ltr":
         masking = MaskingConfig.from_tokenizer(
             _masking_tokenizer(items, tokenizer),
             settings.masked_lm_prob,
             slots,
             settings.whole_word_mask,
+            mask_share=settings.mask_share,
+            same_share=settings.same_share,
+            random_share=settings.random_share,
         )
     packing = settings.packing
     if packing is not None and packing.max_seq_length != length:

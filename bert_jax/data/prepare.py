@@ -64,12 +64,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bert_jax.data import groups as groups_lib
-from bert_jax.data import manifest
+from bert_jax.data import manifest, objectives
 from bert_jax.data import records as records_lib
 from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.groups import InstanceStats, part_name
 from bert_jax.data.layout import CONFIG_FILE, TOKENIZER_SUBDIR
+from bert_jax.data.masking import check_shares
 from bert_jax.data.sentences import splitter_identity
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
 from bert_jax.runtime import fs
@@ -105,6 +106,13 @@ class PrepareSettings:
     max_line_bytes: int = sources_lib.DEFAULT_MAX_LINE_BYTES
     strict: bool = False
     overwrite: bool = False
+    # The pretraining objective the records are for and their instance format
+    # (data/objectives.py; "" = the objective's default), and the MASK/SAME/RND shares.
+    objective: str = "mlm+nsp"
+    instance_format: str = ""
+    mask_share: float = 0.8
+    same_share: float = 0.1
+    random_share: float = 0.1
 
     def check(self) -> None:
         """Raises a UserError naming every out-of-range setting by its flag."""
@@ -133,6 +141,14 @@ class PrepareSettings:
             problems.append(f"--documents-per-shard {self.documents_per_shard} must be at least 2")
         if problems:
             raise UserError("invalid data prepare settings: " + "; ".join(problems))
+        objectives.check_objective(self.objective, "--objective")
+        objectives.instance_format(self.objective, self.instance_format, "--instance-format")
+        check_shares(
+            self.mask_share,
+            self.same_share,
+            self.random_share,
+            ("--mask-share", "--same-share", "--random-share"),
+        )
 
 
 @dataclass
@@ -166,6 +182,19 @@ class PrepareResult:
         )
 
 
+def _objective_settings(settings: PrepareSettings) -> dict:
+    """The objective, instance format and MASK/SAME/RND shares the records are made for."""
+    return {
+        "objective": settings.objective,
+        "instance_format": objectives.instance_format(
+            settings.objective, settings.instance_format, "--instance-format"
+        ),
+        "mask_share": float(settings.mask_share),
+        "same_share": float(settings.same_share),
+        "random_share": float(settings.random_share),
+    }
+
+
 def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources: list[str]) -> dict:
     """What ``prepare_config.json`` holds: the settings that shape the output, and the inputs."""
     return {
@@ -185,6 +214,7 @@ def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources:
         "text_field": settings.text_field,
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
+        **_objective_settings(settings),
         "sources": [
             s if sources_lib.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
             for s in sources
@@ -400,7 +430,7 @@ def prepare_records(
     progress = _Progress(output_dir, output_what)
     _run_groups(mine(), existing, tokenizer, recorded, settings.num_workers, progress)
 
-    if corpus_stats.documents < 2:
+    if corpus_stats.documents < (2 if recorded["instance_format"] == "sentence_pairs" else 1):
         raise manifest.InputError(
             f"inputs {', '.join(sources)} hold {corpus_stats.documents} usable document(s); "
             f"sentence pairs need at least two ({corpus_stats.summary()})"
@@ -485,6 +515,8 @@ def prepare_cached(
         "splitter": splitter_identity(settings.splitter),
         "text_extraction": sources_lib.TEXT_EXTRACTION_VERSION,
     }
+    if _objective_settings(settings) != _objective_settings(PrepareSettings()):
+        key_settings.update(_objective_settings(settings))  # the paper's keeps its old key
     key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
     if cache_dir is None:
         cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")

@@ -419,7 +419,9 @@ def check(
         cost = figures.cost
         if cost.raw_seconds != 0.0 and update is None:  # a cost model: price the update alone
             update = _update_cost(trainer, state, mesh, rules, target)
-        share = phase.max_predictions_per_seq / phase.max_seq_length
+        share = metrics.head_share(
+            model_config, phase.max_seq_length, phase.max_predictions_per_seq
+        )
         per_token = metrics.flops_per_token(model_config, phase.max_seq_length, share)
         results.append(
             PhaseCompile(

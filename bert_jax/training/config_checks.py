@@ -19,7 +19,7 @@ from bert_jax.core.train import DROPOUT_RNG_IMPLS
 from bert_jax.data import sentences
 from bert_jax.data import shards as input_shards
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import metrics
+from bert_jax.training import config_lib, metrics
 from bert_jax.training.config_lib import (
     MIN_SEQ_LENGTH,
     PRESET_MAX_POSITIONS,
@@ -185,6 +185,9 @@ def check_values(config, phases: list[Phase]) -> None:
             value = spec.get(key, off)
             if value != off and value < least:
                 raise UserError(f"config.{phase.name}.{key}={value}: use {off} or at least {least}")
+    config_lib.objective(config)
+    config_lib.instance_format(config)
+    config_lib.mask_shares(config)
     if config.eval.every_steps > 0 and min(config.eval.batches, config.eval.batch_size) < 1:
         raise UserError(
             "config.eval.batches and config.eval.batch_size must be at least 1 with evaluation on "
@@ -220,7 +223,9 @@ def describe(config: ml_collections.ConfigDict) -> str:
     lines += [f"  {key} = {value!r}" for key, value in flat_settings(config)]
     lines += ["phases:"]
     for phase in phases:
-        share = phase.max_predictions_per_seq / phase.max_seq_length
+        share = metrics.head_share(
+            model_config, phase.max_seq_length, phase.max_predictions_per_seq
+        )
         flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
         lines.append(
             f"  {phase.name}: steps {phase.start}..{phase.end - 1} ({phase.steps}), seq "

@@ -96,6 +96,10 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
     # uses threefry2x32.
     config.dropout_rng_impl = "rbg"
     config.total_steps = 1_000_000
+    # What pretraining trains (docs/ablations.md): "mlm+nsp" (the paper's), "mlm" (masked LM
+    # only: no NSP loss, no NSP metrics) or "ltr" (left-to-right LM: causal attention, every
+    # position predicts the next token; fine-tuning keeps the causal mask).
+    config.objective = "mlm+nsp"
     config.optimizer = ml_collections.ConfigDict(
         {
             "name": "adamw",
@@ -148,6 +152,15 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "dynamic_masking": True,
             "whole_word_mask": False,
             "masked_lm_prob": 0.15,
+            # The shares of the selected tokens that become [MASK], stay the same, or become a
+            # random token (the paper's 80/10/10; its Table 8 tries others). Sum to 1.
+            "mask_share": 0.8,
+            "same_share": 0.1,
+            "random_share": 0.1,
+            # Instances: "sentence_pairs" ([CLS] A [SEP] B [SEP], NSP's), "doc_sentences" or
+            # "full_sentences" (RoBERTa's, without NSP; data/objectives.py); "": the objective's
+            # default (sentence_pairs with NSP, else full_sentences).
+            "instance_format": "",
             "short_seq_prob": 0.1,
             "dupe_factor": -1,  # on-the-fly preparation; -1: 1 with dynamic masking, else 5
             # Sentence splitter for a prose corpus prepared on the fly (data prepare --splitter).
@@ -196,7 +209,37 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
 
 def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
     """The frozen model config: the ConfigDict stops at the model's door."""
-    return BertConfig(**config.model.to_dict())
+    return BertConfig(**config.model.to_dict(), objective=objective(config))
+
+
+def objective(config: ml_collections.ConfigDict) -> str:
+    """`config.objective` (configs without the key: the paper's "mlm+nsp")."""
+    from bert_jax.data import objectives
+
+    return objectives.check_objective(
+        str(config.get("objective", objectives.DEFAULT_OBJECTIVE)), "config.objective"
+    )
+
+
+def instance_format(config: ml_collections.ConfigDict) -> str:
+    """The instance format records are made in for this config (data/objectives.py)."""
+    from bert_jax.data import objectives
+
+    return objectives.instance_format(
+        objective(config),
+        str(config.data.get("instance_format", "")),
+        "config.data.instance_format",
+    )
+
+
+def mask_shares(config: ml_collections.ConfigDict) -> dict[str, float]:
+    """The MASK/SAME/RND shares (mask_share, same_share, random_share), validated."""
+    from bert_jax.data.masking import check_shares
+
+    shares = {k: config.data.get(k, d) for k, d in (("mask_share", 0.8), ("same_share", 0.1))}
+    shares["random_share"] = config.data.get("random_share", 0.1)
+    check_shares(*shares.values(), tuple(f"config.data.{k}" for k in shares))
+    return {k: float(v) for k, v in shares.items()}
 
 
 def data_shards(config: ml_collections.ConfigDict) -> int:

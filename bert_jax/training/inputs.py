@@ -28,16 +28,21 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     path = config.get("init_from", "")
     if not path:
         return []
+    from bert_jax.data import objectives
     from bert_jax.training import model_dir
 
     if model_dir.is_unexported_workdir(path):  # its run config and tokenizer/ describe the model
         with fs.open(os.path.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:
-            model = json.load(f).get("model", {})
+            run = json.load(f)
+        model = run.get("model", {})
+        theirs = run.get("objective", objectives.DEFAULT_OBJECTIVE)
         tokenizer_dir = os.path.join(path, "tokenizer")
     else:
         model = model_dir.read_config(path)[0].to_dict()
+        theirs = model["objective"]
         tokenizer_dir = os.path.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
     source = f"config.init_from={path}"
+    objectives.check_model(source, theirs, config_lib.objective(config))
     changes = config_lib.adopt_model_identity(config, model, source, explicit)
     if fs.isdir(tokenizer_dir) and config.data.tokenizer:
         from bert_jax.data import tokenizer as tokenizer_lib
@@ -113,7 +118,10 @@ def _iterator(
             factor=packing_factor,
         )
 
+    objective = config_lib.objective(config)
+    shares = config_lib.mask_shares(config)
     records = source
+    check_records_objective(config, [(f"data for {phase.name}", source)])
     if sources.source_kind(source) != "records":
         # A raw corpus: prepared once into the cache (every host the same bytes), then read.
         # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
@@ -130,6 +138,9 @@ def _iterator(
                 whole_word_mask=bool(config.data.whole_word_mask),
                 num_workers=int(config.data.num_workers),
                 splitter=str(config.data.get("splitter", sentences.DEFAULT_SPLITTER)),
+                objective=objective,
+                instance_format=config_lib.instance_format(config),
+                **shares,
             ),
             config.data.cache_dir or os.path.join(workdir, "data"),
             write_marker=jax.process_index() == 0,
@@ -149,6 +160,8 @@ def _iterator(
             shuffle_buffer_size=shuffle_buffer,
             packing=pack,
             skip_corrupt_records=bool(config.data.get("skip_corrupt_records", False)),
+            objective=objective,
+            **shares,
         )
         return pipeline.make_pretrain_iterator(records, settings, tokenizer)
 
@@ -160,6 +173,30 @@ def _iterator(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
+
+
+def check_records_objective(config, named_sources) -> None:
+    """Refuses (one line naming both) prepared records made for another objective than
+    config.objective; `named_sources`: (what, source) pairs. Corpora and foreign records pass."""
+    from bert_jax.data import layout, objectives, sources
+
+    objective = config_lib.objective(config)
+    shares = config_lib.mask_shares(config)
+    for what, source in named_sources:
+        if source and sources.source_kind(source) == "records" and fs.isdir(source):
+            recorded = layout.read_prepare_config(source)
+            objectives.check_records(f"{source} ({what})", recorded, objective, "config.objective")
+            if recorded is None or bool(config.data.dynamic_masking) or objective == "ltr":
+                continue
+            # Static masking trains on the records' own MASK/SAME/RND mix: it must be the config's.
+            theirs = {k: float(recorded.get(k, v)) for k, v in objectives.PAPER_SHARES.items()}
+            if theirs != shares:
+                raise UserError(
+                    f"{source} ({what}) was masked with MASK/SAME/RND "
+                    f"{objectives.shares_text(theirs)} but config.data asks for "
+                    f"{objectives.shares_text(shares)} with static masking "
+                    "(config.data.dynamic_masking=False): prepare them with those shares"
+                )
 
 
 def eval_source(config, phase: Phase) -> str:

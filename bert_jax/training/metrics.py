@@ -51,6 +51,12 @@ def peak_flops_per_chip(device_kind: str) -> float | None:
     return None
 
 
+def head_share(config: BertConfig, seq_len: int, predictions: int) -> float:
+    """The share of positions that reach the MLM head: every one for the left-to-right
+    objective (each predicts the next token), else the masked-LM slots."""
+    return 1.0 if config.objective == "ltr" else predictions / seq_len
+
+
 def flops_per_token(
     config: BertConfig, seq_len: int, mlm_fraction: float, last_layer_fraction: float = 1.0
 ) -> float:
@@ -88,7 +94,7 @@ class Throughput:
         self._real_tokens += real_tokens
         self._padded_tokens += batch_size * seq_len
         self._sequences += batch_size
-        share = predictions / seq_len
+        share = head_share(self.config, seq_len, predictions)
         self._flops += real_tokens * flops_per_token(self.config, seq_len, share)
 
     def summary(self) -> dict[str, float]:
@@ -153,11 +159,11 @@ class TrainWindow:
 def train_line(step: int, total: int, row: Mapping[str, Any], eta_seconds: float) -> str:
     """The console line for a metrics row."""
     mfu = f" MFU {row['mfu']:.1%}" if "mfu" in row else ""
+    nsp = f" nsp {row['nsp_loss']:.3f}/{row['nsp_accuracy']:.3f}" if "nsp_loss" in row else ""
     return (
         f"step {step}/{total} [phase {row['phase']}, seq {row['seq_len']}] "
         f"loss {row['loss']:.4f} mlm {row['mlm_loss']:.3f}/"
-        f"{row['mlm_accuracy']:.3f} nsp {row['nsp_loss']:.3f}/"
-        f"{row['nsp_accuracy']:.3f} lr {row['learning_rate']:.2e} "
+        f"{row['mlm_accuracy']:.3f}{nsp} lr {row['learning_rate']:.2e} "
         f"gnorm {row['grad_norm']:.2f} {row['tokens_per_sec']:.0f} tok/s "
         f"{row['sequences_per_sec']:.1f} seq/s "
         f"{row['model_tflops_per_sec']:.3f} TFLOP/s{mfu} ETA "
@@ -169,8 +175,10 @@ def evaluate(
     eval_step: Callable[[dict[str, np.ndarray]], Mapping[str, Any]],
     batches: list[dict[str, np.ndarray]],
     vocab_size: int,
+    objective: str = "mlm+nsp",
 ) -> dict[str, float]:
-    """Held-out MLM and NSP accuracy, with the always-the-most-frequent-token baseline.
+    """Held-out MLM accuracy and perplexity (and NSP accuracy where the objective has NSP), with
+    the always-the-most-frequent-token baseline.
 
     `eval_step(local_batch)` returns the batch's summed losses and weights (all hosts together).
     """
@@ -179,7 +187,11 @@ def evaluate(
     for local in batches:
         out = jax.device_get(eval_step(local))
         sums.update({k: float(v) for k, v in out.items()})
-        np.add.at(counts, local["masked_lm_ids"].ravel(), local["masked_lm_weights"].ravel())
+        if objective == "ltr":  # the targets are every next token
+            ids, weights = local["input_ids"][:, 1:], local["input_mask"][:, 1:]
+        else:
+            ids, weights = local["masked_lm_ids"], local["masked_lm_weights"]
+        np.add.at(counts, np.asarray(ids).ravel(), np.asarray(weights, np.float64).ravel())
     summary = losses.summarize(sums)
     summary["mlm_baseline_accuracy"] = float(counts.max() / max(counts.sum(), 1e-9))
     summary["examples"] = sum(len(b["input_ids"]) for b in batches)

@@ -28,6 +28,7 @@ that are redone after a resume are dropped first; a full disk during a save is o
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -39,6 +40,7 @@ import numpy as np
 from bert_jax.convert import mapping
 from bert_jax.core import optim, partitioning
 from bert_jax.core.train import ShardedTrainer, TrainState, init_and_dropout_keys
+from bert_jax.data import objectives
 from bert_jax.data import shards as input_shards
 from bert_jax.launch import heartbeat as heartbeat_lib
 from bert_jax.runtime import distributed, fs
@@ -73,8 +75,16 @@ def pretrain(
     workdir = fs.abspath(workdir)
     is_main = jax.process_index() == 0
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
-    config_checks.check_values(config, config_lib.plan_phases(config))  # before the workdir exists
-    config_lib.bert_config(config)
+    phases = config_lib.plan_phases(config)
+    config_checks.check_values(config, phases)  # before the workdir exists
+    config_lib.bert_config(config)  # a bad model setting fails first
+    if config.resume_from:  # another run of another objective: refused before any work
+        _check_run_objective(config.resume_from, config_lib.objective(config))
+    inputs.check_records_objective(  # records made for another objective: before any work
+        config,
+        [(f"data for {p.name}", p.source) for p in phases]
+        + [(f"eval data for {p.name}", inputs.eval_source(config, p)) for p in phases],
+    )
     # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
     distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
     if is_main:
@@ -190,10 +200,15 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
         console(f"exported model directory {model_path}")
     checkpointer.close()
     if last_eval:
+        nsp = (
+            f"; NSP accuracy {last_eval['nsp_accuracy']:.4f} (chance 0.5)"
+            if "nsp_accuracy" in last_eval
+            else ""
+        )
         console(
             f"final eval: MLM accuracy {last_eval['mlm_accuracy']:.4f} vs "
             f"{last_eval['mlm_baseline_accuracy']:.4f} for always predicting the most frequent "
-            f"token; NSP accuracy {last_eval['nsp_accuracy']:.4f} (chance 0.5)"
+            f"token; MLM perplexity {last_eval['mlm_perplexity']:.2f}{nsp}"
         )
     console(
         f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
@@ -262,6 +277,7 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
             origin += " (" + ", ".join(f"step {s} set aside" for s, _ in failed) + ")"
         return (*restored, origin)
     if config.resume_from:
+        _check_run_objective(config.resume_from, trainer.config.objective)
         other = checkpointing.Checkpointer(
             checkpointing.find_checkpoint_dir(config.resume_from), async_save=False
         )
@@ -290,6 +306,18 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
     return state, None, None, f"config.init_from={config.init_from} (params only)"
 
 
+def _check_run_objective(path: str, objective: str) -> None:
+    """Refuses config.resume_from of a run (its workdir's config.json) with another objective."""
+    directory = checkpointing.find_checkpoint_dir(path)
+    for candidate in (path, os.path.dirname(os.path.normpath(directory))):
+        run_config = os.path.join(candidate, model_dir.CONFIG_NAME)
+        if fs.exists(run_config):
+            with fs.open(run_config, encoding="utf-8") as f:
+                theirs = json.load(f).get("objective", objectives.DEFAULT_OBJECTIVE)
+            objectives.check_model(f"config.resume_from={path}", theirs, objective)
+            return
+
+
 def _save_checkpoint(checkpointer, step: int, state, phase: Phase, iterator, mesh) -> None:
     """Saves the train state with every input shard's position (a collective on all hosts)."""
     position = checkpointing.encode_position(phase.index, iterator.get_state(), mesh)
@@ -301,12 +329,14 @@ def _evaluate_and_log(trainer, state, batches, step: int, writer, console) -> di
         lambda local: trainer.eval_step(state.params, trainer.global_batch(local)),
         batches,
         trainer.config.vocab_size,
+        trainer.config.objective,
     )
     writer.write(step, result, kind="eval")
+    nsp = f", nsp accuracy {result['nsp_accuracy']:.4f}" if "nsp_accuracy" in result else ""
     console(
         f"eval step {step}: mlm accuracy {result['mlm_accuracy']:.4f} (most "
-        f"frequent token {result['mlm_baseline_accuracy']:.4f}), nsp accuracy "
-        f"{result['nsp_accuracy']:.4f}, loss {result['loss']:.4f}"
+        f"frequent token {result['mlm_baseline_accuracy']:.4f}), mlm perplexity "
+        f"{result['mlm_perplexity']:.2f}{nsp}, loss {result['loss']:.4f}"
     )
     return result
 
@@ -314,6 +344,9 @@ def _evaluate_and_log(trainer, state, batches, step: int, writer, console) -> di
 def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str) -> TrainState:
     """Params from a model directory on top of a fresh state (optimizer and step fresh)."""
     loaded = model_dir.load_model_dir(path)
+    objectives.check_model(
+        f"config.init_from={path}", loaded.config.objective, trainer.config.objective
+    )
     shape_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
     shape_fields += ("intermediate_size", "max_position_embeddings", "type_vocab_size")
     mismatched = [

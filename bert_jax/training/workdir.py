@@ -199,7 +199,7 @@ STATE_SETTINGS = tuple(
         "vocab_pad_multiple",
         "param_dtype",
     )
-) + ("optimizer.name",)
+) + ("optimizer.name", "objective")
 
 
 def check_same_model(workdir: str, config) -> None:

@@ -1,0 +1,36 @@
+"""`bert-jax eval --model MODEL --data RECORDS`: held-out MLM accuracy, perplexity (and NSP)."""
+
+from __future__ import annotations
+
+
+def add_to(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate a model on held-out prepared records: MLM accuracy, perplexity, NSP",
+        description="Prints MLM accuracy (beside the most-frequent-token baseline), MLM "
+        "perplexity = exp(mean masked-token loss; next-token loss for an 'ltr' model) and, for "
+        "an 'mlm+nsp' model, NSP accuracy, over the records' own masking.",
+    )
+    parser.add_argument("--model", required=True, metavar="MODEL", help="model dir or workdir")
+    parser.add_argument(
+        "--data", required=True, metavar="RECORDS", help="records from `data prepare`"
+    )
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--batches", type=int, default=0, help="at most this many batches (0: all full batches)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    parser.set_defaults(run=_run, command_name="eval")
+
+
+def _run(args) -> int:
+    import json
+
+    from bert_jax.training.evaluate import evaluate_model, summary_lines
+
+    result = evaluate_model(args.model, args.data, batch_size=args.batch_size, batches=args.batches)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print("\n".join(summary_lines(result)))
+    return 0
