@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bert_jax.runtime import fs  # noqa: E402
-from bert_jax.training import checkpointing, config_lib
+from bert_jax.training import checkpointing, config_lib, data_position
 from tests import gcs_emulator  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def base_state() -> dict:
 
 def time_saves(directory: str, state, mesh, repeats: int, start: int) -> list[float]:
     checkpointer = checkpointing.Checkpointer(directory, keep=2, async_save=False)
-    position = checkpointing.encode_position(0, None, mesh)
+    position = data_position.encode_position(0, None, mesh)
     times = []
     for step in range(start, start + repeats):
         began = time.perf_counter()

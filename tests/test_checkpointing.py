@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax.core import partitioning
 from bert_jax.core.train import ShardedTrainer
-from bert_jax.training import checkpointing
+from bert_jax.training import checkpointing, data_position
 from tests.helpers import tiny_config
 
 
@@ -31,8 +31,8 @@ def saved(tmp_path_factory):
     shard_states = [
         {"version": 1, "epoch": 1, "batches_in_epoch": 7, "batches_total": 19, "fingerprint": "ab"}
     ]
-    checkpointer.save(3, state, checkpointing.encode_position(0, None, mesh))
-    checkpointer.save(5, state, checkpointing.encode_position(1, shard_states, mesh))
+    checkpointer.save(3, state, data_position.encode_position(0, None, mesh))
+    checkpointer.save(5, state, data_position.encode_position(1, shard_states, mesh))
     checkpointer.wait()
     checkpointer.close()
     return directory, trainer, state, shard_states

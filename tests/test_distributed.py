@@ -389,18 +389,18 @@ def test_input_shards_make_the_global_batch_independent_of_the_process_count():
 
 def test_position_table_round_trip():
     from bert_jax.core import partitioning
-    from bert_jax.training import checkpointing
+    from bert_jax.training import data_position
 
     mesh = partitioning.make_mesh((2, 4, 1))
     states = [
         {"epoch": 1, "batches_in_epoch": 7, "batches_total": 30, "fingerprint": "00ff00ff00ff00ff"},
         {"epoch": 2, "batches_in_epoch": 0, "batches_total": 31, "fingerprint": "123456789abcdef0"},
     ]
-    position = checkpointing.encode_position(1, states, mesh)
+    position = data_position.encode_position(1, states, mesh)
     assert position.shape == (2, 8) and position.sharding.is_fully_replicated
-    phase, decoded = checkpointing.decode_position(position)
+    phase, decoded = data_position.decode_position(position)
     assert phase == 1 and decoded == [dict(s, version=1) for s in states]
-    assert checkpointing.decode_position(checkpointing.encode_position(0, [None], mesh)) == (
+    assert data_position.decode_position(data_position.encode_position(0, [None], mesh)) == (
         0,
         None,
     )

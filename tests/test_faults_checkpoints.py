@@ -176,7 +176,7 @@ def test_checkpoint_of_other_shapes_is_set_aside(run, shared_dirs, tmp_path, cap
 
     from bert_jax.core import optim, partitioning
     from bert_jax.core.train import ShardedTrainer
-    from bert_jax.training import checkpointing, config_lib
+    from bert_jax.training import checkpointing, config_lib, data_position
 
     workdir = copy_run(run, tmp_path)
     config = small_config(shared_dirs, total_steps=8, **ONE_PHASE)
@@ -185,7 +185,7 @@ def test_checkpoint_of_other_shapes_is_set_aside(run, shared_dirs, tmp_path, cap
     tx, _ = optim.from_config(config.optimizer, [8], [config.phase1])
     other = ShardedTrainer(config_lib.bert_config(config), tx, mesh).init(jax.random.key(0))
     saver = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-    saver.save(12, other, checkpointing.encode_position(0, None, mesh))
+    saver.save(12, other, data_position.encode_position(0, None, mesh))
     saver.close()
     before = checkpoint_digests(workdir)
 

@@ -76,10 +76,10 @@ def test_init_from_takes_the_models_tanh_gelu_vocabulary_and_tokenizer(capsys, m
     model_config = config_lib.bert_config(config)
     assert (model_config.hidden_act, model_config.vocab_size) == ("gelu_new", 512)
     assert config.data.tokenizer == os.path.join(models["google"], "tokenizer")
-    from bert_jax.core.model import _ACTIVATIONS
+    from bert_jax.core.bert_config import ACTIVATIONS
 
     x = np.linspace(-3, 3, 7, dtype=np.float32)
-    used = np.asarray(_ACTIVATIONS[model_config.hidden_act](x))
+    used = np.asarray(ACTIVATIONS[model_config.hidden_act](x))
     np.testing.assert_allclose(used, jax.nn.gelu(x, approximate=True), rtol=1e-6)
     assert not np.allclose(used, jax.nn.gelu(x, approximate=False), rtol=0, atol=1e-5)
 

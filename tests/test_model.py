@@ -13,7 +13,8 @@ import transformers
 from bert_jax.convert import hf as hf_convert
 from bert_jax.convert import mapping
 from bert_jax.core import losses, train
-from bert_jax.core.model import BertConfig, BertForPreTraining, BertModel, Embed
+from bert_jax.core.layers import Embed
+from bert_jax.core.model import BertConfig, BertForPreTraining, BertModel
 from tests.helpers import REAL_SENTENCES, hf_config, minilm_dir, random_batch, tiny_config
 
 

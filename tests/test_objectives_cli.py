@@ -114,34 +114,7 @@ def test_records_of_another_objective_are_refused_in_one_line(runs, capsys):
     assert not os.path.exists(workdir + "-refused")  # refused before the workdir was made
 
 
-def _doc_commands() -> list[list[str]]:
-    """The argv of each `bert-jax ...` line in docs/ablations.md's code blocks."""
-    import re
-    import shlex
-
-    with open(os.path.join(REPO, "docs", "ablations.md"), encoding="utf-8") as f:
-        blocks = re.findall(r"^```[a-z]*\n(.*?)^```", f.read(), flags=re.MULTILINE | re.DOTALL)
-    return [
-        shlex.split(line, comments=True)[1:]
-        for block in blocks
-        for line in block.replace("\\\n", " ").splitlines()
-        if line.startswith("bert-jax ")
-    ]
-
-
-DOC_COMMANDS = _doc_commands()
-
-
-@pytest.mark.parametrize("argv", DOC_COMMANDS, ids=[" ".join(a)[:60] for a in DOC_COMMANDS])
-def test_every_ablation_recipe_command_parses(argv, monkeypatch):
-    from bert_jax.cli import config_flags
-
-    monkeypatch.chdir(REPO)
-    commands = {c.name: c for c in (cli.pretrain.COMMAND, cli.plan.COMMAND, cli.bench.COMMAND)}
-    if argv[0] in commands:
-        assert config_flags.parse(commands[argv[0]], argv[1:]).config is not None
-    else:
-        assert callable(cli.build_parser().parse_args(argv).run)
+# docs/ablations.md's command lines are parsed with every page's by tests/test_readme.py.
 
 
 def test_init_from_and_resume_from_another_objective_are_refused_in_one_line(

@@ -44,7 +44,7 @@ def _run(trainer, steps=3, dropout_rng=None):
     losses = []
     for _ in range(steps):
         # 16 rows: with 4-way batch sharding this is the shape where XLA once produced wrong
-        # embedding gradients on the (2, 2, 2) mesh (see model.gathered_table).
+        # embedding gradients on the (2, 2, 2) mesh (see layers.gathered_table).
         batch = trainer.global_batch(random_batch(rng, 16, 32, 5, trainer.config.vocab_size))
         state, metrics = trainer.train_step(state, batch, dropout_rng)
         losses.append(float(metrics["loss"]))

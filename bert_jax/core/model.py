@@ -20,16 +20,13 @@ Parameter tree (Flax names; `convert/` maps them to Hugging Face and Google TF1 
     predictions/output_bias [V]                      (decoder weights tied to word_embeddings)
     seq_relationship/{kernel [D,2], bias [2]}
 
-Why this file is long: it is the whole network, read top to bottom against the paper's section 3
-and the parameter tree above (config, embeddings, attention, the post-LN layer, encoder, pooler,
-heads). Split, a reader would follow one forward pass through several files.
+The config is `bert_config.py`, the building blocks (initializers, Dense, Embed, the
+embeddings) `layers.py`, the fused attention kernel `attention.py`; this file is the forward
+pass from attention up, read against the paper's section 3.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -37,225 +34,19 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.core import attention as attention_lib
-from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS, Dropout, hash_key_words
+from bert_jax.core.bert_config import ACTIVATIONS, REMAT_POLICIES, BertConfig
+from bert_jax.core.dropout import Dropout, hash_key_words
+from bert_jax.core.layers import (
+    BertEmbeddings,
+    dense,
+    gathered_table,
+    layer_norm,
+    zeros,
+)
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 DType = Any
-
-# Names follow Hugging Face's `hidden_act`: "gelu" is the exact erf form; "gelu_new" (alias
-# "gelu_tanh") is the tanh approximation that Google's original TF code calls "gelu".
-_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "relu": jax.nn.relu,
-}
-
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn", "pallas")
-# What pretraining trains (docs/ablations.md): "mlm+nsp" the paper's masked LM + next sentence
-# prediction; "mlm" masked LM only (RoBERTa's "no NSP"); "ltr" a left-to-right LM (causal
-# attention, every position predicts the next token; the paper's Table 5 "LTR & No NSP").
-OBJECTIVES = ("mlm+nsp", "mlm", "ltr")
-EMBED_LOOKUPS = ("gather", "one_hot")
-# What each encoder layer keeps for the backward pass (BertConfig.remat): jax.checkpoint
-# policies; "none" keeps everything (no jax.checkpoint at all).
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-    """Model hyperparameters. Field names follow Hugging Face's `BertConfig` where one exists."""
-
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
-    # Compute dtype of activations and matmuls ("bfloat16" for mixed precision); parameters stay
-    # in `param_dtype` (float32 master weights). Softmax and LayerNorm statistics run in float32.
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-    # "xla": explicit einsum attention (supports attention-prob dropout).
-    # "dot_product": jax.nn.dot_product_attention with XLA's implementation.
-    # "cudnn": jax.nn.dot_product_attention through cuDNN's fused kernel (GPU only).
-    # "pallas": our fused kernel (`attention.py`) with hash attention dropout in-kernel, the
-    #   einsum path's masks and results; GPU only, elsewhere the einsum path (one log line).
-    # "auto": jax.nn.dot_product_attention whenever attention dropout is inactive (evaluation,
-    #   or attention_probs_dropout_prob == 0), the explicit form otherwise.
-    attention_impl: str = "auto"
-    # BertForPreTraining computes the last encoder layer only at the positions its heads read
-    # (masked_lm_positions, and the [CLS] positions for NSP): the other positions' final states
-    # never reach a loss, so the losses and gradients are the same, for ~6% fewer FLOPs at Base.
-    # Its `sequence_output` is then [batch, predictions, hidden]. False: every position.
-    sparse_last_layer: bool = True
-    # Where dropout masks come from (`dropout.py`): "hash", a keyed counter hash fused into the
-    # masked op, no mask array drawn and stored (docs/performance.md has the figures); "prng",
-    # Flax's `nn.Dropout` (jax.random.bernoulli with the key's PRNG). Same rates either way.
-    dropout_impl: str = "hash"
-    # The word-embedding table and the MLM output bias hold `padded_vocab_size` rows: vocab_size
-    # rounded up to this multiple. The extra rows start at zero and no id reads them; their MLM
-    # logits get the lowest float added (softmax weight and gradient exactly 0), so they stay
-    # zero and the model computes what the unpadded one does. What it buys: a table that
-    # divides over a `tensor` mesh axis (30522 = 2 x 3 x 5087 divides over 2 devices at most;
-    # 30592 = 239 x 128 over up to 128), and an MLM projection whose width suits matmul tiles.
-    # Exports cut the padding, `convert --vocab-pad-multiple` and `init_from` add it; parameter
-    # counts leave it out.
-    vocab_pad_multiple: int = 1
-    # Rematerialization of each encoder layer in the backward pass, to trade compute for memory
-    # (same results): "none" keeps every activation; "full" keeps only each layer's input and
-    # recomputes the layer; "dots" keeps the outputs of the weight matmuls (projections, FFN) and
-    # recomputes the rest (attention scores, softmax, GELU, layer norms, dropout).
-    remat: str = "none"
-    # The pretraining objective (OBJECTIVES). "ltr" makes the encoder causal (Hugging Face's
-    # is_decoder): a query attends to its own and earlier positions only, in pretraining and in
-    # fine-tuning alike, and the pooler reads the last real token instead of [CLS].
-    objective: str = "mlm+nsp"
-
-    def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise UserError(f"objective={self.objective!r} is not one of {OBJECTIVES}")
-        if (
-            isinstance(self.vocab_pad_multiple, bool)
-            or not isinstance(self.vocab_pad_multiple, int)
-            or self.vocab_pad_multiple < 1
-        ):
-            raise UserError(
-                f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be a positive integer "
-                "(1: no padding)"
-            )
-        if self.hidden_size % self.num_attention_heads:
-            raise UserError(
-                f"hidden_size={self.hidden_size} is not divisible by "
-                f"num_attention_heads={self.num_attention_heads}"
-            )
-        if self.hidden_act not in _ACTIVATIONS:
-            raise UserError(
-                f"hidden_act={self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)} "
-                "(Google's original 'gelu' is the tanh approximation: use 'gelu_new')"
-            )
-        if self.dropout_impl not in DROPOUT_IMPLEMENTATIONS:
-            raise UserError(
-                f"dropout_impl={self.dropout_impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}"
-            )
-        if self.remat not in REMAT_POLICIES:
-            raise UserError(f"remat={self.remat!r} is not one of {tuple(REMAT_POLICIES)}")
-        if self.attention_impl not in ATTENTION_IMPLEMENTATIONS:
-            raise UserError(
-                f"attention_impl={self.attention_impl!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
-            )
-
-    @property
-    def padded_vocab_size(self) -> int:
-        """Rows of the word-embedding table: vocab_size rounded up to vocab_pad_multiple."""
-        return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
-
-    @property
-    def is_decoder(self) -> bool:
-        """Causal self-attention (the left-to-right objective)."""
-        return self.objective == "ltr"
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def replace(self, **changes: Any) -> BertConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> BertConfig:
-        """Builds a config from a dict (e.g. a Hugging Face config.json), ignoring unknown keys."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
-
-
-def _init(
-    config: BertConfig, axes: tuple[str | None, ...], used_rows: int | None = None
-) -> Callable:
-    """Normal(initializer_range); rows from `used_rows` on (a table's padding) are zero."""
-    normal = nn.initializers.normal(config.initializer_range)
-    if used_rows is None:
-        return nn.with_logical_partitioning(normal, axes)
-
-    def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-        used = jnp.arange(shape[0])[:, None] < used_rows
-        return jnp.where(used, normal(key, shape, dtype), jnp.zeros((), dtype))
-
-    return nn.with_logical_partitioning(init, axes)
-
-
-def _zeros(axes: tuple[str | None, ...]) -> Callable:
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
-
-
-def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(
-        epsilon=config.layer_norm_eps,
-        # Two-pass variance, as PyTorch and TF compute it (the fast E[x^2] - E[x]^2 form loses
-        # ~1e-5 of precision on real checkpoints).
-        use_fast_variance=False,
-        dtype=config.dtype,
-        param_dtype=config.param_dtype,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-        bias_init=_zeros(("embed",)),
-        name=name,
-    )
-
-
-class Dense(nn.Module):
-    """Dense layer over one or more trailing input axes into one or more output axes.
-
-    The kernel is created in its final shape ([*in, *out]) with logical axis names, so sharding
-    rules and constraints see the real rank (Flax's DenseGeneral initializes a flattened kernel,
-    which clashes with logical constraints in scope during `apply`).
-    """
-
-    features: tuple[int, ...]
-    kernel_axes: tuple[str | None, ...]
-    num_input_axes: int
-    config: BertConfig
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        cfg = self.config
-        n_in = self.num_input_axes
-        in_shape = x.shape[-n_in:]
-        kernel = self.param(
-            "kernel", _init(cfg, self.kernel_axes), (*in_shape, *self.features), cfg.param_dtype
-        )
-        bias_axes = self.kernel_axes[n_in:]
-        bias = self.param("bias", _zeros(bias_axes), self.features, cfg.param_dtype)
-        x = jnp.asarray(x, cfg.dtype)
-        contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-        y = jax.lax.dot_general(x, jnp.asarray(kernel, cfg.dtype), (contract, ((), ())))
-        bias = jnp.asarray(bias, cfg.dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
-        return y + bias
-
-
-def _dense(
-    config: BertConfig,
-    features: int | tuple[int, ...],
-    kernel_axes: tuple[str | None, ...],
-    name: str,
-    num_input_axes: int = 1,
-) -> Dense:
-    features = (features,) if isinstance(features, int) else tuple(features)
-    return Dense(features, kernel_axes, num_input_axes, config, name=name)
 
 
 def attention_mask(
@@ -317,9 +108,9 @@ class BertSelfAttention(nn.Module):
         heads, head_dim = cfg.num_attention_heads, cfg.head_dim
         qkv_axes = ("embed", "heads", "kv")
         query_input = hidden if query_hidden is None else query_hidden
-        query = _dense(cfg, (heads, head_dim), qkv_axes, "query")(query_input)
-        key = _dense(cfg, (heads, head_dim), qkv_axes, "key")(hidden)
-        value = _dense(cfg, (heads, head_dim), qkv_axes, "value")(hidden)
+        query = dense(cfg, (heads, head_dim), qkv_axes, "query")(query_input)
+        key = dense(cfg, (heads, head_dim), qkv_axes, "key")(hidden)
+        value = dense(cfg, (heads, head_dim), qkv_axes, "value")(hidden)
 
         dropout_active = not deterministic and cfg.attention_probs_dropout_prob > 0.0
         impl = cfg.attention_impl
@@ -380,7 +171,7 @@ class BertSelfAttention(nn.Module):
         # A subset of positions is not a `length` axis: it stays whole wherever `length` goes.
         length = "length" if query_hidden is None else None
         context = nn.with_logical_constraint(context, ("batch", length, "heads", "kv"))
-        return _dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", num_input_axes=2)(
+        return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", num_input_axes=2)(
             context
         )
 
@@ -417,102 +208,16 @@ class BertLayer(nn.Module):
             query_hidden=None if query_positions is None else residual,
         )
         attended = dropout(attended, deterministic=deterministic)
-        hidden = _layer_norm(cfg, "attention_output_LayerNorm")(residual + attended)
+        hidden = layer_norm(cfg, "attention_output_LayerNorm")(residual + attended)
         hidden = nn.with_logical_constraint(hidden, ("batch", length, "embed"))
 
-        inner = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(hidden)
-        inner = _ACTIVATIONS[cfg.hidden_act](inner)
+        inner = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(hidden)
+        inner = ACTIVATIONS[cfg.hidden_act](inner)
         inner = nn.with_logical_constraint(inner, ("batch", length, "mlp"))
-        out = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(inner)
+        out = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(inner)
         out = dropout(out, deterministic=deterministic)
-        hidden = _layer_norm(cfg, "output_LayerNorm")(hidden + out)
+        hidden = layer_norm(cfg, "output_LayerNorm")(hidden + out)
         return nn.with_logical_constraint(hidden, ("batch", length, "embed"))
-
-
-def gathered_table(table: Array, rows_axis: str | None) -> Array:
-    """An embedding table as used: its `embed` (FSDP) shards gathered, rows still split.
-
-    FSDP all-gathers weights before use anyway; saying so at the lookup also steers XLA's SPMD
-    partitioner away from gathering rows out of a feature-sharded table, which (jax 0.10.2, CPU)
-    produced wrong gradients for the tied word embeddings with the batch split over
-    ('data', 'fsdp') and tensor > 1 (tests/test_partitioning.py pins the case).
-    """
-    return nn.with_logical_constraint(table, (rows_axis, None))
-
-
-class Embed(nn.Module):
-    """Lookup table [num_embeddings, hidden] with logical axes (rows_axis, 'embed').
-
-    `lookup` is how rows are read, each exact and with its own gradient:
-    - "gather": `jnp.take`; the gradient is a scatter-add, fine where few ids repeat (words);
-    - "one_hot": a one-hot matmul; the gradient is a matmul, for tables of a few rows that
-      every token reads (token types), where a scatter-add's atomic updates would all land
-      on the same rows and serialize (on GPUs).
-    Called without ids, it returns the first `length` rows as [1, length, hidden] (the default
-    positions 0..length-1), whose gradient is a sum over the batch. Rows from `used_rows` on
-    (a padded table's tail) start at zero.
-
-    Rows are read in the parameter dtype and cast after, so gradients accumulate in float32: a
-    bf16 scatter-add runs as compare-and-swap loops on GPUs, which can take a large share of a
-    step's time (docs/performance.md has the figures).
-    """
-
-    num_embeddings: int
-    rows_axis: str | None
-    config: BertConfig
-    lookup: str = "gather"
-    used_rows: int | None = None
-
-    @nn.compact
-    def __call__(self, ids: Array | None = None, length: int | None = None) -> Array:
-        cfg = self.config
-        if self.lookup not in EMBED_LOOKUPS:
-            raise ValueError(f"Embed lookup={self.lookup!r} is not one of {EMBED_LOOKUPS}")
-        table = self.param(
-            "embedding",
-            _init(cfg, (self.rows_axis, "embed"), self.used_rows),
-            (self.num_embeddings, cfg.hidden_size),
-            cfg.param_dtype,
-        )
-        table = gathered_table(table, self.rows_axis)
-        if ids is None:
-            rows = table[None, :length]
-        elif self.lookup == "one_hot":
-            one_hot = jax.nn.one_hot(ids, self.num_embeddings, dtype=table.dtype)
-            rows = jnp.einsum("...n,nd->...d", one_hot, table, precision=jax.lax.Precision.HIGHEST)
-        else:
-            rows = jnp.take(table, ids, axis=0)
-        return jnp.asarray(rows, cfg.dtype)
-
-
-class BertEmbeddings(nn.Module):
-    config: BertConfig
-
-    @nn.compact
-    def __call__(
-        self,
-        input_ids: Array,
-        segment_ids: Array,
-        position_ids: Array | None,
-        deterministic: bool,
-    ) -> Array:
-        """`position_ids` None: positions 0..length-1 in every row."""
-        cfg = self.config
-
-        words = Embed(
-            cfg.padded_vocab_size, "vocab", cfg, used_rows=cfg.vocab_size, name="word_embeddings"
-        )(input_ids)
-        position_table = Embed(cfg.max_position_embeddings, None, cfg, name="position_embeddings")
-        if position_ids is None:
-            positions = position_table(length=input_ids.shape[-1])
-        else:
-            positions = position_table(position_ids)
-        types = Embed(
-            cfg.type_vocab_size, None, cfg, lookup="one_hot", name="token_type_embeddings"
-        )(segment_ids)
-        hidden = _layer_norm(cfg, "LayerNorm")(words + positions + types)
-        hidden = Dropout(cfg.hidden_dropout_prob, cfg.dropout_impl)(hidden, deterministic)
-        return nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
 
 
 class BertEncoder(nn.Module):
@@ -620,7 +325,7 @@ class BertModel(nn.Module):
             else:
                 first = gather_positions(sequence_output, pool_positions)
             first = first[:, 0] if single else first
-            pooled = _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")(first)
+            pooled = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")(first)
             outputs["pooled_output"] = jnp.tanh(pooled)
         return outputs
 
@@ -638,12 +343,12 @@ class BertMLMHead(nn.Module):
     @nn.compact
     def __call__(self, hidden_BxPxD: Array, embedding_VxD: Array) -> Array:
         cfg = self.config
-        hidden = _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(hidden_BxPxD)
-        hidden = _ACTIVATIONS[cfg.hidden_act](hidden)
-        hidden = _layer_norm(cfg, "transform_LayerNorm")(hidden)
+        hidden = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(hidden_BxPxD)
+        hidden = ACTIVATIONS[cfg.hidden_act](hidden)
+        hidden = layer_norm(cfg, "transform_LayerNorm")(hidden)
         logits = jnp.einsum("bpd,vd->bpv", hidden, jnp.asarray(embedding_VxD, cfg.dtype))
         output_bias = self.param(
-            "output_bias", _zeros(("vocab",)), (cfg.padded_vocab_size,), cfg.param_dtype
+            "output_bias", zeros(("vocab",)), (cfg.padded_vocab_size,), cfg.param_dtype
         )
         bias = output_bias.astype(jnp.float32)
         if cfg.padded_vocab_size != cfg.vocab_size:
@@ -714,6 +419,6 @@ class BertForPreTraining(nn.Module):
             # vocab] in float32), and, with the vocabulary split over `tensor`, a re-split of
             # the cut logits between shards.
             outputs["mlm_logits_padded"] = mlm_logits
-        nsp_logits = _dense(cfg, 2, ("embed", None), "seq_relationship")(outputs["pooled_output"])
+        nsp_logits = dense(cfg, 2, ("embed", None), "seq_relationship")(outputs["pooled_output"])
         outputs["nsp_logits"] = nsp_logits.astype(jnp.float32)
         return outputs

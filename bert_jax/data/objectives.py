@@ -1,8 +1,8 @@
 """Pretraining objectives as data settings: which objective records are made for, in which
 instance format, and the one-line refusals when records and a config disagree.
 
-Objectives (``core.model.OBJECTIVES``): "mlm+nsp" (the paper's), "mlm" (masked LM only, no NSP)
-and "ltr" (a left-to-right LM; records carry no masking). Instance formats:
+Objectives (``OBJECTIVES``, as ``core.bert_config``'s): "mlm+nsp" (the paper's), "mlm" (masked
+LM only, no NSP) and "ltr" (a left-to-right LM; records carry no masking). Instance formats:
 
 - ``sentence_pairs``: ``[CLS] A [SEP] B [SEP]`` with B the actual or a random next (the paper's;
   the only format NSP can train on, and the paper's own "No NSP" input).

@@ -37,7 +37,7 @@ Several machines, one directory. Each machine runs with its ``--shard-index`` in
 together: part and stats names never collide). Its stats file then holds its manifest and the
 groups it wrote. ``merge_shards`` (``data prepare --merge --output DIR``, run once after all of
 them) checks that every machine finished, with the same settings, tokenizer and inputs, and that
-every part on disk belongs to exactly one shard (``manifest.join_shards``), then writes the
+every part on disk belongs to exactly one shard (``shard_merge.join_shards``), then writes the
 manifest that training trusts; until then the pipeline refuses the directory. The records are
 those one machine would have written, file for file.
 
@@ -64,7 +64,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bert_jax.data import groups as groups_lib
-from bert_jax.data import manifest, objectives
+from bert_jax.data import manifest, objectives, shard_merge
 from bert_jax.data import records as records_lib
 from bert_jax.data import sources as sources_lib
 from bert_jax.data.files import write_json_atomic
@@ -451,7 +451,7 @@ def prepare_records(
         wall_seconds=time.perf_counter() - started,
         settings=recorded,
     )
-    shard = manifest.shard_record(wanted, input_groups[0], progress.parts)
+    shard = shard_merge.shard_record(wanted, input_groups[0], progress.parts)
     with user_path(output_dir, output_what, writing=True):
         _write_stats(result, settings, shard)
     _drop_set_aside(output_dir, settings)
@@ -459,7 +459,7 @@ def prepare_records(
 
 
 def _write_stats(result: PrepareResult, settings: PrepareSettings, shard: dict) -> None:
-    """This machine's completion mark: its counts, and its shard (``manifest.shard_record``)."""
+    """This machine's completion mark: its counts, and its shard (``shard_merge.shard_record``)."""
     name = manifest.stats_name(settings.shard_index, settings.num_shards)
     write_json_atomic(
         os.path.join(result.output_dir, name),
@@ -572,7 +572,7 @@ def _read_marks(output_dir: str, num_shards: int, done: set[int]) -> dict[int, d
 
 def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output") -> MergeResult:
     """``data prepare --merge``: checks the shards that several machines prepared into
-    ``output_dir`` (``manifest.join_shards``) and writes the one manifest training reads.
+    ``output_dir`` (``shard_merge.join_shards``) and writes the one manifest training reads.
 
     Any refusal is a ``UserError`` naming the shard, setting, input or part; nothing is written
     then, and the directory stays unreadable to training.
@@ -611,7 +611,7 @@ def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output"
         if record:
             made = manifest.Manifest.from_json(record["manifest"])
             manifest.check_extraction(made, current, output_dir, "data prepare of every shard")
-    merged = manifest.join_shards(
+    merged = shard_merge.join_shards(
         output_dir, num_shards, shards, groups_lib.existing_parts(output_dir)
     )
     with user_path(output_dir, output_what, writing=True):

@@ -14,7 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.core.model import BertConfig, BertModel, Dense
+from bert_jax.core.layers import Dense
+from bert_jax.core.model import BertConfig, BertModel
 
 Array = jax.Array
 

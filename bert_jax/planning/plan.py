@@ -22,7 +22,7 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax.core.model import REMAT_POLICIES
+from bert_jax.core.bert_config import REMAT_POLICIES
 from bert_jax.planning import search
 from bert_jax.planning.candidates import (
     DTYPES,

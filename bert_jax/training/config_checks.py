@@ -13,8 +13,8 @@ import jax
 import ml_collections
 
 from bert_jax.core import optim, partitioning
+from bert_jax.core.bert_config import ACTIVATIONS, ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES
 from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS
-from bert_jax.core.model import _ACTIVATIONS, ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES
 from bert_jax.core.train import DROPOUT_RNG_IMPLS
 from bert_jax.data import sentences
 from bert_jax.data import shards as input_shards
@@ -120,7 +120,7 @@ DTYPES = ("float32", "bfloat16")
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": DTYPES,
     "model.param_dtype": DTYPES,
-    "model.hidden_act": tuple(_ACTIVATIONS),
+    "model.hidden_act": tuple(ACTIVATIONS),
     "model.attention_impl": ATTENTION_IMPLEMENTATIONS,
     "model.dropout_impl": DROPOUT_IMPLEMENTATIONS,
     "model.remat": tuple(REMAT_POLICIES),

@@ -38,7 +38,7 @@ IDENTITY_FIELDS = (
     "type_vocab_size",
     "max_position_embeddings",
 )
-_SAME_ACTIVATION = {"gelu_tanh": "gelu_new"}  # two names of one function (model._ACTIVATIONS)
+_SAME_ACTIVATION = {"gelu_tanh": "gelu_new"}  # two names of one function (bert_config.ACTIVATIONS)
 MIN_SEQ_LENGTH = 5  # [CLS] A [SEP] B [SEP]
 # The position embeddings of every size preset: the bound for records prepared without a model.
 PRESET_MAX_POSITIONS = 512

@@ -45,7 +45,15 @@ from bert_jax.data import shards as input_shards
 from bert_jax.launch import heartbeat as heartbeat_lib
 from bert_jax.runtime import distributed, fs
 from bert_jax.runtime.errors import UserError, user_path
-from bert_jax.training import checkpointing, config_checks, config_lib, inputs, metrics, model_dir
+from bert_jax.training import (
+    checkpointing,
+    config_checks,
+    config_lib,
+    data_position,
+    inputs,
+    metrics,
+    model_dir,
+)
 from bert_jax.training import workdir as workdir_lib
 from bert_jax.training.config_lib import Phase
 from bert_jax.training.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
@@ -320,7 +328,7 @@ def _check_run_objective(path: str, objective: str) -> None:
 
 def _save_checkpoint(checkpointer, step: int, state, phase: Phase, iterator, mesh) -> None:
     """Saves the train state with every input shard's position (a collective on all hosts)."""
-    position = checkpointing.encode_position(phase.index, iterator.get_state(), mesh)
+    position = data_position.encode_position(phase.index, iterator.get_state(), mesh)
     checkpointer.save(step, state, position)
 
 
