@@ -25,8 +25,8 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax.launch import events, heartbeat, workdir_state
-from bert_jax.runtime import fs
+from bert_jax.launch import events, workdir_state
+from bert_jax.runtime import fs, heartbeat
 from tests import fake_gcloud, gcs_emulator
 from tests.helpers import TINY_PRETRAIN_FLAGS
 

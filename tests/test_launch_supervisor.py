@@ -19,13 +19,13 @@ from bert_jax.launch import (
     CommandFailed,
     Runner,
     events,
-    heartbeat,
     queued,
     tpu,
     watcher,
     workdir_state,
 )
 from bert_jax.launch.supervisor import Observation, Policy, decide
+from bert_jax.runtime import heartbeat
 from tests import fake_gcloud
 
 QUEUED_READY = Observation(queued=True, qr_state="ACTIVE", node_state="READY", job="running")

@@ -16,7 +16,7 @@ absent: None) and anything else (an `ApiError`: an expired auth token, 429/5xx, 
 connection). Only NOT_FOUND may lead to a create; an ApiError leaves the state unknown.
 
 Rooms: `tpu.py` (a TPU VM and its workers), `queued.py` (capacity through queued resources),
-`slurm.py`, `heartbeat.py` (what every host of a run writes into the workdir), `events.py`
+`slurm.py`, `events.py`
 (`<workdir>/launch/events.jsonl`, goodput), `supervisor.py` (the decision function and the loop
 that keeps a run alive).
 """

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from bert_jax.launch import CommandFailed, LaunchError, Runner, events, heartbeat, queued, tpu
+from bert_jax.launch import CommandFailed, LaunchError, Runner, events, queued, tpu
 from bert_jax.launch.supervisor import Decision, Observation, Policy, decide
 from bert_jax.launch.workdir_state import (
     LOCK_NAME,
@@ -41,7 +41,7 @@ from bert_jax.launch.workdir_state import (
     model_exported,
     source_path,
 )
-from bert_jax.runtime import fs
+from bert_jax.runtime import fs, heartbeat
 
 ATTEMPT_ENV = heartbeat.ATTEMPT_ENV
 MAX_COMMAND_FAILURES = 10

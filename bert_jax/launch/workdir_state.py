@@ -13,8 +13,8 @@ import json
 import os
 from collections.abc import Sequence
 
-from bert_jax.launch import ApiError, LaunchError, Runner, events, heartbeat, queued, tpu
-from bert_jax.runtime import fs
+from bert_jax.launch import ApiError, LaunchError, Runner, events, queued, tpu
+from bert_jax.runtime import fs, heartbeat
 
 ATTEMPT_ENV = heartbeat.ATTEMPT_ENV
 

@@ -5,4 +5,6 @@
 - ``host_memory``: what this host can give a child process (a compile, a prepare worker).
 - ``topology``: Cloud TPU slice names -> topologies and compile-only devices.
 - ``distributed``: ``jax.distributed`` start-up, host agreement, heartbeats between hosts.
+- ``heartbeat``: what every host of a run writes into the workdir (its step and when), which a
+  supervisor reads (``bert_jax.launch``).
 """
