@@ -114,3 +114,19 @@ TINY_PRETRAIN_FLAGS = {
     "data.shuffle_buffer_size": 100,
     "eval.every_steps": 0,
 }
+
+
+def compile_in_process(patch) -> None:
+    """Makes `plan` and `--compile-only` compile in this process (`patch`: a MonkeyPatch) instead
+    of a spawned child per candidate, which imports jax and libtpu again: most of a small plan's
+    time. test_host_memory holds the child's check to the in-process one; the globals the
+    child's entry sets are restored with the patch."""
+    from bert_jax.planning import compile_check
+    from bert_jax.runtime import host_memory
+
+    def in_process(fn, *args, what, on_note=lambda *_: None, limit=None, environment=None):
+        return fn(on_note, *args)
+
+    patch.setattr(compile_check, "_compiling", compile_check._compiling)
+    patch.setattr(compile_check, "_host_limit", compile_check._host_limit)
+    patch.setattr(host_memory, "run_watched", in_process)

@@ -20,6 +20,7 @@ from bert_jax.runtime import host_memory, topology
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_lib
 from tests import faults
+from tests.helpers import compile_in_process
 
 GIB = 1024**3
 BASE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/bert.py")
@@ -355,10 +356,6 @@ def _one_layer_config():
     return config
 
 
-def _in_process(fn, *args, what, on_note=lambda *_: None, limit=None, environment=None):
-    return fn(on_note, *args)
-
-
 @pytest.fixture(scope="module")
 def compiled_plans(tmp_path_factory):
     """Each topology planned twice with one compile cache: the first compiles, the second reads
@@ -368,12 +365,7 @@ def compiled_plans(tmp_path_factory):
     found = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(compile_check.CACHE_ENV, str(cache))
-        # Each compile in this process, not a spawned child per candidate (a child imports jax
-        # and libtpu again: most of the fixture's time). The child's own path is held to the
-        # in-process check by test_host_memory; the globals it sets are restored on exit.
-        patch.setattr(compile_check, "_compiling", compile_check._compiling)
-        patch.setattr(compile_check, "_host_limit", compile_check._host_limit)
-        patch.setattr(host_memory, "run_watched", _in_process)
+        compile_in_process(patch)
         for name, space in TOPOLOGIES.items():
             target = topology.parse(name)
             first = plan.plan(_one_layer_config(), target, **space)

@@ -28,6 +28,7 @@ from bert_jax.data.embedded import embedded_documents
 from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
 from tests.data_fixtures import minilm_vocab_path
 from tests.glue_fixtures.tiny import GLUE_DIR
+from tests.helpers import compile_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "# Reproduce BERT-Base from scratch"
@@ -82,7 +83,8 @@ def corpus(tmp_path_factory):
     return root
 
 
-def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys):
+def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys, monkeypatch):
+    compile_in_process(monkeypatch)  # plan's compiles in this process (tests/helpers.py)
     variables, commands = _recipe()
     assert set(variables) == {"CORPUS", "DATA", "RUNS", "VOCAB", "GLUE"}
     assert [c.split()[1] for c in commands] == [
