@@ -257,3 +257,21 @@ def test_a_manifest_from_before_the_splitter_was_recorded_reads_as_the_regex():
         {"max_seq_length": 128, "seed": 1, "splitter": "syntok 1.4.4", "text_field": "text"}
     )
     assert old.setting_changes(new) == ["splitter: 'regex' -> 'syntok 1.4.4'"]
+
+
+def test_the_summary_names_the_format_where_there_is_no_next_sentence():
+    """Records without NSP have no random next to count: the summary line names their format
+    and objective instead of "random next 0.0%"."""
+    from bert_jax.data.groups import InstanceStats
+    from bert_jax.data.prepare import PrepareResult
+    from bert_jax.data.sources import CorpusStats
+
+    stats = InstanceStats(documents=3, instances=10, random_next=5, forced_random_next=1)
+
+    def line(settings: dict) -> str:
+        return PrepareResult("out", [], 1, 0, CorpusStats(), stats, 1.0, settings).summary()
+
+    assert "(random next 50.0%, forced 10.0%)" in line({"instance_format": "sentence_pairs"})
+    assert "(random next 50.0%, forced 10.0%)" in line({})  # records of earlier versions
+    no_nsp = line({"instance_format": "full_sentences", "objective": "mlm"})
+    assert "(full_sentences, mlm)" in no_nsp and "random next" not in no_nsp

@@ -173,10 +173,14 @@ class PrepareResult:
         s = self.instance_stats
         random_share = s.random_next / s.instances if s.instances else 0.0
         forced_share = s.forced_random_next / s.instances if s.instances else 0.0
+        pairs = f"random next {random_share:.1%}, forced {forced_share:.1%}"
+        instance_format = self.settings.get("instance_format", "sentence_pairs")
+        if instance_format != "sentence_pairs":  # no next sentence to be random
+            pairs = f"{instance_format}, {self.settings.get('objective', 'mlm')}"
         return (
             f"wrote {self.groups_written} shard(s), skipped {self.groups_skipped} finished "
             f"shard(s) in {self.output_dir}: {s.instances} instances from {s.documents} documents "
-            f"(random next {random_share:.1%}, forced {forced_share:.1%}); "
+            f"({pairs}); "
             f"{self.instances_per_worker_second:.0f} instances/s per worker, "
             f"{self.wall_seconds:.1f}s wall. Input: {self.corpus_stats.summary()}"
         )
