@@ -18,11 +18,11 @@ compile time. Step times are estimates of XLA's cost model (see `cost_model.py` 
 read), not measurements: the compile proves that the program fits and is valid for that chip,
 not how fast it runs.
 
-For TPU targets every compile's figures are cached on disk (`cache_root()`: $BERT_JAX_CACHE_DIR,
-else ~/.cache/bert_jax) under a hash of the lowered program, its compiler options, the topology
-and the jax and libtpu versions (`program_key`): lowering takes seconds where compiling takes
-minutes, so a second check or `plan` of the same program reads the figures back, and `plan` tells
-two settings that lower to the same program apart from two that do not.
+For TPU targets every compile's figures are cached on disk (`compile_cache.py`; `cache_root()`:
+$BERT_JAX_CACHE_DIR, else ~/.cache/bert_jax) under a hash of the lowered program, its compiler
+options, the topology and the jax and libtpu versions (`program_key`): lowering takes seconds
+where compiling takes minutes, so a second check or `plan` of the same program reads the figures
+back, and `plan` tells two settings that lower to the same program apart from two that do not.
 
 The report's records and their printed form are in `compile_report.py`.
 """
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -45,7 +44,13 @@ import optax
 
 from bert_jax.core import optim, partitioning
 from bert_jax.core.train import ShardedTrainer, dummy_batch
-from bert_jax.planning import cost_model
+from bert_jax.planning import compile_cache, cost_model
+from bert_jax.planning.compile_cache import (  # noqa: F401  (part of this module's API)
+    CACHE_ENV,
+    CompiledFigures,
+    cache_root,
+    program_key,
+)
 from bert_jax.planning.compile_report import (  # noqa: F401  (part of this module's API)
     GIB,
     CompileReport,
@@ -137,69 +142,8 @@ def _raise_if_out_of_memory(err: Exception, what: str) -> None:
         raise DoesNotFitError(f"{what} does not fit: {_oom_line(str(err))}") from err
 
 
-CACHE_ENV = "BERT_JAX_CACHE_DIR"
-_CACHE_FORMAT = 1  # bump when what a cache entry holds changes
-
-
-def cache_root() -> str | None:
-    """Where compiled TPU programs' figures are kept: $BERT_JAX_CACHE_DIR (empty: no cache),
-    else $XDG_CACHE_HOME/bert_jax or ~/.cache/bert_jax."""
-    if CACHE_ENV in os.environ:
-        return os.environ[CACHE_ENV] or None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "bert_jax")
-
-
-def _versions() -> str:
-    """The compiler's versions, and the code that reads its figures (a changed reading of the
-    same program must not be served from the cache)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        libtpu = version("libtpu")
-    except PackageNotFoundError:
-        libtpu = "none"
-    with open(cost_model.__file__, "rb") as f:
-        reader = hashlib.sha256(f.read()).hexdigest()[:16]
-    return f"jax {jax.__version__} libtpu {libtpu} cost_model {reader}"
-
-
-def program_key(lowered_text: str, compiler_options, target: TpuTarget) -> str:
-    """The hash that names a compiled program: its lowered text, the compiler options, the
-    topology (and chip configuration) it is compiled for, the compiler's versions and the
-    reader of its figures (`cost_model.py`)."""
-    digest = hashlib.sha256()
-    for part in (
-        f"format {_CACHE_FORMAT}",
-        _versions(),
-        target.topology,
-        str(target.generation.chip_config_name),
-        json.dumps(compiler_options or {}, sort_keys=True, default=str),
-        lowered_text,
-    ):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class CompiledFigures:
-    """What a check keeps of one compiled TPU program (cached by `program_key`)."""
-
-    key: str
-    memory: cost_model.Memory
-    cost: cost_model.ProgramCost
-    compile_seconds: float  # of the compile that made the figures
-    cached: bool = False
-
-
-def _cache_path(key: str) -> str | None:
-    root = cache_root()
-    return os.path.join(root, "tpu_compiles", f"{key}.json") if root else None
-
-
 def _cache_read(key: str) -> CompiledFigures | None:
-    path = _cache_path(key)
+    path = compile_cache.cache_path(key)
     if path is None or not os.path.exists(path):
         return None
     try:
@@ -221,21 +165,6 @@ def _cache_read(key: str) -> CompiledFigures | None:
     if limit and _host_limit is not None and _host_limit <= limit:
         raise host_memory.HostMemoryError(f"{entry['host_memory']} (found in the compile cache)")
     return figures
-
-
-def _cache_write(key: str, entry: dict) -> None:
-    """Best effort: a cache that cannot be written costs only the next compile."""
-    path = _cache_path(key)
-    if path is None:
-        return
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"
-        with open(partial, "w", encoding="utf-8") as f:
-            json.dump(entry, f)
-        os.replace(partial, path)
-    except OSError:
-        pass
 
 
 # In a watched child (`check(watched=True)`): told (program key, what) as each compile starts
@@ -263,7 +192,7 @@ def _check_watched(config, target: TpuTarget, device_memory_bytes) -> CompileRep
     except host_memory.HostMemoryError as err:
         key = compiling[-1][0]
         if key and limit is not None:
-            _cache_write(key, {"host_memory_limit": limit, "host_memory": str(err)})
+            compile_cache.cache_write(key, {"host_memory_limit": limit, "host_memory": str(err)})
         raise
 
 
@@ -288,7 +217,7 @@ def _compile_for_target(jitted, mesh, rules, *args, what: str, target: TpuTarget
             _raise_if_out_of_memory(err, what)
         except DoesNotFitError as no_fit:
             if "key" in locals():
-                _cache_write(key, {"does_not_fit": str(no_fit)})
+                compile_cache.cache_write(key, {"does_not_fit": str(no_fit)})
             raise
         raise
     figures = CompiledFigures(
@@ -297,7 +226,7 @@ def _compile_for_target(jitted, mesh, rules, *args, what: str, target: TpuTarget
         cost_model.read_cost(compiled),
         time.perf_counter() - start,
     )
-    _cache_write(
+    compile_cache.cache_write(
         key,
         {
             "memory": dataclasses.asdict(figures.memory),
