@@ -25,7 +25,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bert_jax.core import optim, partitioning, train
 from bert_jax.core.model import BertConfig
@@ -34,10 +33,9 @@ from bert_jax.data import files
 from bert_jax.finetune import feature_tagger, ner, steps, token_tasks
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.feature_tagger import BiLstmTagger
-from bert_jax.finetune.features import host_rows
 from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.token_heads import token_loss
-from bert_jax.finetune.token_loop import gather_rows
+from bert_jax.finetune.token_loop import gather_rows, predict_logits
 from bert_jax.runtime import fs
 
 logger = logging.getLogger(__name__)
@@ -145,20 +143,8 @@ class _BoundTuner:
     def train_step(self, state, batch, rng, learning_rate):
         return self.tuner.train_step(state, batch, rng, learning_rate, self.bert_params)
 
-
-def predict_words(bound: _BoundTuner, params, arrays, batch_size: int) -> np.ndarray:
-    """Word logits [N, W, labels] for every window (the last batch padded)."""
-    count = len(arrays["input_ids"])
-    inputs = {key: arrays[key] for key in _KEYS}
-    outputs = []
-    for start in range(0, count, batch_size):
-        rows = np.arange(start, start + batch_size)
-        rows = np.where(rows < count, rows, -1)
-        batch = gather_rows(inputs, host_rows(rows))
-        batch.pop("weights")
-        logits = bound.tuner.predict(params, bound.tuner.global_batch(batch), bound.bert_params)
-        outputs.append(np.asarray(logits)[rows >= 0])
-    return np.concatenate(outputs)
+    def predict(self, params, batch):
+        return self.tuner.predict(params, batch, self.bert_params)
 
 
 def run_feature_ner(
@@ -201,7 +187,7 @@ def run_feature_ner(
     kept: dict[str, Any] = {}
 
     def score(sentences, windows, arrays, params):
-        words = predict_words(bound, params, arrays, settings.eval_batch_size)
+        words = predict_logits(bound, params, arrays, settings.eval_batch_size, _KEYS)
         logits = feature_tagger.token_logits(words, arrays, length)
         predicted = ner.predicted_tags(sentences, windows, logits, labels, iob1)
         return ner.conlleval([s.tags for s in sentences], predicted), predicted

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -136,11 +136,16 @@ def gather_rows(arrays: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str,
 
 
 def predict_logits(
-    tuner: TokenTuner, params: Any, arrays: Mapping[str, np.ndarray], batch_size: int
+    tuner: TokenTuner,
+    params: Any,
+    arrays: Mapping[str, np.ndarray],
+    batch_size: int,
+    keys: Sequence[str] = MODEL_KEYS,
 ) -> np.ndarray:
-    """Logits [N, length, num_outputs] for every row of `arrays` (the last batch is padded)."""
+    """Logits [N, ...] for every row of `arrays` (the last batch is padded): `tuner` is anything
+    with `global_batch` and `predict(params, batch)`; `keys` are the arrays its model reads."""
     count = len(arrays["input_ids"])
-    inputs = {key: arrays[key] for key in MODEL_KEYS}
+    inputs = {key: arrays[key] for key in keys}
     outputs = []
     for start in range(0, count, batch_size):
         rows = np.arange(start, start + batch_size)
