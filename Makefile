@@ -8,7 +8,7 @@ DEMO_DIR ?= demo_workdir
 # stealing keeps both workers busy to the end; the slowest tests are listed after the run.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-gcs test-launch demo lint format docs clean bench bench-peer bench-wikipedia gpu-wheels
+.PHONY: venv test test-gcs test-launch test-tpu demo lint format docs clean bench bench-peer bench-wikipedia gpu-wheels
 
 venv: $(STAMP)
 
@@ -26,6 +26,12 @@ test: $(STAMP)
 # (tests/gcs_emulator.py); one process: the tests share the bucket and run in order.
 test-gcs: $(STAMP)
 	$(BIN)/python -m pytest -m gcs -n 0 --durations=10 -q tests/test_gcs.py
+
+# The train step compiled for Cloud TPU slices on this host (XLA's TPU compiler from libtpu, no
+# chip): `plan`'s real search, the compile check's memory and cost figures, the watched child.
+# A file per worker: test_plan's module fixture (two plans) is compiled once.
+test-tpu: $(STAMP)
+	$(BIN)/python -m pytest -m tpu_compile -n $(PYTEST_WORKERS) --dist loadfile --durations=10 -q
 
 # The supervisor (`launch tpu up --watch`) against a stand-in gcloud whose TPU VM workers are
 # local processes, the workdir in the Cloud Storage emulator: preemptions, a hang, failures.

@@ -16,15 +16,31 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# TensorFlow (tf.data) imports Keras 3 eagerly, 1.5 s of every process that reads records; no
+# test uses Keras, and with this setting (tf_keras is not installed) TensorFlow skips it.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+# Many tests compile the same small programs (each pretraining run builds its own jitted step);
+# a persistent compilation cache shared by the test processes compiles each of them once. Set
+# through the environment, so the `bert-jax` processes the tests start use it too. Programs that
+# compile in under 0.2 s (thousands of single operations) are not worth a file each.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(os.environ.get("TMPDIR", "/tmp"), "bert_jax_test_jax_cache"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_platforms", "cpu")
 
-# Many tests compile the same small programs (each pretraining run builds its own jitted step);
-# a persistent compilation cache shared by the test processes compiles each of them once.
-_CACHE_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"), "bert_jax_test_jax_cache")
-jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with a test marked `slow` (tens of seconds each) run first: `make test`'s work
+    stealing (pytest-xdist) balances what is left over the workers, but a long test that starts
+    last has no one to share it. Whole modules move, so that their module fixtures are set up
+    once; the order is otherwise kept."""
+    slow = {item.module for item in items if item.get_closest_marker("slow") is not None}
+    items[:] = [i for i in items if i.module in slow] + [i for i in items if i.module not in slow]

@@ -26,10 +26,6 @@ def _setup_jax(devices: int):
 
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_numpy_rank_promotion", "raise")
-    cache = os.path.join(os.environ.get("TMPDIR", "/tmp"), "bert_jax_test_jax_cache")
-    jax.config.update("jax_compilation_cache_dir", cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return jax
 
 

@@ -103,6 +103,7 @@ def _max_difference(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
 
 
+@pytest.mark.slow
 def test_two_processes_compute_what_one_process_computes(shared_dirs, tmp_path):  # noqa: F811
     """2 processes x 4 devices == 1 process x 8 devices reading the same two input shards:
     same global batches (each process reads its own disjoint half), losses and parameters

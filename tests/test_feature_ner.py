@@ -94,6 +94,7 @@ def test_each_variant_selects_the_layers_encode_gives(four_layer):
         feature_tagger.check_variant("middle")
 
 
+@pytest.mark.slow
 def test_bilstm_tagger_learns_synthetic_conll_through_the_command(four_layer, tmp_path, capsys):
     data = tmp_path / "conll"
     data.mkdir()

@@ -78,6 +78,7 @@ def test_losses_ignore_rows_of_weight_zero():
     assert float(sums["loss_sum"]) == pytest.approx(1.0 + 9.0)
 
 
+@pytest.mark.slow
 def test_finetuning_learns_is_deterministic_and_pads_evaluation():
     encoder = tiny_pretrained()
     data = sentiment_data(encoder.tokenizer)

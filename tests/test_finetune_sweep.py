@@ -46,6 +46,7 @@ def _tsv_rows(path) -> list[list[str]]:
         return [line.rstrip("\n").split("\t") for line in f]
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_task_writes_reports_and_resumes(model_dir, tmp_path):
     workdir = tmp_path / "glue"
     finished: list[str] = []

@@ -97,6 +97,7 @@ def test_the_limit_is_the_setting_or_what_the_host_has(monkeypatch):
     assert 0 < host_memory.resident_bytes(os.getpid()) < info["MemTotal"]
 
 
+@pytest.mark.tpu_compile
 def test_a_watched_compile_check_equals_one_in_process():
     target = topology.parse("v5p-8")
     watched = compile_check.check(small_config(), target, watched=True)
@@ -133,6 +134,7 @@ def test_a_program_too_large_for_the_host_is_remembered_for_that_limit(monkeypat
     assert compile_check._cache_read("k" * 64) is None  # noqa: SLF001
 
 
+@pytest.mark.tpu_compile
 def test_a_host_with_tpu_chips_compiles_in_process(monkeypatch):
     """A TPU VM has the memory, and its chips take one process: no child there."""
     monkeypatch.setattr(compile_check, "has_local_tpu_chips", lambda: True)

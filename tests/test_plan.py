@@ -374,6 +374,7 @@ def compiled_plans(tmp_path_factory):
     return found
 
 
+@pytest.mark.tpu_compile
 @pytest.mark.parametrize("name", TOPOLOGIES)
 def test_search_returns_the_fastest_it_compiled(compiled_plans, name):
     first, _ = compiled_plans[name]
@@ -386,6 +387,7 @@ def test_search_returns_the_fastest_it_compiled(compiled_plans, name):
     assert len({c.program for c in compiled}) == len(compiled)
 
 
+@pytest.mark.tpu_compile
 def test_pruned_candidates_are_reported_with_their_reason(compiled_plans, capsys):
     first, _ = compiled_plans["v5p-8"]
     pruned = {(c.stage, c.setting.label()): c.note for c in first.candidates if c.pruned}
@@ -397,6 +399,7 @@ def test_pruned_candidates_are_reported_with_their_reason(compiled_plans, capsys
     assert "pruned (not compiled):" in text and f"{fsdp_zero}: data axis of 1" in text
 
 
+@pytest.mark.tpu_compile
 @pytest.mark.parametrize("name", TOPOLOGIES)
 def test_a_replan_reads_the_compile_cache(compiled_plans, name):
     first, again = compiled_plans[name]
@@ -406,6 +409,7 @@ def test_a_replan_reads_the_compile_cache(compiled_plans, name):
     assert "candidate(s) read from the compile cache" in plan.format_plan(again)
 
 
+@pytest.mark.tpu_compile
 def test_flags_from_the_plan_json_round_trip(compiled_plans, tmp_path):
     """The flags read back from `plan --json` parse as config overrides and set the winner."""
     first, _ = compiled_plans["v5p-8"]

@@ -8,7 +8,9 @@ step for real. Changes for the scale, and only these (`TINY`): one worker instea
 300-piece tokenizer (a tiny corpus cannot hold 30,522), BERT-Tiny (2/128/2) for BERT-Base;
 `plan` searches one setting per phase instead of the whole space; pretraining runs 6 steps of 8
 sequences (5 at seq 128, 1 at 512) instead of 1M of 256; GLUE fine-tunes RTE alone (the
-fixture's GLUE files), one learning rate, one epoch, batch 8, 32 tokens.
+fixture's GLUE files), one learning rate, one epoch, batch 8, 32 tokens. Step 3, `plan`, reads
+nothing the other steps write and compiles for a TPU slice: it is a test of its own, run by
+`make test-tpu`.
 """
 
 from __future__ import annotations
@@ -83,8 +85,18 @@ def corpus(tmp_path_factory):
     return root
 
 
-def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys, monkeypatch):
-    compile_in_process(monkeypatch)  # plan's compiles in this process (tests/helpers.py)
+def _argv(command: str, here: dict[str, str]) -> list[str]:
+    """A recipe line as `cli.main`'s arguments, at the test's scale, its variables set."""
+    for written, tiny in SCALE.items():
+        command = command.replace(written, tiny)
+    argv = [string.Template(arg).substitute(here) for arg in shlex.split(command)[1:]]
+    return argv + TINY.get(argv[0], "").split()
+
+
+@pytest.mark.slow
+def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys):
+    """Every step but 3 (`plan`, which reads nothing the others write and compiles for a TPU
+    slice: the test after this one, in `make test-tpu`), in order."""
     variables, commands = _recipe()
     assert set(variables) == {"CORPUS", "DATA", "RUNS", "VOCAB", "GLUE"}
     assert [c.split()[1] for c in commands] == [
@@ -98,11 +110,9 @@ def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys, monkeypatch):
         "GLUE": GLUE_DIR,
     }
     for command in commands:
-        for written, tiny in SCALE.items():
-            command = command.replace(written, tiny)
-        argv = [string.Template(arg).substitute(here) for arg in shlex.split(command)[1:]]
-        argv += TINY.get(argv[0], "").split()
-        assert cli.main(argv) == 0, (command, capsys.readouterr().err)
+        argv = _argv(command, here)
+        if argv[0] != "plan":
+            assert cli.main(argv) == 0, (command, capsys.readouterr().err)
 
     out = capsys.readouterr().out
     assert "--config.phase1.data" not in out and here["DATA"] + "/seq512" in out
@@ -116,8 +126,6 @@ def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys, monkeypatch):
         assert stats["corpus"]["documents"] == 2 + 24 and stats["corpus"]["skipped_pages"] == 5
         assert sorted(p.name for p in records.glob("part-*.tfrecord"))
 
-    # 3. plan: a winner for each phase, with the flags to run it.
-    assert "phase1: 5 steps" in out and "phase2: 1 steps" in out and "fsdp (1, 4, 1)" in out
     # 4. pretrain: both phases on the records prepared in step 2, the model exported.
     run = corpus / "runs" / "bert-base"
     saved = json.loads((run / "config.json").read_text())
@@ -137,3 +145,17 @@ def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys, monkeypatch):
     assert 0.0 <= results["summary"]["columns"]["RTE"] <= 100.0
     test_rows = (pathlib.Path(GLUE_DIR) / "RTE" / "test.tsv").read_text().splitlines()
     assert len((glue / "submission" / "RTE.tsv").read_text().splitlines()) == len(test_rows)
+
+
+@pytest.mark.tpu_compile
+def test_the_recipes_plan_runs_as_written_at_tiny_scale(capsys, monkeypatch):
+    """Step 3: `plan` searches the slice for both phases (compiled for v5p-8 with libtpu)."""
+    compile_in_process(monkeypatch)  # plan's compiles in this process (tests/helpers.py)
+    _, commands = _recipe()
+    (command,) = [c for c in commands if c.split()[1] == "plan"]
+    capsys.readouterr()
+    assert cli.main(_argv(command, {})) == 0, (command, capsys.readouterr().err)
+    out = capsys.readouterr().out
+    # A winner for each phase, with the flags to run it (the data paths are not its to set).
+    assert "phase1: 5 steps" in out and "phase2: 1 steps" in out and "fsdp (1, 4, 1)" in out
+    assert "--config.phase1.data" not in out

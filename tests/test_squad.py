@@ -397,6 +397,7 @@ def minilm_model(tmp_path_factory):
     return root / "model"
 
 
+@pytest.mark.slow
 def test_minilm_learns_synthetic_squad_end_to_end(minilm_model, tmp_path):
     data = tmp_path / "squad"
     data.mkdir()

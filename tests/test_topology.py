@@ -185,6 +185,7 @@ def test_loop_bodies_count_as_often_as_they_run():
     assert cost_model.loop_factor("ENTRY %main () -> f32[] {\n}") == 1.0
 
 
+@pytest.mark.tpu_compile
 def test_compile_for_a_tpu_reports_memory_cost_and_collectives():
     """v5e: the cost model's step grows with sequence length, its time lies above the FLOP
     bound, XLA's FLOPs agree with DESIGN.md's formula, and the report says what it estimates."""
@@ -236,6 +237,7 @@ def test_topology_needs_compile_only(capsys):
     faults.assert_user_error(faults.run_cli(capsys, argv), "v9-8")
 
 
+@pytest.mark.tpu_compile
 def test_fsdp_shards_arguments_and_memory_follows_the_micro_batch():
     """v4 (megacore), global batch 256 over 4 chips: FSDP holds about a quarter of the
     data-parallel arguments; 4 accumulation steps (16 sequences per chip at a time instead of
@@ -261,6 +263,7 @@ def test_fsdp_shards_arguments_and_memory_follows_the_micro_batch():
     assert unwindowed.memory.argument == fsdp.memory.argument
 
 
+@pytest.mark.tpu_compile
 def test_the_cost_model_prices_a_collective_as_memory_not_link_time():
     """A 64 MiB float32 all-reduce over 4 v5e chips: XLA's cost model prices it near the HBM
     traffic of reading and writing it, not the time a ring needs on the links (2 x 3/4 of it
@@ -283,6 +286,7 @@ def test_the_cost_model_prices_a_collective_as_memory_not_link_time():
     assert 0 < cost.seconds < link_seconds / 2, (cost.seconds, link_seconds)
 
 
+@pytest.mark.tpu_compile
 def test_sharded_optimizer_state_compiles_for_a_tpu():
     """ZeRO stage 1 on 4 v5e chips: the Adam slots hold a quarter of their data-parallel bytes
     per chip, the parameters stay whole, and the update compiled alone takes the gradients in
@@ -302,6 +306,7 @@ def test_sharded_optimizer_state_compiles_for_a_tpu():
     assert zero.step_seconds and zero.update is not None and zero.update.seconds > 0
 
 
+@pytest.mark.tpu_compile
 def test_a_model_that_cannot_fit_is_exit_4_naming_the_phase(capsys):
     """XLA's TPU compiler rematerializes activations to fit a large batch (the tiny model at
     batch 65536 x 128 fits a v5e chip that way), so the refusal is tested with parameters and
