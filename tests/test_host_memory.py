@@ -1,6 +1,7 @@
 """host_memory: a function in a child process, its result, notes and errors brought back, and
 the child stopped past a host-memory limit; compile_check's watched compile and the compile
-cache's memory of a program too large for a host."""
+cache's memory of a program too large for a host (the two that compile for a TPU slice are marked
+`tpu_compile`: `make test-tpu`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ winners' flags and the command's output.
 
 Most tests script XLA's verdicts (what `plan` does with them is what they test); the module's
 last tests compile a one-layer model for two TPU topologies for real (libtpu, no chip), a
-handful of compiles shared by one module fixture."""
+handful of compiles shared by one module fixture (marker `tpu_compile`: `make test-tpu`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Compiling for Cloud TPU slices on this CPU host: names, devices, and the compiled step's
-memory and cost-model figures (XLA's real TPU compiler, via libtpu; see compile_check.py)."""
+memory and cost-model figures (XLA's real TPU compiler, via libtpu; see compile_check.py). The
+tests that compile are marked `tpu_compile`: `make test-tpu` runs them."""
 
 from __future__ import annotations
 

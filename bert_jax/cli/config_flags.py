@@ -7,11 +7,13 @@ refused: one line naming it, with the closest setting as a suggestion.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import os
 import re
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from bert_jax.runtime.errors import UserError
@@ -40,6 +42,17 @@ class ConfigCommand:
 
     def main(self, argv: Sequence[str]) -> int:
         return self.run(parse(self, argv))
+
+
+@contextlib.contextmanager
+def _no_bytecode() -> Iterator[None]:
+    """Meanwhile Python writes no bytecode cache: loading a config file leaves no __pycache__/
+    beside it (bert-jax writes nothing where it was not asked to)."""
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = saved
 
 
 def parse(command: ConfigCommand, argv: Sequence[str]):
@@ -78,7 +91,8 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
     if spec is not None and not os.path.isfile(spec.split(":", 1)[0]):
         raise UserError(f"--config {spec}: no such file")
     try:
-        flag_values([prog, *argv])
+        with _no_bytecode():
+            flag_values([prog, *argv])
     except flags.Error as err:
         message = _without_traceback(str(err))
         for name in flag_values:  # absl names its flags with underscores; we document dashes
@@ -179,7 +193,8 @@ def _unknown_override(spec: str, argv: list[str]) -> str | None:
     plain = flags.FlagValues()  # the config as the file gives it, without the overrides
     config_flags.DEFINE_config_file("config", flag_values=plain, sys_argv=["", "--config", spec])
     try:
-        plain(["", "--config", spec])
+        with _no_bytecode():
+            plain(["", "--config", spec])
         config = plain.config
     except Exception:  # the original exception is the one to show
         return None
