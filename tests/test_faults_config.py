@@ -110,6 +110,19 @@ def test_an_explicit_exact_gelu_against_a_tanh_model_is_refused(capsys, models, 
     assert tree_digest(models["root"]) == before and tree_digest(cwd) == {}
 
 
+def test_loading_a_config_file_writes_nothing_beside_it(capsys, cwd, tmp_path, monkeypatch):
+    """Python writes bytecode caches wherever the environment lets it (the tests' own setting
+    is forced off here): a config file's directory still gets no __pycache__/."""
+    import sys
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    config = _config_file(tmp_path, "")
+    before = tree_digest(tmp_path)
+    assert run_cli(capsys, ["pretrain", "--config", config, "--dry-run"]).code == 0
+    assert tree_digest(tmp_path) == before
+    assert sys.dont_write_bytecode is False  # and the setting is as it was
+
+
 def test_a_config_file_value_that_conflicts_with_the_model_is_refused(
     capsys, models, cwd, tmp_path
 ):
