@@ -6,6 +6,11 @@ shape (the last batch is padded, so the encoder compiles once), run through the 
 and reduced:
 
 - `pool="cls"`: the hidden state at [CLS] (not the tanh pooler output), [N, D'].
+- `pool="last"`: the hidden state at the last real token ([SEP]), [N, D']: where a left-to-right
+  ("ltr") model reads a sentence, since under its causal mask [CLS] has seen nothing else. The
+  default (`pool=None`) is the position the model's own pooler reads: "last" for a left-to-right
+  model, "cls" for the others; "cls" on a left-to-right model is refused (the same vector for
+  every text).
 - `pool="mean"`: the average over real tokens ([CLS] and [SEP] included, padding excluded, by
   `input_mask`), as sentence-transformers' mean pooling, [N, D'].
 - `pool="none"`: per-token features, zero-padded to the longest row, [N, L, D'], with the number
@@ -29,12 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core.model import BertConfig, BertModel
+from bert_jax.core.model import BertConfig, BertModel, last_token_positions
 from bert_jax.data import files
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
 
-POOLS = ("cls", "mean", "none")
+POOLS = ("cls", "last", "mean", "none")
 PAIR_SEPARATOR = " ||| "
 DEFAULT_MAX_SEQ_LENGTH = 128
 # Rows are padded to a multiple of this many tokens (up to max_seq_length): the compiled shape
@@ -100,9 +105,28 @@ def _features(params, input_ids, input_mask, segment_ids, *, config, pool, layer
     mask = input_mask.astype(jnp.float32)[..., None]
     if pool == "cls":
         return hidden[:, 0]
+    if pool == "last":
+        return jnp.take_along_axis(hidden, last_token_positions(input_mask)[..., None], axis=1)[
+            :, 0
+        ]
     if pool == "mean":
         return jnp.sum(hidden * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
     return hidden * mask
+
+
+def pool_for(config: BertConfig, pool: str | None, where: str = "the model") -> str:
+    """`pool`, checked; None gives the position the model's pooler reads (see module doc)."""
+    if pool is None:
+        return "last" if config.is_decoder else "cls"
+    if pool not in POOLS:
+        raise UserError(f"pool={pool!r} is not one of {POOLS}")
+    if pool == "cls" and config.is_decoder:
+        raise UserError(
+            f"--pool cls on {where}, a left-to-right model (objective 'ltr'), would give every "
+            "text the same vector: under its causal mask [CLS] sees only itself; use --pool last "
+            "(its default: the last real token), mean or none"
+        )
+    return pool
 
 
 def _tokenize(tokenizer, examples, max_seq_length: int):
@@ -125,7 +149,7 @@ def encode_texts(
     model: Any,
     texts: Sequence[str | tuple[str, str | None]],
     *,
-    pool: str = "cls",
+    pool: str | None = None,
     layers: str | int | Sequence[int] = -1,
     batch_size: int = 32,
     max_seq_length: int | None = None,
@@ -136,8 +160,7 @@ def encode_texts(
     `max_seq_length` defaults to 128, or the model's max_position_embeddings when smaller. `dtype`
     overrides the compute dtype (e.g. "bfloat16"); features are returned as float32.
     """
-    if pool not in POOLS:
-        raise UserError(f"pool={pool!r} is not one of {POOLS}")
+    pool = pool_for(model.config, pool, model.path)
     if batch_size < 1:
         raise UserError(f"batch_size={batch_size} must be positive")
     config: BertConfig = model.config.replace(

@@ -45,7 +45,7 @@ def test_help_lists_every_designed_subcommand(capsys):
         (["data", "prepare"], "--max-predictions-per-seq"),
         (["pretrain"], "--dry-run, --no-dry-run"),
         (["convert"], "--vocab-pad-multiple N"),
-        (["encode"], "--pool {cls,mean,none}"),
+        (["encode"], "--pool {cls,last,mean,none}"),
         (["finetune"], "--task glue/NAME"),
         (["glue"], "--learning-rates LR"),
         (["bench"], "--peer-python"),

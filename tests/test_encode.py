@@ -194,3 +194,28 @@ def test_output_replaces_only_npy_files(tiny_model, tmp_path, capsys):
     assert cli.main([*base, str(out)]) == 0
     assert np.load(out).shape == (2, 64)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_left_to_right_model_is_read_at_its_last_token(tmp_path, capsys):
+    """Under a causal mask [CLS] sees only itself, so its state is one vector for every text:
+    encode reads a left-to-right model where its pooler does (the last real token) and refuses
+    --pool cls in one line."""
+    config = tiny_config(num_hidden_layers=1, objective="ltr")
+    vocab = write_vocab(str(tmp_path / "vocab.txt"), config.vocab_size)
+    path = save_model_dir(tmp_path / "model", config, random_params(config, seed=5), vocab)
+    model = load_model_dir(path)
+    lines = ["the dog", "Where is the dog? ||| The dog jumps over the fox.", "fox"]
+    examples = _write_and_read(tmp_path, lines)
+    tokens = encode_lib.encode_texts(model, examples, pool="none", batch_size=2)
+    np.testing.assert_allclose(tokens.features[0, 0], tokens.features[2, 0], atol=1e-6, rtol=0)
+    default = encode_lib.encode_texts(model, examples, batch_size=2)
+    last = tokens.features[np.arange(len(lines)), tokens.lengths - 1]
+    np.testing.assert_allclose(default.features, last, atol=1e-6, rtol=0)
+    assert np.abs(default.features[0] - default.features[2]).max() > 1e-3
+    out = tmp_path / "o.npy"
+    base = ["encode", "--model", path, "--input", str(tmp_path / "texts.txt"), "--output", str(out)]
+    outcome = faults.run_cli(capsys, [*base, "--pool", "cls"])
+    faults.assert_user_error(outcome, "--pool cls", path, "left-to-right", "--pool last")
+    assert not out.exists()
+    assert cli.main([*base, "--pool", "last", "--batch-size", "2"]) == 0
+    np.testing.assert_array_equal(np.load(out), default.features)

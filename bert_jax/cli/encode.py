@@ -8,17 +8,19 @@ def add_to(subparsers) -> None:
         "encode",
         help="extract features (the paper's feature-based approach) for lines of text",
         description="One example per line (`A ||| B` for a pair). Writes float32 OUT.npy: [N, D] "
-        "for --pool cls|mean, or [N, L, D] zero-padded per-token features plus OUT.lengths.npy "
-        "(int32 [N], real tokens per row) for --pool none.",
+        "for --pool cls|last|mean, or [N, L, D] zero-padded per-token features plus "
+        "OUT.lengths.npy (int32 [N], real tokens per row) for --pool none.",
     )
     parser.add_argument("--model", required=True, metavar="MODEL", help="model dir or workdir")
     parser.add_argument("--input", required=True, metavar="TEXTS.txt")
     parser.add_argument("--output", required=True, metavar="OUT.npy")
     parser.add_argument(
         "--pool",
-        default="cls",
-        choices=["cls", "mean", "none"],
-        help="cls: hidden state at [CLS]; mean: average over real tokens; none: every token",
+        default=None,
+        choices=["cls", "last", "mean", "none"],
+        help="cls: hidden state at [CLS]; last: at the last real token ([SEP]); mean: average "
+        "over real tokens; none: every token. Default: where the model's pooler reads, cls (last "
+        "for a left-to-right model, where cls is refused)",
     )
     parser.add_argument(
         "--layer",
