@@ -56,6 +56,14 @@ def _ours(config, params, batch):
     return outputs, sums, held_out
 
 
+def test_the_data_and_the_model_know_the_same_objectives():
+    from bert_jax.core import bert_config
+    from bert_jax.data import objectives
+
+    assert objectives.OBJECTIVES == bert_config.OBJECTIVES
+    assert objectives.DEFAULT_OBJECTIVE == bert_config.BertConfig().objective
+
+
 def test_mlm_only_matches_bert_for_masked_lm():
     config = tiny_config(objective="mlm")
     torch.manual_seed(0)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from bert_jax.runtime.errors import UserError
 
+# Spelled again here because `data` imports neither `core` nor JAX (`data prepare` runs without
+# them); tests/test_objectives.py checks that the two tuples are equal.
 OBJECTIVES = ("mlm+nsp", "mlm", "ltr")
 INSTANCE_FORMATS = ("sentence_pairs", "doc_sentences", "full_sentences")
 DEFAULT_OBJECTIVE = "mlm+nsp"
