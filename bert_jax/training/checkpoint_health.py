@@ -138,13 +138,28 @@ def param_problems(stored: Mapping[str, Any], wanted: Mapping[str, tuple], sourc
     return problems
 
 
+def stored_tree(directory: str) -> dict[str, Any]:
+    """The tree metadata (shapes, dtypes) of a saved pytree: `_METADATA` and `d/`, no arrays.
+
+    Read by the item's handler: a checkpointer would also look for `_CHECKPOINT_METADATA` in
+    the item's directory, which a checkpoint manager writes one level up (warning on every
+    resume that it does not exist).
+    """
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    try:
+        metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(directory))
+    except (FileNotFoundError, ValueError, TypeError):  # what a checkpointer reads as "none"
+        metadata = None
+    return tree_metadata(metadata)
+
+
 def shape_problem(state_dir: str, abstract_state: Any) -> str | None:
     """Params stored with other shapes than the run's model (or absent), or None."""
-    import orbax.checkpoint as ocp
     from flax import traverse_util
 
-    with ocp.StandardCheckpointer() as reader:
-        tree = tree_metadata(reader.metadata(state_dir))
+    tree = stored_tree(state_dir)
     if "params" not in tree:
         return "state/ holds no params"
     stored = traverse_util.flatten_dict(tree["params"], sep="/")

@@ -291,11 +291,8 @@ def _checkpointer(process_local: bool):
 
 
 def _stored_tree(params_dir: str) -> dict[str, Any]:
-    def read():
-        with _checkpointer(process_local=True) as checkpointer:
-            return checkpoint_health.tree_metadata(checkpointer.metadata(params_dir))
-
-    return _read_params(params_dir, read)  # missing or corrupt Orbax metadata files
+    # Missing or corrupt Orbax metadata files: one line naming params_dir.
+    return _read_params(params_dir, lambda: checkpoint_health.stored_tree(params_dir))
 
 
 def _read_params(params_dir: str, read: Any) -> Any:
