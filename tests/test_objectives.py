@@ -4,6 +4,7 @@ no-NSP instance formats and the one-line refusals of bad settings."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -315,9 +316,9 @@ def test_left_to_right_packed_row_computes_what_its_instances_do_apart():
         "next_sentence_labels": zeros[:1],
         "next_sentence_weights": np.ones((1, 2), np.float32),
     }
-    params = model.init(jax.random.key(0), **train.model_inputs(apart))["params"]
-    sums_apart = train.compute_sums(params, apart, model, deterministic=True)
-    sums_packed = train.compute_sums(params, packed, model, deterministic=True)
+    params = jax.jit(model.init)(jax.random.key(0), **train.model_inputs(apart))["params"]
+    sums = jax.jit(functools.partial(train.compute_sums, model=model, deterministic=True))
+    sums_apart, sums_packed = sums(params, apart), sums(params, packed)
     assert float(sums_packed["mlm_weight"]) == float(sums_apart["mlm_weight"]) == 8 + 11
     for key in ("mlm_loss_sum", "mlm_correct_sum"):
         np.testing.assert_allclose(float(sums_packed[key]), float(sums_apart[key]), rtol=1e-5)
