@@ -106,15 +106,14 @@ def _features(params, input_ids, input_mask, segment_ids, *, config, pool, layer
     if pool == "cls":
         return hidden[:, 0]
     if pool == "last":
-        return jnp.take_along_axis(hidden, last_token_positions(input_mask)[..., None], axis=1)[
-            :, 0
-        ]
+        last = last_token_positions(input_mask)[..., None]  # [batch, 1, 1]
+        return jnp.take_along_axis(hidden, last, axis=1)[:, 0]
     if pool == "mean":
         return jnp.sum(hidden * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
     return hidden * mask
 
 
-def pool_for(config: BertConfig, pool: str | None, where: str = "the model") -> str:
+def _pool_for(config: BertConfig, pool: str | None, where: str = "the model") -> str:
     """`pool`, checked; None gives the position the model's pooler reads (see module doc)."""
     if pool is None:
         return "last" if config.is_decoder else "cls"
@@ -160,7 +159,7 @@ def encode_texts(
     `max_seq_length` defaults to 128, or the model's max_position_embeddings when smaller. `dtype`
     overrides the compute dtype (e.g. "bfloat16"); features are returned as float32.
     """
-    pool = pool_for(model.config, pool, model.path)
+    pool = _pool_for(model.config, pool, model.path)
     if batch_size < 1:
         raise UserError(f"batch_size={batch_size} must be positive")
     config: BertConfig = model.config.replace(

@@ -279,9 +279,8 @@ class MetricWriter:
                 self._tb_opened += 1
                 suffix = f".{os.getpid()}.{self._tb_opened}"
                 self._tb = SummaryWriter(target, filename_suffix=suffix)
-            for key, value in record.items():
-                if key in ("step", "kind"):
-                    continue
+            for key, value in scalars.items():
+                value = _plain(value)  # NumPy scalars too
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(f"{kind}/{key}", value, int(step))
             self._tb.flush()
