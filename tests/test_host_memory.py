@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 
 import pytest
@@ -15,61 +14,26 @@ import pytest
 from bert_jax.planning import compile_check
 from bert_jax.runtime import host_memory, topology
 from bert_jax.runtime.errors import UserError
+from tests import host_memory_children as children
 from tests.test_topology import small_config
-
-MIB = 1024**2
-
-
-def _adds(note, a, b):
-    note("adding", a)
-    note("adding", b)
-    return a + b
-
-
-def _refuses(note, flag):
-    raise UserError(f"--{flag} is wrong")
-
-
-def _differs(note):
-    raise ValueError("shapes differ")
-
-
-class _Unpicklable(Exception):
-    def __init__(self, a, b):
-        super().__init__(f"{a} {b}")
-
-
-def _breaks(note):
-    raise _Unpicklable(1, 2)
-
-
-def _crashes(note):
-    note("crashing")
-    os.kill(os.getpid(), signal.SIGSEGV)
-
-
-def _grows(note, step_mib):
-    note("allocating")
-    held = []
-    while True:  # until it is stopped
-        held.append(bytearray(os.urandom(1)) * (step_mib * MIB))
-        time.sleep(0.05)
 
 
 def test_the_childs_result_notes_and_errors_come_back():
     notes = []
-    result = host_memory.run_watched(_adds, 2, 3, what="adding", on_note=lambda *n: notes.append(n))
+    result = host_memory.run_watched(
+        children.adds, 2, 3, what="adding", on_note=lambda *n: notes.append(n)
+    )
     assert result == 5 and notes == [("adding", 2), ("adding", 3)]
     with pytest.raises(UserError, match="--seed is wrong"):  # a user error stays one
-        host_memory.run_watched(_refuses, "seed", what="refusing")
+        host_memory.run_watched(children.refuses, "seed", what="refusing")
     with pytest.raises(ValueError, match="shapes differ") as raised:  # a bug: with the
-        host_memory.run_watched(_differs, what="comparing")  # child's traceback as a note
-    assert "in _differs" in raised.value.__notes__[0] and not isinstance(raised.value, UserError)
+        host_memory.run_watched(children.differs, what="comparing")  # child's traceback as a note
+    assert "in differs" in raised.value.__notes__[0] and not isinstance(raised.value, UserError)
     with pytest.raises(host_memory.ChildDied, match="^crashing: its process ended by SIGSEGV$"):
-        host_memory.run_watched(_crashes, what=lambda: "crashing")  # a crash in native code
-    unpicklable = r"(?s)breaking failed in its process:\n.*_Unpicklable: 1 2"
+        host_memory.run_watched(children.crashes, what=lambda: "crashing")  # a crash in native code
+    unpicklable = r"(?s)breaking failed in its process:\n.*Unpicklable: 1 2"
     with pytest.raises(RuntimeError, match=unpicklable):
-        host_memory.run_watched(_breaks, what="breaking")
+        host_memory.run_watched(children.breaks, what="breaking")
 
 
 def test_a_child_past_the_limit_is_stopped_and_named():
@@ -78,7 +42,11 @@ def test_a_child_past_the_limit_is_stopped_and_named():
     started, doing = time.perf_counter(), ["importing"]
     with pytest.raises(host_memory.HostMemoryError) as raised:
         host_memory.run_watched(
-            _grows, 64, what=lambda: doing[-1], on_note=doing.append, limit=1024 * MIB
+            children.grows,
+            64,
+            what=lambda: doing[-1],
+            on_note=doing.append,
+            limit=1024 * children.MIB,
         )
     message = str(raised.value)
     assert message.startswith("allocating held ") and "past the limit of 1.00 GiB" in message
@@ -144,16 +112,12 @@ def test_a_host_with_tpu_chips_compiles_in_process(monkeypatch):
     assert report.fits
 
 
-def _reads(note, *names):
-    return {name: os.environ.get(name) for name in names}
-
-
 def test_the_child_takes_the_environment_given_and_ours_is_left_as_it_was(monkeypatch):
     monkeypatch.setenv("BERT_JAX_TEST_KEPT", "kept")
     monkeypatch.setenv("BERT_JAX_TEST_GONE", "here")
     change = {"BERT_JAX_TEST_GONE": None, "BERT_JAX_TEST_NEW": "new"}
     names = ("BERT_JAX_TEST_KEPT", "BERT_JAX_TEST_GONE", "BERT_JAX_TEST_NEW")
-    seen = host_memory.run_watched(_reads, *names, what="reading", environment=change)
+    seen = host_memory.run_watched(children.reads, *names, what="reading", environment=change)
     assert seen == {
         "BERT_JAX_TEST_KEPT": "kept",
         "BERT_JAX_TEST_GONE": None,

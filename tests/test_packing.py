@@ -254,19 +254,19 @@ def test_choose_factor_keeps_drops_rare():
 
 def test_pretraining_phase_with_packing_runs(tmp_path):
     """`config.phaseN.packing_factor`: packed training batches, unpacked evaluation."""
-    from helpers import minilm_dir
-
     from bert_jax.training import config_lib, metrics, pretrain
+    from tests.data_fixtures import SPM_VOCAB_SIZE, embedded_spm_dir
 
     config = config_lib.pretraining_config("tiny")
     config.model.update(hidden_size=32, num_attention_heads=2, intermediate_size=64)
+    config.model.vocab_size = SPM_VOCAB_SIZE  # the data tests' tokenizer: 3,000 rows, not 30,522
     config.model.num_hidden_layers = 1  # the packed rows are what matters, not depth
     config.model.max_position_embeddings = 64
     config.update(total_steps=3, log_every_steps=1, export_model=False)
     config.phase1.update(fraction=1.0, max_seq_length=64, max_predictions_per_seq=10)
     config.phase1.update(batch_size=8, packing_factor=2.0)
     config.phase2.fraction = 0.0
-    config.data.update(source="embedded:eval", tokenizer=minilm_dir(), shuffle_buffer_size=50)
+    config.data.update(source="embedded:eval", tokenizer=embedded_spm_dir(), shuffle_buffer_size=50)
     config.data.cache_dir = str(tmp_path / "cache")
     config.eval.update(every_steps=3, batches=1, batch_size=8, source="embedded:eval")
     config.checkpoint.every_steps = 3

@@ -5,7 +5,8 @@ The recipe's shell block is read from docs/reproduce.md: its variables are point
 this test writes (a multistream Wikipedia dump and a books Parquet file, in a directory laid out
 as the page says) and each `bert-jax` line is run in order through `bert_jax.cli.main`, every
 step for real. Changes for the scale, and only these (`TINY`): one worker instead of 16, a
-300-piece tokenizer (a tiny corpus cannot hold 30,522), BERT-Tiny (2/128/2) for BERT-Base;
+300-piece tokenizer (a tiny corpus cannot hold 30,522), Google's uncased vocab.txt (MiniLM's
+copy) cut to the pieces the corpus is made of (`_vocab_for`), BERT-Tiny (2/128/2) for BERT-Base;
 `plan` searches one setting per phase instead of the whole space; pretraining runs 6 steps of 8
 sequences (5 at seq 128, 1 at 512) instead of 1M of 256; GLUE fine-tunes RTE alone (the
 fixture's GLUE files), one learning rate, one epoch, batch 8, 32 tokens. Step 3, `plan`, reads
@@ -26,7 +27,9 @@ import string
 import pytest
 
 from bert_jax import cli
+from bert_jax.data import sources
 from bert_jax.data.embedded import embedded_documents
+from bert_jax.data.wordpiece import WordPieceTokenizer
 from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
 from tests.data_fixtures import minilm_vocab_path
 from tests.glue_fixtures.tiny import GLUE_DIR
@@ -82,7 +85,34 @@ def corpus(tmp_path_factory):
     books = ["\n".join(document) for document in embedded_documents("train")[:24]]
     write_parquet(corpus_dir / "books" / "books-00000-of-00002.parquet", books[:12])
     write_parquet(corpus_dir / "books" / "books-00001-of-00002.parquet", books[12:])
+    _vocab_for(corpus_dir, root / "vocab.txt")
     return root
+
+
+def _vocab_for(corpus_dir, path) -> int:
+    """Google's uncased vocab.txt (MiniLM's copy, 30,522 pieces) cut to its special tokens and
+    the pieces of the corpus's sentences, in its order; returns how many it keeps.
+
+    WordPiece takes the longest piece of the vocabulary at each position, so a vocabulary that
+    holds every piece the full one gives these sentences tokenizes them into the same pieces;
+    BERT-Tiny's embedding and output layers then hold about 3,000 rows instead of 30,522 (the
+    update, the checkpoints and GLUE's steps a fraction as large; the recipe is the same)."""
+    full = WordPieceTokenizer.from_file(minilm_vocab_path())
+    documents, _ = sources.read_documents(
+        [str(corpus_dir / "*.bz2"), str(corpus_dir / "books" / "*.parquet")]
+    )
+    used = {i for document in documents for sentence in document for i in full.encode(sentence)}
+    kept = [
+        token
+        for i, token in enumerate(full.vocab)
+        if i in used or (token.startswith("[") and not token.startswith("[unused"))
+    ]
+    cut = WordPieceTokenizer(kept, lowercase=True)
+    for document in documents:  # the same pieces
+        for sentence in document:
+            assert cut.tokenize(sentence) == full.tokenize(sentence), sentence
+    path.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    return len(kept)
 
 
 def _argv(command: str, here: dict[str, str]) -> list[str]:
@@ -106,11 +136,14 @@ def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys):
         "CORPUS": str(corpus / "corpus"),
         "DATA": str(corpus / "data"),
         "RUNS": str(corpus / "runs"),
-        "VOCAB": minilm_vocab_path(),  # an uncased 30,522-piece vocab.txt, as Google's
+        "VOCAB": str(corpus / "vocab.txt"),  # Google's uncased vocab.txt, cut (_vocab_for)
         "GLUE": GLUE_DIR,
     }
+    vocab_size = len((corpus / "vocab.txt").read_text(encoding="utf-8").splitlines())
     for command in commands:
         argv = _argv(command, here)
+        if argv[0] == "pretrain":  # the model's vocabulary: the cut vocab.txt's
+            argv.append(f"--config.model.vocab_size={vocab_size}")
         if argv[0] != "plan":
             assert cli.main(argv) == 0, (command, capsys.readouterr().err)
 
@@ -131,6 +164,7 @@ def test_the_recipe_runs_as_written_at_tiny_scale(corpus, capsys):
     saved = json.loads((run / "config.json").read_text())
     assert saved["phase1"]["data"] == here["DATA"] + "/seq128"
     assert saved["phase2"]["data"] == here["DATA"] + "/seq512"
+    assert saved["model"]["vocab_size"] == vocab_size < 30522 // 5
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [m for m in lines if m["kind"] == "train"]
     assert [(m["step"], m["seq_len"]) for m in train] == [(s, 128) for s in range(1, 6)] + [
