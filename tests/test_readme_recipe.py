@@ -89,9 +89,9 @@ def corpus(tmp_path_factory):
     return root
 
 
-def _vocab_for(corpus_dir, path) -> int:
+def _vocab_for(corpus_dir, path) -> None:
     """Google's uncased vocab.txt (MiniLM's copy, 30,522 pieces) cut to its special tokens and
-    the pieces of the corpus's sentences, in its order; returns how many it keeps.
+    the pieces of the corpus's sentences, in its order, written to `path`.
 
     WordPiece takes the longest piece of the vocabulary at each position, so a vocabulary that
     holds every piece the full one gives these sentences tokenizes them into the same pieces;
@@ -112,7 +112,6 @@ def _vocab_for(corpus_dir, path) -> int:
         for sentence in document:
             assert cut.tokenize(sentence) == full.tokenize(sentence), sentence
     path.write_text("\n".join(kept) + "\n", encoding="utf-8")
-    return len(kept)
 
 
 def _argv(command: str, here: dict[str, str]) -> list[str]:

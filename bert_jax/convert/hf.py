@@ -8,6 +8,10 @@ Reading a Hugging Face directory needs neither `transformers` nor `safetensors`:
 format is read and written with NumPy (`convert/safetensors.py`). `pytorch_model.bin` files are read
 with `torch.load(weights_only=True)`, which refuses to unpickle anything but tensors and plain
 containers.
+
+Why this file is long: the strict import (every tensor used once, tied copies checked) and the
+directory's files (configs, weights, tokenizer) both follow the one Hugging Face layout; apart,
+each would restate what the other reads or writes.
 """
 
 from __future__ import annotations

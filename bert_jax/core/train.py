@@ -12,6 +12,10 @@ Shared by pretraining and fine-tuning:
 Pretraining's pieces follow: `train_step(state, batch, rng)` (a pure function; `model`, `tx` and
 `schedule` are bound with functools.partial) whose metrics are sums and weights (see losses.py)
 plus the gradient norm and learning rate, and `ShardedTrainer`, which binds them to a mesh.
+
+Why this file is long: the generic update and its sharded, jitted form are one contract (the
+donated state, the skipped-step counter, the accumulation) that pretraining and fine-tuning both
+call; pretraining's own pieces follow from `pretraining_loss` on.
 """
 
 from __future__ import annotations
