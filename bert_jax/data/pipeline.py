@@ -240,9 +240,11 @@ class PretrainIterator:
             default_value=-1,
         )
         dataset = dataset.interleave(
-            lambda path: tf.data.TFRecordDataset(
-                path, buffer_size=records_lib.READ_BUFFER_BYTES
-            ).take(intact.lookup(path)),
+            records_lib.graph_function(
+                lambda path: tf.data.TFRecordDataset(
+                    path, buffer_size=records_lib.READ_BUFFER_BYTES
+                ).take(intact.lookup(path))
+            ),
             cycle_length=max(1, min(self.cycle_length, len(files))),
             block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE,
@@ -261,13 +263,18 @@ class PretrainIterator:
                 keys = tf.random.stateless_uniform(tf.shape(block), seed=seed)
                 return tf.gather(block, tf.argsort(keys))
 
-            dataset = dataset.batch(self.shuffle_buffer_size).enumerate().map(permute).unbatch()
+            dataset = (
+                dataset.batch(self.shuffle_buffer_size)
+                .enumerate()
+                .map(records_lib.graph_function(permute))
+                .unbatch()
+            )
         dataset = dataset.batch(self.batch_size, drop_remainder=True)
         if skip_batches:
             dataset = dataset.skip(skip_batches)
         length, slots = self.max_seq_length, self.max_predictions_per_seq
         dataset = dataset.map(
-            lambda s: records_lib.parse_batch(s, length, slots),
+            records_lib.graph_function(lambda s: records_lib.parse_batch(s, length, slots)),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )
@@ -280,7 +287,9 @@ class PretrainIterator:
                 return dynamic_mask_batch(batch, seed, masking)
 
             dataset = dataset.enumerate(start=skip_batches).map(
-                remask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+                records_lib.graph_function(remask),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
             )
         options = tf.data.Options()
         options.deterministic = True

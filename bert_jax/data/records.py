@@ -68,6 +68,18 @@ def import_tensorflow():
     return tf
 
 
+def graph_function(fn):
+    """``fn`` for tf.data to trace as written.
+
+    tf.data otherwise passes every function through AutoGraph, which parses and rewrites its
+    source (and that of each function it calls) so that Python ``if`` and ``for`` over tensors
+    become graph ops: about a second of CPU in each process that builds a pipeline. The
+    pipeline's functions branch on settings (Python values) only, never on a tensor, so the
+    rewrite would change nothing; a function that did branch on a tensor fails when traced.
+    """
+    return import_tensorflow().autograph.experimental.do_not_convert(fn)
+
+
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
     """The original parsing spec: ``tf.io.FixedLenFeature`` per feature."""
     tf = import_tensorflow()
@@ -396,7 +408,9 @@ def read_records(
     tf = import_tensorflow()
     files = list_record_files(records)
     dataset = tf.data.TFRecordDataset(files, buffer_size=READ_BUFFER_BYTES).batch(batch_size)
-    dataset = dataset.map(lambda s: parse_batch(s, max_seq_length, max_predictions_per_seq))
+    dataset = dataset.map(
+        graph_function(lambda s: parse_batch(s, max_seq_length, max_predictions_per_seq))
+    )
     yield from dataset.as_numpy_iterator()
 
 
@@ -405,6 +419,6 @@ def count_records(path: str) -> int:
     tf = import_tensorflow()
     return int(
         tf.data.TFRecordDataset([path], buffer_size=READ_BUFFER_BYTES)
-        .reduce(np.int64(0), lambda n, _: n + 1)
+        .reduce(np.int64(0), graph_function(lambda n, _: n + 1))
         .numpy()
     )
