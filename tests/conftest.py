@@ -5,6 +5,10 @@ import os
 
 from tests.xla_flags import with_devices  # noqa: E402 (imports nothing of JAX)
 
+# The garbage collector's threshold of `bert-jax` processes (bert_jax/cli/__init__.py) from the
+# first import on: collecting the tests imports JAX, TensorFlow, torch and transformers.
+gc.set_threshold(10_000, 20, 20)
+
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + with_devices(8)).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # What bert-jax caches (the embedded corpus), shared by the test processes and their children,
@@ -43,9 +47,9 @@ def pytest_collection_finish(session):
     (JAX, TensorFlow, torch, transformers: about 460,000 in each worker) each time it collects
     the oldest generation, and JAX's tracing allocates enough to set that off thousands of times.
     The objects alive after collection are frozen out of its walks, and it runs after 10,000 new
-    objects instead of 700: 44.8 s of the suite's CPU time in collections -> 15.4 s."""
+    objects instead of 700 (set when this file is imported): 44.8 s of the suite's CPU time in
+    collections -> 15.4 s."""
     gc.freeze()
-    gc.set_threshold(10_000, 20, 20)
 
 
 def pytest_collection_modifyitems(config, items):

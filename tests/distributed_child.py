@@ -11,6 +11,7 @@ this process fed at every step to `<record>-<process_id>.npz`; with `die_at_step
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -37,6 +38,7 @@ def config_from(spec: dict):
 
 
 def main(spec: dict) -> None:
+    gc.set_threshold(10_000, 20, 20)  # as in `bert-jax` processes (bert_jax/cli/__init__.py)
     jax = _setup_jax(int(spec.get("devices", 4)))
     from bert_jax.runtime import distributed
     from bert_jax.training import pretrain

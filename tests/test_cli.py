@@ -107,6 +107,21 @@ def test_every_argparse_command_runs_something_and_names_itself_for_errors():
         assert leaf.get_default("command_name") == path and callable(run), path
 
 
+def test_a_bert_jax_process_collects_garbage_after_10000_allocations_not_700():
+    """The CLI raises the collector's threshold before a command imports the libraries."""
+    code = (
+        "import gc\n"
+        "from bert_jax import cli\n"
+        "before = gc.get_threshold()\n"
+        "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(before, gc.get_threshold())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "(700, 10, 10) (10000, 20, 20)"
+
+
 def test_help_imports_no_library_and_module_entry_point_works():
     code = (
         "import sys\n"
