@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # default threshold; importing JAX, TensorFlow and Orbax and tracing a model allocate millions
     # of objects that live on. `pretrain --config configs/bert.py:base --compile-only`: 1,163
     # collections, 1.36 s; with 10,000, 65 collections, 0.34 s. A tiny run in a fresh process:
-    # 0.8-1.0 s of its imports' 3.3-4.0 s of CPU time, then 0.25 s.
+    # 0.8-1.0 s of its imports' 3.3-4.4 s of CPU time, then 0.25 s.
     gc.set_threshold(10_000, 20, 20)
     # TensorFlow (tf.data only) would otherwise log its CPU-feature banners on every start.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
