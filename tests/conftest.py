@@ -3,11 +3,12 @@
 import gc
 import os
 
+from bert_jax.cli import collect_garbage_less_often  # imports nothing of JAX (test_cli.py)
 from tests.xla_flags import with_devices  # noqa: E402 (imports nothing of JAX)
 
-# The garbage collector's threshold of `bert-jax` processes (bert_jax/cli/__init__.py) from the
-# first import on: collecting the tests imports JAX, TensorFlow, torch and transformers.
-gc.set_threshold(10_000, 20, 20)
+# As in `bert-jax` processes, from the first import on: collecting the tests imports JAX,
+# TensorFlow, torch and transformers.
+collect_garbage_less_often()
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + with_devices(8)).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -11,7 +11,6 @@ this process fed at every step to `<record>-<process_id>.npz`; with `die_at_step
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
@@ -38,7 +37,9 @@ def config_from(spec: dict):
 
 
 def main(spec: dict) -> None:
-    gc.set_threshold(10_000, 20, 20)  # as in `bert-jax` processes (bert_jax/cli/__init__.py)
+    from bert_jax.cli import collect_garbage_less_often  # imports nothing of JAX
+
+    collect_garbage_less_often()  # as in `bert-jax` processes
     jax = _setup_jax(int(spec.get("devices", 4)))
     from bert_jax.runtime import distributed
     from bert_jax.training import pretrain

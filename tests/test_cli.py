@@ -107,33 +107,33 @@ def test_every_argparse_command_runs_something_and_names_itself_for_errors():
         assert leaf.get_default("command_name") == path and callable(run), path
 
 
-def test_a_bert_jax_process_collects_garbage_after_10000_allocations_not_700():
-    """The CLI raises the collector's threshold before a command imports the libraries."""
+def _help_in_a_fresh_process(before: str, after: str) -> str:
+    """The last line printed by `after`, run in a new Python after `before` and
+    `cli.main(['--help'])`."""
     code = (
-        "import gc\n"
-        "from bert_jax import cli\n"
-        "before = gc.get_threshold()\n"
+        f"import gc, sys\nfrom bert_jax import cli\n{before}\n"
         "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "print(before, gc.get_threshold())\n"
+        f"{after}\n"
     )
     env = dict(os.environ, PYTHONPATH=REPO)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "(700, 10, 10) (10000, 20, 20)"
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_a_bert_jax_process_collects_garbage_after_10000_allocations_not_700():
+    """The CLI raises the collector's threshold before a command imports the libraries."""
+    said = _help_in_a_fresh_process(
+        "before = gc.get_threshold()", "print(before, gc.get_threshold())"
+    )
+    assert said == "(700, 10, 10) (10000, 20, 20)"
 
 
 def test_help_imports_no_library_and_module_entry_point_works():
-    code = (
-        "import sys\n"
-        "from bert_jax import cli\n"
-        "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = ('jax', 'tensorflow', 'flax', 'numpy', 'absl', 'ml_collections')\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
-    )
+    heavy = "('jax', 'tensorflow', 'flax', 'numpy', 'absl', 'ml_collections')"
+    listed = f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy}))"
+    assert _help_in_a_fresh_process("", listed) == "[]"
     env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "[]"
     proc = subprocess.run(
         [sys.executable, "-m", "bert_jax.cli", "tokenizer", "--help"],
         capture_output=True,
