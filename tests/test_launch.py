@@ -724,3 +724,128 @@ def test_plan_settings_for_another_slice_are_refused(capsys, tmp_path):
     argv[argv.index("--settings") + 1] = str(path)
     assert cli.main(argv) == 2
     assert "not the output of `bert-jax plan --json`" in capsys.readouterr().err
+
+
+# --- the pretrain arguments in either spelling, and dry runs that stay dry ---------------------
+
+SPACED = ["--config", "configs/bert.py:base", "--workdir", "/runs/base", "--config.seed", "-3"]
+EQUALS = ["--config=configs/bert.py:base", "--workdir=/runs/base", "--config.seed=-3"]
+
+
+@pytest.mark.parametrize("given", [SPACED, EQUALS, [*SPACED[:2], *EQUALS[1:]]])
+def test_pretrain_arguments_read_alike_in_either_spelling(given):
+    from bert_jax.launch import pretrain_args
+
+    assert pretrain_args.joined(given) == EQUALS
+    assert pretrain_args.value_of(given, "workdir") == "/runs/base"
+    assert slurm.workdir_in(given) == "/runs/base"
+    assert pretrain_args.config_args(given) == [EQUALS[0], EQUALS[2]]
+    assert pretrain_args.joined(["--dry-run", "--config", "c"]) == ["--dry-run", "--config=c"]
+    assert pretrain_args.value_of(["--dry-run"], "workdir") is None
+
+
+def _forbid_children(monkeypatch) -> None:
+    """A dry run starts no process (no `plan`, no compile check, no gcloud)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a dry run started a process: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+# The README's headline command, and the same with `--config=...` after `--`.
+README_UP = [
+    *("tpu", "up", "--name", "bert-base", "--zone", "us-east5-a", "--accelerator-type", "v5p-8"),
+    *("--spot", "--watch", "--plan", "--dry-run"),
+]
+
+
+@pytest.mark.parametrize(
+    "config", [["--config", "configs/bert.py:base"], ["--config=configs/bert.py:base"]]
+)
+def test_readme_up_watch_plan_dry_run_prints_the_plan_and_runs_nothing(
+    config, capsys, monkeypatch, tmp_path
+):
+    _forbid_children(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    workdir = str(tmp_path / "runs" / "base")
+    archive = str(tmp_path / "src.tar.gz")
+    lines = _launch(
+        capsys, *README_UP, "--archive", archive, "--", *config, "--workdir", workdir, "--x", "1"
+    )
+    assert lines[0] == (
+        "# planning v5p-8 (not in a dry run): bert-jax plan --config=configs/bert.py:base "
+        "--topology v5p-8 --json"
+    )
+    preflight = next(line for line in lines if "--compile-only" in line)
+    assert preflight.endswith(f"--workdir {workdir} --x 1 --compile-only --topology v5p-8")
+    assert any(line.startswith(f"{QR} create bert-base") and "--spot" in line for line in lines)
+    assert any(" pretrain " in line and "--worker=all" in line for line in lines)
+    assert lines[-1].startswith(f"# then: save the job in {workdir}/launch/ and supervise")
+    assert os.listdir(tmp_path) == []  # no workdir, no job.json, no source archive
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ["--config", "configs/bert.py:base", "--config.model.dtype", "float32"],
+        ["--config=configs/bert.py:base", "--config.model.dtype=float32"],
+    ],
+)
+def test_plan_runs_with_the_config_in_either_spelling_and_keeps_the_users_keys(
+    config, monkeypatch, capsys, tmp_path
+):
+    """`up --plan` (not a dry run) calls `bert-jax plan --config=FILE --topology T --json` with
+    the run's --config and overrides, and adds only the keys the user did not set."""
+    from bert_jax.cli import launch as launch_cli
+
+    planned = json.loads(open(_plan_file(tmp_path, "v5p-8"), encoding="utf-8").read())
+    seen = []
+
+    def fake_plan(argv, **kwargs):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(planned))
+
+    monkeypatch.setattr(subprocess, "run", fake_plan)
+    given = [*config, "--workdir", "/runs/base"]
+    args = cli.build_parser().parse_args(
+        ["launch", *README_UP[:-1], "--", *given]  # README_UP without --dry-run
+    )
+    combined = launch_cli._with_planned_settings(args)
+    (command,) = seen
+    assert command[3:] == [
+        "plan",
+        "--config=configs/bert.py:base",
+        "--config.model.dtype=float32",
+        *("--topology", "v5p-8", "--json"),
+    ]
+    assert combined == [
+        *given,
+        "--config.mesh.shape=(1,16,1)",
+        "--config.mesh.windowed_einsum=False",
+    ]
+    assert (
+        "# planning v5p-8: bert-jax plan --config=configs/bert.py:base" in capsys.readouterr().out
+    )
+
+
+def test_watch_and_status_dry_runs_read_and_run_nothing(capsys, monkeypatch, tmp_path):
+    _forbid_children(monkeypatch)
+    workdir = str(tmp_path / "absent")
+    (line,) = _launch(capsys, "tpu", "watch", "--workdir", workdir, "--dry-run", "--detach")
+    assert line.startswith(f"# would supervise the run whose job {workdir}/launch/job.json")
+    (line,) = _launch(capsys, "tpu", "status", "--workdir", workdir, "--dry-run")
+    assert line.startswith(f"# would read {workdir}/launch/")
+    (line,) = _launch(capsys, "slurm", "record", "started", "--workdir", workdir, "--dry-run")
+    assert line == f"# would add the event started to {workdir}/launch/"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("workdir", [["--workdir", "/shared/w"], ["--workdir=/shared/w"]])
+def test_slurm_reads_the_workdir_in_either_spelling(workdir, capsys):
+    lines = _launch(
+        capsys, "slurm", "--nodes", "2", "--submit", "--dry-run", "--", "--config=c", *workdir
+    )
+    assert lines[-1] == "# then: sbatch /shared/w/bert-jax.sbatch"
+    assert any("record started --workdir /shared/w" in line for line in lines)

@@ -138,7 +138,9 @@ def _add_tpu(kinds) -> None:
         help="supervise a run started by `launch tpu up` (settings from WORKDIR/launch/)",
         parents=[workdir, watching],
     )
-    watch.add_argument("--dry-run", action="store_true", help=argparse.SUPPRESS)
+    watch.add_argument(
+        "--dry-run", action="store_true", help="say what it would do; read and run nothing"
+    )
     watch.set_defaults(command_name="launch tpu watch", run=_run_watch)
     status = actions.add_parser(
         "status",
@@ -147,6 +149,9 @@ def _add_tpu(kinds) -> None:
     )
     status.add_argument(
         "--no-gcloud", action="store_true", help="do not ask gcloud for the slice's state"
+    )
+    status.add_argument(
+        "--dry-run", action="store_true", help="say what it would read; read nothing"
     )
     status.set_defaults(command_name="launch tpu status", run=_run_status)
 
@@ -254,6 +259,14 @@ def _supervise(args, workdir: str) -> int:
 
 
 def _run_watch(args) -> int:
+    if args.dry_run:  # reads nothing, runs nothing: the bucket may not be reachable from here
+        _policy(args)
+        print(
+            f"# would supervise the run whose job {args.workdir}/launch/job.json describes: "
+            "describe its slice, create or recreate it, start or restart the run, until its "
+            "model is exported" + (" (in the background)" if args.detach else "")
+        )
+        return 0
     return _one_line_for_cloud_errors(args, lambda: _supervise(args, args.workdir))
 
 
@@ -262,6 +275,12 @@ def _run_status(args) -> int:
 
     from bert_jax.launch import Runner, workdir_state
 
+    if args.dry_run:
+        print(
+            f"# would read {args.workdir}/launch/ (events, job) and the heartbeats"
+            + ("" if args.no_gcloud else ", and ask gcloud for the slice's state")
+        )
+        return 0
     use_gcloud = not args.no_gcloud and shutil.which("gcloud") is not None
     print(workdir_state.status_text(args.workdir, Runner() if use_gcloud else None))
     return 0
@@ -317,8 +336,27 @@ def _tpu_action(args) -> int:
     workdir = slurm.workdir_in(getattr(args, "pretrain_args", ()))
     if watch and workdir is None:
         raise LaunchError("--watch needs the run's --workdir in the pretrain arguments")
-    if watch and args.dry_run:
-        raise LaunchError("--watch runs gcloud as the run goes: it has no --dry-run")
+    if watch and args.dry_run:  # what `up` runs first; the supervisor's later steps as a note
+        tpu.perform(
+            "up",
+            vm,
+            runner,
+            pretrain_args=args.pretrain_args,
+            env=tpu.parse_env(args.env),
+            follow=False,
+            source_dir=args.source,
+            archive=args.archive,
+            jax_spec=args.jax_spec,
+            setup_commands=args.setup_command,
+            check_fit=not args.skip_preflight,
+            create_slice=(lambda: queued.bring_up(qr, runner)) if qr else None,
+        )
+        runner.note(
+            f"then: save the job in {workdir}/launch/ and supervise the run until its model is "
+            f"exported, as `bert-jax launch tpu watch --workdir {workdir}` does"
+            + (" (in the background)" if args.detach else "")
+        )
+        return 0
     if watch:
         _save_job(args, vm, workdir)
     elif args.tpu_action == "up" and workdir is not None and not args.dry_run:
@@ -347,32 +385,43 @@ def _tpu_action(args) -> int:
 
 
 def _with_planned_settings(args) -> list[str]:
-    """PRETRAIN_ARGS with what `plan` chose for the slice (see `plan.with_planned_flags`)."""
+    """PRETRAIN_ARGS with what `plan` chose for the slice (see `plan.with_planned_flags`); a dry
+    run prints the `plan` command instead of running it (minutes of compile) and adds nothing."""
     import os
+    import shlex
     import subprocess
     import sys
     import tempfile
 
+    from bert_jax.launch import pretrain_args
     from bert_jax.planning import plan
 
     accelerator = getattr(args, "accelerator_type", None) or "v4-32"
     what, path = "--settings", args.settings
     if args.plan:
-        config_args = [a for a in args.pretrain_args if a.startswith("--config")]
-        if not config_args:
+        config_args = pretrain_args.config_args(args.pretrain_args)
+        if not any(a.startswith("--config=") for a in config_args):
             raise LaunchError("--plan needs the run's --config in the pretrain arguments")
         command = [sys.executable, "-m", "bert_jax.cli", "plan", *config_args]
         command += ["--topology", accelerator, "--json"]
-        print(f"# planning {accelerator}: {' '.join(command[2:])}", flush=True)
+        shown = shlex.join(["bert-jax", *command[3:]])
+        if args.dry_run:
+            print(f"# planning {accelerator} (not in a dry run): {shown}")
+            print("# the settings `plan` chooses join the pretrain arguments below")
+            return list(args.pretrain_args)
+        print(f"# planning {accelerator}: {shown}", flush=True)
         done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
         if done.returncode not in (0, 4):
             raise LaunchError(f"--plan: `bert-jax plan` exited with {done.returncode} (above)")
         what, path = "--plan", os.path.join(tempfile.mkdtemp(prefix="bert-jax-plan-"), "plan.json")
         with open(path, "w", encoding="utf-8") as f:
             f.write(done.stdout)
-    combined, added = plan.with_planned_flags(path, accelerator, args.pretrain_args, what)
+    # The user's keys are found in either spelling (`--config.k v`, `--config.k=v`).
+    _, added = plan.with_planned_flags(
+        path, accelerator, pretrain_args.joined(args.pretrain_args), what
+    )
     print(f"# settings from {what} {path}: {' '.join(added) or '(all set in PRETRAIN_ARGS)'}")
-    return combined
+    return [*args.pretrain_args, *added]
 
 
 def _save_job_if_reachable(args, vm, workdir: str) -> None:
@@ -484,10 +533,16 @@ def _run_slurm(args) -> int:
         if not args.workdir:
             raise LaunchError(f"launch slurm {action[0]} needs --workdir (the run's workdir)")
         if action == ["status"]:
+            if args.dry_run:
+                print(f"# would read {args.workdir}/launch/ (events) and the heartbeats")
+                return 0
             print(workdir_state.status_text(args.workdir))
             return 0
         if len(args.pretrain_args) != 2:
             raise LaunchError("launch slurm record EVENT --workdir W (started, finished, ...)")
+        if args.dry_run:
+            print(f"# would add the event {args.pretrain_args[1]} to {args.workdir}/launch/")
+            return 0
         workdir_state.record_event(
             args.workdir, args.pretrain_args[1], note=args.note, exit_status=args.exit_status
         )

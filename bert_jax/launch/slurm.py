@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Sequence
 
 from bert_jax.launch import LaunchError, Runner
+from bert_jax.launch import pretrain_args as pretrain_args_lib
 from bert_jax.runtime.errors import EXIT_STOPPED
 
 PER_CHOICES = ("gpu", "node")
@@ -181,16 +182,8 @@ def parse_env(pairs: Sequence[str]) -> tuple[tuple[str, str], ...]:
 
 
 def workdir_in(pretrain_args: Sequence[str]) -> str | None:
-    """The --workdir in the pretrain arguments (the last one given), or None."""
-    found = None
-    for i, arg in enumerate(pretrain_args):
-        name, sep, value = arg.partition("=")
-        if name.lstrip("-") == "workdir" and name.startswith("-"):
-            if sep:
-                found = value
-            elif i + 1 < len(pretrain_args):
-                found = pretrain_args[i + 1]
-    return found
+    """The --workdir in the pretrain arguments (the last one given, either spelling), or None."""
+    return pretrain_args_lib.value_of(pretrain_args, "workdir")
 
 
 def default_paths(
