@@ -211,39 +211,107 @@ def _open_binary(path: str) -> IO[bytes]:
         return fs.open(path, "rb")
 
 
-def _iter_lines(
-    path: str, stats: CorpusStats, max_line_bytes: int, strict: bool
-) -> Iterator[tuple[int, str]]:
-    """(line number, decoded line) with over-long lines skipped and bad bytes dropped.
+def _where(path: str, lineno: int, offset: int, numbered: bool) -> str:
+    """Where a line is, for a message: ``path:LINE``, or, in a split that starts inside the file
+    (its line numbers unknown), ``path: line at byte OFFSET``."""
+    return f"{path}:{lineno}" if numbered else f"{path}: line at byte {offset}"
+
+
+def _lines(
+    stream: IO[bytes],
+    path: str,
+    stats: CorpusStats,
+    max_line_bytes: int,
+    strict: bool,
+    start: int = 0,
+    numbered: bool = True,
+) -> Iterator[tuple[int, int, str]]:
+    """(line number, byte offset, decoded line) of each line of ``stream`` (which is at byte
+    ``start`` of ``path``), with over-long lines skipped and bad bytes dropped.
 
     Reads in pieces of at most ``max_line_bytes`` so that a multi-gigabyte line (a corrupted or
     minified file) never has to fit in memory.
     """
+    lineno, offset = 0, start
+    while True:
+        raw = stream.readline(max_line_bytes + 1)
+        if not raw:
+            return
+        lineno += 1
+        line_offset, offset = offset, offset + len(raw)
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            where = _where(path, lineno, line_offset, numbered)
+            if strict:
+                raise UserError(
+                    f"{where}: line longer than {max_line_bytes} bytes "
+                    "(--max-line-bytes; without --strict it is skipped)"
+                )
+            stats.note("long_lines", where)
+            while raw and not raw.endswith(b"\n"):
+                raw = stream.readline(max_line_bytes + 1)
+                offset += len(raw)
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            where = _where(path, lineno, line_offset, numbered)
+            if strict:
+                raise UserError(f"{where}: invalid UTF-8 ({err.reason})") from err
+            stats.note("invalid_utf8_lines", where)
+            text = raw.decode("utf-8", errors="replace").replace("\ufffd", "")
+        yield lineno, line_offset, text
+
+
+def _iter_lines(
+    path: str, stats: CorpusStats, max_line_bytes: int, strict: bool
+) -> Iterator[tuple[int, int, str]]:
+    """``_lines`` of the whole file ``path``."""
     with _open_binary(path) as f:
-        lineno = 0
-        while True:
-            raw = f.readline(max_line_bytes + 1)
-            if not raw:
-                return
-            lineno += 1
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                if strict:
-                    raise UserError(
-                        f"{path}:{lineno}: line longer than {max_line_bytes} bytes "
-                        "(--max-line-bytes; without --strict it is skipped)"
-                    )
-                stats.note("long_lines", f"{path}:{lineno}")
-                while raw and not raw.endswith(b"\n"):
-                    raw = f.readline(max_line_bytes + 1)
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                if strict:
-                    raise UserError(f"{path}:{lineno}: invalid UTF-8 ({err.reason})") from err
-                stats.note("invalid_utf8_lines", f"{path}:{lineno}")
-                text = raw.decode("utf-8", errors="replace").replace("\ufffd", "")
-            yield lineno, text
+        yield from _lines(f, path, stats, max_line_bytes, strict)
+
+
+def _noting_empty(lines: Iterator, stats: CorpusStats, path: str) -> Iterator:
+    """``lines`` passed on; an empty file noted in ``stats`` once they end."""
+    empty = True
+    for line in lines:
+        empty = False
+        yield line
+    if empty:
+        stats.note("empty_files", path)
+
+
+def _text_documents(
+    lines: Iterator[tuple[int, int, str]],
+    stats: CorpusStats,
+    split: Callable[[str], list[str]] | None,
+    after_blank: bool = False,
+) -> Iterator[tuple[int, Document]]:
+    """(byte offset of its first line, document) of original-format text. ``after_blank``: the
+    lines start right after a blank line (a split that starts inside a file)."""
+    document: Document = []
+    first = -1
+    saw_blank = after_blank
+    for _, offset, line in lines:
+        line = line.strip()
+        if not line:
+            if document:
+                yield first, document
+                document = []
+            elif saw_blank:
+                # A second blank line in a row encloses a document with no sentences.
+                stats.empty_documents += 1
+            saw_blank = True
+            first = -1
+            continue
+        saw_blank = False
+        if first < 0:
+            first = offset
+        if split is not None:
+            document.extend(split(line))
+        else:
+            document.append(line)
+    if document:
+        yield first, document
 
 
 def _iter_text_file(
@@ -253,30 +321,42 @@ def _iter_text_file(
     strict: bool,
     split: Callable[[str], list[str]] | None,
 ) -> Iterator[Document]:
-    document: Document = []
-    saw_blank = False
-    any_line = False
-    for _, line in _iter_lines(path, stats, max_line_bytes, strict):
-        any_line = True
-        line = line.strip()
-        if not line:
-            if document:
-                yield document
-                document = []
-            elif saw_blank:
-                # A second blank line in a row encloses a document with no sentences.
-                stats.empty_documents += 1
-            saw_blank = True
-            continue
-        saw_blank = False
-        if split is not None:
-            document.extend(split(line))
-        else:
-            document.append(line)
-    if document:
+    lines = _noting_empty(_iter_lines(path, stats, max_line_bytes, strict), stats, path)
+    for _, document in _text_documents(lines, stats, split):
         yield document
-    if not any_line:
-        stats.note("empty_files", path)
+
+
+def _jsonl_texts(
+    lines: Iterator[tuple[int, int, str]],
+    path: str,
+    stats: CorpusStats,
+    strict: bool,
+    text_field: str,
+    numbered: bool = True,
+) -> Iterator[tuple[int, str]]:
+    """(byte offset of its line, text) of each JSONL record."""
+    for lineno, offset, line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            where = _where(path, lineno, offset, numbered)
+            if strict:
+                raise UserError(f"{where}: not valid JSON ({err.msg})") from err
+            stats.note("bad_records", where)
+            continue
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            where = _where(path, lineno, offset, numbered)
+            if strict:
+                raise UserError(
+                    f"{where}: expected a JSON object with a string {text_field!r} field "
+                    "(--text-field)"
+                )
+            stats.note("bad_records", where)
+            continue
+        yield offset, text
 
 
 def _iter_jsonl_file(
@@ -286,30 +366,9 @@ def _iter_jsonl_file(
     strict: bool,
     text_field: str,
 ) -> Iterator[str]:
-    any_line = False
-    for lineno, line in _iter_lines(path, stats, max_line_bytes, strict):
-        any_line = True
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if strict:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
-            stats.note("bad_records", f"{path}:{lineno}")
-            continue
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            if strict:
-                raise UserError(
-                    f"{path}:{lineno}: expected a JSON object with a string {text_field!r} field "
-                    "(--text-field)"
-                )
-            stats.note("bad_records", f"{path}:{lineno}")
-            continue
+    lines = _noting_empty(_iter_lines(path, stats, max_line_bytes, strict), stats, path)
+    for _, text in _jsonl_texts(lines, path, stats, strict, text_field):
         yield text
-    if not any_line:
-        stats.note("empty_files", path)
 
 
 def _iter_parquet_file(

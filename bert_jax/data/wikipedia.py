@@ -9,7 +9,9 @@ Public API:
   ``sources`` runs in worker processes).
 - ``wikitext_to_paragraphs(wikitext) -> list[str]``: the stripping alone (``parse`` first);
   ``markup_leftovers(text)``: the markup that stripped text must not hold.
-- ``multistream_header``, ``iter_chunks``, ``chunk_candidates``: a multistream dump read apart.
+- ``multistream_header``, ``iter_chunks``, ``chunk_candidates``: a multistream dump read apart;
+  ``probe_head``, ``first_stream_header``, ``next_stream_start`` and ``iter_streams``: the same
+  by byte ranges of whole streams (``splits``).
   Wikimedia's ``*-multistream*.xml*.bz2`` files are bz2 streams of 100 whole pages each (the
   first holds the header): cut at stream starts into chunks of about ``CHUNK_BYTES``, each chunk
   is decompressed and parsed by a worker under the dump's header, so a dump's reading runs in
@@ -72,11 +74,12 @@ class Counts:
         self.skipped_pages = 0
 
 
-def _pages(path: str) -> Iterator[tuple[int, bool, str, str | None]]:
-    """(namespace, is a redirect, title, latest text) of each page; a damaged file (bz2 or
-    XML) is a UserError naming it."""
-    with user_path(path, "--input"):
-        raw = fs.open(path, "rb")
+def _pages(path: str, raw: IO[bytes] | None = None) -> Iterator[tuple[int, bool, str, str | None]]:
+    """(namespace, is a redirect, title, latest text) of each page (read from ``raw`` if given,
+    a file this closes); a damaged file (bz2 or XML) is a UserError naming it."""
+    if raw is None:
+        with user_path(path, "--input"):
+            raw = fs.open(path, "rb")
     stream = io.BufferedReader(_Bz2Streams(raw), 1 << 20) if path.endswith(".bz2") else raw
     try:
         yield from _parse(stream, path)
@@ -174,11 +177,13 @@ def _candidate(page: tuple[int, bool, str, str | None]) -> tuple[str, str] | Non
     return title, text
 
 
-def iter_candidates(path: str, counts: Counts | None = None) -> Iterator[tuple[str, str]]:
-    """``_candidate`` of each page of ``path``, in this process; ``article_text`` finishes the
-    job."""
+def iter_candidates(
+    path: str, counts: Counts | None = None, raw: IO[bytes] | None = None
+) -> Iterator[tuple[str, str]]:
+    """``_candidate`` of each page of ``path`` (read from ``raw`` if given), in this process;
+    ``article_text`` finishes the job."""
     counts = Counts() if counts is None else counts
-    for page in _pages(path):
+    for page in _pages(path, raw):
         counts.pages += 1
         candidate = _candidate(page)
         if candidate is None:
@@ -196,15 +201,17 @@ _PROBE_BYTES = 8 << 20
 _PROBE_STREAMS = 4
 
 
-def multistream_header(path: str) -> bytes | None:
+def multistream_header(path: str, head: bytes | None = None) -> bytes | None:
     """The XML before the first page (``<mediawiki>`` and ``<siteinfo>``) when ``path`` is a
     multistream dump whose streams hold whole pages, as Wikimedia writes them (checked on its
     first streams), so that chunks of streams can be read apart; None otherwise (one stream, or
-    streams cut anywhere, as pbzip2 cuts them): the file is read as one stream."""
+    streams cut anywhere, as pbzip2 cuts them): the file is read as one stream. ``head``: the
+    file's first bytes if the caller read them (``probe_head``), else its first 8 MiB are read."""
     if not path.endswith(".bz2"):
         return None
-    with user_path(path, "--input"):
-        head = fs.read_bytes(path, 0, _PROBE_BYTES)
+    if head is None:
+        with user_path(path, "--input"):
+            head = fs.read_bytes(path, 0, _PROBE_BYTES)
     starts = [m.start() for m in _STREAM_START.finditer(head)][: _PROBE_STREAMS + 1]
     if len(starts) < 2 or starts[0] != 0:
         return None
@@ -238,6 +245,60 @@ def iter_chunks(path: str, size: int = CHUNK_BYTES) -> Iterator[bytes]:
                 buffer = buffer[starts[-1] :]
         if buffer:
             yield buffer
+
+
+def probe_head(stream: IO[bytes], block: int = 1 << 10) -> bytes:
+    """The first bytes of a file open as ``stream`` that ``multistream_header`` needs: up to the
+    stream start after those it checks (or 8 MiB, or the end), read in blocks that double."""
+    head = b""
+    while len(head) < _PROBE_BYTES:
+        data = stream.read(min(block, _PROBE_BYTES - len(head)))
+        if not data:
+            break
+        head, block = head + data, 2 * block
+        if len(_STREAM_START.findall(head)) > _PROBE_STREAMS + 1:
+            break
+    return head
+
+
+def first_stream_header(path: str, stream: IO[bytes], block: int = 1 << 10) -> bytes:
+    """``multistream_header``'s header read from the dump's first bz2 stream alone (``stream``
+    at byte 0, read in blocks that double until that stream ends): what a reader of a later
+    range of streams parses its pages under."""
+    decompressor, xml = bz2.BZ2Decompressor(), b""
+    try:
+        while not decompressor.eof and (data := stream.read(block)):
+            xml, block = xml + decompressor.decompress(data), 2 * block
+    except (OSError, EOFError) as err:
+        raise _unreadable(path, err) from err
+    if b"</siteinfo>" not in xml:
+        raise _unreadable(path, ValueError("no <siteinfo> in its first bz2 stream"))
+    return xml.partition(b"</siteinfo>")[0] + b"</siteinfo>\n"
+
+
+def next_stream_start(data: bytes, position: int = 0) -> int:
+    """Where the first bz2 stream that starts at or after ``position`` in ``data`` starts;
+    -1 if none does."""
+    match = _STREAM_START.search(data, position)
+    return -1 if match is None else match.start()
+
+
+def iter_streams(
+    stream: IO[bytes], start: int, block: int = CHUNK_BYTES
+) -> Iterator[tuple[int, bytes]]:
+    """(byte offset in the file, compressed bytes) of each bz2 stream read from ``stream``, which
+    is at byte ``start`` of the file, a stream start; joined they are what ``stream`` holds."""
+    buffer, offset = b"", start
+    while data := stream.read(block):
+        searched = max(1, len(buffer) - 9)  # a start may straddle the blocks
+        buffer += data
+        starts = [m.start() for m in _STREAM_START.finditer(buffer, searched)]
+        for begin, end in zip([0, *starts], starts):
+            yield offset + begin, buffer[begin:end]
+        if starts:
+            offset, buffer = offset + starts[-1], buffer[starts[-1] :]
+    if buffer:
+        yield offset, buffer
 
 
 def chunk_candidates(path: str, header: bytes, chunk: bytes) -> list[tuple[str, str] | None]:

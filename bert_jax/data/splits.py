@@ -1,0 +1,446 @@
+"""Inputs cut into splits that a runner can read apart: every input byte read once, by one split.
+
+Public API (``bert_jax.data.prepare``'s local pool and the Beam pipeline both read through it):
+
+- ``Split(source_index, source, kind, start, stop)``: one piece of one input. ``source_index`` is
+  the source's position in ``sources.expand_sources(sources)``, ``source`` that expanded source,
+  ``kind`` one of ``KINDS``. ``start``/``stop``: for ``text``, ``jsonl`` and a multistream
+  ``wikipedia`` dump the bytes ``[start, stop)`` of the file; for ``parquet`` the row groups
+  ``[start, stop)``; a source read whole (``.gz`` files, ``.xml`` and single-stream ``.bz2``
+  dumps, ``embedded``, ``tfds``) is one split ``(0, -1)``. The splits of one source are
+  contiguous and cover it exactly (split k's ``stop`` is split k+1's ``start``). Splits sort in
+  input order.
+- ``plan_splits(sources, *, target_bytes=64 MiB, byte_count=None, **reader_options) ->
+  list[Split]``: deterministic, it depends only on the inputs and ``target_bytes`` (never on how
+  many workers read them). Cheap: it lists files and reads only small windows: a Parquet
+  file's footer; a multistream dump's first streams (``wikipedia.multistream_header``, which
+  tells it from a dump that must be read whole) and, near each cut, the bytes up to the next bz2
+  stream start; in text, up to the next document start (a line after a blank line) and in JSONL
+  up to the next line. The cut near ``k * target_bytes`` is the first such boundary at or after
+  it; none within ``PROBE_LIMIT`` bytes of it (a document longer than that) means no cut there.
+  Parquet files are cut after the row group that brings a split to ``target_bytes`` on disk.
+- ``read_split(split, stats, *, byte_count=None, **reader_options) -> Iterator[(DocKey,
+  Document)]``: the documents of exactly this split, in file order, with their keys. The
+  documents, their sentences and the ``CorpusStats`` counts (summed over a source's splits with
+  ``CorpusStats.merge``, in split order) are those ``sources.iter_documents`` gives for the
+  source. Only real documents are yielded: empty documents and pages that are no articles are
+  counted in ``stats`` here, as ``iter_documents`` counts them. ``reader_options``: the options
+  of ``iter_documents`` that apply (``text_field``, ``max_line_bytes``, ``strict``,
+  ``sentence_split``, ``splitter_name``, ``tfds_data_dir``). It reads only the split's bytes
+  (or row groups) through ``bert_jax.runtime.fs``, so ``gs://`` works, and runs no processes:
+  the caller runs splits in parallel.
+- ``DocKey``: a tuple of ints, unique in the corpus, sortable into input order and the same
+  however the source was cut: text and JSONL ``(source_index, byte offset of the document's
+  first line)``; Parquet ``(source_index, row group, row in it)``; a multistream dump
+  ``(source_index, byte offset of the bz2 stream, page number in the stream)``; a source read
+  whole ``(source_index, ordinal of the document as read)``.
+- ``split_bytes(split) -> int``: the bytes on storage the split covers (a Parquet split: its row
+  groups' column chunks; 0 for ``embedded`` and ``tfds``), for progress and benchmarks.
+- ``ByteCount``: what was read from storage, for tests and benchmarks: ``content`` (the split's
+  own bytes: over all splits of a text, JSONL or multistream input, exactly its size; of a
+  Parquet input, every chunk of the text column once) and ``extra`` (anything else: planning's
+  probes, a Parquet split's footer, a later dump split's first stream, which holds the header).
+
+Bad input is what ``iter_documents`` says, in one line: a split that starts inside a text or
+JSONL file does not know its line numbers, so it names the line by its byte offset (``FILE: line
+at byte N``); the first split of a file names it ``FILE:LINE`` as ``iter_documents`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import io
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from bert_jax.data import parquet, wikipedia
+from bert_jax.data import sources as sources_lib
+from bert_jax.data.embedded import Document, embedded_documents
+from bert_jax.data.sentences import DEFAULT_SPLITTER, splitter
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError, user_path
+
+__all__ = [
+    "DEFAULT_TARGET_BYTES",
+    "KINDS",
+    "ByteCount",
+    "DocKey",
+    "Split",
+    "plan_splits",
+    "read_split",
+    "split_bytes",
+]
+
+KINDS = ("text", "jsonl", "parquet", "wikipedia", "embedded", "tfds")
+DEFAULT_TARGET_BYTES = 64 << 20
+PROBE_LIMIT = 1 << 20  # bytes searched for a boundary after a cut point
+_PROBE_BLOCK = 1 << 10  # the first block a probe reads; each next one twice as long
+# A blank line that the text reader sees as one: ASCII whitespace only, short (never "long").
+_BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]{0,16}\n")
+
+DocKey = tuple[int, ...]
+
+
+@dataclass(frozen=True, order=True)
+class Split:
+    """One piece of one input (see the module docstring)."""
+
+    source_index: int
+    source: str
+    kind: str
+    start: int
+    stop: int
+
+
+@dataclass
+class ByteCount:
+    """Bytes read from storage: a split's own (``content``) and anything else (``extra``)."""
+
+    content: int = 0
+    extra: int = 0
+
+    def add(self, other: ByteCount) -> None:
+        self.content += other.content
+        self.extra += other.extra
+
+
+def _kind(source: str) -> str:
+    """The split kind of an expanded source (the same tests as ``iter_documents``)."""
+    kind = sources_lib.source_kind(source)
+    if kind in ("tfds", "embedded"):
+        return kind
+    if sources_lib._is_jsonl(source):
+        return "jsonl"
+    if parquet.is_parquet(source):
+        return "parquet"
+    if wikipedia.is_wikipedia_dump(source):
+        return "wikipedia"
+    return "text"
+
+
+# --- Planning ---
+
+
+def _probe(path: str, start: int, stop: int, find: Callable[[bytes], int], count) -> int:
+    """The file position of the first boundary ``find`` sees in ``[start, stop)``, read a block
+    at a time; -1 if none."""
+    with user_path(path, "--input"), fs.RangeFile(path, start, stop) as stream:
+        try:
+            data, size = b"", _PROBE_BLOCK
+            while block := stream.read(size):
+                data, size = data + block, 2 * size  # most boundaries lie in the first block
+                found = find(data)
+                if found >= 0:
+                    return start + found
+            return -1
+        finally:
+            count.extra += stream.bytes_read
+
+
+def _text_boundary(data: bytes) -> int:
+    """After a blank line (the data starts one byte before the cut point)."""
+    match = _BLANK_LINE.search(data)
+    return -1 if match is None else match.end()
+
+
+def _line_boundary(data: bytes) -> int:
+    found = data.find(b"\n")
+    return -1 if found < 0 else found + 1
+
+
+def _byte_cuts(path: str, size: int, target: int, back: int, find, count) -> list[int]:
+    """Cut positions ``[0, ..., size]``: the first boundary at or after each ``k * target``.
+    ``back``: bytes before the cut point that ``find`` needs to see (the line end before)."""
+    cuts = [0]
+    point = target
+    while point < size:
+        found = _probe(path, point - back, min(size, point + min(target, PROBE_LIMIT)), find, count)
+        if cuts[-1] < found < size:
+            cuts.append(found)
+        point += target
+    return [*cuts, size]
+
+
+def _ranges(index: int, source: str, kind: str, cuts: list[int]) -> list[Split]:
+    return [Split(index, source, kind, a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def _plan_parquet(index: int, path: str, target: int, count: ByteCount) -> list[Split]:
+    with user_path(path, "--input"), fs.RangeFile(path) as stream:
+        try:
+            metadata = parquet.read_metadata(path, stream)
+        finally:
+            count.extra += stream.bytes_read
+    cuts, size = [0], 0
+    for group in range(metadata.num_row_groups):
+        size += _row_group_bytes(metadata, group)
+        if size >= target and group + 1 < metadata.num_row_groups:
+            cuts.append(group + 1)
+            size = 0
+    return _ranges(index, path, "parquet", [*cuts, metadata.num_row_groups])
+
+
+def _row_group_bytes(metadata, group: int) -> int:
+    row_group = metadata.row_group(group)
+    return sum(row_group.column(c).total_compressed_size for c in range(row_group.num_columns))
+
+
+def _plan_dump(index: int, path: str, target: int, count: ByteCount) -> list[Split]:
+    if not path.endswith(".bz2"):
+        return [Split(index, path, "wikipedia", 0, -1)]
+    with user_path(path, "--input"), fs.RangeFile(path) as stream:
+        try:
+            header = wikipedia.multistream_header(path, wikipedia.probe_head(stream))
+            size = stream.stop
+        finally:
+            count.extra += stream.bytes_read
+    if header is None:  # one stream, or streams cut mid-page: read whole
+        return [Split(index, path, "wikipedia", 0, -1)]
+    cuts = _byte_cuts(path, size, target, 0, wikipedia.next_stream_start, count)
+    return _ranges(index, path, "wikipedia", cuts)
+
+
+def plan_splits(
+    sources: Sequence[str | os.PathLike] | str,
+    *,
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    byte_count: ByteCount | None = None,
+    max_line_bytes: int = sources_lib.DEFAULT_MAX_LINE_BYTES,
+    **reader_options,
+) -> list[Split]:
+    """The splits of ``sources`` in input order (see the module docstring). ``byte_count``
+    (its ``extra``) counts the bytes the probes read. ``reader_options``: ``read_split``'s,
+    accepted so that callers pass one set; only ``max_line_bytes`` matters here."""
+    if target_bytes < 1:
+        raise UserError(f"split size must be at least 1 byte, not {target_bytes}")
+    count = ByteCount() if byte_count is None else byte_count
+    # A blank line the reader skips as over-long is no document boundary.
+    blank_ok = max_line_bytes > 17
+    planned: list[Split] = []
+    for index, source in enumerate(sources_lib.expand_sources(sources)):
+        kind = _kind(source)
+        if kind in ("tfds", "embedded") or source.endswith(".gz"):
+            planned.append(Split(index, source, kind, 0, -1))
+        elif kind == "parquet":
+            planned.extend(_plan_parquet(index, source, target_bytes, count))
+        elif kind == "wikipedia":
+            planned.extend(_plan_dump(index, source, target_bytes, count))
+        else:
+            with user_path(source, "--input"):
+                size = fs.getsize(source)
+            if kind == "jsonl":
+                cuts = _byte_cuts(source, size, target_bytes, 1, _line_boundary, count)
+            elif blank_ok:
+                cuts = _byte_cuts(source, size, target_bytes, 1, _text_boundary, count)
+            else:
+                cuts = [0, size]
+            planned.extend(_ranges(index, source, kind, cuts))
+    return planned
+
+
+def split_bytes(split: Split) -> int:
+    """The bytes on storage ``split`` covers; 0 where it has none (``embedded``, ``tfds``)."""
+    if split.kind in ("embedded", "tfds"):
+        return 0
+    if split.kind == "parquet":
+        metadata = _parquet_metadata(split.source)
+        return sum(_row_group_bytes(metadata, g) for g in range(split.start, split.stop))
+    if split.stop < 0:
+        with user_path(split.source, "--input"):
+            return fs.getsize(split.source)
+    return split.stop - split.start
+
+
+@functools.lru_cache(maxsize=16)
+def _parquet_metadata(path: str):
+    with user_path(path, "--input"), fs.RangeFile(path) as stream:
+        return parquet.read_metadata(path, stream)
+
+
+# --- Reading ---
+
+
+def _counted(stats: sources_lib.CorpusStats, items: Iterator[tuple[DocKey, Document | None]]):
+    """Real documents passed on; empty ones and pages that are no article counted, as
+    ``iter_documents`` counts them."""
+    for key, document in items:
+        if document is None:
+            stats.skipped_pages += 1
+        elif not document:
+            stats.empty_documents += 1
+        else:
+            stats.add_document(document)
+            yield key, document
+
+
+def read_split(
+    split: Split,
+    stats: sources_lib.CorpusStats,
+    *,
+    byte_count: ByteCount | None = None,
+    tfds_data_dir: str | None = None,
+    text_field: str = "text",
+    max_line_bytes: int = sources_lib.DEFAULT_MAX_LINE_BYTES,
+    strict: bool = False,
+    sentence_split: bool = False,
+    splitter_name: str = DEFAULT_SPLITTER,
+) -> Iterator[tuple[DocKey, Document]]:
+    """The documents of ``split`` with their keys, counting into ``stats`` and ``byte_count``
+    (see the module docstring)."""
+    split_text = splitter(splitter_name)  # an unknown name fails here, before anything is read
+    count = ByteCount() if byte_count is None else byte_count
+    index, path = split.source_index, split.source
+    if split.kind == "tfds":
+        items = sources_lib._iter_tfds(path, stats, tfds_data_dir, text_field, strict, split_text)
+        yield from _counted(stats, (((index, n), d) for n, d in enumerate(items)))
+        return
+    if split.kind == "embedded":
+        stats.files += 1
+        documents = embedded_documents(path.partition(":")[2] or "train")
+        yield from _counted(stats, (((index, n), d) for n, d in enumerate(documents)))
+        return
+    if split.start == 0:
+        stats.files += 1
+    if split.kind == "parquet":
+        items = _parquet_documents(split, stats, count, text_field, strict, split_text)
+    elif split.kind == "wikipedia" and split.stop < 0:
+        items = _whole_dump_documents(split, stats, count, split_text)
+    elif split.kind == "wikipedia":
+        items = _dump_range_documents(split, stats, count, split_text)
+    else:
+        lines_split = split_text if sentence_split else None
+        items = _line_documents(
+            split, stats, count, max_line_bytes, strict, text_field, split_text, lines_split
+        )
+    yield from _counted(stats, items)
+
+
+def _line_documents(
+    split: Split,
+    stats: sources_lib.CorpusStats,
+    count: ByteCount,
+    max_line_bytes: int,
+    strict: bool,
+    text_field: str,
+    split_text: Callable[[str], list[str]],
+    split_lines: Callable[[str], list[str]] | None,
+) -> Iterator[tuple[DocKey, Document]]:
+    """Text or JSONL: a byte range, or a ``.gz`` file whole (keyed by ordinal)."""
+    path, index, whole = split.source, split.source_index, split.stop < 0
+    with user_path(path, "input"):
+        raw = fs.RangeFile(path, split.start, None if whole else split.stop)
+    try:
+        stream: io.BufferedIOBase = io.BufferedReader(raw, buffer_size=1 << 20)
+        if path.endswith(".gz"):
+            stream = gzip.GzipFile(fileobj=stream)
+        with stream:
+            numbered = split.start == 0
+            lines = sources_lib._lines(
+                stream, path, stats, max_line_bytes, strict, split.start, numbered
+            )
+            if split.start == 0:
+                lines = sources_lib._noting_empty(lines, stats, path)
+            if split.kind == "jsonl":
+                texts = sources_lib._jsonl_texts(lines, path, stats, strict, text_field, numbered)
+                keyed = ((offset, split_text(text)) for offset, text in texts)
+            else:
+                keyed = sources_lib._text_documents(lines, stats, split_lines, split.start > 0)
+            for ordinal, (offset, document) in enumerate(keyed):
+                yield (index, ordinal if whole else offset), document
+    finally:
+        count.content += raw.bytes_read
+        raw.close()
+
+
+def _parquet_documents(
+    split: Split,
+    stats: sources_lib.CorpusStats,
+    count: ByteCount,
+    text_field: str,
+    strict: bool,
+    split_text: Callable[[str], list[str]],
+) -> Iterator[tuple[DocKey, Document]]:
+    path = split.source
+    with user_path(path, "--input"):
+        stream = fs.RangeFile(path)
+    footer = 0
+    try:
+        metadata = parquet.read_metadata(path, stream)
+        footer = stream.bytes_read
+        if split.start == 0 and metadata.num_rows == 0:
+            stats.note("empty_files", path)
+        rows = parquet.row_group_texts(path, stream, metadata, text_field, split.start, split.stop)
+        for group, in_group, row, text in rows:
+            if text is None:
+                if strict:
+                    raise UserError(f"{path}: row {row}: no string in column {text_field!r}")
+                stats.note("bad_records", f"{path}: row {row}")
+                continue
+            yield (split.source_index, group, in_group), split_text(text)
+    finally:
+        count.extra += footer
+        count.content += stream.bytes_read - footer
+        stream.close()
+
+
+def _whole_dump_documents(
+    split: Split,
+    stats: sources_lib.CorpusStats,
+    count: ByteCount,
+    split_text: Callable[[str], list[str]],
+) -> Iterator[tuple[DocKey, Document | None]]:
+    """An ``.xml`` dump, or a ``.bz2`` one in one stream (or cut mid-page): read whole."""
+    path = split.source
+    with user_path(path, "--input"):
+        raw = fs.RangeFile(path)
+    counts = wikipedia.Counts()
+    try:
+        stream = io.BufferedReader(raw, buffer_size=1 << 20)
+        candidates = wikipedia.iter_candidates(path, counts, stream)
+        for ordinal, (title, wikitext) in enumerate(candidates):
+            text = wikipedia.article_text(title, wikitext)
+            yield (split.source_index, ordinal), None if text is None else split_text(text)
+    finally:
+        stats.skipped_pages += counts.skipped_pages
+        count.content += raw.bytes_read
+        raw.close()
+    if counts.pages == 0:
+        stats.note("empty_files", path)
+
+
+def _dump_range_documents(
+    split: Split,
+    stats: sources_lib.CorpusStats,
+    count: ByteCount,
+    split_text: Callable[[str], list[str]],
+) -> Iterator[tuple[DocKey, Document | None]]:
+    """Whole bz2 streams of a multistream dump, each parsed under the dump's header (from the
+    first stream: this split's own, or read apart for a later split)."""
+    path, header, pages = split.source, None, 0
+    if split.start > 0:
+        with user_path(path, "--input"), fs.RangeFile(path) as first:
+            try:
+                header = wikipedia.first_stream_header(path, first)
+            finally:
+                count.extra += first.bytes_read
+    with user_path(path, "--input"):
+        raw = fs.RangeFile(path, split.start, split.stop)
+    try:
+        for offset, data in wikipedia.iter_streams(raw, split.start):
+            if header is None:
+                header = wikipedia.first_stream_header(path, io.BytesIO(data))
+            candidates = wikipedia.chunk_candidates(path, header, data)
+            for page, candidate in enumerate(candidates):
+                pages += 1
+                text = None if candidate is None else wikipedia.article_text(*candidate)
+                document = None if text is None else split_text(text)
+                yield (split.source_index, offset, page), document
+    finally:
+        count.content += raw.bytes_read
+        whole = split.start == 0 and raw.stop == raw.size
+        raw.close()
+    if pages == 0 and whole:
+        stats.note("empty_files", path)

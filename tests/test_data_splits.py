@@ -1,0 +1,230 @@
+"""Inputs as splits: every byte read once, by one split, and the documents iter_documents gives.
+
+Each source kind is cut into one split, two and many (``target_bytes`` from the source's size);
+the splits read together give iter_documents' documents (sorted by key) and its counts, and the
+bytes read from storage are the input's bytes (a Parquet file: every chunk of its text column),
+with the planning probes and each split's footer or header counted apart.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import os
+
+import pytest
+
+from bert_jax.data import splits
+from bert_jax.data.sources import CorpusStats, read_documents
+from bert_jax.runtime.errors import UserError
+from tests.corpus_fixtures import (
+    wikipedia_dump_xml,
+    write_cut_anywhere_bz2,
+    write_parquet,
+    write_stream_per_page_bz2,
+)
+
+
+def _text_corpus() -> bytes:
+    """Original-format text with what the reader must count the same on both sides of a cut:
+    runs of blank lines (empty documents), whitespace-only blank lines, a line of bad bytes and
+    an over-long line, inside documents."""
+    lines = []
+    for i in range(60):
+        lines += [b"Document %d sentence %d." % (i, j) for j in range(1 + i % 4)]
+        if i % 7 == 3:
+            lines.append(b"Bad bytes \xff\xfe in document %d." % i)
+        if i % 11 == 5:
+            lines.append(b"x" * 300)
+        lines.append(b"" if i % 5 else b"\n \t")  # every fifth: blank, whitespace-only, blank
+        if i % 9 == 8:
+            lines.append(b"")  # a second blank line: an empty document
+    return b"\n".join(lines) + b"\n"
+
+
+def _jsonl_corpus() -> bytes:
+    lines = []
+    for i in range(80):
+        if i % 13 == 4:
+            lines.append("{not json")
+        elif i % 17 == 6:
+            lines.append(json.dumps({"text": "   "}))  # an empty document
+        elif i % 19 == 7:
+            lines.append("")
+        else:
+            lines.append(json.dumps({"text": f"Record {i} begins. It has two sentences."}))
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """One file of each kind that is read by ranges."""
+    root = tmp_path_factory.mktemp("splits")
+    text = root / "books.txt"
+    text.write_bytes(_text_corpus())
+    jsonl = root / "web.jsonl"
+    jsonl.write_bytes(_jsonl_corpus())
+    table = root / "rows.parquet"
+    rows = [f"Row {i} opens. It closes here." for i in range(40)]
+    rows[5], rows[17] = None, "  "  # a null (bad record) and an empty document
+    write_parquet(table, rows, row_group_size=4)  # ten row groups
+    dump = root / "enwiki-20240501-pages-articles-multistream1.xml.bz2"
+    write_stream_per_page_bz2(dump, wikipedia_dump_xml(repeat=4))  # 28 pages, a stream each
+    return {"text": text, "jsonl": jsonl, "parquet": table, "wikipedia": dump}
+
+
+def _read_all(plan, **options):
+    """Every split read apart (as workers would): documents with keys, the merged counts, the
+    bytes read."""
+    keyed, stats, count = [], CorpusStats(), splits.ByteCount()
+    for split in plan:
+        split_stats, split_count = CorpusStats(), splits.ByteCount()
+        keyed.extend(splits.read_split(split, split_stats, byte_count=split_count, **options))
+        stats.merge(split_stats)
+        count.add(split_count)
+    return keyed, stats, count
+
+
+def _counts(stats: CorpusStats) -> dict:
+    return {k: v for k, v in stats.as_dict().items() if k != "problems"}
+
+
+def _parquet_layout(path):
+    """(bytes of the text column's chunks, footer bytes read per split: the footer and the
+    8 bytes after it)."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_metadata(path)
+    chunks = sum(
+        metadata.row_group(g).column(0).total_compressed_size
+        for g in range(metadata.num_row_groups)
+    )
+    footer = os.path.getsize(path) - 4 - chunks  # the leading magic, then the chunks
+    return chunks, footer
+
+
+@pytest.mark.parametrize("kind", ["text", "jsonl", "parquet", "wikipedia"])
+@pytest.mark.parametrize("pieces", ["one", "two", "many"])
+def test_splits_read_every_byte_once_and_give_iter_documents_documents(corpora, kind, pieces):
+    path = str(corpora[kind])
+    size = splits.split_bytes(splits.plan_splits([path], target_bytes=1 << 40)[0])
+    target = {"one": size, "two": (size + 1) // 2, "many": max(1, size // 8)}[pieces]
+    probes = splits.ByteCount()
+    plan = splits.plan_splits([path], target_bytes=target, byte_count=probes)
+
+    assert {"one": 1, "two": 2}.get(pieces, len(plan)) == len(plan) and len(plan) >= 1
+    if pieces == "many":
+        assert len(plan) >= 5
+    assert plan == splits.plan_splits([path], target_bytes=target)  # deterministic
+    assert all(s.kind == kind and s.source == path and s.source_index == 0 for s in plan)
+    assert plan[0].start == 0 and all(a.stop == b.start for a, b in zip(plan, plan[1:]))
+    assert sum(splits.split_bytes(s) for s in plan) == size
+
+    keyed, stats, count = _read_all(plan, max_line_bytes=200)
+    keys = [key for key, _ in keyed]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    documents, expected_stats = read_documents([path], max_line_bytes=200)
+    assert [document for _, document in keyed] == documents
+    assert _counts(stats) == _counts(expected_stats)
+    assert len(stats.problems) == len(expected_stats.problems)
+    if pieces == "one":
+        assert stats.problems == expected_stats.problems
+
+    file_bytes = os.path.getsize(path)
+    if kind == "parquet":
+        chunks, footer = _parquet_layout(path)
+        assert (count.content, count.extra) == (chunks, footer * len(plan))
+        assert probes.extra == footer
+    else:
+        assert count.content == file_bytes  # every byte once
+        cut_points = -(-file_bytes // target) - 1
+        if kind == "wikipedia":
+            # A later split reads the header stream (one probe block here) besides its own.
+            assert count.extra <= (len(plan) - 1) * splits._PROBE_BLOCK
+        else:
+            assert count.extra == 0
+            # Each probe's first block finds a boundary: these documents are short.
+            assert probes.extra <= cut_points * splits._PROBE_BLOCK
+
+
+def test_keys_do_not_depend_on_the_cut(corpora):
+    sources = [str(path) for path in corpora.values()]
+    plans = [splits.plan_splits(sources, target_bytes=t) for t in (1 << 40, 700, 90)]
+    assert [len(plan) for plan in plans][0] == 4 and len(plans[1]) < len(plans[2])
+    keyed = [_read_all(plan)[0] for plan in plans]
+    assert keyed[0] == keyed[1] == keyed[2]
+    assert [key[0] for key, _ in keyed[0]] == sorted(key[0] for key, _ in keyed[0])
+    assert [document for _, document in keyed[0]] == read_documents(sources)[0]
+
+
+def test_sources_read_whole_are_one_split(tmp_path, corpora):
+    plain = tmp_path / "notes.txt.gz"
+    with gzip.open(plain, "wb") as f:
+        f.write(_text_corpus())
+    records = tmp_path / "web.jsonl.gz"
+    with gzip.open(records, "wb") as f:
+        f.write(_jsonl_corpus())
+    xml = tmp_path / "enwiki-small.xml"
+    xml.write_text(wikipedia_dump_xml(repeat=2), encoding="utf-8")
+    single = tmp_path / "enwiki-single.xml.bz2"
+    single.write_bytes(bz2.compress(wikipedia_dump_xml(repeat=2).encode()))
+    pbzip2 = tmp_path / "enwiki-pbzip2.xml.bz2"
+    write_cut_anywhere_bz2(pbzip2, wikipedia_dump_xml(repeat=2))
+    sources = [str(p) for p in (plain, records, xml, single, pbzip2)] + ["embedded:eval"]
+
+    plan = splits.plan_splits(sources, target_bytes=64)
+    kinds = ["text", "jsonl", "wikipedia", "wikipedia", "wikipedia", "embedded"]
+    assert [(s.source_index, s.kind, s.start, s.stop) for s in plan] == [
+        (i, kind, 0, -1) for i, kind in enumerate(kinds)
+    ]
+    keyed, stats, count = _read_all(plan, max_line_bytes=200)
+    documents, expected_stats = read_documents(sources, max_line_bytes=200)
+    assert [document for _, document in keyed] == documents
+    assert stats.as_dict() == expected_stats.as_dict()
+    assert [key for key, _ in keyed] == sorted(key for key, _ in keyed)
+    assert count.content == sum(os.path.getsize(p) for p in sources[:-1])
+    assert splits.split_bytes(plan[-1]) == 0
+
+
+def test_bad_input_in_a_later_split_names_the_file_and_the_lines_byte(tmp_path):
+    path = tmp_path / "bad.txt"
+    good = b"".join(b"Document %d.\nIts second line.\n\n" % i for i in range(40))
+    path.write_bytes(good + b"A line with bad bytes \xff here.\n")
+    plan = splits.plan_splits([str(path)], target_bytes=100)
+    assert len(plan) > 2
+    offset = len(good)
+    with pytest.raises(UserError, match=rf"{path}: line at byte {offset}: invalid UTF-8"):
+        for split in plan:
+            list(splits.read_split(split, CorpusStats(), strict=True))
+    # The first split of a file knows its line numbers: the message iter_documents gives.
+    whole = splits.plan_splits([str(path)])
+    with pytest.raises(UserError, match=rf"{path}:121: invalid UTF-8"):
+        list(splits.read_split(whole[0], CorpusStats(), strict=True))
+    with pytest.raises(UserError, match=rf"{path}:121: invalid UTF-8"):
+        read_documents([path], strict=True)
+
+    records = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"text": f"Record {i}."}) for i in range(30)]
+    records.write_text("\n".join([*lines, "{not json"]) + "\n", encoding="utf-8")
+    offset = sum(len(line) + 1 for line in lines)
+    plan = splits.plan_splits([str(records)], target_bytes=80)
+    with pytest.raises(UserError, match=rf"{records}: line at byte {offset}: not valid JSON"):
+        for split in plan:
+            list(splits.read_split(split, CorpusStats(), strict=True))
+
+
+def test_damaged_inputs_are_one_line_naming_the_file(tmp_path, corpora):
+    damaged = tmp_path / "damaged.parquet"
+    damaged.write_text("plain text, not Parquet\n", encoding="utf-8")
+    with pytest.raises(UserError, match=rf"--input {damaged}: not a readable Parquet file"):
+        splits.plan_splits([str(damaged)])
+    dump = corpora["wikipedia"]
+    cut = tmp_path / "enwiki-cut-multistream.xml.bz2"
+    cut.write_bytes(dump.read_bytes()[:-200])
+    plan = splits.plan_splits([str(cut)], target_bytes=2000)
+    with pytest.raises(UserError, match=rf"--input {cut}: not a readable Wikipedia XML dump"):
+        for split in plan:
+            list(splits.read_split(split, CorpusStats()))
+    with pytest.raises(UserError, match=r"input not found: .*missing\.txt"):
+        splits.plan_splits([str(tmp_path / "missing.txt")])
