@@ -228,3 +228,33 @@ def test_damaged_inputs_are_one_line_naming_the_file(tmp_path, corpora):
             list(splits.read_split(split, CorpusStats()))
     with pytest.raises(UserError, match=r"input not found: .*missing\.txt"):
         splits.plan_splits([str(tmp_path / "missing.txt")])
+
+
+@pytest.mark.gcs
+def test_splits_read_from_a_bucket_each_byte_once(corpora, tmp_path):
+    """The same splits, documents, keys and bytes read from gs:// (the Cloud Storage emulator:
+    ``pytest -m gcs tests/test_data_splits.py``): each read is one ranged request for exactly
+    the bytes asked."""
+    from bert_jax.runtime import fs
+    from tests import gcs_emulator
+
+    with gcs_emulator.running(tmp_path / "gcs") as emulator:
+        emulator.create_bucket("bert-jax-splits")
+        local = [str(path) for path in corpora.values()]
+        remote = [f"gs://bert-jax-splits/in/{os.path.basename(path)}" for path in local]
+        for path, url in zip(local, remote):
+            fs.upload(path, url)
+        for target in (1 << 40, 2000):
+            probes = splits.ByteCount()
+            plan = splits.plan_splits(remote, target_bytes=target, byte_count=probes)
+            local_plan = splits.plan_splits(local, target_bytes=target)
+            assert [(s.kind, s.start, s.stop) for s in plan] == [
+                (s.kind, s.start, s.stop) for s in local_plan
+            ]
+            keyed, stats, count = _read_all(plan)
+            local_keyed, local_stats, local_count = _read_all(local_plan)
+            assert keyed == local_keyed and _counts(stats) == _counts(local_stats)
+            assert count == local_count and probes.extra > 0
+            chunks, _ = _parquet_layout(corpora["parquet"])
+            others = sum(os.path.getsize(p) for p in local if not p.endswith(".parquet"))
+            assert count.content == others + chunks
