@@ -1,4 +1,4 @@
-"""Training throughput: `bert-jax bench`, optionally beside Hugging Face's Flax BERT.
+"""Training throughput: `bert-jax bench`, optionally beside Hugging Face's PyTorch or Flax BERT.
 
 What is timed: the real pretraining step (`train.ShardedTrainer`: forward, backward, BERT AdamW
 with clipping, dropout on, donated state), compiled once ahead of time (compile time reported),
@@ -16,11 +16,13 @@ position for a model that does not gather the masked positions first; there is n
 rematerialization to add. MFU and HFU need a known chip (`metrics.PEAK_TFLOPS_BF16`, or
 `peak_tflops`); on CPU they are left out.
 
-The peer (`peer="hf-flax"`) is `transformers.FlaxBertForPreTraining` (transformers 4.57.6) in its
-own environment (`make bench-peer` makes `.venv-peer`), run as a subprocess (`bench/peer.py`) on
-the same batches; windows alternate between the two sides so that machine noise hits both, and
-the ratio of median tokens per second (ours / peer) is reported. `spec.PEER_DIFFERENCES` lists
-what differs between the two steps.
+The peers run as subprocesses on the same batches; windows alternate between the sides so that
+machine noise hits all of them, and the ratio of median tokens per second (ours / peer) is
+reported for each. `peer="hf-torch"` is `transformers.BertForPreTraining` with SDPA attention in
+this environment (`bench/peer_torch.py`), twice: eager and under `torch.compile`; it starts
+from our initial parameters, so the first-step losses compare. `peer="hf-flax"` is
+`transformers.FlaxBertForPreTraining` (transformers 4.57.6) in its own environment (`make
+bench-peer` makes `.venv-peer`). `spec.peer_differences` lists what differs between the steps.
 
 The modules, bottom to top (none imports TensorFlow; `spec` reads a ConfigDict by attribute
 only, so ml_collections is not needed either):
@@ -29,6 +31,7 @@ only, so ml_collections is not needed either):
     data      the host batches: synthetic full rows or the embedded corpus, optionally packed
     report    timed windows, per-side results (medians, MFU/HFU), the table and the JSON file
     ours      our sharded train step, compiled ahead of time, timed window by window
-    peer      Hugging Face's Flax BERT in its own process, and our driver of that process
-    timing    `run`: both sides, windows alternating, into a BenchReport
+    peer      Hugging Face's Flax BERT in its own process, and our driver of the peers' processes
+    peer_torch  Hugging Face's PyTorch BERT (eager or compiled) in its own process
+    timing    `run`: all sides, windows alternating, into a BenchReport
 """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,9 @@ class OursRunner:
         spec: BenchSpec,
         batches: Sequence[dict[str, np.ndarray]],
         name: str = "bert-jax",
+        on_init: Callable[[Any], None] | None = None,
     ):
+        """`on_init(params)` is called with the initial parameters, before compiling."""
         self.name = name
         import flax.linen as nn
         import jax
@@ -76,6 +78,8 @@ class OursRunner:
             windowed_einsum=spec.windowed_einsum,
         )  # fmt: skip
         self.state = trainer.init(rng_key(spec.seed, ""))
+        if on_init is not None:
+            on_init(self.state.params)
         self.rng = rng_key(spec.seed + 1, spec.rng_impl)
         self.batches = [trainer.global_batch(b) for b in batches]
         self.counts = [batch_counts(b) for b in batches]
@@ -100,12 +104,14 @@ class OursRunner:
         return real, padded, instances, step_metrics
 
     def warm_up(self, steps: int) -> None:
+        """`steps` untimed steps (at least one); `warmup_loss` is the first step's loss."""
         import jax
 
-        _, _, _, step_metrics = self._run(max(steps, 1))
-        jax.block_until_ready(self.state)
+        _, _, _, step_metrics = self._run(1)
         if self.warmup_loss is None:
-            self.warmup_loss = float(step_metrics["loss"])
+            self.warmup_loss = float(step_metrics["loss"])  # at the initial parameters
+        self._run(max(steps, 1) - 1)
+        jax.block_until_ready(self.state)
 
     def window(self, steps: int) -> Window:
         import jax

@@ -1,6 +1,7 @@
 """The peer of `bert-jax bench --peer hf-flax`: Hugging Face's FlaxBertForPreTraining, trained.
 
-This file holds both ends: `main`, the peer's process, and `PeerRunner`, our side's driver of it.
+This file holds both ends: `main`, the peer's process, and `PeerRunner`, our side's driver of it
+(and of the PyTorch peer's process, `peer_torch.py`, which speaks the same lines).
 The process runs in its own environment (`make bench-peer`: transformers 4.57.6 beside this
 project's jax, flax and optax versions), started by `PeerRunner` (below):
 
@@ -17,6 +18,9 @@ answers commands on stdin with JSON lines on stdout:
     <- {"cmd": "window", "steps": N}   -> {"event": "window", "seconds": ..., "real_tokens": ...}
     <- {"cmd": "finish"}               -> {"event": "done", "peak_memory_bytes": ...}
 
+`warmup_loss` is the loss of the first step, at the initial parameters; a process that cannot
+start for a reason the user can fix says so in {"event": "error", "message": ...}.
+
 Batches are ours (unpacked), turned into Hugging Face inputs: `labels` is -100 except at the
 masked positions.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,17 +60,28 @@ def default_peer_python() -> str:
 
 
 class PeerRunner:
-    """`python -m bert_jax.bench.peer` in the peer's Python, driven window by window over pipes."""
+    """A peer's process (`python -m MODULE`) driven window by window over pipes.
 
-    name = "hf-flax"
+    The process starts at construction and loads while our side compiles; `wait_ready` reads
+    its "ready" line (compile time, first-step loss, device). `hf-flax` runs this file's `main` in
+    the peer's own environment; `hf-torch-eager` and `hf-torch-compiled` run `peer_torch.main` in
+    this project's Python.
+    """
 
     def __init__(
         self,
         spec: BenchSpec,
         batches: Sequence[dict[str, np.ndarray]],
         python: str | None = None,
+        *,
+        name: str = "hf-flax",
+        module: str = "bert_jax.bench.peer",
+        args: Sequence[str] = (),
+        files: dict[str, str] | None = None,
     ):
-        python = self.check(python)
+        self.name = name
+        python = self.check(python) if module == "bert_jax.bench.peer" else python
+        python = python or sys.executable
         self._dir = tempfile.mkdtemp(prefix="bert_jax_bench_peer_")
         spec_path = os.path.join(self._dir, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
@@ -75,6 +91,10 @@ class PeerRunner:
             batches_path,
             **{f"{i}/{k}": v for i, batch in enumerate(batches) for k, v in batch.items()},
         )
+        command = [python, "-m", module, "--spec", spec_path, "--batches", batches_path, *args]
+        # Other files the process reads (the torch peer's initial weights): --FLAG PATH.
+        for flag, path in (files or {}).items():
+            command += [f"--{flag}", path]
         root = _repo_root()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
@@ -83,22 +103,30 @@ class PeerRunner:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self._stderr = open(os.path.join(self._dir, "stderr.txt"), "w+", encoding="utf-8")  # noqa: SIM115
         self.process = subprocess.Popen(
-            [python, "-m", "bert_jax.bench.peer", "--spec", spec_path, "--batches", batches_path],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
             env=env,
         )
+        self.compile_seconds = 0.0
+        self.warmup_loss: float | None = None
+        self.device_kind = ""
+        self.num_devices = 1
+        self.versions: dict[str, str] = {}
+
+    def wait_ready(self) -> None:
+        """Waits for the process to load, compile and warm up (see the module docstring)."""
         ready = self._receive("ready")
         self.compile_seconds = float(ready["compile_seconds"])
         self.warmup_loss = float(ready["warmup_loss"])
         self.device_kind = str(ready["device_kind"])
-        self.num_devices = 1
+        self.versions = {k: str(ready[k]) for k in ("transformers", "torch") if k in ready}
 
     @staticmethod
     def check(python: str | None) -> str:
-        """The peer's Python, or PeerMissingError saying how to make it."""
+        """The Flax peer's Python, or PeerMissingError saying how to make it."""
         python = python or default_peer_python()
         if not os.path.exists(python):
             raise PeerMissingError(
@@ -116,11 +144,13 @@ class PeerRunner:
                 self._stderr.seek(0)
                 tail = self._stderr.read()[-3000:]
                 raise RuntimeError(
-                    f"the hf-flax peer exited (status {self.process.returncode}) before "
+                    f"the {self.name} peer exited (status {self.process.returncode}) before "
                     f"'{event}':\n{tail}"
                 )
             if line.startswith("{"):
                 message = json.loads(line)
+                if message.get("event") == "error":  # what the user can fix (a missing package)
+                    raise PeerMissingError(f"{self.name}: {message['message']}")
                 if message.get("event") == event:
                     return message
 
@@ -149,9 +179,10 @@ class PeerRunner:
             self.process.kill()
             self.process.wait()
         self._stderr.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _emit(**message: Any) -> None:
+def emit(**message: Any) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
@@ -171,7 +202,7 @@ def hf_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def _load_batches(path: str) -> list[dict[str, np.ndarray]]:
+def load_batches(path: str) -> list[dict[str, np.ndarray]]:
     with np.load(path) as archive:
         grouped: dict[int, dict[str, np.ndarray]] = {}
         for name in archive.files:
@@ -266,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         return optax.apply_updates(params, updates), opt_state, step + 1, loss
 
     device = jax.devices()[0]
-    host_batches = _load_batches(args.batches)
+    host_batches = load_batches(args.batches)
     counts = [batch_counts(b) for b in host_batches]
     batches = [jax.device_put(hf_inputs(b), device) for b in host_batches]
     params = jax.device_put(model.params, device)
@@ -295,12 +326,14 @@ def main(argv: list[str] | None = None) -> int:
             real, padded, instances = real + r, padded + p, instances + n
         return real, padded, instances, loss
 
-    _, _, _, loss = run(max(spec.warmup_steps, 1))
+    _, _, _, first_loss = run(1)  # the loss at the initial parameters
+    first_loss = float(first_loss)
+    run(max(spec.warmup_steps, 1) - 1)
     jax.block_until_ready(params)
-    _emit(
+    emit(
         event="ready",
         compile_seconds=compile_seconds,
-        warmup_loss=float(loss),
+        warmup_loss=first_loss,
         device_kind=device.device_kind,
         transformers=transformers.__version__,
     )
@@ -310,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             start, cpu = time.perf_counter(), time.process_time()
             real, padded, instances, loss = run(int(command["steps"]))
             jax.block_until_ready((params, loss))
-            _emit(
+            emit(
                 event="window",
                 seconds=time.perf_counter() - start,
                 cpu_seconds=time.process_time() - cpu,
@@ -320,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif command["cmd"] == "finish":
             stats = device.memory_stats() or {}
-            _emit(event="done", peak_memory_bytes=stats.get("peak_bytes_in_use"))
+            emit(event="done", peak_memory_bytes=stats.get("peak_bytes_in_use"))
             return 0
     return 0
 

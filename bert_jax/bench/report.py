@@ -7,7 +7,7 @@ import json
 import statistics
 from typing import Any
 
-from bert_jax.bench.spec import PEER_DIFFERENCES, PEERS, BenchSpec, spec_to_json
+from bert_jax.bench.spec import BenchSpec, peer_differences, spec_to_json
 
 
 @dataclasses.dataclass
@@ -35,7 +35,9 @@ class SideResult:
     hardware_flops_per_position: float
     peak_flops_per_chip: float | None
     peak_memory_bytes: int | None = None
-    warmup_loss: float | None = None
+    warmup_loss: float | None = None  # the first step's, at the initial parameters
+    initial_weights: str = ""  # "ours": started from our side's initial parameters
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)  # a peer's libraries
 
     def _median(self, per_window) -> float:
         return float(statistics.median(per_window(w) for w in self.windows))
@@ -92,6 +94,8 @@ class SideResult:
             "num_devices": self.num_devices,
             "device_kind": self.device_kind,
             "warmup_loss": self.warmup_loss,
+            "initial_weights": self.initial_weights,
+            "versions": self.versions,
             "windows": [dataclasses.asdict(w) for w in self.windows],
         }
 
@@ -102,21 +106,35 @@ class BenchReport:
     data: str
     sides: list[SideResult]
 
+    def _other(self, other: int | None) -> int:
+        """The index of the side compared with ours: `other`, else the fastest of the others."""
+        if other is not None:
+            return other
+        others = range(1, len(self.sides))
+        return max(others, key=lambda i: self.sides[i].tokens_per_sec / self.sides[i].num_devices)
+
+    def ratio_to(self, other: int) -> float:
+        """Ours / side `other`: ratio of median real tokens per second per chip."""
+        ours, theirs = self.sides[0], self.sides[other]
+        return (ours.tokens_per_sec / ours.num_devices) / (
+            theirs.tokens_per_sec / theirs.num_devices
+        )
+
     @property
     def ratio(self) -> float | None:
-        """Ours / the other side: ratio of median real tokens per second per chip."""
+        """Ours / the fastest other side: ratio of median real tokens per second per chip."""
         if len(self.sides) < 2:
             return None
-        ours, other = self.sides[:2]
-        return (ours.tokens_per_sec / ours.num_devices) / (other.tokens_per_sec / other.num_devices)
+        return self.ratio_to(self._other(None))
 
-    def paired_ratios(self) -> dict[str, float]:
-        """Medians over windows of ours / other within adjacent windows: by wall clock and by
-        CPU time (both robust to load that changes between windows)."""
+    def paired_ratios(self, other: int | None = None) -> dict[str, float]:
+        """Medians over windows of ours / side `other` (default: the fastest other) within
+        adjacent windows: by wall clock and by CPU time (both robust to load that changes
+        between windows)."""
         if len(self.sides) < 2:
             return {}
-        ours, other = self.sides[:2]
-        pairs = list(zip(ours.windows, other.windows))
+        ours, theirs = self.sides[0], self.sides[self._other(other)]
+        pairs = list(zip(ours.windows, theirs.windows))
         rate = lambda w, t: w.real_tokens / max(t, 1e-9)  # noqa: E731
         out = {"wall": statistics.median(rate(a, a.seconds) / rate(b, b.seconds) for a, b in pairs)}
         if all(a.cpu_seconds and b.cpu_seconds for a, b in pairs):
@@ -125,14 +143,33 @@ class BenchReport:
             )
         return out
 
+    def differences(self) -> list[str]:
+        """What differs between our step and each peer's (prefixed by the peer where several)."""
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for side in self.sides[1:]:
+            items = peer_differences(side.name)
+            if items:
+                groups.setdefault(items, []).append(side.name)
+        if len(groups) == 1:
+            return list(next(iter(groups)))
+        return [f"{'/'.join(names)}: {item}" for items, names in groups.items() for item in items]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "spec": spec_to_json(self.spec),
             "data": self.data,
             "sides": [side.to_dict() for side in self.sides],
+            # Against the fastest other side; "ratios" has one entry per other side.
             "ratio_tokens_per_sec": self.ratio,
             "paired_ratios": self.paired_ratios(),
-            "peer_differences": list(PEER_DIFFERENCES) if len(self.sides) > 1 else [],
+            "ratios": {
+                self.sides[i].name: {
+                    "tokens_per_sec": self.ratio_to(i),
+                    "paired": self.paired_ratios(i),
+                }
+                for i in range(1, len(self.sides))
+            },
+            "peer_differences": self.differences(),
         }
 
     def table(self) -> str:
@@ -192,14 +229,19 @@ class BenchReport:
                 else f"from the {spec.rng_impl or 'threefry2x32'} PRNG"
             )
             + (
-                f" (peer: the {spec.peer_rng_impl or 'threefry2x32'} PRNG)"
-                if len(self.sides) > 1 and self.sides[1].name in PEERS
+                f" (hf-flax: the {spec.peer_rng_impl or 'threefry2x32'} PRNG)"
+                if any(side.name == "hf-flax" for side in self.sides)
+                else ""
+            )
+            + (
+                " (hf-torch: torch's generator)"
+                if any(side.name.startswith("hf-torch") for side in self.sides)
                 else ""
             ),
             f"device: {ours.num_devices} x {ours.device_kind}; data: {self.data}",
             f"timing: median of {spec.windows} windows x {spec.steps} steps after "
             f"{spec.warmup_steps} warm-up steps"
-            + ("; windows alternate between the two sides" if len(self.sides) > 1 else ""),
+            + ("; windows alternate between the sides" if len(self.sides) > 1 else ""),
             "",
             self.table(),
             "",
@@ -207,19 +249,34 @@ class BenchReport:
             "head on predicted slots); HFU counts every position computed, padding included"
             + ("" if ours.mfu is not None else "; MFU/HFU: no peak known for this device"),
         ]
-        if self.ratio is not None:
-            other = self.sides[1]
-            paired = self.paired_ratios()
+        for i, other in enumerate(self.sides[1:], start=1):
+            paired = self.paired_ratios(i)
             lines.append(
-                f"{ours.name} / {other.name}: {self.ratio:.2f}x median real tokens/s (per chip)"
-                f"; window by window: {paired['wall']:.2f}x by wall clock"
+                f"{ours.name} / {other.name}: {self.ratio_to(i):.2f}x median real tokens/s "
+                f"(per chip); window by window: {paired['wall']:.2f}x by wall clock"
                 + (f", {paired['cpu']:.2f}x by CPU time" if "cpu" in paired else "")
             )
-            if other.name in PEERS:
-                lines += [
-                    "differences between the two steps:",
-                    *(f"  - {d}" for d in PEER_DIFFERENCES),
-                ]
+        if len(self.sides) > 2:
+            fastest = self.sides[self._other(None)]
+            lines.append(
+                f"{ours.name} / the fastest other ({fastest.name}): {self.ratio:.2f}x median "
+                "real tokens/s (per chip)"
+            )
+        if len(self.sides) > 1 and all(side.warmup_loss is not None for side in self.sides):
+            lines.append(
+                "first-step loss (initial parameters): "
+                + ", ".join(
+                    f"{side.name} {side.warmup_loss:.6f}"
+                    + (" (our initial weights)" if side.initial_weights == "ours" else "")
+                    for side in self.sides
+                )
+            )
+        differences = self.differences()
+        if differences:
+            lines += [
+                "differences between our step and the peer's:",
+                *(f"  - {d}" for d in differences),
+            ]
         return "\n".join(lines)
 
 

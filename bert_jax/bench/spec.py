@@ -13,10 +13,30 @@ from bert_jax.core.model import BertConfig
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import metrics
 
-PEERS = ("hf-flax",)
+# --peer's choices: Hugging Face's Flax BERT (its own venv), and Hugging Face's PyTorch BERT, eager
+# and under torch.compile ("hf-torch" times both, as two sides). Several: comma-separated.
+PEERS = ("hf-flax", "hf-torch", "hf-torch-eager", "hf-torch-compiled")
+# What each choice runs, as the report's sides are named.
+PEER_SIDES = {
+    "hf-flax": ("hf-flax",),
+    "hf-torch": ("hf-torch-eager", "hf-torch-compiled"),
+    "hf-torch-eager": ("hf-torch-eager",),
+    "hf-torch-compiled": ("hf-torch-compiled",),
+}
 DATA_SOURCES = ("synthetic", "embedded")
 
-# What differs between our step and the peer's (beyond the implementation itself).
+
+def peer_sides(peer: str | None) -> tuple[str, ...]:
+    """The sides `--peer` asks for ("hf-flax,hf-torch": three), in order, each once."""
+    sides: list[str] = []
+    for name in filter(None, (part.strip() for part in (peer or "").split(","))):
+        if name not in PEER_SIDES:
+            raise UserError(f"--peer: unknown peer {name!r}; choose from {', '.join(PEERS)}")
+        sides += [side for side in PEER_SIDES[name] if side not in sides]
+    return tuple(sides)
+
+
+# What differs between our step and the Flax peer's (beyond the implementation itself).
 PEER_DIFFERENCES = (
     "the peer computes MLM logits (and their softmax) on every position, we only on the "
     "masked_lm_positions slots (HFU counts each side's own head)",
@@ -39,6 +59,38 @@ PEER_DIFFERENCES = (
     "the same work otherwise: model size, batch, sequence length, dropout rates (attention "
     "dropout included), AdamW math, and the batches themselves",
 )
+
+# What differs between our step and the PyTorch peer's (bench/peer_torch.py).
+TORCH_PEER_DIFFERENCES = (
+    "attention: the peer's torch scaled_dot_product_attention (SDPA; its kernel picked by torch "
+    "for the device, attention dropout inside it), ours config.model.attention_impl ('auto': "
+    "the einsum form while attention dropout is on)",
+    "fusion: ours is one XLA program (forward, backward, clipping, AdamW); eager torch runs "
+    "op by op; compiled, Inductor fuses the loss's forward and backward, and the optimizer "
+    "runs as torch's fused AdamW kernel (where torch has one) after a foreach clip",
+    "both compute the MLM head only at the gathered masked_lm_positions (weighted by "
+    "masked_lm_weights); our last encoder layer also runs only where the heads read "
+    "(config.model.sparse_last_layer), the peer's at every position",
+    "the peer starts from our initial weights (copied), so with dropout off the first-step "
+    "losses agree; dropout masks come from torch's generator on its side, ours from a keyed "
+    "counter hash (config.model.dropout_impl)",
+    "our word-embedding table and MLM projection have config.model.vocab_pad_multiple's "
+    "padded rows, the peer's vocab_size",
+    "precision: float32 where ours is float32; where ours computes in bfloat16 (float32 "
+    "master weights), the peer runs under bf16 autocast",
+    "our step also checks the loss and gradient for NaN/Inf and skips a bad update",
+    "packed batches (--packing) exist on our side only: the peer gets the same instances "
+    "unpacked, one per row, so compare real tokens per second",
+)
+
+
+def peer_differences(side: str) -> tuple[str, ...]:
+    """What differs between our step and side `side`'s (empty for our own sides)."""
+    if side == "hf-flax":
+        return PEER_DIFFERENCES
+    if side.startswith("hf-torch"):
+        return TORCH_PEER_DIFFERENCES
+    return ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""`run`: our step beside the peer (or ours unpacked), windows alternating, into a report."""
+"""`run`: our step beside the peers (or ours unpacked), windows alternating, into a report."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 from typing import Any
 
 from bert_jax.bench.data import make_data
@@ -11,14 +13,40 @@ from bert_jax.bench.ours import OursRunner
 from bert_jax.bench.peer import PeerRunner
 from bert_jax.bench.report import BenchReport, SideResult, Window
 from bert_jax.bench.spec import (
-    PEERS,
     BenchSpec,
     hardware_flops_per_position,
     model_flops_per_token,
     peak_flops,
+    peer_sides,
 )
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import metrics
+
+
+def check_torch_peer(spec: BenchSpec) -> None:
+    """What the PyTorch peer's step cannot reproduce, as a user error before any slow work."""
+    if not spec.optimizer.bias_correction:
+        raise UserError(
+            "--peer hf-torch: torch's AdamW always corrects the moments' bias; "
+            "config.optimizer.bias_correction=False has no counterpart there"
+        )
+    if spec.model.objective != "mlm+nsp":
+        raise UserError(
+            f"--peer hf-torch times BertForPreTraining (MLM + NSP); config.model.objective="
+            f"{spec.model.objective!r}"
+        )
+
+
+def _torch_weights(params: Any, spec: BenchSpec, directory: str) -> str:
+    """Our initial parameters as a Hugging Face state dict in DIRECTORY/weights.npz."""
+    import jax
+    import numpy as np
+
+    from bert_jax.convert.hf import hf_state_dict_from
+
+    path = os.path.join(directory, "weights.npz")
+    np.savez(path, **hf_state_dict_from(jax.device_get(params), spec.model))
+    return path
 
 
 def run(
@@ -28,21 +56,26 @@ def run(
     log=print,
     compare_unpacked: bool = False,
 ) -> BenchReport:
-    """Compiles, warms up and times our step and, alternating windows with it, the peer's or
-    (`compare_unpacked`, with packing) ours on the same instances one per row."""
-    if peer is not None and peer not in PEERS:
-        raise UserError(f"unknown peer {peer!r}; choose one of {PEERS}")
-    if compare_unpacked and (peer is not None or not spec.packing):
+    """Compiles, warms up and times our step and, alternating windows with it, the peers' (`peer`:
+    one of `spec.PEERS`, or several separated by commas) or (`compare_unpacked`, with packing)
+    ours on the same instances one per row. `peer_python` is the Flax peer's Python; the PyTorch
+    peer runs in this one, from our initial parameters."""
+    peers = peer_sides(peer)
+    if compare_unpacked and (peers or not spec.packing):
         raise UserError(
             "compare_unpacked compares packing with ours unpacked: needs packing, no peer"
         )
-    if peer is not None:
+    torch_sides = [side for side in peers if side.startswith("hf-torch")]
+    if peers:
         # Two processes share the accelerator: neither may take most of its memory up front
         # (JAX preallocates 75% of a GPU's memory when its backend starts, unless told not to).
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        peer_python = PeerRunner.check(peer_python)  # before any slow work
+        if "hf-flax" in peers:
+            peer_python = PeerRunner.check(peer_python)  # before any slow work
+        if torch_sides:
+            check_torch_peer(spec)
         if not spec.num_devices:
-            spec = dataclasses.replace(spec, num_devices=1)  # the peer runs on one chip
+            spec = dataclasses.replace(spec, num_devices=1)  # the peers run on one chip
     data = make_data(spec)
     log(f"data: {data.description}")
     # Each side reads one batch per step, in order: batches past the last step would only be
@@ -50,14 +83,36 @@ def run(
     used = max(spec.warmup_steps, 1) + spec.windows * spec.steps
     batches, peer_batches = data.batches[:used], data.peer_batches[:used]
     runners: list[Any] = []
+    work = tempfile.mkdtemp(prefix="bert_jax_bench_")
+
+    def start_torch_peers(params: Any) -> None:
+        # Started as soon as our initial parameters exist: they load while our side compiles.
+        weights = _torch_weights(params, spec, work)
+        for side in torch_sides:
+            mode = side.rsplit("-", 1)[1]
+            runners.append(
+                PeerRunner(
+                    spec,
+                    peer_batches,
+                    None,
+                    name=side,
+                    module="bert_jax.bench.peer_torch",
+                    args=("--mode", mode),
+                    files={"weights": weights},
+                )  # fmt: skip
+            )
+
     try:
-        if peer is not None:
+        if "hf-flax" in peers:
             # Started first: it loads while our side compiles (and fails fast when missing).
             runners.append(PeerRunner(spec, peer_batches, peer_python))
-        runners.insert(0, OursRunner(spec, batches))
+        ours = OursRunner(spec, batches, on_init=start_torch_peers if torch_sides else None)
+        runners.insert(0, ours)
         if compare_unpacked:
             runners.append(OursRunner(spec, peer_batches, name="bert-jax unpacked"))
         for runner in runners:
+            if isinstance(runner, PeerRunner):
+                runner.wait_ready()
             log(f"{runner.name}: compiled in {runner.compile_seconds:.1f}s")
         windows: list[list[Window]] = [[] for _ in runners]
         for w in range(spec.windows):
@@ -74,14 +129,22 @@ def run(
         sides = []
         for i, runner in enumerate(runners):
             finish = runner.finish()
+            initial_weights, versions = "", {}
             if isinstance(runner, OursRunner):
                 device_kind = runner.devices[0].device_kind
                 num_devices = len(runner.devices)
                 hardware = hardware_flops_per_position(spec)
             else:
                 device_kind, num_devices = runner.device_kind, runner.num_devices
-                # The peer's MLM head runs on every position.
-                hardware = metrics.flops_per_token(spec.model, spec.seq_len, 1.0)
+                versions = runner.versions
+                if runner.name in torch_sides:
+                    # The MLM head on the gathered slots, the last layer at every position.
+                    share = spec.max_predictions / spec.seq_len
+                    hardware = metrics.flops_per_token(spec.model, spec.seq_len, share)
+                    initial_weights = "ours"
+                else:
+                    # The Flax peer's MLM head runs on every position.
+                    hardware = metrics.flops_per_token(spec.model, spec.seq_len, 1.0)
             sides.append(
                 SideResult(
                     name=runner.name,
@@ -94,9 +157,12 @@ def run(
                     peak_flops_per_chip=peak_flops(spec, device_kind),
                     peak_memory_bytes=finish.get("peak_memory_bytes"),
                     warmup_loss=runner.warmup_loss,
+                    initial_weights=initial_weights,
+                    versions=versions,
                 )
             )
     finally:
         for runner in runners:
             runner.close()
+        shutil.rmtree(work, ignore_errors=True)
     return BenchReport(spec, data.description, sides)

@@ -1,4 +1,4 @@
-"""`bert-jax bench --config configs/bert.py:SIZE [--peer hf-flax]`: train-step speed and MFU."""
+"""`bert-jax bench --config configs/bert.py:SIZE [--peer hf-torch]`: train-step speed and MFU."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ def _run(flag_values) -> int:
 
     spec = spec_lib.spec_from_config(
         flag_values.config,
-        seq_len=flag_values.seq_len,
-        batch_size=flag_values.batch,
+        seq_len=flag_values.max_seq_length,
+        batch_size=flag_values.batch_size,
         steps=flag_values.steps,
         windows=flag_values.windows,
         warmup_steps=flag_values.warmup,
@@ -41,26 +41,39 @@ def _run(flag_values) -> int:
 COMMAND = ConfigCommand(
     name="bench",
     summary="training throughput (tokens/s, MFU) of the real train step, optionally beside Hugging "
-    "Face's Flax BERT: --config configs/bert.py:SIZE [--peer hf-flax]",
+    "Face's PyTorch BERT (eager and compiled) or Flax BERT: --config configs/bert.py:SIZE "
+    "[--peer hf-torch]",
     own_flags=(
         ("integer", "steps", 10, "timed steps per window"),
         ("integer", "windows", 5, "timed windows; figures are medians over windows"),
         ("integer", "warmup", 2, "untimed steps after compiling"),
-        ("integer", "seq_len", None, "sequence length (default: phase 1's)"),
-        ("integer", "batch", None, "global batch size (default: that phase's)"),
-        ("string", "peer", None, "also time a peer in the same run: hf-flax"),
-        ("string", "peer_python", None, "the peer's Python (default: .venv-peer/bin/python)"),
+        ("integer", "max_seq_length", None, "sequence length (default: phase 1's)"),
+        ("integer", "batch_size", None, "global batch size (default: that phase's)"),
+        (
+            "string",
+            "peer",
+            None,
+            "also time peers in the same run: hf-torch (PyTorch, eager and compiled; or "
+            "hf-torch-eager, hf-torch-compiled), hf-flax; several comma-separated",
+        ),
+        ("string", "peer_python", None, "hf-flax's Python (default: .venv-peer/bin/python)"),
         ("bool", "real_data", False, "instances from the embedded corpus, real lengths"),
         ("bool", "packing", False, "pack several instances per row (implies --real-data)"),
         ("bool", "compare_unpacked", False, "with --packing: also time the rows unpacked"),
         ("float", "packing_factor", 0.0, "rows read per packed row (0: most, <1% dropped)"),
-        ("string", "tokenizer", None, "tokenizer for --real-data (default: see bench/data.py)"),
+        (
+            "string",
+            "tokenizer",
+            None,
+            "tokenizer for --real-data (default: the embedded corpus's, see bench/data.py)",
+        ),
         ("string", "rng_impl", "", "our dropout PRNG (default: config.dropout_rng_impl)"),
         ("string", "peer_rng_impl", "", "the peer's dropout PRNG (default threefry2x32)"),
         ("integer", "devices", 0, "devices to use (default: all; 1 with --peer)"),
         ("float", "peak_tflops", 0.0, "peak TFLOP/s per chip, for MFU on unlisted chips"),
-        ("string", "json", None, "also write the report as JSON to this file"),
+        ("string", "json", None, "also write the report as JSON to this file (default: none)"),
     ),
     run=_run,
+    aliases=(("seq_len", "max_seq_length"), ("batch", "batch_size")),
 )
 add_to = COMMAND.add_to
