@@ -21,6 +21,8 @@ Public API:
       ``tfds_data_dir`` (or TFDS's default data dir) — it must already be prepared;
     * ``embedded[:train|eval|all]`` (``embedded.embedded_documents``, re-exported here).
 - ``expand_sources(sources) -> list[str]``: directories and globs to files, special sources kept.
+- The same inputs cut into splits that workers read apart, each byte once, with the same
+  documents and counts: ``splits.py`` (it reads through this module's line readers).
 
 Bad input is handled and counted in ``CorpusStats`` rather than crashing hours into a run:
 bytes that are not UTF-8 are dropped from their line (``invalid_utf8_lines``), empty files are

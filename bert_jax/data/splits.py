@@ -82,6 +82,10 @@ _PROBE_BLOCK = 1 << 10  # the first block a probe reads; each next one twice as 
 _BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]{0,16}\n")
 
 DocKey = tuple[int, ...]
+# ``read_split``'s options besides ``byte_count``: ``plan_splits`` takes them too.
+_READER_OPTIONS = frozenset(
+    ("tfds_data_dir", "text_field", "max_line_bytes", "strict", "sentence_split", "splitter_name")
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -124,10 +128,10 @@ def _kind(source: str) -> str:
 # --- Planning ---
 
 
-def _probe(path: str, start: int, stop: int, find: Callable[[bytes], int], count) -> int:
-    """The file position of the first boundary ``find`` sees in ``[start, stop)``, read a block
-    at a time; -1 if none."""
-    with user_path(path, "--input"), fs.RangeFile(path, start, stop) as stream:
+def _probe(path: str, size: int, start: int, stop: int, find: Callable[[bytes], int], count) -> int:
+    """The file position of the first boundary ``find`` sees in ``[start, stop)`` of the file
+    ``path`` of ``size`` bytes, read in blocks that double; -1 if none."""
+    with user_path(path, "--input"), fs.RangeFile(path, start, stop, size) as stream:
         try:
             data, size = b"", _PROBE_BLOCK
             while block := stream.read(size):
@@ -157,7 +161,8 @@ def _byte_cuts(path: str, size: int, target: int, back: int, find, count) -> lis
     cuts = [0]
     point = target
     while point < size:
-        found = _probe(path, point - back, min(size, point + min(target, PROBE_LIMIT)), find, count)
+        stop = min(size, point + min(target, PROBE_LIMIT))
+        found = _probe(path, size, point - back, stop, find, count)
         if cuts[-1] < found < size:
             cuts.append(found)
         point += target
@@ -214,6 +219,9 @@ def plan_splits(
     """The splits of ``sources`` in input order (see the module docstring). ``byte_count``
     (its ``extra``) counts the bytes the probes read. ``reader_options``: ``read_split``'s,
     accepted so that callers pass one set; only ``max_line_bytes`` matters here."""
+    unknown = set(reader_options) - _READER_OPTIONS
+    if unknown:
+        raise TypeError(f"plan_splits() got unexpected options {sorted(unknown)}")
     if target_bytes < 1:
         raise UserError(f"split size must be at least 1 byte, not {target_bytes}")
     count = ByteCount() if byte_count is None else byte_count

@@ -2,7 +2,8 @@
 
 Added only what fsspec does not do: a Cloud Storage failure as one line naming the URL
 (``StorageError``; a local OSError stays as the OS raised it, see `errors.user_path`), an atomic
-create-if-absent, renames and copies whole or not at all, listings spelled as the path was given.
+create-if-absent, renames and copies whole or not at all, listings spelled as the path was given,
+reads of a byte range that fetch exactly it and count what they fetched (``RangeFile``).
 Credentials: ADC; none with ``STORAGE_EMULATOR_HOST`` (the tests' emulator, read by gcsfs).
 """
 
@@ -166,14 +167,18 @@ class RangeFile(io.RawIOBase):
     """The bytes ``[start, stop)`` of a file (``stop`` None: to its end), seekable within them,
     read exactly as asked (in a bucket, one ranged request per read; no read-ahead past
     ``stop``), counting in ``bytes_read`` every byte fetched from storage. Positions are the
-    file's own; ``size`` is the file's. Wrap it in ``io.BufferedReader`` for ``readline``."""
+    file's own; ``size`` is the file's (given, or asked of storage). Wrap it in
+    ``io.BufferedReader`` for ``readline``."""
 
-    def __init__(self, path: AnyPath, start: int = 0, stop: int | None = None):
+    def __init__(
+        self, path: AnyPath, start: int = 0, stop: int | None = None, size: int | None = None
+    ):
         self.path, self.start, self.bytes_read = os.fspath(path), start, 0
         self.position = start
         self._local = None if is_remote(path) else builtins.open(self.path, "rb")  # noqa: SIM115
-        local = self._local
-        size = getsize(self.path) if local is None else os.fstat(local.fileno()).st_size
+        if size is None:  # the caller may know it: one request fewer in a bucket
+            local = self._local
+            size = getsize(self.path) if local is None else os.fstat(local.fileno()).st_size
         self.size, self.stop = size, size if stop is None else min(stop, size)
 
     def readable(self) -> bool:
