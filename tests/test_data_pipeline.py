@@ -38,7 +38,7 @@ def records_dir(tmp_path_factory):
         max_predictions_per_seq=SLOTS,
         dupe_factor=2,
         seed=3,
-        documents_per_shard=6,
+        num_groups=4,
     )
     result = prepare.prepare_records(["embedded:eval"], embedded_spm(), output, settings)
     assert len(result.files) >= 3

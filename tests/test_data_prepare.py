@@ -18,14 +18,12 @@ from bert_jax.data.tokenizer import load_tokenizer
 from tests.data_fixtures import embedded_spm, embedded_spm_dir
 
 LENGTH, SLOTS = 64, 10
-DOCUMENTS_PER_SHARD = 10
+NUM_GROUPS = 3
 
 
 def _expected_parts() -> list[str]:
-    """Groups of ten documents; a single leftover document joins the last group."""
-    count = len(sources.embedded_documents("eval"))
-    groups = count // DOCUMENTS_PER_SHARD + (count % DOCUMENTS_PER_SHARD >= 2)
-    return [part_name(g) for g in range(groups)]
+    """A shard per group: the 23 documents hash into 3 groups of at least two documents each."""
+    return [part_name(g) for g in range(NUM_GROUPS)]
 
 
 def _original_feature_spec(tf, max_seq_length, max_predictions_per_seq):
@@ -63,8 +61,8 @@ def _prepare_args(output, *extra):
         "2",
         "--seed",
         "5",
-        "--documents-per-shard",
-        str(DOCUMENTS_PER_SHARD),
+        "--num-groups",
+        str(NUM_GROUPS),
         *extra,
     ]
 
@@ -146,7 +144,7 @@ def test_rerun_resumes_and_changed_settings_are_refused(prepared, tmp_path, caps
         max_predictions_per_seq=SLOTS,
         dupe_factor=2,
         seed=5,
-        documents_per_shard=DOCUMENTS_PER_SHARD,
+        num_groups=NUM_GROUPS,
     )
     result = prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
     assert (result.groups_written, result.groups_skipped) == (1, len(_expected_parts()) - 1)
@@ -237,7 +235,7 @@ def test_records_keep_their_bytes_for_a_seed(tmp_path, whole_word_mask, digest):
         dupe_factor=2,
         seed=3,
         whole_word_mask=whole_word_mask,
-        documents_per_shard=40,
+        num_groups=1,  # one group, its documents in input order: the bytes of format v1 too
     )
     result = prepare.prepare_records(["embedded:eval"], minilm_vocab_path(), tmp_path, settings)
     assert result.instance_stats.instances == 636
@@ -275,3 +273,55 @@ def test_the_summary_names_the_format_where_there_is_no_next_sentence():
     assert "(random next 50.0%, forced 10.0%)" in line({})  # records of earlier versions
     no_nsp = line({"instance_format": "full_sentences", "objective": "mlm"})
     assert "(full_sentences, mlm)" in no_nsp and "random next" not in no_nsp
+
+
+def test_records_of_the_earlier_grouping_are_refused_on_resume_and_merge(tmp_path, capsys):
+    """Format v1 grouped consecutive documents; v2 hashes them into groups: a resumed or merged
+    directory would mix both (documents twice or not at all), so each is refused in one line."""
+    output = tmp_path / "old"
+    assert cli.main(_prepare_args(output)) == 0
+    config = json.loads((output / "prepare_config.json").read_text())
+    assert config["format_version"] == prepare.FORMAT_VERSION == 2
+    assert config["num_groups"] == NUM_GROUPS
+    config.update(format_version=1, documents_per_shard=10)  # as the earlier version wrote it
+    del config["num_groups"]
+    (output / "prepare_config.json").write_text(json.dumps(config))
+    os.remove(output / "part-00001.tfrecord")
+    capsys.readouterr()
+    assert cli.main(_prepare_args(output)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "records of format v1" in err[0] and "--overwrite" in err[0]
+    assert not (output / "part-00001.tfrecord").exists()  # nothing written
+
+    machines = tmp_path / "machines"
+    for index in ("0", "1"):
+        assert cli.main(_prepare_args(machines, "--num-shards", "2", "--shard-index", index)) == 0
+    stats = json.loads((machines / "stats-1-of-2.json").read_text())
+    stats["shard"]["manifest"]["format_version"] = 1
+    (machines / "stats-1-of-2.json").write_text(json.dumps(stats))
+    capsys.readouterr()
+    assert cli.main(["data", "prepare", "--merge", "--output", str(machines)]) == 2
+    assert "records of format v1" in capsys.readouterr().err
+
+
+def test_the_dry_run_prints_the_splits_and_groups_and_writes_nothing(tmp_path, capsys):
+    output = tmp_path / "never"
+    capsys.readouterr()
+    assert cli.main([*_prepare_args(output), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"into {NUM_GROUPS} group(s)" in out and "embedded embedded:eval" in out
+    assert not output.exists()
+
+
+def test_beam_options_need_the_beam_runner_and_beam_itself(tmp_path, capsys):
+    import importlib.util
+
+    output = tmp_path / "never"
+    capsys.readouterr()
+    assert cli.main([*_prepare_args(output), "--", "--direct_num_workers=2"]) == 2
+    assert "need --runner beam" in capsys.readouterr().err
+    if importlib.util.find_spec("apache_beam") is None:  # the main environment: no Beam
+        assert cli.main([*_prepare_args(output), "--runner", "beam"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "pip install 'bert-jax[beam]'" in err[0]
+    assert not output.exists()

@@ -43,7 +43,7 @@ def _prepare(corpus: dict, output, *extra: str, inputs=None, vocab=None) -> int:
         "data", "prepare", "--input", *(inputs or corpus["inputs"]),
         "--tokenizer", vocab or corpus["vocab"], "--output", str(output),
         "--max-seq-length", str(LENGTH), "--max-predictions-per-seq", str(SLOTS),
-        "--dupe-factor", "2", "--seed", "5", "--documents-per-shard", "2", *extra,
+        "--dupe-factor", "2", "--seed", "5", "--num-groups", "6", *extra,
     ]  # fmt: skip
     return cli.main(argv)
 

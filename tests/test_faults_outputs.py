@@ -52,7 +52,7 @@ def _prepare(corpus: str, vocab: str, output, *extra: str) -> list[str]:
     return [
         "data", "prepare", "--input", corpus, "--tokenizer", vocab, "--output", str(output),
         "--max-seq-length", str(LENGTH), "--max-predictions-per-seq", str(SLOTS),
-        "--dupe-factor", "1", "--documents-per-shard", "2", *extra,
+        "--dupe-factor", "1", "--num-groups", "2", "--seed", "5", *extra,
     ]  # fmt: skip
 
 
@@ -370,7 +370,7 @@ def test_a_cached_preparation_is_not_reused_after_its_corpus_changed(vocab, tmp_
 
     corpus = _corpus(tmp_path / "corpus.txt")
     settings = prepare.PrepareSettings(
-        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, documents_per_shard=2
+        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, num_groups=2
     )
     first = prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache")
     assert prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache") == first
@@ -402,7 +402,9 @@ def test_prepare_overwrite_with_a_shorter_corpus_leaves_no_stale_shard(vocab, tm
     assert os.path.exists(out / "part-00001.tfrecord")
     documents = [REAL_SENTENCES[0:3], REAL_SENTENCES[3:6]]
     (tmp_path / "corpus.txt").write_text("\n\n".join("\n".join(d) for d in documents) + "\n")
-    assert run_cli(capsys, _prepare(corpus, vocab, out, "--overwrite")).code == 0
+    # Two documents, one group (hashed into two groups, each might hold one: no pairs at all).
+    overwrite = _prepare(corpus, vocab, out, "--overwrite", "--num-groups", "1")
+    assert run_cli(capsys, overwrite).code == 0
     names = sorted(n for n in os.listdir(out) if n.startswith("part-"))
     assert names == ["part-00000.json", "part-00000.tfrecord"]
     settings = PipelineSettings(batch_size=1, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)

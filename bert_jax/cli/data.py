@@ -56,30 +56,70 @@ def _train_tokenizer(args) -> int:
     return 0
 
 
+_PREPARE_USAGE = (
+    "bert-jax data prepare --input SRC [SRC ...] --tokenizer TOK --output DIR [options] "
+    "[--runner beam [-- BEAM_OPTION ...]]\n"
+    "       bert-jax data prepare --merge --output DIR"
+)
+
+
 def _add_data(subparsers) -> None:
+    from bert_jax.data.layout import DEFAULT_GROUP_BYTES
+
     parser = subparsers.add_parser("data", help="prepare pretraining data")
     actions = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     prepare = actions.add_parser(
-        "prepare", help="corpus -> masked sentence pairs -> TFRecord shards (original format)"
+        "prepare",
+        help="corpus -> masked sentence pairs -> TFRecord shards (original format)",
+        usage=_PREPARE_USAGE,
     )
     prepare.add_argument(
         "--input",
         nargs="+",
         metavar="SRC",
-        help="text files/globs (one sentence per line, blank line between documents), .jsonl "
-        "(text field), .parquet (text column, a row per document), Wikipedia XML dumps "
-        "(.xml.bz2 / .xml, an article per document), tfds:NAME[/CONFIG][:SPLIT], or "
-        "embedded[:train|eval]; local or gs://",
+        help="required (unless --merge): text files/globs (one sentence per line, blank line "
+        "between documents), .jsonl (text field), .parquet (text column, a row per document), "
+        "Wikipedia XML dumps (.xml.bz2 / .xml, an article per document), "
+        "tfds:NAME[/CONFIG][:SPLIT], or embedded[:train|eval]; local or gs://",
     )
-    prepare.add_argument("--tokenizer", metavar="TOK", help="tokenizer dir, .model or vocab.txt")
-    prepare.add_argument("--output", required=True, metavar="DIR")
-    prepare.add_argument("--max-seq-length", type=int, default=128)
-    prepare.add_argument("--max-predictions-per-seq", type=int, default=20)
-    prepare.add_argument("--masked-lm-prob", type=float, default=0.15)
-    prepare.add_argument("--short-seq-prob", type=float, default=0.1)
-    prepare.add_argument("--dupe-factor", type=int, default=5)
-    prepare.add_argument("--seed", type=int, default=12345)
-    prepare.add_argument("--whole-word-mask", action="store_true")
+    prepare.add_argument(
+        "--tokenizer",
+        metavar="TOK",
+        help="required (unless --merge): tokenizer dir, .model or vocab.txt",
+    )
+    prepare.add_argument(
+        "--output", required=True, metavar="DIR", help="the records directory (local or gs://)"
+    )
+    prepare.add_argument(
+        "--max-seq-length", type=int, default=128, help="tokens per instance, [CLS] and [SEP] in"
+    )
+    prepare.add_argument(
+        "--max-predictions-per-seq",
+        type=int,
+        default=20,
+        help="masked positions per instance at most",
+    )
+    prepare.add_argument(
+        "--masked-lm-prob", type=float, default=0.15, help="share of tokens masked"
+    )
+    prepare.add_argument(
+        "--short-seq-prob",
+        type=float,
+        default=0.1,
+        help="share of instances cut shorter than --max-seq-length",
+    )
+    prepare.add_argument(
+        "--dupe-factor",
+        type=int,
+        default=5,
+        help="passes over the corpus, each masked anew",
+    )
+    prepare.add_argument(
+        "--seed", type=int, default=12345, help="seeds the groups, pairs, masks and shuffle"
+    )
+    prepare.add_argument(
+        "--whole-word-mask", action="store_true", help="mask all pieces of a word together"
+    )
     prepare.add_argument(
         "--objective",
         default="mlm+nsp",
@@ -95,7 +135,61 @@ def _add_data(subparsers) -> None:
     prepare.add_argument("--mask-share", type=float, default=0.8, help="share of [MASK]")
     prepare.add_argument("--same-share", type=float, default=0.1, help="share left unchanged")
     prepare.add_argument("--random-share", type=float, default=0.1, help="share of random ids")
-    prepare.add_argument("--num-workers", type=int, default=1)
+    prepare.add_argument(
+        "--num-workers",
+        type=int,
+        default=1,
+        help="processes on this machine (reading splits, then making groups); the records are "
+        "the same for any number",
+    )
+    prepare.add_argument(
+        "--num-groups",
+        type=int,
+        default=0,
+        help="documents go to this many groups by a hash of their place in the input, a shard "
+        "per group; random next sentences come from the same group (default: one group per "
+        "--group-bytes of input)",
+    )
+    prepare.add_argument(
+        "--group-bytes",
+        type=int,
+        default=DEFAULT_GROUP_BYTES,
+        help="input bytes per group when --num-groups is not given (as stored: compressed "
+        "dumps and Parquet count compressed); a group is what a worker holds at a time",
+    )
+    prepare.add_argument(
+        "--split-bytes",
+        type=int,
+        default=None,
+        help="inputs are read in splits of about this many bytes, a unit of parallel work; the "
+        "records do not depend on it (default: 64 MiB)",
+    )
+    prepare.add_argument(
+        "--runner",
+        default="local",
+        choices=["local", "beam"],
+        help="local: processes on this machine (--num-workers, several machines with "
+        "--num-shards and --merge); beam: an Apache Beam pipeline (Dataflow, Flink, Spark; "
+        "Beam's FnApiRunner here), Beam's options after a `--`; the same records",
+    )
+    prepare.add_argument(
+        "--beam-options",
+        default="",
+        metavar="OPTIONS",
+        help="Beam's pipeline options as one string (the same as after `--`), e.g. "
+        "'--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp'",
+    )
+    prepare.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the splits, groups and (with --runner beam) pipeline options; write nothing",
+    )
+    prepare.add_argument(
+        "beam_args",
+        nargs="*",
+        metavar="-- BEAM_OPTION",
+        help="Beam's own pipeline options, after a `--` (with --runner beam)",
+    )
     prepare.add_argument(
         "--shard-index", type=int, default=0, help="this machine's index when several share work"
     )
@@ -110,11 +204,13 @@ def _add_data(subparsers) -> None:
     prepare.add_argument(
         "--documents-per-shard",
         type=int,
-        default=1000,
-        help="documents per output file; bounds memory (random next sentences come from the same "
-        "group of documents)",
+        default=0,
+        help="no longer used (documents go to groups by hash): give --num-groups or "
+        "--group-bytes; accepted, with a warning",
     )
-    prepare.add_argument("--tfds-data-dir", default=None)
+    prepare.add_argument(
+        "--tfds-data-dir", default=None, help="where TFDS keeps its data sets (tfds: inputs)"
+    )
     prepare.add_argument(
         "--text-field", default="text", help="JSONL / Parquet / TFDS field with the text"
     )
@@ -133,7 +229,12 @@ def _add_data(subparsers) -> None:
         action="store_true",
         help="split the lines of text files into sentences (for a paragraph per line)",
     )
-    prepare.add_argument("--max-line-bytes", type=int, default=200_000)
+    prepare.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=200_000,
+        help="longer lines are skipped (counted as long_lines)",
+    )
     prepare.add_argument(
         "--strict", action="store_true", help="stop at the first bad line instead of skipping it"
     )
@@ -145,11 +246,18 @@ def _add_data(subparsers) -> None:
 
 def _prepare(args) -> int:
     import logging
+    import shlex
 
     from bert_jax.data.prepare import PrepareSettings, merge_shards, prepare_records
     from bert_jax.runtime.errors import UserError
     from bert_jax.training import config_checks
 
+    beam_args = [*shlex.split(args.beam_options), *args.beam_args]
+    if beam_args and args.runner != "beam":
+        raise UserError(
+            f"{beam_args[0]}: Beam pipeline options (after `--` or in --beam-options) need "
+            "--runner beam"
+        )
     if args.merge:
         if args.input or args.tokenizer:
             raise UserError("--merge takes --output only: the shards record their inputs")
@@ -180,6 +288,9 @@ def _prepare(args) -> int:
         num_workers=args.num_workers,
         shard_index=args.shard_index,
         num_shards=args.num_shards,
+        num_groups=args.num_groups,
+        group_bytes=args.group_bytes,
+        **({"split_bytes": args.split_bytes} if args.split_bytes else {}),
         documents_per_shard=args.documents_per_shard,
         tfds_data_dir=args.tfds_data_dir,
         text_field=args.text_field,
@@ -189,7 +300,25 @@ def _prepare(args) -> int:
         strict=args.strict,
         overwrite=args.overwrite,
     )
-    result = prepare_records(args.input, args.tokenizer, args.output, settings)
+    if args.runner == "beam":
+        from bert_jax.data import beam
+
+        result = beam.prepare_with_beam(
+            args.input, args.tokenizer, args.output, settings, beam_args, dry_run=args.dry_run
+        )
+        if isinstance(result, str) or result is None:
+            print(
+                result
+                or f"the job runs on: {args.output} is complete once it holds stats-0-of-1.json"
+            )
+            return 0
+    elif args.dry_run:
+        from bert_jax.data.prepare import describe_plan, plan_run
+
+        print(describe_plan(plan_run(args.input, args.tokenizer, args.output, settings)))
+        return 0
+    else:
+        result = prepare_records(args.input, args.tokenizer, args.output, settings)
     print(result.summary())
     for problem in result.corpus_stats.problems:
         print(f"  skipped: {problem}")

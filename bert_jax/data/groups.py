@@ -1,21 +1,31 @@
 """Prepare's unit of work: one group of documents -> one TFRecord shard ``part-NNNNN.tfrecord``.
 
-A worker process (no TensorFlow) tokenizes a group, makes ``dupe_factor`` passes of masked
-instances (``instances.create_instance_rows``; random next sentences come from the same group),
-shuffles and serializes them (``process_group``); the driver writes the shard and its counts
-(``write_group``). ``document_groups`` cuts the document stream into groups and
-``existing_parts`` lists what an earlier run already wrote. Group ``g`` is seeded by
-``(seed, g)`` alone, so a shard's bytes never depend on which worker or machine made it.
+Documents go to groups by a hash of their key, not by their place in the stream: document ``key``
+(``splits.DocKey``: its source and position there, whatever split it was read in) belongs to group
+``group_of(seed, key, num_groups)``. Every group is thus a random sample of the whole corpus (as a
+global shuffle gives), and its documents are the same whichever worker, machine or engine read
+them. The same functions serve the local process pool and the Beam pipeline, so both write the
+same bytes: ``assign_documents`` reads one split into ``(group, (key, document))`` pairs;
+``sorted_documents`` orders one group's documents by key; ``process_group`` (a worker without
+TensorFlow) tokenizes them, makes ``dupe_factor`` passes of masked instances (random next
+sentences come from the same group, so from across the corpus), shuffles and serializes them;
+``write_group`` writes the shard and its counts, each under a temporary name renamed when whole
+(a retried group rewrites the same bytes). Group ``g`` is seeded by ``(seed, g)`` alone.
+``existing_parts`` lists what an earlier run already wrote; ``remove_stale_temporaries`` removes
+the temporary names of a writer that was killed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import math
 import os
 import re
+import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +33,9 @@ import numpy as np
 from bert_jax.data import instances as instances_lib
 from bert_jax.data import records as records_lib
 from bert_jax.data import single_instances
+from bert_jax.data import splits as splits_lib
 from bert_jax.data.files import write_json_atomic
+from bert_jax.data.layout import DEFAULT_GROUP_BYTES
 from bert_jax.data.masking import MaskingConfig
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.runtime import fs
@@ -31,6 +43,8 @@ from bert_jax.runtime import fs
 logger = logging.getLogger(__name__)
 
 _PART_RE = re.compile(r"^part-(\d{5,})\.(tfrecord|json)$")
+# What ``files.temporary_name`` makes of a part's name: left behind only by a killed writer.
+_PART_TEMPORARY_RE = re.compile(r"^\.part-\d{5,}\.(tfrecord|json)\.tmp-")
 
 
 @dataclass
@@ -60,6 +74,39 @@ def _group_seed(seed: int, group_index: int) -> int:
 
 def part_name(group_index: int, suffix: str = "tfrecord") -> str:
     return f"part-{group_index:05d}.{suffix}"
+
+
+def group_of(seed: int, key: tuple[int, ...], num_groups: int) -> int:
+    """The group of the document ``key`` (``splits.DocKey``): a stable hash of the seed and the
+    key (BLAKE2b; never Python's ``hash``, which differs between processes), modulo the groups."""
+    packed = struct.pack(f"<{len(key) + 1}q", seed, *key)
+    digest = hashlib.blake2b(packed, digest_size=8).digest()
+    return int.from_bytes(digest, "little") % num_groups
+
+
+def derive_num_groups(input_bytes: int, group_bytes: int = DEFAULT_GROUP_BYTES) -> int:
+    """Groups for ``input_bytes`` of input when ``--num-groups`` is not given: one per
+    ``group_bytes`` (as stored: compressed dumps and Parquet count compressed), at least one."""
+    return max(1, math.ceil(input_bytes / group_bytes))
+
+
+def assign_documents(
+    split, stats, seed: int, num_groups: int, reader_options: dict, keep=None
+) -> Iterator[tuple[int, tuple[tuple[int, ...], list[str]]]]:
+    """The documents of one split (``splits.read_split``, counted into ``stats``) as
+    ``(group, (key, document))``; ``keep``: the groups wanted (None: all)."""
+    for key, document in splits_lib.read_split(split, stats, **reader_options):
+        if not document:  # a page that is no article, an empty document: counted by the reader
+            continue
+        group = group_of(seed, key, num_groups)
+        if keep is None or group in keep:
+            yield group, (tuple(key), document)
+
+
+def sorted_documents(keyed: Iterable[tuple[tuple[int, ...], list[str]]]) -> list[list[str]]:
+    """One group's documents in key order: the order in which they were read, or by which
+    worker, does not matter."""
+    return [document for _, document in sorted(keyed, key=lambda item: item[0])]
 
 
 # --- worker side (no TensorFlow) ------------------------------------------------------------------
@@ -151,6 +198,9 @@ def process_group(
 
 
 def write_group(output_dir: str, group_index: int, counts: dict, serialized: list[bytes]) -> None:
+    """The shard and its counts, each written whole under a temporary name and renamed (an object
+    in a bucket appears whole when closed): a retried group leaves the same bytes, never two
+    copies or a half-written file under a part's name."""
     if not serialized:
         return
     # The sidecar goes first: a shard under its final name always has its counts next to it.
@@ -158,35 +208,16 @@ def write_group(output_dir: str, group_index: int, counts: dict, serialized: lis
     records_lib.write_records(os.path.join(output_dir, part_name(group_index)), serialized)
 
 
+def remove_stale_temporaries(output_dir: str) -> int:
+    """Removes the temporary names (``.part-NNNNN.tfrecord.tmp-...``) that a writer killed
+    mid-shard left in ``output_dir``; returns how many. Run when no writer is left."""
+    stale = [name for name in fs.listdir(output_dir) if _PART_TEMPORARY_RE.match(name)]
+    for name in stale:
+        fs.remove(os.path.join(output_dir, name))
+    return len(stale)
+
+
 # --- driver side ----------------------------------------------------------------------------------
-
-
-def document_groups(
-    documents: Iterator[list[str]], documents_per_shard: int
-) -> Iterator[tuple[int, list[list[str]]]]:
-    """Consecutive groups; a trailing group of a single document joins the previous group.
-
-    One full group is held back until the next document arrives so that the merge decision can
-    be made; every machine makes the same decision because every machine reads the same stream.
-    """
-    pending: list[list[str]] | None = None
-    current: list[list[str]] = []
-    index = 0
-    for document in documents:
-        current.append(document)
-        if len(current) == documents_per_shard:
-            if pending is not None:
-                yield index, pending
-                index += 1
-            pending, current = current, []
-    if pending is not None:
-        if len(current) == 1:
-            pending.extend(current)
-            current = []
-        yield index, pending
-        index += 1
-    if current:
-        yield index, current
 
 
 def existing_parts(output_dir: str) -> dict[int, set[str]]:

@@ -16,6 +16,9 @@ from bert_jax.runtime import fs
 RECORD_SUFFIX = ".tfrecord"
 CONFIG_FILE = "prepare_config.json"
 TOKENIZER_SUBDIR = "tokenizer"
+# `data prepare --group-bytes`: input bytes per group of documents (a shard; what one worker
+# holds at a time) when ``--num-groups`` is not given.
+DEFAULT_GROUP_BYTES = 8 << 20
 
 
 def read_prepare_config(directory: str | os.PathLike) -> dict | None:

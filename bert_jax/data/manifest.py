@@ -55,7 +55,7 @@ OUTPUT_SETTINGS = (
     "dupe_factor",
     "seed",
     "whole_word_mask",
-    "documents_per_shard",
+    "num_groups",
     "sentence_split",
     "splitter",
     "text_extraction",
@@ -73,6 +73,12 @@ _BEFORE_RECORDED = {
     **objectives.BEFORE_RECORDED,
 }
 EXTRACTION_KEY = "text_extraction"
+FORMAT_KEY = "format_version"
+# What each records format groups documents by (prepare.FORMAT_VERSION), for check_format's line.
+_FORMATS = {
+    1: "consecutive documents (--documents-per-shard)",
+    2: "a hash of each document's key (--num-groups)",
+}
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 _OWN_NAME_RE = re.compile(r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json)$")
@@ -308,6 +314,21 @@ def check_extraction(
         )
 
 
+def check_format(previous: Manifest, wanted: Manifest, output_dir: str, rerun: str = "") -> None:
+    """Refuses (SettingsChangedError, one line) records of another format (``format_version``,
+    ``prepare.FORMAT_VERSION``): their documents are grouped otherwise, so a resumed or merged
+    directory would hold some documents twice and others not at all."""
+    made, now = previous.settings.get(FORMAT_KEY), wanted.settings.get(FORMAT_KEY)
+    if made != now:
+        raise SettingsChangedError(
+            f"{output_dir}: records of format v{made} (documents grouped by "
+            f"{_FORMATS.get(made, 'another rule')}), this version of bert-jax writes v{now} "
+            f"(grouped by {_FORMATS.get(now, 'another rule')}); they would mix: rerun "
+            f"{rerun or 'data prepare'} with --overwrite to rebuild them, or choose a new "
+            "--output directory"
+        )
+
+
 def check_resumable(
     previous: Manifest | None, wanted: Manifest, output_dir: str, overwrite: bool
 ) -> None:
@@ -317,6 +338,7 @@ def check_resumable(
     same output settings (else SettingsChangedError listing each change). With it: always."""
     if previous is None or overwrite:
         return
+    check_format(previous, wanted, output_dir)
     check_extraction(previous, wanted, output_dir)
     _check_inputs(previous, wanted, output_dir)
     changed = previous.setting_changes(wanted)

@@ -10,17 +10,22 @@ Public API::
 ``prepare_cached`` is preparation for a pretraining run given a raw corpus: the records go to a
 directory of ``cache_dir`` named by a hash of the settings, and a finished preparation is reused.
 
-How it scales. Documents are streamed from the sources and cut into consecutive groups of
-``documents_per_shard`` documents (a final group of one document joins the group before it).
-Group ``g`` becomes the output file ``part-{g:05d}.tfrecord`` (``groups.py``): a worker process
-(without TensorFlow) tokenizes its documents, makes ``dupe_factor`` passes of masked instances
-(random next sentences are drawn from the other documents of the same group), shuffles and
-serializes them; the driver writes the file. Memory is therefore bounded by the group size
-times the groups in flight (two per worker), never by the corpus. Group ``g`` is seeded by
-``(seed, g)`` alone, so the output is byte-identical whatever ``num_workers`` is and however the
-work is split across machines: machine ``shard_index`` of ``num_shards`` writes the groups with
-``g % num_shards == shard_index`` (every machine streams the whole input, which is cheap next to
-tokenization and masking).
+How it scales. The inputs are cut into splits (``splits.plan_splits``: Wikipedia multistream
+dumps by bz2 stream range, Parquet by row group, text and JSONL by byte range cut at a document
+boundary) and every split is read once. Each document goes to group ``g = group_of(seed, key) %
+num_groups`` by a hash of its key (its source and position, whatever split it was read in;
+``groups.py``), so every group is a random sample of the whole corpus and random next sentences
+come from across it. ``num_groups`` is ``--num-groups`` or one per ``--group-bytes`` of input
+(8 MiB by default), fixed before anything is read and recorded in ``prepare_config.json``.
+Group ``g`` becomes ``part-{g:05d}.tfrecord``: its documents in key order are tokenized, made
+into ``dupe_factor`` passes of masked instances, shuffled and serialized, seeded by ``(seed, g)``
+alone. The local path is a map (splits read in ``num_workers`` processes, documents spilled by
+group to a hidden folder of the output) and a reduce (groups made into shards by the same
+workers, written by this process); the Apache Beam pipeline (``beam.py``) runs the same
+functions on a runner's workers. Either way the bytes are the same, whatever ``num_workers`` is
+or whichever engine runs it. Memory per worker is bounded by a split and by a group, never by
+the corpus. Machine ``shard_index`` of ``num_shards`` writes the groups with
+``g % num_shards == shard_index`` (every machine reads the whole input).
 
 Nothing already written is lost: each shard is written under a hidden temporary name and renamed
 when complete, next to a small ``part-{g:05d}.json`` with its counts. A re-run with the same
@@ -44,7 +49,8 @@ those one machine would have written, file for file.
 Why this file is long: one run of the stage (settings, the output opened for it, the groups in
 flight, the completion mark) and the two ways of using it (a pretraining run's cached
 preparation, the merge of several machines' runs) read as one story; the work itself lives in
-``groups``, the manifest's checks in ``manifest``.
+``groups``, the manifest's checks in ``manifest``. ``plan_run``, ``start_run`` and
+``finish_run`` are the steps that the Beam pipeline shares.
 """
 
 from __future__ import annotations
@@ -56,20 +62,26 @@ import json
 import logging
 import multiprocessing
 import os
+import pickle
 import shutil
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bert_jax.data import groups as groups_lib
 from bert_jax.data import manifest, objectives, shard_merge
 from bert_jax.data import records as records_lib
 from bert_jax.data import sources as sources_lib
+from bert_jax.data import splits as splits_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.groups import InstanceStats, part_name
-from bert_jax.data.layout import CONFIG_FILE, TOKENIZER_SUBDIR
+from bert_jax.data.layout import (
+    CONFIG_FILE,
+    DEFAULT_GROUP_BYTES,
+    TOKENIZER_SUBDIR,
+)
 from bert_jax.data.masking import check_shares
 from bert_jax.data.sentences import splitter_identity
 from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
@@ -78,7 +90,10 @@ from bert_jax.runtime.errors import UserError, user_path
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+# The records' format (manifest.FORMAT_KEY): 2 = documents grouped by a hash of their key
+# (groups.group_of) into ``num_groups`` groups; 1 = consecutive groups of documents_per_shard
+# documents. Records of another format are refused on resume and merge (manifest.check_format).
+FORMAT_VERSION = 2
 # Written by ``prepare_cached`` when a preparation is complete: the list of its record files.
 _COMPLETE_MARKER = "prepared-complete.json"
 
@@ -98,7 +113,14 @@ class PrepareSettings:
     # This machine's part when several machines prepare one output directory.
     shard_index: int = 0
     num_shards: int = 1
-    documents_per_shard: int = 1000
+    # Documents go to ``num_groups`` groups by a hash of their key (``groups.group_of``), a shard
+    # per group; 0: one group per ``group_bytes`` of input (``groups.derive_num_groups``).
+    num_groups: int = 0
+    group_bytes: int = DEFAULT_GROUP_BYTES
+    # Inputs are read in splits of about this many bytes (``splits.plan_splits``), in parallel.
+    split_bytes: int = splits_lib.DEFAULT_TARGET_BYTES
+    # Before documents were grouped by hash: documents per group. Accepted, no longer used.
+    documents_per_shard: int = 0
     tfds_data_dir: str | None = None
     text_field: str = "text"
     sentence_split: bool = False
@@ -137,8 +159,12 @@ class PrepareSettings:
                 f"--shard-index {self.shard_index} must be in [0, --num-shards "
                 f"{self.num_shards}) and --num-shards at least 1"
             )
-        if self.documents_per_shard < 2:
-            problems.append(f"--documents-per-shard {self.documents_per_shard} must be at least 2")
+        if self.num_groups < 0:
+            problems.append(f"--num-groups {self.num_groups} must be at least 1 (0: derived)")
+        if self.group_bytes < 1:
+            problems.append(f"--group-bytes {self.group_bytes} must be at least 1")
+        if self.split_bytes < 1:
+            problems.append(f"--split-bytes {self.split_bytes} must be at least 1")
         if problems:
             raise UserError("invalid data prepare settings: " + "; ".join(problems))
         objectives.check_objective(self.objective, "--objective")
@@ -199,10 +225,13 @@ def _objective_settings(settings: PrepareSettings) -> dict:
     }
 
 
-def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources: list[str]) -> dict:
+def _recorded_settings(
+    settings: PrepareSettings, tokenizer: Tokenizer, sources: list[str], num_groups: int
+) -> dict:
     """What ``prepare_config.json`` holds: the settings that shape the output, and the inputs."""
     return {
         "format_version": FORMAT_VERSION,
+        "num_groups": num_groups,
         "max_seq_length": settings.max_seq_length,
         "max_predictions_per_seq": settings.max_predictions_per_seq,
         "masked_lm_prob": settings.masked_lm_prob,
@@ -210,7 +239,6 @@ def _recorded_settings(settings: PrepareSettings, tokenizer: Tokenizer, sources:
         "dupe_factor": settings.dupe_factor,
         "seed": settings.seed,
         "whole_word_mask": settings.whole_word_mask,
-        "documents_per_shard": settings.documents_per_shard,
         "sentence_split": settings.sentence_split,
         # The library's version too: another version may cut the same text differently.
         "splitter": splitter_identity(settings.splitter),
@@ -283,6 +311,39 @@ def _size(count: int) -> str:
     return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
 
 
+class _Rate:
+    """Progress lines with a rate and an ETA: one per ``every`` items or ~10 s, whichever first
+    (a line per item floods a log; a terminal wants to see it move)."""
+
+    def __init__(self, what: str, total: int, every: int = 100, seconds: float = 10.0):
+        self.what, self.total, self.every, self.seconds = what, total, every, seconds
+        self.started = self.last = time.perf_counter()
+        self.done = self.last_done = 0
+
+    def tick(self, count: int = 1) -> None:
+        self.done += count
+        now = time.perf_counter()
+        if (
+            self.done == self.total
+            or self.done - self.last_done >= self.every
+            or (now - self.last >= self.seconds)
+        ):
+            self.last, self.last_done = now, self.done
+            rate = self.done / max(now - self.started, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            logger.info(
+                "%s %d/%d (%.1f/s, ETA %s)", self.what, self.done, self.total, rate, _eta(eta)
+            )
+
+
+def _eta(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "unknown"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
 class _Progress:
     """The driver's tally: groups finished, skipped (already written) and their record files."""
 
@@ -293,7 +354,7 @@ class _Progress:
         self.parts: list[int] = []  # the groups whose record file this run wrote or kept
         self.groups_written = 0
         self.groups_skipped = 0
-        self.total_groups = 0
+        self.rate: _Rate | None = None
 
     def _disk_full(self, err: OSError, group_index: int, serialized: list[bytes]) -> UserError:
         """One line: where, how much the shard needs and what is free, what is kept."""
@@ -329,53 +390,225 @@ class _Progress:
             self.files.append(os.path.join(self.output_dir, part_name(group_index)))
             self.parts.append(group_index)
             self.groups_written += 1
-        logger.info("group %d: %d instances", group_index, counts.get("instances", 0))
+        logger.debug("group %d: %d instances", group_index, counts.get("instances", 0))
+        if self.rate is not None:
+            self.rate.tick()
 
 
-def _run_groups(
-    groups: Iterator[tuple[int, list[list[str]]]],
-    existing: dict[int, set[str]],
-    tokenizer: Tokenizer,
-    recorded: dict,
-    num_workers: int,
+@dataclass
+class RunPlan:
+    """A run of ``data prepare`` checked and planned, before anything is written; the local path
+    and the Beam pipeline (``beam.py``) both start from it."""
+
+    sources: list[str]
+    splits: list
+    num_groups: int
+    recorded: dict  # what prepare_config.json holds
+    wanted: manifest.Manifest
+    output_dir: str
+    output_what: str
+    reader_options: dict
+    tokenizer: Tokenizer
+
+    def input_bytes(self) -> int:
+        return sum(splits_lib.split_bytes(split) for split in self.splits)
+
+
+def plan_run(
+    sources: Sequence[str | os.PathLike] | str,
+    tokenizer: Tokenizer | str | os.PathLike,
+    output_dir: str | os.PathLike,
+    settings: PrepareSettings,
+    output_what: str = "--output",
+) -> RunPlan:
+    """Checks the settings, the inputs (text, UTF-8) and the output directory (a records
+    directory this run may resume or, with ``overwrite``, replace), and cuts the inputs into
+    splits and the documents into groups; writes nothing."""
+    settings.check()
+    if settings.documents_per_shard and not settings.num_groups:
+        logger.warning(
+            "--documents-per-shard no longer sets the size of a group (documents go to groups by "
+            "a hash of their key): give --num-groups or --group-bytes; ignored"
+        )
+    if not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
+    # Resolve inputs before touching the output directory: a typo must not leave debris.
+    sources = sources_lib.expand_sources(
+        [sources] if isinstance(sources, (str, os.PathLike)) else sources
+    )
+    inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
+    reader_options = {
+        "tfds_data_dir": settings.tfds_data_dir,
+        "text_field": settings.text_field,
+        "max_line_bytes": settings.max_line_bytes,
+        "strict": settings.strict,
+        "sentence_split": settings.sentence_split,
+        "splitter_name": settings.splitter,
+    }
+    splits = splits_lib.plan_splits(sources, target_bytes=settings.split_bytes, **reader_options)
+    num_groups = settings.num_groups or groups_lib.derive_num_groups(
+        sum(splits_lib.split_bytes(split) for split in splits), settings.group_bytes
+    )
+    output_dir = fs.abspath(os.fspath(output_dir))
+    recorded = _recorded_settings(settings, tokenizer, sources, num_groups)
+    wanted = manifest.Manifest(recorded, tuple(inputs))
+    manifest.check_output_dir(output_dir, settings.overwrite)
+    manifest.check_resumable(manifest.read(output_dir), wanted, output_dir, settings.overwrite)
+    return RunPlan(
+        sources,
+        splits,
+        num_groups,
+        recorded,
+        wanted,
+        output_dir,
+        output_what,
+        reader_options,
+        tokenizer,
+    )
+
+
+def describe_plan(plan: RunPlan) -> str:
+    """What ``--dry-run`` prints: the splits and the groups; nothing is read past the planning."""
+    lines = [
+        f"{len(plan.splits)} split(s) of {len(plan.sources)} input(s), {plan.input_bytes()} "
+        f"bytes, into {plan.num_groups} group(s) (a shard each) in {plan.output_dir}"
+    ]
+    for split in plan.splits:
+        stop = "end" if split.stop < 0 else split.stop
+        lines.append(
+            f"  {split.kind} {split.source} [{split.start}, {stop}): "
+            f"{splits_lib.split_bytes(split)} bytes"
+        )
+    return "\n".join(lines)
+
+
+def start_run(plan: RunPlan, settings: PrepareSettings) -> dict[int, set[str]]:
+    """Opens ``plan.output_dir`` for the run (``_start_stage``); returns the parts to keep."""
+    with user_path(plan.output_dir, plan.output_what, writing=True):
+        existing = _start_stage(plan.output_dir, plan.wanted, settings, plan.tokenizer)
+        groups_lib.remove_stale_temporaries(plan.output_dir)
+    return existing
+
+
+def check_enough_documents(plan: RunPlan, corpus_stats: sources_lib.CorpusStats) -> None:
+    """Sentence pairs need two documents, single sequences one (InputError naming the inputs)."""
+    if corpus_stats.documents < (2 if plan.recorded["instance_format"] == "sentence_pairs" else 1):
+        raise manifest.InputError(
+            f"inputs {', '.join(plan.sources)} hold {corpus_stats.documents} usable document(s); "
+            f"sentence pairs need at least two ({corpus_stats.summary()})"
+        )
+
+
+# --- the local path: map (splits -> spilled groups), then reduce (groups -> shards) -------------
+
+
+def _spill_split(task: tuple) -> tuple[sources_lib.CorpusStats, dict[int, tuple[int, int]]]:
+    """Map: one split's documents, by group, into the spill file ``path`` (pickled lists of
+    ``(key, document)``, one after another); returns what was read and where each group lies."""
+    split, path, seed, num_groups, keep, reader_options = task
+    stats = sources_lib.CorpusStats()
+    by_group: dict[int, list] = {}
+    for group, keyed in groups_lib.assign_documents(
+        split, stats, seed, num_groups, reader_options, keep
+    ):
+        by_group.setdefault(group, []).append(keyed)
+    index = {}
+    with open(path, "wb") as f:
+        for group in sorted(by_group):
+            blob = pickle.dumps(by_group[group], protocol=pickle.HIGHEST_PROTOCOL)
+            index[group] = (f.tell(), len(blob))
+            f.write(blob)
+    return stats, index
+
+
+def _reduce_group(group_index: int, pieces: list[tuple[str, int, int]], recorded: dict):
+    """Reduce: one group's documents from the spill files, in key order, -> its records."""
+    keyed = []
+    for path, offset, length in pieces:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            keyed.extend(pickle.loads(f.read(length)))
+    return groups_lib.process_group(group_index, groups_lib.sorted_documents(keyed), recorded)
+
+
+def _spill_dir(plan: RunPlan, settings: PrepareSettings) -> str:
+    """Where the map phase spills documents: a hidden folder of a local output (removed when the
+    run ends, and when a run starts after a killed one), a local temporary folder for a bucket."""
+    if fs.is_remote(plan.output_dir):
+        return tempfile.mkdtemp(prefix="bert-jax-spill-")
+    path = os.path.join(plan.output_dir, f".spill-{settings.shard_index}-of-{settings.num_shards}")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def _run_local(
+    plan: RunPlan,
+    settings: PrepareSettings,
+    todo: list[int],
     progress: _Progress,
+    corpus_stats: sources_lib.CorpusStats,
 ) -> None:
-    """Process every group not already written, in this process or in ``num_workers`` workers."""
-    if num_workers == 1:
-        groups_lib.init_worker(tokenizer)
-        for group_index, group in groups:
-            progress.total_groups += 1
-            if "tfrecord" in existing.get(group_index, ()):
-                progress.skip(group_index)
-                continue
-            progress.finished(group_index, *groups_lib.process_group(group_index, group, recorded))
-        return
-    # spawn, not fork: the parent may already hold TensorFlow or JAX threads. Workers do the
-    # CPU-heavy part (tokenize, pair, mask, serialize) without TensorFlow; this process
-    # writes, which costs a few microseconds per record.
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(
-        num_workers, initializer=groups_lib.init_worker, initargs=(tokenizer,)
-    ) as pool:
+    """Every split read once (map: documents spilled by group), then every group in ``todo``
+    made into its shard (reduce), in this process or in ``num_workers`` workers."""
+    spill = _spill_dir(plan, settings)
+    keep = frozenset(todo)
+    tasks = [
+        (
+            split,
+            os.path.join(spill, f"split-{k:06d}.pkl"),
+            settings.seed,
+            plan.num_groups,
+            keep,
+            plan.reader_options,
+        )
+        for k, split in enumerate(plan.splits)
+    ]
+    pool = None
+    try:
+        if settings.num_workers > 1:
+            # spawn, not fork: the parent may already hold TensorFlow or JAX threads. Workers do
+            # the CPU-heavy part (read, split, tokenize, pair, mask, serialize) without
+            # TensorFlow; this process writes, which costs a few microseconds per record.
+            pool = multiprocessing.get_context("spawn").Pool(
+                settings.num_workers,
+                initializer=groups_lib.init_worker,
+                initargs=(plan.tokenizer,),
+            )
+            spilled = pool.imap(_spill_split, tasks)
+        else:
+            groups_lib.init_worker(plan.tokenizer)
+            spilled = map(_spill_split, tasks)
+        pieces: dict[int, list[tuple[str, int, int]]] = {}
+        reading = _Rate("splits read", len(tasks), every=max(1, len(tasks) // 20))
+        for task, (stats, index) in zip(tasks, spilled):
+            corpus_stats.merge(stats)  # in split order: the same counts and problems as ever
+            for group, (offset, length) in index.items():
+                pieces.setdefault(group, []).append((task[1], offset, length))
+            reading.tick()
+        work = [g for g in todo if g in pieces]
+        progress.rate = _Rate("groups written", len(work), every=max(1, len(work) // 20))
+        if pool is None:
+            for group in work:
+                progress.finished(group, *_reduce_group(group, pieces[group], plan.recorded))
+            return
         in_flight: deque = deque()
-        for group_index, group in groups:
-            progress.total_groups += 1
-            if "tfrecord" in existing.get(group_index, ()):
-                progress.skip(group_index)
-                continue
+        for group in work:
             in_flight.append(
-                (
-                    group_index,
-                    pool.apply_async(groups_lib.process_group, (group_index, group, recorded)),
-                )
+                (group, pool.apply_async(_reduce_group, (group, pieces[group], plan.recorded)))
             )
             # Bounded look-ahead keeps memory at a few groups per worker.
-            while len(in_flight) >= 2 * num_workers:
+            while len(in_flight) >= 2 * settings.num_workers:
                 index, result = in_flight.popleft()
                 progress.finished(index, *result.get())
         while in_flight:
             index, result = in_flight.popleft()
             progress.finished(index, *result.get())
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def prepare_records(
@@ -394,72 +627,46 @@ def prepare_records(
     where it cannot be written (permissions, a full disk).
     """
     started = time.perf_counter()
-    settings.check()
-    if not isinstance(tokenizer, Tokenizer):
-        tokenizer = load_tokenizer(tokenizer)
-    # Resolve inputs before touching the output directory: a typo must not leave debris.
-    sources = sources_lib.expand_sources(
-        [sources] if isinstance(sources, (str, os.PathLike)) else sources
-    )
-    inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
-    output_dir = fs.abspath(os.fspath(output_dir))
-    recorded = _recorded_settings(settings, tokenizer, sources)
-    wanted = manifest.Manifest(recorded, tuple(inputs))
-    manifest.check_output_dir(output_dir, settings.overwrite)
-    manifest.check_resumable(manifest.read(output_dir), wanted, output_dir, settings.overwrite)
-    with user_path(output_dir, output_what, writing=True):
-        existing = _start_stage(output_dir, wanted, settings, tokenizer)
-
+    plan = plan_run(sources, tokenizer, output_dir, settings, output_what)
+    existing = start_run(plan, settings)
+    mine = [g for g in range(plan.num_groups) if g % settings.num_shards == settings.shard_index]
+    progress = _Progress(plan.output_dir, output_what)
+    todo = []
+    for group in mine:
+        if {"tfrecord", "json"} <= existing.get(group, set()):
+            progress.skip(group)
+        else:
+            todo.append(group)
     corpus_stats = sources_lib.CorpusStats()
-    documents = sources_lib.iter_documents(
-        sources,
-        corpus_stats,
-        tfds_data_dir=settings.tfds_data_dir,
-        text_field=settings.text_field,
-        max_line_bytes=settings.max_line_bytes,
-        strict=settings.strict,
-        sentence_split=settings.sentence_split,
-        splitter_name=settings.splitter,
-        num_workers=settings.num_workers,  # prose is split (wikitext stripped) in parallel too
-    )
-    every_group = groups_lib.document_groups(documents, settings.documents_per_shard)
-    input_groups = [0]  # groups in the whole input: the shards' merge checks they agree
-
-    def mine() -> Iterator[tuple[int, list[list[str]]]]:
-        for group_index, group in every_group:
-            input_groups[0] = group_index + 1
-            if group_index % settings.num_shards == settings.shard_index:
-                yield group_index, group
-
-    progress = _Progress(output_dir, output_what)
-    _run_groups(mine(), existing, tokenizer, recorded, settings.num_workers, progress)
-
-    if corpus_stats.documents < (2 if recorded["instance_format"] == "sentence_pairs" else 1):
-        raise manifest.InputError(
-            f"inputs {', '.join(sources)} hold {corpus_stats.documents} usable document(s); "
-            f"sentence pairs need at least two ({corpus_stats.summary()})"
-        )
-    if progress.total_groups == 0 and settings.num_shards > 1:
+    _run_local(plan, settings, todo, progress, corpus_stats)
+    check_enough_documents(plan, corpus_stats)
+    if not mine and settings.num_shards > 1:
         logger.warning(
             "shard %d of %d received no document groups: the input has fewer groups than shards",
             settings.shard_index,
             settings.num_shards,
         )
     result = PrepareResult(
-        output_dir=output_dir,
+        output_dir=plan.output_dir,
         files=sorted(progress.files),
         groups_written=progress.groups_written,
         groups_skipped=progress.groups_skipped,
         corpus_stats=corpus_stats,
         instance_stats=progress.instance_stats,
         wall_seconds=time.perf_counter() - started,
-        settings=recorded,
+        settings=plan.recorded,
     )
-    shard = shard_merge.shard_record(wanted, input_groups[0], progress.parts)
-    with user_path(output_dir, output_what, writing=True):
-        _write_stats(result, settings, shard)
-    _drop_set_aside(output_dir, settings)
+    finish_run(result, settings, plan, progress.parts)
     return result
+
+
+def finish_run(result: PrepareResult, settings: PrepareSettings, plan: RunPlan, parts) -> None:
+    """The completion mark (``_write_stats``), written last; then the set-aside old shards go."""
+    shard = shard_merge.shard_record(plan.wanted, plan.num_groups, list(parts))
+    with user_path(plan.output_dir, plan.output_what, writing=True):
+        groups_lib.remove_stale_temporaries(plan.output_dir)
+        _write_stats(result, settings, shard)
+    _drop_set_aside(plan.output_dir, settings)
 
 
 def _write_stats(result: PrepareResult, settings: PrepareSettings, shard: dict) -> None:
@@ -518,6 +725,9 @@ def prepare_cached(
         "seed": settings.seed,
         "splitter": splitter_identity(settings.splitter),
         "text_extraction": sources_lib.TEXT_EXTRACTION_VERSION,
+        "format_version": FORMAT_VERSION,
+        "num_groups": settings.num_groups,
+        "group_bytes": settings.group_bytes,
     }
     if _objective_settings(settings) != _objective_settings(PrepareSettings()):
         key_settings.update(_objective_settings(settings))  # the paper's keeps its old key
@@ -610,10 +820,16 @@ def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output"
         )
     shards = _read_marks(output_dir, num_shards, done)
     # Shards made by another version of bert-jax hold other words: refused by name, first.
-    current = manifest.Manifest({manifest.EXTRACTION_KEY: sources_lib.TEXT_EXTRACTION_VERSION})
+    current = manifest.Manifest(
+        {
+            manifest.EXTRACTION_KEY: sources_lib.TEXT_EXTRACTION_VERSION,
+            manifest.FORMAT_KEY: FORMAT_VERSION,
+        }
+    )
     for record in shards.values():
         if record:
             made = manifest.Manifest.from_json(record["manifest"])
+            manifest.check_format(made, current, output_dir, "data prepare of every shard")
             manifest.check_extraction(made, current, output_dir, "data prepare of every shard")
     merged = shard_merge.join_shards(
         output_dir, num_shards, shards, groups_lib.existing_parts(output_dir)
