@@ -52,6 +52,8 @@ def _jsonl_corpus() -> bytes:
             lines.append(json.dumps({"text": "   "}))  # an empty document
         elif i % 19 == 7:
             lines.append("")
+        elif i % 10 == 9:
+            lines.append(json.dumps({"text": "y" * 300}))  # over-long: skipped and counted
         else:
             lines.append(json.dumps({"text": f"Record {i} begins. It has two sentences."}))
     return ("\n".join(lines) + "\n").encode()
@@ -185,6 +187,22 @@ def test_sources_read_whole_are_one_split(tmp_path, corpora):
     assert [key for key, _ in keyed] == sorted(key for key, _ in keyed)
     assert count.content == sum(os.path.getsize(p) for p in sources[:-1])
     assert splits.split_bytes(plan[-1]) == 0
+
+
+@pytest.mark.parametrize("name", ["lines.txt", "records.jsonl"])
+def test_a_file_is_empty_only_when_no_split_reads_a_line(tmp_path, name):
+    """Over-long lines are skipped: a file of nothing else counts as empty; one that starts
+    with them does not, however small its splits."""
+    path = tmp_path / name
+    long_line = b"z" * 80 + b"\n"
+    for content in (long_line * 3, long_line * 3 + b'{"text": "One. Two."}\n\n' * 4):
+        path.write_bytes(content)
+        expected = read_documents([path], max_line_bytes=50)
+        for target in (1, 10, 1 << 20):
+            plan = splits.plan_splits([path], target_bytes=target, max_line_bytes=50)
+            keyed, stats, count = _read_all(plan, max_line_bytes=50)
+            assert [document for _, document in keyed] == expected[0]
+            assert stats.as_dict() == expected[1].as_dict() and count.content == len(content)
 
 
 def test_bad_input_in_a_later_split_names_the_file_and_the_lines_byte(tmp_path):

@@ -16,7 +16,7 @@ Public API (``bert_jax.data.prepare``'s local pool and the Beam pipeline both re
   file's footer; a multistream dump's first streams (``wikipedia.multistream_header``, which
   tells it from a dump that must be read whole) and, near each cut, the bytes up to the next bz2
   stream start; in text, up to the next document start (a line after a blank line) and in JSONL
-  up to the next line. The cut near ``k * target_bytes`` is the first such boundary at or after
+  up to the end of the next whole line (not over-long). The cut near ``k * target_bytes`` is the first such boundary at or after
   it; none within ``PROBE_LIMIT`` bytes of it (a document longer than that) means no cut there.
   Parquet files are cut after the row group that brings a split to ``target_bytes`` on disk.
 - ``read_split(split, stats, *, byte_count=None, **reader_options) -> Iterator[(DocKey,
@@ -150,9 +150,23 @@ def _text_boundary(data: bytes) -> int:
     return -1 if match is None else match.end()
 
 
-def _line_boundary(data: bytes) -> int:
-    found = data.find(b"\n")
-    return -1 if found < 0 else found + 1
+def _line_boundary(max_line_bytes: int) -> Callable[[bytes], int]:
+    """After the first whole line that the reader takes (not over-long) in the data, which
+    starts one byte before the cut point: the split before the cut then holds a line the
+    reader yields, so a file's first split that yields none is the whole file (empty)."""
+
+    def find(data: bytes) -> int:
+        end = data.find(b"\n")
+        while end >= 0:
+            after = data.find(b"\n", end + 1)
+            if after < 0:
+                return -1
+            if after - end <= max_line_bytes + 1:  # as _lines reads it: whole, not too long
+                return after + 1
+            end = after
+        return -1
+
+    return find
 
 
 def _byte_cuts(path: str, size: int, target: int, back: int, find, count) -> list[int]:
@@ -240,7 +254,8 @@ def plan_splits(
             with user_path(source, "--input"):
                 size = fs.getsize(source)
             if kind == "jsonl":
-                cuts = _byte_cuts(source, size, target_bytes, 1, _line_boundary, count)
+                find = _line_boundary(max_line_bytes)
+                cuts = _byte_cuts(source, size, target_bytes, 1, find, count)
             elif blank_ok:
                 cuts = _byte_cuts(source, size, target_bytes, 1, _text_boundary, count)
             else:
