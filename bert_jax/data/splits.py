@@ -16,9 +16,10 @@ Public API (``bert_jax.data.prepare``'s local pool and the Beam pipeline both re
   file's footer; a multistream dump's first streams (``wikipedia.multistream_header``, which
   tells it from a dump that must be read whole) and, near each cut, the bytes up to the next bz2
   stream start; in text, up to the next document start (a line after a blank line) and in JSONL
-  up to the end of the next whole line (not over-long). The cut near ``k * target_bytes`` is the first such boundary at or after
-  it; none within ``PROBE_LIMIT`` bytes of it (a document longer than that) means no cut there.
-  Parquet files are cut after the row group that brings a split to ``target_bytes`` on disk.
+  up to the end of the next whole line (not over-long). The cut near ``k * target_bytes`` is
+  the first such boundary at or after it; none within ``PROBE_LIMIT`` bytes of it (a document
+  longer than that) means no cut there. Parquet files are cut after the row group that brings
+  a split to ``target_bytes`` on disk.
 - ``read_split(split, stats, *, byte_count=None, **reader_options) -> Iterator[(DocKey,
   Document)]``: the documents of exactly this split, in file order, with their keys. The
   documents, their sentences and the ``CorpusStats`` counts (summed over a source's splits with
