@@ -29,6 +29,7 @@ from bert_jax.cli import (
     plan,
     pretrain,
 )
+from bert_jax.cli.parser import Parser
 from bert_jax.runtime import errors, topology
 
 # `bert-jax --help` lists the commands in this order (data: tokenizer, data; finetune:
@@ -40,13 +41,36 @@ _CONFIG_COMMANDS: dict[str, config_flags.ConfigCommand] = {
 }
 
 
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, read only when asked for."""
+
+    def __init__(
+        self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None
+    ):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"bert-jax {installed_version()}")
+        parser.exit()
+
+
+def installed_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bert-jax")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="bert-jax",
         description="BERT pretraining, conversion and evaluation in JAX/Flax.",
         epilog=errors.EXIT_STATUSES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for family in _FAMILIES:
         family.add_to(subparsers)
@@ -63,11 +87,19 @@ def collect_garbage_less_often() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
+def quiet_tensorflow() -> None:
+    """No TensorFlow start-up banner (absl's "All log messages before absl::InitializeLog()",
+    oneDNN's and the CPU features' lines) in a bert-jax process; a value the user set stands.
+    TensorFlow 2.21 logs the oneDNN line whatever TF_CPP_MIN_LOG_LEVEL says, so its custom
+    operations go off: bert-jax runs tf.data with TensorFlow, no math that oneDNN speeds up."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     collect_garbage_less_often()
-    # TensorFlow (tf.data only) would otherwise log its CPU-feature banners on every start.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_tensorflow()
     # libtpu (bert-jax[tpu]) on a host without TPU chips: quiet, and loadable by many processes.
     topology.quiet_runtime_without_chips()
     if argv and argv[0] in _CONFIG_COMMANDS:

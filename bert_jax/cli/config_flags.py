@@ -1,25 +1,31 @@
 """The one way a command reads `--config FILE[:ARG] --config.key=value ...` plus its own flags.
 
-absl parses these commands' arguments (ml_collections' config flags are absl flags); argparse
-only lists them in `bert-jax --help`. The config is locked, so an override naming no setting is
-refused: one line naming it, with the closest setting as a suggestion.
+absl parses these commands' arguments (ml_collections' config flags are absl flags); to a user
+they look like every other command: argparse's help (built from the same flags), dashed
+spellings (absl's `--dry_run`/`--nodry_run` still work), a misspelt flag named with the nearest
+flag or setting under the command's usage. The config is locked, so an override naming no
+setting is refused: one line naming it, with the closest setting as a suggestion. FILE may be
+the name of a config that ships with the package (`bert:base`, `demo`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import difflib
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from bert_jax import configs
+from bert_jax.cli.parser import HelpFormatter, Parser, default_text, unknown_flag_message
 from bert_jax.runtime.errors import UserError
 
 # The help lists our flags under this heading (as it did when the CLI was one module).
 HELP_SECTION = "bert_jax.cli"
+_ALIASES = "bert_jax.cli.aliases"  # earlier spellings: accepted, not listed
 _CONFIG_SPEC = re.compile(r"^-{1,2}config(=|$)")
 _OVERRIDE = re.compile(r"^-{1,2}(no)?config\.")
 
@@ -35,6 +41,8 @@ class ConfigCommand:
     own_flags: tuple[tuple[str, str, Any, str], ...]
     run: Callable[[Any], int]  # absl FlagValues -> exit status
     define_more: Callable[[Any, Any], None] | None = None  # (absl.flags, FlagValues) -> None
+    # (old name, flag): earlier spellings that keep working, e.g. ("seq_len", "max_seq_length").
+    aliases: tuple[tuple[str, str], ...] = ()
 
     def add_to(self, subparsers) -> None:
         """Lists the command in `bert-jax --help`; `bert_jax.cli.main` hands its argv to `parse`."""
@@ -59,37 +67,31 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
     """Returns the parsed absl FlagValues (`.config` is the locked config); prints help and exits
     on -h/--help; raises UserError for a bad flag, config file or override."""
     from absl import flags
-    from ml_collections import config_flags
 
     prog = f"bert-jax {command.name}"
+    given = list(argv)
     argv = [_absl_spelling(arg) for arg in argv]
-    flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file(
-        "config",
-        None,
-        "config file, e.g. configs/bert.py:base",
-        flag_values=flag_values,
-        lock_config=True,
-        # The overrides come from `argv` (so `main([...])` works in-process), not sys.argv.
-        sys_argv=[prog, *argv],
-    )
-    # Move the flag under HELP_SECTION (absl files it under the module that defined it).
-    config_flag = flag_values["config"]
-    delattr(flag_values, "config")
-    flags.DEFINE_flag(config_flag, flag_values, module_name=HELP_SECTION)
-    for kind, name, default, help_text in command.own_flags:
-        define = getattr(flags, f"DEFINE_{kind}")
-        define(name, default, help_text, flag_values=flag_values, module_name=HELP_SECTION)
-    if command.define_more is not None:
-        command.define_more(flags, flag_values)
+    spec = _config_spec(argv)
+    if spec is not None and not any(arg in ("-h", "--help") for arg in argv):
+        argv = _with_config_spec(argv, configs.resolve(spec))
+    flag_values = define_flags(command, argv)
     if any(arg in ("-h", "--help") for arg in argv):
-        print(f"usage: {prog} --config FILE[:ARG] [--config.key=value ...] [flags]\n")
-        print(flags_help(flag_values))
+        help_parser(command, flag_values).print_help()
         raise SystemExit(0)
 
     spec = _config_spec(argv)
-    if spec is not None and not os.path.isfile(spec.split(":", 1)[0]):
-        raise UserError(f"--config {spec}: no such file")
+    unknown = _unknown_flag(argv, flag_values)
+    if unknown is not None:
+        flag = given[unknown].split("=", 1)[0]  # as the user spelt it
+        parser = help_parser(command, flag_values)
+        settings = _setting_flags(spec)
+        # `--total_steps` / `--learning-rate`: a setting's own name, without `--config.`.
+        name = flag.lstrip("-").replace("-", "_")
+        same = [s for s in settings if s == f"--config.{name}" or s.endswith(f".{name}")]
+        if same:
+            best = min(same, key=lambda s: (s.count("."), s))
+            parser.error(f"unrecognized argument {flag}; did you mean {best}?")
+        parser.error(unknown_flag_message(flag, parser.option_names(), settings))
     try:
         with _no_bytecode():
             flag_values([prog, *argv])
@@ -113,6 +115,36 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
     return flag_values
 
 
+def define_flags(command: ConfigCommand, argv: Sequence[str] = ()):
+    """absl FlagValues with the command's flags, `--config` first (its overrides read from argv,
+    in absl's spelling), nothing parsed yet."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config",
+        None,
+        CONFIG_HELP,
+        flag_values=flag_values,
+        lock_config=True,
+        # The overrides come from `argv` (so `main([...])` works in-process), not sys.argv.
+        sys_argv=[f"bert-jax {command.name}", *argv],
+    )
+    # Move the flag under HELP_SECTION (absl files it under the module that defined it).
+    config_flag = flag_values["config"]
+    delattr(flag_values, "config")
+    flags.DEFINE_flag(config_flag, flag_values, module_name=HELP_SECTION)
+    for kind, name, default, help_text in command.own_flags:
+        define = getattr(flags, f"DEFINE_{kind}")
+        define(name, default, help_text, flag_values=flag_values, module_name=HELP_SECTION)
+    for old, name in command.aliases:
+        flags.DEFINE_alias(old, name, flag_values=flag_values, module_name=_ALIASES)
+    if command.define_more is not None:
+        command.define_more(flags, flag_values)
+    return flag_values
+
+
 def _absl_spelling(arg: str) -> str:
     """absl spells flags with underscores and a boolean's negation `--noNAME`; accept the dashed
     spelling every command documents (`--max-accum`, `--no-json`) and the old one alike."""
@@ -129,34 +161,88 @@ def dashed(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def flags_help(flag_values) -> str:
-    """The flags in the layout of the argparse commands: dashed names, a boolean as
-    `--NAME, --no-NAME`, the default, then the help; ours first, then each group absl keeps."""
-    import textwrap
+CONFIG_HELP = (
+    "the config: a packaged one named without a path (bert:SIZE with SIZE tiny, mini, small, "
+    "medium, base or large; demo) or a file FILE.py[:ARG] with get_config(), e.g. "
+    "configs/bert.py:base"
+)
+_OVERRIDES_HELP = (
+    "Every setting of the config is a flag too: --config.KEY=VALUE (e.g. "
+    "--config.total_steps=1000, --config.optimizer.learning_rate=5e-5); `bert-jax pretrain "
+    "--config bert:base --dry-run` lists them."
+)
 
+
+def help_parser(command: ConfigCommand, flag_values) -> Parser:
+    """An argparse parser with the command's flags, for its help and usage errors (absl parses):
+    dashed names, a boolean as `--NAME, --no-NAME`, the default; ours first, then each group absl
+    keeps (e.g. distributed options)."""
+    parser = Parser(
+        prog=f"bert-jax {command.name}",
+        usage=f"bert-jax {command.name} --config FILE[:ARG] [--config.KEY=VALUE ...] [options]",
+        description=command.summary,
+        epilog=_OVERRIDES_HELP,
+        formatter_class=HelpFormatter,
+    )
     sections = flag_values.flags_by_module_dict()
-    order = [HELP_SECTION] + sorted(m for m in sections if m != HELP_SECTION)
-    lines = []
+    order = [HELP_SECTION] + sorted(m for m in sections if m not in (HELP_SECTION, _ALIASES))
+    aliases = {}
+    for old, name in command.aliases:
+        aliases.setdefault(name, []).append(dashed(old))
     for module in order:
         if module not in sections:
             continue
-        title = "options" if module == HELP_SECTION else module.rpartition(".")[2] + " options"
-        shown = sorted(sections[module], key=lambda f: f.name)
-        if not shown:
-            continue
-        lines.append(f"{title}:")
-        for flag in shown:
-            if flag.boolean:
-                spelling = f"{dashed(flag.name)}, --no-{flag.name.replace('_', '-')}"
-            else:
-                spelling = f"{dashed(flag.name)} {flag.name.upper()}"
+        group = parser
+        if module != HELP_SECTION:
+            group = parser.add_argument_group(module.rpartition(".")[2] + " options")
+        for flag in sorted(sections[module], key=lambda f: f.name):
             text = flag.help or ""
-            if flag.default is not None and not flag.boolean:
-                text += f" (default: {flag.default})"
-            lines.append(f"  {spelling}")
-            lines += textwrap.wrap(text, 96, initial_indent=" " * 8, subsequent_indent=" " * 8)
-        lines.append("")
-    return "\n".join(lines).rstrip()
+            if flag.name in aliases:
+                text += f" (also {', '.join(aliases[flag.name])})"
+            if flag.boolean:
+                if flag.default:
+                    text += " (default: on)"
+                group.add_argument(
+                    dashed(flag.name),
+                    action=argparse.BooleanOptionalAction,
+                    default=argparse.SUPPRESS,
+                    help=text.replace("%", "%%"),
+                )
+            else:
+                if flag.default is not None and "default" not in text.lower():
+                    text += f" (default: {default_text(flag.default)})"
+                group.add_argument(
+                    dashed(flag.name), metavar=flag.name.upper(), help=text.replace("%", "%%")
+                )
+    return parser
+
+
+def _unknown_flag(argv: list[str], flag_values) -> int | None:
+    """The index of the first flag of argv (in absl's spelling) that names none of the command's
+    flags; config overrides are checked against the config later."""
+    known = set()
+    for name in flag_values:
+        known.add(name)
+        if flag_values[name].boolean:
+            known.add("no" + name)
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if not arg.startswith("-") or _OVERRIDE.match(arg) or _CONFIG_SPEC.match(arg):
+            continue
+        name = arg.lstrip("-").split("=", 1)[0]
+        if name not in known and name not in ("h", "help"):
+            return i
+    return None
+
+
+def _setting_flags(spec: str | None) -> list[str]:
+    """`--config.KEY` for every setting of the config named by spec (none if it does not load):
+    what a user who typed `--total_steps` meant."""
+    config = _plain_config(spec) if spec is not None else None
+    if config is None:
+        return []
+    return [f"--config.{key}" for key in _flat_keys(config.to_dict())]
 
 
 def _config_spec(argv: list[str]) -> str | None:
@@ -168,6 +254,20 @@ def _config_spec(argv: list[str]) -> str | None:
                 return arg.split("=", 1)[1]
             return argv[i + 1] if i + 1 < len(argv) else None
     return None
+
+
+def _with_config_spec(argv: list[str], spec: str) -> list[str]:
+    """argv with --config's FILE[:ARG] replaced by spec (a packaged config's path)."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        match = _CONFIG_SPEC.match(arg)
+        if match:
+            if match.group(1) == "=":
+                argv[i] = arg.split("=", 1)[0] + "=" + spec
+            elif i + 1 < len(argv):
+                argv[i + 1] = spec
+            break
+    return argv
 
 
 def _without_traceback(message: str) -> str:
@@ -184,19 +284,12 @@ def _without_traceback(message: str) -> str:
 def _unknown_override(spec: str, argv: list[str]) -> str | None:
     """Names the first `--config.a.b=...` whose path is not a setting of the config (with the
     closest setting), or None when every override names one."""
-    from absl import flags
-    from ml_collections import config_flags
 
     overrides = [arg.split("=", 1)[0] for arg in argv if _OVERRIDE.match(arg)]
     if not overrides:
         return None
-    plain = flags.FlagValues()  # the config as the file gives it, without the overrides
-    config_flags.DEFINE_config_file("config", flag_values=plain, sys_argv=["", "--config", spec])
-    try:
-        with _no_bytecode():
-            plain(["", "--config", spec])
-        config = plain.config
-    except Exception:  # the original exception is the one to show
+    config = _plain_config(spec)
+    if config is None:  # the original exception is the one to show
         return None
     for flag in overrides:
         path = flag.split(".", 1)[1]
@@ -206,6 +299,21 @@ def _unknown_override(spec: str, argv: list[str]) -> str | None:
         if problem is not None:
             return f"{flag}: {problem}"
     return None
+
+
+def _plain_config(spec: str):
+    """The config as the file gives it, without the overrides; None if it does not load."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    plain = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=plain, sys_argv=["", "--config", spec])
+    try:
+        with _no_bytecode():
+            plain(["", "--config", spec])
+        return plain.config
+    except Exception:
+        return None
 
 
 def _missing_setting(config, keys: list[str], prefix: str) -> str | None:

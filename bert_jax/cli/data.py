@@ -24,18 +24,36 @@ def _add_tokenizer(subparsers) -> None:
         help="text files (one sentence per line), .jsonl, .parquet, Wikipedia XML dumps (.bz2), "
         "tfds:NAME[/CONFIG][:SPLIT] or embedded",
     )
-    train.add_argument("--vocab-size", type=int, required=True)
-    train.add_argument("--output", required=True, metavar="DIR")
+    train.add_argument(
+        "--vocab-size", type=int, required=True, help="pieces, the five special tokens included"
+    )
+    train.add_argument(
+        "--output", required=True, metavar="DIR", help="tokenizer directory to write"
+    )
     train.add_argument("--lowercase", action="store_true", help="fold case (uncased model)")
-    train.add_argument("--model-type", default="unigram", choices=["unigram", "bpe"])
-    train.add_argument("--character-coverage", type=float, default=0.9995)
+    train.add_argument(
+        "--model-type",
+        default="unigram",
+        choices=["unigram", "bpe"],
+        help="SentencePiece's algorithm",
+    )
+    train.add_argument(
+        "--character-coverage",
+        type=float,
+        default=0.9995,
+        help="share of the corpus's characters the vocabulary covers (rarer ones become [UNK])",
+    )
     train.add_argument(
         "--input-sentence-size",
         type=int,
         default=2_000_000,
         help="sample at most this many sentences (bounds memory on large corpora)",
     )
-    train.add_argument("--tfds-data-dir", default=None)
+    train.add_argument(
+        "--tfds-data-dir",
+        default=None,
+        help="TFDS data directory for tfds: inputs (default: TFDS's own)",
+    )
     train.set_defaults(run=_train_tokenizer, command_name="tokenizer train")
 
 

@@ -12,8 +12,12 @@ def add_to(subparsers) -> None:
         "OUT.lengths.npy (int32 [N], real tokens per row) for --pool none.",
     )
     parser.add_argument("--model", required=True, metavar="MODEL", help="model dir or workdir")
-    parser.add_argument("--input", required=True, metavar="TEXTS.txt")
-    parser.add_argument("--output", required=True, metavar="OUT.npy")
+    parser.add_argument(
+        "--input", required=True, metavar="TEXTS.txt", help="one text per line (`A ||| B`: a pair)"
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="OUT.npy", help="the features' .npy file to write"
+    )
     parser.add_argument(
         "--pool",
         default=None,
@@ -38,7 +42,10 @@ def add_to(subparsers) -> None:
         help="truncate longer inputs (default 128, or the model's max_position_embeddings)",
     )
     parser.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype"
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="compute dtype (default: the model's)",
     )
     parser.set_defaults(run=_run, command_name="encode")
 

@@ -48,7 +48,8 @@ def _add_finetune(subparsers) -> None:
         "--task",
         required=True,
         metavar="glue/NAME",
-        help="a GLUE task (e.g. glue/MRPC), or squad/v1.1, squad/v2.0, conll2003, swag",
+        help="a GLUE task (e.g. glue/MRPC), or squad/v1.1, squad/v2.0, conll2003, swag; the "
+        "flags' defaults below are per task",
     )
     _add_shared_flags(parser, sweep=False)
     _add_span_flags(parser)
@@ -66,7 +67,8 @@ def _add_paper_flags(parser) -> None:
         metavar="VARIANT",
         help="CoNLL-2003: keep BERT frozen and train a two-layer BiLSTM tagger on these layers "
         "(Table 7): embeddings, second_to_last, last, sum_last_four (learned weighted sum), "
-        "concat_last_four, sum_all (learned weighted sum of every layer)",
+        "concat_last_four, sum_all (learned weighted sum of every layer); default: fine-tune "
+        "the whole model",
     )
     group.add_argument(
         "--lstm-size", type=int, default=768, help="--features: BiLSTM units each way"
@@ -108,7 +110,12 @@ def _add_span_flags(parser) -> None:
         default=False,
         help="CoNLL-2003: fill each window with the sentence's document around it",
     )
-    group.add_argument("--dev-data", default=None, metavar="JSON", help="SQuAD dev JSON file")
+    group.add_argument(
+        "--dev-data",
+        default=None,
+        metavar="JSON",
+        help="SQuAD dev JSON file (default: dev-v1.1.json / dev-v2.0.json in --data)",
+    )
 
 
 def _task_options(args):
@@ -149,10 +156,44 @@ def _run_finetune(args) -> int:
         from bert_jax.runtime.errors import UserError
 
         raise UserError("--steps selects checkpoints for --each-checkpoint; add that flag")
-    result = run.run_task(args.model, args.task, args.data, args.workdir, _overrides(args), options)
-    shown = {k: v for k, v in result["dev_metrics"].items() if not isinstance(v, dict)}
-    print(f"{result['task']} dev: {shown or result['dev_metrics']} -> {args.workdir}/result.json")
+    result = run.run_task(
+        args.model,
+        args.task,
+        args.data,
+        args.workdir,
+        _overrides(args),
+        options,
+        overwrite=args.overwrite,
+    )
+    if result.get("reused"):
+        print(
+            f"{args.workdir} holds this run, finished earlier: its result is reused "
+            "(--overwrite trains again)"
+        )
+    shown = figures(result["dev_metrics"], result["task"])
+    print(f"{result['task']} dev: {shown} -> {args.workdir}/result.json")
     return 0
+
+
+def figures(metrics: dict, task: str = "") -> str:
+    """`accuracy 84.31, f1 88.10`: each figure labelled and rounded; a split's own table
+    (GLUE's `{"MNLI-m": {...}}`) one level down, named unless it is the task's."""
+    shown = []
+    for name, value in metrics.items():
+        if isinstance(value, dict):
+            prefix = "" if name == task else f"{name} "
+            shown += [f"{prefix}{text}" for text in _labelled(value)]
+        else:
+            shown += _labelled({name: value})
+    return ", ".join(shown) or "(no figures)"
+
+
+def _labelled(metrics: dict) -> list[str]:
+    return [
+        f"{name} {value:.2f}" if isinstance(value, float) else f"{name} {value}"
+        for name, value in metrics.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
 
 
 def _add_glue(subparsers) -> None:
@@ -215,16 +256,34 @@ def _add_shared_flags(parser, sweep: bool) -> None:
         "--data",
         required=True,
         metavar="DATA",
-        help="local GLUE directory (CoLA/train.tsv, MNLI/dev_matched.tsv, ...) or tfds[:DATA_DIR]",
+        help="local GLUE directory (CoLA/train.tsv, MNLI/dev_matched.tsv, ...) or tfds[:DATA_DIR]"
+        + ("" if sweep else "; for the other tasks see the description above"),
     )
-    parser.add_argument("--workdir", required=True, metavar="DIR")
+    parser.add_argument(
+        "--workdir",
+        required=True,
+        metavar="DIR",
+        help="where the results go (a finished one is reused unless --overwrite)"
+        if not sweep
+        else "where the trials and reports go (a rerun resumes)",
+    )
     if not sweep:
-        parser.add_argument("--learning-rate", type=float, default=None, help="default 2e-5")
+        parser.add_argument(
+            "--learning-rate", type=float, default=None, help=_default("learning_rate", sweep)
+        )
         parser.add_argument("--seed", type=int, default=None, help="default 0")
-    parser.add_argument("--epochs", type=float, default=None, help="default 3")
-    parser.add_argument("--batch-size", type=int, default=None, help="default 32")
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="train again in a workdir that holds a finished result (replacing it)",
+        )
+    for flag, kind in (("--epochs", float), ("--batch-size", int)):
+        name = flag[2:].replace("-", "_")
+        parser.add_argument(flag, type=kind, default=None, help=_default(name, sweep))
     parser.add_argument("--eval-batch-size", type=int, default=None, help="default 32")
-    parser.add_argument("--max-seq-length", type=int, default=None, help="default 128")
+    parser.add_argument(
+        "--max-seq-length", type=int, default=None, help=_default("max_seq_length", sweep)
+    )
     parser.add_argument("--warmup-proportion", type=float, default=None, help="default 0.1")
     parser.add_argument("--weight-decay", type=float, default=None, help="default 0.01")
     parser.add_argument("--dropout", type=float, default=None, help="default 0.1")
@@ -248,13 +307,39 @@ def _add_shared_flags(parser, sweep: bool) -> None:
         metavar="DATA,FSDP,TENSOR",
         help="device mesh (default -1,1,1: data parallel over every device)",
     )
-    parser.add_argument("--log-every", type=int, default=None, help="steps between log lines")
+    parser.add_argument(
+        "--log-every", type=int, default=None, help="steps between log lines (default 100)"
+    )
     parser.add_argument(
         "--predict-test",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="write test-set predictions in the GLUE submission format (default on)",
     )
+
+
+# The defaults that differ by task, as `finetune --help` shows them; each library module owns its
+# own (loop.FinetuneSettings for GLUE, token_tasks.TASK_DEFAULTS, swag_task.DEFAULTS,
+# feature_ner.DEFAULTS: tests/test_cli_flags.py checks that these agree; importing them here
+# would load JAX for `--help`).
+TASK_DEFAULTS = {
+    "learning_rate": {"GLUE": 2e-5, "SQuAD": 5e-5, "CoNLL-2003": 5e-5, "SWAG": 2e-5},
+    "batch_size": {"GLUE": 32, "SQuAD v1.1": 32, "SQuAD v2.0": 48, "CoNLL-2003": 32, "SWAG": 16},
+    "epochs": {"GLUE": 3, "SQuAD v1.1": 3, "SQuAD v2.0": 2, "CoNLL-2003": 3, "SWAG": 3},
+    "max_seq_length": {"GLUE": 128, "SQuAD": 384, "CoNLL-2003": 128, "SWAG": 128},
+}
+FEATURES_LEARNING_RATE = 1e-3  # --features (feature_ner.DEFAULTS)
+
+
+def _default(name: str, sweep: bool) -> str:
+    """`default 2e-5` for glue; the default of each task for finetune."""
+    values = TASK_DEFAULTS[name]
+    if sweep:
+        return f"default {values['GLUE']:g}"
+    text = ", ".join(f"{task} {value:g}" for task, value in values.items())
+    if name == "learning_rate":
+        text += f"; with --features {FEATURES_LEARNING_RATE:g}"
+    return f"default per task: {text}"
 
 
 def _overrides(args) -> dict:

@@ -35,7 +35,7 @@ def _add_tpu(kinds) -> None:
     )
     common.add_argument("--dry-run", action="store_true", help="print the gcloud commands only")
     creating = argparse.ArgumentParser(add_help=False)
-    creating.add_argument("--accelerator-type", default="v4-32")
+    creating.add_argument("--accelerator-type", default="v4-32", help="TPU slice to create")
     creating.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM software")
     kinds_of_capacity = creating.add_mutually_exclusive_group()
     for kind, text in (
@@ -469,13 +469,17 @@ def _add_slurm(kinds) -> None:
         "run's events, step, ETA and goodput; `record` is what the script calls to add events.",
     )
     parser.add_argument("--nodes", type=int, default=None, help="required to write a script")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--per", choices=["gpu", "node"], default="gpu")
-    parser.add_argument("--job-name", default="bert-jax")
-    parser.add_argument("--partition", default=None)
-    parser.add_argument("--account", default=None)
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs on each node")
+    parser.add_argument(
+        "--per", choices=["gpu", "node"], default="gpu", help="one process per GPU or per node"
+    )
+    parser.add_argument("--job-name", default="bert-jax", help="sbatch --job-name")
+    parser.add_argument("--partition", default=None, help="sbatch --partition (default: SLURM's)")
+    parser.add_argument("--account", default=None, help="sbatch --account (default: SLURM's)")
     parser.add_argument("--time", default=None, help="e.g. 4-00:00:00")
-    parser.add_argument("--cpus-per-task", type=int, default=None)
+    parser.add_argument(
+        "--cpus-per-task", type=int, default=None, help="sbatch --cpus-per-task (default: SLURM's)"
+    )
     parser.add_argument("--port", type=int, default=None, help="default: from the job id")
     parser.add_argument(
         "--output", default=None, help="SLURM's log (default: JOB_NAME-%%j.out beside the script)"
@@ -488,7 +492,9 @@ def _add_slurm(kinds) -> None:
         metavar="SHELL",
         help="shell line run first, e.g. 'source ~/venv/bin/activate'",
     )
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment"
+    )
     parser.add_argument(
         "--sbatch-option",
         action="append",

@@ -80,7 +80,8 @@ COMMAND = ConfigCommand(
             "string",
             "topology",
             None,
-            "Cloud TPU slice: v4-8, v5p-128, v5litepod-16, v6e-64, or a topology such as v5p:2x2x2",
+            "Cloud TPU slice (required): v4-8, v5p-128, v5litepod-16, v6e-64, or a topology such "
+            "as v5p:2x2x2",
         ),
         (
             "string",
@@ -125,7 +126,12 @@ COMMAND = ConfigCommand(
             "a later phase compiles only the meshes within this factor of the earlier phase's "
             "best step",
         ),
-        ("string", "prices", None, "price file (default: configs/tpu_prices.json)"),
+        (
+            "string",
+            "prices",
+            None,
+            "price file (default: the one shipped with bert-jax, bert_jax/configs/tpu_prices.json)",
+        ),
         ("bool", "json", False, "print the plan as JSON (the winners' flags included)"),
         ("bool", "verbose", True, "say each candidate's outcome on stderr as the search goes"),
     ),

@@ -1,4 +1,5 @@
-"""`bert-jax pretrain --config configs/bert.py:SIZE --workdir DIR [--config.key=value ...]`."""
+"""`bert-jax pretrain --config bert:SIZE --workdir DIR [--config.key=value ...]` (or a config file,
+`--config configs/bert.py:SIZE`)."""
 
 from __future__ import annotations
 
@@ -57,9 +58,14 @@ def _define_distributed(flags, flag_values) -> None:
 
 COMMAND = ConfigCommand(
     name="pretrain",
-    summary="pretrain BERT: --config configs/bert.py:SIZE --workdir DIR [--config.key=value ...]",
+    summary="pretrain BERT: --config bert:SIZE --workdir DIR [--config.key=value ...]",
     own_flags=(
-        ("string", "workdir", None, "run directory (created; resumed)"),
+        (
+            "string",
+            "workdir",
+            None,
+            "run directory (created; resumed); required unless --dry-run or --compile-only",
+        ),
         ("bool", "dry_run", False, "print the resolved config and phase plan, then exit"),
         (
             "bool",
@@ -81,7 +87,8 @@ COMMAND = ConfigCommand(
             None,
             "with --compile-only: compile for this Cloud TPU slice from any machine (v4-8, "
             "v5p-128, v5litepod-16, v6e-64, or a topology such as v5p:4x4x4; needs "
-            "bert-jax[tpu]) and print XLA's cost-model estimates",
+            "bert-jax[tpu]) and print XLA's cost-model estimates (default: none, the local "
+            "devices)",
         ),
     ),
     run=_run,

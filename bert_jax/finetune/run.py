@@ -2,17 +2,27 @@
 (`curve.py`) call. GLUE goes to `sweep.run_single`, SQuAD and CoNLL-2003 to
 `token_tasks.run_token_task` (CoNLL-2003 with `features` to `feature_ner.run_feature_ner`), SWAG
 to `swag_task.run_swag`; each takes the task's own defaults, then the overrides that are not None.
+
+A workdir that holds a finished run of the same task, settings and model is reused (its
+result.json returned with `reused` set), as `bert-jax glue` reuses its trials; `overwrite` trains
+again. One run writes into a workdir at a time (`workdir.one_writer`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from bert_jax.finetune import ner, swag, token_tasks
+from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.loop import PretrainedEncoder
+from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
+
+RESULT_NAME = "result.json"  # the done marker of every task's run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +70,72 @@ def run_task(
     overrides: Mapping[str, Any],
     options: TaskOptions = TaskOptions(),
     log: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Fine-tune `model` on `task` into `workdir`; returns the run's result.json content."""
-    task_kind = kind(task)
-    if options.features is not None and task_kind != "conll2003":
+    """Fine-tune `model` on `task` into `workdir`; returns the run's result.json content (with
+    `reused: True` when a finished run of the same task, settings and model was found there and
+    `overwrite` is False)."""
+    import jax
+
+    if options.features is not None and kind(task) != "conll2003":
         raise UserError(f"--features is the feature-based CoNLL-2003 tagger; not for {task}")
     settings = task_settings(task, overrides, options)
+    with finetune_workdir.one_writer(workdir, writer=jax.process_index() == 0):
+        path = os.path.join(fs.abspath(workdir), RESULT_NAME)
+        if overwrite and fs.exists(path):
+            fs.remove(path)  # the done marker: the run below writes it anew
+        finished = finished_run(workdir, task, settings, model, options)
+        if finished is not None:
+            return {**finished, "reused": True}
+        return _run(model, task, data, workdir, settings, options, log)
+
+
+def finished_run(
+    workdir: str, task: str, settings, model, options: TaskOptions = TaskOptions()
+) -> dict[str, Any] | None:
+    """The result.json of a finished run of `task` in `workdir` with these settings, options and
+    model; None when there is none; a UserError naming what differs when it was another run."""
+    from bert_jax.finetune import sweep
+
+    path = os.path.join(fs.abspath(workdir), RESULT_NAME)
+    if not fs.exists(path):
+        return None
+    with fs.open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    differ = []
+    if _task_key(str(saved.get("task"))) != _task_key(task):
+        differ.append(f"task: saved {saved.get('task')!r}, now {task!r}")
+    if saved.get("features") != options.features:
+        differ.append(f"--features: saved {saved.get('features')!r}, now {options.features!r}")
+    saved_settings = saved.get("settings") or {}
+    for key in ("learning_rate", "seed"):  # `glue` keys its trials by these; load_matching not
+        now = getattr(settings, key)
+        if key in saved_settings and saved_settings[key] != now:
+            differ.append(f"{key}: saved {saved_settings[key]!r}, now {now!r}")
+    span = dataclasses.asdict(options.span)
+    for key, value in (saved.get("options") or {}).items():
+        if key in span and span[key] != value:
+            differ.append(f"{key}: saved {value!r}, now {span[key]!r}")
+    if differ:
+        raise UserError(
+            f"{path} is a finished run with different settings ({'; '.join(differ)}): use "
+            "another --workdir, or --overwrite to replace it"
+        )
+    source = fs.abspath(model) if isinstance(model, str) else model.source
+    try:
+        return sweep.load_matching(path, settings, source)
+    except UserError as err:
+        raise UserError(f"{err} (or --overwrite to replace it)") from None
+
+
+def _task_key(task: str) -> str:
+    """A task's name as runs record it and users spell it alike: `glue/MRPC` = `MRPC` = `mrpc`."""
+    name = task.split("/", 1)[1] if task.lower().startswith("glue/") else task
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def _run(model, task, data, workdir, settings, options: TaskOptions, log) -> dict[str, Any]:
+    task_kind = kind(task)
     if task_kind == "swag":
         from bert_jax.finetune import swag_task
 

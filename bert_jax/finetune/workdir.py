@@ -7,19 +7,27 @@ the checkpoint curve's steps/ and curve.*) into `--workdir`, replacing earlier o
 name. So they write only into a directory that is new, empty or already theirs (it carries
 `bert_jax_finetune.json`, or holds a result of an earlier run), never into one holding other files,
 the current or home directory, or a pretraining workdir (`data.files.check_replaceable`).
+
+One run writes into a workdir at a time: `one_writer` holds pretraining's lock
+(`training.workdir.WorkdirLock`, `bert-jax.lock`) while a run works, so a second run started on
+the same workdir is refused, naming the first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from bert_jax.data import files
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import user_path
+from bert_jax.training.workdir import LOCK_NAME, WorkdirLock
 
 MARKER = "bert_jax_finetune.json"
 _NAMES = (
     MARKER,
+    LOCK_NAME,
     "result.json",
     "trials",
     "submission",
@@ -72,3 +80,25 @@ def open_workdir(workdir: str, command: str, writer: bool = True) -> str:
             if not fs.exists(marker):
                 files.write_json_atomic(marker, {"written_by": f"bert-jax {command}"})
     return workdir
+
+
+@contextlib.contextmanager
+def one_writer(workdir: str, command: str = "finetune", writer: bool = True) -> Iterator[None]:
+    """Holds `workdir`'s lock meanwhile (process 0: `writer`); refuses a workdir this command
+    must not write into, or one another run holds. A workdir created here is removed again if
+    the run leaves nothing in it but its marker (a failed run leaves no new directory)."""
+    if not writer:
+        yield
+        return
+    workdir = fs.abspath(workdir)
+    check_workdir(workdir)
+    created = not fs.exists(workdir)
+    open_workdir(workdir, command)
+    try:
+        with WorkdirLock(workdir):
+            yield
+    finally:
+        if created and not fs.is_remote(workdir) and set(os.listdir(workdir)) <= {MARKER}:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(workdir, MARKER))
+            os.rmdir(workdir)

@@ -3,10 +3,10 @@ phase (mesh, compute dtype, windowed einsums, ZeRO 1, rematerialization, gradien
 their exact `--config.` flags, and the time and cost of the configured schedule.
 
 The fastest fitting candidate of each phase makes the schedule (its steps times the estimated
-step time; chip-hours times the price per chip-hour from configs/tpu_prices.json, which states
-its source and date). A run has one mesh, dtype and accumulation factor for all its phases, so
-the plan also names the one setting with the least estimated time over the whole schedule:
-`flags_from_plan_json` reads those flags (or a phase's) back from `plan --json`.
+step time; chip-hours times the price per chip-hour from bert_jax/configs/tpu_prices.json,
+which states its source and date). A run has one mesh, dtype and accumulation factor for all its
+phases, so the plan also names the one setting with the least estimated time over the whole
+schedule: `flags_from_plan_json` reads those flags (or a phase's) back from `plan --json`.
 
 The search itself, by stages, is in `search.py`; the records and their printed form in
 `candidates.py`.
@@ -15,13 +15,13 @@ The search itself, by stages, is in `search.py`; the records and their printed f
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_collections
 
+from bert_jax import configs
 from bert_jax.core.bert_config import REMAT_POLICIES
 from bert_jax.planning import search
 from bert_jax.planning.candidates import (
@@ -39,9 +39,7 @@ from bert_jax.training import config_checks, config_lib
 
 __all__ = ["format_plan", "load_prices", "plan", "flags_from_plan_json", "with_planned_flags"]
 
-_DEFAULT_PRICES = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "tpu_prices.json"
-)
+_DEFAULT_PRICES = configs.TPU_PRICES
 
 
 def load_prices(path: str | None) -> dict[str, Any]:

@@ -1,0 +1,13 @@
+"""BERT pretraining configs, one per size: `--config bert:SIZE` (or `configs/bert.py:SIZE`).
+
+SIZE is tiny (2/128/2), mini (4/256/4), small (4/512/8), medium (8/512/8), base (12/768/12) or
+large (24/1024/16) as layers/hidden/heads; all carry the paper's pretraining recipe, which
+`bert_jax/training/config_lib.py` documents. Override any field from the command line, e.g.
+`--config.total_steps=100000 --config.optimizer.learning_rate=5e-5`.
+"""
+
+from bert_jax.training.config_lib import pretraining_config
+
+
+def get_config(size: str = "base"):
+    return pretraining_config(size or "base")
