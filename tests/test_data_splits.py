@@ -276,3 +276,12 @@ def test_splits_read_from_a_bucket_each_byte_once(corpora, tmp_path):
             chunks, _ = _parquet_layout(corpora["parquet"])
             others = sum(os.path.getsize(p) for p in local if not p.endswith(".parquet"))
             assert count.content == others + chunks
+
+
+def test_planning_refuses_a_split_size_under_a_byte_and_unknown_options(corpora):
+    with pytest.raises(UserError, match="split size must be at least 1 byte, not 0"):
+        splits.plan_splits([str(corpora["text"])], target_bytes=0)
+    with pytest.raises(TypeError, match="num_workers"):
+        splits.plan_splits([str(corpora["text"])], num_workers=2)
+    plan = splits.plan_splits([str(corpora["text"])], text_field="body", strict=True)
+    assert [(s.start, s.stop) for s in plan] == [(0, os.path.getsize(corpora["text"]))]
