@@ -49,7 +49,7 @@ BEAM_VENV := .venv-beam
 BEAM_STAMP := $(BEAM_VENV)/.installed
 
 test-beam: $(BEAM_STAMP)
-	$(BEAM_VENV)/bin/python -m pytest -m beam -n 0 --durations=10 -q tests/test_data_beam.py
+	$(BEAM_VENV)/bin/python -m pytest -m beam --durations=10 -q tests/test_data_beam.py
 
 $(BEAM_STAMP): pyproject.toml
 	test -x $(BEAM_VENV)/bin/python || $(PYTHON) -m venv $(BEAM_VENV)

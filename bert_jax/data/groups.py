@@ -68,6 +68,9 @@ class InstanceStats:
             setattr(self, f.name, getattr(self, f.name) + other.get(f.name, 0))
 
 
+_TIMINGS = ("seconds", "cpu_seconds")  # InstanceStats fields that vary from run to run
+
+
 def _group_seed(seed: int, group_index: int) -> int:
     return int(np.random.SeedSequence([seed, group_index]).generate_state(1, np.uint64)[0])
 
@@ -204,7 +207,9 @@ def write_group(output_dir: str, group_index: int, counts: dict, serialized: lis
     if not serialized:
         return
     # The sidecar goes first: a shard under its final name always has its counts next to it.
-    write_json_atomic(os.path.join(output_dir, part_name(group_index, "json")), counts)
+    # Its counts only, not the worker's timings: the same bytes whichever attempt wrote it.
+    sidecar = {k: v for k, v in counts.items() if k not in _TIMINGS}
+    write_json_atomic(os.path.join(output_dir, part_name(group_index, "json")), sidecar)
     records_lib.write_records(os.path.join(output_dir, part_name(group_index)), serialized)
 
 

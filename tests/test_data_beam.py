@@ -1,0 +1,237 @@
+"""`data prepare --runner beam` on Apache Beam's FnApiRunner (marker `beam`: `make test-beam`, in
+.venv-beam): the records of the local path, byte for byte, on the three kinds of corpus read as
+splits, gs:// in and out, a group whose first attempt fails or that runs twice, bad input.
+
+Two worker processes (`--direct_num_workers=2 --direct_running_mode=multi_processing`) where the
+records are compared; the fault cases patch a step of the pipeline, so they run Beam's workers
+in this process (the FnApiRunner's default)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("apache_beam")
+
+from bert_jax import cli  # noqa: E402
+from bert_jax.data import beam as beam_lib  # noqa: E402
+from bert_jax.data import groups as groups_lib  # noqa: E402
+from bert_jax.data import manifest, prepare, sources  # noqa: E402
+from bert_jax.runtime.errors import UserError  # noqa: E402
+from tests.corpus_fixtures import (  # noqa: E402
+    realistic_dump_xml,
+    write_parquet,
+    write_stream_per_page_bz2,
+)
+from tests.data_fixtures import embedded_spm_dir  # noqa: E402
+from tests.faults import run_cli  # noqa: E402
+
+pytestmark = pytest.mark.beam
+
+TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+SETTINGS = dict(max_seq_length=48, max_predictions_per_seq=8, dupe_factor=2, seed=7)
+
+
+def _argv(inputs: list[str], output, *extra: str) -> list[str]:
+    return [
+        "data", "prepare", "--input", *inputs, "--tokenizer", embedded_spm_dir(),
+        "--output", str(output), "--max-seq-length", "48", "--max-predictions-per-seq", "8",
+        "--dupe-factor", "2", "--seed", "7", "--num-groups", "3", "--split-bytes", "2000",
+        *extra,
+    ]  # fmt: skip
+
+
+def _settings(**changes) -> prepare.PrepareSettings:
+    return prepare.PrepareSettings(**SETTINGS, num_groups=3, split_bytes=2000, **changes)
+
+
+def _records(directory) -> dict[str, bytes]:
+    return {
+        name: (directory / name).read_bytes()
+        for name in sorted(os.listdir(directory))
+        if name.endswith(".tfrecord")
+    }
+
+
+def _counts(directory) -> dict[str, bytes]:
+    """Each shard's counts (``part-NNNNN.json``), as bytes."""
+    return {
+        name: (directory / name).read_bytes()
+        for name in sorted(os.listdir(directory))
+        if name.startswith("part-") and name.endswith(".json")
+    }
+
+
+def _assert_same_records(local, beam) -> None:
+    assert _records(beam) == _records(local) and _records(local)
+    assert _counts(beam) == _counts(local)
+    local_stats = json.loads((local / "stats-0-of-1.json").read_text())
+    beam_stats = json.loads((beam / "stats-0-of-1.json").read_text())
+    assert beam_stats["corpus"] == local_stats["corpus"]
+    assert beam_stats["shard"] == local_stats["shard"]
+    assert json.loads((beam / "prepare_config.json").read_text()) == json.loads(
+        (local / "prepare_config.json").read_text()
+    )
+    assert not [name for name in os.listdir(beam) if name.startswith(".")]  # no temporaries
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> dict[str, list[str]]:
+    """The three kinds: the embedded corpus, a multistream Wikipedia dump (a bz2 stream per
+    page), a Parquet file of several row groups."""
+    root = tmp_path_factory.mktemp("corpora")
+    dump = root / "enwiki-pages-articles-multistream.xml.bz2"
+    write_stream_per_page_bz2(dump, realistic_dump_xml(repeat=3))
+    books = root / "books.parquet"
+    rows = ["\n".join(document) for document in sources.embedded_documents("train")[:48]]
+    write_parquet(books, rows, row_group_size=6)
+    return {"embedded": ["embedded:eval"], "wikipedia": [str(dump)], "parquet": [str(books)]}
+
+
+@pytest.mark.parametrize("kind", ["embedded", "wikipedia", "parquet"])
+def test_two_beam_workers_write_the_records_of_the_local_path(corpora, kind, tmp_path, capsys):
+    inputs = corpora[kind]
+    local, beam = tmp_path / "local", tmp_path / "beam"
+    assert run_cli(capsys, _argv(inputs, local, "--num-workers", "2")).code == 0
+    outcome = run_cli(capsys, [*_argv(inputs, beam, "--runner", "beam"), "--", *TWO_PROCESSES])
+    assert outcome.code == 0, outcome.err
+    _assert_same_records(local, beam)
+    config = json.loads((beam / "prepare_config.json").read_text())
+    assert config["num_groups"] == 3 and config["format_version"] == prepare.FORMAT_VERSION
+    plan = prepare.plan_run(inputs, embedded_spm_dir(), tmp_path / "plan", _settings())
+    if kind != "embedded":  # read as several splits (the embedded corpus is one)
+        assert len(plan.splits) > 1
+
+
+def test_dry_run_prints_the_splits_and_options_and_runs_nothing(corpora, tmp_path, capsys):
+    output = tmp_path / "never"
+    argv = [*_argv(corpora["parquet"], output, "--runner", "beam", "--dry-run"), "--"]
+    capsys.readouterr()
+    assert cli.main([*argv, "--runner=DataflowRunner", "--project=p", "--region=r"]) == 0
+    out = capsys.readouterr().out
+    assert "parquet" in out and "into 3 group(s)" in out and out.count("  parquet ") > 1
+    assert "--runner=DataflowRunner" in out and "--project=p" in out and "--region=r" in out
+    assert not output.exists()
+
+
+def test_a_group_that_fails_its_first_attempt_is_finished_by_the_rerun(
+    corpora, tmp_path, monkeypatch
+):
+    """A worker dies writing group 1 (its temporary file left behind): the job fails, leaves no
+    completion mark (readers refuse the directory), and the same job run again finishes it with
+    the bytes of the local path, the finished groups kept, no temporary file left."""
+    inputs = corpora["parquet"]
+    local = tmp_path / "local"
+    prepare.prepare_records(inputs, embedded_spm_dir(), local, _settings())
+    output = tmp_path / "beam"
+    write_group = groups_lib.write_group
+
+    def dies_writing_group_1(output_dir, group, counts, serialized):
+        if group == 1:
+            with open(os.path.join(output_dir, ".part-00001.tfrecord.tmp-dead-1"), "wb") as f:
+                f.write(b"half a shard")
+            raise RuntimeError("worker lost")
+        write_group(output_dir, group, counts, serialized)
+
+    monkeypatch.setattr(groups_lib, "write_group", dies_writing_group_1)
+    with pytest.raises(Exception, match="worker lost"):
+        beam_lib.prepare_with_beam(inputs, embedded_spm_dir(), output, _settings(), [])
+    assert not (output / "stats-0-of-1.json").exists()
+    with pytest.raises(manifest.IncompleteRecordsError):
+        manifest.require_complete(str(output))
+    written_before = set(_records(output))
+    assert "part-00001.tfrecord" not in written_before
+
+    monkeypatch.setattr(groups_lib, "write_group", write_group)
+    result = beam_lib.prepare_with_beam(inputs, embedded_spm_dir(), output, _settings(), [])
+    assert result.groups_skipped == len(written_before)
+    assert result.groups_written == len(_records(local)) - len(written_before)
+    _assert_same_records(local, output)
+    manifest.require_complete(str(output))
+
+
+def test_a_group_run_twice_leaves_one_shard_and_counts_once(corpora, tmp_path, monkeypatch):
+    """A runner may run a bundle again after a lost worker (or twice, speculatively): the
+    shard is rewritten to the same bytes, never duplicated, and its counts are summed once."""
+    inputs = corpora["wikipedia"]
+    local = tmp_path / "local"
+    expected = prepare.prepare_records(inputs, embedded_spm_dir(), local, _settings())
+    calls = tmp_path / "calls"  # the step is pickled: what it records goes to a file
+    write_once = beam_lib._write_group
+
+    def write_twice(group_documents, *args):
+        group, keyed = group_documents
+        keyed = list(keyed)
+        write_once((group, keyed), *args)
+        shard = os.path.join(args[0], groups_lib.part_name(group))
+        before = open(shard, "rb").read() if os.path.exists(shard) else None
+        with open(calls, "a") as f:
+            f.write(f"{group}\n")
+        again = write_once((group, list(reversed(keyed))), *args)  # in another order: the same
+        assert (open(shard, "rb").read() if os.path.exists(shard) else None) == before
+        return again
+
+    monkeypatch.setattr(beam_lib, "_write_group", write_twice)
+    output = tmp_path / "beam"
+    result = beam_lib.prepare_with_beam(inputs, embedded_spm_dir(), output, _settings(), [])
+    assert sorted(calls.read_text().split()) == ["0", "1", "2"]
+    assert result.instance_stats.instances == expected.instance_stats.instances
+    _assert_same_records(local, output)
+
+
+def test_bad_input_is_the_local_paths_one_line(tmp_path, capsys):
+    """Found by a worker (a damaged Parquet file) or before the job (text that is not UTF-8):
+    the same one line, exit 2, as the local path."""
+    damaged = tmp_path / "damaged.parquet"
+    damaged.write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Caf\xe9 au lait.\nA second line.\n".encode("latin-1"))
+    for bad in (damaged, latin):
+        local = run_cli(capsys, _argv([str(bad)], tmp_path / "local"))
+        beam = run_cli(
+            capsys,
+            [*_argv([str(bad)], tmp_path / "beam", "--runner", "beam"), "--", *TWO_PROCESSES],
+        )
+        assert local.code == beam.code == 2, beam.err
+        assert beam.message == local.message and str(bad) in beam.message
+        assert len(beam.err.strip().splitlines()) == len(local.err.strip().splitlines())
+    assert not (tmp_path / "beam" / "stats-0-of-1.json").exists()
+
+
+def test_several_machines_are_the_local_paths_alone(tmp_path):
+    with pytest.raises(UserError, match="--num-shards is for several machines"):
+        beam_lib.prepare_with_beam(
+            ["embedded:eval"], embedded_spm_dir(), tmp_path, _settings(num_shards=2), []
+        )
+
+
+def test_from_a_bucket_into_a_bucket(corpora, tmp_path, capsys):
+    """gs:// in and gs:// out (Cloud Storage emulator): two Beam workers read the inputs' splits
+    from the bucket and write the shards, completion mark and tokenizer into it; the records
+    equal the local path's from the same files on local disk."""
+    from bert_jax.runtime import fs
+    from tests import gcs_emulator
+
+    bucket = "gs://bert-jax-beam"
+    with gcs_emulator.running(tmp_path / "gcs") as emulator:
+        emulator.create_bucket(bucket[len("gs://") :])
+        remote = []
+        for path in (*corpora["wikipedia"], *corpora["parquet"]):
+            remote.append(f"{bucket}/in/{os.path.basename(path)}")
+            fs.upload(path, remote[-1])
+        argv = [*_argv(remote, f"{bucket}/out", "--runner", "beam"), "--", *TWO_PROCESSES]
+        outcome = run_cli(capsys, argv)
+        assert outcome.code == 0, outcome.err
+        local = tmp_path / "local"
+        local_inputs = [*corpora["wikipedia"], *corpora["parquet"]]
+        assert run_cli(capsys, _argv(local_inputs, local)).code == 0
+        names = fs.listdir(f"{bucket}/out")
+        assert "stats-0-of-1.json" in names and "tokenizer" in names
+        assert not [name for name in names if name.startswith(".")]
+        for name, data in {**_records(local), **_counts(local)}.items():
+            assert fs.read_bytes(f"{bucket}/out/{name}") == data, name
+        assert sorted(n for n in names if n.startswith("part-")) == sorted(
+            {**_records(local), **_counts(local)}
+        )
