@@ -22,7 +22,9 @@ def _run(flag_values) -> int:
     for change in inputs.adopt_init_from(config, given):
         print(f"bert-jax pretrain: {change}")
     if flag_values.dry_run:
-        print(config_checks.describe(config))
+        described = config_checks.describe(config)  # checks the values first
+        _check_mesh(config)
+        print(described)
         return 0
     if flag_values.topology:
         from bert_jax.planning import compile_check
@@ -48,6 +50,19 @@ def _run(flag_values) -> int:
         return errors.EXIT_DIVERGED
     # 128 + SIGTERM: a preempted run has not finished, and schedulers should see that.
     return errors.EXIT_STOPPED if result.preempted else errors.EXIT_OK
+
+
+def _check_mesh(config) -> None:
+    """The run's checks of config.mesh against this machine's devices (the mesh it builds, each
+    phase's batch over its data axes), so a dry run refuses what the run would."""
+    from bert_jax.core import partitioning
+    from bert_jax.training import config_lib
+
+    mesh = partitioning.make_mesh(config.mesh.shape)
+    for phase in config_lib.plan_phases(config):
+        partitioning.check_batch_divisible(
+            phase.batch_size, mesh, f"config.{phase.name}.batch_size"
+        )
 
 
 def _define_distributed(flags, flag_values) -> None:
