@@ -413,7 +413,7 @@ def test_minilm_learns_synthetic_squad_end_to_end(minilm_model, tmp_path):
             max_seq_length=24,
             batch_size=8,
             eval_batch_size=32,
-            epochs=1.0,
+            epochs=1.5,
             learning_rate=2e-4,
             dropout=0.0,
         ),

@@ -268,3 +268,78 @@ def from_config(
     else:
         raise UserError(f"optimizer.name={opt_config.name!r} is not one of {OPTIMIZERS}")
     return tx, schedule
+
+
+# ------------------------------------------------------------------------------------------------
+# Hugging Face's fine-tuning recipe (the `Trainer`'s defaults), for step-for-step comparisons
+# ------------------------------------------------------------------------------------------------
+
+
+def linear_warmup_then_decay(peak_lr: float, warmup_steps: int, total_steps: int) -> Schedule:
+    """`transformers.get_linear_schedule_with_warmup`: peak * step / warmup during the warmup,
+    then linear decay from the end of the warmup to 0 at `total_steps` (not from step 0, as
+    `warmup_linear_decay` and google-research/bert do)."""
+    if total_steps <= 0:
+        raise UserError(f"total_steps must be positive, got {total_steps}")
+
+    def schedule(step: jax.Array) -> jax.Array:
+        step = jnp.asarray(step, jnp.float32)
+        warm = step / max(1, warmup_steps)
+        decayed = jnp.maximum(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        return peak_lr * jnp.where(step < warmup_steps, warm, decayed)
+
+    return schedule
+
+
+def clip_by_global_norm_torch(max_norm: float) -> optax.GradientTransformation:
+    """`torch.nn.utils.clip_grad_norm_`: every gradient times min(1, max_norm / (norm + 1e-6))."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = optax.tree.norm(updates)
+        scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+        return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+def no_gradient_to_embedding_row(row: int) -> optax.GradientTransformation:
+    """Zeroes the gradient of one row of the word embeddings (`.../word_embeddings/embedding`),
+    as `torch.nn.Embedding(padding_idx=row)` never gives that row one."""
+
+    def update(updates, state, params=None):
+        del params
+
+        def zero_row(path, g):
+            names = [getattr(key, "key", None) for key in path[-2:]]
+            return g.at[row].set(0) if names == ["word_embeddings", "embedding"] else g
+
+        return jax.tree_util.tree_map_with_path(zero_row, updates), state
+
+    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+def torch_adamw(
+    schedule: Schedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    clip_norm: float | None = 1.0,
+    padding_row: int | None = None,
+) -> optax.GradientTransformation:
+    """`torch.optim.AdamW` as Hugging Face's `Trainer` runs it: gradients clipped by
+    `clip_grad_norm_`, bias-corrected Adam with eps 1e-8 outside the square root, decoupled weight
+    decay (lr * weight_decay * p) on the parameters `decay_mask` marks (the Trainer's groups skip
+    biases and LayerNorm weights alike). `padding_row`: the [PAD] row of the word embeddings gets
+    no gradient, as in `transformers`' BERT (its embedding's `padding_idx`)."""
+    chain = []
+    if padding_row is not None:
+        chain.append(no_gradient_to_embedding_row(padding_row))
+    if clip_norm:
+        chain.append(clip_by_global_norm_torch(clip_norm))
+    chain.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+    if weight_decay:
+        chain.append(optax.add_decayed_weights(weight_decay, mask=decay_mask))
+    chain.append(optax.scale_by_learning_rate(schedule))
+    return optax.chain(*chain)

@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.core import optim, partitioning, train
+from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertConfig
 from bert_jax.core.train import TrainState
 from bert_jax.data import files
@@ -67,11 +67,11 @@ class FeatureTuner(train.ShardedSteps):
         self.config = config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         mode, self.layers = feature_tagger.variant_layers(variant, config.num_hidden_layers)
         self.tagger = BiLstmTagger(num_labels, mode, lstm_size, dropout_rate=settings.dropout)
-        self.tx = optim.bert_adamw(
-            steps.unit_schedule,
-            weight_decay=settings.weight_decay,
-            clip_norm=settings.clip_norm or None,
-            bias_correction=settings.adam_bias_correction,
+        self.tx = steps.make_optimizer(
+            settings.optimizer,
+            settings.weight_decay,
+            settings.clip_norm,
+            settings.adam_bias_correction,
         )
         features = jnp.zeros((1, 2, len(self.layers), config.hidden_size), jnp.float32)
 

@@ -86,31 +86,42 @@ def load_task_data(
     )
 
 
+def steps_per_epoch(num_examples: int, batch_size: int) -> int:
+    """Batches in one pass over the data: the last one partial (filled up with rows of weight 0),
+    as a PyTorch DataLoader without `drop_last` gives them (999 examples at batch 16: 63)."""
+    return math.ceil(num_examples / batch_size)
+
+
+def num_train_steps(num_examples: int, epochs: float, batch_size: int) -> int:
+    """Optimizer steps of a run: `epochs` (may be fractional) times the steps of an epoch, rounded
+    up, as Hugging Face's Trainer counts them."""
+    return max(1, math.ceil(epochs * steps_per_epoch(num_examples, batch_size)))
+
+
 def train_order(num_examples: int, epochs: float, batch_size: int, seed: int) -> np.ndarray:
     """Row indices of every training batch, [steps, batch_size]; -1 marks padding rows.
 
-    Each epoch is a fresh permutation; epochs run on without a break, so every example is seen
-    exactly `epochs` times (fractional epochs take the start of the last permutation).
+    Each epoch is a fresh permutation cut into `steps_per_epoch` batches, the last one partial, so
+    every example is seen once per epoch; a fractional last epoch takes its first batches.
     """
     if num_examples <= 0:
         raise UserError("no training examples")
     if epochs <= 0:
         raise UserError(f"epochs must be positive, got {epochs}")
     rng = np.random.default_rng(seed)
-    total = max(1, round(num_examples * epochs))
-    permutations = [rng.permutation(num_examples) for _ in range(math.ceil(epochs))]
-    order = np.concatenate(permutations)[:total]
-    steps = math.ceil(total / batch_size)
-    padded = np.full(steps * batch_size, -1, np.int64)
-    padded[:total] = order
-    return padded.reshape(steps, batch_size)
+    per_epoch = steps_per_epoch(num_examples, batch_size)
+    total = num_train_steps(num_examples, epochs, batch_size)
+    epochs_started = math.ceil(total / per_epoch)
+    order = np.full((epochs_started, per_epoch * batch_size), -1, np.int64)
+    for epoch in range(epochs_started):
+        order[epoch, :num_examples] = rng.permutation(num_examples)
+    return order.reshape(epochs_started * per_epoch, batch_size)[:total]
 
 
 def epoch_end_steps(num_examples: int, epochs: float, batch_size: int) -> list[int]:
     """The number of steps after which each (whole) epoch has been seen completely."""
-    return [
-        math.ceil(num_examples * epoch / batch_size) for epoch in range(1, math.floor(epochs) + 1)
-    ]
+    per_epoch = steps_per_epoch(num_examples, batch_size)
+    return [per_epoch * epoch for epoch in range(1, math.floor(epochs) + 1)]
 
 
 def host_rows(global_rows: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 The paper's recipe: BERT AdamW (weight decay 0.01, not on LayerNorm and biases; clipping at global
 norm 1.0), linear warmup over the first 10% of steps then linear decay to 0, dropout 0.1, batch 32,
 3 epochs; evaluation on dev at the end (and after every epoch with `eval_every_epoch`).
+`optimizer="adamw-hf"` runs Hugging Face's Trainer recipe instead (see `steps.OPTIMIZERS`).
 
 The state and step are pretraining's (`train.TrainState`, `train.update`, `train.ShardedSteps`:
 shardings from the logical axis names, global batches, a donated state), with the classifier's
@@ -61,6 +62,9 @@ class FinetuneSettings:
     # The paper says Adam; the original code's optimizer skips bias correction (set False to match
     # it; the missing correction is a known cause of failed runs on small tasks).
     adam_bias_correction: bool = True
+    # "bert" (BERT AdamW, google-research/bert's schedule) or "adamw-hf" (Hugging Face Trainer's
+    # torch AdamW and linear schedule); steps.OPTIMIZERS says what each is.
+    optimizer: str = "bert"
     eval_every_epoch: bool = False
     mesh_shape: tuple[int, int, int] = (-1, 1, 1)
     log_every: int = 100
@@ -153,6 +157,7 @@ class FineTuner(HeadTuner):
         weight_decay: float = 0.01,
         clip_norm: float = 1.0,
         adam_bias_correction: bool = True,
+        optimizer: str = "bert",
     ):
         self.config = config
         self.num_labels = num_labels
@@ -169,6 +174,7 @@ class FineTuner(HeadTuner):
             weight_decay,
             clip_norm,
             adam_bias_correction,
+            optimizer,
         )
 
 
@@ -182,6 +188,7 @@ def fine_tuner(
     weight_decay: float = 0.01,
     clip_norm: float = 1.0,
     adam_bias_correction: bool = True,
+    optimizer: str = "bert",
 ) -> FineTuner:
     """A FineTuner shared by every caller with the same (hashable) arguments."""
     return FineTuner(
@@ -193,6 +200,7 @@ def fine_tuner(
         weight_decay,
         clip_norm,
         adam_bias_correction,
+        optimizer,
     )
 
 
@@ -305,6 +313,7 @@ def finetune(
         settings.weight_decay,
         settings.clip_norm,
         settings.adam_bias_correction,
+        settings.optimizer,
     )
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)

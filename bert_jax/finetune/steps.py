@@ -1,27 +1,42 @@
 """The fine-tuning step loop every task shares (GLUE in `loop.py`, SQuAD and CoNLL-2003 in
-`token_loop.py`): the checks before anything compiles, the paper's learning-rate schedule, the
-steps over shuffled rows with the loss logged every `log_every` steps, and evaluation after every
-epoch (`eval_every_epoch`) and at the end.
+`token_loop.py`): the checks before anything compiles, the optimizer and learning-rate schedule
+of the chosen recipe (`OPTIMIZERS`), the steps over shuffled rows with a progress line (loss,
+learning rate, rate, ETA) every `log_every` steps, and evaluation after every epoch
+(`eval_every_epoch`) and at the end.
 
-The optimizer has a unit schedule (`unit_schedule`): each step's learning rate is passed into
-`train.update`, so one compiled step serves every rate of the schedule and of a sweep.
+Every recipe takes an epoch as `features.steps_per_epoch` batches, the last one partial and
+weighted by its real rows (the loss is a mean over them). The optimizer has a unit schedule
+(`unit_schedule`): each step's learning rate is passed into `train.update`, so one compiled step
+serves every rate of the schedule and of a sweep.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from bert_jax.core import optim, partitioning
 from bert_jax.core.model import BertConfig
 from bert_jax.core.train import TrainState
-from bert_jax.finetune.features import epoch_end_steps, host_rows, train_order
+from bert_jax.finetune.features import epoch_end_steps, host_rows, steps_per_epoch, train_order
 from bert_jax.runtime.errors import UserError
+from bert_jax.training.metrics import format_duration
+
+# The values of the `optimizer` setting. "bert": BERT AdamW (eps 1e-6, bias correction as
+# `adam_bias_correction` says) with google-research/bert's warmup (int(proportion * steps)) and
+# linear decay measured from step 0. "adamw-hf": Hugging Face's Trainer: torch AdamW (eps 1e-8,
+# bias correction) with `get_linear_schedule_with_warmup` (ceil(proportion * steps) warmup steps,
+# decay from the warmup's end) and `clip_grad_norm_`. Both skip weight decay on biases and
+# LayerNorm parameters.
+OPTIMIZERS = ("bert", "adamw-hf")
 
 
 def unit_schedule(count: jax.Array) -> jax.Array:
@@ -29,10 +44,66 @@ def unit_schedule(count: jax.Array) -> jax.Array:
     return jnp.ones((), jnp.float32)
 
 
+def make_optimizer(
+    name: str,
+    weight_decay: float,
+    clip_norm: float,
+    adam_bias_correction: bool,
+    pad_token_id: int | None = None,
+) -> optax.GradientTransformation:
+    """The recipe's optimizer with a unit schedule (the step scales it by the learning rate).
+    `pad_token_id`: "adamw-hf" leaves that word-embedding row untrained, as `transformers`' BERT
+    does (it matters where the loss reads padding positions: SQuAD's softmax over the window)."""
+    check_optimizer(name, adam_bias_correction)
+    if name == "adamw-hf":
+        return optim.torch_adamw(
+            unit_schedule,
+            weight_decay=weight_decay,
+            clip_norm=clip_norm or None,
+            padding_row=pad_token_id,
+        )
+    return optim.bert_adamw(
+        unit_schedule,
+        weight_decay=weight_decay,
+        clip_norm=clip_norm or None,
+        bias_correction=adam_bias_correction,
+    )
+
+
+def check_optimizer(name: str, adam_bias_correction: bool = True) -> None:
+    if name not in OPTIMIZERS:
+        raise UserError(f"optimizer={name!r} is not one of {', '.join(OPTIMIZERS)}")
+    if name == "adamw-hf" and not adam_bias_correction:
+        raise UserError(
+            "optimizer='adamw-hf' is torch's AdamW, which always corrects the bias; "
+            "adam_bias_correction=False goes with optimizer='bert'"
+        )
+
+
+def warmup_steps(name: str, warmup_proportion: float, num_steps: int) -> int:
+    """google-research/bert truncates the warmup's share of the steps; Hugging Face's Trainer
+    rounds it up (TrainingArguments.get_warmup_steps)."""
+    if name == "adamw-hf":
+        return math.ceil(num_steps * warmup_proportion)
+    return int(warmup_proportion * num_steps)
+
+
+def learning_rates(settings: Any, num_steps: int) -> np.ndarray:
+    """The learning rate of every step of a run, [num_steps] float32, by the recipe's schedule."""
+    name = getattr(settings, "optimizer", "bert")
+    warmup = warmup_steps(name, settings.warmup_proportion, num_steps)
+    if name == "adamw-hf":
+        schedule = optim.linear_warmup_then_decay(settings.learning_rate, warmup, num_steps)
+    else:
+        schedule = optim.warmup_linear_decay(settings.learning_rate, warmup, num_steps)
+    return np.asarray(schedule(jnp.arange(num_steps)), np.float32)
+
+
 def run_config(encoder: Any, settings: Any, mesh: jax.sharding.Mesh) -> BertConfig:
-    """The checks every fine-tuning run makes before compiling (batches that divide the mesh, a
-    sequence the model holds, a vocabulary the embeddings hold); the encoder's config with the
-    run's dropout."""
+    """The checks every fine-tuning run makes before compiling (a known optimizer, batches that
+    divide the mesh, a sequence the model holds, a vocabulary the embeddings hold); the encoder's
+    config with the run's dropout."""
+    check_optimizer(settings.optimizer, settings.adam_bias_correction)
     partitioning.check_batch_divisible(settings.batch_size, mesh, "batch_size")
     partitioning.check_batch_divisible(settings.eval_batch_size, mesh, "eval_batch_size")
     if settings.max_seq_length > encoder.config.max_position_embeddings:
@@ -78,10 +149,9 @@ def run_steps(
     prefix = f"{name} " if name else ""
     order = train_order(count, settings.epochs, settings.batch_size, settings.seed)
     num_steps = len(order)
-    schedule = optim.warmup_linear_decay(
-        settings.learning_rate, int(settings.warmup_proportion * num_steps), num_steps
-    )
-    learning_rates = np.asarray(schedule(jnp.arange(num_steps)), np.float32)
+    rates = learning_rates(settings, num_steps)
+    per_epoch = steps_per_epoch(count, settings.batch_size)
+    progress = Progress(num_steps, settings.batch_size)
     eval_after = (
         set(epoch_end_steps(count, settings.epochs, settings.batch_size))
         if settings.eval_every_epoch
@@ -91,27 +161,54 @@ def run_steps(
     totals = window = dev = None
     for step in range(num_steps):
         batch = tuner.global_batch(rows_batch(host_rows(order[step])))
-        state, step_metrics = tuner.train_step(
-            state, batch, dropout_rng, float(learning_rates[step])
-        )
+        state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
         sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
         # Summed on device: nothing waits for a step until a log line needs the numbers.
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         window = sums if window is None else jax.tree.map(jnp.add, window, sums)
         done = step + 1
         if done % settings.log_every == 0 or done == num_steps:
-            log(
-                f"{prefix}step {done}/{num_steps} loss {_mean_loss(window):.4f} "
-                f"lr {learning_rates[step]:.3g}"
-            )
+            loss = _mean_loss(window)  # waits for the step: the clock reads finished work
+            log(f"{prefix}{progress.line(done, loss, float(rates[step]))}")
             window = None
         if done in eval_after or done == num_steps:
+            evaluating = time.perf_counter()
             dev = evaluate(state.params)
-            epoch = min(done * settings.batch_size / count, settings.epochs)
+            progress.pause(time.perf_counter() - evaluating)
+            epoch = min(done / per_epoch, settings.epochs)
             history.append({"step": done, "epoch": round(epoch, 3), "dev": dev})
             log(f"{prefix}step {done} dev {dev}")
     assert totals is not None
     return Trained(state, _mean_loss(totals), num_steps, history, dev)
+
+
+class Progress:
+    """A run's progress line, in the style of pretraining's: step, loss, learning rate, the rate
+    since the last line (steps and examples a second) and the time left at the run's rate so far
+    (evaluation time excluded; the first line's rate includes compilation)."""
+
+    def __init__(self, num_steps: int, batch_size: int):
+        self.num_steps = num_steps
+        self.batch_size = batch_size
+        self.start = self.last = time.perf_counter()
+        self.last_step = 0
+        self.paused = 0.0
+
+    def pause(self, seconds: float) -> None:
+        """Time spent outside the steps (evaluation), left out of the rates."""
+        self.paused += seconds
+        self.last += seconds
+
+    def line(self, done: int, loss: float, learning_rate: float) -> str:
+        now = time.perf_counter()
+        rate = (done - self.last_step) / max(now - self.last, 1e-9)
+        per_step = (now - self.start - self.paused) / max(done, 1)
+        self.last, self.last_step = now, done
+        return (
+            f"step {done}/{self.num_steps} loss {loss:.4f} lr {learning_rate:.3g} "
+            f"{rate:.2f} steps/s {rate * self.batch_size:.1f} examples/s "
+            f"ETA {format_duration(per_step * (self.num_steps - done))}"
+        )
 
 
 def _mean_loss(sums: Mapping[str, jax.Array]) -> float:

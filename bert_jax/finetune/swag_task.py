@@ -84,6 +84,7 @@ class ChoiceTuner(HeadTuner):
         weight_decay: float = 0.01,
         clip_norm: float = 1.0,
         adam_bias_correction: bool = True,
+        optimizer: str = "bert",
     ):
         model = BertForMultipleChoice(config, dropout)
         super().__init__(
@@ -97,12 +98,17 @@ class ChoiceTuner(HeadTuner):
             weight_decay,
             clip_norm,
             adam_bias_correction,
+            optimizer,
         )
 
 
 @functools.lru_cache(maxsize=2)
-def choice_tuner(config, mesh, dropout, weight_decay, clip_norm, adam_bias_correction):
-    return ChoiceTuner(config, mesh, dropout, weight_decay, clip_norm, adam_bias_correction)
+def choice_tuner(
+    config, mesh, dropout, weight_decay, clip_norm, adam_bias_correction, optimizer="bert"
+):
+    return ChoiceTuner(
+        config, mesh, dropout, weight_decay, clip_norm, adam_bias_correction, optimizer
+    )
 
 
 def accuracy(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -189,6 +195,7 @@ def train_and_predict(
         settings.weight_decay,
         settings.clip_norm,
         settings.adam_bias_correction,
+        settings.optimizer,
     )
     arrays = {
         name: swag.build_features(examples, encoder.tokenizer, settings.max_seq_length)

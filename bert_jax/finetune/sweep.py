@@ -66,6 +66,7 @@ _MATCHING_SETTINGS = (
     "dropout",
     "clip_norm",
     "adam_bias_correction",
+    "optimizer",
 )
 
 
@@ -158,10 +159,11 @@ def load_matching(path: str, settings: FinetuneSettings, model: str) -> dict[str
     with fs.open(path, encoding="utf-8") as f:
         record = json.load(f)
     want = settings.to_dict()
+    saved = {"optimizer": "bert", **record["settings"]}  # runs from before the setting: "bert"
     differ = [
-        f"{key}: saved {record['settings'].get(key)!r}, now {want[key]!r}"
+        f"{key}: saved {saved.get(key)!r}, now {want[key]!r}"
         for key in _MATCHING_SETTINGS
-        if record["settings"].get(key) != want[key]
+        if saved.get(key) != want[key]
     ]
     if record.get("model") != model:
         differ.append(f"model: saved {record.get('model')!r}, now {model!r}")

@@ -18,9 +18,6 @@ from bert_jax.finetune.heads import ClassifierHead
 
 Array = jax.Array
 
-# Added to the logits of positions a span can never start or end at (padding), before softmax.
-_MASKED = -1e9
-
 
 class BertForTokenOutputs(nn.Module):
     """BERT + a `ClassifierHead` at every position; returns float32 logits [batch, length,
@@ -45,25 +42,18 @@ class BertForTokenOutputs(nn.Module):
         return head(outputs["sequence_output"], deterministic=deterministic)
 
 
-def _position_log_probs(logits_BxL: Array, input_mask_BxL: Array) -> Array:
-    masked = jnp.where(input_mask_BxL > 0, logits_BxL.astype(jnp.float32), _MASKED)
-    return jax.nn.log_softmax(masked, axis=-1)
-
-
 def span_loss(
-    logits_BxLx2: Array,
-    input_mask_BxL: Array,
-    start_positions_B: Array,
-    end_positions_B: Array,
-    weights_B: Array,
+    logits_BxLx2: Array, start_positions_B: Array, end_positions_B: Array, weights_B: Array
 ) -> dict[str, Array]:
     """SQuAD's loss: the mean of the start and the end cross-entropy over positions, summed over
-    rows with weight. Padding positions are excluded from the softmax; position 0 ([CLS]) is the
-    target of an unanswerable question or of a window that does not hold the answer."""
+    rows with weight. The softmax runs over every position of the window, padding included, as
+    google-research/bert's run_squad and Hugging Face's `BertForQuestionAnswering` compute it;
+    position 0 ([CLS]) is the target of an unanswerable question or of a window that does not
+    hold the answer."""
     weights = weights_B.astype(jnp.float32)
     total = jnp.zeros((), jnp.float32)
     for index, positions in enumerate((start_positions_B, end_positions_B)):
-        log_probs = _position_log_probs(logits_BxLx2[..., index], input_mask_BxL)
+        log_probs = jax.nn.log_softmax(logits_BxLx2[..., index].astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, positions[:, None].astype(jnp.int32), axis=-1)
         total = total - jnp.sum(picked[:, 0] * weights)
     return {"loss_sum": total / 2.0, "weight": jnp.sum(weights)}

@@ -52,7 +52,6 @@ def head_loss_fn(model: BertForTokenOutputs, kind: str) -> train.LossFn:
         if kind == SPAN:
             sums = span_loss(
                 logits,
-                batch["input_mask"],
                 batch["start_positions"],
                 batch["end_positions"],
                 batch["weights"],
@@ -82,6 +81,7 @@ class TokenTuner(HeadTuner):
         weight_decay: float = 0.01,
         clip_norm: float = 1.0,
         adam_bias_correction: bool = True,
+        optimizer: str = "bert",
     ):
         if kind not in TARGET_KEYS:
             raise ValueError(f"unknown head kind {kind!r}; one of {sorted(TARGET_KEYS)}")
@@ -98,6 +98,7 @@ class TokenTuner(HeadTuner):
             weight_decay,
             clip_norm,
             adam_bias_correction,
+            optimizer,
         )
 
 
@@ -111,6 +112,7 @@ def token_tuner(
     weight_decay: float,
     clip_norm: float,
     adam_bias_correction: bool,
+    optimizer: str = "bert",
 ) -> TokenTuner:
     return TokenTuner(
         config,
@@ -121,6 +123,7 @@ def token_tuner(
         weight_decay,
         clip_norm,
         adam_bias_correction,
+        optimizer,
     )
 
 
@@ -187,6 +190,7 @@ def train_and_evaluate(
         settings.weight_decay,
         settings.clip_norm,
         settings.adam_bias_correction,
+        settings.optimizer,
     )
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core import optim, partitioning, train
+from bert_jax.core import partitioning, train
 from bert_jax.core.train import TrainState
 from bert_jax.finetune import steps
 from bert_jax.runtime.errors import UserError
@@ -24,8 +24,9 @@ Array = jax.Array
 
 
 class HeadTuner(train.ShardedSteps):
-    """`model` (an encoder under `bert/` and `head` under `classifier/`), BERT AdamW with a unit
-    schedule, the mesh and rules, bound together and compiled once."""
+    """`model` (an encoder under `bert/` and `head` under `classifier/`), the recipe's optimizer
+    (`steps.OPTIMIZERS`) with a unit schedule, the mesh and rules, bound together and compiled
+    once."""
 
     def __init__(
         self,
@@ -39,13 +40,15 @@ class HeadTuner(train.ShardedSteps):
         weight_decay: float = 0.01,
         clip_norm: float = 1.0,
         adam_bias_correction: bool = True,
+        optimizer: str = "bert",
     ):
         self.model = model
-        self.tx = optim.bert_adamw(
-            steps.unit_schedule,
-            weight_decay=weight_decay,
-            clip_norm=clip_norm or None,
-            bias_correction=adam_bias_correction,
+        self.tx = steps.make_optimizer(
+            optimizer,
+            weight_decay,
+            clip_norm,
+            adam_bias_correction,
+            pad_token_id=model.config.pad_token_id,
         )
         tokens = np.zeros((1, 8), np.int32)
         inputs = {"input_ids": tokens, "input_mask": np.ones_like(tokens), "segment_ids": tokens}

@@ -1,0 +1,381 @@
+"""Fine-tuning steps equal Hugging Face PyTorch's, step for step: every head family (GLUE
+classification and regression, SWAG multiple choice, SQuAD spans, CoNLL-2003 tags) trained by
+`steps.run_steps` with `optimizer="adamw-hf"` beside the `transformers` model of the same weights
+(task head included) trained with the Trainer's recipe (torch AdamW with its parameter groups,
+`get_linear_schedule_with_warmup`, `clip_grad_norm_`) on the same batches, dropout off: the loss
+of every step and the parameters after 20 steps agree. Also the step count and learning rates of
+a dataset that does not divide the batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax.convert import hf as hf_convert
+from bert_jax.core import optim, partitioning
+from bert_jax.finetune import features, loop, steps, swag_task, token_loop
+from tests.glue_fixtures.tiny import tiny_pretrained
+from tests.helpers import hf_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# 37 examples at batch 4: 10 steps an epoch, the last one holding a single example; 2 epochs.
+NUM_EXAMPLES, BATCH_SIZE, SEQ_LEN = 37, 4, 16
+SETTINGS = loop.FinetuneSettings(
+    learning_rate=2e-4,
+    epochs=2.0,
+    batch_size=BATCH_SIZE,
+    eval_batch_size=BATCH_SIZE,
+    max_seq_length=SEQ_LEN,
+    dropout=0.0,
+    optimizer="adamw-hf",
+    mesh_shape=(1, 1, 1),
+    log_every=1000,
+)
+LOSS_RTOL = PARAM_ATOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Torch's tiny steps: one thread (a second one only waits on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@functools.cache
+def one_device_mesh() -> jax.sharding.Mesh:
+    return partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+
+
+def token_rows(rng: np.random.Generator, shape: tuple[int, ...], vocab: int) -> dict:
+    """Random sentence pairs padded to SEQ_LEN: [CLS] a [SEP] b [SEP] 0 ..."""
+    input_ids = np.zeros((*shape, SEQ_LEN), np.int32)
+    input_mask = np.zeros_like(input_ids)
+    segment_ids = np.zeros_like(input_ids)
+    lengths = rng.integers(6, SEQ_LEN + 1, size=shape)
+    for index in np.ndindex(*shape):
+        length = int(lengths[index])
+        input_ids[index][:length] = rng.integers(5, vocab, size=length)
+        input_ids[index][0], input_ids[index][length - 1] = 2, 3  # [CLS] ... [SEP]
+        input_mask[index][:length] = 1
+        segment_ids[index][length // 2 : length] = 1
+    return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+
+
+class Recorder:
+    """The tuner `run_steps` drives, recording the host batches it is given and each step's loss."""
+
+    def __init__(self, tuner):
+        self.tuner = tuner
+        self.batches: list[dict[str, np.ndarray]] = []
+        self.losses: list[jax.Array] = []
+
+    def global_batch(self, local_batch):
+        self.batches.append({key: np.array(value) for key, value in local_batch.items()})
+        return self.tuner.global_batch(local_batch)
+
+    def train_step(self, state, batch, rng, learning_rate):
+        state, metrics = self.tuner.train_step(state, batch, rng, learning_rate)
+        self.losses.append(metrics["loss"])
+        return state, metrics
+
+
+def train_ours(tuner, rows_batch) -> tuple[Recorder, dict, dict]:
+    """20 steps of `run_steps`; (the recorder, the params before, the params after) on the host."""
+    encoder = tiny_pretrained()
+    state = tuner.init(jax.random.key(0), encoder.bert_params)
+    before = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.params))
+    recorder = Recorder(tuner)
+    trained = steps.run_steps(
+        recorder,
+        state,
+        jax.random.key(1),
+        SETTINGS,
+        NUM_EXAMPLES,
+        rows_batch,
+        evaluate=lambda params: {},
+        log=lambda line: None,
+    )
+    assert trained.num_steps == len(recorder.batches) == 20
+    after = jax.tree.map(np.asarray, jax.device_get(trained.state.params))
+    return recorder, before, after
+
+
+def hf_named(params: dict, head: str) -> dict[str, np.ndarray]:
+    """bert-jax task-model params under the names of the Hugging Face task model: the encoder by
+    the conversion table, `classifier/output` as `{head}.weight` / `{head}.bias`."""
+    config = tiny_pretrained().config
+    named = hf_convert.hf_state_dict_from({"bert": params["bert"]}, config)
+    output = params["classifier"]["output"]
+    named[f"{head}.weight"] = np.asarray(output["kernel"], np.float32).T
+    named[f"{head}.bias"] = np.asarray(output["bias"], np.float32)
+    return named
+
+
+def reference_model(cls, head: str, params: dict, **config_fields):
+    """The `transformers` model with our starting weights, dropout off."""
+    config = hf_config(tiny_pretrained().config)
+    for key, value in config_fields.items():
+        setattr(config, key, value)
+    model = cls(config)
+    state = {
+        key: torch.from_numpy(np.array(value)) for key, value in hf_named(params, head).items()
+    }
+    missing, _unexpected = model.load_state_dict(state, strict=False)  # token heads: no pooler
+    assert not missing
+    return model
+
+
+def trainer_defaults() -> dict:
+    """TrainingArguments' defaults, read from the dataclass (building one needs `accelerate`)."""
+    return {f.name: f.default for f in dataclasses.fields(transformers.TrainingArguments)}
+
+
+def train_reference(model, batches, to_inputs) -> list[float]:
+    """Hugging Face's Trainer recipe on `batches` (only their rows of nonzero weight, as its
+    DataLoader gives a last partial batch): its decay groups, torch AdamW, linear schedule with
+    warmup, gradient clipping; one optimizer step per batch. Returns each step's loss."""
+    args = trainer_defaults()
+    decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    named = list(model.named_parameters())
+    groups = [
+        {"params": [p for n, p in named if n in decay], "weight_decay": SETTINGS.weight_decay},
+        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(
+        groups,
+        lr=SETTINGS.learning_rate,
+        betas=(args["adam_beta1"], args["adam_beta2"]),
+        eps=args["adam_epsilon"],
+        fused=args["optim"] == "adamw_torch_fused",
+    )
+    total = len(batches)
+    warmup = transformers.TrainingArguments.get_warmup_steps(
+        types.SimpleNamespace(warmup_steps=SETTINGS.warmup_proportion), total
+    )
+    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, total)
+    model.train()
+    losses = []
+    for batch in batches:
+        real = batch["weights"] > 0
+        inputs = to_inputs({key: value[real] for key, value in batch.items()})
+        loss = model(**{key: torch.from_numpy(np.array(v)) for key, v in inputs.items()}).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args["max_grad_norm"])
+        optimizer.step()
+        scheduler.step()
+        model.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def model_inputs(batch: dict) -> dict:
+    return {
+        "input_ids": batch["input_ids"].astype(np.int64),
+        "attention_mask": batch["input_mask"].astype(np.int64),
+        "token_type_ids": batch["segment_ids"].astype(np.int64),
+    }
+
+
+def compare(name, recorder: Recorder, before, after, reference, ref_losses, head, ignore=()):
+    ours_losses = np.asarray(jax.device_get(recorder.losses), np.float64)
+    relative = np.abs(ours_losses - ref_losses) / np.abs(ref_losses)
+    ref_state = {
+        key: value.detach().numpy()
+        for key, value in reference.state_dict().items()
+        if key not in ignore
+    }
+    ours, start = hf_named(after, head), hf_named(before, head)
+    param_diff = max(float(np.max(np.abs(ours[key] - ref_state[key]))) for key in ref_state)
+    moved = max(float(np.max(np.abs(ours[key] - start[key]))) for key in ref_state)
+    print(
+        f"{name}: per-step loss max relative diff {relative.max():.2e} over {len(relative)} steps; "
+        f"params max abs diff {param_diff:.2e} (largest change in training {moved:.2e})"
+    )
+    assert moved > 100 * PARAM_ATOL  # the parameters move far beyond the tolerance
+    assert relative.max() < LOSS_RTOL
+    assert param_diff < PARAM_ATOL
+
+
+def encoder_config():
+    encoder = tiny_pretrained()
+    return encoder, steps.run_config(encoder, SETTINGS, one_device_mesh())
+
+
+def tuner_args() -> tuple:
+    return (
+        SETTINGS.weight_decay,
+        SETTINGS.clip_norm,
+        SETTINGS.adam_bias_correction,
+        SETTINGS.optimizer,
+    )
+
+
+@pytest.mark.parametrize("num_labels", [3, 1], ids=["classification", "regression"])
+def test_glue_steps_equal_transformers(num_labels):
+    encoder, config = encoder_config()
+    rng = np.random.default_rng(num_labels)
+    rows = token_rows(rng, (NUM_EXAMPLES,), config.vocab_size)
+    if num_labels == 1:
+        labels = rng.uniform(-1, 1, NUM_EXAMPLES).astype(np.float32)
+    else:
+        labels = rng.integers(0, num_labels, NUM_EXAMPLES).astype(np.int32)
+    guids = tuple(str(i) for i in range(NUM_EXAMPLES))
+    split = features.EncodedSplit("train", guids, rows, labels)
+    tuner = loop.fine_tuner(
+        config, num_labels, one_device_mesh(), partitioning.DEFAULT_RULES, 0.0, *tuner_args()
+    )
+    recorder, before, after = train_ours(tuner, lambda r: features.gather_batch(split, r))
+    reference = reference_model(
+        transformers.BertForSequenceClassification, "classifier", before, num_labels=num_labels
+    )
+
+    def to_inputs(batch):
+        labels = batch["labels"].astype(np.float32 if num_labels == 1 else np.int64)
+        return {**model_inputs(batch), "labels": labels}
+
+    losses = train_reference(reference, recorder.batches, to_inputs)
+    name = "regression" if num_labels == 1 else "classification"
+    compare(f"GLUE {name}", recorder, before, after, reference, losses, "classifier")
+
+
+def test_swag_steps_equal_transformers():
+    encoder, config = encoder_config()
+    rng = np.random.default_rng(4)
+    arrays = token_rows(rng, (NUM_EXAMPLES, 4), config.vocab_size)
+    arrays["labels"] = rng.integers(0, 4, NUM_EXAMPLES).astype(np.int32)
+    tuner = swag_task.choice_tuner(config, one_device_mesh(), 0.0, *tuner_args())
+    recorder, before, after = train_ours(tuner, lambda r: token_loop.gather_rows(arrays, r))
+    reference = reference_model(transformers.BertForMultipleChoice, "classifier", before)
+    losses = train_reference(
+        reference,
+        recorder.batches,
+        lambda batch: {**model_inputs(batch), "labels": batch["labels"].astype(np.int64)},
+    )
+    # The score's bias shifts every choice alike: no gradient in a softmax over the choices, but
+    # for rounding noise, which Adam scales to steps of +-lr on either side.
+    compare(
+        "SWAG multiple choice",
+        recorder,
+        before,
+        after,
+        reference,
+        losses,
+        "classifier",
+        ignore=("classifier.bias",),
+    )
+
+
+def test_squad_steps_equal_transformers():
+    encoder, config = encoder_config()
+    rng = np.random.default_rng(5)
+    arrays = token_rows(rng, (NUM_EXAMPLES,), config.vocab_size)
+    lengths = arrays["input_mask"].sum(axis=1)
+    starts = np.array([rng.integers(0, n - 1) for n in lengths], np.int32)
+    arrays["start_positions"] = starts
+    arrays["end_positions"] = np.minimum(starts + rng.integers(0, 3, NUM_EXAMPLES), lengths - 1)
+    arrays["end_positions"] = arrays["end_positions"].astype(np.int32)
+    tuner = token_loop.token_tuner(
+        config, 2, token_loop.SPAN, one_device_mesh(), 0.0, *tuner_args()
+    )
+    inputs = {
+        key: arrays[key] for key in (*token_loop.MODEL_KEYS, "start_positions", "end_positions")
+    }
+    recorder, before, after = train_ours(tuner, lambda r: token_loop.gather_rows(inputs, r))
+    reference = reference_model(transformers.BertForQuestionAnswering, "qa_outputs", before)
+
+    def to_inputs(batch):
+        return {
+            **model_inputs(batch),
+            "start_positions": batch["start_positions"].astype(np.int64),
+            "end_positions": batch["end_positions"].astype(np.int64),
+        }
+
+    losses = train_reference(reference, recorder.batches, to_inputs)
+    # The output bias and the last LayerNorm's bias shift every position's logit alike: no
+    # gradient in a softmax over positions, but for rounding noise that Adam scales up.
+    last = f"bert.encoder.layer.{config.num_hidden_layers - 1}.output.LayerNorm.bias"
+    ignore = ("qa_outputs.bias", last)
+    compare("SQuAD spans", recorder, before, after, reference, losses, "qa_outputs", ignore)
+
+
+def test_conll_steps_equal_transformers():
+    encoder, config = encoder_config()
+    num_tags = 9
+    rng = np.random.default_rng(6)
+    arrays = token_rows(rng, (NUM_EXAMPLES,), config.vocab_size)
+    arrays["labels"] = rng.integers(0, num_tags, (NUM_EXAMPLES, SEQ_LEN)).astype(np.int32)
+    # Labelled: the first sub-token of each word (here: a random share of the inner positions).
+    inner = arrays["input_mask"].astype(bool)
+    inner[:, 0] = False
+    inner[np.arange(NUM_EXAMPLES), arrays["input_mask"].sum(axis=1) - 1] = False
+    arrays["label_weights"] = (inner & (rng.uniform(size=inner.shape) < 0.7)).astype(np.float32)
+    tuner = token_loop.token_tuner(
+        config, num_tags, token_loop.TAGS, one_device_mesh(), 0.0, *tuner_args()
+    )
+    recorder, before, after = train_ours(tuner, lambda r: token_loop.gather_rows(arrays, r))
+    reference = reference_model(
+        transformers.BertForTokenClassification, "classifier", before, num_labels=num_tags
+    )
+
+    def to_inputs(batch):
+        labels = np.where(batch["label_weights"] > 0, batch["labels"], -100).astype(np.int64)
+        return {**model_inputs(batch), "labels": labels}
+
+    losses = train_reference(reference, recorder.batches, to_inputs)
+    compare("CoNLL tags", recorder, before, after, reference, losses, "classifier")
+
+
+def test_weight_decay_skips_what_the_trainer_skips():
+    """The parameters our optimizers decay are, by name, those Hugging Face's Trainer decays."""
+    encoder = tiny_pretrained()
+    width = encoder.config.hidden_size
+    params = {
+        "bert": encoder.bert_params,
+        "classifier": {"output": {"kernel": np.zeros((width, 2)), "bias": np.zeros(2)}},
+    }
+    mask = optim.decay_mask(params)
+    as_arrays = jax.tree.map(lambda p, m: np.full(np.shape(p), float(m)), params, mask)
+    decayed = {name for name, value in hf_named(as_arrays, "classifier").items() if value.all()}
+    model = reference_model(transformers.BertForSequenceClassification, "classifier", params)
+    assert decayed == set(transformers.Trainer.get_decay_parameter_names(None, model))
+
+
+def test_steps_and_learning_rates_of_a_partial_last_batch_match_the_trainer():
+    """999 examples at batch 16: 63 steps an epoch (the last one holds 7 examples), 189 in 3
+    epochs, and the Trainer's learning rate at every one of them."""
+    order = features.train_order(999, 3.0, 16, seed=0)
+    loader = torch.utils.data.DataLoader(range(999), batch_size=16)  # the Trainer's: no drop_last
+    assert len(loader) == features.steps_per_epoch(999, 16) == 63
+    assert order.shape == (math.ceil(3.0 * len(loader)), 16) == (189, 16)
+    for epoch in order.reshape(3, 63, 16):
+        assert np.sum(epoch[-1] >= 0) == 7
+        assert np.array_equal(np.sort(epoch[epoch >= 0]), np.arange(999))
+    settings = dataclasses.replace(SETTINGS, learning_rate=2e-5, warmup_proportion=0.1)
+    ours = steps.learning_rates(settings, len(order))
+    parameter = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.AdamW([parameter], lr=settings.learning_rate)
+    warmup = transformers.TrainingArguments.get_warmup_steps(
+        types.SimpleNamespace(warmup_steps=0.1), len(order)
+    )
+    assert warmup == steps.warmup_steps("adamw-hf", 0.1, 189) == 19
+    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, len(order))
+    reference = []
+    for _ in range(len(order)):
+        reference.append(scheduler.get_last_lr()[0])  # the rate this step's update uses
+        optimizer.step()
+        scheduler.step()
+    np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-12)
+    # The project's default recipe takes the same steps, with google-research/bert's schedule.
+    bert = steps.learning_rates(dataclasses.replace(settings, optimizer="bert"), 189)
+    expected = optim.warmup_linear_decay(2e-5, 18, 189)(np.arange(189))
+    np.testing.assert_allclose(bert, np.asarray(expected), rtol=1e-6)
