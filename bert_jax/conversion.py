@@ -129,7 +129,7 @@ def load_source(
         names = sorted(traverse_util.flatten_dict(params, sep="/"))
         report.tensors_read = len(names)
         report.used = names
-        report.num_parameters = sum(int(np.size(v)) for v in jax.tree.leaves(params))
+        report.num_parameters = count_parameters(params, config)
         if not report.has_heads:
             report.notes.append("encoder-only model: no MLM/NSP pretraining heads")
         if loaded.has_tokenizer:
@@ -235,3 +235,16 @@ def convert(
         if not report.has_heads:
             report.notes.append("written as a BertModel checkpoint (no pretraining heads)")
     return report
+
+
+def count_parameters(params, config) -> int:
+    """Parameters as every direction of `convert` counts them: a vocabulary-padding row of a
+    bert-jax model (config.vocab_pad_multiple) is not a parameter of the model it converts to or
+    from."""
+    total = 0
+    for path, value in traverse_util.flatten_dict(params).items():
+        shape = np.shape(value)
+        if mapping.is_vocab_path(path) and shape:
+            shape = (min(shape[0], config.vocab_size), *shape[1:])
+        total += int(np.prod(shape))
+    return total

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -247,9 +248,12 @@ def test_vocab_padding_on_import_keeps_parity_and_is_dropped_on_export(hf_setup,
     params = jax.tree.map(np.asarray, loaded.params)
     _compare_pretraining(params, loaded.config, model, seed=4, label="padded")
 
+    counted = re.search(r"([\d,]+) parameters \(vocabulary padding rows not counted\)", stdout)
     back = tmp_path / "hf"
     code, stdout, _ = _run_cli(capsys, "convert", "--from", "bert-jax", out, "--to", "hf", back)
     assert code == 0, stdout
+    assert counted and f"{counted.group(1)} parameters" in stdout  # the same count both ways
+    assert int(counted.group(1).replace(",", "")) == sum(p.numel() for p in model.parameters())
     exported = hf_convert.read_hf_dir(back)
     assert exported.config["vocab_size"] == config.vocab_size
     assert exported.shapes["bert.embeddings.word_embeddings.weight"][0] == config.vocab_size

@@ -21,7 +21,7 @@ is fixed here once for all of them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -201,7 +201,12 @@ def source_shape(entry: Entry, config: BertConfig, source: str) -> tuple[int, ..
 
 def vocab_rows(entry: Entry) -> bool:
     """Whether `entry`'s first axis runs over the vocabulary (padded in bert-jax)."""
-    return entry.path[-2:] == ("word_embeddings", "embedding") or entry.path[-1] == "output_bias"
+    return is_vocab_path(entry.path)
+
+
+def is_vocab_path(path: Sequence[str]) -> bool:
+    """Whether the bert-jax parameter at `path` has a row per vocabulary entry (padded)."""
+    return tuple(path[-2:]) == ("word_embeddings", "embedding") or path[-1] == "output_bias"
 
 
 def to_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, source: str) -> np.ndarray:

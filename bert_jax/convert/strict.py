@@ -79,7 +79,8 @@ class ConversionReport:
         lines.append(f"  heads: {heads}")
         lines.append(
             f"  tensors: {self.tensors_read} read, {len(self.used)} used, "
-            f"{len(self.ignored)} ignored; {self.num_parameters:,} parameters"
+            f"{len(self.ignored)} ignored; {self.num_parameters:,} parameters (vocabulary "
+            "padding rows not counted)"
         )
         for reason, count in sorted(self.ignored_by_reason().items()):
             lines.append(f"    ignored {count}: {reason}")
