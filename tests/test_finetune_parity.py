@@ -20,6 +20,7 @@ import pytest
 from bert_jax.convert import hf as hf_convert
 from bert_jax.core import optim, partitioning
 from bert_jax.finetune import features, loop, steps, swag_task, token_loop
+from bert_jax.runtime.errors import UserError
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import hf_config
 
@@ -379,3 +380,12 @@ def test_steps_and_learning_rates_of_a_partial_last_batch_match_the_trainer():
     bert = steps.learning_rates(dataclasses.replace(settings, optimizer="bert"), 189)
     expected = optim.warmup_linear_decay(2e-5, 18, 189)(np.arange(189))
     np.testing.assert_allclose(bert, np.asarray(expected), rtol=1e-6)
+
+
+def test_an_unknown_optimizer_is_a_user_error_naming_the_setting():
+    mesh = one_device_mesh()
+    with pytest.raises(UserError, match="optimizer='adam' is not one of bert, adamw-hf"):
+        steps.run_config(tiny_pretrained(), dataclasses.replace(SETTINGS, optimizer="adam"), mesh)
+    no_correction = dataclasses.replace(SETTINGS, adam_bias_correction=False)
+    with pytest.raises(UserError, match="adam_bias_correction=False goes with optimizer='bert'"):
+        steps.run_config(tiny_pretrained(), no_correction, mesh)

@@ -17,6 +17,7 @@ _SETTINGS = (
     "weight_decay",
     "dropout",
     "adam_bias_correction",
+    "optimizer",
     "eval_every_epoch",
     "mesh_shape",
     "log_every",
@@ -293,6 +294,13 @@ def _add_shared_flags(parser, sweep: bool) -> None:
         default=None,
         help="Adam bias correction (default on; --no-adam-bias-correction matches the original "
         "code's optimizer)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        default=None,
+        metavar="NAME",
+        help="bert (default: BERT AdamW, eps 1e-6, the original's warmup and decay) or adamw-hf "
+        "(Hugging Face Trainer's torch AdamW, eps 1e-8, linear decay after the warmup)",
     )
     parser.add_argument(
         "--eval-every-epoch",
