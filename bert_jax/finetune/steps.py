@@ -167,7 +167,7 @@ def run_steps(
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         window = sums if window is None else jax.tree.map(jnp.add, window, sums)
         done = step + 1
-        if done % settings.log_every == 0 or done == num_steps:
+        if done % settings.log_every == 0 or done == num_steps or progress.due():
             loss = _mean_loss(window)  # waits for the step: the clock reads finished work
             log(f"{prefix}{progress.line(done, loss, float(rates[step]))}")
             window = None
@@ -185,7 +185,10 @@ def run_steps(
 class Progress:
     """A run's progress line, in the style of pretraining's: step, loss, learning rate, the rate
     since the last line (steps and examples a second) and the time left at the run's rate so far
-    (evaluation time excluded; the first line's rate includes compilation)."""
+    (evaluation time excluded; the first line's rate includes compilation). A line is due at
+    least every `every_seconds`, so a slow run shows progress between `log_every` steps."""
+
+    every_seconds = 60.0
 
     def __init__(self, num_steps: int, batch_size: int):
         self.num_steps = num_steps
@@ -193,6 +196,9 @@ class Progress:
         self.start = self.last = time.perf_counter()
         self.last_step = 0
         self.paused = 0.0
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.last >= self.every_seconds
 
     def pause(self, seconds: float) -> None:
         """Time spent outside the steps (evaluation), left out of the rates."""

@@ -1,0 +1,76 @@
+"""The shared fine-tuning loop (`steps.run_steps`) without a model: the steps it takes, the
+learning rate it passes to each, when it evaluates, and its progress lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.finetune import features, loop, steps
+
+
+class CountingTuner:
+    """Takes the batches and rates `run_steps` hands it; the loss of a step is its row count."""
+
+    def __init__(self):
+        self.rows: list[int] = []
+        self.rates: list[float] = []
+
+    def global_batch(self, local_batch):
+        return local_batch
+
+    def train_step(self, state, batch, rng, learning_rate):
+        self.rows.append(int(np.sum(batch["weights"])))
+        self.rates.append(learning_rate)
+        weight = jnp.asarray(np.sum(batch["weights"]), jnp.float32)
+        state = types.SimpleNamespace(params=state.params + 1)
+        return state, {"loss_sum": weight * 2.0, "weight": weight}
+
+
+def test_run_steps_takes_every_batch_of_every_epoch_with_the_recipe_rates_and_reports_progress():
+    settings = loop.FinetuneSettings(
+        learning_rate=1e-4, epochs=2.0, batch_size=4, log_every=3, eval_every_epoch=True
+    )
+    tuner, lines, evaluated = CountingTuner(), [], []
+
+    def evaluate(params):
+        evaluated.append(int(params))
+        return {"accuracy": 1.0}
+
+    trained = steps.run_steps(
+        tuner,
+        types.SimpleNamespace(params=0),  # the state: the steps taken
+        jax.random.key(0),
+        settings,
+        10,  # 3 batches an epoch: 4, 4 and 2 examples
+        lambda rows: {"weights": (rows >= 0).astype(np.float32)},
+        evaluate,
+        lines.append,
+        name="TASK",
+    )
+    assert trained.num_steps == 6 == 2 * features.steps_per_epoch(10, 4)
+    assert tuner.rows == [4, 4, 2, 4, 4, 2]
+    np.testing.assert_allclose(tuner.rates, steps.learning_rates(settings, 6))
+    assert trained.train_loss == 2.0  # the mean over real examples, not over padded rows
+    assert evaluated == [3, 6]  # after each epoch; the end is the second epoch's
+    assert [h["epoch"] for h in trained.history] == [1.0, 2.0]
+    progress = [line for line in lines if " loss " in line]
+    assert len(progress) == 2
+    pattern = (
+        r"TASK step (3|6)/6 loss 2\.0000 lr \S+ [\d.]+ steps/s [\d.]+ examples/s ETA \d+m\d\ds"
+    )
+    assert all(re.fullmatch(pattern, line) for line in progress), progress
+
+
+def test_the_hugging_face_recipe_differs_in_warmup_and_decay_only():
+    settings = loop.FinetuneSettings(learning_rate=1.0, warmup_proportion=0.1)
+    ours = steps.learning_rates(settings, 25)
+    hf = steps.learning_rates(dataclasses.replace(settings, optimizer="adamw-hf"), 25)
+    assert steps.warmup_steps("bert", 0.1, 25) == 2 and steps.warmup_steps("adamw-hf", 0.1, 25) == 3
+    np.testing.assert_allclose(ours[:3], [0.0, 0.5, 1 - 2 / 25])  # decay measured from step 0
+    np.testing.assert_allclose(hf[:5], [0.0, 1 / 3, 2 / 3, 1.0, 21 / 22])  # from the warmup's end
