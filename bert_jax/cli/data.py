@@ -69,6 +69,7 @@ def _train_tokenizer(args) -> int:
         model_type=args.model_type,
         character_coverage=args.character_coverage,
         input_sentence_size=args.input_sentence_size,
+        log=lambda line: print(f"tokenizer train: {line}", flush=True),
     )
     print(f"wrote {tokenizer!r} to {args.output}")
     return 0

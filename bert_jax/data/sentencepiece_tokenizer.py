@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -144,6 +145,7 @@ def train_sentencepiece(
     seed_sentencepiece_size: int = 1_000_000,
     num_threads: int | None = None,
     max_sentence_length: int = 16384,
+    log: Callable[[str], None] | None = None,
 ) -> SentencePieceTokenizer:
     """Train a SentencePiece model on text files (one sentence per line) and save it.
 
@@ -151,7 +153,8 @@ def train_sentencepiece(
     [SEP] and [MASK] are control symbols, so no text can ever encode to them. ``lowercase`` folds
     case inside the model (``nmt_nfkc_cf``) and in Python, so loaders that ignore our JSON still
     lower-case. Blank lines (document breaks) are skipped by SentencePiece. Sentences beyond
-    ``input_sentence_size`` are sampled away, which bounds memory on huge corpora.
+    ``input_sentence_size`` are sampled away, which bounds memory on huge corpora. ``log``
+    receives progress lines: the sentences counted in the inputs, the start and end of training.
     """
     import sentencepiece as spm
 
@@ -174,6 +177,19 @@ def train_sentencepiece(
             for i, f in enumerate(files)
         ]
         prefix = os.path.join(tmp, "spiece")
+        threads = num_threads or max(1, os.cpu_count() or 1)
+        if log is not None:
+            sentences = sum(count_sentences(f) for f in files)
+            sampled = (
+                f" (a sample of {input_sentence_size:,} of them)"
+                if sentences > input_sentence_size
+                else ""
+            )
+            log(
+                f"training SentencePiece ({model_type}, {vocab_size:,} pieces) on {sentences:,} "
+                f"sentences{sampled}, {threads} threads"
+            )
+        started = time.monotonic()
         try:
             spm.SentencePieceTrainer.train(
                 input=files,
@@ -185,7 +201,7 @@ def train_sentencepiece(
                 shuffle_input_sentence=True,
                 seed_sentencepiece_size=seed_sentencepiece_size,
                 max_sentence_length=max_sentence_length,
-                num_threads=num_threads or max(1, os.cpu_count() or 1),
+                num_threads=threads,
                 pad_id=0,
                 unk_id=1,
                 bos_id=-1,
@@ -201,6 +217,8 @@ def train_sentencepiece(
                 f"SentencePiece training failed on {', '.join(files)} with vocab_size "
                 f"{vocab_size}: {err}"
             ) from err
+        if log is not None:
+            log(f"trained in {time.monotonic() - started:.1f} s")
         with open(prefix + ".model", "rb") as f:
             tokenizer = SentencePieceTokenizer(f.read(), lowercase=lowercase)
         # The human-readable piece list, for inspection only (loading needs just the model).
@@ -210,3 +228,12 @@ def train_sentencepiece(
             os.replace(prefix + ".vocab", os.path.join(output_dir, "spiece.vocab"))
     tokenizer.save(output_dir)
     return tokenizer
+
+
+def count_sentences(path: str) -> int:
+    """Non-blank lines of a local text file (what SentencePiece trains on: one sentence a line)."""
+    count = 0
+    with open(path, "rb") as f:
+        for line in f:
+            count += bool(line.strip())
+    return count

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -166,13 +167,16 @@ def train_tokenizer(
     output_dir: str | os.PathLike,
     lowercase: bool = False,
     tfds_data_dir: str | None = None,
+    log: Callable[[str], None] | None = None,
     **sentencepiece_options,
 ) -> SentencePieceTokenizer:
     """``train_sentencepiece`` over any corpus source (``bert-jax tokenizer train``).
 
     Plain text files are handed to SentencePiece as they are (one sentence per line); JSONL,
     ``tfds:`` and ``embedded`` sources are first read with the corpus reader (which counts and
-    skips bad input) into a temporary one-sentence-per-line file.
+    skips bad input) into a temporary one-sentence-per-line file. ``log`` receives progress
+    lines: what is read (every few seconds while a reader works), then the training's start and
+    end.
     """
     from bert_jax.data import manifest
     from bert_jax.data import sources as sources_lib
@@ -186,9 +190,12 @@ def train_tokenizer(
 
     plain = [s for s in resolved if is_plain(s)]
     others = [s for s in resolved if not is_plain(s)]
+    say = log or (lambda line: None)
+    if plain:
+        say(f"reading {len(plain)} text file(s) as they are: {_listed(plain)}")
     if not others:
         return train_sentencepiece(
-            plain, vocab_size, output_dir, lowercase, **sentencepiece_options
+            plain, vocab_size, output_dir, lowercase, log=log, **sentencepiece_options
         )
     output_dir = os.fspath(output_dir)
     with user_path(output_dir, "--output", writing=True):
@@ -201,15 +208,40 @@ def train_tokenizer(
         prefix=".sentences-",
         delete=False,
     ) as f:
+        say(f"reading {_listed(others)} into sentences")
+        started = last = time.monotonic()
+        documents = sentences = 0
         for document in sources_lib.iter_documents(others, tfds_data_dir=tfds_data_dir):
             f.writelines(sentence + "\n" for sentence in document)
+            documents, sentences = documents + 1, sentences + len(document)
+            if time.monotonic() - last >= _PROGRESS_SECONDS:
+                last = time.monotonic()
+                rate = sentences / (last - started)
+                say(f"  {documents:,} documents, {sentences:,} sentences ({rate:,.0f}/s)")
+        say(
+            f"read {documents:,} documents, {sentences:,} sentences in "
+            f"{time.monotonic() - started:.1f} s"
+        )
         sentences_path = f.name
     try:
         return train_sentencepiece(
-            [*plain, sentences_path], vocab_size, output_dir, lowercase, **sentencepiece_options
+            [*plain, sentences_path],
+            vocab_size,
+            output_dir,
+            lowercase,
+            log=log,
+            **sentencepiece_options,
         )
     finally:
         os.remove(sentences_path)
+
+
+_PROGRESS_SECONDS = 5.0  # between reading lines
+
+
+def _listed(sources: Sequence[str], shown: int = 3) -> str:
+    names = ", ".join(os.fspath(s) for s in sources[:shown])
+    return names + (f" and {len(sources) - shown} more" if len(sources) > shown else "")
 
 
 def truncate_pair(tokens_a: list, tokens_b: list, max_tokens: int) -> None:
