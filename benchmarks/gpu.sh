@@ -4,11 +4,14 @@
 #   1. check: the compiled Pallas attention against the einsum path (tests/pallas_gpu_check.py),
 #      again with the einsum form's backward if the Pallas backward kernels fail;
 #   2. Base seq 128, packed: ours with attention_impl=xla beside Hugging Face's Flax BERT, then
-#      ours with attention_impl=pallas (the fused kernel that keeps attention dropout);
+#      beside Hugging Face's PyTorch BERT (eager and torch.compile, bf16 autocast), then ours
+#      with attention_impl=pallas (the fused kernel that keeps attention dropout);
 #   3. Large seq 512, packed: ours, xla then pallas;
 #   4. profile: a Base seq-128 step (batch 64) per attention_impl, device time per kernel class;
-#   5. Large seq 512 beside Hugging Face (last: the peer's Large compile is the longest; ours
+#   5. Large seq 512 beside the peers (last: the peers' Large compiles are the longest; ours
 #      comes from the persistent compilation cache that stage 3 filled).
+# Each peer runs in its own bench run beside ours, so that a peer that fails or does not fit in
+# the device's memory beside ours costs only its own row.
 # Each stage gets what is left of the budget; one that fails or runs out is noted and the next
 # runs. What to read lands in OUT_DIR (summary.txt, a .txt log and .json per stage,
 # profile_summary.txt); the bulky parts (traces, compilation cache, installed wheels) in WORK
@@ -21,7 +24,9 @@
 # ml_collections (bench's --config) must be importable: WHEELS=DIR installs it, and the peer's
 # transformers 4.57.6 (the last with Flax BERT; transformers 5 has none), from wheels made by
 # `make gpu-wheels` into WORK/pydeps. PEER_PYTHON: a Python with transformers 4.57.6, if any.
-# Without a peer, the bench rows run ours only and say so.
+# The PyTorch peer runs in PYTHON itself: the image's CUDA torch and its transformers (any
+# version with BertForPreTraining and SDPA attention). Without a peer, the bench rows run ours
+# only and say so.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu.sh OUT_DIR [--dry-run | --tiny]}
 mode=${2:-}
@@ -72,12 +77,22 @@ peer_python=${PEER_PYTHON:-$python}
 if "$peer_python" -c "from transformers import FlaxBertForPreTraining" >/dev/null 2>&1; then
   peer=(--peer hf-flax --peer-python "$peer_python")
 else
-  note "no Hugging Face Flax BERT in $peer_python (transformers 5 has none): ours only"
+  note "no Hugging Face Flax BERT in $peer_python (transformers 5 has none): no hf-flax rows"
+fi
+torch_peer=()
+if "$python" -c "import torch; from transformers import BertForPreTraining" >/dev/null 2>&1; then
+  torch_peer=(--peer hf-torch)
+  "$python" -c "import torch, transformers; print('torch', torch.__version__, 'cuda',
+torch.cuda.is_available(), 'transformers', transformers.__version__)" 2>&1 | tee -a "$summary"
+else
+  note "no torch with transformers' BertForPreTraining in $python: no hf-torch rows"
 fi
 
 if [[ $mode == --tiny ]]; then
   sizes=("mini128:configs/bert.py:mini:128:8" "mini256:configs/bert.py:mini:256:4")
   timing=(--steps 1 --windows 1 --warmup 1)
+  # torch.compile on CPU takes minutes; the script's check needs the eager step only.
+  ((${#torch_peer[@]})) && torch_peer=(--peer hf-torch-eager)
   profile=(--size mini --seq-len 64 --batch 4 --steps 1 --windows 1 --dtype float32)
   dtype=float32
 else
@@ -112,14 +127,19 @@ bench() { # NAME CAP_S CONFIG SEQ BATCH IMPL [flags]
   run "$name" "$cap" "$python" -m bert_jax.cli bench --config "$config" --seq-len "$seq" \
     --batch "$batch" --packing "${timing[@]}" --config.model.dtype="$dtype" \
     --config.model.attention_impl="$impl" --json "$out/$name.json" "${tokenizer[@]}" "$@"
-  # The result rows, for the table: ours, the peer, their ratio.
-  [[ -f $out/$name.txt ]] && grep -E '^\| (bert-jax|hf-flax) |bert-jax / hf-flax' "$out/$name.txt" |
+  # The result rows, for the table: ours, the peers, their ratios, the first-step losses.
+  [[ -f $out/$name.txt ]] &&
+    grep -E '^\| (bert-jax|hf-flax|hf-torch)|^bert-jax / |^first-step loss' "$out/$name.txt" |
     sed "s/^/$name: /" >>"$summary"
 }
 for entry in "${sizes[@]}"; do
   IFS=: read -r name file arg seq batch <<<"$entry"
   if [[ $entry == "${sizes[0]}" ]]; then
     bench "$name-xla" 150 "$file:$arg" "$seq" "$batch" xla "${peer[@]}"
+    # Ours again from the compilation cache; the peer compiles twice (eager's first step, then
+    # Inductor's kernels).
+    ((${#torch_peer[@]})) && bench "$name-xla-torch" 200 "$file:$arg" "$seq" "$batch" xla \
+      "${torch_peer[@]}"
   else
     bench "$name-xla" 120 "$file:$arg" "$seq" "$batch" xla
   fi
@@ -140,9 +160,12 @@ if [[ -f $work/profile/summary.txt ]]; then
   sed "s/^/profile: /" "$work/profile/summary.txt" >>"$summary"
 fi
 
-# 5. The second size beside the peer, with what is left.
+# 5. The second size beside the peers, with what is left: PyTorch first (the peer users run).
+IFS=: read -r name file arg seq batch <<<"${sizes[1]}"
+if ((${#torch_peer[@]})); then
+  bench "$name-xla-torch" 240 "$file:$arg" "$seq" "$batch" xla "${torch_peer[@]}"
+fi
 if ((${#peer[@]})); then
-  IFS=: read -r name file arg seq batch <<<"${sizes[1]}"
   bench "$name-xla-peer" 240 "$file:$arg" "$seq" "$batch" xla "${peer[@]}"
 fi
 note "done in $((SECONDS - start))s of ${budget}s"

@@ -79,6 +79,23 @@ def test_hf_torch_eager_trains_beside_ours_from_the_same_weights(capsys, tmp_pat
     assert report["ratios"]["hf-torch-eager"]["tokens_per_sec"] == pytest.approx(float(ratio), 0.01)
 
 
+@pytest.mark.skipif(
+    not os.environ.get("BERT_JAX_TEST_TORCH_COMPILE"),
+    reason="torch.compile's first compile takes about a minute of CPU: make test-bench-torch",
+)
+def test_hf_torch_times_eager_and_compiled_and_the_faster_ratio(capsys):
+    out = run_bench(capsys, "--peer", "hf-torch")
+    ratios = {name: float(ratio) for name, ratio, _, _ in RATIO.findall(out)}
+    assert set(ratios) == {"hf-torch-eager", "hf-torch-compiled"}
+    (fastest, ratio) = re.findall(
+        r"^bert-jax / the fastest other \((\S+)\): (\d+\.\d+)x", out, re.MULTILINE
+    )[0]
+    assert float(ratio) == min(ratios.values()) and ratios[fastest] == float(ratio)
+    losses = first_step_losses(out)
+    assert abs(losses["hf-torch-compiled"] - losses["bert-jax"]) < 1e-4
+    assert abs(losses["hf-torch-eager"] - losses["bert-jax"]) < 1e-4
+
+
 def test_peer_choices_and_what_the_torch_step_cannot_reproduce():
     assert bench_spec.peer_sides("hf-torch") == ("hf-torch-eager", "hf-torch-compiled")
     assert bench_spec.peer_sides("hf-flax, hf-torch,hf-torch-eager") == (
