@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 2
 # package and pytest rewrites every test module again, about 4 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv test test-gcs test-launch test-tpu test-beam demo lint format docs clean bench bench-peer bench-wikipedia gpu-wheels
+.PHONY: venv test test-gcs test-launch test-tpu test-beam demo lint format docs clean bench bench-torch test-bench-torch bench-peer bench-wikipedia gpu-wheels
 
 venv: $(STAMP)
 
@@ -76,14 +76,24 @@ format: $(STAMP)
 	$(BIN)/ruff format bert_jax configs tests launch benchmarks
 	$(BIN)/ruff check --fix bert_jax configs tests launch benchmarks
 
-# Throughput: ours beside Hugging Face's FlaxBertForPreTraining (see `bert-jax bench --help`).
-# `make bench BENCH_FLAGS="--config configs/bert.py:base --batch 16"` for another size.
+# Throughput: ours beside Hugging Face's PyTorch BertForPreTraining (eager and torch.compile, in
+# this venv) and FlaxBertForPreTraining (in its own); see `bert-jax bench --help`. `make bench-torch`
+# times the PyTorch peer alone. `make bench BENCH_FLAGS="--config configs/bert.py:base --batch 16"`
+# for another size.
 BENCH_FLAGS ?= --config configs/bert.py:mini --seq-len 128 --batch 32 --steps 10 --windows 5
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
 bench: $(STAMP) $(PEER_STAMP)
-	$(BIN)/bert-jax bench $(BENCH_FLAGS) --peer hf-flax
+	$(BIN)/bert-jax bench $(BENCH_FLAGS) --peer hf-torch,hf-flax
+
+bench-torch: $(STAMP)
+	$(BIN)/bert-jax bench $(BENCH_FLAGS) --peer hf-torch
+
+# The compiled PyTorch peer at tiny size, first-step loss against ours: torch.compile's first
+# compile takes about a minute of CPU, too long for `make test` (which runs the eager peer).
+test-bench-torch: $(STAMP)
+	BERT_JAX_TEST_TORCH_COMPILE=1 $(BIN)/python -m pytest -n 0 -q tests/test_bench_torch.py
 
 bench-peer: $(PEER_STAMP)
 
