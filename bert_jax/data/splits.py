@@ -55,6 +55,7 @@ import io
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bert_jax.data import parquet, wikipedia
@@ -78,6 +79,7 @@ __all__ = [
 KINDS = ("text", "jsonl", "parquet", "wikipedia", "embedded", "tfds")
 DEFAULT_TARGET_BYTES = 64 << 20
 PROBE_LIMIT = 1 << 20  # bytes searched for a boundary after a cut point
+PLAN_THREADS = 16  # planning's requests in flight at once
 _PROBE_BLOCK = 1 << 10  # the first block a probe reads; each next one twice as long
 # A blank line that the text reader sees as one: ASCII whitespace only, short (never "long").
 _BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]{0,16}\n")
@@ -129,20 +131,19 @@ def _kind(source: str) -> str:
 # --- Planning ---
 
 
-def _probe(path: str, size: int, start: int, stop: int, find: Callable[[bytes], int], count) -> int:
-    """The file position of the first boundary ``find`` sees in ``[start, stop)`` of the file
-    ``path`` of ``size`` bytes, read in blocks that double; -1 if none."""
+def _probe(
+    path: str, size: int, start: int, stop: int, find: Callable[[bytes], int]
+) -> tuple[int, int]:
+    """(the file position of the first boundary ``find`` sees in ``[start, stop)`` of the file
+    ``path`` of ``size`` bytes, or -1; the bytes read), read in blocks that double."""
     with user_path(path, "--input"), fs.RangeFile(path, start, stop, size) as stream:
-        try:
-            data, size = b"", _PROBE_BLOCK
-            while block := stream.read(size):
-                data, size = data + block, 2 * size  # most boundaries lie in the first block
-                found = find(data)
-                if found >= 0:
-                    return start + found
-            return -1
-        finally:
-            count.extra += stream.bytes_read
+        data, block_size = b"", _PROBE_BLOCK
+        while block := stream.read(block_size):
+            data, block_size = data + block, 2 * block_size  # most boundaries: the first block
+            found = find(data)
+            if found >= 0:
+                return start + found, stream.bytes_read
+        return -1, stream.bytes_read
 
 
 def _text_boundary(data: bytes) -> int:
@@ -170,37 +171,54 @@ def _line_boundary(max_line_bytes: int) -> Callable[[bytes], int]:
     return find
 
 
-def _byte_cuts(path: str, size: int, target: int, back: int, find, count) -> list[int]:
-    """Cut positions ``[0, ..., size]``: the first boundary at or after each ``k * target``.
-    ``back``: bytes before the cut point that ``find`` needs to see (the line end before)."""
-    cuts = [0]
-    point = target
-    while point < size:
-        stop = min(size, point + min(target, PROBE_LIMIT))
-        found = _probe(path, size, point - back, stop, find, count)
-        if cuts[-1] < found < size:
-            cuts.append(found)
-        point += target
-    return [*cuts, size]
+@dataclass
+class _Layout:
+    """What planning learnt of one source: its splits when they are known without probes;
+    otherwise the file's size and how to find a boundary near each cut point."""
+
+    index: int
+    source: str
+    kind: str
+    splits: list[Split] | None = None
+    size: int = 0
+    back: int = 0  # bytes before a cut point that ``find`` sees (the line end before it)
+    find: Callable[[bytes], int] | None = None
+    bytes_read: int = 0
 
 
-def _ranges(index: int, source: str, kind: str, cuts: list[int]) -> list[Split]:
-    return [Split(index, source, kind, a, b) for a, b in zip(cuts, cuts[1:])]
+def _layout(index: int, source: str, target: int, max_line_bytes: int) -> _Layout:
+    kind = _kind(source)
+    if kind in ("tfds", "embedded") or source.endswith(".gz"):
+        return _Layout(index, source, kind, [Split(index, source, kind, 0, -1)])
+    if kind == "parquet":
+        return _plan_parquet(index, source, target)
+    if kind == "wikipedia":
+        return _plan_dump(index, source)
+    with user_path(source, "--input"):
+        size = fs.getsize(source)
+    if kind == "jsonl":
+        return _Layout(index, source, kind, size=size, back=1, find=_line_boundary(max_line_bytes))
+    if max_line_bytes <= 17:  # a blank line the reader skips as over-long is no boundary
+        return _Layout(index, source, kind, [Split(index, source, kind, 0, size)])
+    return _Layout(index, source, kind, size=size, back=1, find=_text_boundary)
 
 
-def _plan_parquet(index: int, path: str, target: int, count: ByteCount) -> list[Split]:
+def _plan_parquet(index: int, path: str, target: int) -> _Layout:
+    """Runs of row groups of about ``target`` bytes on disk, from the footer."""
     with user_path(path, "--input"), fs.RangeFile(path) as stream:
         try:
             metadata = parquet.read_metadata(path, stream)
         finally:
-            count.extra += stream.bytes_read
+            bytes_read = stream.bytes_read
     cuts, size = [0], 0
     for group in range(metadata.num_row_groups):
         size += _row_group_bytes(metadata, group)
         if size >= target and group + 1 < metadata.num_row_groups:
             cuts.append(group + 1)
             size = 0
-    return _ranges(index, path, "parquet", [*cuts, metadata.num_row_groups])
+    cuts.append(metadata.num_row_groups)
+    splits = _ranges(index, path, "parquet", cuts)
+    return _Layout(index, path, "parquet", splits, bytes_read=bytes_read)
 
 
 def _row_group_bytes(metadata, group: int) -> int:
@@ -208,19 +226,30 @@ def _row_group_bytes(metadata, group: int) -> int:
     return sum(row_group.column(c).total_compressed_size for c in range(row_group.num_columns))
 
 
-def _plan_dump(index: int, path: str, target: int, count: ByteCount) -> list[Split]:
+def _plan_dump(index: int, path: str) -> _Layout:
+    """A multistream dump is cut at bz2 stream starts; any other dump is read whole."""
+    whole = _Layout(index, path, "wikipedia", [Split(index, path, "wikipedia", 0, -1)])
     if not path.endswith(".bz2"):
-        return [Split(index, path, "wikipedia", 0, -1)]
+        return whole
     with user_path(path, "--input"), fs.RangeFile(path) as stream:
         try:
             header = wikipedia.multistream_header(path, wikipedia.probe_head(stream))
-            size = stream.stop
         finally:
-            count.extra += stream.bytes_read
-    if header is None:  # one stream, or streams cut mid-page: read whole
-        return [Split(index, path, "wikipedia", 0, -1)]
-    cuts = _byte_cuts(path, size, target, 0, wikipedia.next_stream_start, count)
-    return _ranges(index, path, "wikipedia", cuts)
+            whole.bytes_read = stream.bytes_read
+    if header is None:  # one stream, or streams cut mid-page
+        return whole
+    return _Layout(
+        index,
+        path,
+        "wikipedia",
+        size=stream.size,
+        find=wikipedia.next_stream_start,
+        bytes_read=whole.bytes_read,
+    )
+
+
+def _ranges(index: int, source: str, kind: str, cuts: list[int]) -> list[Split]:
+    return [Split(index, source, kind, a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def plan_splits(
@@ -233,35 +262,50 @@ def plan_splits(
 ) -> list[Split]:
     """The splits of ``sources`` in input order (see the module docstring). ``byte_count``
     (its ``extra``) counts the bytes the probes read. ``reader_options``: ``read_split``'s,
-    accepted so that callers pass one set; only ``max_line_bytes`` matters here."""
+    accepted so that callers pass one set; only ``max_line_bytes`` matters here. Its requests
+    (sizes, footers, probes) run ``PLAN_THREADS`` at a time: in a bucket each one waits for
+    the network, and a large corpus asks thousands."""
     unknown = set(reader_options) - _READER_OPTIONS
     if unknown:
         raise TypeError(f"plan_splits() got unexpected options {sorted(unknown)}")
     if target_bytes < 1:
         raise UserError(f"split size must be at least 1 byte, not {target_bytes}")
     count = ByteCount() if byte_count is None else byte_count
-    # A blank line the reader skips as over-long is no document boundary.
-    blank_ok = max_line_bytes > 17
+    expanded = sources_lib.expand_sources(sources)
+    with ThreadPoolExecutor(PLAN_THREADS) as pool:
+        layouts = list(
+            pool.map(
+                lambda indexed: _layout(*indexed, target_bytes, max_line_bytes),
+                enumerate(expanded),
+            )
+        )
+        # The cut near k * target: the first boundary at or after it (and within the probe
+        # limit), each probe on its own, so that they all run at once.
+        probes = [
+            (layout, point)
+            for layout in layouts
+            if layout.splits is None
+            for point in range(target_bytes, layout.size, target_bytes)
+        ]
+
+        def probe(task: tuple[_Layout, int]) -> tuple[int, int]:
+            layout, point = task
+            stop = min(layout.size, point + min(target_bytes, PROBE_LIMIT))
+            return _probe(layout.source, layout.size, point - layout.back, stop, layout.find)
+
+        found = list(pool.map(probe, probes))
+    cuts: dict[int, list[int]] = {layout.index: [0] for layout in layouts}
+    for (layout, _), (position, bytes_read) in zip(probes, found):
+        count.extra += bytes_read
+        if cuts[layout.index][-1] < position < layout.size:
+            cuts[layout.index].append(position)
     planned: list[Split] = []
-    for index, source in enumerate(sources_lib.expand_sources(sources)):
-        kind = _kind(source)
-        if kind in ("tfds", "embedded") or source.endswith(".gz"):
-            planned.append(Split(index, source, kind, 0, -1))
-        elif kind == "parquet":
-            planned.extend(_plan_parquet(index, source, target_bytes, count))
-        elif kind == "wikipedia":
-            planned.extend(_plan_dump(index, source, target_bytes, count))
-        else:
-            with user_path(source, "--input"):
-                size = fs.getsize(source)
-            if kind == "jsonl":
-                find = _line_boundary(max_line_bytes)
-                cuts = _byte_cuts(source, size, target_bytes, 1, find, count)
-            elif blank_ok:
-                cuts = _byte_cuts(source, size, target_bytes, 1, _text_boundary, count)
-            else:
-                cuts = [0, size]
-            planned.extend(_ranges(index, source, kind, cuts))
+    for layout in layouts:
+        count.extra += layout.bytes_read
+        if layout.splits is None:
+            cut = [*cuts[layout.index], layout.size]
+            layout.splits = _ranges(layout.index, layout.source, layout.kind, cut)
+        planned.extend(layout.splits)
     return planned
 
 
