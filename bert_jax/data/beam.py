@@ -150,7 +150,14 @@ def _finish(_, plan, settings, started, group_counts, split_stats):
 
 def describe(plan, beam_args: list[str]) -> str:
     """What ``--dry-run`` prints: the splits, the groups and Beam's options; nothing is run."""
-    options, runner = pipeline_options(beam_args)
+    try:
+        options, runner = pipeline_options(beam_args)
+    except UserError:  # no Beam here: the options as given (the job's machine needs Beam)
+        given = " ".join(beam_args) or "(none)"
+        return (
+            f"{prepare_lib.describe_plan(plan)}\npipeline options: {given} (not checked: Apache "
+            f"Beam is not installed here; {INSTALL_HINT})"
+        )
     shown = options.get_all_options(drop_default=True)
     given = " ".join(f"--{key}={value}" for key, value in sorted(shown.items())) or "(none)"
     chosen = "; runner: FnApiRunner (no --runner given)" if runner is not None else ""
@@ -205,13 +212,13 @@ def prepare_with_beam(
     Beam pipeline run with ``beam_args``. Returns the PrepareResult where the runner waits for
     the job (the FnApiRunner, or Dataflow without ``--no_wait``), else None; with ``dry_run``,
     the text of ``describe`` (nothing is written or run)."""
-    beam = import_beam()
     if settings.num_shards > 1:
         raise UserError(
             "--num-shards is for several machines of the local path; with --runner beam the "
             "runner spreads the work: leave --shard-index/--num-shards out"
         )
     started = time.time()
+    beam = None if dry_run else import_beam()  # before the inputs are read for their identity
     plan = prepare_lib.plan_run(sources, tokenizer, output_dir, settings, output_what)
     if dry_run:
         return describe(plan, beam_args)
