@@ -270,6 +270,11 @@ class BenchReport:
                     + (" (our initial weights)" if side.initial_weights == "ours" else "")
                     for side in self.sides
                 )
+                + (
+                    "; equal from the same weights with dropout off on unpacked rows"
+                    if any(side.initial_weights == "ours" for side in self.sides)
+                    else ""
+                )
             )
         differences = self.differences()
         if differences:
