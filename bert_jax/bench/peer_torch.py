@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         with np.load(args.weights) as archive:
             weights = {name: archive[name] for name in archive.files}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        # float32 matmuls on TensorFloat-32, as JAX's default precision runs them on a GPU.
+        torch.set_float32_matmul_precision("high")
     model = build_model(spec, weights).to(device)
     model.train()  # dropout on, at the configured rates
     loss_module = pretraining_loss_module(model)
