@@ -82,6 +82,17 @@ def test_a_second_run_on_a_workdir_in_use_is_refused(model_dir, tmp_path, capsys
     assert sorted(os.listdir(workdir)) == [LOCK_NAME, finetune_workdir.MARKER]
 
 
+def test_a_sweep_on_a_workdir_in_use_is_refused(model_dir, tmp_path, capsys):
+    workdir = tmp_path / "sweep"
+    finetune_workdir.open_workdir(str(workdir), "glue")
+    holder = {"host": socket.gethostname(), "pid": os.getppid(), "started": "2026-01-01"}
+    (workdir / LOCK_NAME).write_text(json.dumps(holder) + "\n")
+    argv = ["glue", "--model", model_dir, "--data", GLUE_DIR, "--workdir", str(workdir)]
+    assert cli.main([*argv, "--tasks", "RTE", *SMALL]) == 2
+    assert "is in use by another run" in capsys.readouterr().err
+    assert sorted(os.listdir(workdir)) == [LOCK_NAME, finetune_workdir.MARKER]
+
+
 def test_a_failed_run_leaves_no_new_workdir(model_dir, tmp_path, capsys):
     workdir = tmp_path / "new"
     argv = _argv(model_dir, workdir)

@@ -147,9 +147,16 @@ def _run_finetune(args) -> int:
     if args.each_checkpoint:
         from bert_jax.finetune import curve
 
-        outcome = curve.run_curve(
-            args.model, args.task, args.data, args.workdir, _overrides(args), options, args.steps
-        )
+        with _one_writer(args.workdir, "finetune"):
+            outcome = curve.run_curve(
+                args.model,
+                args.task,
+                args.data,
+                args.workdir,
+                _overrides(args),
+                options,
+                args.steps,
+            )
         points = ", ".join(f"{p['step']}: {p['score']:.2f}" for p in outcome["points"])
         print(f"{outcome['task']} {outcome['metric']} by step: {points} -> {args.workdir}/curve.md")
         return 0
@@ -242,12 +249,22 @@ def _run_glue(args) -> int:
         predict_test=args.predict_test,
     )
     options = sweep.sweep_options(args.config, overrides)
-    outcome = sweep.run_sweep(args.model, args.data, args.workdir, **options)
+    with _one_writer(args.workdir, "glue"):
+        outcome = sweep.run_sweep(args.model, args.data, args.workdir, **options)
     print(
         f"{len(outcome.ran)} trials run, {len(outcome.reused)} finished earlier; "
         f"reports in {args.workdir}/results.md"
     )
     return 0
+
+
+def _one_writer(workdir: str, command: str):
+    """The workdir's lock while the command works (`finetune.workdir.one_writer`; process 0)."""
+    import jax
+
+    from bert_jax.finetune import workdir as finetune_workdir
+
+    return finetune_workdir.one_writer(workdir, command, writer=jax.process_index() == 0)
 
 
 def _add_shared_flags(parser, sweep: bool) -> None:
