@@ -195,7 +195,7 @@ def help_parser(command: ConfigCommand, flag_values) -> Parser:
         group = parser
         if module != HELP_SECTION:
             group = parser.add_argument_group(module.rpartition(".")[2] + " options")
-        for flag in sorted(sections[module], key=lambda f: f.name):
+        for flag in sorted(sections[module], key=lambda f: (f.name != "config", f.name)):
             text = flag.help or ""
             if flag.name in aliases:
                 text += f" (also {', '.join(aliases[flag.name])})"
