@@ -3,7 +3,10 @@
 import gc
 import os
 
-from bert_jax.cli import collect_garbage_less_often  # imports nothing of JAX (test_cli.py)
+from bert_jax.cli import (  # imports nothing of JAX (test_cli.py)
+    collect_garbage_less_often,
+    quiet_tensorflow,
+)
 from tests.xla_flags import with_devices  # noqa: E402 (imports nothing of JAX)
 
 # As in `bert-jax` processes, from the first import on: collecting the tests imports JAX,
@@ -11,7 +14,7 @@ from tests.xla_flags import with_devices  # noqa: E402 (imports nothing of JAX)
 collect_garbage_less_often()
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + with_devices(8)).strip()
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+quiet_tensorflow()  # as in bert-jax processes: TensorFlow alike in every test, whatever the order
 # What bert-jax caches (the embedded corpus), shared by the test processes and their children,
 # outside the user's ~/.cache.
 os.environ.setdefault(
