@@ -80,13 +80,15 @@ def run_task(
     if options.features is not None and kind(task) != "conll2003":
         raise UserError(f"--features is the feature-based CoNLL-2003 tagger; not for {task}")
     settings = task_settings(task, overrides, options)
-    with finetune_workdir.one_writer(workdir, writer=jax.process_index() == 0):
+    writer = jax.process_index() == 0
+    with finetune_workdir.one_writer(workdir, writer=writer):
         path = os.path.join(fs.abspath(workdir), RESULT_NAME)
-        if overwrite and fs.exists(path):
+        if not overwrite:
+            finished = finished_run(workdir, task, settings, model, options)
+            if finished is not None:
+                return {**finished, "reused": True}
+        elif writer and fs.exists(path):
             fs.remove(path)  # the done marker: the run below writes it anew
-        finished = finished_run(workdir, task, settings, model, options)
-        if finished is not None:
-            return {**finished, "reused": True}
         return _run(model, task, data, workdir, settings, options, log)
 
 
