@@ -1,0 +1,321 @@
+"""Fine-tuning side by side (not a test): bert-jax and Hugging Face PyTorch on the same task files,
+model and seeds, and the spread of the dev score over the seeds.
+
+Both stacks run through bert-jax's own task code (`finetune.run.run_task`, what `bert-jax
+finetune` runs: the readers of the official formats, the features, the batches and their order,
+the learning rate of each step, the dev scoring and the result files). For the "bert-jax" stack
+the steps are bert-jax's (JAX, `--optimizer`, default adamw-hf); for the "transformers" stack
+the train and predict steps are those of the `transformers` model of the task (BertFor...
+SequenceClassification, MultipleChoice, QuestionAnswering, TokenClassification) with the same
+starting encoder weights, trained as Hugging Face's Trainer does (torch AdamW in its two
+parameter groups, eps 1e-8, `clip_grad_norm_`). Each stack initialises the task head and draws
+dropout with its own generator under the seed. The task directory is any `bert-jax finetune`
+reads: GLUE TSV (glue/NAME), SQuAD JSON (squad/v1.1, squad/v2.0), CoNLL-2003 (conll2003) or the
+SWAG CSV files (swag).
+
+    .venv/bin/python benchmarks/finetune_side_by_side.py --model MODEL --task glue/SST-2 \
+        --data DIR --workdir OUT [--seeds 0 1 2] [--learning-rate 2e-5] [--epochs 3] \
+        [--batch-size 32] [--max-seq-length 128] [--optimizer adamw-hf] [--stacks both]
+    .venv/bin/python benchmarks/finetune_side_by_side.py --write-synthetic-sst2 DIR \
+        [--train-size 400] [--dev-size 200]
+
+MODEL is a bert-jax model directory (`bert-jax convert --from hf ... --to bert-jax MODEL` makes
+one from a Hugging Face checkpoint). Runs land in OUT/<stack>/seed=N (a finished one is reused);
+the summary is printed and written to OUT/side_by_side.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+STACKS = ("bert-jax", "transformers")
+
+
+# ------------------------------------------------------------------------------------------------
+# Hugging Face's steps behind the tuner interface bert-jax's loops drive
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TorchState:
+    params: Any  # the torch model: what the predict step reads
+    optimizer: Any
+    skipped: int = 0
+
+
+class TorchTuner:
+    """A `transformers` task model and the Trainer's optimizer behind the interface of bert-jax's
+    tuners (`init`, `global_batch`, `train_step`, `predict`), so `steps.run_steps` and the tasks'
+    prediction code drive it as they drive bert-jax's."""
+
+    def __init__(self, kind: str, config, num_outputs: int, weight_decay: float, clip_norm: float):
+        self.kind, self.config, self.num_outputs = kind, config, num_outputs
+        self.weight_decay, self.clip_norm = weight_decay, clip_norm
+
+    def _model(self):
+        import transformers
+
+        from bert_jax.convert import hf as hf_convert
+
+        fields = hf_convert.hf_config_from(self.config, with_heads=False)
+        fields.pop("architectures", None)
+        config = transformers.BertConfig(**fields)
+        if self.kind == "glue":
+            config.num_labels = self.num_outputs
+            one = self.num_outputs == 1
+            config.problem_type = "regression" if one else "single_label_classification"
+            return transformers.BertForSequenceClassification(config)
+        if self.kind == "swag":
+            return transformers.BertForMultipleChoice(config)
+        if self.kind == "span":
+            return transformers.BertForQuestionAnswering(config)
+        config.num_labels = self.num_outputs
+        return transformers.BertForTokenClassification(config)
+
+    def init(self, rng, bert_params) -> TorchState:
+        import jax
+        import torch
+        import transformers
+
+        from bert_jax.convert import hf as hf_convert
+
+        torch.manual_seed(int(np.asarray(jax.random.key_data(rng)).ravel()[-1]))
+        model = self._model()  # the head: torch's initialisation under the seed
+        encoder = hf_convert.hf_state_dict_from({"bert": bert_params}, self.config)
+        missing, _ = model.load_state_dict(
+            {key: torch.from_numpy(np.array(value)) for key, value in encoder.items()}, strict=False
+        )
+        assert all(not key.startswith("bert.") for key in missing), missing
+        decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+        named = list(model.named_parameters())
+        defaults = {f.name: f.default for f in dataclasses.fields(transformers.TrainingArguments)}
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": [p for n, p in named if n in decay], "weight_decay": self.weight_decay},
+                {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+            ],
+            lr=0.0,
+            betas=(defaults["adam_beta1"], defaults["adam_beta2"]),
+            eps=defaults["adam_epsilon"],
+            fused=defaults["optim"] == "adamw_torch_fused",
+        )
+        return TorchState(model, optimizer)
+
+    def global_batch(self, local_batch):
+        return dict(local_batch)
+
+    def _inputs(self, batch, rows):
+        import torch
+
+        def tensor(name):
+            return torch.from_numpy(np.asarray(batch[name])[rows].astype(np.int64))
+
+        return {
+            "input_ids": tensor("input_ids"),
+            "attention_mask": tensor("input_mask"),
+            "token_type_ids": tensor("segment_ids"),
+        }
+
+    def train_step(self, state: TorchState, batch, rng, learning_rate: float):
+        import torch
+
+        rows = np.asarray(batch["weights"]) > 0  # the Trainer's last batch holds real rows only
+        inputs = self._inputs(batch, rows)
+        if self.kind in ("glue", "swag"):
+            labels = np.asarray(batch["labels"])[rows]
+            regression = self.kind == "glue" and self.num_outputs == 1
+            labels = labels.astype(np.float32 if regression else np.int64)
+            inputs["labels"] = torch.from_numpy(labels)
+            weight = float(rows.sum())
+        elif self.kind == "span":
+            for name in ("start_positions", "end_positions"):
+                inputs[name] = torch.from_numpy(np.asarray(batch[name])[rows].astype(np.int64))
+            weight = float(rows.sum())
+        else:
+            labelled = np.asarray(batch["label_weights"])[rows] > 0
+            labels = np.where(labelled, np.asarray(batch["labels"])[rows], -100)
+            inputs["labels"] = torch.from_numpy(labels.astype(np.int64))
+            weight = float(labelled.sum())
+        model = state.params
+        model.train()
+        loss = model(**inputs).loss
+        loss.backward()
+        if self.clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_norm)
+        for group in state.optimizer.param_groups:
+            group["lr"] = learning_rate  # the schedule's rate, as run_steps passes it
+        state.optimizer.step()
+        model.zero_grad()
+        return state, {"loss_sum": float(loss.detach()) * weight, "weight": weight}
+
+    def predict(self, model, batch):
+        import torch
+
+        model.eval()
+        with torch.no_grad():
+            out = model(**self._inputs(batch, slice(None)))
+        if self.kind == "span":
+            return torch.stack([out.start_logits, out.end_logits], dim=-1).numpy()
+        return out.logits.numpy()
+
+
+def use_transformers_steps() -> None:
+    """Puts `TorchTuner` where bert-jax's task code builds its tuners (GLUE, SWAG, SQuAD, NER)."""
+    from bert_jax.finetune import loop, swag_task, token_loop
+
+    def glue(config, num_labels, mesh, rules, dropout, weight_decay, clip_norm, *_):
+        return TorchTuner("glue", config, num_labels, weight_decay, clip_norm)
+
+    def tokens(config, num_outputs, kind, mesh, dropout, weight_decay, clip_norm, *_):
+        return TorchTuner(kind, config, num_outputs, weight_decay, clip_norm)
+
+    def choices(config, mesh, dropout, weight_decay, clip_norm, *_):
+        return TorchTuner("swag", config, 4, weight_decay, clip_norm)
+
+    loop.fine_tuner, token_loop.token_tuner, swag_task.choice_tuner = glue, tokens, choices
+
+
+# ------------------------------------------------------------------------------------------------
+# Runs and their spread
+# ------------------------------------------------------------------------------------------------
+
+
+def run_seed(encoder, stack: str, args, seed: int) -> dict[str, Any]:
+    from bert_jax.finetune import run
+
+    overrides = {
+        "seed": seed,
+        "learning_rate": args.learning_rate,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "eval_batch_size": args.batch_size,
+        "max_seq_length": args.max_seq_length,
+        "optimizer": args.optimizer,
+        "log_every": args.log_every,
+        "mesh_shape": (1, 1, 1) if stack == "transformers" else None,
+    }
+    workdir = os.path.join(args.workdir, stack, f"seed={seed}")
+    started = time.time()
+    result = run.run_task(
+        encoder,
+        args.task,
+        args.data,
+        workdir,
+        overrides,
+        run.TaskOptions(predict_test=False),
+        log=lambda line: print(f"[{stack} seed={seed}] {line}", flush=True),
+    )
+    metric, score = run.dev_score(result)
+    steps = result.get("num_train_steps")
+    return {
+        "seed": seed,
+        "metric": metric,
+        "score": score,
+        "steps": steps,
+        "seconds": round(time.time() - started, 1),
+    }
+
+
+def spread(scores: list[float]) -> dict[str, float]:
+    return {
+        "mean": float(np.mean(scores)),
+        "min": float(np.min(scores)),
+        "max": float(np.max(scores)),
+    }
+
+
+def write_synthetic_sst2(directory: str, train_size: int, dev_size: int, seed: int = 0) -> None:
+    """An SST-2 directory (train.tsv, dev.tsv) of generated sentences: filler words with one
+    sentiment word, balanced labels; a model has to find the sentiment word to beat 50%."""
+    positive = ("great", "good", "delightful", "best", "warm", "funny", "moving", "superb")
+    negative = ("dull", "boring", "bad", "worst", "mess", "tedious", "flat", "awful")
+    filler = ("the", "film", "movie", "a", "is", "story", "cast", "and", "it", "of", "plot", "this")
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(directory, "SST-2"), exist_ok=True)
+    for split, size in (("train", train_size), ("dev", dev_size)):
+        lines = ["sentence\tlabel"]
+        for row in range(size):
+            label = row % 2
+            words = list(rng.choice(filler, size=int(rng.integers(5, 12))))
+            words.insert(
+                int(rng.integers(0, len(words) + 1)), rng.choice((negative, positive)[label])
+            )
+            lines.append(f"{' '.join(words)}\t{label}")
+        order = [lines[0]] + [lines[1:][i] for i in rng.permutation(size)]
+        with open(os.path.join(directory, "SST-2", f"{split}.tsv"), "w", encoding="utf-8") as f:
+            f.write("\n".join(order) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a bert-jax model directory")
+    parser.add_argument("--task", help="glue/NAME, squad/v1.1, squad/v2.0, conll2003 or swag")
+    parser.add_argument("--data", help="the task's directory in its official format")
+    parser.add_argument("--workdir", help="where the runs and the summary go")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--stacks", choices=(*STACKS, "both"), default="both")
+    parser.add_argument("--learning-rate", type=float, default=None)
+    parser.add_argument("--epochs", type=float, default=None)
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--max-seq-length", type=int, default=None)
+    parser.add_argument("--optimizer", default="adamw-hf", help="bert-jax's: adamw-hf or bert")
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--write-synthetic-sst2", metavar="DIR", default=None)
+    parser.add_argument("--train-size", type=int, default=400)
+    parser.add_argument("--dev-size", type=int, default=200)
+    args = parser.parse_args(argv)
+    if args.write_synthetic_sst2:
+        write_synthetic_sst2(args.write_synthetic_sst2, args.train_size, args.dev_size)
+        print(f"wrote {args.write_synthetic_sst2}/SST-2/train.tsv and dev.tsv")
+        return 0
+    missing = [f"--{n}" for n in ("model", "task", "data", "workdir") if not getattr(args, n)]
+    if missing:
+        parser.error(f"{', '.join(missing)} required")
+
+    import torch
+
+    from bert_jax.finetune.loop import load_pretrained
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    encoder = load_pretrained(args.model)
+    stacks = STACKS if args.stacks == "both" else (args.stacks,)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for stack in stacks:
+        if stack == "transformers":
+            use_transformers_steps()  # from here on, every run's steps are torch's
+        runs[stack] = [run_seed(encoder, stack, args, seed) for seed in args.seeds]
+    summary = {
+        "task": args.task,
+        "data": os.path.abspath(args.data),
+        "model": encoder.source,
+        "optimizer (bert-jax)": args.optimizer,
+        "runs": runs,
+        "spread": {stack: spread([r["score"] for r in rows]) for stack, rows in runs.items()},
+    }
+    os.makedirs(args.workdir, exist_ok=True)
+    with open(os.path.join(args.workdir, "side_by_side.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    metric = next(iter(runs.values()))[0]["metric"]
+    print(f"{args.task} {metric} over seeds {args.seeds}:")
+    for stack, rows in runs.items():
+        s = summary["spread"][stack]
+        scores = ", ".join(f"{r['score']:.2f}" for r in rows)
+        print(
+            f"  {stack:13s} mean {s['mean']:.2f} range {s['min']:.2f}-{s['max']:.2f} "
+            f"({scores}; {rows[0]['steps']} steps)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
