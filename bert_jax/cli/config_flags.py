@@ -65,7 +65,8 @@ def _no_bytecode() -> Iterator[None]:
 
 def parse(command: ConfigCommand, argv: Sequence[str]):
     """Returns the parsed absl FlagValues (`.config` is the locked config); prints help and exits
-    on -h/--help; raises UserError for a bad flag, config file or override."""
+    on -h/--help; exits with the usage and the nearest flag for an unknown flag (as argparse
+    does); raises UserError for a bad value, config file or override."""
     from absl import flags
 
     prog = f"bert-jax {command.name}"
@@ -84,14 +85,7 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
     if unknown is not None:
         flag = given[unknown].split("=", 1)[0]  # as the user spelt it
         parser = help_parser(command, flag_values)
-        settings = _setting_flags(spec)
-        # `--total_steps` / `--learning-rate`: a setting's own name, without `--config.`.
-        name = flag.lstrip("-").replace("-", "_")
-        same = [s for s in settings if s == f"--config.{name}" or s.endswith(f".{name}")]
-        if same:
-            best = min(same, key=lambda s: (s.count("."), s))
-            parser.error(f"unrecognized argument {flag}; did you mean {best}?")
-        parser.error(unknown_flag_message(flag, parser.option_names(), settings))
+        parser.error(_unknown_flag_message(flag, parser.option_names(), _setting_flags(spec)))
     try:
         with _no_bytecode():
             flag_values([prog, *argv])
@@ -234,6 +228,18 @@ def _unknown_flag(argv: list[str], flag_values) -> int | None:
         if name not in known and name not in ("h", "help"):
             return i
     return None
+
+
+def _unknown_flag_message(flag: str, options: list[str], settings: list[str]) -> str:
+    """The nearest of the command's flags and the config's `--config.KEY`s; a setting's own
+    name without `--config.` (`--total_steps`, `--learning-rate`) names that setting, the least
+    nested one where several end so."""
+    name = flag.lstrip("-").replace("-", "_")
+    same = [s for s in settings if s == f"--config.{name}" or s.endswith(f".{name}")]
+    if same:
+        best = min(same, key=lambda s: (s.count("."), s))
+        return f"unrecognized argument {flag}; did you mean {best}?"
+    return unknown_flag_message(flag, options, settings)
 
 
 def _setting_flags(spec: str | None) -> list[str]:
