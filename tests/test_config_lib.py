@@ -106,7 +106,7 @@ def test_a_valid_config_passes(mesh):
 @pytest.mark.parametrize(
     "overrides, vocab, message",
     [
-        ({}, 40_000, "tokenizer has 40000 tokens but config.model.vocab_size=30522"),
+        ({}, 40_000, "tokenizer has 40000 tokens but config.model.vocab_size=4000"),
         ({"data.source": ""}, None, "config.phase1.data and config.data.source are empty"),
         ({"phase2.max_seq_length": 128}, None, r"config.phase2.max_seq_length=128 exceeds"),
         ({"phase1.max_predictions_per_seq": 40}, None, "max_predictions_per_seq=40 exceeds"),

@@ -120,6 +120,8 @@ def test_a_training_window_sums_steps_then_starts_afresh():
     assert list(row)[-1] == "skipped_steps_total"
     line = metrics.train_line(2, 10, row, eta_seconds=125)
     assert line.startswith("step 2/10 [phase 1, seq 64] loss ") and line.endswith("ETA 2m05s")
+    # Each value after its name: which is the loss and which the accuracy.
+    assert " | mlm loss 2.000 acc 0.500 | nsp loss 0.250 acc " in line, line
     # The next window starts empty.
     values = step_values(1.0, 1.0)
     window.add(values)
@@ -214,3 +216,31 @@ def test_skipped_record_files_are_logged_once_each(tmp_path):
         "step 4: skipping a.tfrecord from record 7 (damaged)",
         "step 5: skipping b.tfrecord from record 0 (damaged)",
     ]
+
+
+def test_the_first_steps_and_long_silences_get_progress_lines(tmp_path, monkeypatch):
+    """Between metrics rows: the compile of a phase's first step, lines at steps 2 and 5, and a
+    line whenever PROGRESS_SECONDS pass without one; each with a rate and an ETA."""
+    import types
+
+    clock = [100.0]
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: clock[0])
+    writer = metrics.MetricWriter(str(tmp_path / "run"), tensorboard=False)
+    lines = []
+    config = types.SimpleNamespace(log_every_steps=50, max_consecutive_nonfinite=3)
+    log = metrics.StepLog(config, 100, BertConfig(), writer, lines.append, checkpointer=None)
+    phase = types.SimpleNamespace(
+        index=0, batch_size=2, max_seq_length=64, max_predictions_per_seq=10
+    )
+    clock[0] += 9.0
+    log.compiled(1, phase, 8.5)
+    for step in range(1, 12):
+        log.push(step, step_values(1.0, 1.0), phase)
+        clock[0] += 2.0 if step < 8 else 30.0  # then a slow stretch: a line every 20 s
+    log.flush()
+    writer.close()
+    assert lines[0] == "step 1/100: phase 1's train step compiled and dispatched in 8.5 s"
+    assert lines[1] == "step 2/100: 2.00 s/step, ETA 3m16s"
+    assert lines[2] == "step 5/100: 2.00 s/step, ETA 3m10s"
+    assert [line.split("/")[0] for line in lines[3:]] == ["step 8", "step 9", "step 10", "step 11"]
+    assert not os.path.exists(writer.jsonl_path)  # progress lines write no metrics rows

@@ -17,7 +17,11 @@ def add_to(subparsers) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
-        "--batches", type=int, default=0, help="at most this many batches (0: all full batches)"
+        "--batches",
+        type=int,
+        default=0,
+        help="at most this many batches (0: every record; the last batch is filled with rows "
+        "that count nothing)",
     )
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     parser.set_defaults(run=_run, command_name="eval")
@@ -25,10 +29,19 @@ def add_to(subparsers) -> None:
 
 def _run(args) -> int:
     import json
+    import sys
 
     from bert_jax.training.evaluate import evaluate_model, summary_lines
 
-    result = evaluate_model(args.model, args.data, batch_size=args.batch_size, batches=args.batches)
+    # Progress goes to stderr with --json, so that stdout holds the one JSON object.
+    stream = sys.stderr if args.json else sys.stdout
+    result = evaluate_model(
+        args.model,
+        args.data,
+        batch_size=args.batch_size,
+        batches=args.batches,
+        console=lambda line: print(line, file=stream, flush=True),
+    )
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

@@ -104,7 +104,7 @@ _RANGES = {
     "(0, inf)": "optimizer.eps model.layer_norm_eps model.initializer_range",
     "[0, 1)": "optimizer.b1 optimizer.b2 optimizer.weight_decay model.hidden_dropout_prob "
     "model.attention_probs_dropout_prob",
-    "[0, 1]": "data.short_seq_prob",
+    "[0, 1]": "data.short_seq_prob optimizer.warmup_fraction",
     "(0, 1)": "data.masked_lm_prob",
 }
 
@@ -234,4 +234,40 @@ def describe(config: ml_collections.ConfigDict) -> str:
             f"{flops / 1e9:.3f} GFLOP/token (gathered MLM positions)"
         )
     lines.append(f"parameters: {count_parameters(model_config):,}")
+    lines += ["run:"] + [f"  {line}" for line in run_plan(config, phases)]
     return "\n".join(lines)
+
+
+def run_plan(config, phases: list[Phase]) -> list[str]:
+    """What the run will do beyond the phases: schedule, intervals, vocabulary, a warning."""
+    optimizer, specs = config_lib.resolved_optimizer(config, phases)
+    total = phases[-1].end
+    if optimizer.schedule == "per_phase":
+        warmup = ", ".join(f"{p.name} {s.warmup_steps}" for p, s in zip(phases, specs))
+        schedule = f"each phase warms up ({warmup} steps) and decays to "
+    else:
+        schedule = f"warmup {optimizer.warmup_steps} steps, then linear decay to "
+    lines = [
+        f"learning rate {optimizer.learning_rate:g}: {schedule}"
+        f"{optimizer.end_learning_rate:g} at step {total}",
+        f"a metrics line every {config.log_every_steps} steps; a checkpoint every "
+        f"{config.checkpoint.every_steps} steps and at the end (keeping "
+        f"{config.checkpoint.keep})",
+        f"held-out eval every {config.eval.every_steps} steps and at the end "
+        f"({config.eval.batches} batches of {config.eval.batch_size})"
+        if config.eval.every_steps > 0
+        else "no held-out eval (config.eval.every_steps=0)",
+    ]
+    vocab = f"model vocabulary {config.model.vocab_size}"
+    if config.data.tokenizer:
+        lines.append(f"{vocab}; tokenizer {config.data.tokenizer}")
+    else:
+        pieces = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
+        lines.append(
+            f"{vocab}; tokenizer: the one saved with prepared records, else a {pieces}-piece "
+            "SentencePiece model trained on the first phase's corpus"
+        )
+    warning = config_lib.warmup_warning(config, phases)
+    if warning:
+        lines.append(warning)
+    return lines

@@ -6,6 +6,11 @@ override from the command line (`--config.optimizer.learning_rate=5e-5`). Defaul
 eps 1e-6, weight decay 0.01 (not on LayerNorm and biases), 10k warmup steps then linear decay,
 global-norm clipping 1.0, dropout 0.1, batch 256, 1M steps, 90% of them at sequence length 128
 (20 predictions) and 10% at 512 (80 predictions).
+
+The sizes meant for a CPU (`CPU_SIZES`: tiny, mini, small) change what a laptop cannot afford or a
+short trial needs (`CPU_TRIAL`): batches of 32 and 8, a 4,000-piece vocabulary in the tokenizer and
+the embedding alike, a warmup of 10% of the run, and log, checkpoint and eval intervals that fit a
+few hundred steps; tiny also trains at lr 1e-3.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ MIN_SEQ_LENGTH = 5  # [CLS] A [SEP] B [SEP]
 # The position embeddings of every size preset: the bound for records prepared without a model.
 PRESET_MAX_POSITIONS = 512
 
+# The vocabulary of the sizes meant for a CPU: the SentencePiece model trained for the run and
+# the model's embedding rows (padded to 4096 by vocab_pad_multiple).
+CPU_VOCAB_SIZE = 4000
 # name: (layers, hidden, heads); intermediate size is 4 x hidden throughout.
 SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (2, 128, 2),
@@ -52,6 +60,25 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
 }
+# Sizes meant for a CPU trial (docs/pretraining.md): the paper's recipe with CPU_TRIAL on top.
+CPU_SIZES = ("tiny", "mini", "small")
+# What the CPU sizes change in the paper's recipe, as --config.KEY overrides. Set these back
+# (batch 256, vocab 30522, warmup_steps 10000, warmup_fraction 0) for the paper's small models.
+CPU_TRIAL: dict[str, Any] = {
+    "model.vocab_size": CPU_VOCAB_SIZE,
+    "data.tokenizer_vocab_size": CPU_VOCAB_SIZE,
+    "phase1.batch_size": 32,
+    "phase2.batch_size": 8,
+    "optimizer.warmup_steps": 0,
+    "optimizer.warmup_fraction": 0.1,
+    "log_every_steps": 10,
+    "checkpoint.every_steps": 50,
+    "eval.every_steps": 100,
+    "eval.batches": 10,
+    "eval.batch_size": 32,
+}
+# The smallest size learns fastest at a higher rate: a 60-step trial beats the baseline with it.
+CPU_LEARNING_RATE = {"tiny": 1e-3}
 
 
 def model_config(size: str) -> ml_collections.ConfigDict:
@@ -60,7 +87,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
     layers, hidden, heads = SIZES[size]
     return ml_collections.ConfigDict(
         {
-            "vocab_size": 30522,
+            "vocab_size": CPU_VOCAB_SIZE if size in CPU_SIZES else 30522,
             "hidden_size": hidden,
             "num_hidden_layers": layers,
             "num_attention_heads": heads,
@@ -105,7 +132,10 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "name": "adamw",
             "learning_rate": 1e-4,
             "end_learning_rate": 0.0,
+            # Warmup: warmup_steps when > 0, else warmup_fraction x total_steps (each phase's steps
+            # with schedule "per_phase"); both 0: none (warmup_steps_of).
             "warmup_steps": 10_000,
+            "warmup_fraction": 0.0,
             "b1": 0.9,
             "b2": 0.999,
             "eps": 1e-6,
@@ -204,7 +234,71 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "windowed_einsum": True,
         }
     )
+    if size in CPU_SIZES:
+        for key, value in CPU_TRIAL.items():
+            _set(config, key, value)
+        config.optimizer.learning_rate = CPU_LEARNING_RATE.get(size, config.optimizer.learning_rate)
     return config
+
+
+def _set(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    for part in parents:
+        config = config[part]
+    config[leaf] = value
+
+
+def warmup_steps_of(optimizer, steps: int, phase=None) -> int:
+    """The warmup of a run (or, with `phase`, of that phase's own schedule) of `steps` steps:
+    the phase's warmup_steps where set (>= 0), else optimizer.warmup_steps when > 0, else
+    optimizer.warmup_fraction x steps (rounded)."""
+    own = int(phase.get("warmup_steps", -1)) if phase is not None else -1
+    if own >= 0:
+        return own
+    if int(optimizer.warmup_steps) > 0:
+        return int(optimizer.warmup_steps)
+    return int(round(float(optimizer.get("warmup_fraction", 0.0)) * steps))
+
+
+def resolved_optimizer(
+    config: ml_collections.ConfigDict, phases: list[Phase]
+) -> tuple[ml_collections.ConfigDict, list[ml_collections.ConfigDict]]:
+    """(optimizer, phase configs) with every warmup in steps (warmup_steps_of), as
+    core.optim.from_config reads them: the whole run's, or each phase's with "per_phase"."""
+    optimizer = ml_collections.ConfigDict(config.optimizer.to_dict())
+    total = sum(p.steps for p in phases)
+    optimizer.warmup_steps = warmup_steps_of(config.optimizer, total)
+    specs = []
+    for phase in phases:
+        spec = ml_collections.ConfigDict(config[phase.name].to_dict())
+        if optimizer.schedule == "per_phase":
+            spec.warmup_steps = warmup_steps_of(config.optimizer, phase.steps, config[phase.name])
+        specs.append(spec)
+    return optimizer, specs
+
+
+def warmup_warning(config: ml_collections.ConfigDict, phases: list[Phase]) -> str | None:
+    """A line when the warmup is not shorter than the run (the rate would never peak)."""
+    optimizer, specs = resolved_optimizer(config, phases)
+    total = sum(p.steps for p in phases)
+    if optimizer.schedule == "per_phase":
+        late = [
+            f"config.{p.name}: warmup {s.warmup_steps} >= its {p.steps} steps"
+            for p, s in zip(phases, specs)
+            if s.warmup_steps >= p.steps
+        ]
+        text = "; ".join(late)
+    else:
+        text = f"warmup {optimizer.warmup_steps} >= config.total_steps={total}" * (
+            optimizer.warmup_steps >= total
+        )
+    if not text:
+        return None
+    return (
+        f"warning: {text}: the learning rate never reaches config.optimizer.learning_rate="
+        f"{config.optimizer.learning_rate:g}; lower config.optimizer.warmup_steps or set it to 0 "
+        "and use config.optimizer.warmup_fraction"
+    )
 
 
 def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
@@ -275,6 +369,7 @@ def plan_phases(config: ml_collections.ConfigDict) -> list[Phase]:
             "config.phase1.fraction + config.phase2.fraction must be 1, got "
             + " + ".join(str(f) for f in fractions)
         )
+    _check_phase_data(config, specs)
     phases, start = [], 0
     for i, (key, spec) in enumerate(specs):
         steps = total - start if i == len(specs) - 1 else int(round(spec.fraction * total))
@@ -295,6 +390,21 @@ def plan_phases(config: ml_collections.ConfigDict) -> list[Phase]:
         )
         start += steps
     return phases
+
+
+def _check_phase_data(config: ml_collections.ConfigDict, specs) -> None:
+    """Refuses a phase that would read the size preset's default corpus ('embedded') because
+    it names no data while another phase names its own: it would train on data nobody chose."""
+    own = [key for key, spec in specs if spec.get("data", "") and float(spec.fraction) > 0]
+    bare = [key for key, spec in specs if not spec.get("data", "") and float(spec.fraction) > 0]
+    default = pretraining_config(config.size).data.source if config.get("size") in SIZES else ""
+    if own and bare and config.data.source and config.data.source == default:
+        raise UserError(
+            f"config.{own[0]}.data={config[own[0]].data} is set but config.{bare[0]}.data is "
+            f"empty, so {bare[0]} would train on config.data.source={config.data.source!r} (the "
+            f"{config.size} preset's default): set config.{bare[0]}.data too, or "
+            "config.data.source"
+        )
 
 
 def phase_at(phases: list[Phase], step: int) -> Phase:

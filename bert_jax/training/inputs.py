@@ -62,10 +62,10 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     return changes
 
 
-def resolve_tokenizer(config, phases: list[Phase], workdir: str):
+def resolve_tokenizer(config, phases: list[Phase], workdir: str, console=lambda *a: None):
     """The run's tokenizer: `config.data.tokenizer`, the one saved next to prepared records, or
     (for raw corpora only) a SentencePiece model trained on the first phase's corpus and kept in
-    `<workdir>/tokenizer` so that restarts reuse it."""
+    `<workdir>/tokenizer` so that restarts reuse it (`console` says when one is trained)."""
     from bert_jax.data import layout, sources
     from bert_jax.data import tokenizer as tokenizer_lib
 
@@ -85,7 +85,10 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str):
         )
     vocab_size = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
     if jax.process_index() == 0:
-        log.info("training a %d-token SentencePiece model on %s", vocab_size, corpora[0])
+        console(
+            f"training a {vocab_size}-piece SentencePiece tokenizer on {corpora[0]} (kept in "
+            f"{own} for restarts)"
+        )
         tokenizer_lib.train_tokenizer(
             [corpora[0]], vocab_size, own, lowercase=bool(config.data.lowercase)
         )
@@ -105,6 +108,7 @@ def _iterator(
     dynamic: bool,
     shuffle_buffer: int,
     packing_factor: float = 0.0,
+    console=lambda *a: None,
 ):
     from bert_jax.data import packing, pipeline, prepare, sentences, sources
 
@@ -123,6 +127,10 @@ def _iterator(
     records = source
     check_records_objective(config, [(f"data for {phase.name}", source)])
     if sources.source_kind(source) != "records":
+        console(
+            f"data: {source} at length {phase.max_seq_length}, prepared once into "
+            f"{config.data.cache_dir or os.path.join(workdir, 'data')} and reused from there"
+        )
         # A raw corpus: prepared once into the cache (every host the same bytes), then read.
         # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
         records = prepare.prepare_cached(
@@ -175,6 +183,37 @@ def _iterator(
     )
 
 
+def check_records_tokenizer(tokenizer, named_sources, whose: str) -> None:
+    """Refuses prepared records (`named_sources`: (what, path) pairs) whose recorded tokenizer is
+    not `tokenizer` (`whose`: what it belongs to, e.g. "--model M's tokenizer"), naming both;
+    the one check of `pretrain` (config.init_from, config.data.tokenizer) and `eval`. Corpora
+    and foreign records (no recorded tokenizer) pass."""
+    from bert_jax.data import layout, sources
+
+    mine = tokenizer.fingerprint()
+    for what, source in named_sources:
+        if not source or sources.source_kind(source) != "records" or not fs.isdir(source):
+            continue
+        recorded = layout.read_prepare_config(source) or {}
+        theirs = recorded.get("tokenizer_fingerprint")
+        if theirs and theirs != mine:
+            saved = os.path.join(source, layout.TOKENIZER_SUBDIR)
+            described = _tokenizer_text(saved) if fs.isdir(saved) else f"fingerprint {theirs}"
+            raise UserError(
+                f"{what} {source} was prepared with another tokenizer ({described}) than "
+                f"{whose} ({_tokenizer_text(tokenizer)}): prepare the records with {whose}"
+            )
+
+
+def _tokenizer_text(tokenizer) -> str:
+    """ "SentencePiece, 4000 pieces, fingerprint ..." for a tokenizer or its directory."""
+    if isinstance(tokenizer, str):
+        from bert_jax.data import tokenizer as tokenizer_lib
+
+        tokenizer = tokenizer_lib.load_tokenizer(tokenizer)
+    return f"{tokenizer.kind}, {tokenizer.vocab_size} pieces, fingerprint {tokenizer.fingerprint()}"
+
+
 def check_records_objective(config, named_sources) -> None:
     """Refuses (one line naming both) prepared records made for another objective than
     config.objective; `named_sources`: (what, source) pairs. Corpora and foreign records pass."""
@@ -210,7 +249,7 @@ def eval_source(config, phase: Phase) -> str:
     return ""
 
 
-def train_iterator(config, phase: Phase, tokenizer, workdir: str):
+def train_iterator(config, phase: Phase, tokenizer, workdir: str, console=lambda *a: None):
     """This host's training batches for `phase` (`get_state`/`set_state`: its data position)."""
     return _iterator(
         config,
@@ -223,10 +262,11 @@ def train_iterator(config, phase: Phase, tokenizer, workdir: str):
         dynamic=bool(config.data.dynamic_masking),
         shuffle_buffer=int(config.data.shuffle_buffer_size),
         packing_factor=float(config[phase.name].get("packing_factor", 0.0)),
+        console=console,
     )
 
 
-def eval_batches(config, phase: Phase, tokenizer, workdir: str) -> list:
+def eval_batches(config, phase: Phase, tokenizer, workdir: str, console=lambda *a: None) -> list:
     """The held-out batches evaluated during `phase`; [] when evaluation is off or has no source."""
     source = eval_source(config, phase)
     if config.eval.every_steps <= 0 or not source:
@@ -241,5 +281,6 @@ def eval_batches(config, phase: Phase, tokenizer, workdir: str) -> list:
         seed=12345,
         dynamic=False,
         shuffle_buffer=1,
+        console=console,
     )
     return [next(iterator) for _ in range(int(config.eval.batches))]

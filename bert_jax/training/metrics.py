@@ -158,18 +158,60 @@ class TrainWindow:
 
 
 def train_line(step: int, total: int, row: Mapping[str, Any], eta_seconds: float) -> str:
-    """The console line for a metrics row."""
+    """The console line for a metrics row: each value after its name (loss, then accuracy)."""
     mfu = f" MFU {row['mfu']:.1%}" if "mfu" in row else ""
-    nsp = f" nsp {row['nsp_loss']:.3f}/{row['nsp_accuracy']:.3f}" if "nsp_loss" in row else ""
+    nsp = (
+        f" | nsp loss {row['nsp_loss']:.3f} acc {row['nsp_accuracy']:.3f}"
+        if "nsp_loss" in row
+        else ""
+    )
     return (
         f"step {step}/{total} [phase {row['phase']}, seq {row['seq_len']}] "
-        f"loss {row['loss']:.4f} mlm {row['mlm_loss']:.3f}/"
-        f"{row['mlm_accuracy']:.3f}{nsp} lr {row['learning_rate']:.2e} "
-        f"gnorm {row['grad_norm']:.2f} {row['tokens_per_sec']:.0f} tok/s "
+        f"loss {row['loss']:.4f} | mlm loss {row['mlm_loss']:.3f} acc "
+        f"{row['mlm_accuracy']:.3f}{nsp} | lr {row['learning_rate']:.2e} "
+        f"gnorm {row['grad_norm']:.2f} | {row['tokens_per_sec']:.0f} tok/s "
         f"{row['sequences_per_sec']:.1f} seq/s "
-        f"{row['model_tflops_per_sec']:.3f} TFLOP/s{mfu} ETA "
+        f"{row['model_tflops_per_sec']:.3f} TFLOP/s{mfu} | ETA "
         f"{format_duration(eta_seconds)}"
     )
+
+
+def progress_line(step: int, total: int, seconds_per_step: float, eta_seconds: float) -> str:
+    """A console line between metrics rows: where the run is, its rate and ETA."""
+    rate = (
+        f"{seconds_per_step:.2f} s/step"
+        if seconds_per_step >= 1
+        else f"{1 / max(seconds_per_step, 1e-9):.1f} steps/s"
+    )
+    return f"step {step}/{total}: {rate}, ETA {format_duration(eta_seconds)}"
+
+
+class EvalSums:
+    """Held-out sums over batches: the losses and weights the eval step returns, and the target
+    counts behind the always-the-most-frequent-token baseline (rows of weight 0 count nothing)."""
+
+    def __init__(self, vocab_size: int, objective: str = "mlm+nsp"):
+        self.objective = objective
+        self.sums: collections.Counter = collections.Counter()
+        self.counts = np.zeros((vocab_size,), np.float64)
+        self.rows = 0
+
+    def add(self, local: Mapping[str, Any], step_sums: Mapping[str, Any]) -> None:
+        """`local`: the batch; `step_sums`: what the eval step returned for it."""
+        out = jax.device_get(step_sums)
+        self.sums.update({k: float(v) for k, v in out.items()})
+        if self.objective == "ltr":  # the targets are every next token
+            ids, weights = local["input_ids"][:, 1:], local["input_mask"][:, 1:]
+        else:
+            ids, weights = local["masked_lm_ids"], local["masked_lm_weights"]
+        np.add.at(self.counts, np.asarray(ids).ravel(), np.asarray(weights, np.float64).ravel())
+        self.rows += len(local["input_ids"])
+
+    def result(self) -> dict[str, float]:
+        summary = losses.summarize(self.sums)
+        summary["mlm_baseline_accuracy"] = float(self.counts.max() / max(self.counts.sum(), 1e-9))
+        summary["examples"] = self.rows
+        return summary
 
 
 def evaluate(
@@ -183,20 +225,10 @@ def evaluate(
 
     `eval_step(local_batch)` returns the batch's summed losses and weights (all hosts together).
     """
-    sums: collections.Counter = collections.Counter()
-    counts = np.zeros((vocab_size,), np.float64)
+    sums = EvalSums(vocab_size, objective)
     for local in batches:
-        out = jax.device_get(eval_step(local))
-        sums.update({k: float(v) for k, v in out.items()})
-        if objective == "ltr":  # the targets are every next token
-            ids, weights = local["input_ids"][:, 1:], local["input_mask"][:, 1:]
-        else:
-            ids, weights = local["masked_lm_ids"], local["masked_lm_weights"]
-        np.add.at(counts, np.asarray(ids).ravel(), np.asarray(weights, np.float64).ravel())
-    summary = losses.summarize(sums)
-    summary["mlm_baseline_accuracy"] = float(counts.max() / max(counts.sum(), 1e-9))
-    summary["examples"] = sum(len(b["input_ids"]) for b in batches)
-    return summary
+        sums.add(local, eval_step(local))
+    return sums.result()
 
 
 def format_duration(seconds: float) -> str:
@@ -356,8 +388,14 @@ class StepLog:
     every `log_every_steps` and at the last step.
 
     `push` hands over the step just dispatched (with its `config_lib.Phase`) and reads the one
-    before; `flush` reads the pending step now (before a checkpoint and at the end).
+    before; `flush` reads the pending step now (before a checkpoint and at the end). Between rows
+    the console gets a progress line (rate, ETA) at the first steps of the run and whenever
+    `PROGRESS_SECONDS` pass without a line; `compiled` reports a phase's first step.
     """
+
+    PROGRESS_SECONDS = 20.0
+    # Steps after which, early in a run, a progress line is printed when no row is due.
+    EARLY_STEPS = (2, 5)
 
     def __init__(self, config, total: int, model_config, writer, console, checkpointer):
         self.config, self.total, self.writer, self.console = config, total, writer, console
@@ -367,8 +405,28 @@ class StepLog:
         self.consecutive_bad = 0
         self.dispatched = 0  # steps run by this process (for the ETA)
         self.start = time.perf_counter()
+        self._last_line = self.start
+        self._rate_from: tuple[int, float] | None = None  # (step, time) after the compile
         self._pending = None
         self._corrupt_seen: set[str] = set()
+
+    def compiled(self, step: int, phase: Any, seconds: float) -> None:
+        """The first step of `phase` (number `step`) was compiled and dispatched in `seconds`."""
+        self.console(
+            f"step {step}/{self.total}: phase {phase.index + 1}'s train step compiled and "
+            f"dispatched in {seconds:.1f} s"
+        )
+        self._last_line = time.perf_counter()
+        self._rate_from = None  # the next read steps measure the rate without the compile
+
+    def _eta(self, step: int) -> tuple[float, float]:
+        """(seconds per step, ETA): measured since the last compile where possible."""
+        now = time.perf_counter()
+        if self._rate_from is not None and step > self._rate_from[0]:
+            per_step = (now - self._rate_from[1]) / (step - self._rate_from[0])
+        else:
+            per_step = (now - self.start) / max(self.dispatched, 1)
+        return per_step, per_step * (self.total - step)
 
     def push(self, step: int, device_metrics: Any, phase: Any) -> None:
         self.dispatched += 1
@@ -392,6 +450,8 @@ class StepLog:
 
     def _read(self, step: int, device_metrics: Any, phase: Any) -> None:
         values = jax.device_get(device_metrics)
+        if self._rate_from is None:
+            self._rate_from = (step, time.perf_counter())
         self.window.count(
             values, phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
         )
@@ -400,12 +460,18 @@ class StepLog:
             return
         self.consecutive_bad = 0
         self.window.add(values)
+        now = time.perf_counter()
         if step % int(self.config.log_every_steps) == 0 or step == self.total:
             row = self.window.row(values, phase.index + 1, phase.max_seq_length)
-            eta = (time.perf_counter() - self.start) / max(self.dispatched, 1) * (self.total - step)
+            _, eta = self._eta(step)
             self.writer.write(step, row)
             self.console(train_line(step, self.total, row, eta))
             self.last_train = row
+            self._last_line = now
+        elif step in self.EARLY_STEPS or now - self._last_line >= self.PROGRESS_SECONDS:
+            per_step, eta = self._eta(step)
+            self.console(progress_line(step, self.total, per_step, eta))
+            self._last_line = now
 
     def _skipped(self, step: int) -> None:
         self.consecutive_bad += 1

@@ -12,8 +12,9 @@ Resume order (first that applies):
   4. scratch (random init from `config.seed`).
 
 Workdir layout: `config.json` (the resolved config), `checkpoints/` (Orbax), `metrics.jsonl`,
-`tensorboard/`, `tokenizer/` (when one was trained for the run), `data/` (records prepared on the
-fly), `model/` (the exported model directory).
+`tensorboard/`, `plots/pretraining.png` (loss, accuracies and learning rate; at each eval and the
+end), `tokenizer/` (when one was trained for the run), `data/` (records prepared on the fly),
+`model/` (the exported model directory).
 
 Failure behaviour: a non-finite loss or gradient skips the update (train_step) and is counted;
 more than `max_consecutive_nonfinite` in a row stop the run with `NonFiniteError`, leaving the
@@ -31,6 +32,8 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import time
 from collections.abc import Callable
 
 import jax
@@ -53,6 +56,7 @@ from bert_jax.training import (
     inputs,
     metrics,
     model_dir,
+    plots,
 )
 from bert_jax.training import workdir as workdir_lib
 from bert_jax.training.config_lib import Phase
@@ -109,14 +113,17 @@ def pretrain(
 def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> PretrainResult:
     """`pretrain` while this run holds the workdir's lock."""
     # --- Set-up: config checked, tokenizer resolved (nothing compiled yet). ---
-    console = print if is_main else (lambda *a, **k: None)
+    console = _console if is_main else (lambda *a, **k: None)
     model_config = config_lib.bert_config(config)
     rules = partitioning.rules_from_config(config.mesh.rules)
-    phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main)
+    console(plan_line(config, workdir))
+    warning = config_lib.warmup_warning(config, config_lib.plan_phases(config))
+    if warning:
+        console(f"bert-jax pretrain: {warning}")
+    phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main, console)
     total = phases[-1].end
-    tx, schedule = optim.from_config(
-        config.optimizer, [p.steps for p in phases], [config[p.name] for p in phases]
-    )
+    optimizer, phase_specs = config_lib.resolved_optimizer(config, phases)
+    tx, schedule = optim.from_config(optimizer, [p.steps for p in phases], phase_specs)
     accum_steps = int(config.grad_accum_steps)
     trainer = ShardedTrainer(
         model_config, tx, mesh, rules, schedule, accum_steps=accum_steps,
@@ -143,10 +150,8 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     if is_main:  # the rows of steps after this one are redone: drop the old ones
         metrics.drop_rows_after(os.path.join(workdir, "metrics.jsonl"), step)
     console(
-        f"bert-jax pretrain: {model_config.num_hidden_layers} layers, hidden "
-        f"{model_config.hidden_size}, {total} steps in {len(phases)} phase(s) on "
-        f"{jax.device_count()} {jax.devices()[0].platform} device(s) mesh {dict(mesh.shape)}; "
-        f"starting at step {step} from {origin}"
+        f"bert-jax pretrain: starting at step {step} from {origin} on {jax.device_count()} "
+        f"{jax.devices()[0].platform} device(s), mesh {dict(mesh.shape)}"
     )
 
     # --- The loop: dispatch step N, then read step N-1's metrics (never block the device). ---
@@ -156,29 +161,36 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     heartbeat = heartbeat_lib.Heartbeat(  # for a supervisor (launch tpu watch)
         workdir, jax.process_index(), step, total, process_count=jax.process_count()
     )
-    iterator, phase, eval_batches, last_eval, preempted = None, None, [], {}, False
+    plot_path = os.path.join(workdir, plots.PLOT_NAME)
+    iterator, phase, eval_batches, last_eval, preempted = None, None, None, {}, False
+    compiling = False
     try:
         while step < total:
             if phase is None or step >= phase.end:  # a new phase: its own inputs
                 phase = config_lib.phase_at(phases, step)
-                iterator = inputs.train_iterator(config, phase, tokenizer, workdir)
-                if restored_position is not None and restored_phase == phase.index:
-                    iterator.set_state(restored_position)
-                restored_position = None
-                eval_batches = inputs.eval_batches(config, phase, tokenizer, workdir)
                 console(
                     f"phase {phase.index + 1}: steps {phase.start}-{phase.end - 1}, seq "
                     f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, "
                     f"global batch {phase.batch_size}, data {phase.source}"
                 )
+                iterator = inputs.train_iterator(config, phase, tokenizer, workdir, console)
+                if restored_position is not None and restored_phase == phase.index:
+                    iterator.set_state(restored_position)
+                restored_position = None
+                eval_batches = None  # prepared at the phase's first evaluation, if it has one
+                compiling = True
             local = next(iterator)
             step_log.note_corrupt_files(step, iterator.corrupt_files)
             if step_hook is not None:
                 local = step_hook(step, local)
+            started = time.perf_counter()
             state, step_metrics = trainer.train_step(
                 state, trainer.global_batch(local), dropout_rng
             )
             step += 1
+            if compiling:  # the phase's first step compiles (synchronously) before it runs
+                step_log.compiled(step, phase, time.perf_counter() - started)
+                compiling = False
             step_log.push(step, step_metrics, phase)
             heartbeat.beat(step)
 
@@ -186,13 +198,24 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
             if _every(step, config.checkpoint.every_steps, total) or preempted:
                 step_log.flush()
                 _save_checkpoint(checkpointer, step, state, phase, iterator, mesh)
-            if eval_batches and _every(step, config.eval.every_steps, total):
-                last_eval = _evaluate_and_log(trainer, state, eval_batches, step, writer, console)
-                step_log.window.throughput.reset()  # evaluation time is not training throughput
+            if config.eval.every_steps > 0 and _every(step, config.eval.every_steps, total):
+                if eval_batches is None:
+                    eval_batches = inputs.eval_batches(config, phase, tokenizer, workdir, console)
+                if eval_batches:
+                    step_log.flush()  # the curves include this step's row
+                    last_eval = _evaluate_and_log(
+                        trainer, state, eval_batches, step, writer, console
+                    )
+                    if is_main:
+                        plots.write_plot(writer.jsonl_path, plot_path)
+                # Evaluation time is not training throughput.
+                step_log.window.throughput.reset()
             if preempted:
                 console(f"preemption requested: saved checkpoint at step {step}; exiting")
                 break
         step_log.flush()
+        if is_main:
+            plots.write_plot(writer.jsonl_path, plot_path)
     finally:
         try:
             checkpointer.wait()  # raises CheckpointSaveError if the last save failed
@@ -220,7 +243,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
         )
     console(
         f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
-        f"tensorboard: tensorboard --logdir {writer.tensorboard_dir}"
+        f"plots: {plot_path}\n{tensorboard_line(writer.tensorboard_dir)}"
     )
     return PretrainResult(
         final_step=step,
@@ -237,15 +260,56 @@ def _every(step: int, every_steps: int, total: int) -> bool:
     return step % int(every_steps) == 0 or step == total
 
 
-def _prepare_workdir(config, workdir: str, is_main: bool):
+def _console(*args, **kwargs) -> None:
+    print(*args, **kwargs, flush=True)  # a line as soon as it is said, also into a pipe
+
+
+def plan_line(config, workdir: str) -> str:
+    """The run's first line: model, steps, warmup and the intervals of logs, checkpoints, evals."""
+    phases = config_lib.plan_phases(config)
+    total = phases[-1].end
+    optimizer, _ = config_lib.resolved_optimizer(config, phases)
+    warmup = (
+        f"warmup {optimizer.warmup_steps} steps"
+        if optimizer.schedule == "whole_run"
+        else "warmup per phase"
+    )
+    evaluation = (
+        f"eval every {config.eval.every_steps} steps and at the end"
+        if config.eval.every_steps > 0
+        else "no eval"
+    )
+    return (
+        f"bert-jax pretrain: {config.model.num_hidden_layers} layers, hidden "
+        f"{config.model.hidden_size}, vocab {config.model.vocab_size}; {total} steps in "
+        f"{len(phases)} phase(s), lr {config.optimizer.learning_rate:g} after {warmup}; a line "
+        f"every {config.log_every_steps} steps, checkpoint every {config.checkpoint.every_steps} "
+        f"and at the end, {evaluation}; workdir {workdir}"
+    )
+
+
+def tensorboard_line(directory: str) -> str:
+    """How to look at the TensorBoard events: the command, or how to install it first."""
+    if shutil.which("tensorboard"):
+        return f"tensorboard: tensorboard --logdir {directory}"
+    return (
+        f"tensorboard: events in {directory} (`pip install tensorboard`, then "
+        f"`tensorboard --logdir {directory}`)"
+    )
+
+
+def _prepare_workdir(config, workdir: str, is_main: bool, console=lambda *a: None):
     """(phases, mesh, tokenizer) after every check that must fail before compiling; writes the
     workdir's config.json and tokenizer/."""
     workdir_lib.check_same_model(workdir, config)  # before config.json is written anew
     phases = config_lib.plan_phases(config)
     mesh = partitioning.make_mesh(config.mesh.shape)
     config_checks.validate(config, phases, mesh, None)
-    tokenizer = inputs.resolve_tokenizer(config, phases, workdir)
+    tokenizer = inputs.resolve_tokenizer(config, phases, workdir, console)
     config_checks.validate(config, phases, mesh, tokenizer)
+    named = [(f"config.{p.name} data", p.source) for p in phases]
+    named += [(f"eval data for {p.name}", inputs.eval_source(config, p)) for p in phases]
+    inputs.check_records_tokenizer(tokenizer, named, "the run's tokenizer")
     own_tokenizer = os.path.join(workdir, "tokenizer")
     if is_main and not fs.isdir(own_tokenizer):
         tokenizer.save(own_tokenizer)  # the workdir alone then describes the model

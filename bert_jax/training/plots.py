@@ -1,0 +1,78 @@
+"""The pretraining picture: `<workdir>/plots/pretraining.png` from the run's metrics.jsonl.
+
+Four panels over the steps: the training loss (total, MLM, NSP) with the held-out loss, MLM
+accuracy (training, held-out, and the held-out most-frequent-token baseline), NSP accuracy
+(training, held-out, chance 0.5) and the learning rate. The loop writes it at each evaluation and
+at the end; matplotlib's Agg canvas needs no display.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bert_jax.data import files
+from bert_jax.runtime import fs
+from bert_jax.training import metrics
+
+PLOT_NAME = os.path.join("plots", "pretraining.png")
+
+
+def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    points = [(int(r["step"]), float(r[key])) for r in rows if key in r]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def write_plot(jsonl_path: str, path: str) -> bool:
+    """Draws the run's curves from `jsonl_path` into `path` (replaced whole); False when there
+    is nothing to draw yet."""
+    if not fs.exists(jsonl_path):
+        return False
+    train = metrics.read_jsonl(jsonl_path, "train")
+    evals = metrics.read_jsonl(jsonl_path, "eval")
+    if not train and not evals:
+        return False
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11.0, 7.0), dpi=100)
+    FigureCanvasAgg(figure)
+    loss, mlm, nsp, rate = figure.subplots(2, 2).ravel()
+
+    for key, label in (("loss", "train loss"), ("mlm_loss", "train MLM loss")):
+        loss.plot(*_series(train, key), label=label)
+    if any("nsp_loss" in r for r in train):
+        loss.plot(*_series(train, "nsp_loss"), label="train NSP loss")
+    loss.plot(*_series(evals, "loss"), "o-", label="held-out loss")
+    loss.set_title("loss")
+
+    mlm.plot(*_series(train, "mlm_accuracy"), label="train")
+    mlm.plot(*_series(evals, "mlm_accuracy"), "o-", label="held-out")
+    mlm.plot(*_series(evals, "mlm_baseline_accuracy"), "k--", label="most frequent token")
+    mlm.set_title("MLM accuracy")
+
+    if any("nsp_accuracy" in r for r in train + evals):
+        nsp.plot(*_series(train, "nsp_accuracy"), label="train")
+        nsp.plot(*_series(evals, "nsp_accuracy"), "o-", label="held-out")
+        nsp.axhline(0.5, color="black", linestyle="--", label="chance")
+        nsp.set_title("NSP accuracy")
+    else:
+        nsp.set_axis_off()
+        nsp.text(0.5, 0.5, "no NSP in this objective", ha="center", va="center")
+
+    rate.plot(*_series(train, "learning_rate"))
+    rate.set_title("learning rate")
+    rate.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+
+    for axes in (loss, mlm, nsp, rate):
+        axes.set_xlabel("step")
+        axes.grid(alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize="small")
+    figure.suptitle(f"pretraining: {os.path.dirname(os.path.dirname(path)) or '.'}")
+    figure.tight_layout()
+    fs.makedirs(os.path.dirname(path), exist_ok=True)
+    with files.local_then_place(path, suffix=".png") as local:
+        figure.savefig(local)
+    return True

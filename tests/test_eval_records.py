@@ -1,0 +1,92 @@
+"""`bert-jax eval` on prepared records (issue 49): every record counted once, progress and the
+count said, and records the model cannot read refused in one line: another tokenizer than the
+model's (as `pretrain` refuses them), or token ids beyond its vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+
+from bert_jax import cli
+from bert_jax.data import records as records_lib
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import config_lib, evaluate, model_dir, pretrain
+from tests.convert_fixtures import random_params, write_vocab
+from tests.data_fixtures import SPM_VOCAB_SIZE, embedded_spm, embedded_spm_dir
+from tests.helpers import tiny_config
+
+CONFIG = tiny_config(vocab_size=SPM_VOCAB_SIZE, num_hidden_layers=1, hidden_size=32)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """Records of the embedded eval split (length 32) and a model of their tokenizer."""
+    root = tmp_path_factory.mktemp("eval_records")
+    records = str(root / "records")
+    argv = ["data", "prepare", "--input", "embedded:eval", "--tokenizer", embedded_spm_dir()]
+    argv += ["--output", records, "--max-seq-length", "32", "--max-predictions-per-seq", "5"]
+    assert cli.main([*argv, "--dupe-factor", "1"]) == 0
+    model = model_dir.save_model_dir(root / "model", CONFIG, random_params(CONFIG), embedded_spm())
+    tf = records_lib.import_tensorflow()
+    count = sum(1 for _ in tf.data.TFRecordDataset(records_lib.list_record_files([records])))
+    return {"root": root, "records": records, "model": str(model), "count": count}
+
+
+def test_every_record_counts_once_whatever_the_batch_size(dirs):
+    count = dirs["count"]
+    lines = []
+    whole = evaluate.evaluate_model(dirs["model"], dirs["records"], batch_size=count)
+    batch = 7 if count % 7 else 9  # a last batch that is partly filling
+    assert count % batch
+    padded = evaluate.evaluate_model(
+        dirs["model"], dirs["records"], batch_size=batch, console=lines.append
+    )
+    assert whole["examples"] == padded["examples"] == count
+    assert padded["batches"] == -(-count // batch)
+    for key in ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "mlm_baseline_accuracy"):
+        assert padded[key] == pytest.approx(whole[key], abs=1e-5), key
+    assert lines[0] == f"evaluating {count} records"
+    assert lines[-1].startswith(f"evaluated {count} records in {padded['batches']} batches in ")
+    # --batches stops early, and says how many records that was.
+    first = evaluate.evaluate_model(dirs["model"], dirs["records"], batch_size=batch, batches=2)
+    assert (first["examples"], first["batches"]) == (2 * batch, 2)
+
+
+def test_eval_prints_how_many_records_it_read(dirs, capsys):
+    argv = ["eval", "--model", dirs["model"], "--data", dirs["records"], "--batch-size", "64"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"evaluating {dirs['count']} records" in out
+    assert f"examples: {dirs['count']} records ({-(-dirs['count'] // 64)} batches)" in out
+
+
+def test_records_of_another_tokenizer_are_refused_naming_both(dirs, capsys):
+    vocab = write_vocab(str(dirs["root"] / "vocab.txt"), SPM_VOCAB_SIZE)
+    other = model_dir.save_model_dir(
+        dirs["root"] / "wordpiece-model", CONFIG, random_params(CONFIG), vocab
+    )
+    assert cli.main(["eval", "--model", str(other), "--data", dirs["records"]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"--data {dirs['records']} was prepared with another tokenizer (sentencepiece, " in err
+    assert f"than --model {other}'s tokenizer (wordpiece, {SPM_VOCAB_SIZE} pieces" in err
+
+    # pretrain names the same two tokenizers before anything compiles.
+    config = config_lib.pretraining_config("tiny")
+    config.model.vocab_size = SPM_VOCAB_SIZE
+    config.total_steps = 2
+    config.data.source = dirs["records"]
+    config.data.tokenizer = vocab
+    with pytest.raises(UserError, match="was prepared with another tokenizer .sentencepiece"):
+        pretrain.pretrain(config, str(dirs["root"] / "run"))
+
+
+def test_token_ids_beyond_the_models_vocabulary_are_one_line(dirs, capsys):
+    small = tiny_config(vocab_size=1000, num_hidden_layers=1, hidden_size=32)
+    # No tokenizer saved with it: only the ids can tell.
+    model = model_dir.save_model_dir(dirs["root"] / "small-model", small, random_params(small))
+    assert cli.main(["eval", "--model", str(model), "--data", dirs["records"]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"--data {dirs['records']} holds token id " in err
+    assert f"but --model {model} has vocab_size 1000" in err
+    assert "Traceback" not in err
