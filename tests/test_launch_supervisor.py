@@ -17,6 +17,7 @@ import pytest
 from bert_jax.launch import (
     ApiError,
     CommandFailed,
+    LaunchError,
     Runner,
     events,
     queued,
@@ -400,11 +401,11 @@ def _started_job(tmp_path, capacity: str | None = "spot") -> workdir_state.Job:
     return job
 
 
-def _watch(job, gcloud, polls: int) -> tuple[watcher.Watcher, list[float], str]:
-    """Runs the supervisor (poll 1 s) for `polls` pauses on an injected clock; (the watcher, the
-    pauses it took, what it said)."""
+def _watch(job, gcloud, polls: int, **policy) -> tuple[watcher.Watcher, list[float], str]:
+    """Runs the supervisor (poll 1 s; `policy` changes it) for `polls` pauses on an injected
+    clock; (the watcher, the pauses it took, what it said)."""
     out, pauses = io.StringIO(), []
-    policy = dataclasses.replace(POLICY, poll_seconds=1.0)
+    policy = dataclasses.replace(POLICY, **{"poll_seconds": 1.0, **policy})
     supervisor = watcher.Watcher(
         job, policy, Runner(out=out, run=gcloud), stream=False, out=out,
         clock=lambda: 1000.0 + sum(pauses), sleep=pauses.append,
@@ -523,3 +524,110 @@ def test_up_waits_through_api_errors_and_creates_nothing_on_one(tmp_path):
     with pytest.raises(CommandFailed):
         tpu.create(vm, Runner(out=io.StringIO(), run=gcloud))  # --no-queued
     assert gcloud.verbs() == ["describe"]
+
+
+# --- The re-create delay: from deleting a lost slice to asking for it again -----------------
+
+
+def test_decide_waits_the_recreate_delay_not_the_poll():
+    """The delay is its own setting: shorter or longer than the poll, the decision names the
+    pause; by default it is the poll interval."""
+    assert POLICY.recreate_delay == POLICY.poll_seconds == 60.0
+    lost = {"qr_state": None, "node_state": None}
+    short = dataclasses.replace(POLICY, poll_seconds=60.0, recreate_delay_seconds=10.0)
+    long = dataclasses.replace(POLICY, poll_seconds=60.0, recreate_delay_seconds=300.0)
+    for obs_changes in [lost, {"queued": False, **lost}]:  # a queued resource; --no-queued
+        recreate = decide(_obs(qr_state="SUSPENDED", node_state=None), short)
+        assert (recreate.action, recreate.pause) == ("recreate", 10.0)
+        waiting = decide(_obs(**obs_changes, since_lost=4.0), short)
+        assert (waiting.action, waiting.pause) == ("wait", 6.0)
+        assert "--recreate-delay" in waiting.reason
+        assert decide(_obs(**obs_changes, since_lost=10.0), short).action == "create"
+        assert decide(_obs(qr_state="FAILED", node_state=None), long).pause == 60.0
+        assert decide(_obs(**obs_changes, since_lost=100.0), long).pause == 60.0
+        assert decide(_obs(**obs_changes, since_lost=280.0), long).pause == 20.0
+        assert decide(_obs(**obs_changes, since_lost=300.0), long).action == "create"
+        # Not after a lost slice (the first create): at once, whatever the delay.
+        assert decide(_obs(**obs_changes), long).action == "create"
+        at_once = dataclasses.replace(POLICY, recreate_delay_seconds=0.0)
+        assert decide(_obs(**obs_changes, since_lost=0.0), at_once).action == "create"
+    # A restart on the same slice (SIGTERM, 143) is not a re-create: the poll as before.
+    restart = decide(_obs(job="exited", exit_statuses=(143,)), short)
+    assert (restart.action, restart.pause) == ("restart", None)
+
+
+@pytest.mark.parametrize("delay", [-1.0, float("inf"), float("nan")])
+def test_a_bad_recreate_delay_is_refused_naming_the_flag(delay):
+    with pytest.raises(LaunchError, match="^--recreate-delay .*use a duration of 0 or more"):
+        Policy(recreate_delay_seconds=delay)
+
+
+def test_lost_at_is_the_deletion_of_a_slice_not_asked_for_again():
+    rows = [{"time": t, "event": e} for t, e in [(1, "queued"), (2, "active"), (3, "started")]]
+    assert events.lost_at(rows) is None
+    rows.append({"time": 9.5, "event": "preempted"})
+    assert events.lost_at(rows) == 9.5
+    assert events.lost_at([*rows, {"time": 10, "event": "watching"}]) == 9.5
+    assert events.lost_at([*rows, {"time": 12, "event": "queued"}]) is None
+    # A job stopped by SIGTERM and restarted on its slice: nothing was lost.
+    assert events.lost_at([*rows, {"time": 9.6, "event": "restarted"}]) is None
+
+
+class LosingGcloud(ScriptedGcloud):
+    """A slice that is SUSPENDED: a delete takes it away, a create asks for it (ACCEPTED)."""
+
+    def __call__(self, argv, check=False, **kwargs):
+        verb = argv[argv.index("tpus") + 2]
+        if verb == "delete":
+            self.qr = self.node = None
+        elif verb == "create":
+            self.qr = "ACCEPTED"
+        return super().__call__(argv, check, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "delay, pauses, waited",
+    [
+        (2.5, [1.0, 1.0, 0.5, 1.0], 2.5),  # longer than the poll: polls go on, then the rest
+        (0.25, [0.25, 1.0, 1.0, 1.0], 0.25),  # shorter: the next poll comes when it is over
+        (None, [1.0, 1.0, 1.0, 1.0], 1.0),  # not set: the poll interval
+    ],
+)
+def test_the_watcher_asks_again_after_the_recreate_delay(tmp_path, delay, pauses, waited):
+    job = _started_job(tmp_path)
+    gcloud = LosingGcloud(qr="SUSPENDED", node=None)
+    supervisor, taken, said = _watch(job, gcloud, polls=4, recreate_delay_seconds=delay)
+    assert taken == pauses
+    assert gcloud.verbs().count("delete") == 1 and gcloud.verbs().count("create") == 1
+    rows = events.read(job.workdir)
+    assert [r["event"] for r in rows][3:6] == ["watching", "preempted", "queued"]
+    assert rows[5]["time"] - rows[4]["time"] == waited  # deleted -> asked for again
+    if delay == 2.5:
+        assert said.count("the slice was lost: asking again 2.5 s after (--recreate-delay)") == 1
+
+
+def test_a_watcher_started_afresh_keeps_the_recreate_delay(tmp_path):
+    """The delay counts from the `preempted` row in events.jsonl, not from this process."""
+    job = _started_job(tmp_path)
+    events.EventLog(job.workdir, clock=lambda: 999.0).append("preempted", reason="gone")
+    gcloud = ScriptedGcloud(qr=None, node=None)
+    _, taken, _ = _watch(job, gcloud, polls=3, recreate_delay_seconds=2.5)
+    assert taken == [1.0, 0.5, 1.0]  # 1 s had passed at the first look: 1.5 s were left
+    assert gcloud.verbs().count("create") == 1
+
+
+def test_the_recreate_delay_flag_reaches_the_policy_and_the_detached_watch():
+    from bert_jax import cli
+    from bert_jax.cli import launch as launch_cli
+
+    watch = ["launch", "tpu", "watch", "--workdir", "gs://b/run"]
+    args = cli.build_parser().parse_args([*watch, "--poll", "30s", "--recreate-delay", "5m"])
+    policy = launch_cli._policy(args)
+    assert (policy.poll_seconds, policy.recreate_delay) == (30.0, 300.0)
+    assert launch_cli._watch_argv(args, "gs://b/run")[-2:] == ["--recreate-delay", "300.0"]
+    up = ["launch", "tpu", "up", "--name", "n", "--zone", "z", "--watch", "--recreate-delay", "0"]
+    args = cli.build_parser().parse_args([*up, "--", "--workdir", "gs://b/run"])
+    assert launch_cli._policy(args).recreate_delay == 0.0
+    args = cli.build_parser().parse_args(watch)
+    assert launch_cli._policy(args).recreate_delay == 60.0  # not set: the poll interval
+    assert "--recreate-delay" not in launch_cli._watch_argv(args, "gs://b/run")

@@ -197,6 +197,14 @@ def _watching_flags() -> argparse.ArgumentParser:
     group.add_argument(
         "--poll", type=_seconds, default=60.0, metavar="DURATION", help="default 60s"
     )
+    group.add_argument(
+        "--recreate-delay",
+        type=_seconds,
+        default=None,
+        metavar="DURATION",
+        help="from deleting a preempted or failed slice to asking for it again "
+        "(default: the --poll interval)",
+    )
     group.add_argument("--keep", action="store_true", help="keep the slice when done")
     group.add_argument(
         "--detach",
@@ -221,6 +229,7 @@ def _policy(args):
         startup_timeout=args.startup_timeout,
         stop_grace=args.stop_grace,
         poll_seconds=args.poll,
+        recreate_delay_seconds=args.recreate_delay,
         keep=args.keep,
     )
 
@@ -234,6 +243,8 @@ def _watch_argv(args, workdir: str) -> list[str]:
         argv += ["--max-preemptions", str(args.max_preemptions)]
     if args.stall_timeout is not None:
         argv += ["--stall-timeout", str(args.stall_timeout)]
+    if args.recreate_delay is not None:
+        argv += ["--recreate-delay", str(args.recreate_delay)]
     return argv + (["--keep"] if args.keep else [])
 
 

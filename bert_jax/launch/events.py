@@ -48,6 +48,10 @@ CAUSE_NAMES = {
     "other": "other (tear-down, polling)",
 }
 RESTART_CAUSES = ("preempted", "stalled", "failed")
+TIME_DIGITS = 3  # a row's `time` is kept to the millisecond
+TIME_RESOLUTION = 10.0**-TIME_DIGITS
+# Rows after which a lost slice's `preempted` row no longer says "deleted, not asked for again".
+_CAPACITY_OR_JOB = ("queued", "active", "started", "restarted")
 
 
 def path(workdir: str) -> str:
@@ -64,7 +68,7 @@ class EventLog:
         self.rows = read(workdir)
 
     def append(self, event: str, **fields) -> dict:
-        row = {"time": round(self._clock(), 3), "event": event, **fields}
+        row = {"time": round(self._clock(), TIME_DIGITS), "event": event, **fields}
         self.rows.append(row)
         fs.makedirs(os.path.dirname(self.path), exist_ok=True)
         fs.write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
@@ -96,6 +100,20 @@ def counts(rows: Iterable[dict]) -> dict[str, int]:
         if row["event"] in found:
             found[row["event"]] += 1
     return found
+
+
+def lost_at(rows: Sequence[dict]) -> float | None:
+    """When the supervisor deleted a lost slice that it has not asked for again: the time of the
+    last `preempted` row with no capacity asked for (`queued`) nor job started since; None
+    otherwise. (A job stopped by SIGTERM is a `preempted` row too, followed by `restarted` at
+    once: its slice was not lost.)"""
+    lost = None
+    for row in rows:
+        if row["event"] == "preempted":
+            lost = row["time"]
+        elif row["event"] in _CAPACITY_OR_JOB:
+            lost = None
+    return lost
 
 
 @dataclasses.dataclass

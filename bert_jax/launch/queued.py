@@ -32,9 +32,11 @@ POLL_SECONDS = 60.0
 MAX_API_ERRORS = 10  # describes in a row that fail (not NOT_FOUND) before a wait gives up
 
 
-def retry_delay(poll_seconds: float, failures: int) -> float:
-    """The pause after `failures` failed cloud commands in a row: the poll, doubled each time,
-    at most 512 s (AXLearn's backoff)."""
+def api_error_backoff(poll_seconds: float, failures: int) -> float:
+    """The pause after `failures` cloud commands in a row that failed (an API error: the state
+    is unknown): the poll, doubled each time, at most 512 s (AXLearn's backoff). Not the
+    supervisor's re-create delay (`supervisor.Policy.recreate_delay`), which is the pause from
+    deleting a lost slice to asking for it again."""
     return min(512.0, poll_seconds * 2 ** max(0, failures - 1))
 
 
@@ -145,7 +147,7 @@ def wait_until_active(
             api_errors += 1
             if api_errors >= MAX_API_ERRORS:
                 raise
-            delay = retry_delay(poll_seconds, api_errors)
+            delay = api_error_backoff(poll_seconds, api_errors)
             runner.note(f"{err} ({api_errors} in a row; retrying in {delay:g} s)")
             sleep(delay)
             continue

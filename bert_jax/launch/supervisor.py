@@ -5,8 +5,10 @@ worker: running, exited N, none) and the run's progress (the hosts' heartbeats i
 then `decide` — a pure function from that observation to one action — says what to do:
 
   the exported model exists                 -> finish: delete the slice (unless --keep), exit 0
-  resource SUSPENDED / FAILED, VM PREEMPTED / TERMINATED, or job stopped by SIGTERM (143)
-                                            -> a preemption: delete what is left, create, start
+  resource SUSPENDED / FAILED, VM PREEMPTED / TERMINATED
+                                            -> a lost slice: delete what is left; create again
+                                               once the re-create delay has passed; start
+  job stopped by SIGTERM (143)              -> a preemption of the job: restart it
   resource SUSPENDING / DELETING, queued    -> wait (a forced delete while SUSPENDING is refused)
   job exited 2 (user error) or 4 (no fit)   -> give up at once: retrying cannot help
   job exited non-zero on a healthy slice    -> a failure: restart it
@@ -15,7 +17,9 @@ then `decide` — a pure function from that observation to one action — says w
   a budget spent (--max-failures for failures and stalls, --max-preemptions)
                                             -> give up with the log's last lines (exit 1)
 
-The loop that observes and acts is in watcher.py; this file is the rules alone.
+The loop that observes and acts is in watcher.py; this file is the rules alone, the timing
+between polls included: a decision may name the pause before the next poll (the re-create
+delay), else the watcher waits the poll interval.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bert_jax.launch import LaunchError, queued
+from bert_jax.launch import LaunchError, events, queued
 from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT, EXIT_STOPPED, EXIT_USER_ERROR
 
 NEVER_RETRIED = (EXIT_USER_ERROR, EXIT_DOES_NOT_FIT)
@@ -38,6 +42,7 @@ DURATION_FLAGS = {
     "stop_grace": "--stop-grace",
     "poll_seconds": "--poll",
 }
+RECREATE_DELAY_FLAG = "--recreate-delay"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Policy:
     startup_timeout: float = 3600.0  # install + compile + restore, until the first step
     stop_grace: float = 120.0  # SIGTERM -> SIGKILL
     poll_seconds: float = 60.0
+    # From deleting a lost slice to asking for it again; None: the poll interval.
+    recreate_delay_seconds: float | None = None
     keep: bool = False  # keep the slice when done
 
     def __post_init__(self):
@@ -63,6 +70,18 @@ class Policy:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise LaunchError(f"{flag} {value:g} s: use a duration above 0 (e.g. 90s, 45m, 2h)")
+        delay = self.recreate_delay_seconds
+        if delay is not None and not (math.isfinite(delay) and delay >= 0):
+            raise LaunchError(
+                f"{RECREATE_DELAY_FLAG} {delay:g} s: use a duration of 0 or more (e.g. 0, 90s, 5m)"
+            )
+
+    @property
+    def recreate_delay(self) -> float:
+        """Seconds from deleting a lost slice to asking for it again (its one definition)."""
+        if self.recreate_delay_seconds is None:
+            return self.poll_seconds
+        return self.recreate_delay_seconds
 
     def stall_limit(self, slowest_step: float) -> float:
         if self.stall_timeout is not None:
@@ -87,6 +106,7 @@ class Observation:
     preemptions: int = 0
     failures: int = 0  # failures + stalls so far
     attempt: int = 1  # starts recorded in the workdir; 0: none (a job not started by us)
+    since_lost: float | None = None  # seconds since a lost slice was deleted; None: none since
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +115,7 @@ class Decision:
     event: str | None = None  # the events.jsonl row this decision writes
     reason: str = ""
     exit_status: int | None = None
+    pause: float | None = None  # seconds until the next poll; None: the poll interval
 
 
 def decide(obs: Observation, policy: Policy) -> Decision:
@@ -103,7 +124,7 @@ def decide(obs: Observation, policy: Policy) -> Decision:
         return Decision("finish", "finished", "the exported model exists", 0)
     if obs.queued:
         if obs.qr_state is None:
-            return Decision("create", "queued", "no queued resource")
+            return _create(obs, policy, "no queued resource")
         if obs.qr_state in queued.WAITING:
             return Decision("wait", reason=f"queued resource {obs.qr_state}")
         if obs.qr_state in ("SUSPENDING", "DELETING"):
@@ -117,7 +138,7 @@ def decide(obs: Observation, policy: Policy) -> Decision:
     if obs.node_state is None:
         if obs.queued:
             return Decision("wait", reason="queued resource ACTIVE, TPU VM not listed yet")
-        return Decision("create", "queued", "no TPU VM")
+        return _create(obs, policy, "no TPU VM")
     if obs.node_state != "READY":
         return Decision("wait", reason=f"TPU VM {obs.node_state}")
     return _job(obs, policy)
@@ -172,7 +193,29 @@ def _preempted(obs: Observation, policy: Policy, reason: str, action: str) -> De
         return Decision(
             "give-up", "preempted", f"{reason}; --max-preemptions {policy.max_preemptions} spent", 1
         )
+    if action == "recreate":  # the next poll comes when the new slice may be asked for
+        return Decision(action, "preempted", reason, pause=_until_recreate(policy, 0.0))
     return Decision(action, "preempted", reason)
+
+
+def _create(obs: Observation, policy: Policy, reason: str) -> Decision:
+    """Asks for the slice; after a lost one, only once the re-create delay has passed since its
+    deletion (counted from events.jsonl, so a watcher started afresh keeps it too)."""
+    delay = policy.recreate_delay
+    # events.jsonl keeps times to the millisecond: within that, the delay has passed.
+    if obs.since_lost is not None and obs.since_lost + events.TIME_RESOLUTION < delay:
+        return Decision(
+            "wait",
+            reason=f"the slice was lost: asking again {delay:g} s after ({RECREATE_DELAY_FLAG})",
+            pause=_until_recreate(policy, obs.since_lost),
+        )
+    return Decision("create", "queued", reason)
+
+
+def _until_recreate(policy: Policy, waited: float) -> float:
+    """The pause before the next poll while the re-create delay runs: the rest of it, at most
+    the poll interval (so the slice's state is still seen every poll)."""
+    return min(policy.poll_seconds, max(0.0, policy.recreate_delay - waited))
 
 
 def _failure(obs: Observation, policy: Policy, event: str, reason: str) -> Decision:

@@ -3,8 +3,9 @@
 `launch tpu up --watch` saves the job (`<workdir>/launch/job.json`: the TPU VM, capacity, pretrain
 command, environment; `<workdir>/launch/src.tar.gz`: the source the workers install) and runs
 this loop; `launch tpu watch --workdir W` loads them and runs it too, from any machine that can
-read the workdir and run gcloud. The rules are in supervisor.py; what happened goes to
-`<workdir>/launch/events.jsonl` (events.py).
+read the workdir and run gcloud. The rules are in supervisor.py, the pause before the next poll
+too (the poll interval, or what a decision names: the re-create delay after a lost slice); what
+happened goes to `<workdir>/launch/events.jsonl` (events.py).
 
 Progress is judged on this machine's clock: a stall is "no new step seen in the heartbeats for
 the stall timeout"; a watcher that starts afresh counts from its first look.
@@ -12,9 +13,9 @@ the stall timeout"; a watcher that starts afresh counts from its first look.
 Only the service's NOT_FOUND makes a queued resource or TPU VM absent. A describe that fails
 otherwise (an expired auth token, 429/5xx, a dropped connection: `ApiError`), like any cloud
 command that fails, ends the poll before anything is decided: nothing is created, deleted or
-restarted because of it. It is retried with backoff and said on a line; `API_ERRORS_EVENT_AFTER`
-in a row add a `cloud-errors` row to events.jsonl; `MAX_COMMAND_FAILURES` in a row stop the watch
-(exit 1; the job goes on).
+restarted because of it. It is retried with backoff (`queued.api_error_backoff`) and said on a
+line; `API_ERRORS_EVENT_AFTER` in a row add a `cloud-errors` row to events.jsonl;
+`MAX_COMMAND_FAILURES` in a row stop the watch (exit 1; the job goes on).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Watcher:
         self._command_failures = 0
         self._interrupted = threading.Event()
         self._waiting: str | None = None
+        self._next_pause = policy.poll_seconds  # what the last decision said, else the poll
 
     # --- observing --------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -134,6 +136,7 @@ class Watcher:
             since_progress = now - self._progress[2]
         starts = [r for r in self.log.rows if r["event"] in ("started", "restarted")]
         counts = events.counts(self.log.rows)
+        lost = events.lost_at(self.log.rows)
         obs = Observation(
             queued=self.qr is not None,
             qr_state=qr_state,
@@ -147,6 +150,7 @@ class Watcher:
             preemptions=counts["preempted"],
             failures=counts["failed"] + counts["stalled"],
             attempt=self.log.attempt,
+            since_lost=None if lost is None else now - lost,
         )
         self._note_milestones(obs, beats)
         return obs, beats
@@ -324,7 +328,9 @@ class Watcher:
         obs, beats = self.observe()
         if obs.job == "running" and self._streamer is None:
             self._follow()  # a watcher that found the job running streams it too
-        return self.act(decide(obs, self.policy), obs, beats)
+        decision = decide(obs, self.policy)
+        self._next_pause = self.policy.poll_seconds if decision.pause is None else decision.pause
+        return self.act(decision, obs, beats)
 
     def _check_alone(self) -> None:
         """Two supervisors of one run would both recreate and restart: refuse to start beside a
@@ -367,7 +373,7 @@ class Watcher:
             self.log.append(
                 "cloud-errors", attempt=self.log.attempt, count=failures, error=str(err)
             )
-        delay = queued.retry_delay(self.policy.poll_seconds, failures)
+        delay = queued.api_error_backoff(self.policy.poll_seconds, failures)
         self.say(f"{err} ({failures} in a row; nothing done on it, retrying in {delay:g} s)")
         return delay
 
@@ -405,7 +411,7 @@ class Watcher:
                     self._command_failures = 0
                 if status is not None:
                     return status
-                self._pause(self.policy.poll_seconds)
+                self._pause(self._next_pause)
             self.log.append("stopped-watching", attempt=self.log.attempt)
             self.say(
                 "stopped watching; the job goes on. Watch again with `bert-jax launch tpu watch "
