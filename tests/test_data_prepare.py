@@ -325,3 +325,34 @@ def test_beam_options_need_the_beam_runner_and_beam_itself(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "pip install 'bert-jax[beam]'" in err[0]
     assert not output.exists()
+
+
+def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
+    """The local path reads each split once: over a text file, a JSONL file and a multistream
+    Wikipedia dump cut into several splits, the bytes read are the files' sizes."""
+    from bert_jax.data import groups, splits
+    from tests.corpus_fixtures import realistic_dump_xml, write_stream_per_page_bz2
+
+    documents = sources.embedded_documents("eval")
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n\n".join("\n".join(d) for d in documents[:12]) + "\n", encoding="utf-8")
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": " ".join(d)}) + "\n" for d in documents[12:]))
+    dump = tmp_path / "enwiki-pages-articles-multistream.xml.bz2"
+    write_stream_per_page_bz2(dump, realistic_dump_xml())
+    count = splits.ByteCount()
+    read_split = splits.read_split
+
+    def counted(split, stats, **options):
+        return read_split(split, stats, byte_count=count, **options)
+
+    monkeypatch.setattr(groups.splits_lib, "read_split", counted)
+    settings = prepare.PrepareSettings(
+        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, num_groups=2, split_bytes=1500
+    )
+    inputs = [str(text), str(jsonl), str(dump)]
+    plan = prepare.plan_run(inputs, embedded_spm_dir(), tmp_path / "plan", settings)
+    assert len(plan.splits) > 2 * len(inputs)  # each input in several splits
+    result = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
+    assert result.instance_stats.instances > 0
+    assert count.content == sum(os.path.getsize(path) for path in inputs)
