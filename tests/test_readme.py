@@ -1,43 +1,23 @@
 """Every `bert-jax` command line in the code blocks of README.md and of the manual (docs/*.md) is
 accepted by today's CLI: the arguments parse and config overrides name real settings (nothing is
-run)."""
+run here; tests/test_docs_commands.py runs them)."""
 
 from __future__ import annotations
 
 import os
-import re
-import shlex
 
 import pytest
 
 from bert_jax import cli
 from bert_jax.cli import config_flags
+from tests.test_docs_commands import COMMANDS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-PAGES = ["README.md"] + sorted(
-    os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
-)
-
-
-def _examples() -> list[list[str]]:
-    """The argv of each `bert-jax ...` line in the pages' fenced code blocks (continuations
-    joined, comments dropped, a `.venv/bin/` prefix allowed)."""
-    blocks = []
-    for page in PAGES:
-        with open(os.path.join(REPO, page), encoding="utf-8") as f:
-            text = f.read()
-        blocks += re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
-    found = []
-    for block in blocks:
-        for line in block.replace("\\\n", " ").splitlines():
-            if line.startswith(("bert-jax ", ".venv/bin/bert-jax ")):
-                found.append(shlex.split(line, comments=True)[1:])
-    return found
-
-
-EXAMPLES = _examples()
+# The same extraction as the test that runs them (continuations joined, comments dropped, a
+# `.venv/bin/` prefix allowed, a shell loop's body with its first value).
+EXAMPLES = [list(command.argv) for command in COMMANDS]
 
 
 def test_the_pages_have_examples_of_every_command():
