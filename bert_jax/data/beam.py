@@ -223,6 +223,10 @@ def prepare_with_beam(
     if dry_run:
         return describe(plan, beam_args)
     options, runner = pipeline_options(beam_args)
+    # Beam's own INFO lines (type hints, workers' start and exit) drown the progress; a
+    # Dataflow job's state and its console link stay.
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("apache_beam.runners.dataflow").setLevel(logging.INFO)
     existing = prepare_lib.start_run(plan, settings)
     finished = frozenset(g for g, suffixes in existing.items() if {"tfrecord", "json"} <= suffixes)
     pipeline = beam.Pipeline(runner=runner, options=options)
