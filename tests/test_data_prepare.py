@@ -3,6 +3,7 @@ and the cached preparation a pretraining run makes from a raw corpus."""
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import json
 import os
@@ -356,3 +357,17 @@ def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
     result = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
     assert result.instance_stats.instances > 0
     assert count.content == sum(os.path.getsize(path) for path in inputs)
+
+
+def test_a_killed_runs_spilled_documents_are_removed_and_do_not_block_overwrite(tmp_path):
+    output = tmp_path / "out"
+    settings = prepare.PrepareSettings(
+        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, num_groups=2
+    )
+    prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
+    spill = output / ".spill-0-of-1"  # as a run killed while reading leaves it
+    spill.mkdir()
+    (spill / "split-000000.pkl").write_bytes(b"partial")
+    again = dataclasses.replace(settings, overwrite=True, seed=9)
+    prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, again)
+    assert not [name for name in os.listdir(output) if name.startswith(".")]

@@ -81,7 +81,11 @@ _FORMATS = {
 }
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
-_OWN_NAME_RE = re.compile(r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json)$")
+# A shard and its counts, a completion mark, and the folder where a run spills documents by
+# group (prepare._spill_dir; left behind only by a killed run).
+_OWN_NAME_RE = re.compile(
+    r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json|\.spill-\d+-of-\d+)$"
+)
 _OWN_NAMES = (CONFIG_FILE, TOKENIZER_SUBDIR, "prepared-complete.json")
 
 RECORDS_KIND = files.OutputKind(
