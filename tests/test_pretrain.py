@@ -304,3 +304,10 @@ def test_init_from_a_model_directory(uninterrupted, shared_dirs, tmp_path):
     assert_same_run(uninterrupted, fresh, [1, 2, 3])
     assert model_dir.load_model_dir(fresh).config.padded_vocab_size == 1024
     assert os.listdir(os.path.join(fresh, "tensorboard")), "TensorBoard events were written"
+
+
+def test_the_run_draws_its_curves(uninterrupted):
+    """plots/pretraining.png is drawn at the end from the run's own metrics.jsonl."""
+    workdir = uninterrupted[0]
+    with open(os.path.join(workdir, "plots", "pretraining.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

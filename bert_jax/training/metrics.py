@@ -412,6 +412,7 @@ class StepLog:
 
     def compiled(self, step: int, phase: Any, seconds: float) -> None:
         """The first step of `phase` (number `step`) was compiled and dispatched in `seconds`."""
+        self.flush()  # the steps before it are said first
         self.console(
             f"step {step}/{self.total}: phase {phase.index + 1}'s train step compiled and "
             f"dispatched in {seconds:.1f} s"

@@ -167,6 +167,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     try:
         while step < total:
             if phase is None or step >= phase.end:  # a new phase: its own inputs
+                step_log.flush()  # the last phase's last row first
                 phase = config_lib.phase_at(phases, step)
                 console(
                     f"phase {phase.index + 1}: steps {phase.start}-{phase.end - 1}, seq "
