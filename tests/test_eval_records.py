@@ -44,7 +44,7 @@ def test_every_record_counts_once_whatever_the_batch_size(dirs):
     assert padded["batches"] == -(-count // batch)
     for key in ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "mlm_baseline_accuracy"):
         assert padded[key] == pytest.approx(whole[key], abs=1e-5), key
-    assert lines[0] == f"evaluating {count} records"
+    assert lines[:2] == [f"loading {dirs['model']}", f"evaluating {count} records"]
     assert lines[-1].startswith(f"evaluated {count} records in {padded['batches']} batches in ")
     # --batches stops early, and says how many records that was.
     first = evaluate.evaluate_model(dirs["model"], dirs["records"], batch_size=batch, batches=2)

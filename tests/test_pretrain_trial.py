@@ -91,6 +91,14 @@ def test_the_runs_first_line_says_its_plan():
     )
 
 
+def test_the_first_line_says_when_nothing_will_be_evaluated(tmp_path):
+    config = config_lib.pretraining_config("tiny")
+    config.data.source = str(tmp_path)  # prepared records, and no config.eval.source
+    assert "no eval (config.eval.source is not set); " in pretrain.plan_line(config, "/w")
+    config.eval.every_steps = 0
+    assert "no eval (config.eval.every_steps=0); " in pretrain.plan_line(config, "/w")
+
+
 def test_a_phase_without_data_beside_one_with_data_is_refused_in_one_line(tmp_path, capsys):
     workdir = tmp_path / "w"
     argv = [*TRIAL, "--workdir", str(workdir), f"--config.phase1.data={tmp_path}/records128"]

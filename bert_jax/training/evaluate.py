@@ -59,6 +59,7 @@ def evaluate_model(
         raise UserError(f"--batch-size {batch_size} must be >= 1 and --batches {batches} >= 0")
     if not fs.exists(data):
         raise UserError(f"--data {data} does not exist")
+    console(f"loading {model}")
     loaded = model_dir.load_model_dir(model)
     if not loaded.has_heads:
         raise UserError(f"--model {model} has no pretraining heads (an encoder-only model)")

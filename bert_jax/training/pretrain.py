@@ -275,11 +275,12 @@ def plan_line(config, workdir: str) -> str:
         if optimizer.schedule == "whole_run"
         else "warmup per phase"
     )
-    evaluation = (
-        f"eval every {config.eval.every_steps} steps and at the end"
-        if config.eval.every_steps > 0
-        else "no eval"
-    )
+    if config.eval.every_steps <= 0:
+        evaluation = "no eval (config.eval.every_steps=0)"
+    elif not any(inputs.eval_source(config, p) for p in phases):
+        evaluation = "no eval (config.eval.source is not set)"
+    else:
+        evaluation = f"eval every {config.eval.every_steps} steps and at the end"
     return (
         f"bert-jax pretrain: {config.model.num_hidden_layers} layers, hidden "
         f"{config.model.hidden_size}, vocab {config.model.vocab_size}; {total} steps in "
