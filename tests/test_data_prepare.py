@@ -7,6 +7,9 @@ import dataclasses
 import filecmp
 import json
 import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -360,14 +363,21 @@ def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
 
 
 def test_a_killed_runs_spilled_documents_are_removed_and_do_not_block_overwrite(tmp_path):
+    """A run spills documents by group into a hidden folder named by its host and process; a
+    later run on the host removes what a killed one left, and --overwrite is not stopped by it."""
     output = tmp_path / "out"
     settings = prepare.PrepareSettings(
         max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, num_groups=2
     )
     prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
-    spill = output / ".spill-0-of-1"  # as a run killed while reading leaves it
-    spill.mkdir()
-    (spill / "split-000000.pkl").write_bytes(b"partial")
+    dead = subprocess.Popen([sys.executable, "-c", ""])  # a process id no longer in use
+    dead.wait()
+    # What runs killed while reading leave: one of this host, one of another host (whose
+    # process this host cannot see: kept, in case it still runs).
+    spilled = [f".spill-0-of-1-{socket.gethostname()}-{dead.pid}", ".spill-0-of-1-other-1"]
+    for name in spilled:
+        (output / name).mkdir()
+        (output / name / "split-000000.pkl").write_bytes(b"partial")
     again = dataclasses.replace(settings, overwrite=True, seed=9)
     prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, again)
-    assert not [name for name in os.listdir(output) if name.startswith(".")]
+    assert [name for name in os.listdir(output) if name.startswith(".")] == spilled[1:]

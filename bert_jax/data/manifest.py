@@ -84,7 +84,7 @@ _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 # A shard and its counts, a completion mark, and the folder where a run spills documents by
 # group (prepare._spill_dir; left behind only by a killed run).
 _OWN_NAME_RE = re.compile(
-    r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json|\.spill-\d+-of-\d+)$"
+    r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json|\.spill-\d+-of-\d+-.+)$"
 )
 _OWN_NAMES = (CONFIG_FILE, TOKENIZER_SUBDIR, "prepared-complete.json")
 

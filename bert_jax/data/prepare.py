@@ -63,7 +63,9 @@ import logging
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
+import socket
 import tempfile
 import time
 from collections import deque
@@ -531,15 +533,35 @@ def _reduce_group(group_index: int, pieces: list[tuple[str, int, int]], recorded
     return groups_lib.process_group(group_index, groups_lib.sorted_documents(keyed), recorded)
 
 
+_SPILL_RE = re.compile(r"^\.spill-\d+-of-\d+-(?P<host>.+)-(?P<pid>\d+)$")
+
+
 def _spill_dir(plan: RunPlan, settings: PrepareSettings) -> str:
-    """Where the map phase spills documents: a hidden folder of a local output (removed when the
-    run ends, and when a run starts after a killed one), a local temporary folder for a bucket."""
+    """Where the map phase spills documents: a hidden folder of a local output, named by this
+    host and process (every host of a pretraining job may prepare one shared cache directory),
+    removed when the run ends; a local temporary folder for a bucket. The folders that killed
+    runs of this host left are removed first."""
     if fs.is_remote(plan.output_dir):
         return tempfile.mkdtemp(prefix="bert-jax-spill-")
-    path = os.path.join(plan.output_dir, f".spill-{settings.shard_index}-of-{settings.num_shards}")
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
+    host = socket.gethostname()
+    for name in os.listdir(plan.output_dir):
+        match = _SPILL_RE.match(name)
+        if match and match["host"] == host and not _alive(int(match["pid"])):
+            shutil.rmtree(os.path.join(plan.output_dir, name), ignore_errors=True)
+    name = f".spill-{settings.shard_index}-of-{settings.num_shards}-{host}-{os.getpid()}"
+    path = os.path.join(plan.output_dir, name)
+    os.makedirs(path, exist_ok=True)
     return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _run_local(
