@@ -130,7 +130,9 @@ def test_a_group_that_fails_its_first_attempt_is_finished_by_the_rerun(
 
     def dies_writing_group_1(output_dir, group, counts, serialized):
         if group == 1:
-            with open(os.path.join(output_dir, ".part-00001.tfrecord.tmp-dead-1"), "wb") as f:
+            # The temporary name of a writer on another worker machine, killed mid-shard.
+            temporary = ".part-00001.tfrecord.tmp-worker-7-1234-deadbeef"
+            with open(os.path.join(output_dir, temporary), "wb") as f:
                 f.write(b"half a shard")
             raise RuntimeError("worker lost")
         write_group(output_dir, group, counts, serialized)

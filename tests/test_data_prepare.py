@@ -378,6 +378,15 @@ def test_a_killed_runs_spilled_documents_are_removed_and_do_not_block_overwrite(
     for name in spilled:
         (output / name).mkdir()
         (output / name / "split-000000.pkl").write_bytes(b"partial")
+    # And half-written shards: this host's dead writer's (removed), another machine's (kept:
+    # machines of --num-shards may write into one directory at once).
+    temporaries = [
+        f".part-00000.tfrecord.tmp-{socket.gethostname()}-{dead.pid}-0123abcd",
+        ".part-00001.tfrecord.tmp-other-1-0123abcd",
+    ]
+    for name in temporaries:
+        (output / name).write_bytes(b"half a shard")
     again = dataclasses.replace(settings, overwrite=True, seed=9)
     prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, again)
-    assert [name for name in os.listdir(output) if name.startswith(".")] == spilled[1:]
+    left = sorted(name for name in os.listdir(output) if name.startswith("."))
+    assert left == sorted([spilled[1], temporaries[1]])

@@ -142,7 +142,7 @@ def _finish(_, plan, settings, started, group_counts, split_stats):
             wall_seconds=time.time() - started,
             settings=plan.recorded,
         )
-        prepare_lib.finish_run(result, settings, plan, parts)
+        prepare_lib.finish_run(result, settings, plan, parts, everyone_done=True)
     except UserError as err:
         raise _marked(err) from None
     return []

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import re
+import socket
 import struct
 import time
 from collections.abc import Iterable, Iterator
@@ -44,7 +45,9 @@ logger = logging.getLogger(__name__)
 
 _PART_RE = re.compile(r"^part-(\d{5,})\.(tfrecord|json)$")
 # What ``files.temporary_name`` makes of a part's name: left behind only by a killed writer.
-_PART_TEMPORARY_RE = re.compile(r"^\.part-\d{5,}\.(tfrecord|json)\.tmp-")
+_PART_TEMPORARY_RE = re.compile(
+    r"^\.part-\d{5,}\.(tfrecord|json)\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]+"
+)
 
 
 @dataclass
@@ -213,16 +216,32 @@ def write_group(output_dir: str, group_index: int, counts: dict, serialized: lis
     records_lib.write_records(os.path.join(output_dir, part_name(group_index)), serialized)
 
 
-def remove_stale_temporaries(output_dir: str) -> int:
-    """Removes the temporary names (``.part-NNNNN.tfrecord.tmp-...``) that a writer killed
-    mid-shard left in ``output_dir``; returns how many. Run when no writer is left."""
-    stale = [name for name in fs.listdir(output_dir) if _PART_TEMPORARY_RE.match(name)]
+def remove_stale_temporaries(output_dir: str, everyone_done: bool = False) -> int:
+    """Removes the temporary names (``.part-NNNNN.tfrecord.tmp-HOST-PID-...``) that writers
+    killed mid-shard left in ``output_dir``; returns how many. Only those of this host's dead
+    processes, unless ``everyone_done`` (a Beam job's last step: no writer is left): other
+    machines may be writing into the same directory."""
+    host, stale = socket.gethostname(), []
+    for name in fs.listdir(output_dir):
+        match = _PART_TEMPORARY_RE.match(name)
+        if match and (
+            everyone_done or (match["host"] == host and not process_alive(int(match["pid"])))
+        ):
+            stale.append(name)
     for name in stale:
         fs.remove(os.path.join(output_dir, name))
     return len(stale)
 
 
-# --- driver side ----------------------------------------------------------------------------------
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def existing_parts(output_dir: str) -> dict[int, set[str]]:

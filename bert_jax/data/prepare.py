@@ -546,22 +546,12 @@ def _spill_dir(plan: RunPlan, settings: PrepareSettings) -> str:
     host = socket.gethostname()
     for name in os.listdir(plan.output_dir):
         match = _SPILL_RE.match(name)
-        if match and match["host"] == host and not _alive(int(match["pid"])):
+        if match and match["host"] == host and not groups_lib.process_alive(int(match["pid"])):
             shutil.rmtree(os.path.join(plan.output_dir, name), ignore_errors=True)
     name = f".spill-{settings.shard_index}-of-{settings.num_shards}-{host}-{os.getpid()}"
     path = os.path.join(plan.output_dir, name)
     os.makedirs(path, exist_ok=True)
     return path
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _run_local(
@@ -682,11 +672,15 @@ def prepare_records(
     return result
 
 
-def finish_run(result: PrepareResult, settings: PrepareSettings, plan: RunPlan, parts) -> None:
-    """The completion mark (``_write_stats``), written last; then the set-aside old shards go."""
+def finish_run(
+    result: PrepareResult, settings: PrepareSettings, plan: RunPlan, parts, everyone_done=False
+) -> None:
+    """The completion mark (``_write_stats``), written last; then the set-aside old shards go.
+    ``everyone_done``: no writer of this job is left (Beam's last step), so every temporary
+    name a killed writer left goes too."""
     shard = shard_merge.shard_record(plan.wanted, plan.num_groups, list(parts))
     with user_path(plan.output_dir, plan.output_what, writing=True):
-        groups_lib.remove_stale_temporaries(plan.output_dir)
+        groups_lib.remove_stale_temporaries(plan.output_dir, everyone_done)
         _write_stats(result, settings, shard)
     _drop_set_aside(plan.output_dir, settings)
 
