@@ -390,3 +390,30 @@ def test_a_killed_runs_spilled_documents_are_removed_and_do_not_block_overwrite(
     prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, again)
     left = sorted(name for name in os.listdir(output) if name.startswith("."))
     assert left == sorted([spilled[1], temporaries[1]])
+
+
+def test_a_tfds_source_is_cut_into_groups_by_its_recorded_size(monkeypatch):
+    """A TFDS split's size is unknown to the splits (0 bytes) but recorded in its dataset info
+    (``SplitInfo.num_bytes``): --group-bytes counts it, so a large TFDS corpus is not one group;
+    one that cannot be looked up counts 0 (reading it then says what is wrong)."""
+    import types
+
+    import tensorflow_datasets as tfds
+
+    from bert_jax.data import splits
+
+    def builder(name, data_dir=None):
+        if name != "wiki/en":
+            raise ValueError(f"no dataset {name}")
+        sizes = {"train": 20 << 20}
+        info = types.SimpleNamespace(
+            splits={k: types.SimpleNamespace(num_bytes=v) for k, v in sizes.items()}
+        )
+        return types.SimpleNamespace(info=info)
+
+    monkeypatch.setattr(tfds, "builder", builder)
+    wiki = splits.Split(0, "tfds:wiki/en:train", "tfds", 0, -1)
+    assert prepare._input_bytes(wiki, None) == 20 << 20
+    assert prepare._input_bytes(splits.Split(0, "tfds:other:train", "tfds", 0, -1), None) == 0
+    embedded = splits.Split(0, "embedded:eval", "embedded", 0, -1)
+    assert prepare._input_bytes(embedded, None) == 0

@@ -449,7 +449,7 @@ def plan_run(
     }
     splits = splits_lib.plan_splits(sources, target_bytes=settings.split_bytes, **reader_options)
     num_groups = settings.num_groups or groups_lib.derive_num_groups(
-        sum(splits_lib.split_bytes(split) for split in splits), settings.group_bytes
+        sum(_input_bytes(split, settings.tfds_data_dir) for split in splits), settings.group_bytes
     )
     output_dir = fs.abspath(os.fspath(output_dir))
     recorded = _recorded_settings(settings, tokenizer, sources, num_groups)
@@ -467,6 +467,22 @@ def plan_run(
         reader_options,
         tokenizer,
     )
+
+
+def _input_bytes(split, tfds_data_dir: str | None) -> int:
+    """What ``--group-bytes`` counts of a split: its bytes on storage, or for a TFDS split the
+    size its dataset info records (a whole Wikipedia in one group would not fit a worker). The
+    embedded corpus (a few MiB) counts 0: one group."""
+    size = splits_lib.split_bytes(split)
+    if size or split.kind != "tfds":
+        return size
+    import tensorflow_datasets as tfds
+
+    name, split_name = sources_lib.parse_tfds_source(split.source)
+    try:
+        return int(tfds.builder(name, data_dir=tfds_data_dir).info.splits[split_name].num_bytes)
+    except Exception:  # unknown or unprepared: reading the split says so, in one line
+        return 0
 
 
 def describe_plan(plan: RunPlan) -> str:
