@@ -244,3 +244,15 @@ def test_the_first_steps_and_long_silences_get_progress_lines(tmp_path, monkeypa
     assert lines[2] == "step 5/100: 2.00 s/step, ETA 3m10s"
     assert [line.split("/")[0] for line in lines[3:]] == ["step 8", "step 9", "step 10", "step 11"]
     assert not os.path.exists(writer.jsonl_path)  # progress lines write no metrics rows
+    # After a pause (an evaluation) the rate is measured afresh and the silence counts anew.
+    lines.clear()
+    log.paused()
+    for step in range(12, 15):
+        log.push(step, step_values(1.0, 1.0), phase)
+        clock[0] += 4.0
+    log.flush()
+    assert lines == []  # 12 s since the pause: no line due
+    clock[0] += 20.0
+    log.push(15, step_values(1.0, 1.0), phase)
+    log.flush()
+    assert lines == ["step 15/100: 9.33 s/step, ETA 13m13s"]  # 28 s over steps 13-15

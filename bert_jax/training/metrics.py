@@ -420,6 +420,12 @@ class StepLog:
         self._last_line = time.perf_counter()
         self._rate_from = None  # the next read steps measure the rate without the compile
 
+    def paused(self) -> None:
+        """The loop did something else (an evaluation, a checkpoint) and said so: the rate is
+        measured afresh, and the silence counts from now."""
+        self._last_line = time.perf_counter()
+        self._rate_from = None
+
     def _eta(self, step: int) -> tuple[float, float]:
         """(seconds per step, ETA): measured since the last compile where possible."""
         now = time.perf_counter()

@@ -211,6 +211,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
                         plots.write_plot(writer.jsonl_path, plot_path)
                 # Evaluation time is not training throughput.
                 step_log.window.throughput.reset()
+                step_log.paused()
             if preempted:
                 console(f"preemption requested: saved checkpoint at step {step}; exiting")
                 break
