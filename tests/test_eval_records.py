@@ -90,3 +90,13 @@ def test_token_ids_beyond_the_models_vocabulary_are_one_line(dirs, capsys):
     assert f"--data {dirs['records']} holds token id " in err
     assert f"but --model {model} has vocab_size 1000" in err
     assert "Traceback" not in err
+
+
+def test_with_json_the_progress_goes_to_stderr(dirs, capsys):
+    import json
+
+    argv = ["eval", "--model", dirs["model"], "--data", dirs["records"], "--json"]
+    assert cli.main([*argv, "--batch-size", "8", "--batches", "1"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["examples"] == 8
+    assert "evaluating 8 records" in captured.err
