@@ -15,7 +15,8 @@ SWAG CSV files (swag).
 
     .venv/bin/python benchmarks/finetune_side_by_side.py --model MODEL --task glue/SST-2 \
         --data DIR --workdir OUT [--seeds 0 1 2] [--learning-rate 2e-5] [--epochs 3] \
-        [--batch-size 32] [--max-seq-length 128] [--optimizer adamw-hf] [--stacks both]
+        [--batch-size 32] [--max-seq-length 128] [--dropout 0.1] [--optimizer adamw-hf] \
+        [--stacks both]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-synthetic-sst2 DIR \
         [--train-size 400] [--dev-size 200]
 
@@ -199,6 +200,7 @@ def run_seed(encoder, stack: str, args, seed: int) -> dict[str, Any]:
         "eval_batch_size": args.batch_size,
         "max_seq_length": args.max_seq_length,
         "optimizer": args.optimizer,
+        "dropout": args.dropout,
         "log_every": args.log_every,
         "mesh_shape": (1, 1, 1) if stack == "transformers" else None,
     }
@@ -233,25 +235,26 @@ def spread(scores: list[float]) -> dict[str, float]:
 
 
 def write_synthetic_sst2(directory: str, train_size: int, dev_size: int, seed: int = 0) -> None:
-    """An SST-2 directory (train.tsv, dev.tsv) of generated sentences: filler words with one
-    sentiment word, balanced labels; a model has to find the sentiment word to beat 50%."""
+    """An SST-2 directory (train.tsv, dev.tsv) of generated sentences: filler words around one
+    sentiment word, which "not" in front of it turns around in half the sentences; balanced
+    labels. A model has to find the word and read the negation to go far beyond 50%."""
     positive = ("great", "good", "delightful", "best", "warm", "funny", "moving", "superb")
     negative = ("dull", "boring", "bad", "worst", "mess", "tedious", "flat", "awful")
     filler = ("the", "film", "movie", "a", "is", "story", "cast", "and", "it", "of", "plot", "this")
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(directory, "SST-2"), exist_ok=True)
     for split, size in (("train", train_size), ("dev", dev_size)):
-        lines = ["sentence\tlabel"]
+        rows = []
         for row in range(size):
-            label = row % 2
-            words = list(rng.choice(filler, size=int(rng.integers(5, 12))))
-            words.insert(
-                int(rng.integers(0, len(words) + 1)), rng.choice((negative, positive)[label])
-            )
-            lines.append(f"{' '.join(words)}\t{label}")
-        order = [lines[0]] + [lines[1:][i] for i in rng.permutation(size)]
+            label, negated = row % 2, bool(rng.integers(0, 2))
+            word = str(rng.choice((negative, positive)[label != negated]))
+            words = [str(w) for w in rng.choice(filler, size=int(rng.integers(5, 12)))]
+            at = int(rng.integers(0, len(words) + 1))
+            words[at:at] = ["not", word] if negated else [word]
+            rows.append(f"{' '.join(words)}\t{label}")
+        lines = ["sentence\tlabel"] + [rows[i] for i in rng.permutation(size)]
         with open(os.path.join(directory, "SST-2", f"{split}.tsv"), "w", encoding="utf-8") as f:
-            f.write("\n".join(order) + "\n")
+            f.write("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=float, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--max-seq-length", type=int, default=None)
+    parser.add_argument("--dropout", type=float, default=None)
     parser.add_argument("--optimizer", default="adamw-hf", help="bert-jax's: adamw-hf or bert")
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
