@@ -15,7 +15,7 @@ def add_to(subparsers) -> None:
     parser.add_argument(
         "--data", required=True, metavar="RECORDS", help="records from `data prepare`"
     )
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="records per batch")
     parser.add_argument(
         "--batches",
         type=int,
