@@ -45,6 +45,9 @@ Public API (``bert_jax.data.prepare``'s local pool and the Beam pipeline both re
 Bad input is what ``iter_documents`` says, in one line: a split that starts inside a text or
 JSONL file does not know its line numbers, so it names the line by its byte offset (``FILE: line
 at byte N``); the first split of a file names it ``FILE:LINE`` as ``iter_documents`` does.
+
+Why this file is long: each kind's cut (planning) and its read of one split must agree on where a
+document starts; keeping both halves of every kind side by side is what keeps them agreeing.
 """
 
 from __future__ import annotations

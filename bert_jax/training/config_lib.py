@@ -11,6 +11,9 @@ The sizes meant for a CPU (`CPU_SIZES`: tiny, mini, small) change what a laptop 
 short trial needs (`CPU_TRIAL`): batches of 32 and 8, a 4,000-piece vocabulary in the tokenizer and
 the embedding alike, a warmup of 10% of the run, and log, checkpoint and eval intervals that fit a
 few hundred steps; tiny also trains at lr 1e-3.
+
+Why this file is long: the paper's defaults, the CPU sizes' changes to them and the phase plan
+read as one recipe, and `describe` prints that recipe; the checks live in config_checks.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ FLOPs per trained token (forward + backward = 3x forward, 2 FLOPs per multiply-a
 with L layers, hidden d, feed-forward f (4d in BERT, which gives the usual 72 L d^2), sequence
 length s, vocabulary V and m the share of positions that reach the MLM head (predictions / s when
 masked positions are gathered). MFU = real (non-pad) tokens/s x F / peak FLOP/s of the chips.
+
+Why this file is long: the loop's console lines, their early progress lines (rate and ETA before
+the first logging interval) and the JSONL/TensorBoard rows are one record of a step, written
+together; splitting the writers from the windows would pass that record between files.
 """
 
 from __future__ import annotations
