@@ -29,7 +29,7 @@ test: $(STAMP)
 # gs:// end to end and its faults against a Cloud Storage emulator the tests start on localhost
 # (tests/gcs_emulator.py); one process: the tests share the bucket and run in order.
 test-gcs: $(STAMP)
-	$(BIN)/python -m pytest -m gcs -n 0 --durations=10 -q tests/test_gcs.py
+	$(BIN)/python -m pytest -m gcs -n 0 --durations=10 -q tests/test_gcs.py tests/test_data_splits.py
 
 # The train step compiled for Cloud TPU slices on this host (XLA's TPU compiler from libtpu, no
 # chip): `plan`'s real search, the compile check's memory and cost figures, the watched child.
