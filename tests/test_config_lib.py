@@ -1,4 +1,4 @@
-"""config_lib: the paper's defaults, the phase plan, validation, describe and parameter counts."""
+"""config_lib: the paper's defaults, the phase split, validation, describe and parameter counts."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ def plan(total_steps, fraction=0.9):
     config = config_lib.pretraining_config("tiny")
     config.total_steps = total_steps
     config.phase1.fraction, config.phase2.fraction = fraction, round(1.0 - fraction, 10)
-    return config_lib.plan_phases(config)
+    return config_lib.split_phases(config)
 
 
 def test_the_paper_plan_is_90_percent_at_128_then_10_percent_at_512():
-    phases = config_lib.plan_phases(config_lib.pretraining_config("base"))
+    phases = config_lib.split_phases(config_lib.pretraining_config("base"))
     assert [(p.name, p.start, p.steps, p.end) for p in phases] == [
         ("phase1", 0, 900_000, 900_000),
         ("phase2", 900_000, 100_000, 1_000_000),
@@ -55,7 +55,7 @@ def test_each_phase_reads_its_own_data_or_the_shared_source():
     config.total_steps = 10
     config.data.source = "/records/128"
     config.phase2.data = "/records/512"
-    assert [p.source for p in config_lib.plan_phases(config)] == ["/records/128", "/records/512"]
+    assert [p.source for p in config_lib.split_phases(config)] == ["/records/128", "/records/512"]
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_plan_errors_name_the_setting(total_steps, fraction, message):
     config.total_steps = total_steps
     config.phase1.fraction = fraction
     with pytest.raises(ValueError, match=message):
-        config_lib.plan_phases(config)
+        config_lib.split_phases(config)
 
 
 def small_config(**overrides):
@@ -99,8 +99,8 @@ def mesh():
 def test_a_valid_config_passes(mesh):
     config = small_config()
     tokenizer = types.SimpleNamespace(vocab_size=config.model.vocab_size)
-    config_checks.validate(config, config_lib.plan_phases(config), mesh, tokenizer)
-    config_checks.validate(config, config_lib.plan_phases(config), mesh, None)
+    config_checks.validate(config, config_lib.split_phases(config), mesh, tokenizer)
+    config_checks.validate(config, config_lib.split_phases(config), mesh, None)
 
 
 @pytest.mark.parametrize(
@@ -122,12 +122,12 @@ def test_validate_names_the_setting(mesh, overrides, vocab, message):
     config = small_config(**overrides)
     tokenizer = None if vocab is None else types.SimpleNamespace(vocab_size=vocab)
     with pytest.raises(ValueError, match=message):
-        config_checks.validate(config, config_lib.plan_phases(config), mesh, tokenizer)
+        config_checks.validate(config, config_lib.split_phases(config), mesh, tokenizer)
 
 
 def test_evaluation_off_skips_the_eval_batch_checks(mesh):
     config = small_config(**{"eval.every_steps": 0, "eval.batch_size": 3})
-    config_checks.validate(config, config_lib.plan_phases(config), mesh, None)
+    config_checks.validate(config, config_lib.split_phases(config), mesh, None)
 
 
 @pytest.mark.parametrize(

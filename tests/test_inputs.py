@@ -33,7 +33,7 @@ def trained(tmp_path_factory):
     """A run on the embedded corpus with no tokenizer named: one is trained into its workdir."""
     workdir = str(tmp_path_factory.mktemp("run"))
     config = run_config()
-    tokenizer = inputs.resolve_tokenizer(config, config_lib.plan_phases(config), workdir)
+    tokenizer = inputs.resolve_tokenizer(config, config_lib.split_phases(config), workdir)
     return config, workdir, tokenizer
 
 
@@ -47,7 +47,7 @@ def test_a_corpus_run_trains_its_tokenizer_once(trained, monkeypatch):
         raise AssertionError("a restart must reuse <workdir>/tokenizer")
 
     monkeypatch.setattr(tokenizer_lib, "train_sentencepiece", no_training)
-    again = inputs.resolve_tokenizer(config, config_lib.plan_phases(config), workdir)
+    again = inputs.resolve_tokenizer(config, config_lib.split_phases(config), workdir)
     assert again.encode("the quick brown fox") == tokenizer.encode("the quick brown fox")
 
 
@@ -58,11 +58,11 @@ def test_a_named_tokenizer_wins_then_the_one_next_to_prepared_records(trained, t
     tokenizer.save(str(records / "tokenizer"))
 
     named = run_config(str(records), **{"data.tokenizer": vocab})
-    chosen = inputs.resolve_tokenizer(named, config_lib.plan_phases(named), workdir)
+    chosen = inputs.resolve_tokenizer(named, config_lib.split_phases(named), workdir)
     assert (chosen.kind, chosen.vocab_size) == ("wordpiece", 400)
 
     config = run_config(str(records))
-    chosen = inputs.resolve_tokenizer(config, config_lib.plan_phases(config), str(tmp_path / "w"))
+    chosen = inputs.resolve_tokenizer(config, config_lib.split_phases(config), str(tmp_path / "w"))
     assert (chosen.kind, chosen.vocab_size) == ("sentencepiece", 300)
 
 
@@ -72,20 +72,20 @@ def test_prepared_records_without_a_tokenizer_are_an_error(tmp_path):
     (records / "train-00000-of-00001.tfrecord").write_bytes(b"")
     config = run_config(str(records))
     with pytest.raises(ValueError, match="no tokenizer: set config.data.tokenizer"):
-        inputs.resolve_tokenizer(config, config_lib.plan_phases(config), str(tmp_path / "w"))
+        inputs.resolve_tokenizer(config, config_lib.split_phases(config), str(tmp_path / "w"))
 
 
 def test_the_eval_source():
-    phase = config_lib.plan_phases(run_config())[0]
+    phase = config_lib.split_phases(run_config())[0]
     assert inputs.eval_source(run_config(), phase) == "embedded:eval"
     assert inputs.eval_source(run_config(**{"eval.source": "/held/out"}), phase) == "/held/out"
-    records = config_lib.plan_phases(run_config("/records"))[0]
+    records = config_lib.split_phases(run_config("/records"))[0]
     assert inputs.eval_source(run_config("/records"), records) == ""
 
 
 def test_eval_batches_per_phase(trained):
     config, workdir, tokenizer = trained
-    phases = config_lib.plan_phases(config)
+    phases = config_lib.split_phases(config)
     batches = inputs.eval_batches(config, phases[1], tokenizer, workdir)
     assert len(batches) == 2
     for batch in batches:

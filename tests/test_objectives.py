@@ -272,7 +272,7 @@ def test_every_bad_objective_setting_is_one_line(key, value, message):
         node = node[parent]
     node[leaf] = value
     with pytest.raises(UserError) as error:
-        config_checks.check_values(config, config_lib.plan_phases(config))
+        config_checks.check_values(config, config_lib.split_phases(config))
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
@@ -280,7 +280,7 @@ def test_nsp_needs_sentence_pairs():
     config = config_lib.pretraining_config("tiny")
     config.data.instance_format = "doc_sentences"
     with pytest.raises(UserError, match="objective 'mlm\\+nsp' needs sentence_pairs"):
-        config_checks.check_values(config, config_lib.plan_phases(config))
+        config_checks.check_values(config, config_lib.split_phases(config))
 
 
 def test_left_to_right_packed_row_computes_what_its_instances_do_apart():

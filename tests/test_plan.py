@@ -48,7 +48,7 @@ def scripted_check(
     (d - 1) x `data_ms`. With `same_program`, ZeRO 1 lowers to the same program as without it."""
 
     def check(config, target=None, **_):
-        (phase,) = config_lib.plan_phases(config)
+        (phase,) = config_lib.split_phases(config)
         mesh = tuple(config.mesh.shape)
         accum = int(config.grad_accum_steps)
         per_replica = phase.batch_size // (mesh[0] * mesh[1] * accum)

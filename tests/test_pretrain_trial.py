@@ -30,9 +30,9 @@ def test_cpu_sizes_get_cpu_batches_and_the_vocabulary_of_their_tokenizer(size):
     assert config_lib.model_config(size).vocab_size == 4000  # init_from's preset agrees
     assert config.log_every_steps <= 10 and config.checkpoint.every_steps <= 50
     config.total_steps = 60
-    optimizer, _ = config_lib.resolved_optimizer(config, config_lib.plan_phases(config))
+    optimizer, _ = config_lib.resolved_optimizer(config, config_lib.split_phases(config))
     assert optimizer.warmup_steps == 6  # 10% of the run
-    assert config_lib.warmup_warning(config, config_lib.plan_phases(config)) is None
+    assert config_lib.warmup_warning(config, config_lib.split_phases(config)) is None
 
 
 @pytest.mark.parametrize("size", ["medium", "base", "large"])
@@ -47,7 +47,7 @@ def test_the_other_sizes_keep_the_papers_recipe(size):
 def test_warmup_steps_win_over_the_fraction_and_per_phase_warmups_are_their_phases_share():
     config = config_lib.pretraining_config("tiny")
     config.total_steps = 200
-    phases = config_lib.plan_phases(config)
+    phases = config_lib.split_phases(config)
     config.optimizer.warmup_steps = 7
     assert config_lib.resolved_optimizer(config, phases)[0].warmup_steps == 7
     config.optimizer.warmup_steps = 0
@@ -63,7 +63,7 @@ def test_warmup_steps_win_over_the_fraction_and_per_phase_warmups_are_their_phas
 def test_a_warmup_as_long_as_the_run_is_a_warning_in_the_dry_run_and_the_run(capsys):
     config = config_lib.pretraining_config("base")
     config.total_steps = 60
-    warning = config_lib.warmup_warning(config, config_lib.plan_phases(config))
+    warning = config_lib.warmup_warning(config, config_lib.split_phases(config))
     assert warning.startswith("warning: warmup 10000 >= config.total_steps=60: the learning rate ")
     assert "config.optimizer.warmup_fraction" in warning
     assert warning in config_checks.describe(config)
@@ -83,7 +83,7 @@ def test_the_dry_run_says_what_the_trial_will_do(capsys):
 def test_the_runs_first_line_says_its_plan():
     config = config_lib.pretraining_config("tiny")
     config.total_steps = 60
-    line = pretrain.plan_line(config, "/w")
+    line = pretrain.opening_line(config, "/w")
     assert line == (
         "bert-jax pretrain: 2 layers, hidden 128, vocab 4000; 60 steps in 2 phase(s), lr 0.001 "
         "after warmup 6 steps; a line every 10 steps, checkpoint every 50 and at the end, eval "
@@ -94,9 +94,9 @@ def test_the_runs_first_line_says_its_plan():
 def test_the_first_line_says_when_nothing_will_be_evaluated(tmp_path):
     config = config_lib.pretraining_config("tiny")
     config.data.source = str(tmp_path)  # prepared records, and no config.eval.source
-    assert "no eval (config.eval.source is not set); " in pretrain.plan_line(config, "/w")
+    assert "no eval (config.eval.source is not set); " in pretrain.opening_line(config, "/w")
     config.eval.every_steps = 0
-    assert "no eval (config.eval.every_steps=0); " in pretrain.plan_line(config, "/w")
+    assert "no eval (config.eval.every_steps=0); " in pretrain.opening_line(config, "/w")
 
 
 def test_a_phase_without_data_beside_one_with_data_is_refused_in_one_line(tmp_path, capsys):
@@ -111,12 +111,12 @@ def test_a_phase_without_data_beside_one_with_data_is_refused_in_one_line(tmp_pa
     config = config_lib.pretraining_config("tiny")
     config.phase1.data = "/records/128"
     config.data.source = "/corpus.txt"
-    assert [p.source for p in config_lib.plan_phases(config)] == ["/records/128", "/corpus.txt"]
+    assert [p.source for p in config_lib.split_phases(config)] == ["/records/128", "/corpus.txt"]
     config.data.source = "embedded"
     with pytest.raises(UserError, match="config.phase2.data is empty"):
-        config_lib.plan_phases(config)
+        config_lib.split_phases(config)
     config.phase2.fraction, config.phase1.fraction = 0.0, 1.0  # phase 2 does not run
-    assert [p.source for p in config_lib.plan_phases(config)] == ["/records/128"]
+    assert [p.source for p in config_lib.split_phases(config)] == ["/records/128"]
 
 
 def test_the_sizes_table_holds_the_models_parameter_counts():

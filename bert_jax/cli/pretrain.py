@@ -59,7 +59,7 @@ def _check_mesh(config) -> None:
     from bert_jax.training import config_lib
 
     mesh = partitioning.make_mesh(config.mesh.shape)
-    for phase in config_lib.plan_phases(config):
+    for phase in config_lib.split_phases(config):
         partitioning.check_batch_divisible(
             phase.batch_size, mesh, f"config.{phase.name}.batch_size"
         )
@@ -81,7 +81,7 @@ COMMAND = ConfigCommand(
             None,
             "run directory (created; resumed); required unless --dry-run or --compile-only",
         ),
-        ("bool", "dry_run", False, "print the resolved config and phase plan, then exit"),
+        ("bool", "dry_run", False, "print the resolved config and phase split, then exit"),
         (
             "bool",
             "compile_only",

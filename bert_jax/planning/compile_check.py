@@ -298,7 +298,7 @@ def check(
     """
     if watched and target is not None and not has_local_tpu_chips():
         return _check_watched(config, target, device_memory_bytes)
-    phases = config_lib.plan_phases(config)
+    phases = config_lib.split_phases(config)
     config_checks.check_values(config, phases)
     mesh = _mesh(config, target)
     rules = partitioning.rules_from_config(config.mesh.rules)

@@ -75,7 +75,7 @@ def plan(
     to try, first values first; `margin`: how much slower than an earlier phase's best a mesh
     may be and still be compiled for a later phase; `progress` sees each candidate as it comes."""
     start = time.perf_counter()
-    phases = config_lib.plan_phases(config)
+    phases = config_lib.split_phases(config)
     config_checks.check_values(config, phases)
     unknown = sorted(set(remats) - set(REMAT_POLICIES))
     if unknown:

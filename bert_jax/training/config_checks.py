@@ -28,8 +28,8 @@ from bert_jax.training.config_lib import (
     count_parameters,
     data_shards,
     flat_settings,
-    plan_phases,
     setting_value,
+    split_phases,
 )
 
 
@@ -215,8 +215,8 @@ def check_values(config, phases: list[Phase]) -> None:
 
 
 def describe(config: ml_collections.ConfigDict) -> str:
-    """The resolved config, phase plan, parameter count and FLOPs per token (for --dry-run)."""
-    phases = plan_phases(config)
+    """The resolved config, phase split, parameter count and FLOPs per token (for --dry-run)."""
+    phases = split_phases(config)
     check_values(config, phases)
     model_config = bert_config(config)
     lines = ["config (each line is a --config.KEY=VALUE override):"]
@@ -234,11 +234,11 @@ def describe(config: ml_collections.ConfigDict) -> str:
             f"{flops / 1e9:.3f} GFLOP/token (gathered MLM positions)"
         )
     lines.append(f"parameters: {count_parameters(model_config):,}")
-    lines += ["run:"] + [f"  {line}" for line in run_plan(config, phases)]
+    lines += ["run:"] + [f"  {line}" for line in run_outline(config, phases)]
     return "\n".join(lines)
 
 
-def run_plan(config, phases: list[Phase]) -> list[str]:
+def run_outline(config, phases: list[Phase]) -> list[str]:
     """What the run will do beyond the phases: schedule, intervals, vocabulary, a warning."""
     optimizer, specs = config_lib.resolved_optimizer(config, phases)
     total = phases[-1].end

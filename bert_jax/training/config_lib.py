@@ -1,4 +1,4 @@
-"""Pretraining configs: the paper's defaults, the phase plan, validation, `describe` and sizes.
+"""Pretraining configs: the paper's defaults, the phase split, validation, `describe` and sizes.
 
 `configs/bert.py` is thin: `get_config(SIZE)` returns `pretraining_config(SIZE)`, which users then
 override from the command line (`--config.optimizer.learning_rate=5e-5`). Defaults are the paper's
@@ -12,7 +12,7 @@ short trial needs (`CPU_TRIAL`): batches of 32 and 8, a 4,000-piece vocabulary i
 the embedding alike, a warmup of 10% of the run, and log, checkpoint and eval intervals that fit a
 few hundred steps; tiny also trains at lr 1e-3.
 
-Why this file is long: the paper's defaults, the CPU sizes' changes to them and the phase plan
+Why this file is long: the paper's defaults, the CPU sizes' changes to them and the phase split
 read as one recipe, and `describe` prints that recipe; the checks live in config_checks.py.
 """
 
@@ -361,7 +361,7 @@ class Phase:
         return self.start + self.steps
 
 
-def plan_phases(config: ml_collections.ConfigDict) -> list[Phase]:
+def split_phases(config: ml_collections.ConfigDict) -> list[Phase]:
     """Phases with their step ranges: phase 1 gets round(fraction x total_steps)."""
     total = int(config.total_steps)
     if total <= 0:

@@ -87,7 +87,7 @@ def pretrain(
     workdir = fs.abspath(workdir)
     is_main = jax.process_index() == 0
     inputs.adopt_init_from(config)  # init_from's hidden_act, vocabulary, ...: the model's own
-    phases = config_lib.plan_phases(config)
+    phases = config_lib.split_phases(config)
     config_checks.check_values(config, phases)  # before the workdir exists
     config_lib.bert_config(config)  # a bad model setting fails first
     if config.resume_from:  # another run of another objective: refused before any work
@@ -116,8 +116,8 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     console = _console if is_main else (lambda *a, **k: None)
     model_config = config_lib.bert_config(config)
     rules = partitioning.rules_from_config(config.mesh.rules)
-    console(plan_line(config, workdir))
-    warning = config_lib.warmup_warning(config, config_lib.plan_phases(config))
+    console(opening_line(config, workdir))
+    warning = config_lib.warmup_warning(config, config_lib.split_phases(config))
     if warning:
         console(f"bert-jax pretrain: {warning}")
     phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main, console)
@@ -266,9 +266,9 @@ def _console(*args, **kwargs) -> None:
     print(*args, **kwargs, flush=True)  # a line as soon as it is said, also into a pipe
 
 
-def plan_line(config, workdir: str) -> str:
+def opening_line(config, workdir: str) -> str:
     """The run's first line: model, steps, warmup and the intervals of logs, checkpoints, evals."""
-    phases = config_lib.plan_phases(config)
+    phases = config_lib.split_phases(config)
     total = phases[-1].end
     optimizer, _ = config_lib.resolved_optimizer(config, phases)
     warmup = (
@@ -305,7 +305,7 @@ def _prepare_workdir(config, workdir: str, is_main: bool, console=lambda *a: Non
     """(phases, mesh, tokenizer) after every check that must fail before compiling; writes the
     workdir's config.json and tokenizer/."""
     workdir_lib.check_same_model(workdir, config)  # before config.json is written anew
-    phases = config_lib.plan_phases(config)
+    phases = config_lib.split_phases(config)
     mesh = partitioning.make_mesh(config.mesh.shape)
     config_checks.validate(config, phases, mesh, None)
     tokenizer = inputs.resolve_tokenizer(config, phases, workdir, console)
