@@ -93,3 +93,129 @@ def test_masking_with_known_candidates_draws_the_same():
             masked, positions, labels = mask_instance(np.asarray(ids), masking, arrays)
             assert masked.tolist() == expected[0] and positions.tolist() == expected[1]
             assert masked.dtype == positions.dtype == labels.dtype == np.int32
+
+
+def test_a_draw_becomes_mask_random_or_same_alike_on_floats_numpy_and_tensorflow():
+    """MaskingConfig.outcomes is the one threshold rule of static (Python floats in
+    ``mask_ids``, NumPy arrays in ``row_masking``) and dynamic (tf tensors) masking."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    draws = [0.0, 0.5, 0.79, 0.81, 0.89, 0.91, 0.99]
+    for shares, expected in (
+        ({}, "MMMRRSS"),  # the paper's 80/10/10
+        ({"mask_share": 0.5, "random_share": 0.3}, "MRRSSSS"),
+    ):
+        masking = dataclasses.replace(masking_config(), **shares)
+        kinds = []
+        for draw in draws:
+            to_mask, to_random = masking.outcomes(draw)
+            kinds.append("M" if to_mask else "R" if to_random else "S")
+        assert "".join(kinds) == expected
+        want_mask = np.asarray([k == "M" for k in expected])
+        want_random = np.asarray([k == "R" for k in expected])
+        for array in (np.asarray(draws), tf.constant(draws, dtype=tf.float32)):
+            to_mask, to_random = masking.outcomes(array)
+            np.testing.assert_array_equal(np.asarray(to_mask), want_mask)
+            np.testing.assert_array_equal(np.asarray(to_random), want_random)
+
+
+def _package_files():
+    import pathlib
+
+    import bert_jax
+
+    root = pathlib.Path(bert_jax.__file__).parent
+    return root, sorted(root.rglob("*.py"))
+
+
+def test_the_default_masking_shares_are_written_once_in_the_package():
+    """0.8 (the [MASK] share, in a tuple, a dict or a constant) appears in the package's code
+    once: data/objectives.py's PAPER_SHARES, which the config, the data layer and the command
+    line read."""
+    import io
+    import tokenize
+
+    root, files = _package_files()
+    found = []
+    for path in files:
+        source = path.read_text(encoding="utf-8")
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.NUMBER and token.string.replace("_", "").lower() in (
+                "0.8",
+                ".8",
+                "8e-1",
+                "0.80",
+            ):
+                found.append(f"{path.relative_to(root)}:{token.start[0]}")
+    assert len(found) == 1 and found[0].startswith("data/objectives.py:"), found
+
+
+_MASKING_DEFAULTS = {
+    "mask_share": 0.8,
+    "same_share": 0.1,
+    "random_share": 0.1,
+    "masked_lm_prob": 0.15,
+    "max_predictions_per_seq": 20,
+    "objective": "mlm+nsp",
+}
+
+
+def _literal_defaults(tree):
+    """(setting, line) where a masking setting gets its default as a literal: an assignment or
+    field, a parameter default, a keyword, a dict entry, ``.get(key, default)`` or an
+    ``add_argument(flag, default=...)``."""
+    import ast
+
+    for node in ast.walk(tree):
+        pairs = []
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                pairs.append((getattr(target, "id", getattr(target, "attr", None)), node.value))
+        elif isinstance(node, ast.arguments):
+            positional = node.posonlyargs + node.args
+            pairs += zip(
+                [a.arg for a in positional[len(positional) - len(node.defaults) :]], node.defaults
+            )
+            pairs += zip([a.arg for a in node.kwonlyargs], node.kw_defaults)
+        elif isinstance(node, ast.Dict):
+            pairs += [
+                (k.value, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)
+            ]
+        elif isinstance(node, ast.Call):
+            pairs += [(kw.arg, kw.value) for kw in node.keywords]
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                pairs += [(first.value, value) for value in node.args[1:2]]
+                pairs += [(first.value, kw.value) for kw in node.keywords if kw.arg == "default"]
+        for name, value in pairs:
+            setting = name.lstrip("-").replace("-", "_") if isinstance(name, str) else None
+            if setting in _MASKING_DEFAULTS and isinstance(value, ast.Constant):
+                default = _MASKING_DEFAULTS[setting]
+                if type(value.value) is type(default) and value.value == default:
+                    yield setting, value.lineno
+
+
+def test_masking_settings_take_their_defaults_from_data_objectives():
+    """No module of the data layer, the training config or `data prepare`'s flags writes a
+    masking default itself. (core/ keeps its own OBJECTIVES: core may not import data;
+    tests/test_objectives.py checks the two are equal.)"""
+    import ast
+
+    root, files = _package_files()
+    checked = [
+        path
+        for path in files
+        if path.parent.name == "data"
+        or path.relative_to(root).as_posix() in ("training/config_lib.py", "cli/data.py")
+    ]
+    assert len(checked) > 10
+    found = [
+        f"{path.relative_to(root)}:{line} {setting}"
+        for path in checked
+        for setting, line in _literal_defaults(ast.parse(path.read_text(encoding="utf-8")))
+        if path.name != "objectives.py"
+    ]
+    assert found == []

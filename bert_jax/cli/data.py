@@ -83,6 +83,7 @@ _PREPARE_USAGE = (
 
 
 def _add_data(subparsers) -> None:
+    from bert_jax.data import objectives
     from bert_jax.data.layout import DEFAULT_GROUP_BYTES
 
     parser = subparsers.add_parser("data", help="prepare pretraining data")
@@ -115,11 +116,14 @@ def _add_data(subparsers) -> None:
     prepare.add_argument(
         "--max-predictions-per-seq",
         type=int,
-        default=20,
+        default=objectives.MAX_PREDICTIONS_PER_SEQ,
         help="masked positions per instance at most",
     )
     prepare.add_argument(
-        "--masked-lm-prob", type=float, default=0.15, help="share of tokens masked"
+        "--masked-lm-prob",
+        type=float,
+        default=objectives.MASKED_LM_PROB,
+        help="share of tokens masked",
     )
     prepare.add_argument(
         "--short-seq-prob",
@@ -141,7 +145,7 @@ def _add_data(subparsers) -> None:
     )
     prepare.add_argument(
         "--objective",
-        default="mlm+nsp",
+        default=objectives.DEFAULT_OBJECTIVE,
         help="what the records are for: mlm+nsp (the paper's), mlm (no NSP) or ltr "
         "(left-to-right LM, unmasked); pretrain refuses records of another objective",
     )
@@ -151,9 +155,16 @@ def _add_data(subparsers) -> None:
         help="sentence_pairs (NSP's), doc_sentences or full_sentences (RoBERTa's, no NSP); "
         "default: sentence_pairs for mlm+nsp, else full_sentences",
     )
-    prepare.add_argument("--mask-share", type=float, default=0.8, help="share of [MASK]")
-    prepare.add_argument("--same-share", type=float, default=0.1, help="share left unchanged")
-    prepare.add_argument("--random-share", type=float, default=0.1, help="share of random ids")
+    shares = objectives.PAPER_SHARES
+    prepare.add_argument(
+        "--mask-share", type=float, default=shares["mask_share"], help="share of [MASK]"
+    )
+    prepare.add_argument(
+        "--same-share", type=float, default=shares["same_share"], help="share left unchanged"
+    )
+    prepare.add_argument(
+        "--random-share", type=float, default=shares["random_share"], help="share of random ids"
+    )
     prepare.add_argument(
         "--num-workers",
         type=int,

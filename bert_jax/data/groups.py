@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_jax.data import instances as instances_lib
+from bert_jax.data import objectives, single_instances
 from bert_jax.data import records as records_lib
-from bert_jax.data import single_instances
 from bert_jax.data import splits as splits_lib
 from bert_jax.data.files import write_json_atomic
 from bert_jax.data.layout import DEFAULT_GROUP_BYTES
@@ -151,9 +151,7 @@ def process_group(
         settings["masked_lm_prob"],
         settings["max_predictions_per_seq"],
         settings["whole_word_mask"],
-        mask_share=settings.get("mask_share", 0.8),
-        same_share=settings.get("same_share", 0.1),
-        random_share=settings.get("random_share", 0.1),
+        **{key: settings.get(key, share) for key, share in objectives.PAPER_SHARES.items()},
     )
     instance_format = settings.get("instance_format", "sentence_pairs")
     make_rows = instances_lib.create_instance_rows

@@ -41,15 +41,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bert_jax.data.objectives import (
+    MASKED_LM_PROB,
+    MAX_PREDICTIONS_PER_SEQ,
+    PAPER_SHARES,
+    SHARE_KEYS,
+)
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.runtime.errors import UserError
 
-# Thresholds on one uniform draw per selected unit: [0, 0.8) -> [MASK], [0.8, 0.9) -> random
-# ordinary token, [0.9, 1) -> unchanged. The paper's default; other MASK/SAME/RND mixes (its
-# Table 8) are MaskingConfig's shares, compared against the same draws in the same way.
-MASK_SHARE = 0.8
-RANDOM_SHARE = 0.1
-SAME_SHARE = 0.1
+# The paper's MASK/SAME/RND shares, defined in data/objectives.py (the names are kept for code
+# that imports them). Other mixes (its Table 8) are MaskingConfig's shares; every masking path
+# turns a draw into an outcome with MaskingConfig.outcomes.
+MASK_SHARE = PAPER_SHARES["mask_share"]
+RANDOM_SHARE = PAPER_SHARES["random_share"]
+SAME_SHARE = PAPER_SHARES["same_share"]
 
 
 def check_shares(mask: float, same: float, random: float, names=("mask", "same", "random")):
@@ -94,17 +100,29 @@ class MaskingConfig:
         # Computed as the defaults always were (0.8 + 0.1), so 80/10/10 draws the same bits.
         return self.mask_share + self.random_share
 
+    def outcomes(self, draws):
+        """``(to_mask, to_random)`` for uniform draws in [0, 1), one per selected unit: [MASK]
+        below ``mask_share``, a random ordinary token below ``mask_share + random_share``, else
+        unchanged.
+
+        The one place a draw becomes [MASK], random or same, for every masking path: ``draws``
+        may be a Python float (``mask_ids``), a NumPy array (``row_masking``) or a TensorFlow
+        tensor (``dynamic_mask_batch``); the results are bools of the same kind.
+        """
+        mask_below, random_below = self.mask_share, self.random_below
+        return draws < mask_below, (draws >= mask_below) & (draws < random_below)
+
     @classmethod
     def from_tokenizer(
         cls,
         tokenizer: Tokenizer,
-        masked_lm_prob: float = 0.15,
-        max_predictions_per_seq: int = 20,
+        masked_lm_prob: float = MASKED_LM_PROB,
+        max_predictions_per_seq: int = MAX_PREDICTIONS_PER_SEQ,
         whole_word_mask: bool = False,
         mask_share: float = MASK_SHARE,
         same_share: float = SAME_SHARE,
         random_share: float = RANDOM_SHARE,
-        share_names=("mask_share", "same_share", "random_share"),
+        share_names=SHARE_KEYS,
     ) -> MaskingConfig:
         check_shares(mask_share, same_share, random_share, share_names)
         if not 0.0 < masked_lm_prob < 1.0:
@@ -204,11 +222,12 @@ def mask_ids(
     labels = [input_ids[p] for p in positions]
     masked = list(input_ids)
     to_random = []
-    mask_id, mask_below, random_below = masking.mask_id, masking.mask_share, masking.random_below
+    mask_id, outcomes = masking.mask_id, masking.outcomes
     for position, draw in zip(positions, token_draws):
-        if draw < mask_below:
+        to_mask, to_replace = outcomes(draw)
+        if to_mask:
             masked[position] = mask_id
-        elif draw < random_below:
+        elif to_replace:
             to_random.append(position)
     if to_random:
         ordinary = masking.ordinary_id_list
@@ -347,9 +366,9 @@ def dynamic_mask_batch(batch: dict, seed, masking: MaskingConfig) -> dict:
             dtype=tf.int32,
         ),
     )
-    mask_below, random_below = masking.mask_share, masking.random_below
-    to_mask = selected & (token_draws < mask_below)
-    to_random = selected & (token_draws >= mask_below) & (token_draws < random_below)
+    draws_to_mask, draws_to_random = masking.outcomes(token_draws)
+    to_mask = selected & draws_to_mask
+    to_random = selected & draws_to_random
     masked_ids = tf.where(to_mask, masking.mask_id, tf.where(to_random, random_ids, input_ids))
 
     # Selected positions, ascending, padded with position 0 / id 0 / weight 0.

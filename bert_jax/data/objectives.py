@@ -24,8 +24,15 @@ from bert_jax.runtime.errors import UserError
 OBJECTIVES = ("mlm+nsp", "mlm", "ltr")
 INSTANCE_FORMATS = ("sentence_pairs", "doc_sentences", "full_sentences")
 DEFAULT_OBJECTIVE = "mlm+nsp"
-# The paper's MASK/SAME/RND shares (what records without recorded shares were masked with).
+# The masking defaults, defined here only: MaskingConfig, PrepareSettings, PipelineSettings, the
+# training config and `data prepare`'s flags all read them (this module imports no NumPy, so the
+# command line can). The paper's (and google-research/bert's create_pretraining_data.py's):
+# 15% of the tokens selected, at most 20 per 128-token sequence, and of the selected tokens 80%
+# [MASK], 10% unchanged, 10% a random token; records without recorded shares were masked so.
+MASKED_LM_PROB = 0.15
+MAX_PREDICTIONS_PER_SEQ = 20
 PAPER_SHARES = {"mask_share": 0.8, "same_share": 0.1, "random_share": 0.1}
+SHARE_KEYS = tuple(PAPER_SHARES)  # ("mask_share", "same_share", "random_share")
 # What `data prepare` records about the objective (manifest.OUTPUT_SETTINGS), with the value of
 # records prepared before it did.
 BEFORE_RECORDED = {
@@ -37,7 +44,7 @@ BEFORE_RECORDED = {
 
 def shares_text(shares: dict) -> str:
     """80/10/10 for {"mask_share": 0.8, "same_share": 0.1, "random_share": 0.1}."""
-    return "/".join(f"{100 * shares[k]:g}" for k in PAPER_SHARES)
+    return "/".join(f"{100 * shares[k]:g}" for k in SHARE_KEYS)
 
 
 def check_objective(objective: str, setting: str) -> str:

@@ -69,14 +69,14 @@ class PipelineSettings:
 
     batch_size: int
     max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
+    max_predictions_per_seq: int = objectives.MAX_PREDICTIONS_PER_SEQ
     seed: int = 0
     # This reader's part of the data: ``process_index`` of ``process_count`` disjoint parts.
     process_index: int = 0
     process_count: int = 1
     dynamic_masking: bool = False
     whole_word_mask: bool = False
-    masked_lm_prob: float = 0.15
+    masked_lm_prob: float = objectives.MASKED_LM_PROB
     shuffle: bool = True
     shuffle_buffer_size: int = 10_000
     num_epochs: int | None = None
@@ -87,10 +87,10 @@ class PipelineSettings:
     # What the records must be prepared for (data/objectives.py; records without a recorded
     # objective are not checked), and the MASK/SAME/RND shares of dynamic masking. "ltr" reads
     # the text unmasked: no dynamic masking.
-    objective: str = "mlm+nsp"
-    mask_share: float = 0.8
-    same_share: float = 0.1
-    random_share: float = 0.1
+    objective: str = objectives.DEFAULT_OBJECTIVE
+    mask_share: float = objectives.PAPER_SHARES["mask_share"]
+    same_share: float = objectives.PAPER_SHARES["same_share"]
+    random_share: float = objectives.PAPER_SHARES["random_share"]
 
 
 def _derived_seed(*parts: int) -> int:
@@ -460,7 +460,7 @@ def make_pretrain_iterator(
 def synthetic_batch(
     batch_size: int,
     max_seq_length: int = 128,
-    max_predictions_per_seq: int = 20,
+    max_predictions_per_seq: int = objectives.MAX_PREDICTIONS_PER_SEQ,
     vocab_size: int = 30522,
     seed: int = 0,
 ) -> dict[str, np.ndarray]:

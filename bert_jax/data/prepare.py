@@ -105,8 +105,8 @@ class PrepareSettings:
     """How to prepare: one field per ``bert-jax data prepare`` flag (same names, same meaning)."""
 
     max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
-    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = objectives.MAX_PREDICTIONS_PER_SEQ
+    masked_lm_prob: float = objectives.MASKED_LM_PROB
     short_seq_prob: float = 0.1
     dupe_factor: int = 1
     seed: int = 12345
@@ -132,11 +132,11 @@ class PrepareSettings:
     overwrite: bool = False
     # The pretraining objective the records are for and their instance format
     # (data/objectives.py; "" = the objective's default), and the MASK/SAME/RND shares.
-    objective: str = "mlm+nsp"
+    objective: str = objectives.DEFAULT_OBJECTIVE
     instance_format: str = ""
-    mask_share: float = 0.8
-    same_share: float = 0.1
-    random_share: float = 0.1
+    mask_share: float = objectives.PAPER_SHARES["mask_share"]
+    same_share: float = objectives.PAPER_SHARES["same_share"]
+    random_share: float = objectives.PAPER_SHARES["random_share"]
 
     def check(self) -> None:
         """Raises a UserError naming every out-of-range setting by its flag."""

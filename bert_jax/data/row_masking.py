@@ -190,13 +190,12 @@ def _mask_fast(input_ids, candidate, n, k, masking, rng, outputs) -> int:
     stream = _Stream(rng.bit_generator, int((3 * k + 2).sum()) + 2)
     waited = stream.offset  # 1: the first 32-bit draw is the half that was waiting
     doubles = stream.doubles
-    mask_below, random_below = masking.mask_share, masking.random_below
     doubles_before = np.cumsum(k) - k
 
     # The one sequential part: how many replacements each row draws depends on where its
     # doubles are, which depends on how many 32-bit draws came before (two per raw output).
     if replacement_range > 0:
-        to_random = (doubles >= mask_below) & (doubles < random_below)
+        _, to_random = masking.outcomes(doubles)
         random_before = np.concatenate([[0], np.cumsum(to_random)]).tolist()
         counts = []
         drawn = waited + 1  # 32-bit draws so far (+ waited + 1, for the rounding below)
@@ -259,8 +258,7 @@ def _mask_fast(input_ids, candidate, n, k, masking, rng, outputs) -> int:
     slot = _ragged_arange(k)
     first_double = (draws_before + choice_draws + waited + 1) // 2 + doubles_before
     draw = doubles[np.repeat(first_double, k) + slot]
-    to_mask = draw < mask_below
-    to_replace = (draw >= mask_below) & (draw < random_below)
+    to_mask, to_replace = masking.outcomes(draw)
     replace_rows = sel_rows[to_replace]
     if replacement_range > 0:
         nth = _ragged_arange(replacements)

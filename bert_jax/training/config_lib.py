@@ -31,7 +31,7 @@ from flax import traverse_util
 
 from bert_jax.core import partitioning
 from bert_jax.core.model import BertConfig
-from bert_jax.data import sentences
+from bert_jax.data import objectives, sentences
 from bert_jax.runtime.errors import UserError
 
 log = logging.getLogger("bert_jax")
@@ -130,7 +130,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
     # What pretraining trains (docs/ablations.md): "mlm+nsp" (the paper's), "mlm" (masked LM
     # only: no NSP loss, no NSP metrics) or "ltr" (left-to-right LM: causal attention, every
     # position predicts the next token; fine-tuning keeps the causal mask).
-    config.objective = "mlm+nsp"
+    config.objective = objectives.DEFAULT_OBJECTIVE
     config.optimizer = ml_collections.ConfigDict(
         {
             "name": "adamw",
@@ -185,12 +185,11 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "lowercase": True,
             "dynamic_masking": True,
             "whole_word_mask": False,
-            "masked_lm_prob": 0.15,
+            "masked_lm_prob": objectives.MASKED_LM_PROB,
             # The shares of the selected tokens that become [MASK], stay the same, or become a
-            # random token (the paper's 80/10/10; its Table 8 tries others). Sum to 1.
-            "mask_share": 0.8,
-            "same_share": 0.1,
-            "random_share": 0.1,
+            # random token: mask_share, same_share, random_share (the paper's 80/10/10,
+            # data/objectives.py; its Table 8 tries others). Sum to 1.
+            **objectives.PAPER_SHARES,
             # Instances: "sentence_pairs" ([CLS] A [SEP] B [SEP], NSP's), "doc_sentences" or
             # "full_sentences" (RoBERTa's, without NSP; data/objectives.py); "": the objective's
             # default (sentence_pairs with NSP, else full_sentences).
@@ -312,8 +311,6 @@ def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
 
 def objective(config: ml_collections.ConfigDict) -> str:
     """`config.objective` (configs without the key: the paper's "mlm+nsp")."""
-    from bert_jax.data import objectives
-
     return objectives.check_objective(
         str(config.get("objective", objectives.DEFAULT_OBJECTIVE)), "config.objective"
     )
@@ -321,8 +318,6 @@ def objective(config: ml_collections.ConfigDict) -> str:
 
 def instance_format(config: ml_collections.ConfigDict) -> str:
     """The instance format records are made in for this config (data/objectives.py)."""
-    from bert_jax.data import objectives
-
     return objectives.instance_format(
         objective(config),
         str(config.data.get("instance_format", "")),
@@ -334,8 +329,7 @@ def mask_shares(config: ml_collections.ConfigDict) -> dict[str, float]:
     """The MASK/SAME/RND shares (mask_share, same_share, random_share), validated."""
     from bert_jax.data.masking import check_shares
 
-    shares = {k: config.data.get(k, d) for k, d in (("mask_share", 0.8), ("same_share", 0.1))}
-    shares["random_share"] = config.data.get("random_share", 0.1)
+    shares = {k: config.data.get(k, d) for k, d in objectives.PAPER_SHARES.items()}
     check_shares(*shares.values(), tuple(f"config.data.{k}" for k in shares))
     return {k: float(v) for k, v in shares.items()}
 
