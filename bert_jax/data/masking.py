@@ -9,6 +9,10 @@ Public API:
   (``row_masking.mask_rows`` masks many rows at once with exactly its draws; instance creation
   uses that).
 - ``dynamic_mask_batch(batch, seed, masking) -> batch``: re-masking inside the tf.data pipeline.
+- ``MaskingConfig.outcomes(draws) -> (to_mask, to_random)``: how a uniform draw becomes [MASK],
+  a random token or the same token, the one rule of all three paths (floats, NumPy, tf).
+
+The defaults (15%, 20 predictions, the 80/10/10 shares) are data/objectives.py's.
 
 Semantics (Devlin et al. and google-research/bert's create_pretraining_data.py): masking selects
 ``max(1, round(masked_lm_prob * n))`` of the ``n`` non-special tokens (capped by

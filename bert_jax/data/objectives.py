@@ -13,6 +13,10 @@ LM only, no NSP) and "ltr" (a left-to-right LM; records carry no masking). Insta
   between them (RoBERTa's FULL-SENTENCES): every instance but a group's last is nearly full.
 
 Records without a recorded objective (older ``data prepare`` output) are "mlm+nsp" sentence pairs.
+
+The masking defaults are defined here and nowhere else (``MASKED_LM_PROB``,
+``MAX_PREDICTIONS_PER_SEQ``, ``PAPER_SHARES``): masking, preparation, the pipeline, the training
+config and ``bert-jax data prepare``'s flags read them.
 """
 
 from __future__ import annotations
