@@ -284,3 +284,55 @@ def test_planning_refuses_a_split_size_under_a_byte_and_unknown_options(corpora)
         splits.plan_splits([str(corpora["text"])], num_workers=2)
     plan = splits.plan_splits([str(corpora["text"])], text_field="body", strict=True)
     assert [(s.start, s.stop) for s in plan] == [(0, os.path.getsize(corpora["text"]))]
+
+
+@pytest.mark.gcs
+def test_a_bucket_inputs_identity_is_its_metadata_not_a_second_read(corpora, tmp_path):
+    """prepare's manifest names a gs:// input by size, checksum and generation from storage's
+    metadata: the launching machine reads only the first bytes of a text object (to refuse a
+    binary one), so the workers' one read is the only read; a rewritten object is another input."""
+    from bert_jax.data import manifest
+    from bert_jax.runtime import fs
+    from tests import gcs_emulator
+
+    reads: list[int] = []
+    real_range_file = fs.RangeFile
+
+    class CountingRangeFile(real_range_file):
+        def readinto(self, buffer):
+            count = super().readinto(buffer)
+            reads.append(count or 0)
+            return count
+
+    big = tmp_path / "big.txt"
+    big.write_text("".join(f"Sentence {i} of a long document.\n" for i in range(20_000)) + "\n")
+    with gcs_emulator.running(tmp_path / "gcs") as emulator:
+        emulator.create_bucket("bert-jax-identity")
+        url = "gs://bert-jax-identity/in/big.txt"
+        fs.upload(str(big), url)
+        original_open = fs.open
+        opened: list[str] = []
+
+        def tracking_open(path, *args, **kwargs):
+            opened.append(str(path))
+            return original_open(path, *args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fs, "RangeFile", CountingRangeFile)
+            patch.setattr(fs, "open", tracking_open)
+            [entry] = manifest.input_identity([url])
+        assert big.stat().st_size > 10 * manifest._SNIFF_BYTES
+        assert sum(reads) == manifest._SNIFF_BYTES and opened == []
+        assert entry["size"] == big.stat().st_size and entry["path"] == url
+        assert entry.get("crc32c") or entry.get("md5Hash")
+
+        big.write_text(big.read_text().replace("Sentence 7 ", "Sentence 8 "))
+        fs.upload(str(big), url)
+        [rewritten] = manifest.input_identity([url])
+        assert rewritten != entry
+
+        binary = tmp_path / "image.txt"
+        binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+        fs.upload(str(binary), "gs://bert-jax-identity/in/image.txt")
+        with pytest.raises(UserError, match=r"image\.txt: binary data, not text"):
+            manifest.input_identity(["gs://bert-jax-identity/in/image.txt"])

@@ -41,7 +41,7 @@ from typing import Any
 from bert_jax.data import files, objectives
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.runtime import fs
-from bert_jax.runtime.errors import UserError
+from bert_jax.runtime.errors import UserError, user_path
 
 INPUTS_KEY = "inputs"
 MERGED_KEY = "merged_shards"
@@ -258,13 +258,46 @@ def check_text_inputs(sources: list[str]) -> None:
             _scan(source)
 
 
+# The first bytes of a bucket object checked to be text (``_object_identity``).
+_SNIFF_BYTES = 1 << 16
+
+
+def _object_identity(path: str) -> dict | None:
+    """A bucket object's identity from its metadata: size, CRC32C (or MD5) and generation, which
+    storage keeps for every object, so the launching machine reads none of a corpus that the
+    job's workers then read once (a 160 GB corpus would otherwise cross the network twice). Only
+    its first ``_SNIFF_BYTES`` are checked to be text; bad bytes further on are the readers' to
+    count (or, with ``--strict``, to refuse). None: no checksum in the metadata."""
+    from bert_jax.data.sources import is_text_file
+
+    with user_path(path, "input"):
+        info = fs.info(path)
+    checksum = {key: info[key] for key in ("crc32c", "md5Hash") if info.get(key)}
+    if not checksum:
+        return None
+    size = int(info["size"])
+    if is_text_file(path) and not path.endswith(".gz"):
+        with fs.open_range(path, 0, min(size, _SNIFF_BYTES)) as stream:
+            _TextCheck(path, fs.open).feed(stream.read())  # may end inside a character: no finish
+    return {
+        "path": fs.abspath(path),
+        "size": size,
+        **checksum,
+        "generation": info.get("generation"),
+    }
+
+
 def input_identity(sources: list[str]) -> list[dict]:
     """Path, size and SHA-256 of every input file (named sources such as ``embedded`` as they
-    are), each checked to be UTF-8 text in the same read (``check_text_inputs``)."""
+    are), each checked to be UTF-8 text in the same read (``check_text_inputs``); a bucket
+    object's identity is its metadata instead (``_object_identity``)."""
     identity = []
     for source in sources:
         if not _is_file_source(source):
             identity.append({"source": source})
+            continue
+        if fs.is_remote(source) and (entry := _object_identity(source)) is not None:
+            identity.append(entry)
             continue
         digest = hashlib.sha256()
         _scan(source, digest)

@@ -134,6 +134,7 @@ isdir: Callable[[AnyPath], bool] = _fsspec("isdir", empty=False)
 isfile: Callable[[AnyPath], bool] = _fsspec("isfile", empty=False)
 getsize: Callable[[AnyPath], int] = _fsspec("size")
 modified: Callable[[AnyPath], datetime.datetime] = _fsspec("modified")
+info: Callable[[AnyPath], dict[str, Any]] = _fsspec("info")  # a bucket object's metadata too
 # (path, start=None, end=None): the bytes [start, end), one ranged request in a bucket.
 read_bytes: Callable[..., bytes] = _fsspec("cat_file")
 write_bytes: Callable[[AnyPath, bytes], None] = _fsspec("pipe_file")
