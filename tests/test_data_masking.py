@@ -159,6 +159,7 @@ _MASKING_DEFAULTS = {
     "masked_lm_prob": 0.15,
     "max_predictions_per_seq": 20,
     "objective": "mlm+nsp",
+    "short_seq_prob": 0.1,
 }
 
 
@@ -199,9 +200,10 @@ def _literal_defaults(tree):
 
 
 def test_masking_settings_take_their_defaults_from_data_objectives():
-    """No module of the data layer, the training config or `data prepare`'s flags writes a
-    masking default itself. (core/ keeps its own OBJECTIVES: core may not import data;
-    tests/test_objectives.py checks the two are equal.)"""
+    """No module of the data layer, the training config and metrics, bench's data or `data
+    prepare`'s flags writes a masking default (or the short-instance share) itself. (core/
+    keeps its own OBJECTIVES: core may not import data; tests/test_objectives.py checks the two
+    are equal.)"""
     import ast
 
     root, files = _package_files()
@@ -209,7 +211,8 @@ def test_masking_settings_take_their_defaults_from_data_objectives():
         path
         for path in files
         if path.parent.name == "data"
-        or path.relative_to(root).as_posix() in ("training/config_lib.py", "cli/data.py")
+        or path.relative_to(root).as_posix()
+        in ("training/config_lib.py", "training/metrics.py", "cli/data.py", "bench/data.py")
     ]
     assert len(checked) > 10
     found = [

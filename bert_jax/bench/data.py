@@ -12,6 +12,7 @@ import tempfile
 import numpy as np
 
 from bert_jax.bench.spec import BenchSpec
+from bert_jax.data import objectives
 from bert_jax.data import packing as packing_lib
 from bert_jax.runtime.errors import UserError
 
@@ -75,9 +76,16 @@ def embedded_data(spec: BenchSpec) -> BenchData:
 
     tokenizer = resolve_tokenizer(spec.tokenizer, spec.model.vocab_size)
     documents = instances_lib.tokenize_documents(sources.embedded_documents("train"), tokenizer)
-    masking = MaskingConfig.from_tokenizer(tokenizer, 0.15, spec.max_predictions)
+    masking = MaskingConfig.from_tokenizer(
+        tokenizer, objectives.MASKED_LM_PROB, spec.max_predictions
+    )
     instances = instances_lib.create_instances(
-        documents, masking, spec.seq_len, short_seq_prob=0.1, dupe_factor=1, seed=spec.seed
+        documents,
+        masking,
+        spec.seq_len,
+        short_seq_prob=objectives.SHORT_SEQ_PROB,
+        dupe_factor=1,
+        seed=spec.seed,
     )
     rows = instances_lib.instances_to_arrays(instances, spec.seq_len, spec.max_predictions)
     lengths = packing_lib.instance_lengths(rows)

@@ -128,7 +128,7 @@ def _add_data(subparsers) -> None:
     prepare.add_argument(
         "--short-seq-prob",
         type=float,
-        default=0.1,
+        default=objectives.SHORT_SEQ_PROB,
         help="share of instances cut shorter than --max-seq-length",
     )
     prepare.add_argument(

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bert_jax.data import objectives
 from bert_jax.data.masking import MaskingConfig, mask_ids
 from bert_jax.data.row_masking import mask_rows
 from bert_jax.data.tokenizer import Tokenizer
@@ -329,7 +330,7 @@ def create_instance_rows(
     documents: Sequence[TokenizedDocument],
     masking: MaskingConfig,
     max_seq_length: int = 128,
-    short_seq_prob: float = 0.1,
+    short_seq_prob: float = objectives.SHORT_SEQ_PROB,
     dupe_factor: int = 1,
     seed: int = 0,
     rows_per_batch: int = 4096,
@@ -422,7 +423,7 @@ def create_instances(
     documents: Sequence[TokenizedDocument],
     masking: MaskingConfig,
     max_seq_length: int = 128,
-    short_seq_prob: float = 0.1,
+    short_seq_prob: float = objectives.SHORT_SEQ_PROB,
     dupe_factor: int = 1,
     seed: int = 0,
     shuffle: bool = True,

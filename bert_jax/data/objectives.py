@@ -15,8 +15,9 @@ LM only, no NSP) and "ltr" (a left-to-right LM; records carry no masking). Insta
 Records without a recorded objective (older ``data prepare`` output) are "mlm+nsp" sentence pairs.
 
 The masking defaults are defined here and nowhere else (``MASKED_LM_PROB``,
-``MAX_PREDICTIONS_PER_SEQ``, ``PAPER_SHARES``): masking, preparation, the pipeline, the training
-config and ``bert-jax data prepare``'s flags read them.
+``MAX_PREDICTIONS_PER_SEQ``, ``PAPER_SHARES``), with the share of short instances
+(``SHORT_SEQ_PROB``): masking, instance creation, preparation, the pipeline, the training config
+and ``bert-jax data prepare``'s flags read them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ MASKED_LM_PROB = 0.15
 MAX_PREDICTIONS_PER_SEQ = 20
 PAPER_SHARES = {"mask_share": 0.8, "same_share": 0.1, "random_share": 0.1}
 SHARE_KEYS = tuple(PAPER_SHARES)  # ("mask_share", "same_share", "random_share")
+# The share of sentence-pair instances cut to a random shorter length (the original's
+# short_seq_prob), read by instance creation, `data prepare` and the training config alike.
+SHORT_SEQ_PROB = 0.1
 # What `data prepare` records about the objective (manifest.OUTPUT_SETTINGS), with the value of
 # records prepared before it did.
 BEFORE_RECORDED = {

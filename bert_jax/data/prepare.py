@@ -107,7 +107,7 @@ class PrepareSettings:
     max_seq_length: int = 128
     max_predictions_per_seq: int = objectives.MAX_PREDICTIONS_PER_SEQ
     masked_lm_prob: float = objectives.MASKED_LM_PROB
-    short_seq_prob: float = 0.1
+    short_seq_prob: float = objectives.SHORT_SEQ_PROB
     dupe_factor: int = 1
     seed: int = 12345
     whole_word_mask: bool = False

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from bert_jax.data import objectives
 from bert_jax.data.instances import InstanceRows, TokenizedDocument, _check_settings
 from bert_jax.data.masking import MaskingConfig
 from bert_jax.data.row_masking import mask_rows
@@ -82,7 +83,7 @@ def create_single_rows(
     documents: Sequence[TokenizedDocument],
     masking: MaskingConfig,
     max_seq_length: int = 128,
-    short_seq_prob: float = 0.1,
+    short_seq_prob: float = objectives.SHORT_SEQ_PROB,
     dupe_factor: int = 1,
     seed: int = 0,
     instance_format: str = "full_sentences",

@@ -194,7 +194,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             # "full_sentences" (RoBERTa's, without NSP; data/objectives.py); "": the objective's
             # default (sentence_pairs with NSP, else full_sentences).
             "instance_format": "",
-            "short_seq_prob": 0.1,
+            "short_seq_prob": objectives.SHORT_SEQ_PROB,
             "dupe_factor": -1,  # on-the-fly preparation; -1: 1 with dynamic masking, else 5
             # Sentence splitter for a prose corpus prepared on the fly (data prepare --splitter).
             "splitter": sentences.DEFAULT_SPLITTER,

@@ -31,6 +31,7 @@ import numpy as np
 
 from bert_jax.core import losses
 from bert_jax.core.model import BertConfig
+from bert_jax.data import objectives
 from bert_jax.runtime import fs
 
 # Dense bf16 peak TFLOP/s per chip, matched against `jax.Device.device_kind` (lower case).
@@ -194,7 +195,7 @@ class EvalSums:
     """Held-out sums over batches: the losses and weights the eval step returns, and the target
     counts behind the always-the-most-frequent-token baseline (rows of weight 0 count nothing)."""
 
-    def __init__(self, vocab_size: int, objective: str = "mlm+nsp"):
+    def __init__(self, vocab_size: int, objective: str = objectives.DEFAULT_OBJECTIVE):
         self.objective = objective
         self.sums: collections.Counter = collections.Counter()
         self.counts = np.zeros((vocab_size,), np.float64)
@@ -222,7 +223,7 @@ def evaluate(
     eval_step: Callable[[dict[str, np.ndarray]], Mapping[str, Any]],
     batches: list[dict[str, np.ndarray]],
     vocab_size: int,
-    objective: str = "mlm+nsp",
+    objective: str = objectives.DEFAULT_OBJECTIVE,
 ) -> dict[str, float]:
     """Held-out MLM accuracy and perplexity (and NSP accuracy where the objective has NSP), with
     the always-the-most-frequent-token baseline.
