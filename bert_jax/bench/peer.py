@@ -337,12 +337,21 @@ def main(argv: list[str] | None = None) -> int:
         device_kind=device.device_kind,
         transformers=transformers.__version__,
     )
+    stats = lambda: (device.memory_stats() or {}).get("peak_bytes_in_use")
+    serve_windows(run, lambda loss: jax.block_until_ready((params, loss)), stats)
+    return 0
+
+
+def serve_windows(run, wait, peak_memory_bytes) -> None:
+    """A peer child's side of the protocol after "ready", shared by every peer: time each window
+    the parent asks for (``run(steps) -> (real, padded, instances, loss)``; ``wait(loss)`` returns
+    once those steps are done on the device), then report the peak memory on "finish"."""
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "window":
             start, cpu = time.perf_counter(), time.process_time()
             real, padded, instances, loss = run(int(command["steps"]))
-            jax.block_until_ready((params, loss))
+            wait(loss)
             emit(
                 event="window",
                 seconds=time.perf_counter() - start,
@@ -352,10 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 instances=instances,
             )
         elif command["cmd"] == "finish":
-            stats = device.memory_stats() or {}
-            emit(event="done", peak_memory_bytes=stats.get("peak_bytes_in_use"))
-            return 0
-    return 0
+            emit(event="done", peak_memory_bytes=peak_memory_bytes())
+            return
 
 
 if __name__ == "__main__":

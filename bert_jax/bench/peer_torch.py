@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.bench.peer import emit, load_batches
+from bert_jax.bench.peer import emit, load_batches, serve_windows
 
 MODES = ("eager", "compiled")
 
@@ -226,25 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     run(max(spec.warmup_steps, 1) - 1)
     sync()
     _emit_ready(compile_seconds, float(first_loss), device, transformers.__version__, torch)
-    for line in sys.stdin:
-        command = json.loads(line)
-        if command["cmd"] == "window":
-            start, cpu = time.perf_counter(), time.process_time()
-            real, padded, instances, loss = run(int(command["steps"]))
-            loss = float(loss)  # waits for the last step, as a device sync
-            sync()
-            emit(
-                event="window",
-                seconds=time.perf_counter() - start,
-                cpu_seconds=time.process_time() - cpu,
-                real_tokens=real,
-                padded_tokens=padded,
-                instances=instances,
-            )
-        elif command["cmd"] == "finish":
-            peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-            emit(event="done", peak_memory_bytes=peak)
-            return 0
+
+    def wait(loss: Any) -> None:
+        float(loss)  # waits for the last step, as a device sync
+        sync()
+
+    def peak_memory_bytes() -> int | None:
+        return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+    serve_windows(run, wait, peak_memory_bytes)
     return 0
 
 
