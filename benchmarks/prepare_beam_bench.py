@@ -42,7 +42,7 @@ print("RSS " + json.dumps(
 
 def _corpus(path: str, copies: int) -> int:
     """Writes the corpus; returns its words (whitespace-separated)."""
-    from bert_jax.data import sources
+    from bert_jax.data.sources import documents as sources
 
     documents = sources.embedded_documents("train")
     words = 0

@@ -17,8 +17,8 @@ import numpy as np
 
 
 def record_stats(directory: str, tokenizer) -> dict[str, float]:
-    from bert_jax.data import records
     from bert_jax.data.layout import read_prepare_config
+    from bert_jax.data.records import tfrecord as records
 
     recorded = read_prepare_config(directory)
     length, slots = recorded["max_seq_length"], recorded["max_predictions_per_seq"]
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True, help="the tokenizer the records used")
     parser.add_argument("directories", nargs="+", metavar="DIR")
     args = parser.parse_args()
-    from bert_jax.data.tokenizer import load_tokenizer
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
     columns = {

@@ -34,8 +34,9 @@ from xml.sax.saxutils import escape
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax.data import sources, wikipedia  # noqa: E402
-from bert_jax.data.embedded import embedded_documents  # noqa: E402
+from bert_jax.data.sources import documents as sources  # noqa: E402
+from bert_jax.data.sources import wikipedia_dump as wikipedia
+from bert_jax.data.sources.embedded import embedded_documents  # noqa: E402
 
 _HEADER = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" \
 xml:lang="en">

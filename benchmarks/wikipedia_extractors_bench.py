@@ -38,7 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax.data import wikipedia  # noqa: E402
+from bert_jax.data.sources import wikipedia_dump as wikipedia  # noqa: E402
 from tests.corpus_fixtures import realistic_articles, realistic_dump_xml  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

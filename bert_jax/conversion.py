@@ -24,8 +24,8 @@ from flax import traverse_util
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.core.model import BertConfig
-from bert_jax.data import files
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import model_dir
 
@@ -68,7 +68,7 @@ def _describe(tokenizer: Any, origin: str) -> str:
 
 
 def _load_tokenizer(path: str, lowercase: bool | None):
-    from bert_jax.data.tokenizer import load_tokenizer
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 
     return load_tokenizer(path, lowercase=lowercase)
 
@@ -112,7 +112,7 @@ def load_source(
             report=report,
             origin=f"Hugging Face checkpoint {', '.join(checkpoint.weight_files)}",
         )
-        from bert_jax.data.tokenizer import has_tokenizer_files
+        from bert_jax.data.tokenizers.load_or_train import has_tokenizer_files
 
         if has_tokenizer_files(src):  # vocab.txt, tokenizer.json or a SentencePiece .model
             tok_origin = src

@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.core.model import BertConfig, BertModel, last_token_positions
-from bert_jax.data import files
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError, user_path
 
 POOLS = ("cls", "last", "mean", "none")
@@ -130,7 +130,7 @@ def _pool_for(config: BertConfig, pool: str | None, where: str = "the model") ->
 
 def _tokenize(tokenizer, examples, max_seq_length: int):
     """input ids etc. per example, unpadded, and how many were truncated."""
-    from bert_jax.data.tokenizer import encode_pair
+    from bert_jax.data.tokenizers.pair_encoding import encode_pair
 
     rows, truncated = [], 0
     for text_a, text_b in examples:

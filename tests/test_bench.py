@@ -15,7 +15,7 @@ from bert_jax import cli
 from bert_jax.bench import data as bench_data
 from bert_jax.bench import peer, timing
 from bert_jax.bench import spec as bench_spec
-from bert_jax.data import packing
+from bert_jax.data.pipeline import packing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -176,8 +176,9 @@ def test_bench_and_the_train_step_import_without_tensorflow():
         "import bert_jax.core.train, bert_jax.core.model\n"
         "import bert_jax.finetune.loop, bert_jax.cli.bench\n"
         # What `--real-data` reads (the embedded corpus, pairs and masking, packing).
-        "import bert_jax.data.sources, bert_jax.data.instances, bert_jax.data.masking\n"
-        "import bert_jax.data.tokenizer\n"
+        "import bert_jax.data.sources.documents, bert_jax.data.instances.sentence_pairs\n"
+        "import bert_jax.data.masking.settings, bert_jax.data.masking.static_rows\n"
+        "import bert_jax.data.tokenizers.load_or_train\n"
         "from bert_jax.bench import data, spec\n"
         "from tests.helpers import tiny_config\n"
         "s = spec.BenchSpec(model=tiny_config(), batch_size=2, seq_len=8, max_predictions=2)\n"

@@ -284,7 +284,7 @@ def test_hf_directory_with_only_tokenizer_json_converts_with_its_tokenizer(
 ):
     """transformers 5 saves a BERT tokenizer as tokenizer.json alone (no vocab.txt): the converted
     model directory must still carry the tokenizer, equal to the vocab.txt one, and encode."""
-    from bert_jax.data.tokenizer import load_tokenizer
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 
     _, _, directory = hf_setup
     source = tmp_path / "hf5"
@@ -499,8 +499,9 @@ def test_bert_jax_to_hf_loads_strictly_and_reproduces_outputs(tmp_path):
 
 
 def test_sentencepiece_tokenizer_is_exported_for_transformers(tmp_path):
-    from bert_jax.data import sources
-    from bert_jax.data.tokenizer import load_tokenizer, train_sentencepiece
+    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+    from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(s for d in sources.embedded_documents("train")[:20] for s in d))

@@ -16,9 +16,11 @@ import pytest
 pytest.importorskip("apache_beam")
 
 from bert_jax import cli  # noqa: E402
-from bert_jax.data import beam as beam_lib  # noqa: E402
-from bert_jax.data import groups as groups_lib  # noqa: E402
-from bert_jax.data import manifest, prepare, sources  # noqa: E402
+from bert_jax.data.preparation import beam_pipeline as beam_lib  # noqa: E402
+from bert_jax.data.preparation import groups as groups_lib  # noqa: E402
+from bert_jax.data.preparation import run as prepare
+from bert_jax.data.records import manifest
+from bert_jax.data.sources import documents as sources  # noqa: E402
 from bert_jax.runtime.errors import UserError  # noqa: E402
 from tests.corpus_fixtures import (  # noqa: E402
     realistic_dump_xml,
@@ -100,7 +102,7 @@ def test_two_beam_workers_write_the_records_of_the_local_path(corpora, kind, tmp
     _assert_same_records(local, beam)
     config = json.loads((beam / "prepare_config.json").read_text())
     assert config["num_groups"] == 3 and config["format_version"] == prepare.FORMAT_VERSION
-    plan = prepare.plan_run(inputs, embedded_spm_dir(), tmp_path / "plan", _settings())
+    plan = prepare.check_run(inputs, embedded_spm_dir(), tmp_path / "plan", _settings())
     if kind != "embedded":  # read as several splits (the embedded corpus is one)
         assert len(plan.splits) > 1
 

@@ -10,8 +10,9 @@ import re
 import pytest
 
 from bert_jax import cli
-from bert_jax.data import parquet, wikipedia
-from bert_jax.data.sources import read_documents
+from bert_jax.data.sources import parquet
+from bert_jax.data.sources import wikipedia_dump as wikipedia
+from bert_jax.data.sources.documents import read_documents
 from bert_jax.runtime.errors import UserError
 from tests.corpus_fixtures import (
     wikipedia_dump_xml,
@@ -128,7 +129,7 @@ def test_damaged_dumps_and_parquet_files_are_one_line_naming_the_file(tmp_path, 
 
 def test_prepare_reads_dumps_and_parquet_and_records_the_splitter(tmp_path, dump_files):
     from bert_jax.data import sentences
-    from bert_jax.data.prepare import PrepareSettings, prepare_records
+    from bert_jax.data.preparation.run import PrepareSettings, prepare_records
 
     _, packed = dump_files
     books = tmp_path / "books.parquet"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bert_jax.data.embedded import embedded_document_names, embedded_documents
-from bert_jax.data.sources import read_documents
+from bert_jax.data.sources.documents import read_documents
+from bert_jax.data.sources.embedded import embedded_document_names, embedded_documents
 
 
 def test_embedded_corpus_is_real_deterministic_and_split():
@@ -29,7 +29,7 @@ def test_embedded_corpus_is_real_deterministic_and_split():
 
 
 def test_the_corpus_is_cached_on_disk_and_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
-    from bert_jax.data import embedded
+    from bert_jax.data.sources import embedded
 
     corpus = (("pydoc:a", ("First sentence.", "Second one.")), ("stdlib:b.py", ("Third.",)))
     builds = []

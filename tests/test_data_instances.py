@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax.data import instances as instances_lib
-from bert_jax.data.instances import (
+from bert_jax.data.instances import sentence_pairs as instances_lib
+from bert_jax.data.instances.sentence_pairs import (
     create_instances,
     create_instances_from_document,
     instances_to_arrays,

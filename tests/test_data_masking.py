@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_jax.data import instances as instances_lib
-from bert_jax.data import sources
-from bert_jax.data.instances import create_instances, instances_to_arrays
-from bert_jax.data.masking import MaskingConfig, mask_instance
-from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.data.instances import sentence_pairs as instances_lib
+from bert_jax.data.instances.sentence_pairs import create_instances, instances_to_arrays
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.masking.static_sequence import mask_instance
+from bert_jax.data.sources import documents as sources
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from tests.data_fixtures import embedded_spm, embedded_tokenized, masking_config, minilm_vocab_path
 
 
@@ -76,7 +77,7 @@ def test_wordpiece_random_replacements_avoid_special_and_unused_tokens():
 
 def test_masking_with_known_candidates_draws_the_same():
     """Candidates given by the caller (the instance layout) or found by a scan: same masking."""
-    from bert_jax.data.masking import mask_ids
+    from bert_jax.data.masking.static_sequence import mask_ids
 
     tokenizer = load_tokenizer(minilm_vocab_path())
     for whole_word_mask in (False, True):
@@ -210,7 +211,7 @@ def test_masking_settings_take_their_defaults_from_data_objectives():
     checked = [
         path
         for path in files
-        if path.parent.name == "data"
+        if path.relative_to(root).parts[0] == "data"
         or path.relative_to(root).as_posix()
         in ("training/config_lib.py", "training/metrics.py", "cli/data.py", "bench/data.py")
     ]

@@ -11,10 +11,15 @@ import textwrap
 import numpy as np
 import pytest
 
-from bert_jax.data import prepare, records
-from bert_jax.data.masking import MaskingConfig
-from bert_jax.data.pipeline import PipelineSettings, PretrainIterator, make_pretrain_iterator
-from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.pipeline.tf_data import (
+    PipelineSettings,
+    PretrainIterator,
+    make_pretrain_iterator,
+)
+from bert_jax.data.preparation import run as prepare
+from bert_jax.data.records import tfrecord as records
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from tests.data_fixtures import embedded_spm, minilm_vocab_path
 
 LENGTH, SLOTS, BATCH = 128, 20, 8
@@ -85,7 +90,7 @@ _RESUME_SCRIPT = textwrap.dedent(
     import json, sys
     import numpy as np
     import tensorflow as tf
-    from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
+    from bert_jax.data.pipeline.tf_data import PipelineSettings, make_pretrain_iterator
 
     tf.random.set_seed(1234)  # another seed than the first process: the order must not care
 

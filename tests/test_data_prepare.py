@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 
 from bert_jax import cli
-from bert_jax.data import prepare, records, sources
-from bert_jax.data.groups import part_name
-from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
-from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.data.pipeline.tf_data import PipelineSettings, make_pretrain_iterator
+from bert_jax.data.preparation import run as prepare
+from bert_jax.data.preparation.groups import part_name
+from bert_jax.data.records import tfrecord as records
+from bert_jax.data.sources import documents as sources
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from tests.data_fixtures import embedded_spm, embedded_spm_dir
 
 LENGTH, SLOTS = 64, 10
@@ -251,7 +253,7 @@ def test_records_keep_their_bytes_for_a_seed(tmp_path, whole_word_mask, digest):
 def test_a_manifest_from_before_the_splitter_was_recorded_reads_as_the_regex():
     """prepare_config.json of an earlier version has no `splitter` / `text_field`: it was split by
     the regex from JSONL's `text`, so a resume with syntok names that change, not `None`."""
-    from bert_jax.data import manifest
+    from bert_jax.data.records import manifest
 
     old = manifest.Manifest.from_json({"max_seq_length": 128, "seed": 1})
     assert old.settings["splitter"] == "regex" and old.settings["text_field"] == "text"
@@ -264,9 +266,9 @@ def test_a_manifest_from_before_the_splitter_was_recorded_reads_as_the_regex():
 def test_the_summary_names_the_format_where_there_is_no_next_sentence():
     """Records without NSP have no random next to count: the summary line names their format
     and objective instead of "random next 0.0%"."""
-    from bert_jax.data.groups import InstanceStats
-    from bert_jax.data.prepare import PrepareResult
-    from bert_jax.data.sources import CorpusStats
+    from bert_jax.data.preparation.groups import InstanceStats
+    from bert_jax.data.preparation.run import PrepareResult
+    from bert_jax.data.sources.documents import CorpusStats
 
     stats = InstanceStats(documents=3, instances=10, random_next=5, forced_random_next=1)
 
@@ -334,7 +336,8 @@ def test_beam_options_need_the_beam_runner_and_beam_itself(tmp_path, capsys):
 def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
     """The local path reads each split once: over a text file, a JSONL file and a multistream
     Wikipedia dump cut into several splits, the bytes read are the files' sizes."""
-    from bert_jax.data import groups, splits
+    from bert_jax.data.preparation import groups
+    from bert_jax.data.sources import splits
     from tests.corpus_fixtures import realistic_dump_xml, write_stream_per_page_bz2
 
     documents = sources.embedded_documents("eval")
@@ -355,7 +358,7 @@ def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
         max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, num_groups=2, split_bytes=1500
     )
     inputs = [str(text), str(jsonl), str(dump)]
-    plan = prepare.plan_run(inputs, embedded_spm_dir(), tmp_path / "plan", settings)
+    plan = prepare.check_run(inputs, embedded_spm_dir(), tmp_path / "plan", settings)
     assert len(plan.splits) > 2 * len(inputs)  # each input in several splits
     result = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
     assert result.instance_stats.instances > 0
@@ -400,7 +403,7 @@ def test_a_tfds_source_is_cut_into_groups_by_its_recorded_size(monkeypatch):
 
     import tensorflow_datasets as tfds
 
-    from bert_jax.data import splits
+    from bert_jax.data.sources import splits
 
     def builder(name, data_dir=None):
         if name != "wiki/en":

@@ -13,7 +13,7 @@ import hashlib
 
 import pytest
 
-from bert_jax.data import prepare
+from bert_jax.data.preparation import run as prepare
 from tests.data_fixtures import minilm_vocab_path
 
 

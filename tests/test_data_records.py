@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.data import records
+from bert_jax.data.records import tfrecord as records
 from bert_jax.runtime.errors import UserError
 
 LENGTH, SLOTS = 64, 10

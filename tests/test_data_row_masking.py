@@ -13,9 +13,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bert_jax.data import row_masking
-from bert_jax.data.masking import mask_ids
-from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.data.masking import static_rows as row_masking
+from bert_jax.data.masking.static_sequence import mask_ids
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from tests.data_fixtures import masking_config, minilm_vocab_path
 
 

@@ -85,7 +85,7 @@ def test_every_splitter_keeps_every_word_of_real_prose(name):
     """The sentences of a paragraph, joined, are the paragraph up to whitespace: a splitter cuts,
     it never rewrites. Checked on the embedded corpus (Python's documentation) and the hard
     cases above."""
-    from bert_jax.data.embedded import embedded_documents
+    from bert_jax.data.sources.embedded import embedded_documents
 
     split = sentences.splitter(name)
     documents = embedded_documents("all")[:: 10 if name == "pysbd" else 2]

@@ -11,8 +11,9 @@ import shutil
 import pytest
 
 from bert_jax import cli
-from bert_jax.data import manifest, records
-from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
+from bert_jax.data.pipeline.tf_data import PipelineSettings, make_pretrain_iterator
+from bert_jax.data.records import manifest
+from bert_jax.data.records import tfrecord as records
 from bert_jax.runtime.errors import UserError
 from tests.convert_fixtures import write_vocab
 from tests.faults import assert_user_error, run_cli, tree_digest

@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from bert_jax.data import splits
-from bert_jax.data.sources import CorpusStats, read_documents
+from bert_jax.data.sources import splits
+from bert_jax.data.sources.documents import CorpusStats, read_documents
 from bert_jax.runtime.errors import UserError
 from tests.corpus_fixtures import (
     wikipedia_dump_xml,
@@ -110,14 +110,14 @@ def _parquet_layout(path):
 @pytest.mark.parametrize("pieces", ["one", "two", "many"])
 def test_splits_read_every_byte_once_and_give_iter_documents_documents(corpora, kind, pieces):
     path = str(corpora[kind])
-    size = splits.split_bytes(splits.plan_splits([path], target_bytes=1 << 40)[0])
+    size = splits.split_bytes(splits.cut_splits([path], target_bytes=1 << 40)[0])
     target = {"one": size, "two": (size + 1) // 2, "many": max(1, size // 8)}[pieces]
     probes = splits.ByteCount()
-    plan = splits.plan_splits([path], target_bytes=target, byte_count=probes)
+    plan = splits.cut_splits([path], target_bytes=target, byte_count=probes)
 
     expected_splits = {"one": 1, "two": 2}.get(pieces)
     assert len(plan) == expected_splits if expected_splits else len(plan) >= 5
-    assert plan == splits.plan_splits([path], target_bytes=target)  # deterministic
+    assert plan == splits.cut_splits([path], target_bytes=target)  # deterministic
     assert all(s.kind == kind and s.source == path and s.source_index == 0 for s in plan)
     assert plan[0].start == 0 and all(a.stop == b.start for a, b in zip(plan, plan[1:]))
     assert sum(splits.split_bytes(s) for s in plan) == size
@@ -151,7 +151,7 @@ def test_splits_read_every_byte_once_and_give_iter_documents_documents(corpora, 
 
 def test_keys_do_not_depend_on_the_cut(corpora):
     sources = [str(path) for path in corpora.values()]
-    plans = [splits.plan_splits(sources, target_bytes=t) for t in (1 << 40, 700, 90)]
+    plans = [splits.cut_splits(sources, target_bytes=t) for t in (1 << 40, 700, 90)]
     assert len(plans[0]) == 4 and len(plans[1]) < len(plans[2])
     keyed = [_read_all(plan)[0] for plan in plans]
     assert keyed[0] == keyed[1] == keyed[2]
@@ -174,7 +174,7 @@ def test_sources_read_whole_are_one_split(tmp_path, corpora):
     write_cut_anywhere_bz2(pbzip2, wikipedia_dump_xml(repeat=2))
     sources = [str(p) for p in (plain, records, xml, single, pbzip2)] + ["embedded:eval"]
 
-    plan = splits.plan_splits(sources, target_bytes=64)
+    plan = splits.cut_splits(sources, target_bytes=64)
     kinds = ["text", "jsonl", "wikipedia", "wikipedia", "wikipedia", "embedded"]
     assert [(s.source_index, s.kind, s.start, s.stop) for s in plan] == [
         (i, kind, 0, -1) for i, kind in enumerate(kinds)
@@ -198,7 +198,7 @@ def test_a_file_is_empty_only_when_no_split_reads_a_line(tmp_path, name):
         path.write_bytes(content)
         expected = read_documents([path], max_line_bytes=50)
         for target in (1, 10, 1 << 20):
-            plan = splits.plan_splits([path], target_bytes=target, max_line_bytes=50)
+            plan = splits.cut_splits([path], target_bytes=target, max_line_bytes=50)
             keyed, stats, count = _read_all(plan, max_line_bytes=50)
             assert [document for _, document in keyed] == expected[0]
             assert stats.as_dict() == expected[1].as_dict() and count.content == len(content)
@@ -208,14 +208,14 @@ def test_bad_input_in_a_later_split_names_the_file_and_the_lines_byte(tmp_path):
     path = tmp_path / "bad.txt"
     good = b"".join(b"Document %d.\nIts second line.\n\n" % i for i in range(40))
     path.write_bytes(good + b"A line with bad bytes \xff here.\n")
-    plan = splits.plan_splits([str(path)], target_bytes=100)
+    plan = splits.cut_splits([str(path)], target_bytes=100)
     assert len(plan) > 2
     offset = len(good)
     with pytest.raises(UserError, match=rf"{path}: line at byte {offset}: invalid UTF-8"):
         for split in plan:
             list(splits.read_split(split, CorpusStats(), strict=True))
     # The first split of a file knows its line numbers: the message iter_documents gives.
-    whole = splits.plan_splits([str(path)])
+    whole = splits.cut_splits([str(path)])
     with pytest.raises(UserError, match=rf"{path}:121: invalid UTF-8"):
         list(splits.read_split(whole[0], CorpusStats(), strict=True))
     with pytest.raises(UserError, match=rf"{path}:121: invalid UTF-8"):
@@ -225,7 +225,7 @@ def test_bad_input_in_a_later_split_names_the_file_and_the_lines_byte(tmp_path):
     lines = [json.dumps({"text": f"Record {i}."}) for i in range(30)]
     records.write_text("\n".join([*lines, "{not json"]) + "\n", encoding="utf-8")
     offset = sum(len(line) + 1 for line in lines)
-    plan = splits.plan_splits([str(records)], target_bytes=80)
+    plan = splits.cut_splits([str(records)], target_bytes=80)
     with pytest.raises(UserError, match=rf"{records}: line at byte {offset}: not valid JSON"):
         for split in plan:
             list(splits.read_split(split, CorpusStats(), strict=True))
@@ -235,16 +235,16 @@ def test_damaged_inputs_are_one_line_naming_the_file(tmp_path, corpora):
     damaged = tmp_path / "damaged.parquet"
     damaged.write_text("plain text, not Parquet\n", encoding="utf-8")
     with pytest.raises(UserError, match=rf"--input {damaged}: not a readable Parquet file"):
-        splits.plan_splits([str(damaged)])
+        splits.cut_splits([str(damaged)])
     dump = corpora["wikipedia"]
     cut = tmp_path / "enwiki-cut-multistream.xml.bz2"
     cut.write_bytes(dump.read_bytes()[:-200])
-    plan = splits.plan_splits([str(cut)], target_bytes=2000)
+    plan = splits.cut_splits([str(cut)], target_bytes=2000)
     with pytest.raises(UserError, match=rf"--input {cut}: not a readable Wikipedia XML dump"):
         for split in plan:
             list(splits.read_split(split, CorpusStats()))
     with pytest.raises(UserError, match=r"input not found: .*missing\.txt"):
-        splits.plan_splits([str(tmp_path / "missing.txt")])
+        splits.cut_splits([str(tmp_path / "missing.txt")])
 
 
 @pytest.mark.gcs
@@ -263,8 +263,8 @@ def test_splits_read_from_a_bucket_each_byte_once(corpora, tmp_path):
             fs.upload(path, url)
         for target in (1 << 40, 2000):
             probes = splits.ByteCount()
-            plan = splits.plan_splits(remote, target_bytes=target, byte_count=probes)
-            local_plan = splits.plan_splits(local, target_bytes=target)
+            plan = splits.cut_splits(remote, target_bytes=target, byte_count=probes)
+            local_plan = splits.cut_splits(local, target_bytes=target)
             assert [(s.kind, s.start, s.stop) for s in plan] == [
                 (s.kind, s.start, s.stop) for s in local_plan
             ]
@@ -279,10 +279,10 @@ def test_splits_read_from_a_bucket_each_byte_once(corpora, tmp_path):
 
 def test_planning_refuses_a_split_size_under_a_byte_and_unknown_options(corpora):
     with pytest.raises(UserError, match="split size must be at least 1 byte, not 0"):
-        splits.plan_splits([str(corpora["text"])], target_bytes=0)
+        splits.cut_splits([str(corpora["text"])], target_bytes=0)
     with pytest.raises(TypeError, match="num_workers"):
-        splits.plan_splits([str(corpora["text"])], num_workers=2)
-    plan = splits.plan_splits([str(corpora["text"])], text_field="body", strict=True)
+        splits.cut_splits([str(corpora["text"])], num_workers=2)
+    plan = splits.cut_splits([str(corpora["text"])], text_field="body", strict=True)
     assert [(s.start, s.stop) for s in plan] == [(0, os.path.getsize(corpora["text"]))]
 
 
@@ -291,7 +291,7 @@ def test_a_bucket_inputs_identity_is_its_metadata_not_a_second_read(corpora, tmp
     """prepare's manifest names a gs:// input by size, checksum and generation from storage's
     metadata: the launching machine reads only the first bytes of a text object (to refuse a
     binary one), so the workers' one read is the only read; a rewritten object is another input."""
-    from bert_jax.data import manifest
+    from bert_jax.data.records import manifest
     from bert_jax.runtime import fs
     from tests import gcs_emulator
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bert_jax.data import wikipedia
-from bert_jax.data.sources import read_documents
+from bert_jax.data.sources import wikipedia_dump as wikipedia
+from bert_jax.data.sources.documents import read_documents
 from tests.corpus_fixtures import realistic_articles, realistic_dump_xml
 
 strip = wikipedia.wikitext_to_paragraphs

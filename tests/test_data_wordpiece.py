@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.data import sources as corpus
-from bert_jax.data.tokenizer import load_tokenizer
-from bert_jax.data.wordpiece import WordPieceTokenizer
+from bert_jax.data.sources import documents as corpus
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+from bert_jax.data.tokenizers.wordpiece import WordPieceTokenizer
 from bert_jax.runtime.errors import UserError
 from tests.data_fixtures import minilm_vocab_path
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bert_jax import cli
-from bert_jax.data import shards
+from bert_jax.data.pipeline import input_shards as shards
 from bert_jax.planning import compile_check, cost_model
 from bert_jax.runtime import distributed
 from bert_jax.training import metrics, pretrain

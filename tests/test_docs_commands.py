@@ -207,7 +207,7 @@ def _write_swag(directory, words: list[str]) -> None:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, str]:
     """Role -> path of a tiny input; `_materialize` links a command's read paths to these."""
-    from bert_jax.data.embedded import embedded_documents
+    from bert_jax.data.sources.embedded import embedded_documents
     from bert_jax.training import model_dir
     from tests import convert_fixtures
     from tests.glue_fixtures.tiny import GLUE_DIR

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bert_jax import cli
-from bert_jax.data import records as records_lib
+from bert_jax.data.records import tfrecord as records_lib
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_lib, evaluate, model_dir, pretrain
 from tests.convert_fixtures import random_params, write_vocab

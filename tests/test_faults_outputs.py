@@ -10,9 +10,11 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.data import files, manifest, records
-from bert_jax.data.integrity import CorruptRecordError
-from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator, synthetic_batch
+from bert_jax.data.pipeline.tf_data import PipelineSettings, make_pretrain_iterator, synthetic_batch
+from bert_jax.data.records import manifest
+from bert_jax.data.records import tfrecord as records
+from bert_jax.data.records.integrity import CorruptRecordError
+from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import model_dir
 from tests.convert_fixtures import random_params, write_vocab
@@ -340,7 +342,7 @@ def test_unchanged_input_resumes(vocab, tmp_path, capsys):
 
 
 def test_a_failed_prepare_leaves_nothing_a_reader_trusts(vocab, tmp_path, capsys, monkeypatch):
-    from bert_jax.data import groups
+    from bert_jax.data.preparation import groups
 
     corpus = _corpus(tmp_path / "corpus.txt")
     out = tmp_path / "data"
@@ -366,7 +368,7 @@ def test_a_failed_prepare_leaves_nothing_a_reader_trusts(vocab, tmp_path, capsys
 
 
 def test_a_cached_preparation_is_not_reused_after_its_corpus_changed(vocab, tmp_path):
-    from bert_jax.data import prepare
+    from bert_jax.data.preparation import run as prepare
 
     corpus = _corpus(tmp_path / "corpus.txt")
     settings = prepare.PrepareSettings(
@@ -431,7 +433,7 @@ def test_compressed_input_is_checked_decompressed_and_hashed_as_stored(tmp_path)
 def test_a_killed_overwrite_sets_the_old_shards_aside_until_a_rerun_completes(
     vocab, tmp_path, capsys, monkeypatch
 ):
-    from bert_jax.data import groups
+    from bert_jax.data.preparation import groups
 
     corpus = _corpus(tmp_path / "corpus.txt")
     out = tmp_path / "data"
@@ -516,7 +518,7 @@ def test_records_of_the_old_text_extraction_are_not_resumed(vocab, tmp_path, cap
 def test_an_input_named_like_a_glob_is_that_file(vocab, tmp_path, capsys):
     """`corpus [2020].txt` exists: it is the input, not a pattern matching `corpus 2.txt` or
     nothing; a real pattern still expands."""
-    from bert_jax.data import sources
+    from bert_jax.data.sources import documents as sources
 
     corpus = _corpus(tmp_path / "corpus [2020].txt")
     (tmp_path / "corpus 2.txt").write_text("Another file the class [2020] would match.\n")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax.core import partitioning
-from bert_jax.data.tokenizer import encode_pairs
+from bert_jax.data.tokenizers.pair_encoding import encode_pairs
 from bert_jax.finetune import heads, loop
 from bert_jax.finetune.features import EncodedSplit, TaskData
 from bert_jax.finetune.tasks import get_task

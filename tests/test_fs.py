@@ -80,18 +80,18 @@ def test_epath_goes_through_gcsfs_unless_the_user_chose():
 
 
 def test_read_range_and_local_then_place_on_disk(tmp_path):
-    from bert_jax.data import files
+    from bert_jax.runtime import outputs
 
     path = str(tmp_path / "f.bin")
     fs.write_bytes(path, b"0123456789")
     assert fs.read_bytes(path, 2, 5) == b"234" and fs.read_bytes(path, 8, 20) == b"89"
     target = str(tmp_path / "plot.png")
-    with files.local_then_place(target, ".png") as local:
+    with outputs.local_then_place(target, ".png") as local:
         assert local.endswith(".png") and local != target
         with open(local, "wb") as f:
             f.write(b"png")
     assert open(target, "rb").read() == b"png"
-    with pytest.raises(RuntimeError), files.local_then_place(str(tmp_path / "x.png")) as local:
+    with pytest.raises(RuntimeError), outputs.local_then_place(str(tmp_path / "x.png")) as local:
         open(local, "wb").close()
         raise RuntimeError
     assert sorted(os.listdir(tmp_path)) == ["f.bin", "plot.png"]  # nothing half-written left

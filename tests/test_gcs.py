@@ -54,14 +54,15 @@ def emulator(tmp_path_factory):
 @pytest.fixture(scope="module")
 def corpus(emulator, tmp_path_factory):
     """A small corpus and its SentencePiece tokenizer, each locally and in the bucket."""
-    from bert_jax.data import sources, tokenizer
+    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 
     root = tmp_path_factory.mktemp("gcs_corpus")
     documents = list(sources.embedded_documents("train"))[:400]
     text = "\n\n".join("\n".join(document) for document in documents) + "\n"
     (root / "corpus.txt").write_text(text, encoding="utf-8")
     fs.write_text(f"{BUCKET}/corpus.txt", text)
-    tokenizer.train_sentencepiece([f"{BUCKET}/corpus.txt"], 1000, f"{BUCKET}/tok", lowercase=True)
+    train_sentencepiece([f"{BUCKET}/corpus.txt"], 1000, f"{BUCKET}/tok", lowercase=True)
     fs.copy_to_local(f"{BUCKET}/tok", str(root / "tok"))
     (root / "texts.txt").write_text("the language reference\nhello world\n", encoding="utf-8")
     return root
@@ -408,7 +409,7 @@ def test_parquet_and_a_wikipedia_dump_from_the_bucket(emulator, corpus, tmp_path
     dump in chunks of streams, by two workers): the records equal those prepared from the same
     files on local disk in one process, and a damaged Parquet file in the bucket is one line
     naming its URL."""
-    from bert_jax.data import sources
+    from bert_jax.data.sources import documents as sources
     from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
 
     books = ["\n".join(document) for document in sources.embedded_documents("train")[:40]]

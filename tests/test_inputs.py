@@ -41,7 +41,7 @@ def test_a_corpus_run_trains_its_tokenizer_once(trained, monkeypatch):
     config, workdir, tokenizer = trained
     assert tokenizer.kind == "sentencepiece" and tokenizer.vocab_size == 300
     assert sorted(os.listdir(workdir)) == ["tokenizer"]  # the training text is removed
-    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
 
     def no_training(*args, **kwargs):
         raise AssertionError("a restart must reuse <workdir>/tokenizer")

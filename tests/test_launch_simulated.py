@@ -49,14 +49,15 @@ def emulator(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from bert_jax.data import sources, tokenizer
+    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 
     root = tmp_path_factory.mktemp("launch_tokenizer")
     text = root / "corpus.txt"
     with open(text, "w", encoding="utf-8") as f:
         for document in sources.embedded_documents("train"):
             f.write("\n".join(document) + "\n\n")
-    tokenizer.train_sentencepiece([str(text)], 1000, str(root / "tokenizer"), lowercase=True)
+    train_sentencepiece([str(text)], 1000, str(root / "tokenizer"), lowercase=True)
     return str(root / "tokenizer")
 
 

@@ -14,7 +14,7 @@ from bert_jax.convert import mapping
 from bert_jax.convert.strict import ConversionError
 from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertForPreTraining
-from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import model_dir as md
 from tests.convert_fixtures import random_params, write_vocab

@@ -12,7 +12,7 @@ import pytest
 import seqeval.metrics
 
 from bert_jax.core import partitioning
-from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.finetune import ner, token_tasks
 from bert_jax.finetune.ner import NerDataError, Sentence
 from tests.glue_fixtures.tiny import tiny_pretrained

@@ -17,9 +17,10 @@ import transformers
 from bert_jax.convert import hf as hf_convert
 from bert_jax.core import losses, train
 from bert_jax.core.model import BertForPreTraining, BertModel
-from bert_jax.data import single_instances
-from bert_jax.data.masking import MaskingConfig, dynamic_mask_batch
-from bert_jax.data.row_masking import mask_rows
+from bert_jax.data.instances import single_segments as single_instances
+from bert_jax.data.masking.dynamic_batch import dynamic_mask_batch
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.masking.static_rows import mask_rows
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_checks, config_lib, metrics
 from tests.data_fixtures import embedded_spm, embedded_tokenized
@@ -327,7 +328,8 @@ def test_left_to_right_packed_row_computes_what_its_instances_do_apart():
 def test_a_corpus_without_documents_prepares_without_nsp(tmp_path):
     """Tweets, queries: one sentence per line, no blank line. Pairs need two documents; the
     single-sequence formats do not."""
-    from bert_jax.data import prepare, sources
+    from bert_jax.data.preparation import run as prepare
+    from bert_jax.data.sources import documents as sources
     from tests.data_fixtures import embedded_spm_dir
 
     corpus = tmp_path / "lines.txt"

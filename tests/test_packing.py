@@ -13,7 +13,7 @@ from helpers import tiny_config
 
 from bert_jax.core import losses, train
 from bert_jax.core.model import BertForPreTraining
-from bert_jax.data import packing
+from bert_jax.data.pipeline import packing
 
 CLS, SEP = 2, 3
 
@@ -207,8 +207,8 @@ def test_suggest_factor_fills_rows():
 
 
 def test_pipeline_packs_records_and_resumes_exactly(tmp_path):
-    from bert_jax.data import records
-    from bert_jax.data.pipeline import PipelineSettings, make_pretrain_iterator
+    from bert_jax.data.pipeline.tf_data import PipelineSettings, make_pretrain_iterator
+    from bert_jax.data.records import tfrecord as records
 
     rng = np.random.default_rng(5)
     lengths = [int(n) for n in rng.integers(5, 16, size=48)]

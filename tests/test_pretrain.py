@@ -26,14 +26,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="session")
 def shared_dirs(tmp_path_factory):
     """One tokenizer and one prepared-data cache for every run in this module."""
-    from bert_jax.data import sources, tokenizer
+    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 
     root = tmp_path_factory.mktemp("pretrain_shared")
     text = root / "corpus.txt"
     with open(text, "w", encoding="utf-8") as f:
         for document in sources.embedded_documents("train"):
             f.write("\n".join(document) + "\n\n")
-    tokenizer.train_sentencepiece([str(text)], 1000, str(root / "tokenizer"), lowercase=True)
+    train_sentencepiece([str(text)], 1000, str(root / "tokenizer"), lowercase=True)
     return {"tokenizer": str(root / "tokenizer"), "cache": str(root / "cache")}
 
 

@@ -27,9 +27,9 @@ import string
 import pytest
 
 from bert_jax import cli
-from bert_jax.data import sources
-from bert_jax.data.embedded import embedded_documents
-from bert_jax.data.wordpiece import WordPieceTokenizer
+from bert_jax.data.sources import documents as sources
+from bert_jax.data.sources.embedded import embedded_documents
+from bert_jax.data.tokenizers.wordpiece import WordPieceTokenizer
 from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
 from tests.data_fixtures import minilm_vocab_path
 from tests.glue_fixtures.tiny import GLUE_DIR

@@ -15,7 +15,7 @@ import transformers
 from bert_jax import cli
 from bert_jax.conversion import convert
 from bert_jax.core import partitioning
-from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.finetune import squad, squad_eval, token_tasks
 from bert_jax.finetune.squad import SquadDataError, SquadExample
 from tests.glue_fixtures.tiny import tiny_pretrained

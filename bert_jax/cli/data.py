@@ -58,7 +58,7 @@ def _add_tokenizer(subparsers) -> None:
 
 
 def _train_tokenizer(args) -> int:
-    from bert_jax.data.tokenizer import train_tokenizer
+    from bert_jax.data.tokenizers.load_or_train import train_tokenizer
 
     tokenizer = train_tokenizer(
         args.input,
@@ -278,7 +278,7 @@ def _prepare(args) -> int:
     import logging
     import shlex
 
-    from bert_jax.data.prepare import PrepareSettings, merge_shards, prepare_records
+    from bert_jax.data.preparation.run import PrepareSettings, merge_shards, prepare_records
     from bert_jax.runtime.errors import UserError
     from bert_jax.training import config_checks
 
@@ -331,7 +331,7 @@ def _prepare(args) -> int:
         overwrite=args.overwrite,
     )
     if args.runner == "beam":
-        from bert_jax.data import beam
+        from bert_jax.data.preparation import beam_pipeline as beam
 
         result = beam.prepare_with_beam(
             args.input, args.tokenizer, args.output, settings, beam_args, dry_run=args.dry_run
@@ -343,9 +343,9 @@ def _prepare(args) -> int:
             )
             return 0
     elif args.dry_run:
-        from bert_jax.data.prepare import describe_plan, plan_run
+        from bert_jax.data.preparation.run import check_run, describe_run
 
-        print(describe_plan(plan_run(args.input, args.tokenizer, args.output, settings)))
+        print(describe_run(check_run(args.input, args.tokenizer, args.output, settings)))
         return 0
     else:
         result = prepare_records(args.input, args.tokenizer, args.output, settings)

@@ -416,7 +416,7 @@ def write_hf_tokenizer(path: str, tokenizer: Any, config: BertConfig) -> list[st
     tokenizer also rewrites `` and '' as a double quote and splits digits from a trailing comma,
     so for exact ids use bert-jax's tokenizer.
     """
-    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.data.tokenizers import interface as tokenizer_lib
 
     special = {
         "unk_token": tokenizer_lib.UNK,

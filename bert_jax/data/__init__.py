@@ -1,25 +1,21 @@
-"""Pretraining data, by stage; each module imports only the stages above it in this list.
+"""Pretraining data, one folder per stage; a stage imports only the stages listed before it.
 
-- ``layout``: names on disk of prepared data (record suffix, ``prepare_config.json``,
-  ``tokenizer/``); ``files``: atomic writes and the one rule for replacing an output directory.
-- ``sentences``: ``split_sentences``; ``embedded``: the corpus that ships with Python;
-  ``sources``: ``source_kind`` (what a path or name is), ``read_documents`` / ``iter_documents``.
-- ``tokenizer``: ``load_tokenizer``, ``train_sentencepiece`` / ``train_tokenizer``, ``encode_pair``
-  (the interface in ``tokenizer_base``; ``wordpiece`` and ``sentencepiece_tokenizer`` implement it).
-- ``masking``: ``MaskingConfig``, static ``mask_instance``, the pipeline's ``dynamic_mask_batch``;
-  ``row_masking``: ``mask_rows`` (many rows at once, exactly ``mask_ids``' draws).
-- ``instances``: ``tokenize_documents``, ``create_instances``, ``create_instance_rows``,
-  ``instances_to_arrays``.
-- ``records``: the original BERT TFRecord features (serialize, write, parse, read).
-- ``manifest``: a records directory's inputs (identity, UTF-8 text) and its completion mark;
-  ``integrity``: damaged TFRecord files named (or skipped and counted).
-- ``groups``: prepare's unit of work (a group of documents -> one shard);
-  ``prepare``: ``prepare_records(sources, tokenizer, output_dir, PrepareSettings)``
-  (``bert-jax data prepare``) and ``prepare_cached`` (a corpus prepared once for a run).
-- ``packing``: several instances per row; ``pipeline``: ``make_pretrain_iterator(records,
-  PipelineSettings)`` -> per-host batches with ``get_state``/``set_state``; ``shards``: the
-  global batch from a fixed number of readers.
+- ``objectives``: the objective, instance format, masking defaults and short-instance share, as
+  data settings; ``layout``: names on disk of prepared data (record suffix, ``prepare_config.json``,
+  ``tokenizer/``); ``sentences``: ``split_sentences`` (syntok or the regex).
+- ``sources/``: what a source is and the documents it holds (text, JSONL, TFDS, Parquet,
+  Wikipedia dumps, the embedded corpus), and inputs cut into splits read apart.
+- ``records/``: the original BERT TFRecord features, damaged files named, a records directory's
+  manifest (inputs by content, completion marks).
+- ``tokenizers/``: one interface; WordPiece and SentencePiece; loading any tokenizer's files or
+  training one; sentence pairs encoded for fine-tuning.
+- ``masking/``: the shares and their one draw-to-outcome rule; static masking of one sequence
+  or many rows at once; dynamic masking of a batch in tf.data.
+- ``instances/``: document-level sentence pairs (NSP) and single segments (no NSP).
+- ``pipeline/``: per-host tf.data with a resumable position, input shards, packing.
+- ``preparation/``: ``bert-jax data prepare``: groups of documents -> shards, in local processes
+  or as an Apache Beam pipeline, and the merge of several machines' records.
 
-Importing ``tokenizer``, ``sources``, ``masking``, ``row_masking`` and ``instances`` never imports
+Importing sources, tokenizers, masking (but its dynamic batch) and instances never imports
 TensorFlow; the other modules import it lazily, inside the functions that read or write records.
 """

@@ -25,12 +25,11 @@ from typing import Any
 
 import jax
 
-from bert_jax.data import files
 from bert_jax.finetune import run
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.loop import PretrainedEncoder
 from bert_jax.finetune.sweep import RESULT_NAME, load_matching
-from bert_jax.runtime import fs
+from bert_jax.runtime import fs, outputs
 from bert_jax.runtime.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -118,8 +117,8 @@ def run_curve(
         "points": points,
     }
     if jax.process_index() == 0:  # every process computes the same curve; one writes it
-        files.write_json_atomic(os.path.join(workdir, CURVE_NAME), curve)
-        files.write_bytes_atomic(os.path.join(workdir, "curve.md"), curve_markdown(curve).encode())
+        outputs.write_json_atomic(os.path.join(workdir, CURVE_NAME), curve)
+        outputs.write_bytes_atomic(os.path.join(workdir, "curve.md"), curve_markdown(curve).encode())
         fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
         plot_curve(os.path.join(workdir, "plots", "curve.png"), curve)
     return curve
@@ -168,5 +167,5 @@ def plot_curve(path: str, curve: Mapping[str, Any]) -> None:
     axes.set_xlabel("pretraining step")
     axes.set_ylabel(f"{curve['metric']} (%)")
     axes.set_title(f"{curve['task']} after fine-tuning, by pretraining step (cf. Figure 5)")
-    with files.local_then_place(path, ".png") as local:
+    with outputs.local_then_place(path, ".png") as local:
         figure.savefig(local, bbox_inches="tight")

@@ -29,7 +29,6 @@ import jax.numpy as jnp
 from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertConfig
 from bert_jax.core.train import TrainState
-from bert_jax.data import files
 from bert_jax.finetune import feature_tagger, ner, steps, token_tasks
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.feature_tagger import BiLstmTagger
@@ -37,6 +36,7 @@ from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, load_pre
 from bert_jax.finetune.token_heads import token_loss
 from bert_jax.finetune.token_loop import gather_rows, predict_logits
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 
 logger = logging.getLogger(__name__)
 Array = jax.Array

@@ -39,7 +39,7 @@ class EncodedSplit:
 def encode_split(
     task: TaskSpec, split: str, examples: Sequence[Example], tokenizer: Any, max_seq_length: int
 ) -> EncodedSplit:
-    from bert_jax.data.tokenizer import encode_pairs
+    from bert_jax.data.tokenizers.pair_encoding import encode_pairs
 
     texts_b = [e.text_b or "" for e in examples] if task.is_pair else None
     features = encode_pairs(

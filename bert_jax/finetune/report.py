@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data import files
 from bert_jax.finetune import metrics as glue_metrics
 from bert_jax.finetune.tasks import TASK_ORDER, get_task
-from bert_jax.runtime import fs
+from bert_jax.runtime import fs, outputs
 
 # Devlin et al. (2019), Table 1: GLUE test-server scores, and the train sizes it lists.
 PAPER_ROWS: dict[str, dict[str, float]] = {
@@ -159,7 +158,7 @@ def summary(
 
 
 def _write_text_atomic(path: str, text: str) -> None:
-    files.write_bytes_atomic(path, text.encode("utf-8"))
+    outputs.write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def results_json(
@@ -397,7 +396,7 @@ def plot_task(
         f"{task_name}: dev {METRIC_LABELS[metric]} vs learning rate ({len(seeds)} seeds)"
     )
     axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    with files.local_then_place(path, ".png") as local:  # uploaded when `path` is in a bucket
+    with outputs.local_then_place(path, ".png") as local:  # uploaded when `path` is in a bucket
         figure.savefig(local, bbox_inches="tight")
 
 

@@ -151,7 +151,7 @@ def build_features(
     examples: Sequence[SwagExample], tokenizer: Any, max_seq_length: int
 ) -> dict[str, np.ndarray]:
     """input_ids/input_mask/segment_ids [N, 4, max_seq_length] and labels [N] (-1 in test)."""
-    from bert_jax.data.tokenizer import encode_pairs
+    from bert_jax.data.tokenizers.pair_encoding import encode_pairs
 
     pairs = [pair for example in examples for pair in choice_texts(example)]
     encoded = encode_pairs(

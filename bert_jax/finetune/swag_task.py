@@ -28,7 +28,6 @@ import numpy as np
 
 from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertConfig
-from bert_jax.data import files
 from bert_jax.finetune import steps, swag, token_tasks
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.heads import BertForMultipleChoice, ClassifierHead, classification_loss
@@ -37,6 +36,7 @@ from bert_jax.finetune.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.token_loop import MODEL_KEYS, gather_rows, predict_logits
 from bert_jax.finetune.tuner import HeadTuner
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 
 logger = logging.getLogger(__name__)
 Array = jax.Array

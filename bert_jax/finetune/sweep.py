@@ -28,7 +28,6 @@ from typing import Any
 
 import jax
 
-from bert_jax.data import files
 from bert_jax.finetune import report
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.features import TaskData, load_task_data
@@ -49,6 +48,7 @@ from bert_jax.finetune.tasks import (
     submission_file,
 )
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
 
 logger = logging.getLogger(__name__)

@@ -25,11 +25,11 @@ from typing import Any
 
 import jax
 
-from bert_jax.data import files
 from bert_jax.finetune import ner, squad, squad_eval, token_loop
 from bert_jax.finetune import workdir as finetune_workdir
 from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from bert_jax.data import files
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import user_path
 from bert_jax.training.workdir import LOCK_NAME, WorkdirLock
 

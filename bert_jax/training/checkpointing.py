@@ -1,10 +1,11 @@
 """Orbax checkpoints of the train state together with every host's data-iterator position.
 
 A checkpoint holds two items: `state` (the TrainState, saved sharded by all hosts) and `data` (a
-small replicated int32 array with one row per input shard, `data/shards.py`: phase, epoch, batches
-in epoch, batches in total and a fingerprint of the shard's input configuration). Every host
-contributes the rows of the shards it reads (one all-gather per save) and, on restore, picks the
-rows of the shards it reads now, so the position survives a change in the number of hosts.
+small replicated int32 array with one row per input shard, `data/pipeline/input_shards.py`:
+phase, epoch, batches in epoch, batches in total and a fingerprint of the shard's input
+configuration). Every host contributes the rows of the shards it reads (one all-gather per save)
+and, on restore, picks the rows of the shards it reads now, so the position survives a change in
+the number of hosts.
 
 Resume order (`pretrain.py`): latest checkpoint in the workdir > an explicit checkpoint
 (`config.resume_from`) > a model directory (`config.init_from`, params only) > scratch.

@@ -17,7 +17,7 @@ from bert_jax.core.bert_config import ACTIVATIONS, ATTENTION_IMPLEMENTATIONS, RE
 from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS
 from bert_jax.core.train import DROPOUT_RNG_IMPLS
 from bert_jax.data import sentences
-from bert_jax.data import shards as input_shards
+from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_lib, metrics
 from bert_jax.training.config_lib import (

@@ -162,7 +162,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "data": "",
             "learning_rate": -1.0,
             "warmup_steps": -1,
-            # Sequence packing (bert_jax/data/packing.py): records read per packed row, several
+            # Sequence packing (data/pipeline/packing.py): records read per packed row, several
             # instances sharing a row with attention kept within each; 0 = one per row. About
             # 0.95 x max_seq_length / mean instance length fills rows (1.6 for the embedded corpus
             # at 512); instances that do not fit are dropped. Training only, not evaluation.
@@ -201,13 +201,13 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             "shuffle_buffer_size": 10_000,
             "cache_dir": "",  # default <workdir>/data
             "num_workers": 1,
-            # Disjoint input shards the global batch is drawn from (data/shards.py); 0: one per
-            # host. A fixed number (a multiple of every host count you will use) keeps the data
-            # order, and exact resume, independent of how many hosts run the job.
+            # Disjoint input shards the global batch is drawn from (data/pipeline/input_shards.py);
+            # 0: one per host. A fixed number (a multiple of every host count you will use) keeps
+            # the data order, and exact resume, independent of how many hosts run the job.
             "shards": 0,
             # A damaged TFRecord file (truncated, flipped bytes) stops the run naming the file;
             # True: train on its records before the damage, counted as the iterator's
-            # `corrupt_records` (data/integrity.py).
+            # `corrupt_records` (data/records/integrity.py).
             "skip_corrupt_records": False,
         }
     )
@@ -327,7 +327,7 @@ def instance_format(config: ml_collections.ConfigDict) -> str:
 
 def mask_shares(config: ml_collections.ConfigDict) -> dict[str, float]:
     """The MASK/SAME/RND shares (mask_share, same_share, random_share), validated."""
-    from bert_jax.data.masking import check_shares
+    from bert_jax.data.masking.settings import check_shares
 
     shares = {k: config.data.get(k, d) for k, d in objectives.PAPER_SHARES.items()}
     check_shares(*shares.values(), tuple(f"config.data.{k}" for k in shares))
@@ -335,7 +335,7 @@ def mask_shares(config: ml_collections.ConfigDict) -> dict[str, float]:
 
 
 def data_shards(config: ml_collections.ConfigDict) -> int:
-    """`config.data.shards` (0: one input shard per host; see data/shards.py)."""
+    """`config.data.shards` (0: one input shard per host; see data/pipeline/input_shards.py)."""
     return int(config.data.get("shards", 0))
 
 

@@ -23,7 +23,8 @@ def _record_shapes(data: str, prepare_config: dict | None) -> tuple[int, int]:
     """(max_seq_length, max_predictions_per_seq) of the records: recorded, else the first one."""
     if prepare_config is not None:
         return int(prepare_config["max_seq_length"]), int(prepare_config["max_predictions_per_seq"])
-    from bert_jax.data import integrity, records
+    from bert_jax.data.records import integrity
+    from bert_jax.data.records import tfrecord as records
 
     tf = records.import_tensorflow()
     path, serialized = integrity.first_record(records.list_record_files([data]), False)
@@ -101,7 +102,7 @@ def evaluate_model(
 
 def _count_records(data: str) -> int:
     """The records in `data` (read through once: a few seconds for thousands)."""
-    from bert_jax.data import records
+    from bert_jax.data.records import tfrecord as records
 
     tf = records.import_tensorflow()
     files = records.list_record_files([data])
@@ -114,7 +115,7 @@ def _padded_batches(data: str, length: int, slots: int, batch_size: int, objecti
     so each record counts once and nothing else counts. Rows carry `next_sentence_weights`."""
     import numpy as np
 
-    from bert_jax.data import pipeline
+    from bert_jax.data.pipeline import tf_data as pipeline
 
     settings = pipeline.PipelineSettings(
         batch_size=1,

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import jax
 
-from bert_jax.data import shards as input_shards
+from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime import distributed, fs
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_lib
@@ -45,7 +45,7 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     objectives.check_model(source, theirs, config_lib.objective(config))
     changes = config_lib.adopt_model_identity(config, model, source, explicit)
     if fs.isdir(tokenizer_dir) and config.data.tokenizer:
-        from bert_jax.data import tokenizer as tokenizer_lib
+        from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
 
         mine = tokenizer_lib.load_tokenizer(config.data.tokenizer).fingerprint()
         if mine != tokenizer_lib.load_tokenizer(tokenizer_dir).fingerprint():
@@ -66,8 +66,9 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str, console=lambda 
     """The run's tokenizer: `config.data.tokenizer`, the one saved next to prepared records, or
     (for raw corpora only) a SentencePiece model trained on the first phase's corpus and kept in
     `<workdir>/tokenizer` so that restarts reuse it (`console` says when one is trained)."""
-    from bert_jax.data import layout, sources
-    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.data import layout
+    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
 
     if config.data.tokenizer:
         return tokenizer_lib.load_tokenizer(config.data.tokenizer)
@@ -110,10 +111,14 @@ def _iterator(
     packing_factor: float = 0.0,
     console=lambda *a: None,
 ):
-    from bert_jax.data import packing, pipeline, prepare, sentences, sources
+    from bert_jax.data import sentences
+    from bert_jax.data.pipeline import packing
+    from bert_jax.data.pipeline import tf_data as pipeline
+    from bert_jax.data.preparation import run as prepare
+    from bert_jax.data.sources import documents as sources
 
     dupe = int(config.data.dupe_factor)
-    # Several instances per row (data/packing.py): `packing_factor` records per packed row.
+    # Several instances per row (data/pipeline/packing.py): `packing_factor` records per packed row.
     pack = None
     if packing_factor > 0:
         pack = packing.PackingConfig(
@@ -188,7 +193,8 @@ def check_records_tokenizer(tokenizer, named_sources, whose: str) -> None:
     not `tokenizer` (`whose`: what it belongs to, e.g. "--model M's tokenizer"), naming both;
     the one check of `pretrain` (config.init_from, config.data.tokenizer) and `eval`. Corpora
     and foreign records (no recorded tokenizer) pass."""
-    from bert_jax.data import layout, sources
+    from bert_jax.data import layout
+    from bert_jax.data.sources import documents as sources
 
     mine = tokenizer.fingerprint()
     for what, source in named_sources:
@@ -208,7 +214,7 @@ def check_records_tokenizer(tokenizer, named_sources, whose: str) -> None:
 def _tokenizer_text(tokenizer) -> str:
     """ "SentencePiece, 4000 pieces, fingerprint ..." for a tokenizer or its directory."""
     if isinstance(tokenizer, str):
-        from bert_jax.data import tokenizer as tokenizer_lib
+        from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
 
         tokenizer = tokenizer_lib.load_tokenizer(tokenizer)
     return f"{tokenizer.kind}, {tokenizer.vocab_size} pieces, fingerprint {tokenizer.fingerprint()}"
@@ -217,7 +223,8 @@ def _tokenizer_text(tokenizer) -> str:
 def check_records_objective(config, named_sources) -> None:
     """Refuses (one line naming both) prepared records made for another objective than
     config.objective; `named_sources`: (what, source) pairs. Corpora and foreign records pass."""
-    from bert_jax.data import layout, objectives, sources
+    from bert_jax.data import layout, objectives
+    from bert_jax.data.sources import documents as sources
 
     objective = config_lib.objective(config)
     shares = config_lib.mask_shares(config)
@@ -242,7 +249,7 @@ def eval_source(config, phase: Phase) -> str:
     """`config.eval.source`, or the embedded corpus's held-out split for embedded training."""
     if config.eval.source:
         return config.eval.source
-    from bert_jax.data import sources
+    from bert_jax.data.sources import documents as sources
 
     if sources.source_kind(phase.source) == "embedded":
         return "embedded:eval"

@@ -39,8 +39,8 @@ from flax import traverse_util
 from bert_jax.convert import mapping
 from bert_jax.convert.strict import check_params
 from bert_jax.core.model import BertConfig
-from bert_jax.data import files
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import checkpoint_health
 
@@ -85,7 +85,7 @@ class ModelDir:
                     f"model directory {self.path} has no {TOKENIZER_DIR}/ (it was saved without a "
                     "tokenizer); re-convert it with --tokenizer VOCAB_OR_MODEL"
                 )
-            from bert_jax.data.tokenizer import load_tokenizer
+            from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.tokenizer_path)
         return self._tokenizer
@@ -123,7 +123,7 @@ MODEL_DIR_KIND = files.OutputKind(
 def _as_tokenizer(tokenizer: Any):
     if tokenizer is None or hasattr(tokenizer, "save"):
         return tokenizer
-    from bert_jax.data.tokenizer import load_tokenizer
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 
     return load_tokenizer(os.fspath(tokenizer))
 

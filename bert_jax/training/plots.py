@@ -12,8 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bert_jax.data import files
-from bert_jax.runtime import fs
+from bert_jax.runtime import fs, outputs
 from bert_jax.training import metrics
 
 PLOT_NAME = os.path.join("plots", "pretraining.png")
@@ -73,6 +72,6 @@ def write_plot(jsonl_path: str, path: str) -> bool:
     figure.suptitle(f"pretraining: {os.path.dirname(os.path.dirname(path)) or '.'}")
     figure.tight_layout()
     fs.makedirs(os.path.dirname(path), exist_ok=True)
-    with files.local_then_place(path, suffix=".png") as local:
+    with outputs.local_then_place(path, suffix=".png") as local:
         figure.savefig(local)
     return True

@@ -44,7 +44,7 @@ from bert_jax.convert import mapping
 from bert_jax.core import optim, partitioning
 from bert_jax.core.train import ShardedTrainer, TrainState, init_and_dropout_keys
 from bert_jax.data import objectives
-from bert_jax.data import shards as input_shards
+from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime import distributed, fs
 from bert_jax.runtime import heartbeat as heartbeat_lib
 from bert_jax.runtime.errors import UserError, user_path

@@ -12,9 +12,11 @@ import os
 import shutil
 import tempfile
 
-from bert_jax.data import instances, sources
-from bert_jax.data.masking import MaskingConfig
-from bert_jax.data.tokenizer import SentencePieceTokenizer, Tokenizer, train_sentencepiece
+from bert_jax.data.instances import sentence_pairs as instances
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.sources import documents as sources
+from bert_jax.data.tokenizers.interface import Tokenizer
+from bert_jax.data.tokenizers.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 
 SPM_VOCAB_SIZE = 3000
 

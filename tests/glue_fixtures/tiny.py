@@ -15,7 +15,8 @@ import numpy as np
 
 from bert_jax.core.model import BertConfig, BertForPreTraining
 from bert_jax.core.train import dummy_batch, model_inputs
-from bert_jax.data.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer
+from bert_jax.data.tokenizers.interface import SPECIAL_TOKENS
+from bert_jax.data.tokenizers.wordpiece import WordPieceTokenizer
 from bert_jax.finetune.loop import PretrainedEncoder
 from tests.helpers import tiny_config
 

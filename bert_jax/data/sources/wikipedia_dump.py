@@ -50,9 +50,8 @@ import re
 from collections.abc import Iterator
 from typing import IO
 
-from bert_jax.data.wikitext import (  # noqa: F401  (part of this module's public API)
+from bert_jax.data.sources.wikitext import (
     is_disambiguation,
-    markup_leftovers,
     parse,
     wikitext_to_paragraphs,
 )

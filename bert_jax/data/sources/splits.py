@@ -1,6 +1,6 @@
 """Inputs cut into splits that a runner can read apart: every input byte read once, by one split.
 
-Public API (``bert_jax.data.prepare``'s local pool and the Beam pipeline both read through it):
+Public API (``preparation/run.py``'s local pool and the Beam pipeline both read through it):
 
 - ``Split(source_index, source, kind, start, stop)``: one piece of one input. ``source_index`` is
   the source's position in ``sources.expand_sources(sources)``, ``source`` that expanded source,
@@ -10,7 +10,7 @@ Public API (``bert_jax.data.prepare``'s local pool and the Beam pipeline both re
   dumps, ``embedded``, ``tfds``) is one split ``(0, -1)``. The splits of one source are
   contiguous and cover it exactly (split k's ``stop`` is split k+1's ``start``). Splits sort in
   input order.
-- ``plan_splits(sources, *, target_bytes=64 MiB, byte_count=None, **reader_options) ->
+- ``cut_splits(sources, *, target_bytes=64 MiB, byte_count=None, **reader_options) ->
   list[Split]``: deterministic, it depends only on the inputs and ``target_bytes`` (never on how
   many workers read them). Cheap: it lists files and reads only small windows: a Parquet
   file's footer; a multistream dump's first streams (``wikipedia.multistream_header``, which
@@ -39,14 +39,14 @@ Public API (``bert_jax.data.prepare``'s local pool and the Beam pipeline both re
   groups' column chunks; 0 for ``embedded`` and ``tfds``), for progress and benchmarks.
 - ``ByteCount``: what was read from storage, for tests and benchmarks: ``content`` (the split's
   own bytes: over all splits of a text, JSONL or multistream input, exactly its size; of a
-  Parquet input, every chunk of the text column once) and ``extra`` (anything else: planning's
+  Parquet input, every chunk of the text column once) and ``extra`` (anything else: cutting's
   probes, a Parquet split's footer, a later dump split's first stream, which holds the header).
 
 Bad input is what ``iter_documents`` says, in one line: a split that starts inside a text or
 JSONL file does not know its line numbers, so it names the line by its byte offset (``FILE: line
 at byte N``); the first split of a file names it ``FILE:LINE`` as ``iter_documents`` does.
 
-Why this file is long: each kind's cut (planning) and its read of one split must agree on where a
+Why this file is long: each kind's cut and its read of one split must agree on where a
 document starts; keeping both halves of every kind side by side is what keeps them agreeing.
 """
 
@@ -61,10 +61,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from bert_jax.data import parquet, wikipedia
-from bert_jax.data import sources as sources_lib
-from bert_jax.data.embedded import Document, embedded_documents
 from bert_jax.data.sentences import DEFAULT_SPLITTER, splitter
+from bert_jax.data.sources import documents as sources_lib
+from bert_jax.data.sources import parquet
+from bert_jax.data.sources import wikipedia_dump as wikipedia
+from bert_jax.data.sources.embedded import Document, embedded_documents
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
 
@@ -74,7 +75,7 @@ __all__ = [
     "ByteCount",
     "DocKey",
     "Split",
-    "plan_splits",
+    "cut_splits",
     "read_split",
     "split_bytes",
 ]
@@ -82,13 +83,13 @@ __all__ = [
 KINDS = ("text", "jsonl", "parquet", "wikipedia", "embedded", "tfds")
 DEFAULT_TARGET_BYTES = 64 << 20
 PROBE_LIMIT = 1 << 20  # bytes searched for a boundary after a cut point
-PLAN_THREADS = 16  # planning's requests in flight at once
+CUT_THREADS = 16  # cutting's requests in flight at once
 _PROBE_BLOCK = 1 << 10  # the first block a probe reads; each next one twice as long
 # A blank line that the text reader sees as one: ASCII whitespace only, short (never "long").
 _BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]{0,16}\n")
 
 DocKey = tuple[int, ...]
-# ``read_split``'s options besides ``byte_count``: ``plan_splits`` takes them too.
+# ``read_split``'s options besides ``byte_count``: ``cut_splits`` takes them too.
 _READER_OPTIONS = frozenset(
     ("tfds_data_dir", "text_field", "max_line_bytes", "strict", "sentence_split", "splitter_name")
 )
@@ -176,7 +177,7 @@ def _line_boundary(max_line_bytes: int) -> Callable[[bytes], int]:
 
 @dataclass
 class _Layout:
-    """What planning learnt of one source: its splits when they are known without probes;
+    """What cutting learnt of one source: its splits when they are known without probes;
     otherwise the file's size and how to find a boundary near each cut point."""
 
     index: int
@@ -194,9 +195,9 @@ def _layout(index: int, source: str, target: int, max_line_bytes: int) -> _Layou
     if kind in ("tfds", "embedded") or source.endswith(".gz"):
         return _Layout(index, source, kind, [Split(index, source, kind, 0, -1)])
     if kind == "parquet":
-        return _plan_parquet(index, source, target)
+        return _cut_parquet(index, source, target)
     if kind == "wikipedia":
-        return _plan_dump(index, source)
+        return _cut_dump(index, source)
     with user_path(source, "--input"):
         size = fs.getsize(source)
     if kind == "jsonl":
@@ -206,7 +207,7 @@ def _layout(index: int, source: str, target: int, max_line_bytes: int) -> _Layou
     return _Layout(index, source, kind, size=size, back=1, find=_text_boundary)
 
 
-def _plan_parquet(index: int, path: str, target: int) -> _Layout:
+def _cut_parquet(index: int, path: str, target: int) -> _Layout:
     """Runs of row groups of about ``target`` bytes on disk, from the footer."""
     with user_path(path, "--input"), fs.RangeFile(path) as stream:
         try:
@@ -229,7 +230,7 @@ def _row_group_bytes(metadata, group: int) -> int:
     return sum(row_group.column(c).total_compressed_size for c in range(row_group.num_columns))
 
 
-def _plan_dump(index: int, path: str) -> _Layout:
+def _cut_dump(index: int, path: str) -> _Layout:
     """A multistream dump is cut at bz2 stream starts; any other dump is read whole."""
     whole = _Layout(index, path, "wikipedia", [Split(index, path, "wikipedia", 0, -1)])
     if not path.endswith(".bz2"):
@@ -255,7 +256,7 @@ def _ranges(index: int, source: str, kind: str, cuts: list[int]) -> list[Split]:
     return [Split(index, source, kind, a, b) for a, b in zip(cuts, cuts[1:])]
 
 
-def plan_splits(
+def cut_splits(
     sources: Sequence[str | os.PathLike] | str,
     *,
     target_bytes: int = DEFAULT_TARGET_BYTES,
@@ -266,16 +267,16 @@ def plan_splits(
     """The splits of ``sources`` in input order (see the module docstring). ``byte_count``
     (its ``extra``) counts the bytes the probes read. ``reader_options``: ``read_split``'s,
     accepted so that callers pass one set; only ``max_line_bytes`` matters here. Its requests
-    (sizes, footers, probes) run ``PLAN_THREADS`` at a time: in a bucket each one waits for
+    (sizes, footers, probes) run ``CUT_THREADS`` at a time: in a bucket each one waits for
     the network, and a large corpus asks thousands."""
     unknown = set(reader_options) - _READER_OPTIONS
     if unknown:
-        raise TypeError(f"plan_splits() got unexpected options {sorted(unknown)}")
+        raise TypeError(f"cut_splits() got unexpected options {sorted(unknown)}")
     if target_bytes < 1:
         raise UserError(f"split size must be at least 1 byte, not {target_bytes}")
     count = ByteCount() if byte_count is None else byte_count
     expanded = sources_lib.expand_sources(sources)
-    with ThreadPoolExecutor(PLAN_THREADS) as pool:
+    with ThreadPoolExecutor(CUT_THREADS) as pool:
         layouts = list(
             pool.map(
                 lambda indexed: _layout(*indexed, target_bytes, max_line_bytes),
@@ -302,14 +303,14 @@ def plan_splits(
         count.extra += bytes_read
         if cuts[layout.index][-1] < position < layout.size:
             cuts[layout.index].append(position)
-    planned: list[Split] = []
+    every: list[Split] = []
     for layout in layouts:
         count.extra += layout.bytes_read
         if layout.splits is None:
             cut = [*cuts[layout.index], layout.size]
             layout.splits = _ranges(layout.index, layout.source, layout.kind, cut)
-        planned.extend(layout.splits)
-    return planned
+        every.extend(layout.splits)
+    return every
 
 
 def split_bytes(split: Split) -> int:

@@ -27,9 +27,9 @@ import sysconfig
 import zlib
 
 from bert_jax.data import sentences as sentences_module
-from bert_jax.data.files import write_bytes_atomic
 from bert_jax.data.sentences import split_sentences
 from bert_jax.runtime.errors import UserError
+from bert_jax.runtime.outputs import write_bytes_atomic
 
 Document = list[str]
 

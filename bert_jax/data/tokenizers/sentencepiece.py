@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from bert_jax.data.files import write_bytes_atomic
-from bert_jax.data.tokenizer_base import (
+from bert_jax.data.tokenizers.interface import (
     CLS,
     MASK,
     PAD,
@@ -27,6 +26,7 @@ from bert_jax.data.tokenizer_base import (
 )
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
+from bert_jax.runtime.outputs import write_bytes_atomic
 
 # SentencePiece models from other projects (ALBERT, T5) spell pad/unk differently.
 _SPM_ALIASES = {PAD: (PAD, "<pad>"), UNK: (UNK, "<unk>")}

@@ -54,10 +54,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Literal
 
-from bert_jax.data import parquet, wikipedia
-from bert_jax.data.embedded import Document, embedded_document_names, embedded_documents
 from bert_jax.data.layout import RECORD_SUFFIX
 from bert_jax.data.sentences import DEFAULT_SPLITTER, split_sentences, splitter
+from bert_jax.data.sources import parquet
+from bert_jax.data.sources import wikipedia_dump as wikipedia
+from bert_jax.data.sources.embedded import Document, embedded_document_names, embedded_documents
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
 

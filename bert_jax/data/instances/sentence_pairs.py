@@ -56,9 +56,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_jax.data import objectives
-from bert_jax.data.masking import MaskingConfig, mask_ids
-from bert_jax.data.row_masking import mask_rows
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.masking.static_rows import mask_rows
+from bert_jax.data.masking.static_sequence import mask_ids
+from bert_jax.data.tokenizers.interface import Tokenizer
 from bert_jax.runtime.errors import UserError
 
 TokenizedDocument = list[list[int]]

@@ -26,9 +26,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from bert_jax.data import objectives
-from bert_jax.data.instances import InstanceRows, TokenizedDocument, _check_settings
-from bert_jax.data.masking import MaskingConfig
-from bert_jax.data.row_masking import mask_rows
+from bert_jax.data.instances.sentence_pairs import InstanceRows, TokenizedDocument, _check_settings
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.masking.static_rows import mask_rows
 from bert_jax.runtime.errors import UserError
 
 FORMATS = ("doc_sentences", "full_sentences")

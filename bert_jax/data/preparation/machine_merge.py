@@ -11,12 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bert_jax.data.layout import RECORD_SUFFIX
-from bert_jax.data.manifest import (
-    Manifest,
-    ShardsError,
-    input_key,
-    stats_name,
-)
+from bert_jax.data.records.manifest import Manifest, ShardsError, input_key, stats_name
 
 
 def shard_record(manifest: Manifest, total_groups: int, parts: list[int]) -> dict:

@@ -8,7 +8,7 @@ The pipeline runs the local path's own functions (``groups.py``), so both write 
       -> one final step: the completion mark stats-0-of-1.json (with the counts of every group)
 
 Before the pipeline starts, this process checks the inputs and the output directory and writes
-``prepare_config.json`` and ``tokenizer/`` (``prepare.plan_run``, ``prepare.start_run``); the
+``prepare_config.json`` and ``tokenizer/`` (``prepare.check_run``, ``prepare.start_run``); the
 final step writes the completion mark, so a job that fails, or is cancelled, leaves none and the
 pipeline refuses the directory until the same command, run again, finishes it (groups already
 written are kept). A group that a runner retries, or runs twice, is written again to the same
@@ -29,10 +29,10 @@ import re
 import time
 import traceback
 
-from bert_jax.data import groups as groups_lib
-from bert_jax.data import manifest
-from bert_jax.data import prepare as prepare_lib
-from bert_jax.data import sources as sources_lib
+from bert_jax.data.preparation import groups as groups_lib
+from bert_jax.data.preparation import run as prepare_lib
+from bert_jax.data.records import manifest
+from bert_jax.data.sources import documents as sources_lib
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
@@ -111,13 +111,13 @@ def _write_group(group_documents, output_dir, tokenizer, recorded, finished):
     return [(group, counts)]
 
 
-def _finish(_, plan, settings, started, group_counts, split_stats):
+def _finish(_, checked, settings, started, group_counts, split_stats):
     """The final step: every group's counts and every split's stats -> the completion mark."""
     try:
         corpus_stats = sources_lib.CorpusStats()
         for _, stats in sorted(split_stats, key=lambda item: item[0]):  # in split order
             corpus_stats.merge(sources_lib.CorpusStats(**stats))
-        prepare_lib.check_enough_documents(plan, corpus_stats)
+        prepare_lib.check_enough_documents(checked, corpus_stats)
         # A group a runner ran twice counts once (its later attempt wrote the same bytes).
         by_group = dict(group_counts)
         instance_stats = groups_lib.InstanceStats()
@@ -133,55 +133,55 @@ def _finish(_, plan, settings, started, group_counts, split_stats):
                 written += 1
                 parts.append(group)
         result = prepare_lib.PrepareResult(
-            output_dir=plan.output_dir,
-            files=[os.path.join(plan.output_dir, groups_lib.part_name(g)) for g in parts],
+            output_dir=checked.output_dir,
+            files=[os.path.join(checked.output_dir, groups_lib.part_name(g)) for g in parts],
             groups_written=written,
             groups_skipped=skipped,
             corpus_stats=corpus_stats,
             instance_stats=instance_stats,
             wall_seconds=time.time() - started,
-            settings=plan.recorded,
+            settings=checked.recorded,
         )
-        prepare_lib.finish_run(result, settings, plan, parts, everyone_done=True)
+        prepare_lib.finish_run(result, settings, checked, parts, everyone_done=True)
     except UserError as err:
         raise _marked(err) from None
     return []
 
 
-def describe(plan, beam_args: list[str]) -> str:
+def describe(checked, beam_args: list[str]) -> str:
     """What ``--dry-run`` prints: the splits, the groups and Beam's options; nothing is run."""
     try:
         options, runner = pipeline_options(beam_args)
     except UserError:  # no Beam here: the options as given (the job's machine needs Beam)
         given = " ".join(beam_args) or "(none)"
         return (
-            f"{prepare_lib.describe_plan(plan)}\npipeline options: {given} (not checked: Apache "
+            f"{prepare_lib.describe_run(checked)}\npipeline options: {given} (not checked: Apache "
             f"Beam is not installed here; {INSTALL_HINT})"
         )
     shown = options.get_all_options(drop_default=True)
     given = " ".join(f"--{key}={value}" for key, value in sorted(shown.items())) or "(none)"
     chosen = "; runner: FnApiRunner (no --runner given)" if runner is not None else ""
-    return f"{prepare_lib.describe_plan(plan)}\npipeline options: {given}{chosen}"
+    return f"{prepare_lib.describe_run(checked)}\npipeline options: {given}{chosen}"
 
 
-def build(pipeline, plan, settings, finished: frozenset[int], started: float):
+def build(pipeline, checked, settings, finished: frozenset[int], started: float):
     """The preparation's transforms on ``pipeline`` (its last step writes the completion mark)."""
     beam = import_beam()
-    indexed = list(enumerate(plan.splits))
+    indexed = list(enumerate(checked.splits))
     read = (
         pipeline
         | "Splits" >> beam.Create(indexed)
         | "Spread" >> beam.Reshuffle()
         | "Read"
         >> beam.FlatMap(
-            _read_split, settings.seed, plan.num_groups, plan.reader_options
+            _read_split, settings.seed, checked.num_groups, checked.reader_options
         ).with_outputs("stats", main="documents")
     )
     counts = (
         read.documents
         | "Group" >> beam.GroupByKey()
         | "Write"
-        >> beam.FlatMap(_write_group, plan.output_dir, plan.tokenizer, plan.recorded, finished)
+        >> beam.FlatMap(_write_group, checked.output_dir, checked.tokenizer, checked.recorded, finished)
     )
     return (
         pipeline
@@ -189,7 +189,7 @@ def build(pipeline, plan, settings, finished: frozenset[int], started: float):
         | "Finish"
         >> beam.FlatMap(
             _finish,
-            plan,
+            checked,
             settings,
             started,
             beam.pvalue.AsList(counts),
@@ -219,18 +219,18 @@ def prepare_with_beam(
         )
     started = time.time()
     beam = None if dry_run else import_beam()  # before the inputs are read for their identity
-    plan = prepare_lib.plan_run(sources, tokenizer, output_dir, settings, output_what)
+    checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
     if dry_run:
-        return describe(plan, beam_args)
+        return describe(checked, beam_args)
     options, runner = pipeline_options(beam_args)
     # Beam's own INFO lines (type hints, workers' start and exit) drown the progress; a
     # Dataflow job's state and its console link stay.
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     logging.getLogger("apache_beam.runners.dataflow").setLevel(logging.INFO)
-    existing = prepare_lib.start_run(plan, settings)
+    existing = prepare_lib.start_run(checked, settings)
     finished = frozenset(g for g, suffixes in existing.items() if {"tfrecord", "json"} <= suffixes)
     pipeline = beam.Pipeline(runner=runner, options=options)
-    build(pipeline, plan, settings, finished, started)
+    build(pipeline, checked, settings, finished, started)
     try:
         pipeline.run().wait_until_finish()
     except Exception as err:  # a worker's user error, reported by the runner as text
@@ -238,12 +238,12 @@ def prepare_with_beam(
         if line is None:
             raise
         raise UserError(line) from None
-    return _read_result(plan)
+    return _read_result(checked)
 
 
-def _read_result(plan):
+def _read_result(checked):
     """The result from the completion mark that the final step wrote (in a worker)."""
-    path = os.path.join(plan.output_dir, manifest.stats_name(0, 1))
+    path = os.path.join(checked.output_dir, manifest.stats_name(0, 1))
     if not fs.exists(path):
         return None  # a job that runs on (Dataflow without waiting): the mark comes at its end
     with fs.open(path, encoding="utf-8") as f:
@@ -251,14 +251,14 @@ def _read_result(plan):
     instance_stats = groups_lib.InstanceStats(**stats["instances"])
     corpus = dict(stats["corpus"])
     return prepare_lib.PrepareResult(
-        output_dir=plan.output_dir,
+        output_dir=checked.output_dir,
         files=[
-            os.path.join(plan.output_dir, groups_lib.part_name(g)) for g in stats["shard"]["parts"]
+            os.path.join(checked.output_dir, groups_lib.part_name(g)) for g in stats["shard"]["parts"]
         ],
         groups_written=stats["groups_written"],
         groups_skipped=stats["groups_skipped"],
         corpus_stats=sources_lib.CorpusStats(**corpus),
         instance_stats=instance_stats,
         wall_seconds=stats["wall_seconds"],
-        settings=plan.recorded,
+        settings=checked.recorded,
     )

@@ -38,9 +38,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from bert_jax.data import files, objectives
+from bert_jax.data import objectives
 from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
 from bert_jax.runtime import fs
+from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError, user_path
 
 INPUTS_KEY = "inputs"
@@ -218,14 +219,14 @@ class _TextCheck:
 
 
 def _is_file_source(source: str) -> bool:
-    from bert_jax.data.sources import source_kind
+    from bert_jax.data.sources.documents import source_kind
 
     return source_kind(source) == "text" and fs.isfile(source)
 
 
 def _scan(path: str, digest=None) -> None:
     """One read of `path`: its text checked (decompressed for .gz), `digest` fed the raw bytes."""
-    from bert_jax.data.sources import is_text_file
+    from bert_jax.data.sources.documents import is_text_file
 
     compressed = path.endswith(".gz")
     text = is_text_file(path)  # Parquet and .bz2 dumps: hashed only, their readers check them
@@ -268,7 +269,7 @@ def _object_identity(path: str) -> dict | None:
     job's workers then read once (a 160 GB corpus would otherwise cross the network twice). Only
     its first ``_SNIFF_BYTES`` are checked to be text; bad bytes further on are the readers' to
     count (or, with ``--strict``, to refuse). None: no checksum in the metadata."""
-    from bert_jax.data.sources import is_text_file
+    from bert_jax.data.sources.documents import is_text_file
 
     with user_path(path, "input"):
         info = fs.info(path)

@@ -1,9 +1,9 @@
 """The interface every tokenizer implements, and BERT's five special tokens.
 
-``Tokenizer`` holds what WordPiece (``data/wordpiece.py``) and SentencePiece
-(``data/sentencepiece_tokenizer.py``) share: the special ids, the per-id tables whole-word masking
+``Tokenizer`` holds what WordPiece (``data/tokenizers/wordpiece.py``) and SentencePiece
+(``data/tokenizers/sentencepiece.py``) share: the special ids, the per-id tables whole-word masking
 and random MLM replacement read, the vocabulary-size check, the fingerprint prepared data records,
-and ``save``. Callers import it through ``bert_jax.data.tokenizer``.
+and ``save``. Callers import it through ``bert_jax.data.tokenizers.load_or_train``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_jax.data.files import write_json_atomic
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
+from bert_jax.runtime.outputs import write_json_atomic
 
 CONFIG_NAME = "bert_jax_tokenizer.json"
 SPM_NAME = "spiece.model"

@@ -47,13 +47,16 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data import integrity, manifest, objectives
-from bert_jax.data import records as records_lib
+from bert_jax.data import objectives
 from bert_jax.data.layout import TOKENIZER_SUBDIR, read_prepare_config
-from bert_jax.data.masking import MaskingConfig, dynamic_mask_batch
-from bert_jax.data.packing import PackedIterator, PackingConfig
-from bert_jax.data.sources import source_kind
-from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
+from bert_jax.data.masking.dynamic_batch import dynamic_mask_batch
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.pipeline.packing import PackedIterator, PackingConfig
+from bert_jax.data.records import integrity, manifest
+from bert_jax.data.records import tfrecord as records_lib
+from bert_jax.data.sources.documents import source_kind
+from bert_jax.data.tokenizers.interface import Tokenizer
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
@@ -397,7 +400,7 @@ def make_pretrain_iterator(
 ) -> PretrainIterator | PackedIterator:
     """One call from prepared records to a resumable per-host iterator.
 
-    With ``settings.packing`` (``data/packing.py``), every batch of ``batch_size`` rows packs the
+    With ``settings.packing`` (``packing.py``), every batch of ``batch_size`` rows packs the
     instances of ``packing.instances_per_batch(batch_size)`` records; the position is the same
     kind of state as without. The tokenizer is needed for dynamic masking only; it defaults to
     the ``tokenizer/`` saved next to the records by ``data prepare``.

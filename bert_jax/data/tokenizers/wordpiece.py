@@ -29,10 +29,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_jax.data.files import write_bytes_atomic
-from bert_jax.data.tokenizer_base import SPECIAL_TOKENS, UNK, VOCAB_NAME, Tokenizer
+from bert_jax.data.tokenizers.interface import SPECIAL_TOKENS, UNK, VOCAB_NAME, Tokenizer
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
+from bert_jax.runtime.outputs import write_bytes_atomic
 
 HF_TOKENIZER_JSON = "tokenizer.json"
 

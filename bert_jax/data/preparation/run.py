@@ -10,7 +10,7 @@ Public API::
 ``prepare_cached`` is preparation for a pretraining run given a raw corpus: the records go to a
 directory of ``cache_dir`` named by a hash of the settings, and a finished preparation is reused.
 
-How it scales. The inputs are cut into splits (``splits.plan_splits``: Wikipedia multistream
+How it scales. The inputs are cut into splits (``splits.cut_splits``: Wikipedia multistream
 dumps by bz2 stream range, Parquet by row group, text and JSONL by byte range cut at a document
 boundary) and every split is read once. Each document goes to group ``g = group_of(seed, key) %
 num_groups`` by a hash of its key (its source and position, whatever split it was read in;
@@ -42,14 +42,14 @@ Several machines, one directory. Each machine runs with its ``--shard-index`` in
 together: part and stats names never collide). Its stats file then holds its manifest and the
 groups it wrote. ``merge_shards`` (``data prepare --merge --output DIR``, run once after all of
 them) checks that every machine finished, with the same settings, tokenizer and inputs, and that
-every part on disk belongs to exactly one shard (``shard_merge.join_shards``), then writes the
+every part on disk belongs to exactly one shard (``machine_merge.join_shards``), then writes the
 manifest that training trusts; until then the pipeline refuses the directory. The records are
 those one machine would have written, file for file.
 
 Why this file is long: one run of the stage (settings, the output opened for it, the groups in
 flight, the completion mark) and the two ways of using it (a pretraining run's cached
 preparation, the merge of several machines' runs) read as one story; the work itself lives in
-``groups``, the manifest's checks in ``manifest``. ``plan_run``, ``start_run`` and
+``groups``, the manifest's checks in ``manifest``. ``check_run``, ``start_run`` and
 ``finish_run`` are the steps that the Beam pipeline shares.
 """
 
@@ -72,23 +72,22 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bert_jax.data import groups as groups_lib
-from bert_jax.data import manifest, objectives, shard_merge
-from bert_jax.data import records as records_lib
-from bert_jax.data import sources as sources_lib
-from bert_jax.data import splits as splits_lib
-from bert_jax.data.files import write_json_atomic
-from bert_jax.data.groups import InstanceStats, part_name
-from bert_jax.data.layout import (
-    CONFIG_FILE,
-    DEFAULT_GROUP_BYTES,
-    TOKENIZER_SUBDIR,
-)
-from bert_jax.data.masking import check_shares
+from bert_jax.data import objectives
+from bert_jax.data.layout import CONFIG_FILE, DEFAULT_GROUP_BYTES, TOKENIZER_SUBDIR
+from bert_jax.data.masking.settings import check_shares
+from bert_jax.data.preparation import groups as groups_lib
+from bert_jax.data.preparation import machine_merge
+from bert_jax.data.preparation.groups import InstanceStats, part_name
+from bert_jax.data.records import manifest
+from bert_jax.data.records import tfrecord as records_lib
 from bert_jax.data.sentences import splitter_identity
-from bert_jax.data.tokenizer import Tokenizer, load_tokenizer
+from bert_jax.data.sources import documents as sources_lib
+from bert_jax.data.sources import splits as splits_lib
+from bert_jax.data.tokenizers.interface import Tokenizer
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
+from bert_jax.runtime.outputs import write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +118,7 @@ class PrepareSettings:
     # per group; 0: one group per ``group_bytes`` of input (``groups.derive_num_groups``).
     num_groups: int = 0
     group_bytes: int = DEFAULT_GROUP_BYTES
-    # Inputs are read in splits of about this many bytes (``splits.plan_splits``), in parallel.
+    # Inputs are read in splits of about this many bytes (``splits.cut_splits``), in parallel.
     split_bytes: int = splits_lib.DEFAULT_TARGET_BYTES
     # Before documents were grouped by hash: documents per group. Accepted, no longer used.
     documents_per_shard: int = 0
@@ -398,8 +397,8 @@ class _Progress:
 
 
 @dataclass
-class RunPlan:
-    """A run of ``data prepare`` checked and planned, before anything is written; the local path
+class CheckedRun:
+    """A run of ``data prepare`` checked and laid out, before anything is written; the local path
     and the Beam pipeline (``beam.py``) both start from it."""
 
     sources: list[str]
@@ -416,13 +415,13 @@ class RunPlan:
         return sum(splits_lib.split_bytes(split) for split in self.splits)
 
 
-def plan_run(
+def check_run(
     sources: Sequence[str | os.PathLike] | str,
     tokenizer: Tokenizer | str | os.PathLike,
     output_dir: str | os.PathLike,
     settings: PrepareSettings,
     output_what: str = "--output",
-) -> RunPlan:
+) -> CheckedRun:
     """Checks the settings, the inputs (text, UTF-8) and the output directory (a records
     directory this run may resume or, with ``overwrite``, replace), and cuts the inputs into
     splits and the documents into groups; writes nothing."""
@@ -447,7 +446,7 @@ def plan_run(
         "sentence_split": settings.sentence_split,
         "splitter_name": settings.splitter,
     }
-    splits = splits_lib.plan_splits(sources, target_bytes=settings.split_bytes, **reader_options)
+    splits = splits_lib.cut_splits(sources, target_bytes=settings.split_bytes, **reader_options)
     num_groups = settings.num_groups or groups_lib.derive_num_groups(
         sum(_input_bytes(split, settings.tfds_data_dir) for split in splits), settings.group_bytes
     )
@@ -456,7 +455,7 @@ def plan_run(
     wanted = manifest.Manifest(recorded, tuple(inputs))
     manifest.check_output_dir(output_dir, settings.overwrite)
     manifest.check_resumable(manifest.read(output_dir), wanted, output_dir, settings.overwrite)
-    return RunPlan(
+    return CheckedRun(
         sources,
         splits,
         num_groups,
@@ -485,13 +484,13 @@ def _input_bytes(split, tfds_data_dir: str | None) -> int:
         return 0
 
 
-def describe_plan(plan: RunPlan) -> str:
-    """What ``--dry-run`` prints: the splits and the groups; nothing is read past the planning."""
+def describe_run(checked: CheckedRun) -> str:
+    """What ``--dry-run`` prints: the splits and the groups; nothing is read past the cutting."""
     lines = [
-        f"{len(plan.splits)} split(s) of {len(plan.sources)} input(s), {plan.input_bytes()} "
-        f"bytes, into {plan.num_groups} group(s) (a shard each) in {plan.output_dir}"
+        f"{len(checked.splits)} split(s) of {len(checked.sources)} input(s), {checked.input_bytes()} "
+        f"bytes, into {checked.num_groups} group(s) (a shard each) in {checked.output_dir}"
     ]
-    for split in plan.splits:
+    for split in checked.splits:
         stop = "end" if split.stop < 0 else split.stop
         lines.append(
             f"  {split.kind} {split.source} [{split.start}, {stop}): "
@@ -500,19 +499,19 @@ def describe_plan(plan: RunPlan) -> str:
     return "\n".join(lines)
 
 
-def start_run(plan: RunPlan, settings: PrepareSettings) -> dict[int, set[str]]:
-    """Opens ``plan.output_dir`` for the run (``_start_stage``); returns the parts to keep."""
-    with user_path(plan.output_dir, plan.output_what, writing=True):
-        existing = _start_stage(plan.output_dir, plan.wanted, settings, plan.tokenizer)
-        groups_lib.remove_stale_temporaries(plan.output_dir)
+def start_run(checked: CheckedRun, settings: PrepareSettings) -> dict[int, set[str]]:
+    """Opens ``checked.output_dir`` for the run (``_start_stage``); returns the parts to keep."""
+    with user_path(checked.output_dir, checked.output_what, writing=True):
+        existing = _start_stage(checked.output_dir, checked.wanted, settings, checked.tokenizer)
+        groups_lib.remove_stale_temporaries(checked.output_dir)
     return existing
 
 
-def check_enough_documents(plan: RunPlan, corpus_stats: sources_lib.CorpusStats) -> None:
+def check_enough_documents(checked: CheckedRun, corpus_stats: sources_lib.CorpusStats) -> None:
     """Sentence pairs need two documents, single sequences one (InputError naming the inputs)."""
-    if corpus_stats.documents < (2 if plan.recorded["instance_format"] == "sentence_pairs" else 1):
+    if corpus_stats.documents < (2 if checked.recorded["instance_format"] == "sentence_pairs" else 1):
         raise manifest.InputError(
-            f"inputs {', '.join(plan.sources)} hold {corpus_stats.documents} usable document(s); "
+            f"inputs {', '.join(checked.sources)} hold {corpus_stats.documents} usable document(s); "
             f"sentence pairs need at least two ({corpus_stats.summary()})"
         )
 
@@ -552,26 +551,26 @@ def _reduce_group(group_index: int, pieces: list[tuple[str, int, int]], recorded
 _SPILL_RE = re.compile(r"^\.spill-\d+-of-\d+-(?P<host>.+)-(?P<pid>\d+)$")
 
 
-def _spill_dir(plan: RunPlan, settings: PrepareSettings) -> str:
+def _spill_dir(checked: CheckedRun, settings: PrepareSettings) -> str:
     """Where the map phase spills documents: a hidden folder of a local output, named by this
     host and process (every host of a pretraining job may prepare one shared cache directory),
     removed when the run ends; a local temporary folder for a bucket. The folders that killed
     runs of this host left are removed first."""
-    if fs.is_remote(plan.output_dir):
+    if fs.is_remote(checked.output_dir):
         return tempfile.mkdtemp(prefix="bert-jax-spill-")
     host = socket.gethostname()
-    for name in os.listdir(plan.output_dir):
+    for name in os.listdir(checked.output_dir):
         match = _SPILL_RE.match(name)
         if match and match["host"] == host and not groups_lib.process_alive(int(match["pid"])):
-            shutil.rmtree(os.path.join(plan.output_dir, name), ignore_errors=True)
+            shutil.rmtree(os.path.join(checked.output_dir, name), ignore_errors=True)
     name = f".spill-{settings.shard_index}-of-{settings.num_shards}-{host}-{os.getpid()}"
-    path = os.path.join(plan.output_dir, name)
+    path = os.path.join(checked.output_dir, name)
     os.makedirs(path, exist_ok=True)
     return path
 
 
 def _run_local(
-    plan: RunPlan,
+    checked: CheckedRun,
     settings: PrepareSettings,
     todo: list[int],
     progress: _Progress,
@@ -579,18 +578,18 @@ def _run_local(
 ) -> None:
     """Every split read once (map: documents spilled by group), then every group in ``todo``
     made into its shard (reduce), in this process or in ``num_workers`` workers."""
-    spill = _spill_dir(plan, settings)
+    spill = _spill_dir(checked, settings)
     keep = frozenset(todo)
     tasks = [
         (
             split,
             os.path.join(spill, f"split-{k:06d}.pkl"),
             settings.seed,
-            plan.num_groups,
+            checked.num_groups,
             keep,
-            plan.reader_options,
+            checked.reader_options,
         )
-        for k, split in enumerate(plan.splits)
+        for k, split in enumerate(checked.splits)
     ]
     pool = None
     try:
@@ -601,11 +600,11 @@ def _run_local(
             pool = multiprocessing.get_context("spawn").Pool(
                 settings.num_workers,
                 initializer=groups_lib.init_worker,
-                initargs=(plan.tokenizer,),
+                initargs=(checked.tokenizer,),
             )
             spilled = pool.imap(_spill_split, tasks)
         else:
-            groups_lib.init_worker(plan.tokenizer)
+            groups_lib.init_worker(checked.tokenizer)
             spilled = map(_spill_split, tasks)
         pieces: dict[int, list[tuple[str, int, int]]] = {}
         reading = _Rate("splits read", len(tasks), every=max(1, len(tasks) // 20))
@@ -618,12 +617,12 @@ def _run_local(
         progress.rate = _Rate("groups written", len(work), every=max(1, len(work) // 20))
         if pool is None:
             for group in work:
-                progress.finished(group, *_reduce_group(group, pieces[group], plan.recorded))
+                progress.finished(group, *_reduce_group(group, pieces[group], checked.recorded))
             return
         in_flight: deque = deque()
         for group in work:
             in_flight.append(
-                (group, pool.apply_async(_reduce_group, (group, pieces[group], plan.recorded)))
+                (group, pool.apply_async(_reduce_group, (group, pieces[group], checked.recorded)))
             )
             # Bounded look-ahead keeps memory at a few groups per worker.
             while len(in_flight) >= 2 * settings.num_workers:
@@ -655,10 +654,10 @@ def prepare_records(
     where it cannot be written (permissions, a full disk).
     """
     started = time.perf_counter()
-    plan = plan_run(sources, tokenizer, output_dir, settings, output_what)
-    existing = start_run(plan, settings)
-    mine = [g for g in range(plan.num_groups) if g % settings.num_shards == settings.shard_index]
-    progress = _Progress(plan.output_dir, output_what)
+    checked = check_run(sources, tokenizer, output_dir, settings, output_what)
+    existing = start_run(checked, settings)
+    mine = [g for g in range(checked.num_groups) if g % settings.num_shards == settings.shard_index]
+    progress = _Progress(checked.output_dir, output_what)
     todo = []
     for group in mine:
         if {"tfrecord", "json"} <= existing.get(group, set()):
@@ -666,8 +665,8 @@ def prepare_records(
         else:
             todo.append(group)
     corpus_stats = sources_lib.CorpusStats()
-    _run_local(plan, settings, todo, progress, corpus_stats)
-    check_enough_documents(plan, corpus_stats)
+    _run_local(checked, settings, todo, progress, corpus_stats)
+    check_enough_documents(checked, corpus_stats)
     if not mine and settings.num_shards > 1:
         logger.warning(
             "shard %d of %d received no document groups: the input has fewer groups than shards",
@@ -675,34 +674,34 @@ def prepare_records(
             settings.num_shards,
         )
     result = PrepareResult(
-        output_dir=plan.output_dir,
+        output_dir=checked.output_dir,
         files=sorted(progress.files),
         groups_written=progress.groups_written,
         groups_skipped=progress.groups_skipped,
         corpus_stats=corpus_stats,
         instance_stats=progress.instance_stats,
         wall_seconds=time.perf_counter() - started,
-        settings=plan.recorded,
+        settings=checked.recorded,
     )
-    finish_run(result, settings, plan, progress.parts)
+    finish_run(result, settings, checked, progress.parts)
     return result
 
 
 def finish_run(
-    result: PrepareResult, settings: PrepareSettings, plan: RunPlan, parts, everyone_done=False
+    result: PrepareResult, settings: PrepareSettings, checked: CheckedRun, parts, everyone_done=False
 ) -> None:
     """The completion mark (``_write_stats``), written last; then the set-aside old shards go.
     ``everyone_done``: no writer of this job is left (Beam's last step), so every temporary
     name a killed writer left goes too."""
-    shard = shard_merge.shard_record(plan.wanted, plan.num_groups, list(parts))
-    with user_path(plan.output_dir, plan.output_what, writing=True):
-        groups_lib.remove_stale_temporaries(plan.output_dir, everyone_done)
+    shard = machine_merge.shard_record(checked.wanted, checked.num_groups, list(parts))
+    with user_path(checked.output_dir, checked.output_what, writing=True):
+        groups_lib.remove_stale_temporaries(checked.output_dir, everyone_done)
         _write_stats(result, settings, shard)
-    _drop_set_aside(plan.output_dir, settings)
+    _drop_set_aside(checked.output_dir, settings)
 
 
 def _write_stats(result: PrepareResult, settings: PrepareSettings, shard: dict) -> None:
-    """This machine's completion mark: its counts, and its shard (``shard_merge.shard_record``)."""
+    """This machine's completion mark: its counts, and its shard (``machine_merge.shard_record``)."""
     name = manifest.stats_name(settings.shard_index, settings.num_shards)
     write_json_atomic(
         os.path.join(result.output_dir, name),
@@ -818,7 +817,7 @@ def _read_marks(output_dir: str, num_shards: int, done: set[int]) -> dict[int, d
 
 def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output") -> MergeResult:
     """``data prepare --merge``: checks the shards that several machines prepared into
-    ``output_dir`` (``shard_merge.join_shards``) and writes the one manifest training reads.
+    ``output_dir`` (``machine_merge.join_shards``) and writes the one manifest training reads.
 
     Any refusal is a ``UserError`` naming the shard, setting, input or part; nothing is written
     then, and the directory stays unreadable to training.
@@ -863,7 +862,7 @@ def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output"
             made = manifest.Manifest.from_json(record["manifest"])
             manifest.check_format(made, current, output_dir, "data prepare of every shard")
             manifest.check_extraction(made, current, output_dir, "data prepare of every shard")
-    merged = shard_merge.join_shards(
+    merged = machine_merge.join_shards(
         output_dir, num_shards, shards, groups_lib.existing_parts(output_dir)
     )
     with user_path(output_dir, output_what, writing=True):

@@ -41,7 +41,8 @@ import sys
 
 import numpy as np
 
-from bert_jax.data.masking import MaskingConfig, mask_ids
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.masking.static_sequence import mask_ids
 
 _FLOYD_MAX_POPULATION = 10_000  # NumPy's choice uses Floyd's algorithm up to this population
 # Rows masked from one stream: a redraw makes the rows after it start again from a new one.

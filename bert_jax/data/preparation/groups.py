@@ -31,15 +31,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bert_jax.data import instances as instances_lib
-from bert_jax.data import objectives, single_instances
-from bert_jax.data import records as records_lib
-from bert_jax.data import splits as splits_lib
-from bert_jax.data.files import write_json_atomic
+from bert_jax.data import objectives
+from bert_jax.data.instances import sentence_pairs as instances_lib
+from bert_jax.data.instances import single_segments
 from bert_jax.data.layout import DEFAULT_GROUP_BYTES
-from bert_jax.data.masking import MaskingConfig
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data.masking.settings import MaskingConfig
+from bert_jax.data.records import tfrecord as records_lib
+from bert_jax.data.sources import splits as splits_lib
+from bert_jax.data.tokenizers.interface import Tokenizer
 from bert_jax.runtime import fs
+from bert_jax.runtime.outputs import write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def process_group(
     make_rows = instances_lib.create_instance_rows
     extra = {}
     if instance_format != "sentence_pairs":  # no NSP: [CLS] text [SEP] rows
-        make_rows = single_instances.create_single_rows
+        make_rows = single_segments.create_single_rows
         extra = {
             "instance_format": instance_format,
             "mask": settings.get("objective") != "ltr",  # a left-to-right LM reads text as is

@@ -32,7 +32,7 @@ def describe(error: BaseException) -> str:
 
 def _intact_records(path: str) -> tuple[int, str | None]:
     """(records read before the first damaged one, TensorFlow's message), or (n, None)."""
-    from bert_jax.data.records import READ_BUFFER_BYTES, import_tensorflow
+    from bert_jax.data.records.tfrecord import READ_BUFFER_BYTES, import_tensorflow
 
     tf = import_tensorflow()
     count = 0
@@ -69,7 +69,7 @@ def corrupt_error(path: str, index: int, problem: str) -> CorruptRecordError:
 def first_record(files: Sequence[str], skip_corrupt: bool) -> tuple[str, bytes | None]:
     """The first record of the first file (of the first readable one when `skip_corrupt`),
     for the pipeline's up-front shape check; a damaged one is named unless skipping."""
-    from bert_jax.data.records import READ_BUFFER_BYTES, import_tensorflow
+    from bert_jax.data.records.tfrecord import READ_BUFFER_BYTES, import_tensorflow
 
     tf = import_tensorflow()
     for path in files:

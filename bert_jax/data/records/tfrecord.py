@@ -35,10 +35,10 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from bert_jax.data.files import temporary_name
 from bert_jax.data.layout import RECORD_SUFFIX
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
+from bert_jax.runtime.outputs import temporary_name
 
 INT_FEATURES = ("input_ids", "input_mask", "segment_ids")
 PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids")
