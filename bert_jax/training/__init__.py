@@ -1,8 +1,7 @@
 """A pretraining run: its settings, its inputs, its loop, and what it leaves in the workdir.
 
 - ``metrics``: JSONL + TensorBoard writers, FLOPs per token, peak table, MFU.
-- ``checkpoint_health``: damaged checkpoints named; ``checkpointing``: Orbax train-state
-  checkpoints, the resume order, params-only restore.
+- ``checkpointing``: Orbax train-state checkpoints, the resume order, params-only restore.
 - ``workdir``: the pretraining workdir's lock and leftovers.
 - ``config_lib``: configs -> frozen settings, the phases plan, validation, parameter counts.
 - ``model_dir``: the model-directory format (export, load; reads workdir checkpoints).

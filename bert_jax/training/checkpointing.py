@@ -36,9 +36,8 @@ import jax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
-from bert_jax.runtime import fs
+from bert_jax.runtime import checkpoint_health, fs
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import checkpoint_health
 from bert_jax.training.data_position import abstract_position, decode_position
 
 log = logging.getLogger("bert_jax")

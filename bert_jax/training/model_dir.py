@@ -42,7 +42,7 @@ from bert_jax.core.model import BertConfig
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import checkpoint_health
+from bert_jax.runtime import checkpoint_health
 
 FORMAT_NAME = "bert-jax-model"
 FORMAT_VERSION = 1

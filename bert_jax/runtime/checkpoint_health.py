@@ -1,8 +1,9 @@
 """What is wrong with a checkpoint or a save: missing files and other shapes found before
 reading, Orbax / TensorStore errors as one line, a full disk.
 
-Used by `checkpointing` (resume falls back past a damaged checkpoint) and `model_dir` (a damaged
-model directory is one clear error).
+Used by `training.checkpointing` (resume falls back past a damaged checkpoint) and
+`convert.model_dir` (a damaged model directory is one clear error). It needs only the file-system
+layer (and Orbax), so it stands in runtime/, below both.
 """
 
 from __future__ import annotations
