@@ -1,8 +1,13 @@
 """The configs and the TPU price table that ship with bert-jax, named without a path.
 
-`--config bert:base` (or `bert:tiny`, `demo`) reads `bert_jax/configs/bert.py` with the argument
-`base`, wherever bert-jax is installed; a file path (`configs/bert.py:base`, `my_run.py`) is read
-as a file. `configs/` in a checkout holds thin files that load these.
+`--config bert:base` (or `bert:tiny`, `demo`, `paper/table5_no_nsp`, `paper/table8:0_20_80`)
+reads the file of that name under `bert_jax/configs/` (`.py` may be added) with the argument
+after the colon, wherever bert-jax is installed; a file path (`configs/bert.py:base`,
+`my_run.py`) is read as a file. `configs/` in a checkout holds thin files that load these.
+
+bert.py    the paper's recipe at each size (`bert:SIZE`; base and large are the paper's runs)
+demo.py    `make demo`: BERT-Tiny on the embedded corpus in minutes on a CPU
+paper/     the paper's experiments (Tables 5, 6 and 8), each a few settings over bert.py's
 """
 
 from __future__ import annotations
@@ -17,24 +22,40 @@ TPU_PRICES = os.path.join(FOLDER, "tpu_prices.json")
 
 
 def names() -> list[str]:
-    """The packaged configs: `bert`, `demo`."""
-    return sorted(
-        name[:-3] for name in os.listdir(FOLDER) if name.endswith(".py") and name != "__init__.py"
-    )
+    """The packaged configs: `bert`, `demo`, `paper/table5_ltr`, ..."""
+    found = []
+    for folder, subfolders, files in os.walk(FOLDER):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(("_", ".")))
+        relative = os.path.relpath(folder, FOLDER)
+        for name in files:
+            if name.endswith(".py") and name != "__init__.py":
+                parts = [] if relative == "." else relative.split(os.sep)
+                found.append("/".join([*parts, name[:-3]]))
+    return sorted(found)
+
+
+def _packaged(name: str) -> str | None:
+    """The file of the packaged config `name` (`bert`, `paper/table8.py`), or None."""
+    name = name.removesuffix(".py")
+    return os.path.join(FOLDER, *name.split("/")) + ".py" if name in names() else None
 
 
 def resolve(spec: str, flag: str = "--config") -> str:
-    """`FILE[:ARG]` as a path ml_collections can load: an existing file stays as it is; a bare
-    name (`bert:base`, `demo`) is the packaged config of that name. UserError otherwise."""
+    """`FILE[:ARG]` as a path ml_collections can load: an existing file stays as it is; a name
+    without a path (`bert:base`, `demo`, `paper/table5_ltr`) is the packaged config of that
+    name. UserError otherwise."""
     path, sep, arg = spec.partition(":")
     if os.path.isfile(path):
         return spec
-    if path and os.sep not in path and "/" not in path:
-        packaged = os.path.join(FOLDER, path if path.endswith(".py") else f"{path}.py")
-        if os.path.basename(packaged) != "__init__.py" and os.path.isfile(packaged):
-            return packaged + sep + arg
+    packaged = _packaged(path)
+    if packaged is not None:
+        return packaged + sep + arg
     hint = ""
-    if os.path.basename(path).removesuffix(".py") in names():  # configs/bert.py outside a checkout
-        shipped = ", ".join(f"{name}:SIZE" if name == "bert" else name for name in names())
-        hint = f" (the configs that ship with bert-jax are named without a path: {shipped})"
+    # configs/bert.py or configs/paper/table8.py outside a checkout
+    shipped = [name for name in names() if path.removesuffix(".py").endswith(f"/{name}")]
+    if shipped and "/" not in shipped[0]:
+        top = ", ".join(f"{n}:SIZE" if n == "bert" else n for n in names() if "/" not in n)
+        hint = f" (the configs that ship with bert-jax are named without a path: {top})"
+    elif shipped:
+        hint = f" (it ships with bert-jax, named without a path: {flag} {shipped[0]}{sep}{arg})"
     raise UserError(f"{flag} {spec}: no such file{hint}")
