@@ -157,8 +157,8 @@ def dashed(name: str) -> str:
 
 CONFIG_HELP = (
     "the config: a packaged one named without a path (bert:SIZE with SIZE tiny, mini, small, "
-    "medium, base or large; demo) or a file FILE.py[:ARG] with get_config(), e.g. "
-    "configs/bert.py:base"
+    "medium, base or large; demo; paper/NAME[:ROW], the paper's experiments, e.g. "
+    "paper/table8:0_20_80) or a file FILE.py[:ARG] with get_config(), e.g. configs/bert.py:base"
 )
 _OVERRIDES_HELP = (
     "Every setting of the config is a flag too: --config.KEY=VALUE (e.g. "
