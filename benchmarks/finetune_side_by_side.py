@@ -170,7 +170,9 @@ class TorchTuner:
 
 def use_transformers_steps() -> None:
     """Puts `TorchTuner` where bert-jax's task code builds its tuners (GLUE, SWAG, SQuAD, NER)."""
-    from bert_jax.finetune import loop, swag_task, token_loop
+    from bert_jax.finetune.runs import swag as swag_task
+    from bert_jax.finetune.tuning import sentence_tuning as loop
+    from bert_jax.finetune.tuning import token_tuning as token_loop
 
     def glue(config, num_labels, mesh, rules, dropout, weight_decay, clip_norm, *_):
         return TorchTuner("glue", config, num_labels, weight_decay, clip_norm)
@@ -190,7 +192,7 @@ def use_transformers_steps() -> None:
 
 
 def run_seed(encoder, stack: str, args, seed: int) -> dict[str, Any]:
-    from bert_jax.finetune import run
+    from bert_jax.finetune.runs import one_task as run
 
     overrides = {
         "seed": seed,
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bert_jax.finetune.loop import load_pretrained
+    from bert_jax.finetune.tuning.sentence_tuning import load_pretrained
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -174,7 +174,7 @@ def test_bench_and_the_train_step_import_without_tensorflow():
         "sys.modules['tensorflow'] = None\n"
         "import bert_jax.bench.timing, bert_jax.bench.peer\n"
         "import bert_jax.core.train, bert_jax.core.model\n"
-        "import bert_jax.finetune.loop, bert_jax.cli.bench\n"
+        "import bert_jax.finetune.tuning.sentence_tuning, bert_jax.cli.bench\n"
         # What `--real-data` reads (the embedded corpus, pairs and masking, packing).
         "import bert_jax.data.sources.documents, bert_jax.data.instances.sentence_pairs\n"
         "import bert_jax.data.masking.settings, bert_jax.data.masking.static_rows\n"

@@ -13,8 +13,8 @@ import pytest
 
 from bert_jax import cli
 from bert_jax.cli import finetune as finetune_cli
-from bert_jax.finetune import workdir as finetune_workdir
-from bert_jax.training.model_dir import save_model_dir
+from bert_jax.convert.model_dir import save_model_dir
+from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.training.workdir import LOCK_NAME
 from tests.glue_fixtures.tiny import GLUE_DIR, fixture_tokenizer, tiny_encoder
 

@@ -191,7 +191,7 @@ def _write_conll(directory, words: list[str]) -> None:
 def _write_swag(directory, words: list[str]) -> None:
     import csv
 
-    from bert_jax.finetune import swag
+    from bert_jax.finetune.tasks import swag
 
     for name in ("train.csv", "val.csv"):
         with open(directory / name, "w", encoding="utf-8", newline="") as f:
@@ -207,8 +207,8 @@ def _write_swag(directory, words: list[str]) -> None:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, str]:
     """Role -> path of a tiny input; `_materialize` links a command's read paths to these."""
+    from bert_jax.convert import model_dir
     from bert_jax.data.sources.embedded import embedded_documents
-    from bert_jax.training import model_dir
     from tests import convert_fixtures
     from tests.glue_fixtures.tiny import GLUE_DIR
     from tests.helpers import tiny_config

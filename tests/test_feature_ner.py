@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from bert_jax import cli, encode
+from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.core import partitioning
-from bert_jax.finetune import feature_ner, feature_tagger, ner
-from bert_jax.finetune.loop import PretrainedEncoder
-from bert_jax.training.model_dir import save_model_dir
+from bert_jax.finetune.heads import lstm_tagger as feature_tagger
+from bert_jax.finetune.runs import conll_features as feature_ner
+from bert_jax.finetune.tasks import conll as ner
+from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
 from tests.glue_fixtures.tiny import fixture_tokenizer, tiny_encoder
 from tests.test_ner import _synthetic_conll
 

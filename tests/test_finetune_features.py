@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_jax.finetune import features
+from bert_jax.finetune.tuning import batches as features
 
 
 def test_train_order_sees_every_example_once_per_epoch():

@@ -13,9 +13,10 @@ import pytest
 
 from bert_jax.core import partitioning
 from bert_jax.data.tokenizers.pair_encoding import encode_pairs
-from bert_jax.finetune import heads, loop
-from bert_jax.finetune.features import EncodedSplit, TaskData
-from bert_jax.finetune.tasks import get_task
+from bert_jax.finetune.heads import pooled as heads
+from bert_jax.finetune.tasks.glue import get_task
+from bert_jax.finetune.tuning import sentence_tuning as loop
+from bert_jax.finetune.tuning.batches import EncodedSplit, TaskData
 from tests.glue_fixtures.tiny import fixture_tokenizer, tiny_encoder, tiny_pretrained
 
 POSITIVE = ("great", "good", "delight", "best", "warm", "funny")

@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 from sklearn import metrics as sk
 
-from bert_jax.finetune import metrics
-from bert_jax.finetune.report import PAPER_ROWS
+from bert_jax.finetune.reports.sweep_report import PAPER_ROWS
+from bert_jax.finetune.tasks import glue_metrics as metrics
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -19,7 +19,19 @@ import pytest
 
 from bert_jax.convert import hf as hf_convert
 from bert_jax.core import optim, partitioning
-from bert_jax.finetune import features, loop, steps, swag_task, token_loop
+from bert_jax.finetune.runs import swag as swag_task
+from bert_jax.finetune.tuning import (
+    batches as features,
+)
+from bert_jax.finetune.tuning import (
+    sentence_tuning as loop,
+)
+from bert_jax.finetune.tuning import (
+    steps,
+)
+from bert_jax.finetune.tuning import (
+    token_tuning as token_loop,
+)
 from bert_jax.runtime.errors import UserError
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import hf_config

@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.finetune import features, loop, steps
+from bert_jax.finetune.tuning import batches as features
+from bert_jax.finetune.tuning import sentence_tuning as loop
+from bert_jax.finetune.tuning import steps
 
 
 class CountingTuner:

@@ -11,9 +11,11 @@ import shutil
 import pytest
 
 from bert_jax import cli
-from bert_jax.finetune import metrics, sweep, tasks
-from bert_jax.finetune.loop import FinetuneSettings
-from bert_jax.training.model_dir import save_model_dir
+from bert_jax.convert.model_dir import save_model_dir
+from bert_jax.finetune.runs import sweep
+from bert_jax.finetune.tasks import glue as tasks
+from bert_jax.finetune.tasks import glue_metrics as metrics
+from bert_jax.finetune.tuning.sentence_tuning import FinetuneSettings
 from tests.glue_fixtures.tiny import GLUE_DIR, fixture_tokenizer, tiny_encoder
 
 SMALL = FinetuneSettings(epochs=1, batch_size=8, eval_batch_size=8, max_seq_length=32)

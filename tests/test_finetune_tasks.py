@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.finetune import tasks
-from bert_jax.finetune.tasks import Example, GlueDataError
+from bert_jax.finetune.tasks import glue as tasks
+from bert_jax.finetune.tasks.glue import Example, GlueDataError
 from tests.glue_fixtures.tiny import GLUE_DIR
 
 # (task, split) -> (number of examples, first example) for every file of the fixture directory.

@@ -13,8 +13,9 @@ import seqeval.metrics
 
 from bert_jax.core import partitioning
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
-from bert_jax.finetune import ner, token_tasks
-from bert_jax.finetune.ner import NerDataError, Sentence
+from bert_jax.finetune.runs import squad_and_conll as token_tasks
+from bert_jax.finetune.tasks import conll as ner
+from bert_jax.finetune.tasks.conll import NerDataError, Sentence
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import minilm_dir
 

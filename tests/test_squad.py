@@ -16,8 +16,10 @@ from bert_jax import cli
 from bert_jax.conversion import convert
 from bert_jax.core import partitioning
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
-from bert_jax.finetune import squad, squad_eval, token_tasks
-from bert_jax.finetune.squad import SquadDataError, SquadExample
+from bert_jax.finetune.runs import squad_and_conll as token_tasks
+from bert_jax.finetune.tasks import squad
+from bert_jax.finetune.tasks import squad_answers as squad_eval
+from bert_jax.finetune.tasks.squad import SquadDataError, SquadExample
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import minilm_dir
 

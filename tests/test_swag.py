@@ -16,8 +16,9 @@ import transformers
 from bert_jax import cli
 from bert_jax.convert import hf as hf_convert
 from bert_jax.core import partitioning
-from bert_jax.finetune import swag, swag_task
-from bert_jax.finetune.heads import BertForMultipleChoice
+from bert_jax.finetune.heads.pooled import BertForMultipleChoice
+from bert_jax.finetune.runs import swag as swag_task
+from bert_jax.finetune.tasks import swag
 from tests.convert_fixtures import random_params
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import hf_config, tiny_config

@@ -120,7 +120,8 @@ def _add_span_flags(parser) -> None:
 
 
 def _task_options(args):
-    from bert_jax.finetune import run, token_tasks
+    from bert_jax.finetune.runs import one_task as run
+    from bert_jax.finetune.runs import squad_and_conll as token_tasks
 
     span = token_tasks.SpanOptions(
         doc_stride=args.doc_stride,
@@ -140,12 +141,12 @@ def _task_options(args):
 
 
 def _run_finetune(args) -> int:
-    from bert_jax.finetune import run
+    from bert_jax.finetune.runs import one_task as run
 
     _log_progress()
     options = _task_options(args)
     if args.each_checkpoint:
-        from bert_jax.finetune import curve
+        from bert_jax.finetune.runs import curve
 
         with _one_writer(args.workdir, "finetune"):
             outcome = curve.run_curve(
@@ -238,7 +239,7 @@ def _add_glue(subparsers) -> None:
 
 
 def _run_glue(args) -> int:
-    from bert_jax.finetune import sweep
+    from bert_jax.finetune.runs import sweep
 
     _log_progress()
     overrides = _overrides(args)
@@ -262,7 +263,7 @@ def _one_writer(workdir: str, command: str):
     """The workdir's lock while the command works (`finetune.workdir.one_writer`; process 0)."""
     import jax
 
-    from bert_jax.finetune import workdir as finetune_workdir
+    from bert_jax.finetune.runs import workdir as finetune_workdir
 
     return finetune_workdir.one_writer(workdir, command, writer=jax.process_index() == 0)
 

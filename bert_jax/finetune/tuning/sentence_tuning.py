@@ -28,17 +28,12 @@ import numpy as np
 
 from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertConfig
-from bert_jax.finetune import metrics as glue_metrics
-from bert_jax.finetune import steps
-from bert_jax.finetune.features import (
-    EncodedSplit,
-    TaskData,
-    gather_batch,
-    host_rows,
-)
-from bert_jax.finetune.heads import BertForSequenceClassification, ClassifierHead, head_loss
-from bert_jax.finetune.tasks import TaskSpec
-from bert_jax.finetune.tuner import HeadTuner
+from bert_jax.finetune.heads.pooled import BertForSequenceClassification, ClassifierHead, head_loss
+from bert_jax.finetune.tasks import glue_metrics
+from bert_jax.finetune.tasks.glue import TaskSpec
+from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning.batches import EncodedSplit, TaskData, gather_batch, host_rows
+from bert_jax.finetune.tuning.head_tuner import HeadTuner
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array

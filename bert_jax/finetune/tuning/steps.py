@@ -26,7 +26,12 @@ import optax
 from bert_jax.core import optim, partitioning
 from bert_jax.core.model import BertConfig
 from bert_jax.core.train import TrainState
-from bert_jax.finetune.features import epoch_end_steps, host_rows, steps_per_epoch, train_order
+from bert_jax.finetune.tuning.batches import (
+    epoch_end_steps,
+    host_rows,
+    steps_per_epoch,
+    train_order,
+)
 from bert_jax.runtime.errors import UserError
 from bert_jax.training.metrics import format_duration
 

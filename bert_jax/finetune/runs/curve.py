@@ -25,10 +25,10 @@ from typing import Any
 
 import jax
 
-from bert_jax.finetune import run
-from bert_jax.finetune import workdir as finetune_workdir
-from bert_jax.finetune.loop import PretrainedEncoder
-from bert_jax.finetune.sweep import RESULT_NAME, load_matching
+from bert_jax.finetune.runs import one_task as run
+from bert_jax.finetune.runs import workdir as finetune_workdir
+from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
+from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
 from bert_jax.runtime import fs, outputs
 from bert_jax.runtime.errors import UserError
 
@@ -118,7 +118,9 @@ def run_curve(
     }
     if jax.process_index() == 0:  # every process computes the same curve; one writes it
         outputs.write_json_atomic(os.path.join(workdir, CURVE_NAME), curve)
-        outputs.write_bytes_atomic(os.path.join(workdir, "curve.md"), curve_markdown(curve).encode())
+        outputs.write_bytes_atomic(
+            os.path.join(workdir, "curve.md"), curve_markdown(curve).encode()
+        )
         fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
         plot_curve(os.path.join(workdir, "plots", "curve.png"), curve)
     return curve

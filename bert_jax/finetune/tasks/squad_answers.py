@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.finetune.squad import SquadExample, SquadFeatures
+from bert_jax.finetune.tasks.squad import SquadExample, SquadFeatures
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)

@@ -24,12 +24,12 @@ import numpy as np
 
 from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertConfig
-from bert_jax.finetune import steps
-from bert_jax.finetune.features import host_rows
-from bert_jax.finetune.heads import ClassifierHead
-from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder
-from bert_jax.finetune.token_heads import BertForTokenOutputs, span_loss, token_loss
-from bert_jax.finetune.tuner import HeadTuner
+from bert_jax.finetune.heads.per_token import BertForTokenOutputs, span_loss, token_loss
+from bert_jax.finetune.heads.pooled import ClassifierHead
+from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning.batches import host_rows
+from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.sentence_tuning import FinetuneSettings, PretrainedEncoder
 
 Array = jax.Array
 SPAN = "span"

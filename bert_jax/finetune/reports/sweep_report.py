@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.finetune import metrics as glue_metrics
-from bert_jax.finetune.tasks import TASK_ORDER, get_task
+from bert_jax.finetune.tasks import glue_metrics
+from bert_jax.finetune.tasks.glue import TASK_ORDER, get_task
 from bert_jax.runtime import fs, outputs
 
 # Devlin et al. (2019), Table 1: GLUE test-server scores, and the train sizes it lists.

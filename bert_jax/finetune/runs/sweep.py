@@ -28,24 +28,24 @@ from typing import Any
 
 import jax
 
-from bert_jax.finetune import report
-from bert_jax.finetune import workdir as finetune_workdir
-from bert_jax.finetune.features import TaskData, load_task_data
-from bert_jax.finetune.loop import (
-    FinetuneResult,
-    FinetuneSettings,
-    PretrainedEncoder,
-    finetune,
-    load_pretrained,
-    make_mesh,
-)
-from bert_jax.finetune.tasks import (
+from bert_jax.finetune.reports import sweep_report as report
+from bert_jax.finetune.runs import workdir as finetune_workdir
+from bert_jax.finetune.tasks.glue import (
     TASK_ORDER,
     TaskSpec,
     available_test_splits,
     check_task_files,
     get_task,
     submission_file,
+)
+from bert_jax.finetune.tuning.batches import TaskData, load_task_data
+from bert_jax.finetune.tuning.sentence_tuning import (
+    FinetuneResult,
+    FinetuneSettings,
+    PretrainedEncoder,
+    finetune,
+    load_pretrained,
+    make_mesh,
 )
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files

@@ -25,9 +25,16 @@ from typing import Any
 
 import jax
 
-from bert_jax.finetune import ner, squad, squad_eval, token_loop
-from bert_jax.finetune import workdir as finetune_workdir
-from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, load_pretrained
+from bert_jax.finetune.runs import workdir as finetune_workdir
+from bert_jax.finetune.tasks import conll as ner
+from bert_jax.finetune.tasks import squad
+from bert_jax.finetune.tasks import squad_answers as squad_eval
+from bert_jax.finetune.tuning import token_tuning as token_loop
+from bert_jax.finetune.tuning.sentence_tuning import (
+    FinetuneSettings,
+    PretrainedEncoder,
+    load_pretrained,
+)
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 

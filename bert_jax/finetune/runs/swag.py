@@ -28,13 +28,23 @@ import numpy as np
 
 from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertConfig
-from bert_jax.finetune import steps, swag, token_tasks
-from bert_jax.finetune import workdir as finetune_workdir
-from bert_jax.finetune.heads import BertForMultipleChoice, ClassifierHead, classification_loss
-from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, load_pretrained
-from bert_jax.finetune.sweep import RESULT_NAME, load_matching
-from bert_jax.finetune.token_loop import MODEL_KEYS, gather_rows, predict_logits
-from bert_jax.finetune.tuner import HeadTuner
+from bert_jax.finetune.heads.pooled import (
+    BertForMultipleChoice,
+    ClassifierHead,
+    classification_loss,
+)
+from bert_jax.finetune.runs import squad_and_conll as token_tasks
+from bert_jax.finetune.runs import workdir as finetune_workdir
+from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
+from bert_jax.finetune.tasks import swag
+from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.sentence_tuning import (
+    FinetuneSettings,
+    PretrainedEncoder,
+    load_pretrained,
+)
+from bert_jax.finetune.tuning.token_tuning import MODEL_KEYS, gather_rows, predict_logits
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 

@@ -16,9 +16,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bert_jax.finetune import ner, swag, token_tasks
-from bert_jax.finetune import workdir as finetune_workdir
-from bert_jax.finetune.loop import PretrainedEncoder
+from bert_jax.finetune.runs import squad_and_conll as token_tasks
+from bert_jax.finetune.runs import workdir as finetune_workdir
+from bert_jax.finetune.tasks import conll as ner
+from bert_jax.finetune.tasks import swag
+from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
@@ -48,16 +50,16 @@ def task_settings(task: str, overrides: Mapping[str, Any], options: TaskOptions 
     """The `FinetuneSettings` a run of `task` uses: the task's defaults, then the overrides."""
     task_kind = kind(task)
     if task_kind == "swag":
-        from bert_jax.finetune import swag_task
+        from bert_jax.finetune.runs import swag as swag_task
 
         return swag_task.task_settings(overrides)
     if task_kind == "conll2003" and options.features is not None:
-        from bert_jax.finetune import feature_ner
+        from bert_jax.finetune.runs import conll_features as feature_ner
 
         return feature_ner.task_settings(overrides)
     if task_kind != "glue":
         return token_tasks.task_settings(task, overrides)
-    from bert_jax.finetune import sweep
+    from bert_jax.finetune.runs import sweep
 
     return sweep.sweep_options(overrides=dict(overrides))["settings"]
 
@@ -97,7 +99,7 @@ def finished_run(
 ) -> dict[str, Any] | None:
     """The result.json of a finished run of `task` in `workdir` with these settings, options and
     model; None when there is none; a UserError naming what differs when it was another run."""
-    from bert_jax.finetune import sweep
+    from bert_jax.finetune.runs import sweep
 
     path = os.path.join(fs.abspath(workdir), RESULT_NAME)
     if not fs.exists(path):
@@ -139,13 +141,13 @@ def _task_key(task: str) -> str:
 def _run(model, task, data, workdir, settings, options: TaskOptions, log) -> dict[str, Any]:
     task_kind = kind(task)
     if task_kind == "swag":
-        from bert_jax.finetune import swag_task
+        from bert_jax.finetune.runs import swag as swag_task
 
         return swag_task.run_swag(
             model, data, workdir, settings, log=log, predict_test=options.predict_test
         )
     if options.features is not None:
-        from bert_jax.finetune import feature_ner
+        from bert_jax.finetune.runs import conll_features as feature_ner
 
         return feature_ner.run_feature_ner(
             model,
@@ -159,7 +161,7 @@ def _run(model, task, data, workdir, settings, options: TaskOptions, log) -> dic
         )
     if task_kind != "glue":
         return token_tasks.run_token_task(model, task, data, workdir, settings, options.span, log)
-    from bert_jax.finetune import sweep
+    from bert_jax.finetune.runs import sweep
 
     return sweep.run_single(
         model, task, data, workdir, settings=settings, predict_test=options.predict_test, log=log
@@ -177,6 +179,6 @@ def dev_score(result: Mapping[str, Any]) -> tuple[str, float]:
 
 
 def _glue_metric(task: str) -> str:
-    from bert_jax.finetune import metrics
+    from bert_jax.finetune.tasks import glue_metrics as metrics
 
     return metrics.paper_metric(task)

@@ -17,7 +17,7 @@ import numpy as np
 
 from bert_jax.core import partitioning, train
 from bert_jax.core.train import TrainState
-from bert_jax.finetune import steps
+from bert_jax.finetune.tuning import steps
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.finetune.tasks import Example, TaskSpec, read_split
+from bert_jax.finetune.tasks.glue import Example, TaskSpec, read_split
 from bert_jax.runtime.errors import UserError
 
 FEATURE_KEYS = ("input_ids", "input_mask", "segment_ids")

@@ -29,12 +29,19 @@ import jax.numpy as jnp
 from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertConfig
 from bert_jax.core.train import TrainState
-from bert_jax.finetune import feature_tagger, ner, steps, token_tasks
-from bert_jax.finetune import workdir as finetune_workdir
-from bert_jax.finetune.feature_tagger import BiLstmTagger
-from bert_jax.finetune.loop import FinetuneSettings, PretrainedEncoder, load_pretrained
-from bert_jax.finetune.token_heads import token_loss
-from bert_jax.finetune.token_loop import gather_rows, predict_logits
+from bert_jax.finetune.heads import lstm_tagger as feature_tagger
+from bert_jax.finetune.heads.lstm_tagger import BiLstmTagger
+from bert_jax.finetune.heads.per_token import token_loss
+from bert_jax.finetune.runs import squad_and_conll as token_tasks
+from bert_jax.finetune.runs import workdir as finetune_workdir
+from bert_jax.finetune.tasks import conll as ner
+from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning.sentence_tuning import (
+    FinetuneSettings,
+    PretrainedEncoder,
+    load_pretrained,
+)
+from bert_jax.finetune.tuning.token_tuning import gather_rows, predict_logits
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.core.model import BertConfig, BertModel
-from bert_jax.finetune.heads import ClassifierHead
+from bert_jax.finetune.heads.pooled import ClassifierHead
 
 Array = jax.Array
 
