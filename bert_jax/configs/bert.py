@@ -3,8 +3,9 @@
 SIZE is tiny (2/128/2), mini (4/256/4), small (4/512/8), medium (8/512/8), base (12/768/12) or
 large (24/1024/16) as layers/hidden/heads; all carry the paper's pretraining recipe, which
 `bert_jax/training/config_lib.py` documents (tiny, mini and small with CPU-sized batches, a
-4,000-piece vocabulary and a warmup of 10% of the run: config_lib.CPU_TRIAL). Override any
-field from the command line, e.g. `--config.total_steps=100000
+4,000-piece vocabulary and a warmup of 10% of the run: config_lib.CPU_TRIAL). base and large are
+the paper's BERT-Base and BERT-Large runs; its experiments (`paper/`) are a few settings over
+them. Override any field from the command line, e.g. `--config.total_steps=100000
 --config.optimizer.learning_rate=5e-5`.
 """
 
