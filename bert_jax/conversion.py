@@ -1,13 +1,14 @@
 """`convert(src_format, src, dst_format, dst)`: one checkpoint format to another, with a report.
 
 Sources: "tf1" (Google's checkpoint directory), "hf" (a Hugging Face BERT directory), "bert-jax"
-(a model directory or pretraining workdir). Targets: "bert-jax" (a model directory) and "hf"
-(config.json + model.safetensors + tokenizer files, loadable by transformers'
+(a model directory; a pretraining workdir too with the loader that reads one, which `bert-jax
+convert` passes: `training.model_dir.load_model_dir`). Targets: "bert-jax" (a model directory)
+and "hf" (config.json + model.safetensors + tokenizer files, loadable by transformers'
 `BertForPreTraining.from_pretrained`, or `BertModel` for an encoder-only model).
 
 Everything is read and checked before anything is written, and the destination is written
 atomically: a refused conversion leaves nothing at `dst`. `overwrite` replaces only an earlier
-output of the same kind (`data.files.check_replaceable`); a Hugging Face export carries
+output of the same kind (`runtime.outputs.check_replaceable`); a Hugging Face export carries
 `bert_jax_export.json` for that.
 """
 
@@ -15,19 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.convert import mapping
+from bert_jax.convert import mapping, model_dir
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.core.model import BertConfig
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import model_dir
 
 SOURCE_FORMATS = ("tf1", "hf", "bert-jax")
 TARGET_FORMATS = ("bert-jax", "hf")
@@ -80,11 +81,15 @@ def load_source(
     drop_heads: bool = False,
     tokenizer: str | os.PathLike | None = None,
     lowercase: bool | None = None,
+    load_model_dir: Callable[[str], model_dir.ModelDir] = model_dir.load_model_dir,
 ) -> Loaded:
     """Reads and strictly converts a source checkpoint into bert-jax params (nothing written).
 
     `tokenizer` replaces the source's own tokenizer files; `lowercase` overrides the case setting
     (a Google vocab.txt does not record it: it is inferred from the vocabulary unless given).
+    `load_model_dir` reads a "bert-jax" source: by default a model directory (or the one a
+    finished pretraining workdir exported); `training.model_dir.load_model_dir` also reads an
+    unexported workdir's latest checkpoint.
     """
     src = os.fspath(src)
     report = ConversionReport(source_format=src_format, source=fs.abspath(src))
@@ -117,7 +122,7 @@ def load_source(
         if has_tokenizer_files(src):  # vocab.txt, tokenizer.json or a SentencePiece .model
             tok_origin = src
     elif src_format == "bert-jax":
-        loaded = model_dir.load_model_dir(src)
+        loaded = load_model_dir(src)
         report.source = loaded.path
         config = loaded.config
         params = jax.tree.map(np.asarray, loaded.params)
@@ -169,12 +174,14 @@ def convert(
     lowercase: bool | None = None,
     overwrite: bool = False,
     vocab_pad_multiple: int | None = None,
+    load_model_dir: Callable[[str], model_dir.ModelDir] = model_dir.load_model_dir,
 ) -> ConversionReport:
     """Converts `src` (in `src_format`) into `dst` (in `dst_format`) and returns the report.
 
     `vocab_pad_multiple` (bert-jax targets only) pads the word-embedding rows as
     `BertConfig.vocab_pad_multiple` says, e.g. 128 to match the pretraining configs; default:
-    the source's padding (none for Google and Hugging Face checkpoints).
+    the source's padding (none for Google and Hugging Face checkpoints). `load_model_dir`: how a
+    "bert-jax" source is read (see `load_source`).
 
     Raises `ConversionError` (naming the tensor or setting) before writing anything when the
     source does not convert exactly; `FileExistsError` when `dst` exists and not `overwrite`.
@@ -195,7 +202,12 @@ def convert(
     if fs.abspath(os.fspath(src)) == dst:
         raise UserError(f"source and destination are the same path: {dst}")
     loaded = load_source(
-        src_format, src, drop_heads=drop_heads, tokenizer=tokenizer, lowercase=lowercase
+        src_format,
+        src,
+        drop_heads=drop_heads,
+        tokenizer=tokenizer,
+        lowercase=lowercase,
+        load_model_dir=load_model_dir,
     )
     report = loaded.report
     report.target_format, report.target = dst_format, dst

@@ -21,10 +21,11 @@ import transformers
 from bert_jax import cli
 from bert_jax.conversion import convert
 from bert_jax.convert import hf as hf_convert
+from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.convert.strict import ConversionError
 from bert_jax.core import train
 from bert_jax.core.model import BertForPreTraining, BertModel
-from bert_jax.training.model_dir import load_model_dir, save_model_dir
+from bert_jax.training.model_dir import load_model_dir
 from tests.convert_fixtures import (
     google_bert_config,
     hf_state_dict_from_tf1,
@@ -496,6 +497,50 @@ def test_bert_jax_to_hf_loads_strictly_and_reproduces_outputs(tmp_path):
     )
     assert not any(info.values()), info  # no missing, unexpected or mismatched keys
     _compare_pretraining(params, config, model.eval(), seed=2, label="bert-jax->hf")
+
+
+def test_an_unexported_pretraining_workdir_converts_from_its_latest_checkpoint(tmp_path, capsys):
+    """`--from bert-jax WORKDIR` of a run that has not exported model/ yet reads its latest
+    checkpoint: the command hands the conversion training's loader (convert/ stands below
+    training/). `convert()` with the format's own loader refuses such a workdir in one line."""
+    from bert_jax.convert import model_dir
+    from bert_jax.training import checkpointing, config_lib
+
+    run_config = config_lib.pretraining_config("tiny")
+    run_config.model.update(
+        vocab_size=300,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        max_position_embeddings=64,
+    )
+    config = config_lib.bert_config(run_config)  # the run's 384 embedding rows (pad multiple 128)
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(run_config.to_json_best_effort(), encoding="utf-8")
+    checkpoints = checkpointing.Checkpointer(str(workdir / "checkpoints"), async_save=False)
+    for step in (4, 8):
+        state = {"params": random_params(config, seed=step), "step": np.int32(step)}
+        checkpoints.save(step, state, np.zeros((1, 4), np.int32))
+    checkpoints.wait()
+    checkpoints.close()
+
+    with pytest.raises(model_dir.ModelDirError, match="pretraining workdir with no exported"):
+        convert("bert-jax", workdir, "hf", tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+
+    out = tmp_path / "model"
+    code, stdout, _ = _run_cli(
+        capsys, "convert", "--from", "bert-jax", workdir, "--to", "bert-jax", out
+    )
+    assert code == 0 and f"converted bert-jax {workdir} -> bert-jax {out}" in stdout
+    converted = model_dir.load_model_dir(out)
+    assert converted.config == config and converted.has_heads
+    expected = random_params(config, seed=8)
+    assert jax.tree.structure(converted.params) == jax.tree.structure(expected)
+    for ours, theirs in zip(jax.tree.leaves(converted.params), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(np.asarray(ours), theirs)
 
 
 def test_sentencepiece_tokenizer_is_exported_for_transformers(tmp_path):

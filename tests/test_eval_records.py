@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from bert_jax import cli
+from bert_jax.convert import model_dir
 from bert_jax.data.records import tfrecord as records_lib
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib, evaluate, model_dir, pretrain
+from bert_jax.training import config_lib, evaluate, pretrain
 from tests.convert_fixtures import random_params, write_vocab
 from tests.data_fixtures import SPM_VOCAB_SIZE, embedded_spm, embedded_spm_dir
 from tests.helpers import tiny_config

@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax.convert import model_dir as md
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_checks, config_lib, inputs
-from bert_jax.training import model_dir as md
 from tests.convert_fixtures import random_params, write_vocab
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.helpers import tiny_config

@@ -10,13 +10,13 @@ import os
 import numpy as np
 import pytest
 
+from bert_jax.convert import model_dir
 from bert_jax.data.pipeline.tf_data import PipelineSettings, make_pretrain_iterator, synthetic_batch
 from bert_jax.data.records import manifest
 from bert_jax.data.records import tfrecord as records
 from bert_jax.data.records.integrity import CorruptRecordError
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import model_dir
 from tests.convert_fixtures import random_params, write_vocab
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.helpers import REAL_SENTENCES, tiny_config

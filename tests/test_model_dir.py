@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from bert_jax.convert import mapping
+from bert_jax.convert import model_dir as md
 from bert_jax.convert.strict import ConversionError
 from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertForPreTraining
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import model_dir as md
 from tests.convert_fixtures import random_params, write_vocab
 from tests.helpers import REAL_SENTENCES, tiny_config
 
@@ -208,9 +208,12 @@ def test_refusals_say_what_was_found(tmp_path, params):
 
 
 def test_a_workdir_without_a_checkpoint_or_export_is_an_error(tmp_path):
-    """A pretraining workdir is read from its latest checkpoint until it exports model/; one
-    that has neither says so (the checkpoint read itself is tested in test_pretrain)."""
+    """A pretraining workdir is read from its latest checkpoint until it exports model/ (by the
+    commands' loader, in training/); one that has neither says so (the checkpoint read itself is
+    tested in test_pretrain). The format's own loader refuses it in one line, saying which
+    loader reads it."""
     from bert_jax.training import config_lib
+    from bert_jax.training import model_dir as commands_loader
 
     workdir = tmp_path / "run"
     (workdir / "checkpoints").mkdir(parents=True)
@@ -219,4 +222,8 @@ def test_a_workdir_without_a_checkpoint_or_export_is_an_error(tmp_path):
     )
     assert md.is_unexported_workdir(workdir)
     with pytest.raises(md.ModelDirError, match="has no checkpoint yet and no exported model/"):
+        commands_loader.load_model_dir(workdir)
+    with pytest.raises(md.ModelDirError, match="pretraining workdir with no exported model/ yet"):
         md.load_model_dir(workdir)
+    with pytest.raises(md.ModelDirError, match="training.model_dir.load_model_dir"):
+        md.read_config(workdir)

@@ -120,8 +120,8 @@ def test_records_of_another_objective_are_refused_in_one_line(runs, capsys):
 def test_init_from_and_resume_from_another_objective_are_refused_in_one_line(
     runs, tmp_path, capsys
 ):
+    from bert_jax.convert import model_dir
     from bert_jax.core.model import BertConfig
-    from bert_jax.training import model_dir
 
     model = tmp_path / "mlm-model"  # what is checked first: the config.json of each
     model.mkdir()

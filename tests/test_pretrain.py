@@ -271,6 +271,7 @@ def test_init_from_a_model_directory(uninterrupted, shared_dirs, tmp_path):
     1024 rows) must give the reference run's losses."""
     import jax
 
+    from bert_jax.convert.model_dir import save_model_dir
     from bert_jax.core import partitioning
     from bert_jax.core.train import ShardedTrainer, init_and_dropout_keys
     from bert_jax.training import model_dir
@@ -285,7 +286,7 @@ def test_init_from_a_model_directory(uninterrupted, shared_dirs, tmp_path):
     unpadded = model_config.replace(vocab_pad_multiple=1)
     initial = jax.tree.map(np.asarray, jax.device_get(state.params))
     exported = str(tmp_path / "exported")
-    model_dir.save_model_dir(exported, unpadded, mapping.repad_vocab(initial, unpadded))
+    save_model_dir(exported, unpadded, mapping.repad_vocab(initial, unpadded))
     source = model_dir.load_model_dir(exported)
     assert source.config.padded_vocab_size == 1000
 

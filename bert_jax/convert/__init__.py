@@ -6,8 +6,11 @@
 - `tf1`: Google's checkpoints (read with TensorFlow, imported lazily).
 - `hf`: Hugging Face directories (safetensors / pytorch_model.bin in; safetensors out).
 - `safetensors`: the safetensors file format, read and written with NumPy.
+- `model_dir`: bert-jax's own format, the model directory (config.json, params/, tokenizer/):
+  save, read, load onto a mesh.
 
 Nothing is imported here, so `from bert_jax.convert import mapping` stays light. These modules
-import nothing above the model, so `model_dir` may use them; the conversion between files
-(`bert_jax.conversion.convert`, what `bert-jax convert` runs) sits above `model_dir`.
+import nothing above the model and the data layer; reading a pretraining workdir's checkpoint as
+a model needs training/ and stands there (`bert_jax.training.model_dir`). The conversion between
+files (`bert_jax.conversion.convert`, what `bert-jax convert` runs) sits above them.
 """

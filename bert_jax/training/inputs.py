@@ -28,8 +28,8 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     path = config.get("init_from", "")
     if not path:
         return []
+    from bert_jax.convert import model_dir
     from bert_jax.data import objectives
-    from bert_jax.training import model_dir
 
     if model_dir.is_unexported_workdir(path):  # its run config and tokenizer/ describe the model
         with fs.open(os.path.join(path, model_dir.CONFIG_NAME), encoding="utf-8") as f:

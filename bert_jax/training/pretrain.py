@@ -41,6 +41,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.convert import mapping
+from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.core import optim, partitioning
 from bert_jax.core.train import ShardedTrainer, TrainState, init_and_dropout_keys
 from bert_jax.data import objectives
@@ -455,6 +456,6 @@ def export_model(trainer: ShardedTrainer, state: TrainState, tokenizer, path: st
     else:
         params = jax.device_get(state.params)
     if jax.process_index() == 0:
-        model_dir.save_model_dir(path, trainer.config, params, tokenizer=tokenizer, overwrite=True)
+        save_model_dir(path, trainer.config, params, tokenizer=tokenizer, overwrite=True)
     distributed.sync_hosts("export")
     return path

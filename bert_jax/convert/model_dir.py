@@ -1,0 +1,413 @@
+"""The model directory: the format `convert`, `pretrain` (export), `finetune` and `encode` share.
+
+Layout (self-describing: nothing else is needed to load it):
+
+    config.json    BertConfig fields under their Hugging Face names (vocab_size, hidden_size,
+                   num_hidden_layers, hidden_act, ...) plus a "bert_jax" block: format name and
+                   version, whether the MLM/NSP heads are present, the tokenizer's kind and case
+                   setting, and free-form `extra` (e.g. where a conversion came from).
+    params/        Orbax (StandardCheckpointer) save of the params: the full BertForPreTraining
+                   tree {"bert", "predictions", "seq_relationship"}, or encoder-only {"bert"}.
+    tokenizer/     optional; written by `Tokenizer.save` (vocab.txt or spiece.model, plus
+                   bert_jax_tokenizer.json with the lowercase flag), read by `load_tokenizer`.
+
+Writes are atomic: everything goes into a hidden sibling directory that is renamed into place at
+the end, so a failed save or conversion leaves nothing at the destination. An existing
+destination is replaced only when it is a model directory itself (`outputs.check_replaceable`).
+
+`load_model_dir` reads a model directory, or the one a finished pretraining workdir exported
+(`<workdir>/model/`). A workdir still without it is read from its latest checkpoint by
+`bert_jax.training.model_dir.load_model_dir`, the loader the commands use: reading a checkpoint
+needs the run's config and the checkpoint layout, which live in training/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import traverse_util
+
+from bert_jax.convert import mapping
+from bert_jax.convert.strict import check_params
+from bert_jax.core.model import BertConfig
+from bert_jax.runtime import checkpoint_health, fs
+from bert_jax.runtime import outputs as files
+from bert_jax.runtime.errors import UserError
+
+FORMAT_NAME = "bert-jax-model"
+FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+PARAMS_DIR = "params"
+TOKENIZER_DIR = "tokenizer"
+WORKDIR_MODEL_SUBDIR = "model"
+
+
+class ModelDirError(UserError):
+    """A model directory is missing, incomplete or does not match its config."""
+
+
+@dataclasses.dataclass
+class ModelDir:
+    """A loaded model directory. `params` is None when loaded with `load_params=False`."""
+
+    path: str
+    config: BertConfig
+    params: dict[str, Any] | None
+    has_heads: bool
+    info: dict[str, Any]  # the "bert_jax" block of config.json
+    _tokenizer: Any = dataclasses.field(default=None, repr=False)
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        path = os.path.join(self.path, TOKENIZER_DIR)
+        return path if fs.isdir(path) else None
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.tokenizer_path is not None
+
+    @property
+    def tokenizer(self):
+        """The model's own tokenizer (`data.tokenizer.Tokenizer`), loaded on first use."""
+        if self._tokenizer is None:
+            if self.tokenizer_path is None:
+                raise ModelDirError(
+                    f"model directory {self.path} has no {TOKENIZER_DIR}/ (it was saved without a "
+                    "tokenizer); re-convert it with --tokenizer VOCAB_OR_MODEL"
+                )
+            from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.tokenizer_path)
+        return self._tokenizer
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return dict(self.info.get("extra") or {})
+
+
+# --- The model directory as an output (runtime.outputs holds the one replacement rule) ---
+
+
+def is_model_dir(path: str | os.PathLike) -> bool:
+    """`path` carries a model directory's marker: config.json with this format's bert_jax block."""
+    config_path = os.path.join(os.fspath(path), CONFIG_NAME)
+    try:
+        info = read_json(config_path).get("bert_jax")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(info, dict) and info.get("format") == FORMAT_NAME
+
+
+MODEL_DIR_KIND = files.OutputKind(
+    name="model directory",
+    marker=f"{CONFIG_NAME} with a bert_jax block",
+    is_own=is_model_dir,
+    holds=lambda name: name in (CONFIG_NAME, PARAMS_DIR, TOKENIZER_DIR),
+    marker_file=CONFIG_NAME,
+)
+
+
+# --- Save ---
+
+
+def _as_tokenizer(tokenizer: Any):
+    if tokenizer is None or hasattr(tokenizer, "save"):
+        return tokenizer
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+
+    return load_tokenizer(os.fspath(tokenizer))
+
+
+def _unbox(params: Mapping[str, Any]) -> dict[str, Any]:
+    import flax.linen as nn
+    from flax.core import unfreeze
+
+    return unfreeze(nn.meta.unbox(params))
+
+
+def config_dict(config: BertConfig, has_heads: bool, tokenizer: Any, extra: Any) -> dict:
+    """The contents of a model directory's config.json."""
+    values = config.to_dict()
+    values["model_type"] = "bert"
+    values["bert_jax"] = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "has_pretraining_heads": bool(has_heads),
+        "params": PARAMS_DIR,
+        "tokenizer": None
+        if tokenizer is None
+        else {"path": TOKENIZER_DIR, "type": tokenizer.kind, "lowercase": tokenizer.lowercase},
+        "extra": dict(extra or {}),
+    }
+    return values
+
+
+def save_model_dir(
+    path: str | os.PathLike,
+    config: BertConfig,
+    params: Mapping[str, Any],
+    tokenizer: Any = None,
+    *,
+    extra: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    what: str = "model directory",
+) -> str:
+    """Writes a model directory at `path` (atomically) and returns its absolute path.
+
+    `what` names where the path came from (a flag) in a refusal to write there.
+
+    `params`: the BertForPreTraining tree or an encoder-only {"bert": ...} tree, as NumPy or
+    (possibly sharded, possibly boxed) jax arrays; it is checked against `config` first, naming any
+    missing, extra or mis-shaped parameter. `tokenizer`: a `Tokenizer`, a path `load_tokenizer`
+    accepts, or None. `extra`: JSON-serializable notes stored in config.json.
+
+    Written by the calling process alone (no cross-host barriers): in a multi-host job, gather
+    the params to host-local arrays (`multihost_utils.process_allgather`) and call this from one
+    process.
+    """
+    params = _unbox(params)
+    has_heads = check_params(params, config, "params to save")
+    tokenizer = _as_tokenizer(tokenizer)
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise ModelDirError(
+            f"the tokenizer has {tokenizer.vocab_size} entries but the model's vocab_size is "
+            f"{config.vocab_size}: ids past the embedding table would be produced"
+        )
+    payload = config_dict(config, has_heads, tokenizer, extra)
+    json.dumps(payload)  # fail on non-serializable `extra` before writing anything
+    with files.atomic_output_dir(path, MODEL_DIR_KIND, overwrite, what=what) as tmp:
+        with _checkpointer(process_local=True) as checkpointer:
+            checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
+            checkpointer.wait_until_finished()
+        if tokenizer is not None:
+            tokenizer.save(os.path.join(tmp, TOKENIZER_DIR))
+        with fs.open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.write("\n")
+    return fs.abspath(os.fspath(path))
+
+
+# --- Load ---
+
+
+def read_json(path: str) -> dict[str, Any]:
+    try:
+        with fs.open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except ValueError as err:  # truncated, not JSON, not UTF-8
+        raise ModelDirError(f"{path} is damaged: not a JSON object ({err})") from None
+    if not isinstance(values, dict):
+        raise ModelDirError(f"{path} is damaged: not a JSON object")
+    return values
+
+
+def is_unexported_workdir(path: str | os.PathLike) -> bool:
+    """A pretraining workdir with checkpoints but no exported `model/` (a run in progress or
+    preempted): `bert_jax.training.model_dir.load_model_dir` reads its latest checkpoint."""
+    path = os.fspath(path)
+    return (
+        fs.isdir(os.path.join(path, "checkpoints"))
+        and fs.exists(os.path.join(path, CONFIG_NAME))
+        and not fs.exists(os.path.join(path, WORKDIR_MODEL_SUBDIR, CONFIG_NAME))
+        and "bert_jax" not in read_json(os.path.join(path, CONFIG_NAME))
+    )
+
+
+def resolve(path: str | os.PathLike) -> str:
+    """The model directory `path` names: itself, or `<path>/model` for a pretraining workdir.
+
+    Raises `ModelDirError` saying what was found instead (and how to convert it) otherwise.
+    """
+    path = fs.abspath(os.fspath(path))
+    if not fs.isdir(path):
+        raise ModelDirError(f"model directory not found: {path}")
+    for candidate in (path, os.path.join(path, WORKDIR_MODEL_SUBDIR)):
+        config_path = os.path.join(candidate, CONFIG_NAME)
+        if fs.exists(config_path) and "bert_jax" in read_json(config_path):
+            return candidate
+    if is_unexported_workdir(path):
+        raise ModelDirError(
+            f"{path} is a pretraining workdir with no exported {WORKDIR_MODEL_SUBDIR}/ yet: read "
+            "its latest checkpoint with bert_jax.training.model_dir.load_model_dir (as the "
+            "commands do), or wait for the run to finish and export"
+        )
+    if fs.exists(os.path.join(path, CONFIG_NAME)):
+        raise ModelDirError(
+            f"{path} looks like a Hugging Face model directory, not a bert-jax one; convert it "
+            f"first: bert-jax convert --from hf {path} --to bert-jax OUT"
+        )
+    if fs.exists(os.path.join(path, "bert_config.json")):
+        raise ModelDirError(
+            f"{path} looks like a Google TF1 BERT checkpoint; convert it first: "
+            f"bert-jax convert --from tf1 {path} --to bert-jax OUT"
+        )
+    raise ModelDirError(
+        f"{path} is not a bert-jax model directory (no {CONFIG_NAME} with a 'bert_jax' block) "
+        f"and not a pretraining workdir with an exported model at "
+        f"{os.path.join(path, WORKDIR_MODEL_SUBDIR)}/"
+    )
+
+
+def read_config(path: str | os.PathLike) -> tuple[BertConfig, dict[str, Any]]:
+    """A model directory's BertConfig and its "bert_jax" block, without reading the params."""
+    directory = resolve(path)
+    values = read_json(os.path.join(directory, CONFIG_NAME))
+    info = values.pop("bert_jax")
+    if info.get("format") != FORMAT_NAME or not isinstance(info.get("format_version"), int):
+        raise ModelDirError(f"{directory}/{CONFIG_NAME}: not a {FORMAT_NAME} config")
+    if info["format_version"] > FORMAT_VERSION:
+        raise ModelDirError(
+            f"{directory} uses model-directory format version {info['format_version']}; this "
+            f"bert-jax reads up to version {FORMAT_VERSION} (upgrade bert-jax)"
+        )
+    try:
+        config = BertConfig.from_dict(values)
+    except (TypeError, ValueError) as err:
+        raise ModelDirError(f"{directory}/{CONFIG_NAME}: {err}") from err
+    return config, info
+
+
+def expected_tree(config: BertConfig, has_heads: bool) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for entry in mapping.entries(config, with_heads=has_heads):
+        mapping.set_path(tree, entry.path, mapping.expected_shape(entry, config))
+    return tree
+
+
+def _checkpointer(process_local: bool):
+    """Orbax's StandardCheckpointer; `process_local` keeps it to this process in a multi-host job
+    (no barriers with processes that do not take part)."""
+    import orbax.checkpoint as ocp
+
+    if not process_local or jax.process_count() == 1:
+        return ocp.StandardCheckpointer()
+    me = jax.process_index()
+    options = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    return ocp.StandardCheckpointer(multiprocessing_options=options)
+
+
+def _stored_tree(params_dir: str) -> dict[str, Any]:
+    # Missing or corrupt Orbax metadata files: one line naming params_dir.
+    return _read_params(params_dir, lambda: checkpoint_health.stored_tree(params_dir))
+
+
+def _read_params(params_dir: str, read: Any) -> Any:
+    """read(), or a one-line ModelDirError naming `params_dir` and what is wrong with it."""
+    value, problem = checkpoint_health.read_or_problem(read)
+    if problem is not None:
+        raise ModelDirError(
+            f"cannot read the saved params in {params_dir} (damaged or incomplete copy?): {problem}"
+        )
+    return value
+
+
+def _restore(params_dir: str, target: Any, process_local: bool) -> Any:
+    with _checkpointer(process_local) as checkpointer:
+        return checkpointer.restore(params_dir, target)
+
+
+def _select_shardings(sharding: Any, structure: dict[str, Any]) -> Any:
+    """One sharding for every leaf, or the matching subtree of a (possibly larger) tree."""
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    if isinstance(sharding, jax.sharding.Sharding):
+        return jax.tree.map(lambda _: sharding, structure, is_leaf=lambda x: isinstance(x, tuple))
+    out = {}
+    for key, sub in structure.items():
+        if key not in sharding:
+            raise ModelDirError(f"the given shardings have no entry for parameter {key!r}")
+        out[key] = (
+            sharding[key] if isinstance(sub, tuple) else _select_shardings(sharding[key], sub)
+        )
+    return out
+
+
+def load_model_dir(
+    path: str | os.PathLike,
+    *,
+    sharding: Any = None,
+    load_params: bool = True,
+    load_tokenizer: bool = False,
+) -> ModelDir:
+    """Loads a model directory (or `<workdir>/model`, what a finished pretraining run exported).
+
+    Params are restored with Orbax against an abstract target built from config.json (shape,
+    stored dtype, sharding), after checking the stored tree names exactly the parameters the
+    config implies. `sharding`: None restores onto the CPU; a single `jax.sharding.Sharding` is
+    used for every parameter; a tree of shardings (e.g. from `param_shardings` for a mesh, for the
+    full BertForPreTraining tree) restores each parameter straight onto the mesh; for an
+    encoder-only directory the matching subtree is used. The tokenizer loads on first use of
+    `ModelDir.tokenizer`, or now with `load_tokenizer=True`.
+    """
+    directory = resolve(path)
+    config, info = read_config(directory)
+    has_heads = bool(info.get("has_pretraining_heads"))
+    params = None
+    if load_params:
+        params_dir = os.path.join(directory, info.get("params", PARAMS_DIR))
+        if not fs.isdir(params_dir):
+            raise ModelDirError(f"{directory} has no {PARAMS_DIR}/ directory (incomplete copy?)")
+        expected = expected_tree(config, has_heads)
+        stored = _stored_tree(params_dir)
+        dtypes = _check_stored(stored, expected, directory)
+        shardings = _select_shardings(sharding, expected)
+        target = jax.tree.map(
+            lambda shape, dtype, s: jax.ShapeDtypeStruct(shape, dtype, sharding=s),
+            expected,
+            dtypes,
+            shardings,
+            is_leaf=lambda x: isinstance(x, tuple),
+        )
+        # A target sharded over a (multi-host) mesh needs every process; a local one does not.
+        local = sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding)
+        params = _read_params(params_dir, lambda: _restore(params_dir, target, local))
+    model = ModelDir(directory, config, params, has_heads, info)
+    if load_tokenizer and model.has_tokenizer:
+        model.tokenizer  # noqa: B018 (loads and caches)
+    return model
+
+
+def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any]:
+    """Compares stored Orbax metadata with the config's tree; returns the stored dtypes."""
+    have = traverse_util.flatten_dict(stored, sep="/")
+    want = traverse_util.flatten_dict(expected, sep="/")
+    problems = checkpoint_health.param_problems(have, want, "config.json")
+    if problems:
+        shown = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
+        raise ModelDirError(
+            f"{directory}: the saved params do not match config.json ({len(problems)} "
+            f"problem(s)): {shown}"
+        )
+    return traverse_util.unflatten_dict(
+        {name: np.dtype(have[name].dtype) for name in want}, sep="/"
+    )
+
+
+def param_shardings(config: BertConfig, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
+    """NamedShardings for the full BertForPreTraining param tree on `mesh` (the model's logical
+    axes mapped through `rules`, default `partitioning.DEFAULT_RULES`); checks divisibility."""
+    from bert_jax.core import partitioning, train
+    from bert_jax.core.model import BertForPreTraining
+
+    rules = partitioning.DEFAULT_RULES if rules is None else rules
+    model = BertForPreTraining(config)
+    batch = train.dummy_batch(1, 8, 2)
+    abstract = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), **train.model_inputs(batch), deterministic=True)
+    )["params"]
+    return partitioning.mesh_shardings(abstract, mesh, rules)
+
+
+def load_params_for_mesh(
+    path: str | os.PathLike, mesh: jax.sharding.Mesh, rules: Any = None
+) -> ModelDir:
+    """`load_model_dir` with every parameter restored straight onto `mesh`, sharded as the
+    training state is (so fine-tuning and pretraining can start from it without a host copy)."""
+    config, _ = read_config(path)
+    return load_model_dir(path, sharding=param_shardings(config, mesh, rules))
