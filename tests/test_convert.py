@@ -19,8 +19,8 @@ import torch
 import transformers
 
 from bert_jax import cli
-from bert_jax.conversion import convert
 from bert_jax.convert import hf as hf_convert
+from bert_jax.convert.between_formats import convert
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.convert.strict import ConversionError
 from bert_jax.core import train

@@ -10,7 +10,7 @@ import transformers
 
 from bert_jax import cli
 from bert_jax import encode as encode_lib
-from bert_jax.conversion import convert
+from bert_jax.convert.between_formats import convert
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.core.model import BertModel
 from bert_jax.training.model_dir import load_model_dir

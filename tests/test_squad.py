@@ -13,7 +13,7 @@ import pytest
 import transformers
 
 from bert_jax import cli
-from bert_jax.conversion import convert
+from bert_jax.convert.between_formats import convert
 from bert_jax.core import partitioning
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.finetune.runs import squad_and_conll as token_tasks

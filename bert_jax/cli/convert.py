@@ -63,7 +63,7 @@ def add_to(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from bert_jax.conversion import SOURCE_FORMATS, TARGET_FORMATS, convert
+    from bert_jax.convert.between_formats import SOURCE_FORMATS, TARGET_FORMATS, convert
     from bert_jax.training import model_dir
 
     (src_format, src), (dst_format, dst) = args.source, args.target

@@ -8,9 +8,11 @@
 - `safetensors`: the safetensors file format, read and written with NumPy.
 - `model_dir`: bert-jax's own format, the model directory (config.json, params/, tokenizer/):
   save, read, load onto a mesh.
+- `between_formats`: `convert()`, what `bert-jax convert` runs: any source format read,
+  checked and written as any target, with a report.
 
 Nothing is imported here, so `from bert_jax.convert import mapping` stays light. These modules
-import nothing above the model and the data layer; reading a pretraining workdir's checkpoint as
-a model needs training/ and stands there (`bert_jax.training.model_dir`). The conversion between
-files (`bert_jax.conversion.convert`, what `bert-jax convert` runs) sits above them.
+import nothing above the model and the data layer. Reading a pretraining workdir's checkpoint as
+a model needs training/ and stands there (`bert_jax.training.model_dir`); the command hands that
+loader to `convert()`.
 """
