@@ -253,12 +253,12 @@ SRUN_TASK = {
         (
             {"BERT_JAX_COORDINATOR": "h0:1234", "BERT_JAX_NUM_PROCESSES": "4"},
             {"process_id": 2},
-            distributed.Plan("explicit", "h0:1234", 4, 2, None, "deactivate"),
+            distributed.Startup("explicit", "h0:1234", 4, 2, None, "deactivate"),
         ),
         (
             {"JAX_COORDINATOR_ADDRESS": "h0:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"},
             {"local_device_ids": "0,1"},
-            distributed.Plan("explicit", "h0:1", 2, 1, (0, 1), "deactivate"),
+            distributed.Startup("explicit", "h0:1", 2, 1, (0, 1), "deactivate"),
         ),
         (
             {
@@ -272,12 +272,14 @@ SRUN_TASK = {
         (
             SRUN_TASK,
             {},
-            distributed.Plan("slurm", f"gpu017:{4242 % 4096 + 61440}", 24, 9, (1,), "deactivate"),
+            distributed.Startup(
+                "slurm", f"gpu017:{4242 % 4096 + 61440}", 24, 9, (1,), "deactivate"
+            ),
         ),
         (
             {**SRUN_TASK, "BERT_JAX_LOCAL_DEVICE_IDS": "all", "BERT_JAX_COORDINATOR_PORT": "999"},
             {},
-            distributed.Plan("slurm", "gpu017:999", 24, 9, None, "deactivate"),
+            distributed.Startup("slurm", "gpu017:999", 24, 9, None, "deactivate"),
         ),
         ({**SRUN_TASK, "SLURM_NTASKS": "1"}, {}, None),
         # Inside an sbatch script but outside srun: one process, not an error.
@@ -285,15 +287,15 @@ SRUN_TASK = {
         (
             {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3"},
             {},
-            distributed.Plan("ompi", None, None, None, None, "ompi"),
+            distributed.Startup("ompi", None, None, None, None, "ompi"),
         ),
-        ({"TPU_WORKER_HOSTNAMES": "t0,t1,t2,t3"}, {}, distributed.Plan("tpu")),
+        ({"TPU_WORKER_HOSTNAMES": "t0,t1,t2,t3"}, {}, distributed.Startup("tpu")),
         ({**SRUN_TASK, "BERT_JAX_COORDINATOR": "h:1"}, {"mode": "off"}, None),
-        ({}, {"mode": "on"}, distributed.Plan("jax")),
+        ({}, {"mode": "on"}, distributed.Startup("jax")),
     ],
 )
-def test_plan_reads_flags_then_the_environment(env, kwargs, expected):
-    assert distributed.plan(env=env, **kwargs) == expected
+def test_startup_reads_flags_then_the_environment(env, kwargs, expected):
+    assert distributed.choose_startup(env=env, **kwargs) == expected
 
 
 @pytest.mark.parametrize(
@@ -309,9 +311,9 @@ def test_plan_reads_flags_then_the_environment(env, kwargs, expected):
         ({"BERT_JAX_LOCAL_DEVICE_IDS": "local-rank"}, {"mode": "on"}, "no local rank"),
     ],
 )
-def test_plan_errors_name_the_missing_setting(env, kwargs, message):
+def test_startup_errors_name_the_missing_setting(env, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        distributed.plan(env=env, **kwargs)
+        distributed.choose_startup(env=env, **kwargs)
 
 
 @pytest.mark.parametrize(

@@ -580,7 +580,8 @@ def test_slurm_dry_run_prints_the_script(capsys):
 
 def test_slurm_script_runs_under_bash_and_feeds_distributed(tmp_path):
     """The script, run by bash with fake scontrol/srun, hands srun the arguments intact and
-    exports what `distributed.plan` turns into the right coordinator, count, id and devices."""
+    exports what `distributed.choose_startup` turns into the right coordinator, count, id and
+    devices."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     out = tmp_path / "srun.json"
@@ -614,7 +615,7 @@ def test_slurm_script_runs_under_bash_and_feeds_distributed(tmp_path):
         "SLURM_PROCID": "11",
         "SLURM_LOCALID": "3",
     }
-    assert distributed.plan(env=task_env) == distributed.Plan(
+    assert distributed.choose_startup(env=task_env) == distributed.Startup(
         "explicit", f"gpu017:{port}", 16, 11, (3,), "deactivate"
     )
 

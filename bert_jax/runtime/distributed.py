@@ -26,7 +26,7 @@ died, or its host did) makes the coordination service terminate every other proc
 error; a collective already waiting on a dead peer fails at once. A host that never shows up
 fails `initialize` after `initialization_timeout` seconds.
 
-Why this file is long: the five start-up sources above share one precedence and one `Plan`, and
+Why this file is long: the five start-up sources above share one precedence and one `Startup`, and
 the host-agreement checks run on what they set up; split, each half would need the other's.
 """
 
@@ -56,8 +56,9 @@ class HostMismatchError(UserError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    """How `jax.distributed.initialize` will be called (None fields: JAX detects them)."""
+class Startup:
+    """A multi-process job's start-up: the source that set it (`method`) and how
+    `jax.distributed.initialize` will be called (None fields: JAX detects them)."""
 
     method: str  # explicit | slurm | ompi | tpu | jax
     coordinator_address: str | None = None
@@ -157,7 +158,7 @@ def _on_cloud_tpu_vm(env: Mapping[str, str]) -> bool:
     return topology.has_local_tpu_chips() and importlib.util.find_spec("libtpu") is not None
 
 
-def plan(
+def choose_startup(
     *,
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -165,7 +166,7 @@ def plan(
     local_device_ids: str | Sequence[int] | None = None,
     mode: str | None = None,
     env: Mapping[str, str] | None = None,
-) -> Plan | None:
+) -> Startup | None:
     """What `initialize` will do, from the arguments and the environment; None: one process.
 
     Pure (reads only `env` and, for TPU detection, /dev): tested without starting anything.
@@ -233,21 +234,21 @@ def plan(
         if local == "unset":
             # Under SLURM / Open MPI JAX defaults to one device per process; keep that default.
             local = _local_ids("local-rank", env) if (slurm or ompi > 1) else None
-        return Plan("explicit", address, num_processes, process_id, local, "deactivate")
+        return Startup("explicit", address, num_processes, process_id, local, "deactivate")
     if slurm and int(env["SLURM_NTASKS"]) > 1:
         port, _ = _first(env, "BERT_JAX_COORDINATOR_PORT", "JAX_COORDINATOR_PORT")
         port = port or str(slurm_default_port(env["SLURM_JOB_ID"]))
         host = first_slurm_host(env["SLURM_STEP_NODELIST"])
         if local == "unset":
             local = _local_ids("local-rank", env)
-        return Plan("slurm", f"{host}:{port}", num_processes, process_id, local, "deactivate")
+        return Startup("slurm", f"{host}:{port}", num_processes, process_id, local, "deactivate")
     if ompi > 1:
         ids = None if local == "unset" else local
-        return Plan("ompi", None, None, None, ids, "ompi")
+        return Startup("ompi", None, None, None, ids, "ompi")
     if _on_cloud_tpu_vm(env):
-        return Plan("tpu")  # never restrict TPU devices; JAX reads the slice's metadata
+        return Startup("tpu")  # never restrict TPU devices; JAX reads the slice's metadata
     if mode == "on":
-        return Plan("jax", None, None, None, None if local == "unset" else local)
+        return Startup("jax", None, None, None, None if local == "unset" else local)
     explicit_count = count_name in (
         "--num-processes",
         "BERT_JAX_NUM_PROCESSES",
@@ -271,11 +272,11 @@ def initialize(
     initialization_timeout: int | None = None,
     heartbeat_timeout: int | None = None,
     env: Mapping[str, str] | None = None,
-) -> Plan | None:
+) -> Startup | None:
     """Calls `jax.distributed.initialize` when the job is multi-process (see the module doc).
 
     Timeouts default to `BERT_JAX_INIT_TIMEOUT` / `BERT_JAX_HEARTBEAT_TIMEOUT`, else 300 s / 100 s.
-    Returns the plan that was used, or None for a single-process job. Must run before any JAX
+    Returns the start-up that was used, or None for a single-process job. Must run before any JAX
     call that touches a device; calling it again after a successful start does nothing.
     """
     import jax
@@ -283,7 +284,7 @@ def initialize(
     env = os.environ if env is None else env
     if jax.distributed.is_initialized():
         return None
-    chosen = plan(
+    chosen = choose_startup(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
@@ -462,7 +463,7 @@ def define_flags(flags, flag_values) -> None:
     )
 
 
-def initialize_from_flags(flag_values) -> Plan | None:
+def initialize_from_flags(flag_values) -> Startup | None:
     return initialize(
         coordinator_address=flag_values.coordinator_address,
         num_processes=flag_values.num_processes,
