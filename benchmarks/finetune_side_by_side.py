@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bert_jax.finetune.tuning.sentence_tuning import load_pretrained
+    from bert_jax.finetune.tuning.settings import load_pretrained
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -17,7 +17,7 @@ from bert_jax.core import partitioning
 from bert_jax.finetune.heads import lstm_tagger as feature_tagger
 from bert_jax.finetune.runs import conll_features as feature_ner
 from bert_jax.finetune.tasks import conll as ner
-from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
+from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from tests.glue_fixtures.tiny import fixture_tokenizer, tiny_encoder
 from tests.test_ner import _synthetic_conll
 

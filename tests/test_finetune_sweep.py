@@ -15,7 +15,8 @@ from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.finetune.runs import sweep
 from bert_jax.finetune.tasks import glue as tasks
 from bert_jax.finetune.tasks import glue_metrics as metrics
-from bert_jax.finetune.tuning.sentence_tuning import FinetuneSettings
+from bert_jax.finetune.tasks import registry
+from bert_jax.finetune.tuning.settings import FinetuneSettings
 from tests.glue_fixtures.tiny import GLUE_DIR, fixture_tokenizer, tiny_encoder
 
 SMALL = FinetuneSettings(epochs=1, batch_size=8, eval_batch_size=8, max_seq_length=32)
@@ -97,7 +98,7 @@ def test_sweep_runs_every_task_writes_reports_and_resumes(model_dir, tmp_path):
     # results.json: the selected trial per task is its best on dev; summaries over all nine.
     with open(workdir / "results.json", encoding="utf-8") as f:
         results = json.load(f)
-    assert set(results["tasks"]) == set(tasks.TASK_ORDER)
+    assert set(results["tasks"]) == set(registry.sweep_order())
     for entry in results["tasks"].values():
         scores = [t["selection_score"] for t in entry["trials"]]
         assert len(scores) == 2 and entry["selected"]["selection_score"] == max(scores)
@@ -127,7 +128,7 @@ def test_sweep_runs_every_task_writes_reports_and_resumes(model_dir, tmp_path):
     assert "| BERT-Large (paper, test) | 86.7/85.9 |" in table
     assert "| Ours (dev, selected trial) |" in table and "mean of 2 seeds" in table
 
-    for task_name in tasks.TASK_ORDER:
+    for task_name in registry.sweep_order():
         with open(workdir / "plots" / f"{task_name}.png", "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -217,7 +218,7 @@ def test_finished_trial_with_other_settings_is_refused(tmp_path):
 def test_sweep_options_defaults_config_files_and_flags(tmp_path):
     options = sweep.sweep_options()
     assert options["learning_rates"] == (5e-5, 4e-5, 3e-5, 2e-5)
-    assert options["tasks"] == tasks.TASK_ORDER and options["seeds"] == (0,)
+    assert options["tasks"] == registry.sweep_order() and options["seeds"] == (0,)
     assert (options["settings"].batch_size, options["settings"].epochs) == (32, 3.0)
     config = tmp_path / "small_tasks.py"
     config.write_text(

@@ -344,17 +344,17 @@ def _add_shared_flags(parser, sweep: bool) -> None:
     )
 
 
-# The defaults that differ by task, as `finetune --help` shows them; each library module owns its
-# own (loop.FinetuneSettings for GLUE, token_tasks.TASK_DEFAULTS, swag_task.DEFAULTS,
-# feature_ner.DEFAULTS: tests/test_cli_flags.py checks that these agree; importing them here
-# would load JAX for `--help`).
+# The defaults that differ by task, as `finetune --help` shows them; each task's registered recipe
+# owns them (`Task.defaults` in bert_jax/finetune/tasks/; `FinetuneSettings` for GLUE):
+# tests/test_cli_flags.py checks that these agree (importing the registry here would load NumPy
+# for `--help`).
 TASK_DEFAULTS = {
     "learning_rate": {"GLUE": 2e-5, "SQuAD": 5e-5, "CoNLL-2003": 5e-5, "SWAG": 2e-5},
     "batch_size": {"GLUE": 32, "SQuAD v1.1": 32, "SQuAD v2.0": 48, "CoNLL-2003": 32, "SWAG": 16},
     "epochs": {"GLUE": 3, "SQuAD v1.1": 3, "SQuAD v2.0": 2, "CoNLL-2003": 3, "SWAG": 3},
     "max_seq_length": {"GLUE": 128, "SQuAD": 384, "CoNLL-2003": 128, "SWAG": 128},
 }
-FEATURES_LEARNING_RATE = 1e-3  # --features (feature_ner.DEFAULTS)
+FEATURES_LEARNING_RATE = 1e-3  # --features (conll.TASKS' feature-based recipe)
 
 
 def _default(name: str, sweep: bool) -> str:

@@ -17,7 +17,7 @@ from bert_jax.core.model import BertConfig, BertForPreTraining
 from bert_jax.core.train import dummy_batch, model_inputs
 from bert_jax.data.tokenizers.interface import SPECIAL_TOKENS
 from bert_jax.data.tokenizers.wordpiece import WordPieceTokenizer
-from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
+from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from tests.helpers import tiny_config
 
 GLUE_DIR = os.path.dirname(os.path.abspath(__file__))

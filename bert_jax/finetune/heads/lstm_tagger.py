@@ -39,15 +39,6 @@ VARIANTS = (
     "concat_last_four",
     "sum_all",
 )
-# The paper's Table 7 (BERT-Base, CoNLL-2003 dev F1) per variant.
-PAPER_DEV_F1 = {
-    "embeddings": 91.0,
-    "second_to_last": 95.6,
-    "last": 94.9,
-    "sum_last_four": 95.9,
-    "concat_last_four": 96.1,
-    "sum_all": 95.5,
-}
 
 
 def check_variant(variant: str) -> str:
@@ -132,7 +123,7 @@ class BiLstmTagger(nn.Module):
 
 
 def word_arrays(features, max_seq_length: int) -> dict[str, np.ndarray]:
-    """`ner.NerFeatures` (windows of sub-tokens) as the tagger's word-level arrays: the windows'
+    """`conll.NerFeatures` (windows of sub-tokens) as the tagger's word-level arrays: the windows'
     input_ids/input_mask/segment_ids, word_positions/labels/label_weights [N, W] (W =
     max_seq_length - 2, the most words a window holds) and word_counts [N]."""
     count, width = len(features), max_seq_length - 2
@@ -156,7 +147,7 @@ def word_arrays(features, max_seq_length: int) -> dict[str, np.ndarray]:
 def token_logits(
     word_logits_NxWxC: np.ndarray, arrays: dict[str, np.ndarray], max_seq_length: int
 ) -> np.ndarray:
-    """Word logits put back at their first sub-tokens, [N, L, C] (what `ner.predicted_tags`
+    """Word logits put back at their first sub-tokens, [N, L, C] (what `conll.predicted_tags`
     reads, as it does the fine-tuned tagger's)."""
     count, _, labels = word_logits_NxWxC.shape
     out = np.zeros((count, max_seq_length, labels), np.float32)

@@ -23,48 +23,23 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.finetune.tasks import glue_metrics
-from bert_jax.finetune.tasks.glue import TASK_ORDER, get_task
+from bert_jax.finetune.tasks import glue, glue_metrics, registry
 from bert_jax.runtime import fs, outputs
 
-# Devlin et al. (2019), Table 1: GLUE test-server scores, and the train sizes it lists.
-PAPER_ROWS: dict[str, dict[str, float]] = {
-    "BERT-Base": {
-        "MNLI-m": 84.6,
-        "MNLI-mm": 83.4,
-        "QQP": 71.2,
-        "QNLI": 90.5,
-        "SST-2": 93.5,
-        "CoLA": 52.1,
-        "STS-B": 85.8,
-        "MRPC": 88.9,
-        "RTE": 66.4,
-        "Average": 79.6,
-    },
-    "BERT-Large": {
-        "MNLI-m": 86.7,
-        "MNLI-mm": 85.9,
-        "QQP": 72.1,
-        "QNLI": 92.7,
-        "SST-2": 94.9,
-        "CoLA": 60.5,
-        "STS-B": 86.5,
-        "MRPC": 89.3,
-        "RTE": 70.1,
-        "Average": 82.1,
-    },
-}
-PAPER_TRAIN_SIZES = {
-    "MNLI": "392k",
-    "QQP": "363k",
-    "QNLI": "108k",
-    "SST-2": "67k",
-    "CoLA": "8.5k",
-    "STS-B": "5.7k",
-    "MRPC": "3.5k",
-    "RTE": "2.5k",
-}
-TABLE_TASKS = ("MNLI", "QQP", "QNLI", "SST-2", "CoLA", "STS-B", "MRPC", "RTE")
+
+def _paper_rows() -> dict[str, dict[str, float]]:
+    """Devlin et al. (2019), Table 1 (GLUE test server): each system's row, from the tasks'
+    registered figures, in the table's column order, then its average."""
+    rows: dict[str, dict[str, float]] = {}
+    for task in registry.table_tasks():
+        for system, figures in task.paper:
+            rows.setdefault(system, {}).update(figures)
+    for system, row in rows.items():
+        row["Average"] = glue.PAPER_AVERAGES[system]
+    return rows
+
+
+PAPER_ROWS = _paper_rows()
 METRIC_LABELS = {
     "matthews_corr": "Matthews corr.",
     "accuracy": "accuracy",
@@ -76,7 +51,8 @@ CSV_METRICS = ("accuracy", "f1", "matthews_corr", "pearson", "spearman")
 
 
 def _ordered_tasks(names: Sequence[str]) -> list[str]:
-    return sorted(set(names), key=lambda n: TASK_ORDER.index(n) if n in TASK_ORDER else 99)
+    order = registry.sweep_order()
+    return sorted(set(names), key=lambda n: order.index(n) if n in order else 99)
 
 
 def column_scores(best: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
@@ -146,7 +122,8 @@ def summary(
         "glue_task_scores": task_scores,
         "glue_average": glue_metrics.glue_average(task_scores),
         "glue_average_without_wnli": glue_metrics.glue_average(
-            task_scores, tuple(t for t in glue_metrics.GLUE_TASKS if t != "WNLI")
+            task_scores,
+            tuple(t.name for t in registry.benchmark_tasks(glue.BENCHMARK) if t.report_columns),
         ),
         "mean_over_seeds_at_selected_lr": mean_at_selected_lr(records, best),
     }
@@ -246,9 +223,25 @@ def _fmt(value: float | None) -> str:
 
 
 def _table_row(label: str, scores: Mapping[str, float | None], average: float | None) -> str:
-    mnli = f"{_fmt(scores.get('MNLI-m'))}/{_fmt(scores.get('MNLI-mm'))}"
-    cells = [mnli] + [_fmt(scores.get(task)) for task in TABLE_TASKS[1:]]
+    """A row of Table 1: a task of several columns (MNLI-m/mm) in one cell, as the paper does."""
+    cells = [
+        "/".join(_fmt(scores.get(column)) for column in task.report_columns)
+        for task in registry.table_tasks()
+    ]
     return f"| {label} | " + " | ".join(cells) + f" | {_fmt(average)} |"
+
+
+def _table_header() -> list[str]:
+    tasks = registry.table_tasks()
+    names = [  # MNLI-m/mm
+        "/".join([task.report_columns[0]] + [c.rsplit("-", 1)[1] for c in task.report_columns[1:]])
+        for task in tasks
+    ]
+    return [
+        "| System | " + " | ".join(names) + " | Average |",
+        "|---" * (len(names) + 2) + "|",
+        "| train size | " + " | ".join(task.train_size or "" for task in tasks) + " | |",
+    ]
 
 
 def results_markdown(
@@ -268,9 +261,7 @@ def results_markdown(
         "server), Devlin et al. (2019) Table 1 — a reference point, not a like-for-like "
         "comparison.",
         "",
-        "| System | MNLI-m/mm | QQP | QNLI | SST-2 | CoLA | STS-B | MRPC | RTE | Average |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        "| train size | " + " | ".join(PAPER_TRAIN_SIZES[task] for task in TABLE_TASKS) + " | |",
+        *_table_header(),
     ]
     for name, row in PAPER_ROWS.items():
         lines.append(_table_row(f"{name} (paper, test)", row, row["Average"]))
@@ -436,7 +427,7 @@ def write_reports(
     plots = os.path.join(workdir, "plots")
     fs.makedirs(plots, exist_ok=True)
     for task_name in _ordered_tasks(best):
-        path = os.path.join(plots, f"{get_task(task_name).name}.png")
+        path = os.path.join(plots, f"{glue.get_task(task_name).name}.png")
         plot_task(path, task_name, [r for r in records if r["task"] == task_name], best[task_name])
         written.append(path)
     return written

@@ -1,14 +1,15 @@
 """`bert-jax finetune --task conll2003 --features VARIANT`: the feature-based approach (Table 7).
 
-The CoNLL-2003 task of `token_tasks` (same reader, windows, first-sub-token labels, conlleval
+The CoNLL-2003 task of `squad_and_conll` (same reader, windows, first-sub-token labels, conlleval
 scores and output files: dev/test_predictions.txt, result.json, results.md, plots/conll2003.png),
-with BERT frozen: `feature_tagger.BiLstmTagger` trains on `feature_tagger.word_features` of the
+with BERT frozen: `lstm_tagger.BiLstmTagger` trains on `lstm_tagger.word_features` of the
 chosen variant. Only the tagger's parameters are in the train state (no gradient, no optimizer
 slot and no weight decay ever touch BERT); the encoder's params enter every step as a replicated
 argument, and the features are computed there, so no per-layer copy of the data is kept.
 
-The paper gives no recipe for the tagger; the defaults here: Adam (BERT AdamW, decay 0.01) at lr
-1e-3 with warmup and linear decay, batch 32, 3 epochs, dropout 0.1, max_seq_length 128.
+The paper gives no recipe for the tagger; the registered one (`conll.TASKS`): Adam (BERT AdamW,
+decay 0.01) at lr 1e-3 with warmup and linear decay, batch 32, 3 epochs, dropout 0.1,
+max_seq_length 128.
 """
 
 from __future__ import annotations
@@ -32,30 +33,26 @@ from bert_jax.core.train import TrainState
 from bert_jax.finetune.heads import lstm_tagger as feature_tagger
 from bert_jax.finetune.heads.lstm_tagger import BiLstmTagger
 from bert_jax.finetune.heads.per_token import token_loss
-from bert_jax.finetune.runs import squad_and_conll as token_tasks
+from bert_jax.finetune.reports import run_report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tuning import steps
-from bert_jax.finetune.tuning.sentence_tuning import (
-    FinetuneSettings,
-    PretrainedEncoder,
-    load_pretrained,
-)
+from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
+from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.finetune.tuning.token_tuning import gather_rows, predict_logits
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 
 logger = logging.getLogger(__name__)
 Array = jax.Array
-DEFAULTS = {"learning_rate": 1e-3, "batch_size": 32, "epochs": 3.0, "max_seq_length": 128}
 _KEYS = ("input_ids", "input_mask", "segment_ids", "word_positions", "word_counts")
+# The registered feature-based CoNLL-2003 task and its recipe.
+TASK = next(task for task in ner.TASKS if task.feature_based)
+DEFAULTS = dict(TASK.defaults)
 
 
 def task_settings(overrides: Mapping[str, Any]) -> FinetuneSettings:
-    values = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
-    if "mesh_shape" in values:
-        values["mesh_shape"] = tuple(int(x) for x in values["mesh_shape"])
-    return FinetuneSettings(**values)
+    return settings_for(TASK, overrides)
 
 
 class FeatureTuner(train.ShardedSteps):
@@ -215,13 +212,13 @@ def run_feature_ner(
         log,
         name=f"conll2003[{variant}]",
     )
-    outputs = {"dev_predictions.txt": token_tasks.conll_text(dev, kept["dev"])}
+    outputs = {"dev_predictions.txt": ner.conll_text(dev, kept["dev"])}
     result: dict[str, Any] = {"dev_metrics": trained.dev}
     if test is not None:
         test_windows, test_arrays = prepared(test)
         params = trained.state.params
         result["test_metrics"], predicted = score(test, test_windows, test_arrays, params)
-        outputs["test_predictions.txt"] = token_tasks.conll_text(test, predicted)
+        outputs["test_predictions.txt"] = ner.conll_text(test, predicted)
     result.update(
         task=ner.TASK_NAME,
         features=variant,
@@ -246,10 +243,10 @@ def run_feature_ner(
         workdir = finetune_workdir.open_workdir(workdir, "finetune")
         for name, text in outputs.items():
             files.write_bytes_atomic(os.path.join(workdir, name), text.encode("utf-8"))
-        markdown = token_tasks.results_markdown(result) + feature_line(result)
+        markdown = run_report.results_markdown(result) + run_report.feature_line(result)
         files.write_bytes_atomic(os.path.join(workdir, "results.md"), markdown.encode("utf-8"))
         fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
-        token_tasks.plot_history(os.path.join(workdir, "plots", "conll2003.png"), result)
+        run_report.plot_history(os.path.join(workdir, "plots", "conll2003.png"), result)
         files.write_json_atomic(os.path.join(workdir, "result.json"), result)
     return result
 
@@ -260,12 +257,3 @@ def _layer_weights(params) -> list[float] | None:
     if "layer_weights" not in mix:
         return None
     return [float(w) for w in jax.nn.softmax(jnp.asarray(mix["layer_weights"]))]
-
-
-def feature_line(result: Mapping[str, Any]) -> str:
-    variant = result["features"]
-    return (
-        f"\nFeature-based (BERT frozen, `{variant}` into a two-layer BiLSTM): this run's dev F1 "
-        f"{result['dev_metrics']['f1']:.1f}; the paper's BERT-Base dev F1 for this variant "
-        f"{feature_tagger.PAPER_DEV_F1[variant]:.1f} (Table 7; the rows above are fine-tuning's).\n"
-    )

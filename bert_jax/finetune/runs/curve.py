@@ -28,7 +28,7 @@ import jax
 from bert_jax.finetune.runs import one_task as run
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
-from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
+from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.runtime import fs, outputs
 from bert_jax.runtime.errors import UserError
 

@@ -1,7 +1,8 @@
-"""One fine-tuning run of any task, by name: what `bert-jax finetune` and the checkpoint curve
-(`curve.py`) call. GLUE goes to `sweep.run_single`, SQuAD and CoNLL-2003 to
-`token_tasks.run_token_task` (CoNLL-2003 with `features` to `feature_ner.run_feature_ner`), SWAG
-to `swag_task.run_swag`; each takes the task's own defaults, then the overrides that are not None.
+"""One fine-tuning run of any registered task, by name: what `bert-jax finetune` and the
+checkpoint curve (`curve.py`) call. The task comes from `tasks.registry`; its family says which
+run trains it: a sentence task `sweep.run_single`, SQuAD and CoNLL-2003
+`squad_and_conll.run_token_task`, CoNLL-2003 with `features` `conll_features.run_feature_ner`,
+SWAG `swag.run_swag`; each with the task's registered recipe, then the overrides that are not None.
 
 A workdir that holds a finished run of the same task, settings and model is reused (its
 result.json returned with `reused` set), as `bert-jax glue` reuses its trials; `overwrite` trains
@@ -18,9 +19,10 @@ from typing import Any
 
 from bert_jax.finetune.runs import squad_and_conll as token_tasks
 from bert_jax.finetune.runs import workdir as finetune_workdir
-from bert_jax.finetune.tasks import conll as ner
-from bert_jax.finetune.tasks import swag
-from bert_jax.finetune.tuning.sentence_tuning import PretrainedEncoder
+from bert_jax.finetune.tasks import registry
+from bert_jax.finetune.tasks.task import CHOICES, FROZEN_TAGS, SENTENCE, Task, name_key
+from bert_jax.finetune.tuning import settings as run_settings
+from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
@@ -32,41 +34,28 @@ class TaskOptions:
     """What a run needs beside `FinetuneSettings`."""
 
     span: token_tasks.SpanOptions = token_tasks.SpanOptions()
-    features: str | None = None  # CoNLL-2003 only: a feature_tagger.VARIANTS name
+    features: str | None = None  # CoNLL-2003 only: a lstm_tagger.VARIANTS name
     lstm_size: int = 768
     predict_test: bool = True
 
 
-def kind(task: str) -> str:
-    """ "glue", "squad", "conll2003" or "swag"."""
-    if swag.is_swag_task(task):
-        return "swag"
-    if ner.is_ner_task(task):
-        return "conll2003"
-    return "squad" if token_tasks.is_token_task(task) else "glue"
+def get_task(task: str | Task, options: TaskOptions = TaskOptions()) -> Task:
+    """The registered task a run of `task` (a name, any spelling) with these options is."""
+    if isinstance(task, Task):
+        return task
+    return registry.get(task, feature_based=options.features is not None)
 
 
-def task_settings(task: str, overrides: Mapping[str, Any], options: TaskOptions = TaskOptions()):
-    """The `FinetuneSettings` a run of `task` uses: the task's defaults, then the overrides."""
-    task_kind = kind(task)
-    if task_kind == "swag":
-        from bert_jax.finetune.runs import swag as swag_task
-
-        return swag_task.task_settings(overrides)
-    if task_kind == "conll2003" and options.features is not None:
-        from bert_jax.finetune.runs import conll_features as feature_ner
-
-        return feature_ner.task_settings(overrides)
-    if task_kind != "glue":
-        return token_tasks.task_settings(task, overrides)
-    from bert_jax.finetune.runs import sweep
-
-    return sweep.sweep_options(overrides=dict(overrides))["settings"]
+def task_settings(
+    task: str | Task, overrides: Mapping[str, Any], options: TaskOptions = TaskOptions()
+):
+    """The `FinetuneSettings` a run of `task` uses: the task's recipe, then the overrides."""
+    return run_settings.task_settings(get_task(task, options), overrides)
 
 
 def run_task(
     model: str | PretrainedEncoder,
-    task: str,
+    task: str | Task,
     data: str,
     workdir: str,
     overrides: Mapping[str, Any],
@@ -79,14 +68,13 @@ def run_task(
     `overwrite` is False)."""
     import jax
 
-    if options.features is not None and kind(task) != "conll2003":
-        raise UserError(f"--features is the feature-based CoNLL-2003 tagger; not for {task}")
-    settings = task_settings(task, overrides, options)
+    given, task = task, get_task(task, options)
+    settings = run_settings.task_settings(task, overrides)
     writer = jax.process_index() == 0
     with finetune_workdir.one_writer(workdir, writer=writer):
         path = os.path.join(fs.abspath(workdir), RESULT_NAME)
         if not overwrite:
-            finished = finished_run(workdir, task, settings, model, options)
+            finished = finished_run(workdir, given, settings, model, options)
             if finished is not None:
                 return {**finished, "reused": True}
         elif writer and fs.exists(path):
@@ -95,7 +83,7 @@ def run_task(
 
 
 def finished_run(
-    workdir: str, task: str, settings, model, options: TaskOptions = TaskOptions()
+    workdir: str, task: str | Task, settings, model, options: TaskOptions = TaskOptions()
 ) -> dict[str, Any] | None:
     """The result.json of a finished run of `task` in `workdir` with these settings, options and
     model; None when there is none; a UserError naming what differs when it was another run."""
@@ -107,8 +95,10 @@ def finished_run(
     with fs.open(path, encoding="utf-8") as f:
         saved = json.load(f)
     differ = []
-    if _task_key(str(saved.get("task"))) != _task_key(task):
-        differ.append(f"task: saved {saved.get('task')!r}, now {task!r}")
+    given = task if isinstance(task, str) else task.name  # as the user spelled it
+    task = get_task(task, options)
+    if name_key(str(saved.get("task"))) not in task.keys:
+        differ.append(f"task: saved {saved.get('task')!r}, now {given!r}")
     if saved.get("features") != options.features:
         differ.append(f"--features: saved {saved.get('features')!r}, now {options.features!r}")
     saved_settings = saved.get("settings") or {}
@@ -132,21 +122,27 @@ def finished_run(
         raise UserError(f"{err} (or --overwrite to replace it)") from None
 
 
-def _task_key(task: str) -> str:
-    """A task's name as runs record it and users spell it alike: `glue/MRPC` = `MRPC` = `mrpc`."""
-    name = task.split("/", 1)[1] if task.lower().startswith("glue/") else task
-    return name.lower().replace("-", "").replace("_", "")
+def _run(model, task: Task, data, workdir, settings, options: TaskOptions, log) -> dict[str, Any]:
+    """The run of the task's family."""
+    if task.family == SENTENCE:
+        from bert_jax.finetune.runs import sweep
 
-
-def _run(model, task, data, workdir, settings, options: TaskOptions, log) -> dict[str, Any]:
-    task_kind = kind(task)
-    if task_kind == "swag":
+        return sweep.run_single(
+            model,
+            task,
+            data,
+            workdir,
+            settings=settings,
+            predict_test=options.predict_test,
+            log=log,
+        )
+    if task.family == CHOICES:
         from bert_jax.finetune.runs import swag as swag_task
 
         return swag_task.run_swag(
             model, data, workdir, settings, log=log, predict_test=options.predict_test
         )
-    if options.features is not None:
+    if task.family == FROZEN_TAGS:
         from bert_jax.finetune.runs import conll_features as feature_ner
 
         return feature_ner.run_feature_ner(
@@ -159,26 +155,13 @@ def _run(model, task, data, workdir, settings, options: TaskOptions, log) -> dic
             lstm_size=options.lstm_size,
             log=log,
         )
-    if task_kind != "glue":
-        return token_tasks.run_token_task(model, task, data, workdir, settings, options.span, log)
-    from bert_jax.finetune.runs import sweep
-
-    return sweep.run_single(
-        model, task, data, workdir, settings=settings, predict_test=options.predict_test, log=log
-    )
+    return token_tasks.run_token_task(model, task, data, workdir, settings, options.span, log)
 
 
 def dev_score(result: Mapping[str, Any]) -> tuple[str, float]:
-    """The figure a curve plots for a run: the paper's metric on dev, in percent (GLUE: its
-    selection score; SQuAD and CoNLL-2003: F1; SWAG: accuracy)."""
-    if "selection_score" in result:  # GLUE
-        return "dev " + _glue_metric(result["task"]), float(result["selection_score"])
-    metrics = result["dev_metrics"]
-    name = "accuracy" if result["task"] == swag.TASK_NAME else "f1"
-    return f"dev {name}", float(metrics[name])
-
-
-def _glue_metric(task: str) -> str:
-    from bert_jax.finetune.tasks import glue_metrics as metrics
-
-    return metrics.paper_metric(task)
+    """The figure a curve plots for a run: the task's paper metric on dev, in percent (a sentence
+    task's selection score: the mean over its dev splits)."""
+    task = registry.get(result["task"], feature_based=result.get("features") is not None)
+    if "selection_score" in result:
+        return f"dev {task.paper_metric}", float(result["selection_score"])
+    return f"dev {task.paper_metric}", float(result["dev_metrics"][task.paper_metric])

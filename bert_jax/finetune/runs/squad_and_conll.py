@@ -25,49 +25,24 @@ from typing import Any
 
 import jax
 
+from bert_jax.finetune.reports import run_report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import conll as ner
-from bert_jax.finetune.tasks import squad
+from bert_jax.finetune.tasks import registry, squad
 from bert_jax.finetune.tasks import squad_answers as squad_eval
+from bert_jax.finetune.tasks.task import SPANS, Task
 from bert_jax.finetune.tuning import token_tuning as token_loop
-from bert_jax.finetune.tuning.sentence_tuning import (
-    FinetuneSettings,
-    PretrainedEncoder,
-    load_pretrained,
-)
+from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
+from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 
 logger = logging.getLogger(__name__)
 
-TASK_DEFAULTS = {
-    "v1.1": {"learning_rate": 5e-5, "batch_size": 32, "epochs": 3.0, "max_seq_length": 384},
-    "v2.0": {"learning_rate": 5e-5, "batch_size": 48, "epochs": 2.0, "max_seq_length": 384},
-    ner.TASK_NAME: {"learning_rate": 5e-5, "batch_size": 32, "epochs": 3.0, "max_seq_length": 128},
+# Each task's recipe, as registered (`Task.defaults`), by SQuAD version and CoNLL-2003's name.
+TASK_DEFAULTS = {task.version: dict(task.defaults) for task in squad.TASKS} | {
+    task.name: dict(task.defaults) for task in ner.TASKS if not task.feature_based
 }
-# The paper's dev (and test) figures beside which results.md shows a run's.
-PAPER = {
-    "v1.1": [
-        ("BERT-Base (paper, dev)", {"exact_match": 80.8, "f1": 88.5}),
-        ("BERT-Large (paper, dev)", {"exact_match": 84.1, "f1": 90.9}),
-    ],
-    "v2.0": [
-        ("BERT-Large (paper, dev)", {"exact": 78.7, "f1": 81.9}),
-        ("BERT-Large (paper, test)", {"exact": 80.0, "f1": 83.1}),
-    ],
-    ner.TASK_NAME: [
-        ("BERT-Base (paper)", {"dev f1": 96.4, "test f1": 92.4}),
-        ("BERT-Large (paper)", {"dev f1": 96.6, "test f1": 92.8}),
-    ],
-}
-PAPER["swag"] = [  # Table 4 (SWAG's run is swag_task.py; its report is drawn here)
-    ("BERT-Base (paper, dev)", {"accuracy": 81.6}),
-    ("BERT-Large (paper, dev)", {"accuracy": 86.6}),
-]
-
-
-def _paper_key(task: str) -> str:
-    return task if task in PAPER else task.split("/")[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,17 +58,9 @@ class SpanOptions:
     dev_data: str | None = None
 
 
-def is_token_task(task: str) -> bool:
-    return ner.is_ner_task(task) or squad.parse_task(task) is not None
-
-
-def task_settings(task: str, overrides: Mapping[str, Any]) -> FinetuneSettings:
-    """The paper's defaults for `task`, then the overrides that are not None."""
-    key = ner.TASK_NAME if ner.is_ner_task(task) else squad.parse_task(task)
-    values = {**TASK_DEFAULTS[key], **{k: v for k, v in overrides.items() if v is not None}}
-    if "mesh_shape" in values:
-        values["mesh_shape"] = tuple(int(x) for x in values["mesh_shape"])
-    return FinetuneSettings(**values)
+def task_settings(task: str | Task, overrides: Mapping[str, Any]) -> FinetuneSettings:
+    """The task's recipe, then the overrides that are not None."""
+    return settings_for(registry.get(task) if isinstance(task, str) else task, overrides)
 
 
 def _is_writer() -> bool:
@@ -110,7 +77,7 @@ def _is_tfds(data: str) -> bool:
 
 def run_token_task(
     model: str | PretrainedEncoder,
-    task: str,
+    task: str | Task,
     data: str,
     workdir: str,
     settings: FinetuneSettings | None = None,
@@ -124,8 +91,9 @@ def run_token_task(
     one of `settings.mesh_shape` over every device."""
     log = log or logger.info
     options = options or SpanOptions()
+    task = registry.get(task) if isinstance(task, str) else task
     settings = settings or task_settings(task, {})
-    version = None if ner.is_ner_task(task) else squad.parse_task(task)
+    version = task.version if task.family == SPANS else None  # type: ignore[attr-defined]
     # Inputs first, then the workdir, then the model: a bad input or model leaves nothing behind.
     if version is not None:
         splits = _read_squad(version, data, options)
@@ -149,10 +117,10 @@ def run_token_task(
         workdir = finetune_workdir.open_workdir(workdir, "finetune")
         for name, text in outputs.items():
             _write_text(os.path.join(workdir, name), text)
-        _write_text(os.path.join(workdir, "results.md"), results_markdown(result))
+        _write_text(os.path.join(workdir, "results.md"), run_report.results_markdown(result))
         fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
         plot_name = result["task"].replace("/", "-") + ".png"
-        plot_history(os.path.join(workdir, "plots", plot_name), result)
+        run_report.plot_history(os.path.join(workdir, "plots", plot_name), result)
         files.write_json_atomic(os.path.join(workdir, "result.json"), result)
     return result
 
@@ -233,19 +201,6 @@ def _run_squad(encoder, version, splits, settings, options, log, mesh):
     return run, outputs
 
 
-def _conll_text(sentences, predicted) -> str:
-    lines = []
-    for sentence, tags in zip(sentences, predicted, strict=True):
-        lines += [
-            f"{w} {g} {p}" for w, g, p in zip(sentence.words, sentence.tags, tags, strict=True)
-        ]
-        lines.append("")
-    return "\n".join(lines) + "\n"
-
-
-conll_text = _conll_text  # conlleval's input format; the feature-based tagger writes it too
-
-
 def _run_ner(encoder, splits, settings, options, log, mesh):
     train, dev, test = splits
     labels = ner.label_list(train)
@@ -278,76 +233,10 @@ def _run_ner(encoder, splits, settings, options, log, mesh):
         mesh=mesh,
     )
     _, dev_predicted = score(dev, dev_features, run.pop("logits"))
-    outputs = {"dev_predictions.txt": _conll_text(dev, dev_predicted)}
+    outputs = {"dev_predictions.txt": ner.conll_text(dev, dev_predicted)}
     final_logits = run.pop("final_logits")
     if test is not None:
         run["test_metrics"], test_predicted = score(test, test_features, final_logits["test"])
-        outputs["test_predictions.txt"] = _conll_text(test, test_predicted)
+        outputs["test_predictions.txt"] = ner.conll_text(test, test_predicted)
     run.update(task=ner.TASK_NAME, labels=list(labels), num_train_examples=len(train))
     return run, outputs
-
-
-def plot_history(path: str, result: Mapping[str, Any]) -> None:
-    """Dev EM and F1 (SQuAD) or span F1 (CoNLL-2003) after each evaluation, with the paper's
-    dev figures as lines (evaluations after every epoch with --eval-every-epoch)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    task = result["task"]
-    key = _paper_key(task)
-    figure = Figure(figsize=(7.0, 3.6), dpi=110)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    epochs = [entry["epoch"] for entry in result["history"]]
-    exact = "exact_match" if key == "v1.1" else "exact"
-    names = {ner.TASK_NAME: ["f1"], "swag": ["accuracy"]}.get(key, [exact, "f1"])
-    for name, color in zip(names, ("tab:blue", "tab:orange")):
-        axes.plot(
-            epochs,
-            [e["dev"][name] for e in result["history"]],
-            "o-",
-            color=color,
-            label=f"this run, dev {name}",
-        )
-        for (paper, values), style in zip(PAPER[key], ("--", ":")):
-            value = values.get("dev f1" if key == ner.TASK_NAME else name)
-            if value is not None and "test" not in paper:
-                axes.axhline(
-                    value, color=color, linestyle=style, linewidth=1, label=f"{paper} {name}"
-                )
-    axes.set_xlabel("epoch")
-    axes.set_ylabel("%")
-    axes.set_title(f"{task}: dev figures during fine-tuning")
-    axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    with files.local_then_place(path, ".png") as local:  # uploaded when `path` is in a bucket
-        figure.savefig(local, bbox_inches="tight")
-
-
-def results_markdown(result: Mapping[str, Any]) -> str:
-    """The run's dev figures beside the paper's, as a Markdown table."""
-    task = result["task"]
-    key = _paper_key(task)
-    reference = PAPER[key]
-    columns = list(reference[0][1])
-    ours = dict(result["dev_metrics"])
-    if key == ner.TASK_NAME:
-        ours = {"dev f1": ours.get("f1"), "test f1": result.get("test_metrics", {}).get("f1")}
-    lines = [
-        f"# {task}",
-        "",
-        f"Model: `{result.get('model', '')}`; data: `{result.get('data', '')}`.",
-        "",
-        "| | " + " | ".join(columns) + " |",
-        "|---" * (len(columns) + 1) + "|",
-    ]
-
-    def cell(value):
-        return "–" if value is None else f"{float(value):.1f}"
-
-    lines.append("| this run | " + " | ".join(cell(ours.get(c)) for c in columns) + " |")
-    for name, values in reference:
-        lines.append(f"| {name} | " + " | ".join(cell(values.get(c)) for c in columns) + " |")
-    extra = {k: v for k, v in result["dev_metrics"].items() if k not in columns}
-    if extra and key != ner.TASK_NAME:
-        lines += ["", "All dev figures: " + ", ".join(f"{k} {v:.4g}" for k, v in extra.items())]
-    return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
 """`bert-jax finetune --task swag`: the paper's SWAG recipe on the official CSV files.
 
-The model is `heads.BertForMultipleChoice` (one score per choice from its pooled [CLS], softmax
-over the four), trained with GLUE's machinery (`tuner.HeadTuner`, `steps.run_steps`: BERT AdamW,
-warmup over 10% then linear decay) and the paper's recipe: 3 epochs, lr 2e-5, batch 16,
+The model is `pooled.BertForMultipleChoice` (one score per choice from its pooled [CLS], softmax
+over the four), trained with GLUE's machinery (`head_tuner.HeadTuner`, `steps.run_steps`: BERT
+AdamW, warmup over 10% then linear decay) and the paper's recipe: 3 epochs, lr 2e-5, batch 16,
 max_seq_length 128 (the paper gives no length; 128 holds nearly every SWAG choice).
 
 Writes into the workdir: `result.json` (dev accuracy in percent, settings, history),
@@ -33,17 +33,14 @@ from bert_jax.finetune.heads.pooled import (
     ClassifierHead,
     classification_loss,
 )
-from bert_jax.finetune.runs import squad_and_conll as token_tasks
+from bert_jax.finetune.reports import run_report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.tasks import swag
 from bert_jax.finetune.tuning import steps
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
-from bert_jax.finetune.tuning.sentence_tuning import (
-    FinetuneSettings,
-    PretrainedEncoder,
-    load_pretrained,
-)
+from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
+from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.finetune.tuning.token_tuning import MODEL_KEYS, gather_rows, predict_logits
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
@@ -51,16 +48,12 @@ from bert_jax.runtime import outputs as files
 logger = logging.getLogger(__name__)
 Array = jax.Array
 
-# Table 4's recipe.
-DEFAULTS = {"learning_rate": 2e-5, "batch_size": 16, "epochs": 3.0, "max_seq_length": 128}
+DEFAULTS = dict(swag.TASKS[0].defaults)  # Table 4's recipe, as registered
 
 
 def task_settings(overrides: Mapping[str, Any]) -> FinetuneSettings:
     """The paper's SWAG recipe, then the overrides that are not None."""
-    values = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
-    if "mesh_shape" in values:
-        values["mesh_shape"] = tuple(int(x) for x in values["mesh_shape"])
-    return FinetuneSettings(**values)
+    return settings_for(swag.TASKS[0], overrides)
 
 
 def choice_loss(model: BertForMultipleChoice) -> train.LossFn:
@@ -181,10 +174,10 @@ def run_swag(
 def _write_reports(workdir: str, result: Mapping[str, Any]) -> None:
     if jax.process_index() != 0:
         return
-    text = token_tasks.results_markdown(result)
+    text = run_report.results_markdown(result)
     files.write_bytes_atomic(os.path.join(workdir, "results.md"), text.encode("utf-8"))
     fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
-    token_tasks.plot_history(os.path.join(workdir, "plots", "swag.png"), result)
+    run_report.plot_history(os.path.join(workdir, "plots", "swag.png"), result)
 
 
 def train_and_predict(
@@ -231,7 +224,7 @@ def train_and_predict(
         lambda rows: gather_rows(train_inputs, rows),
         evaluate,
         log,
-        name="swag",
+        name=swag.TASK_NAME,
     )
     outputs = {"dev_predictions.csv": predictions_csv(splits["dev"], kept["dev"])}
     if "test" in arrays:

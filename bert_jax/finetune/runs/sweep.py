@@ -30,8 +30,8 @@ import jax
 
 from bert_jax.finetune.reports import sweep_report as report
 from bert_jax.finetune.runs import workdir as finetune_workdir
+from bert_jax.finetune.tasks import registry
 from bert_jax.finetune.tasks.glue import (
-    TASK_ORDER,
     TaskSpec,
     available_test_splits,
     check_task_files,
@@ -39,14 +39,8 @@ from bert_jax.finetune.tasks.glue import (
     submission_file,
 )
 from bert_jax.finetune.tuning.batches import TaskData, load_task_data
-from bert_jax.finetune.tuning.sentence_tuning import (
-    FinetuneResult,
-    FinetuneSettings,
-    PretrainedEncoder,
-    finetune,
-    load_pretrained,
-    make_mesh,
-)
+from bert_jax.finetune.tuning.sentence_tuning import FinetuneResult, finetune, make_mesh
+from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
@@ -213,7 +207,7 @@ def run_trial(
 
 def run_single(
     model: str | PretrainedEncoder,
-    task: str,
+    task: str | TaskSpec,
     data: str,
     workdir: str,
     settings: FinetuneSettings | None = None,
@@ -224,7 +218,7 @@ def run_single(
     predictions (`workdir/<FILE>.tsv`, GLUE-server format). Returns the result record."""
     log = log or logger.info
     settings = settings or FinetuneSettings()
-    spec = get_task(task)
+    spec = get_task(task) if isinstance(task, str) else task
     check_task_files(data, spec)
     # The workdir is checked first and created only once the model has been read: a damaged
     # model directory leaves no new workdir behind.
@@ -329,7 +323,7 @@ def sweep_options(
     if "mesh_shape" in settings_values:
         settings_values["mesh_shape"] = tuple(int(x) for x in settings_values["mesh_shape"])
     return {
-        "tasks": tuple(values.get("tasks", TASK_ORDER)),
+        "tasks": tuple(values.get("tasks", registry.sweep_order())),
         "learning_rates": tuple(
             float(x) for x in values.get("learning_rates", PAPER_LEARNING_RATES)
         ),
@@ -343,7 +337,7 @@ def run_sweep(
     model: str | PretrainedEncoder,
     data: str,
     workdir: str,
-    tasks: Sequence[str] = TASK_ORDER,
+    tasks: Sequence[str] | None = None,
     learning_rates: Sequence[float] = PAPER_LEARNING_RATES,
     seeds: Sequence[int] = (0,),
     settings: FinetuneSettings | None = None,
@@ -354,10 +348,12 @@ def run_sweep(
     """Run (or resume) the sweep in `workdir`, then select best-on-dev and write every report.
 
     `model`: a model directory / pretraining workdir path, or an already loaded encoder.
-    `on_trial_end` is called with each new trial's record right after it is saved.
+    `tasks` defaults to the paper's nine (`registry.sweep_order()`); `on_trial_end` is called
+    with each new trial's record right after it is saved.
     """
     log = log or logger.info
     settings = settings or FinetuneSettings()
+    tasks = registry.sweep_order() if tasks is None else tasks
     trials = trials_for(tasks, learning_rates, seeds)
     for spec in {trial.task.name: trial.task for trial in trials}.values():
         check_task_files(data, spec)

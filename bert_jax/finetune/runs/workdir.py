@@ -35,13 +35,13 @@ _NAMES = (
     "results.csv",
     "results.md",
     "plots",
-    # SQuAD and CoNLL-2003 (token_tasks.py)
+    # SQuAD and CoNLL-2003 (squad_and_conll.py)
     "predictions.json",
     "null_odds.json",
     "nbest_predictions.json",
     "dev_predictions.txt",
     "test_predictions.txt",
-    # SWAG (swag_task.py)
+    # SWAG (runs/swag.py)
     "dev_predictions.csv",
     "test_predictions.csv",
     # the pretraining-step curve (curve.py)

@@ -1,4 +1,5 @@
-"""CoNLL-2003 NER: the column files (or TFDS), first-sub-token features, conlleval's span F1.
+"""CoNLL-2003 NER: its two tasks (fine-tuned, feature-based), the column files (or TFDS),
+first-sub-token features, conlleval's span F1.
 
 Reading. A local `--data` directory holds train/dev(/test) in the CoNLL column format under either
 the original names (`eng.train`, `eng.testa`, `eng.testb`) or the common ones (`train.txt`,
@@ -29,10 +30,47 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.finetune.tasks.task import FROZEN_TAGS, TAGS, Task
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
 TASK_NAME = "conll2003"
+_SPELLINGS = ("conll/2003", "ner")
+TASKS = (
+    Task(  # fine-tuned: a label at each word's first sub-token (no recipe in the paper)
+        name=TASK_NAME,
+        family=TAGS,
+        aliases=_SPELLINGS,
+        metrics=("f1", "precision", "recall"),
+        defaults={"learning_rate": 5e-5, "batch_size": 32, "epochs": 3.0, "max_seq_length": 128},
+        paper=(  # Table 7, the fine-tuning approach
+            ("BERT-Base (paper)", {"dev f1": 96.4, "test f1": 92.4}),
+            ("BERT-Large (paper)", {"dev f1": 96.6, "test f1": 92.8}),
+        ),
+    ),
+    Task(  # feature-based (`--features VARIANT`): frozen BERT layers into a BiLSTM tagger
+        name=TASK_NAME,
+        family=FROZEN_TAGS,
+        aliases=_SPELLINGS,
+        feature_based=True,
+        metrics=("f1", "precision", "recall"),
+        # No recipe in the paper: Adam at 1e-3 with warmup and linear decay, as fine-tuning's.
+        defaults={"learning_rate": 1e-3, "batch_size": 32, "epochs": 3.0, "max_seq_length": 128},
+        paper=(  # Table 7: BERT-Base dev F1 per variant (`heads.lstm_tagger.VARIANTS`)
+            (
+                "BERT-Base (paper, dev)",
+                {
+                    "embeddings": 91.0,
+                    "second_to_last": 95.6,
+                    "last": 94.9,
+                    "sum_last_four": 95.9,
+                    "concat_last_four": 96.1,
+                    "sum_all": 95.5,
+                },
+            ),
+        ),
+    ),
+)
 SPLIT_FILES = {
     "train": ("eng.train", "train.txt"),
     "dev": ("eng.testa", "valid.txt", "dev.txt"),
@@ -50,10 +88,6 @@ class Sentence:
     words: tuple[str, ...]
     tags: tuple[str, ...]
     document: int
-
-
-def is_ner_task(task: str) -> bool:
-    return task.lower().replace("-", "").replace("_", "") in ("conll2003", "conll/2003", "ner")
 
 
 def _check_tag(tag: str, where: str) -> None:
@@ -387,3 +421,14 @@ def predicted_tags(
         for sentence, word, position in placed:
             tags[sentence][word] = labels[int(np.argmax(logits[row, position]))]
     return [iob2_to_iob1(t) for t in tags] if iob1 else tags
+
+
+def conll_text(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]]) -> str:
+    """conlleval's input format: `word gold predicted` per line, a blank line after a sentence."""
+    lines = []
+    for sentence, tags in zip(sentences, predicted, strict=True):
+        lines += [
+            f"{w} {g} {p}" for w, g, p in zip(sentence.words, sentence.tags, tags, strict=True)
+        ]
+        lines.append("")
+    return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""GLUE task specifications and readers: a local GLUE directory or TFDS `glue/*`.
+"""GLUE, and any task of one sentence or a sentence pair with a label or a score: the task record
+(`SentenceTask`), GLUE's nine tasks, and their readers (a local GLUE directory or TFDS `glue/*`).
 
 A local directory has the standard layout written by the GLUE download script:
 
@@ -22,21 +23,26 @@ text contains unbalanced quotes), as the original run_classifier does.
 Errors name the file and line: a missing file, a wrong column count, a label outside the task's
 label set, an unparsable or out-of-range STS-B score.
 
-Why this file is long: a third of it is the table of GLUE tasks (columns, labels and splits of
-each), which the local-directory and TFDS readers below both follow.
+A task of another source brings its own `reader` (docs/finetuning.md, "Adding a task"); it is
+trained, evaluated and reported as GLUE's are.
+
+Why this file is long: a third of it is the table of GLUE tasks (columns, labels, splits, metrics
+and the paper's figures of each), which the local-directory and TFDS readers below both follow.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from bert_jax.finetune.tasks import registry
+from bert_jax.finetune.tasks.task import SENTENCE, Task
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
-# Which split names a task has, and the GLUE-server file each test split's predictions go to.
 TRAIN = "train"
+BENCHMARK = "GLUE"  # what `Task.benchmark` names: the tasks of the official GLUE average
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,25 +67,30 @@ class Columns:
     num_columns: int | None = None  # required for header-less files
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """A GLUE task: its files, label set, input kind and evaluation splits.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SentenceTask(Task):
+    """A task of one sentence or a sentence pair, classified (or scored) on the pooled [CLS].
 
     `labels` is None for regression (STS-B). `dev_splits` maps each dev split to the name its
     results are reported under (MNLI: `MNLI-m`, `MNLI-mm`); `test_splits` maps each test split to
-    the GLUE-server submission file.
+    the GLUE-server submission file. `reader(data, split)`, when given, returns a split's
+    examples (a missing or malformed file a UserError naming it); without one, `data` is a GLUE
+    directory (`directory`, `labeled_columns`, `test_columns`) or TFDS (`tfds_name`,
+    `tfds_text_fields`).
     """
 
-    name: str
-    directory: str
+    family: str = SENTENCE
     labels: tuple[str, ...] | None
     is_pair: bool
-    labeled_columns: Columns
-    test_columns: Columns
-    dev_splits: dict[str, str]
-    test_splits: dict[str, str]
-    tfds_name: str
-    tfds_text_fields: tuple[str, ...]
+    dev_splits: Mapping[str, str]
+    test_splits: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    diagnostic: bool = False  # the GLUE diagnostic set (AX) is predicted with this task's model
+    reader: Callable[[str, str], list[Example]] | None = None
+    directory: str | None = None
+    labeled_columns: Columns | None = None
+    test_columns: Columns | None = None
+    tfds_name: str | None = None
+    tfds_text_fields: tuple[str, ...] = ()
 
     @property
     def is_regression(self) -> bool:
@@ -90,161 +101,207 @@ class TaskSpec:
         return 1 if self.labels is None else len(self.labels)
 
     def split_file(self, data_dir: str, split: str) -> str:
+        assert self.directory is not None, f"{self.name} has its own reader"
         return os.path.join(data_dir, self.directory, f"{split}.tsv")
+
+
+TaskSpec = SentenceTask  # the name the fine-tuning loop and older code use
 
 
 def _pair(text_a: str, text_b: str, label: str | None) -> Columns:
     return Columns(text_a=text_a, text_b=text_b, label=label)
 
 
-_STANDARD_TEST = Columns(text_a="sentence1", text_b="sentence2", label=None, index="index")
+def _paper(base: Mapping[str, float], large: Mapping[str, float]):
+    """The task's columns of the paper's Table 1 (GLUE test server)."""
+    return (("BERT-Base", dict(base)), ("BERT-Large", dict(large)))
 
-TASKS: dict[str, TaskSpec] = {
-    spec.name: spec
-    for spec in (
-        TaskSpec(
-            name="CoLA",
-            directory="CoLA",
-            labels=("0", "1"),
-            is_pair=False,
-            labeled_columns=Columns(
-                text_a=3, text_b=None, label=1, has_header=False, num_columns=4
-            ),
-            test_columns=Columns(text_a="sentence", text_b=None, label=None, index="index"),
-            dev_splits={"dev": "CoLA"},
-            test_splits={"test": "CoLA.tsv"},
-            tfds_name="glue/cola",
-            tfds_text_fields=("sentence",),
-        ),
-        TaskSpec(
-            name="SST-2",
-            directory="SST-2",
-            labels=("0", "1"),
-            is_pair=False,
-            labeled_columns=Columns(text_a="sentence", text_b=None, label="label"),
-            test_columns=Columns(text_a="sentence", text_b=None, label=None, index="index"),
-            dev_splits={"dev": "SST-2"},
-            test_splits={"test": "SST-2.tsv"},
-            tfds_name="glue/sst2",
-            tfds_text_fields=("sentence",),
-        ),
-        TaskSpec(
-            name="MRPC",
-            directory="MRPC",
-            labels=("0", "1"),
-            is_pair=True,
-            labeled_columns=_pair("#1 String", "#2 String", "Quality"),
-            test_columns=Columns(text_a="#1 String", text_b="#2 String", label=None, index="index"),
-            dev_splits={"dev": "MRPC"},
-            test_splits={"test": "MRPC.tsv"},
-            tfds_name="glue/mrpc",
-            tfds_text_fields=("sentence1", "sentence2"),
-        ),
-        TaskSpec(
-            name="QQP",
-            directory="QQP",
-            labels=("0", "1"),
-            is_pair=True,
-            labeled_columns=_pair("question1", "question2", "is_duplicate"),
-            test_columns=Columns(text_a="question1", text_b="question2", label=None, index="id"),
-            dev_splits={"dev": "QQP"},
-            test_splits={"test": "QQP.tsv"},
-            tfds_name="glue/qqp",
-            tfds_text_fields=("question1", "question2"),
-        ),
-        TaskSpec(
-            name="STS-B",
-            directory="STS-B",
-            labels=None,
-            is_pair=True,
-            labeled_columns=_pair("sentence1", "sentence2", "score"),
-            test_columns=_STANDARD_TEST,
-            dev_splits={"dev": "STS-B"},
-            test_splits={"test": "STS-B.tsv"},
-            tfds_name="glue/stsb",
-            tfds_text_fields=("sentence1", "sentence2"),
-        ),
-        TaskSpec(
-            name="MNLI",
-            directory="MNLI",
-            labels=("contradiction", "entailment", "neutral"),
-            is_pair=True,
-            labeled_columns=_pair("sentence1", "sentence2", "gold_label"),
-            test_columns=_STANDARD_TEST,
-            dev_splits={"dev_matched": "MNLI-m", "dev_mismatched": "MNLI-mm"},
-            test_splits={"test_matched": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"},
-            tfds_name="glue/mnli",
-            tfds_text_fields=("premise", "hypothesis"),
-        ),
-        TaskSpec(
-            name="QNLI",
-            directory="QNLI",
-            labels=("entailment", "not_entailment"),
-            is_pair=True,
-            labeled_columns=_pair("question", "sentence", "label"),
-            test_columns=Columns(text_a="question", text_b="sentence", label=None, index="index"),
-            dev_splits={"dev": "QNLI"},
-            test_splits={"test": "QNLI.tsv"},
-            tfds_name="glue/qnli",
-            tfds_text_fields=("question", "sentence"),
-        ),
-        TaskSpec(
-            name="RTE",
-            directory="RTE",
-            labels=("entailment", "not_entailment"),
-            is_pair=True,
-            labeled_columns=_pair("sentence1", "sentence2", "label"),
-            test_columns=_STANDARD_TEST,
-            dev_splits={"dev": "RTE"},
-            test_splits={"test": "RTE.tsv"},
-            tfds_name="glue/rte",
-            tfds_text_fields=("sentence1", "sentence2"),
-        ),
-        TaskSpec(
-            name="WNLI",
-            directory="WNLI",
-            labels=("0", "1"),
-            is_pair=True,
-            labeled_columns=_pair("sentence1", "sentence2", "label"),
-            test_columns=_STANDARD_TEST,
-            dev_splits={"dev": "WNLI"},
-            test_splits={"test": "WNLI.tsv"},
-            tfds_name="glue/wnli",
-            tfds_text_fields=("sentence1", "sentence2"),
-        ),
-    )
-}
+
+_STANDARD_TEST = Columns(text_a="sentence1", text_b="sentence2", label=None, index="index")
+# Table 1's average column (over its nine columns; WNLI is not one of them).
+PAPER_AVERAGES = {"BERT-Base": 79.6, "BERT-Large": 82.1}
+
+# In the official GLUE order (the order of its average); `sweep_position` is Table 1's.
+TASKS: tuple[SentenceTask, ...] = (
+    SentenceTask(
+        name="CoLA",
+        metrics=("matthews_corr",),
+        paper=_paper({"CoLA": 52.1}, {"CoLA": 60.5}),
+        sweep_position=4,
+        report_columns=("CoLA",),
+        benchmark=BENCHMARK,
+        train_size="8.5k",
+        directory="CoLA",
+        labels=("0", "1"),
+        is_pair=False,
+        labeled_columns=Columns(text_a=3, text_b=None, label=1, has_header=False, num_columns=4),
+        test_columns=Columns(text_a="sentence", text_b=None, label=None, index="index"),
+        dev_splits={"dev": "CoLA"},
+        test_splits={"test": "CoLA.tsv"},
+        tfds_name="glue/cola",
+        tfds_text_fields=("sentence",),
+    ),
+    SentenceTask(
+        name="SST-2",
+        metrics=("accuracy",),
+        paper=_paper({"SST-2": 93.5}, {"SST-2": 94.9}),
+        sweep_position=3,
+        report_columns=("SST-2",),
+        benchmark=BENCHMARK,
+        train_size="67k",
+        directory="SST-2",
+        labels=("0", "1"),
+        is_pair=False,
+        labeled_columns=Columns(text_a="sentence", text_b=None, label="label"),
+        test_columns=Columns(text_a="sentence", text_b=None, label=None, index="index"),
+        dev_splits={"dev": "SST-2"},
+        test_splits={"test": "SST-2.tsv"},
+        tfds_name="glue/sst2",
+        tfds_text_fields=("sentence",),
+    ),
+    SentenceTask(
+        name="MRPC",
+        metrics=("f1", "accuracy"),  # F1 of the positive class ("1")
+        paper=_paper({"MRPC": 88.9}, {"MRPC": 89.3}),
+        sweep_position=6,
+        report_columns=("MRPC",),
+        benchmark=BENCHMARK,
+        train_size="3.5k",
+        directory="MRPC",
+        labels=("0", "1"),
+        is_pair=True,
+        labeled_columns=_pair("#1 String", "#2 String", "Quality"),
+        test_columns=Columns(text_a="#1 String", text_b="#2 String", label=None, index="index"),
+        dev_splits={"dev": "MRPC"},
+        test_splits={"test": "MRPC.tsv"},
+        tfds_name="glue/mrpc",
+        tfds_text_fields=("sentence1", "sentence2"),
+    ),
+    SentenceTask(
+        name="STS-B",
+        metrics=("spearman", "pearson"),
+        paper=_paper({"STS-B": 85.8}, {"STS-B": 86.5}),
+        sweep_position=5,
+        report_columns=("STS-B",),
+        benchmark=BENCHMARK,
+        train_size="5.7k",
+        directory="STS-B",
+        labels=None,
+        is_pair=True,
+        labeled_columns=_pair("sentence1", "sentence2", "score"),
+        test_columns=_STANDARD_TEST,
+        dev_splits={"dev": "STS-B"},
+        test_splits={"test": "STS-B.tsv"},
+        tfds_name="glue/stsb",
+        tfds_text_fields=("sentence1", "sentence2"),
+    ),
+    SentenceTask(
+        name="QQP",
+        metrics=("f1", "accuracy"),
+        paper=_paper({"QQP": 71.2}, {"QQP": 72.1}),
+        sweep_position=1,
+        report_columns=("QQP",),
+        benchmark=BENCHMARK,
+        train_size="363k",
+        directory="QQP",
+        labels=("0", "1"),
+        is_pair=True,
+        labeled_columns=_pair("question1", "question2", "is_duplicate"),
+        test_columns=Columns(text_a="question1", text_b="question2", label=None, index="id"),
+        dev_splits={"dev": "QQP"},
+        test_splits={"test": "QQP.tsv"},
+        tfds_name="glue/qqp",
+        tfds_text_fields=("question1", "question2"),
+    ),
+    SentenceTask(
+        name="MNLI",
+        aliases=("MNLI-m", "MNLI-mm"),
+        metrics=("accuracy",),
+        paper=_paper({"MNLI-m": 84.6, "MNLI-mm": 83.4}, {"MNLI-m": 86.7, "MNLI-mm": 85.9}),
+        sweep_position=0,
+        report_columns=("MNLI-m", "MNLI-mm"),
+        benchmark=BENCHMARK,
+        train_size="392k",
+        directory="MNLI",
+        labels=("contradiction", "entailment", "neutral"),
+        is_pair=True,
+        labeled_columns=_pair("sentence1", "sentence2", "gold_label"),
+        test_columns=_STANDARD_TEST,
+        dev_splits={"dev_matched": "MNLI-m", "dev_mismatched": "MNLI-mm"},
+        test_splits={"test_matched": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"},
+        diagnostic=True,
+        tfds_name="glue/mnli",
+        tfds_text_fields=("premise", "hypothesis"),
+    ),
+    SentenceTask(
+        name="QNLI",
+        metrics=("accuracy",),
+        paper=_paper({"QNLI": 90.5}, {"QNLI": 92.7}),
+        sweep_position=2,
+        report_columns=("QNLI",),
+        benchmark=BENCHMARK,
+        train_size="108k",
+        directory="QNLI",
+        labels=("entailment", "not_entailment"),
+        is_pair=True,
+        labeled_columns=_pair("question", "sentence", "label"),
+        test_columns=Columns(text_a="question", text_b="sentence", label=None, index="index"),
+        dev_splits={"dev": "QNLI"},
+        test_splits={"test": "QNLI.tsv"},
+        tfds_name="glue/qnli",
+        tfds_text_fields=("question", "sentence"),
+    ),
+    SentenceTask(
+        name="RTE",
+        metrics=("accuracy",),
+        paper=_paper({"RTE": 66.4}, {"RTE": 70.1}),
+        sweep_position=7,
+        report_columns=("RTE",),
+        benchmark=BENCHMARK,
+        train_size="2.5k",
+        directory="RTE",
+        labels=("entailment", "not_entailment"),
+        is_pair=True,
+        labeled_columns=_pair("sentence1", "sentence2", "label"),
+        test_columns=_STANDARD_TEST,
+        dev_splits={"dev": "RTE"},
+        test_splits={"test": "RTE.tsv"},
+        tfds_name="glue/rte",
+        tfds_text_fields=("sentence1", "sentence2"),
+    ),
+    SentenceTask(  # in the sweep and the GLUE average, not in Table 1
+        name="WNLI",
+        metrics=("accuracy",),
+        sweep_position=8,
+        benchmark=BENCHMARK,
+        directory="WNLI",
+        labels=("0", "1"),
+        is_pair=True,
+        labeled_columns=_pair("sentence1", "sentence2", "label"),
+        test_columns=_STANDARD_TEST,
+        dev_splits={"dev": "WNLI"},
+        test_splits={"test": "WNLI.tsv"},
+        tfds_name="glue/wnli",
+        tfds_text_fields=("sentence1", "sentence2"),
+    ),
+)
 
 # The diagnostic set (AX) is scored with the MNLI model; the GLUE server expects AX.tsv.
 DIAGNOSTIC_FILE = os.path.join("diagnostic", "diagnostic.tsv")
 DIAGNOSTIC_SUBMISSION = "AX.tsv"
 DIAGNOSTIC_COLUMNS = _STANDARD_TEST
 
-# The paper's Table 1 order.
-TASK_ORDER = ("MNLI", "QQP", "QNLI", "SST-2", "CoLA", "STS-B", "MRPC", "RTE", "WNLI")
-
-_ALIASES = {name.lower().replace("-", "").replace("_", ""): name for name in TASKS} | {
-    "stsb": "STS-B",
-    "sst2": "SST-2",
-    "mnlim": "MNLI",
-    "mnlimm": "MNLI",
-}
-
 
 class GlueDataError(UserError):
     """A task file is missing or malformed; the message names the file (and line)."""
 
 
-def get_task(name: str) -> TaskSpec:
-    """Task by name, case- and dash-insensitive, with or without a `glue/` prefix."""
-    key = name.split("/", 1)[1] if name.lower().startswith("glue/") else name
-    key = key.lower().replace("-", "").replace("_", "")
-    if key not in _ALIASES:
-        raise UserError(f"unknown GLUE task {name!r}; choose one of {', '.join(TASK_ORDER)}")
-    return TASKS[_ALIASES[key]]
+def get_task(name: str) -> SentenceTask:
+    """A sentence task by name, case- and dash-insensitive, with or without a `glue/` prefix."""
+    return registry.get_sentence_task(name)  # type: ignore[return-value]
 
 
-def parse_label(task: TaskSpec, raw: str, where: str) -> str | float:
+def parse_label(task: SentenceTask, raw: str, where: str) -> str | float:
     """A label string checked against the task's label set, or an STS-B score in [0, 5]."""
     if task.is_regression:
         try:
@@ -280,7 +337,7 @@ def _column_index(columns: Columns, field: str, header: Sequence[str] | None, pa
 
 
 def read_tsv(
-    path: str, task: TaskSpec, columns: Columns, labeled: bool, split: str
+    path: str, task: SentenceTask, columns: Columns, labeled: bool, split: str
 ) -> list[Example]:
     """Examples of one GLUE file. `labeled=False` reads test files (labels are None)."""
     if not fs.isfile(path):
@@ -335,17 +392,19 @@ def is_test_split(split: str) -> bool:
     return split.startswith("test") or split == "diagnostic"
 
 
-def read_split(data: str, task: TaskSpec | str, split: str) -> list[Example]:
+def read_split(data: str, task: SentenceTask | str, split: str) -> list[Example]:
     """Examples of `split` ("train", "dev", "dev_matched", "test", "diagnostic", ...).
 
     `data` is a local GLUE directory, or "tfds" / "tfds:DATA_DIR" for TFDS `glue/*`.
     """
     task = get_task(task) if isinstance(task, str) else task
     valid = {TRAIN, *task.dev_splits, *task.test_splits}
-    if task.name == "MNLI":
+    if task.diagnostic:
         valid.add("diagnostic")
     if split not in valid:
         raise UserError(f"{task.name} has no split {split!r}; it has {sorted(valid)}")
+    if task.reader is not None:
+        return task.reader(data, split)
     if data == "tfds" or data.startswith("tfds:"):
         return read_tfds(task, split, data_dir=data[5:] or None)
     if split == "diagnostic":
@@ -356,12 +415,13 @@ def read_split(data: str, task: TaskSpec | str, split: str) -> list[Example]:
     return read_tsv(task.split_file(data, split), task, columns, labeled=not test, split=split)
 
 
-def available_test_splits(data: str, task: TaskSpec) -> list[str]:
-    """Test splits (and MNLI's diagnostic set) present in `data`; TFDS always has them."""
+def available_test_splits(data: str, task: SentenceTask) -> list[str]:
+    """Test splits (and MNLI's diagnostic set) present in `data`; TFDS (and a task with its own
+    reader) always has them."""
     splits = list(task.test_splits)
-    if task.name == "MNLI":
+    if task.diagnostic:
         splits.append("diagnostic")
-    if data == "tfds" or data.startswith("tfds:"):
+    if task.reader is not None or data == "tfds" or data.startswith("tfds:"):
         return splits
     present = []
     for split in splits:
@@ -375,9 +435,10 @@ def available_test_splits(data: str, task: TaskSpec) -> list[str]:
     return present
 
 
-def check_task_files(data: str, task: TaskSpec) -> None:
-    """Fail early, naming the file, when a local GLUE directory lacks a train or dev file."""
-    if data == "tfds" or data.startswith("tfds:"):
+def check_task_files(data: str, task: SentenceTask) -> None:
+    """Fail early, naming the file, when a local GLUE directory lacks a train or dev file (a
+    task with its own reader checks its files as it reads them)."""
+    if task.reader is not None or data == "tfds" or data.startswith("tfds:"):
         return
     if not fs.isdir(data):
         raise GlueDataError(f"GLUE data directory not found: {data}")
@@ -390,7 +451,7 @@ def check_task_files(data: str, task: TaskSpec) -> None:
             )
 
 
-def submission_file(task: TaskSpec, split: str) -> str:
+def submission_file(task: SentenceTask, split: str) -> str:
     return DIAGNOSTIC_SUBMISSION if split == "diagnostic" else task.test_splits[split]
 
 
@@ -409,7 +470,7 @@ def tfds_split_name(split: str) -> str:
 
 
 def example_from_tfds(
-    task: TaskSpec,
+    task: SentenceTask,
     record: dict,
     label_names: Sequence[str] | None,
     labeled: bool,
@@ -444,7 +505,7 @@ def example_from_tfds(
     return Example(guid=str(int(record["idx"])), text_a=text_a, text_b=text_b, label=label)
 
 
-def read_tfds(task: TaskSpec, split: str, data_dir: str | None = None) -> list[Example]:
+def read_tfds(task: SentenceTask, split: str, data_dir: str | None = None) -> list[Example]:
     """Examples from TFDS `glue/*` (imports TensorFlow Datasets lazily)."""
     import tensorflow_datasets as tfds
 

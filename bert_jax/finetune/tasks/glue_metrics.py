@@ -1,8 +1,8 @@
 """GLUE metrics as the benchmark defines them, and the two ways to summarise a run.
 
-Per task: CoLA Matthews correlation; STS-B Pearson and Spearman correlation; MRPC and QQP F1 (of
-the positive class, label "1") and accuracy; accuracy elsewhere. Scores are reported in percent,
-as GLUE and the paper do.
+Per task, the metrics it registers (`Task.metrics`, `glue.TASKS`): CoLA Matthews correlation;
+STS-B Pearson and Spearman correlation; MRPC and QQP F1 (of the positive class, label "1") and
+accuracy; accuracy elsewhere. Scores are reported in percent, as GLUE and the paper do.
 
 Summaries:
 - `paper_score` / `paper_average`: the paper's Table 1 — F1 for QQP and MRPC, Spearman for STS-B,
@@ -20,6 +20,10 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
+from bert_jax.finetune.tasks import registry
+from bert_jax.finetune.tasks.glue import BENCHMARK, SentenceTask
+from bert_jax.finetune.tasks.task import Task
 
 
 def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:
@@ -86,78 +90,69 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 
 # ------------------------------------------------------------------------------------------------
-# Per-task metrics
+# Per-task metrics (each task's names are its registered `Task.metrics`, the paper's first)
 # ------------------------------------------------------------------------------------------------
 
-# Name of each task's metrics, in the order they are reported; the first is the paper's.
-TASK_METRICS: dict[str, tuple[str, ...]] = {
-    "CoLA": ("matthews_corr",),
-    "SST-2": ("accuracy",),
-    "MRPC": ("f1", "accuracy"),
-    "QQP": ("f1", "accuracy"),
-    "STS-B": ("spearman", "pearson"),
-    "MNLI": ("accuracy",),
-    "QNLI": ("accuracy",),
-    "RTE": ("accuracy",),
-    "WNLI": ("accuracy",),
+FUNCTIONS = {
+    "matthews_corr": matthews_corrcoef,
+    "accuracy": accuracy,
+    "f1": f1,
+    "pearson": pearson,
+    "spearman": spearman,
 }
 
 
-def task_metrics(task_name: str, labels: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
-    """The task's GLUE metrics in percent. Classification takes label indices; STS-B scores."""
-    if task_name not in TASK_METRICS:
-        raise ValueError(f"no metrics for task {task_name!r}")
+def _task(task: str | Task) -> Task:
+    return registry.get(task) if isinstance(task, str) else task
+
+
+def task_metrics(task: str | Task, labels: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
+    """The task's metrics in percent. Classification takes label indices; regression scores."""
+    names = _task(task).metrics
     labels, predictions = np.asarray(labels), np.asarray(predictions)
     if labels.shape != predictions.shape:
         raise ValueError(f"labels {labels.shape} and predictions {predictions.shape} differ")
-    functions = {
-        "matthews_corr": matthews_corrcoef,
-        "accuracy": accuracy,
-        "f1": f1,
-        "pearson": pearson,
-        "spearman": spearman,
-    }
-    return {name: 100.0 * functions[name](labels, predictions) for name in TASK_METRICS[task_name]}
+    return {name: 100.0 * FUNCTIONS[name](labels, predictions) for name in names}
 
 
-def paper_metric(task_name: str) -> str:
-    """The metric the paper's Table 1 reports for a task."""
-    return TASK_METRICS[task_name][0]
+def paper_metric(task: str | Task) -> str:
+    """The metric the paper reports for a task (Table 1's for GLUE's)."""
+    return _task(task).paper_metric
 
 
-def paper_score(task_name: str, metrics: Mapping[str, float]) -> float:
-    return float(metrics[paper_metric(task_name)])
+def paper_score(task: str | Task, metrics: Mapping[str, float]) -> float:
+    return float(metrics[paper_metric(task)])
 
 
-def glue_score(task_name: str, metrics: Mapping[str, float]) -> float:
+def glue_score(task: str | Task, metrics: Mapping[str, float]) -> float:
     """The official GLUE per-task score: the mean of the task's metrics."""
-    return float(np.mean([metrics[name] for name in TASK_METRICS[task_name]]))
+    return float(np.mean([metrics[name] for name in _task(task).metrics]))
 
 
-# Report columns of the paper's Table 1, each with its task and evaluation split's report name.
-PAPER_COLUMNS: tuple[str, ...] = (
-    "MNLI-m",
-    "MNLI-mm",
-    "QQP",
-    "QNLI",
-    "SST-2",
-    "CoLA",
-    "STS-B",
-    "MRPC",
-    "RTE",
-)
-
-
-def column_task(column: str) -> str:
-    return "MNLI" if column.startswith("MNLI") else column
+def __getattr__(name: str):
+    """`PAPER_COLUMNS` (Table 1's columns, e.g. `MNLI-m`, in its order) and `GLUE_TASKS` (the
+    official average's tasks), read from the registry when first asked for."""
+    if name == "PAPER_COLUMNS":
+        return tuple(column for task in registry.table_tasks() for column in task.report_columns)
+    if name == "GLUE_TASKS":
+        return tuple(task.name for task in registry.benchmark_tasks(BENCHMARK))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def paper_average(column_scores: Mapping[str, float]) -> float | None:
-    """Mean of the nine Table 1 columns (WNLI excluded); None unless all nine are present."""
-    values = [column_scores.get(column) for column in PAPER_COLUMNS]
+    """Mean of the Table 1 columns (WNLI is not one); None unless every column is present."""
+    values = [column_scores.get(column) for column in __getattr__("PAPER_COLUMNS")]
     if any(v is None for v in values):
         return None
     return float(np.mean(values))
+
+
+def _task_of_report(report_name: str) -> SentenceTask | None:
+    """The sentence task whose dev split is reported as `report_name` (`MNLI-m`: MNLI)."""
+    for task in registry.all_tasks():
+        if report_name in getattr(task, "dev_splits", {}).values():
+            return task  # type: ignore[return-value]
+    return None
 
 
 def glue_task_scores(
@@ -165,36 +160,30 @@ def glue_task_scores(
 ) -> dict[str, float]:
     """Official per-task scores from metrics keyed by report name (`MNLI-m`, `MNLI-mm`, `CoLA`…).
 
-    MNLI's score is the mean of its matched and mismatched scores.
+    A task of several dev splits (MNLI) scores the mean of their scores, when all are present.
     """
     scores: dict[str, float] = {}
-    mnli = [split_metrics[k] for k in ("MNLI-m", "MNLI-mm") if k in split_metrics]
-    if len(mnli) == 2:
-        scores["MNLI"] = float(np.mean([glue_score("MNLI", m) for m in mnli]))
-    for name, metrics in split_metrics.items():
-        if not name.startswith("MNLI"):
-            scores[name] = glue_score(name, metrics)
+    single = []
+    for name in split_metrics:
+        task = _task_of_report(name)
+        if task is None or len(task.dev_splits) == 1:
+            single.append(name)
+        elif task.name not in scores:
+            reports = list(task.dev_splits.values())
+            if all(report in split_metrics for report in reports):
+                values = [glue_score(task, split_metrics[report]) for report in reports]
+                scores[task.name] = float(np.mean(values))
+    for name in single:
+        scores[name] = glue_score(name, split_metrics[name])
     return scores
 
 
-GLUE_TASKS: tuple[str, ...] = (
-    "CoLA",
-    "SST-2",
-    "MRPC",
-    "STS-B",
-    "QQP",
-    "MNLI",
-    "QNLI",
-    "RTE",
-    "WNLI",
-)
-
-
 def glue_average(
-    task_scores: Mapping[str, float], tasks: Sequence[str] = GLUE_TASKS
+    task_scores: Mapping[str, float], tasks: Sequence[str] | None = None
 ) -> float | None:
-    """The GLUE macro-average over `tasks`; None unless every one of them has a score."""
-    values = [task_scores.get(task) for task in tasks]
+    """The GLUE macro-average over `tasks` (default: the nine); None unless each has a score."""
+    names = __getattr__("GLUE_TASKS") if tasks is None else tasks
+    values = [task_scores.get(task) for task in names]
     if any(v is None for v in values):
         return None
     return float(np.mean(values))

@@ -1,4 +1,4 @@
-"""SQuAD v1.1/v2.0 data: the official JSON (or TFDS), and windows over long contexts as features.
+"""SQuAD v1.1/v2.0: the tasks, the official JSON (or TFDS), windows over long contexts as features.
 
 Reading. The official layout: `{"version", "data": [{"title", "paragraphs": [{"context", "qas":
 [{"id", "question", "answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}` (`is_impossible`
@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.finetune.tasks.task import SPANS, Task
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
@@ -55,16 +56,43 @@ class SquadExample:
     is_impossible: bool = False
 
 
-def parse_task(task: str) -> str | None:
-    """`squad/v1.1` -> "v1.1" (also `squad1.1`, `squad/v2`, ...); None for another task."""
-    key = task.lower().replace("_", "").replace("-", "")
-    if not key.startswith("squad"):
-        return None
-    rest = key[5:].lstrip("/").lstrip("v")
-    version = {"1.1": "v1.1", "1": "v1.1", "11": "v1.1", "2.0": "v2.0", "2": "v2.0"}.get(rest)
-    if version is None:
-        raise UserError(f"unknown SQuAD task {task!r}; use squad/v1.1 or squad/v2.0")
-    return version
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SquadTask(Task):
+    """A SQuAD version's task; its files are named after `version` (`train-v1.1.json`)."""
+
+    family: str = SPANS
+    version: str
+
+
+def _spellings(*numbers: str) -> tuple[str, ...]:
+    """`squad1.1`, `squad/v1`, ... (compared without case, '-' and '_')."""
+    return tuple(f"squad{sep}{v}{n}" for sep in ("", "/") for v in ("", "v") for n in numbers)
+
+
+TASKS = (
+    SquadTask(
+        name="squad/v1.1",
+        version="v1.1",
+        aliases=_spellings("1.1", "1", "11"),
+        metrics=("f1", "exact_match"),
+        defaults={"learning_rate": 5e-5, "batch_size": 32, "epochs": 3.0, "max_seq_length": 384},
+        paper=(  # Table 2
+            ("BERT-Base (paper, dev)", {"exact_match": 80.8, "f1": 88.5}),
+            ("BERT-Large (paper, dev)", {"exact_match": 84.1, "f1": 90.9}),
+        ),
+    ),
+    SquadTask(
+        name="squad/v2.0",
+        version="v2.0",
+        aliases=_spellings("2.0", "2"),
+        metrics=("f1", "exact"),
+        defaults={"learning_rate": 5e-5, "batch_size": 48, "epochs": 2.0, "max_seq_length": 384},
+        paper=(  # Table 3
+            ("BERT-Large (paper, dev)", {"exact": 78.7, "f1": 81.9}),
+            ("BERT-Large (paper, test)", {"exact": 80.0, "f1": 83.1}),
+        ),
+    ),
+)
 
 
 # ------------------------------------------------------------------------------------------------

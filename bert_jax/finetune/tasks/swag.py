@@ -1,4 +1,4 @@
-"""SWAG (the paper's Table 4): the official CSV files and their four-choice features.
+"""SWAG (the paper's Table 4): the task, the official CSV files and their four-choice features.
 
 Reading. `--data` is a directory with the official `train.csv`, `val.csv` and (optionally)
 `test.csv`, header `,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,
@@ -23,10 +23,25 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.finetune.tasks.task import CHOICES, Task
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
 TASK_NAME = "swag"
+TASKS = (
+    Task(
+        name=TASK_NAME,
+        family=CHOICES,
+        aliases=("swag/v1", "swag/regular"),
+        metrics=("accuracy",),
+        # Table 4's recipe (the paper gives no length; 128 holds nearly every SWAG choice).
+        defaults={"learning_rate": 2e-5, "batch_size": 16, "epochs": 3.0, "max_seq_length": 128},
+        paper=(  # Table 4
+            ("BERT-Base (paper, dev)", {"accuracy": 81.6}),
+            ("BERT-Large (paper, dev)", {"accuracy": 86.6}),
+        ),
+    ),
+)
 NUM_CHOICES = 4
 SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
 HEADER = (
@@ -57,10 +72,6 @@ class SwagExample:
     sent2: str
     endings: tuple[str, ...]
     label: int | None  # None in test.csv
-
-
-def is_swag_task(task: str) -> bool:
-    return task.lower() in (TASK_NAME, "swag/v1", "swag/regular")
 
 
 def split_path(data: str, split: str) -> str:

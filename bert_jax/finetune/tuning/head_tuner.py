@@ -1,7 +1,7 @@
 """A pretrained BERT encoder with a fresh head on a mesh, compiled once: the sharded state born
 from the loaded encoder and the head's own init, the train step (`train.update` with the
-learning rate as an argument) and the predict step. GLUE's `loop.FineTuner` and the token
-tasks' `token_loop.TokenTuner` are this with their model, head and loss.
+learning rate as an argument) and the predict step. GLUE's `sentence_tuning.FineTuner` and the token
+tasks' `token_tuning.TokenTuner` are this with their model, head and loss.
 """
 
 from __future__ import annotations

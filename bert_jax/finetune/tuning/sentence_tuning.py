@@ -1,4 +1,5 @@
-"""The fine-tuning loop: one task, one setting (learning rate, seed), on the device mesh.
+"""The sentence-task fine-tuning loop: a classifier (or regressor) on the pooled [CLS], one task,
+one setting (learning rate, seed), on the device mesh.
 
 The paper's recipe: BERT AdamW (weight decay 0.01, not on LayerNorm and biases; clipping at global
 norm 1.0), linear warmup over the first 10% of steps then linear decay to 0, dropout 0.1, batch 32,
@@ -9,7 +10,7 @@ The state and step are pretraining's (`train.TrainState`, `train.update`, `train
 shardings from the logical axis names, global batches, a donated state), with the classifier's
 loss. The learning rate enters the step as an argument (the optimizer runs with a unit schedule and
 the update is scaled by it), so every trial of a sweep with the same model and head reuses one
-compiled step. Batches come from `features`; a run is deterministic given its seed (head
+compiled step. Batches come from `batches`; a run is deterministic given its seed (head
 initialisation, shuffling and dropout).
 """
 
@@ -34,69 +35,10 @@ from bert_jax.finetune.tasks.glue import TaskSpec
 from bert_jax.finetune.tuning import steps
 from bert_jax.finetune.tuning.batches import EncodedSplit, TaskData, gather_batch, host_rows
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
-from bert_jax.runtime.errors import UserError
+from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneSettings:
-    """One fine-tuning run's hyperparameters (the paper's defaults)."""
-
-    learning_rate: float = 2e-5
-    seed: int = 0
-    epochs: float = 3.0
-    batch_size: int = 32
-    eval_batch_size: int = 32
-    max_seq_length: int = 128
-    warmup_proportion: float = 0.1
-    weight_decay: float = 0.01
-    dropout: float = 0.1
-    clip_norm: float = 1.0
-    # The paper says Adam; the original code's optimizer skips bias correction (set False to match
-    # it; the missing correction is a known cause of failed runs on small tasks).
-    adam_bias_correction: bool = True
-    # "bert" (BERT AdamW, google-research/bert's schedule) or "adamw-hf" (Hugging Face Trainer's
-    # torch AdamW and linear schedule); steps.OPTIMIZERS says what each is.
-    optimizer: str = "bert"
-    eval_every_epoch: bool = False
-    mesh_shape: tuple[int, int, int] = (-1, 1, 1)
-    log_every: int = 100
-
-    def to_dict(self) -> dict[str, Any]:
-        values = dataclasses.asdict(self)
-        values["mesh_shape"] = list(self.mesh_shape)
-        return values
-
-
-@dataclasses.dataclass(frozen=True)
-class PretrainedEncoder:
-    """What fine-tuning needs from a model directory: config, the `bert` params and tokenizer."""
-
-    config: BertConfig
-    bert_params: Any
-    tokenizer: Any
-    source: str = ""
-
-    @classmethod
-    def from_model_dir(cls, model_dir: Any) -> PretrainedEncoder:
-        """From `model_dir.load_model_dir(...)`'s ModelDir (params hold a `bert` subtree)."""
-        params = model_dir.params
-        if "bert" not in params:
-            raise UserError(
-                f"model directory {model_dir.path} has no 'bert' parameters "
-                f"(top-level keys: {sorted(params)})"
-            )
-        return cls(model_dir.config, params["bert"], model_dir.tokenizer, str(model_dir.path))
-
-
-def load_pretrained(path: str) -> PretrainedEncoder:
-    """A model directory or pretraining workdir, through `model_dir.load_model_dir` (the loader
-    every command uses); the params come to the host and are placed on the mesh per trial."""
-    from bert_jax.training import model_dir
-
-    return PretrainedEncoder.from_model_dir(model_dir.load_model_dir(path))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -271,14 +213,14 @@ def evaluate(
         )
         assert encoded.labels is not None
         results[task.dev_splits[split]] = glue_metrics.task_metrics(
-            task.name, encoded.labels, predictions
+            task, encoded.labels, predictions
         )
     return results
 
 
 def selection_score(task: TaskSpec, dev_metrics: Mapping[str, Mapping[str, float]]) -> float:
     """What best-on-dev selection compares: the paper's metric, averaged over dev splits."""
-    return float(np.mean([glue_metrics.paper_score(task.name, m) for m in dev_metrics.values()]))
+    return float(np.mean([glue_metrics.paper_score(task, m) for m in dev_metrics.values()]))
 
 
 def make_mesh(settings: FinetuneSettings) -> jax.sharding.Mesh:

@@ -1,10 +1,10 @@
-"""The fine-tuning step loop every task shares (GLUE in `loop.py`, SQuAD and CoNLL-2003 in
-`token_loop.py`): the checks before anything compiles, the optimizer and learning-rate schedule
+"""The fine-tuning step loop every task shares (GLUE in `sentence_tuning.py`, SQuAD and CoNLL-2003
+in `token_tuning.py`): the checks before anything compiles, the optimizer and learning-rate schedule
 of the chosen recipe (`OPTIMIZERS`), the steps over shuffled rows with a progress line (loss,
 learning rate, rate, ETA) every `log_every` steps, and evaluation after every epoch
 (`eval_every_epoch`) and at the end.
 
-Every recipe takes an epoch as `features.steps_per_epoch` batches, the last one partial and
+Every recipe takes an epoch as `batches.steps_per_epoch` batches, the last one partial and
 weighted by its real rows (the loss is a mean over them). The optimizer has a unit schedule
 (`unit_schedule`): each step's learning rate is passed into `train.update`, so one compiled step
 serves every rate of the schedule and of a sweep.

@@ -2,11 +2,10 @@
 
 The recipe and the machinery are GLUE's: `FinetuneSettings`, the shared step loop
 (`steps.run_steps`: BERT AdamW with a unit schedule, the learning rate passed in per step, warmup
-over the first 10% then linear decay) and `tuner.HeadTuner` (shardings, global batches, a donated
-state, the encoder placed from the model directory and a fresh head initialised on its own).
-What differs is the model (`token_heads.BertForTokenOutputs`), the loss (`span_loss` or
-`token_loss`) and what prediction returns (logits at every position, handed to the task's own
-post-processing).
+over the first 10% then linear decay) and `head_tuner.HeadTuner` (shardings, global batches, a
+donated state, the encoder placed from the model directory and a fresh head initialised on its own).
+What differs is the model (`per_token.BertForTokenOutputs`), the loss (`span_loss` or `token_loss`)
+and what prediction returns (logits at every position, handed to the task's own post-processing).
 
 A run is deterministic given its seed (head initialisation, shuffling, dropout).
 """
@@ -29,7 +28,7 @@ from bert_jax.finetune.heads.pooled import ClassifierHead
 from bert_jax.finetune.tuning import steps
 from bert_jax.finetune.tuning.batches import host_rows
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
-from bert_jax.finetune.tuning.sentence_tuning import FinetuneSettings, PretrainedEncoder
+from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
 Array = jax.Array
 SPAN = "span"
