@@ -21,11 +21,10 @@ import transformers
 from bert_jax import cli
 from bert_jax.convert import hf as hf_convert
 from bert_jax.convert.between_formats import convert
-from bert_jax.convert.model_dir import save_model_dir
+from bert_jax.convert.model_dir import ModelDirError, load_model_dir, save_model_dir
 from bert_jax.convert.strict import ConversionError
 from bert_jax.core import train
 from bert_jax.core.model import BertForPreTraining, BertModel
-from bert_jax.training.model_dir import load_model_dir
 from tests.convert_fixtures import (
     google_bert_config,
     hf_state_dict_from_tf1,
@@ -503,7 +502,6 @@ def test_an_unexported_pretraining_workdir_converts_from_its_latest_checkpoint(t
     """`--from bert-jax WORKDIR` of a run that has not exported model/ yet reads its latest
     checkpoint: the command hands the conversion training's loader (convert/ stands below
     training/). `convert()` with the format's own loader refuses such a workdir in one line."""
-    from bert_jax.convert import model_dir
     from bert_jax.training import checkpointing, config_lib
 
     run_config = config_lib.pretraining_config("tiny")
@@ -526,7 +524,7 @@ def test_an_unexported_pretraining_workdir_converts_from_its_latest_checkpoint(t
     checkpoints.wait()
     checkpoints.close()
 
-    with pytest.raises(model_dir.ModelDirError, match="pretraining workdir with no exported"):
+    with pytest.raises(ModelDirError, match="pretraining workdir with no exported"):
         convert("bert-jax", workdir, "hf", tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
 
@@ -535,7 +533,7 @@ def test_an_unexported_pretraining_workdir_converts_from_its_latest_checkpoint(t
         capsys, "convert", "--from", "bert-jax", workdir, "--to", "bert-jax", out
     )
     assert code == 0 and f"converted bert-jax {workdir} -> bert-jax {out}" in stdout
-    converted = model_dir.load_model_dir(out)
+    converted = load_model_dir(out)
     assert converted.config == config and converted.has_heads
     expected = random_params(config, seed=8)
     assert jax.tree.structure(converted.params) == jax.tree.structure(expected)

@@ -94,7 +94,7 @@ def _original_rows(batch) -> list[bytes]:
 def _exported_params(workdir):
     import jax
 
-    from bert_jax.training import model_dir
+    from bert_jax.convert import model_dir
 
     return jax.tree.leaves(model_dir.load_model_dir(os.path.join(workdir, "model")).params)
 
