@@ -12,7 +12,7 @@ Two dumps, written here (nothing is downloaded):
    an infobox, citations, links, sections, lists, tables, files, categories).
 
 Per article: the word ratio (bert-jax's words / wikiextractor's) and the markup each leaves
-(``wikipedia.markup_leftovers``: ``{|``, ``|-``, ``{{``, ``[[``, ``<ref``, ``''``, ``&nbsp;``,
+(``wikitext.markup_leftovers``: ``{|``, ``|-``, ``{{``, ``[[``, ``<ref``, ``''``, ``&nbsp;``,
 ``==``, ...). wikiextractor runs as its users run it, ``python -m wikiextractor.WikiExtractor
 DUMP --json --html-safe ""`` (one process, no template definitions, text not HTML-escaped),
 from an environment of its own: ``make bench-wikipedia`` makes ``.venv-wikiextractor`` and runs
@@ -39,6 +39,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax.data.sources import wikipedia_dump as wikipedia  # noqa: E402
+from bert_jax.data.sources import wikitext  # noqa: E402
 from tests.corpus_fixtures import realistic_articles, realistic_dump_xml  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -91,10 +92,10 @@ def compare(ours: dict[str, str], theirs: dict[str, str]) -> dict:
             "words": words,
             "peer_words": peer_words,
             "word_ratio": words / max(peer_words, 1),
-            "leftovers": len(wikipedia.markup_leftovers(text)),
-            "peer_leftovers": len(wikipedia.markup_leftovers(theirs[title])),
-            "leftover_examples": sorted(set(wikipedia.markup_leftovers(text)))[:8],
-            "peer_leftover_examples": sorted(set(wikipedia.markup_leftovers(theirs[title])))[:8],
+            "leftovers": len(wikitext.markup_leftovers(text)),
+            "peer_leftovers": len(wikitext.markup_leftovers(theirs[title])),
+            "leftover_examples": sorted(set(wikitext.markup_leftovers(text)))[:8],
+            "peer_leftover_examples": sorted(set(wikitext.markup_leftovers(theirs[title])))[:8],
         }
     return rows
 

@@ -1,4 +1,4 @@
-"""Wikitext -> running text (``wikipedia.wikitext_to_paragraphs``): no markup left, no prose lost,
+"""Wikitext -> running text (``wikitext.wikitext_to_paragraphs``): no markup left, no prose lost,
 on the markup patterns of real articles."""
 
 from __future__ import annotations
@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from bert_jax.data.sources import wikipedia_dump as wikipedia
+from bert_jax.data.sources import wikitext
 from bert_jax.data.sources.documents import read_documents
 from tests.corpus_fixtures import realistic_articles, realistic_dump_xml
 
-strip = wikipedia.wikitext_to_paragraphs
+strip = wikitext.wikitext_to_paragraphs
 
 
 def test_unbalanced_bold_and_italics_in_table_cells_keep_the_prose_and_leave_no_markup():
@@ -88,7 +89,7 @@ def test_markup_leaves_nothing_behind(markup):
     paragraphs = strip(markup)
     assert paragraphs and paragraphs[-1].endswith("A B C."), paragraphs
     text = "\n".join(paragraphs)
-    assert wikipedia.markup_leftovers(text) == [], text
+    assert wikitext.markup_leftovers(text) == [], text
 
 
 def test_block_tags_are_paragraphs():
@@ -133,14 +134,14 @@ def test_the_leftover_detector_finds_every_kind_of_markup():
         "Category:X",
         "File:X.jpg",
     ):
-        assert wikipedia.markup_leftovers(f"Some text {leftover} more."), leftover
-    assert wikipedia.markup_leftovers("It's 5 < 6 & 7 > 3; the U.S. economy (2020): 4% - 3.") == []
+        assert wikitext.markup_leftovers(f"Some text {leftover} more."), leftover
+    assert wikitext.markup_leftovers("It's 5 < 6 & 7 > 3; the U.S. economy (2020): 4% - 3.") == []
 
 
 def test_real_format_articles_keep_every_paragraph_word_for_word_and_no_markup():
-    for title, wikitext, expected in realistic_articles():
-        paragraphs = wikipedia.wikitext_to_paragraphs(wikitext)
-        assert wikipedia.markup_leftovers("\n".join(paragraphs)) == [], title
+    for title, markup, expected in realistic_articles():
+        paragraphs = wikitext.wikitext_to_paragraphs(markup)
+        assert wikitext.markup_leftovers("\n".join(paragraphs)) == [], title
         assert paragraphs == expected, title
 
 

@@ -2,7 +2,7 @@
 
 No TensorFlow, no JAX; deterministic for a given seed. Pairs are drawn in Python as token
 ranges of the documents (a few integers each); rows are then built, masked
-(``row_masking.mask_rows``) and handed out as arrays a batch at a time.
+(``static_rows.mask_rows``) and handed out as arrays a batch at a time.
 
 Public API:
 
@@ -42,7 +42,7 @@ Semantics (Devlin et al. and google-research/bert's create_pretraining_data.py):
 
 A deliberate difference from the original (a fix of a known flaw): a random next always comes
 from another document (the original tried 10 times and could pick the same one); at least two
-documents are required. Masking's own differences are listed in ``masking.py``.
+documents are required. Masking's own differences are listed in ``masking/static_sequence.py``.
 """
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ def create_instance_rows(
 
     Output position ``p`` of ``create_instances`` holds instance ``order[p]`` of the batches'
     concatenation. Every pair is drawn first (a few integers each); the batches are built,
-    masked (``row_masking.mask_rows``) and handed out ``rows_per_batch`` at a time, so memory
+    masked (``static_rows.mask_rows``) and handed out ``rows_per_batch`` at a time, so memory
     stays at one batch of rows. Same instances, masking and order as ``create_instances``.
     """
     _check_settings(max_seq_length, short_seq_prob, dupe_factor)

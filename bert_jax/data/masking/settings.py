@@ -75,7 +75,7 @@ class MaskingConfig:
         unchanged.
 
         The one place a draw becomes [MASK], random or same, for every masking path: ``draws``
-        may be a Python float (``mask_ids``), a NumPy array (``row_masking``) or a TensorFlow
+        may be a Python float (``mask_ids``), a NumPy array (``static_rows``) or a TensorFlow
         tensor (``dynamic_mask_batch``); the results are bools of the same kind.
         """
         mask_below, random_below = self.mask_share, self.random_below

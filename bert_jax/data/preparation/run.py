@@ -21,7 +21,7 @@ Group ``g`` becomes ``part-{g:05d}.tfrecord``: its documents in key order are to
 into ``dupe_factor`` passes of masked instances, shuffled and serialized, seeded by ``(seed, g)``
 alone. The local path is a map (splits read in ``num_workers`` processes, documents spilled by
 group to a hidden folder of the output) and a reduce (groups made into shards by the same
-workers, written by this process); the Apache Beam pipeline (``beam.py``) runs the same
+workers, written by this process); the Apache Beam pipeline (``beam_pipeline.py``) runs the same
 functions on a runner's workers. Either way the bytes are the same, whatever ``num_workers`` is
 or whichever engine runs it. Memory per worker is bounded by a split and by a group, never by
 the corpus. Machine ``shard_index`` of ``num_shards`` writes the groups with
@@ -399,7 +399,7 @@ class _Progress:
 @dataclass
 class CheckedRun:
     """A run of ``data prepare`` checked and laid out, before anything is written; the local path
-    and the Beam pipeline (``beam.py``) both start from it."""
+    and the Beam pipeline (``beam_pipeline.py``) both start from it."""
 
     sources: list[str]
     splits: list
@@ -487,8 +487,9 @@ def _input_bytes(split, tfds_data_dir: str | None) -> int:
 def describe_run(checked: CheckedRun) -> str:
     """What ``--dry-run`` prints: the splits and the groups; nothing is read past the cutting."""
     lines = [
-        f"{len(checked.splits)} split(s) of {len(checked.sources)} input(s), {checked.input_bytes()} "
-        f"bytes, into {checked.num_groups} group(s) (a shard each) in {checked.output_dir}"
+        f"{len(checked.splits)} split(s) of {len(checked.sources)} input(s), "
+        f"{checked.input_bytes()} bytes, into {checked.num_groups} group(s) (a shard each) in "
+        f"{checked.output_dir}"
     ]
     for split in checked.splits:
         stop = "end" if split.stop < 0 else split.stop
@@ -509,10 +510,12 @@ def start_run(checked: CheckedRun, settings: PrepareSettings) -> dict[int, set[s
 
 def check_enough_documents(checked: CheckedRun, corpus_stats: sources_lib.CorpusStats) -> None:
     """Sentence pairs need two documents, single sequences one (InputError naming the inputs)."""
-    if corpus_stats.documents < (2 if checked.recorded["instance_format"] == "sentence_pairs" else 1):
+    if corpus_stats.documents < (
+        2 if checked.recorded["instance_format"] == "sentence_pairs" else 1
+    ):
         raise manifest.InputError(
-            f"inputs {', '.join(checked.sources)} hold {corpus_stats.documents} usable document(s); "
-            f"sentence pairs need at least two ({corpus_stats.summary()})"
+            f"inputs {', '.join(checked.sources)} hold {corpus_stats.documents} usable "
+            f"document(s); sentence pairs need at least two ({corpus_stats.summary()})"
         )
 
 
@@ -688,7 +691,11 @@ def prepare_records(
 
 
 def finish_run(
-    result: PrepareResult, settings: PrepareSettings, checked: CheckedRun, parts, everyone_done=False
+    result: PrepareResult,
+    settings: PrepareSettings,
+    checked: CheckedRun,
+    parts,
+    everyone_done=False,
 ) -> None:
     """The completion mark (``_write_stats``), written last; then the set-aside old shards go.
     ``everyone_done``: no writer of this job is left (Beam's last step), so every temporary
@@ -701,7 +708,7 @@ def finish_run(
 
 
 def _write_stats(result: PrepareResult, settings: PrepareSettings, shard: dict) -> None:
-    """This machine's completion mark: its counts, and its shard (``machine_merge.shard_record``)."""
+    """This machine's completion mark: its counts and its shard (``machine_merge.shard_record``)."""
     name = manifest.stats_name(settings.shard_index, settings.num_shards)
     write_json_atomic(
         os.path.join(result.output_dir, name),

@@ -21,7 +21,7 @@ manifest whose machines have not all finished, so a failed or killed run is neve
 
 Several machines (``--shard-index I --num-shards N``) prepare one directory: machine I writes the
 document groups ``g % N == I``, and its completion mark also holds its manifest and the groups it
-wrote. ``shard_merge.join_shards`` (``data prepare --merge``) checks the N of them against each
+wrote. ``machine_merge.join_shards`` (``data prepare --merge``) checks the N of them against each
 other and the records on disk and returns the one manifest, with ``merged_shards = N``, that readers
 trust; until it is written ``require_complete`` refuses the directory.
 """

@@ -7,8 +7,8 @@ Public API:
   holds one paragraph per line. It is ``iter_candidates`` (reading: bz2, XML, namespace and
   redirect; cheap) then ``article_text`` (parsing the wikitext: the costly part, which
   ``sources`` runs in worker processes).
-- ``wikitext_to_paragraphs(wikitext) -> list[str]``: the stripping alone (``parse`` first);
-  ``markup_leftovers(text)``: the markup that stripped text must not hold.
+- The stripping alone (``wikitext_to_paragraphs``) and the markup that stripped text must not
+  hold (``markup_leftovers``) are wikitext.py's.
 - ``multistream_header``, ``iter_chunks``, ``chunk_candidates``: a multistream dump read apart;
   ``probe_head``, ``first_stream_header``, ``next_stream_start`` and ``iter_streams``: the same
   by byte ranges of whole streams (``splits``).
@@ -33,8 +33,8 @@ like any other whitespace, becomes an ordinary space). Bold and italics are reso
 line as MediaWiki does, not by the parser, whose marks may run across lines and tables (one left
 open in a table cell took the table's end, or a paragraph, with it). Paragraphs stay paragraphs:
 wikitext's blank lines and block tags (``<blockquote>``, ``<div>``) separate them, the lines
-inside one are joined, and a sentence never runs across two. ``markup_leftovers(text)`` finds
-markup that stripped text should never hold (the tests and
+inside one are joined, and a sentence never runs across two. ``wikitext.markup_leftovers(text)``
+finds markup that stripped text should never hold (the tests and
 ``benchmarks/wikipedia_extractors_bench.py`` count it).
 
 An export without ``<siteinfo>`` (optional in the schema) is read. A dump that is not valid bz2

@@ -12,7 +12,7 @@ Public API:
   corpus (text files, JSONL, ``tfds:``, ``embedded``) to a SentencePiece model
   (``bert-jax tokenizer train``, the pretraining run without a tokenizer, the bench);
   ``train_sentencepiece`` on one-sentence-per-line text files.
-- ``Tokenizer`` (``tokenizer_base.py``): ``vocab_size``, ``pad_id, unk_id, cls_id, sep_id,
+- ``Tokenizer`` (``interface.py``): ``vocab_size``, ``pad_id, unk_id, cls_id, sep_id,
   mask_id``, ``lowercase``, ``tokenize(text) -> list[str]``, ``encode(text) -> list[int]`` (no
   special tokens added), ``encode_batch(texts)`` (many texts at once, special-token strings kept
   as text), ``convert_ids_to_tokens(ids)``, ``convert_tokens_to_ids(tokens)``, ``decode(ids)``,
@@ -20,7 +20,7 @@ Public API:
   ``special_ids``, ``ordinary_ids`` (ids a random MLM replacement may take), ``save(directory)``,
   ``check_vocab_size(model_vocab_size)``. Implementations: ``wordpiece.WordPieceTokenizer``
   (exactly Hugging Face's slow ``BertTokenizer``) and
-  ``sentencepiece_tokenizer.SentencePieceTokenizer``.
+  ``sentencepiece.SentencePieceTokenizer``.
 """
 
 from __future__ import annotations
