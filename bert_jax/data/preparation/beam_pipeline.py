@@ -181,7 +181,9 @@ def build(pipeline, checked, settings, finished: frozenset[int], started: float)
         read.documents
         | "Group" >> beam.GroupByKey()
         | "Write"
-        >> beam.FlatMap(_write_group, checked.output_dir, checked.tokenizer, checked.recorded, finished)
+        >> beam.FlatMap(
+            _write_group, checked.output_dir, checked.tokenizer, checked.recorded, finished
+        )
     )
     return (
         pipeline
@@ -253,7 +255,8 @@ def _read_result(checked):
     return prepare_lib.PrepareResult(
         output_dir=checked.output_dir,
         files=[
-            os.path.join(checked.output_dir, groups_lib.part_name(g)) for g in stats["shard"]["parts"]
+            os.path.join(checked.output_dir, groups_lib.part_name(g))
+            for g in stats["shard"]["parts"]
         ],
         groups_written=stats["groups_written"],
         groups_skipped=stats["groups_skipped"],
