@@ -2,6 +2,8 @@
 
 - ``errors``: what a user error is (one line, exit 2) and the other exit statuses.
 - ``fs``: the one file-system layer, local paths and ``gs://`` alike.
+- ``outputs``: atomic writes, and the one rule for replacing an output directory (only what
+  bert-jax wrote).
 - ``checkpoint_health``: what is wrong with an Orbax save (a checkpoint, a model directory's
   params), in one line, read without Orbax's stderr noise.
 - ``host_memory``: what this host can give a child process (a compile, a prepare worker).
