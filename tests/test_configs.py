@@ -163,3 +163,18 @@ def test_a_documented_experiment_dry_runs_as_written(command, tmp_path, monkeypa
 def test_docs_paper_runs_every_experiment():
     shown = {_experiment(c) for c in DOCUMENTED if c.page == os.path.join("docs", "paper.md")}
     assert shown == set(EXPERIMENTS)
+
+
+def test_the_dry_run_says_where_the_lm_head_runs():
+    """LTR puts the vocabulary projection at every position (more FLOPs per token); MLM gathers."""
+    ltr = config_checks.describe(_module("paper/table5_ltr").get_config())
+    mlm = config_checks.describe(_module("paper/table5_no_nsp").get_config())
+    flops = re.compile(r"seq 128, .*?([\d.]+) GFLOP/token \(([^)]*)\)")
+    (ltr_flops, ltr_head), (mlm_flops, mlm_head) = (
+        flops.search(ltr).groups(),
+        flops.search(mlm).groups(),
+    )
+    assert (
+        ltr_head == "LM head at every position" and mlm_head == "MLM head at the gathered positions"
+    )
+    assert float(ltr_flops) > float(mlm_flops)

@@ -227,11 +227,12 @@ def describe(config: ml_collections.ConfigDict) -> str:
             model_config, phase.max_seq_length, phase.max_predictions_per_seq
         )
         flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
+        head = "LM head at every position" if share >= 1 else "MLM head at the gathered positions"
         lines.append(
             f"  {phase.name}: steps {phase.start}..{phase.end - 1} ({phase.steps}), seq "
             f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, global batch "
             f"{phase.batch_size}, data {phase.source or '(unset)'}, "
-            f"{flops / 1e9:.3f} GFLOP/token (gathered MLM positions)"
+            f"{flops / 1e9:.3f} GFLOP/token ({head})"
         )
     lines.append(f"parameters: {count_parameters(model_config):,}")
     lines += ["run:"] + [f"  {line}" for line in run_outline(config, phases)]
