@@ -1,10 +1,10 @@
 """Fine-tuning side by side (not a test): bert-jax and Hugging Face PyTorch on the same task files,
 model and seeds, and the spread of the dev score over the seeds.
 
-Both stacks run through bert-jax's own task code (`finetune.run.run_task`, what `bert-jax
-finetune` runs: the readers of the official formats, the features, the batches and their order,
-the learning rate of each step, the dev scoring and the result files). For the "bert-jax" stack
-the steps are bert-jax's (JAX, `--optimizer`, default adamw-hf); for the "transformers" stack
+Both stacks run through bert-jax's own task code (`finetune.runs.one_task.run_task`, what
+`bert-jax finetune` runs: the readers of the official formats, the features, the batches and their
+order, the learning rate of each step, the dev scoring and the result files). For the "bert-jax"
+stack the steps are bert-jax's (JAX, `--optimizer`, default adamw-hf); for the "transformers" stack
 the train and predict steps are those of the `transformers` model of the task (BertFor...
 SequenceClassification, MultipleChoice, QuestionAnswering, TokenClassification) with the same
 starting encoder weights, trained as Hugging Face's Trainer does (torch AdamW in its two

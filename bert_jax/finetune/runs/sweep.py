@@ -32,7 +32,7 @@ from bert_jax.finetune.reports import sweep_report as report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import registry
 from bert_jax.finetune.tasks.glue import (
-    TaskSpec,
+    SentenceTask,
     available_test_splits,
     check_task_files,
     get_task,
@@ -66,7 +66,7 @@ _MATCHING_SETTINGS = (
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-    task: TaskSpec
+    task: SentenceTask
     learning_rate: float
     seed: int
 
@@ -207,7 +207,7 @@ def run_trial(
 
 def run_single(
     model: str | PretrainedEncoder,
-    task: str | TaskSpec,
+    task: str | SentenceTask,
     data: str,
     workdir: str,
     settings: FinetuneSettings | None = None,

@@ -105,9 +105,6 @@ class SentenceTask(Task):
         return os.path.join(data_dir, self.directory, f"{split}.tsv")
 
 
-TaskSpec = SentenceTask  # the name the fine-tuning loop and older code use
-
-
 def _pair(text_a: str, text_b: str, label: str | None) -> Columns:
     return Columns(text_a=text_a, text_b=text_b, label=label)
 

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.finetune.tasks.glue import Example, TaskSpec, read_split
+from bert_jax.finetune.tasks.glue import Example, SentenceTask, read_split
 from bert_jax.runtime.errors import UserError
 
 FEATURE_KEYS = ("input_ids", "input_mask", "segment_ids")
@@ -37,7 +37,7 @@ class EncodedSplit:
 
 
 def encode_split(
-    task: TaskSpec, split: str, examples: Sequence[Example], tokenizer: Any, max_seq_length: int
+    task: SentenceTask, split: str, examples: Sequence[Example], tokenizer: Any, max_seq_length: int
 ) -> EncodedSplit:
     from bert_jax.data.tokenizers.pair_encoding import encode_pairs
 
@@ -60,7 +60,7 @@ def encode_split(
 class TaskData:
     """A task's encoded train, dev and (optionally) test splits."""
 
-    task: TaskSpec
+    task: SentenceTask
     train: EncodedSplit
     dev: Mapping[str, EncodedSplit]
     test: Mapping[str, EncodedSplit]
@@ -68,7 +68,7 @@ class TaskData:
 
 def load_task_data(
     data: str,
-    task: TaskSpec,
+    task: SentenceTask,
     tokenizer: Any,
     max_seq_length: int,
     test_splits: Sequence[str] = (),

@@ -31,7 +31,7 @@ from bert_jax.core import partitioning, train
 from bert_jax.core.model import BertConfig
 from bert_jax.finetune.heads.pooled import BertForSequenceClassification, ClassifierHead, head_loss
 from bert_jax.finetune.tasks import glue_metrics
-from bert_jax.finetune.tasks.glue import TaskSpec
+from bert_jax.finetune.tasks.glue import SentenceTask
 from bert_jax.finetune.tuning import steps
 from bert_jax.finetune.tuning.batches import EncodedSplit, TaskData, gather_batch, host_rows
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
@@ -187,14 +187,14 @@ def predict_split(
     return np.concatenate(outputs)
 
 
-def predictions_from_outputs(task: TaskSpec, outputs: np.ndarray) -> np.ndarray:
+def predictions_from_outputs(task: SentenceTask, outputs: np.ndarray) -> np.ndarray:
     """Label indices (argmax) for classification, scores for regression."""
     if task.is_regression:
         return outputs[:, 0].astype(np.float64)
     return np.argmax(outputs, axis=-1)
 
 
-def submission_strings(task: TaskSpec, predictions: np.ndarray) -> list[str]:
+def submission_strings(task: SentenceTask, predictions: np.ndarray) -> list[str]:
     """Predictions as the GLUE server reads them: label strings; STS-B scores clipped to [0, 5]."""
     if task.is_regression:
         return [f"{min(max(float(p), 0.0), 5.0):.3f}" for p in predictions]
@@ -203,7 +203,11 @@ def submission_strings(task: TaskSpec, predictions: np.ndarray) -> list[str]:
 
 
 def evaluate(
-    tuner: FineTuner, params: Any, task: TaskSpec, dev: Mapping[str, EncodedSplit], batch_size: int
+    tuner: FineTuner,
+    params: Any,
+    task: SentenceTask,
+    dev: Mapping[str, EncodedSplit],
+    batch_size: int,
 ) -> dict[str, dict[str, float]]:
     """GLUE metrics on every dev split, keyed by report name."""
     results = {}
@@ -218,7 +222,7 @@ def evaluate(
     return results
 
 
-def selection_score(task: TaskSpec, dev_metrics: Mapping[str, Mapping[str, float]]) -> float:
+def selection_score(task: SentenceTask, dev_metrics: Mapping[str, Mapping[str, float]]) -> float:
     """What best-on-dev selection compares: the paper's metric, averaged over dev splits."""
     return float(np.mean([glue_metrics.paper_score(task, m) for m in dev_metrics.values()]))
 
