@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from bert_jax.finetune.reports import curve_report
 from bert_jax.finetune.runs import one_task as run
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
@@ -119,10 +120,10 @@ def run_curve(
     if jax.process_index() == 0:  # every process computes the same curve; one writes it
         outputs.write_json_atomic(os.path.join(workdir, CURVE_NAME), curve)
         outputs.write_bytes_atomic(
-            os.path.join(workdir, "curve.md"), curve_markdown(curve).encode()
+            os.path.join(workdir, "curve.md"), curve_report.curve_markdown(curve).encode()
         )
         fs.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
-        plot_curve(os.path.join(workdir, "plots", "curve.png"), curve)
+        curve_report.plot_curve(os.path.join(workdir, "plots", "curve.png"), curve)
     return curve
 
 
@@ -139,35 +140,3 @@ def _check_same_task(workdir: str, task: str, options: run.TaskOptions) -> None:
             f"{path} is a curve of {earlier.get('task')} (features {earlier.get('features')}); "
             f"use another --workdir for {task}"
         )
-
-
-def curve_markdown(curve: Mapping[str, Any]) -> str:
-    lines = [
-        f"# {curve['task']}: {curve['metric']} against pretraining step",
-        "",
-        f"Pretraining run: `{curve['model']}`; data: `{curve['data']}`. The paper's Figure 5 "
-        "draws MNLI dev accuracy for BERT-Base from checkpoints at 200k-1M steps (about +1.0 "
-        "point from 500k to 1M).",
-        "",
-        f"| step | {curve['metric']} | run |",
-        "|---|---|---|",
-    ]
-    for point in curve["points"]:
-        lines.append(f"| {point['step']} | {point['score']:.2f} | `steps/step={point['step']}/` |")
-    return "\n".join(lines) + "\n"
-
-
-def plot_curve(path: str, curve: Mapping[str, Any]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(6.0, 3.6), dpi=110)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    steps = [p["step"] for p in curve["points"]]
-    axes.plot(steps, [p["score"] for p in curve["points"]], "o-", color="tab:blue")
-    axes.set_xlabel("pretraining step")
-    axes.set_ylabel(f"{curve['metric']} (%)")
-    axes.set_title(f"{curve['task']} after fine-tuning, by pretraining step (cf. Figure 5)")
-    with outputs.local_then_place(path, ".png") as local:
-        figure.savefig(local, bbox_inches="tight")
