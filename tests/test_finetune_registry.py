@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import dataclasses
 import json
 import os
 
@@ -76,13 +77,15 @@ def test_unknown_names_are_one_line_naming_the_choices():
 
 
 def test_the_command_line_takes_its_task_names_from_the_registry(tmp_path, capsys):
-    argv = ["finetune", "--model", str(tmp_path / "none"), "--data", str(tmp_path)]
-    argv += ["--workdir", str(tmp_path / "w")]
-    assert cli.main([*argv, "--task", "xnli"]) == 2
-    err = capsys.readouterr().err
-    assert f"unknown task 'xnli'; choose one of {', '.join(registry.names())}\n" in err
-    for name in registry.names():  # each is looked up, then its model is read (and missing)
-        assert one_task.get_task(name).name == name
+    """Every registered name gets past the task look-up (to the missing data); any other name is
+    refused there, naming the registry's."""
+    argv = ["finetune", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "no_data")]
+    for name in [*registry.names(), "xnli"]:
+        workdir = str(tmp_path / name.replace("/", "_"))
+        assert cli.main([*argv, "--workdir", workdir, "--task", name]) == 2
+        err = capsys.readouterr().err
+        refused = f"unknown task {name!r}; choose one of {', '.join(registry.names())}\n" in err
+        assert refused == (name == "xnli"), err
 
 
 def _string_constants(path: str) -> list[tuple[int, str]]:
@@ -140,6 +143,14 @@ def pair_task(tmp_path):
     task = registry.register(finetune_pair_task.TASK)
     yield task, str(data)
     registry.unregister(task)
+
+
+def test_a_readers_labels_are_checked_as_glues_are(pair_task):
+    task, data = pair_task
+    assert {e.label for e in glue.read_split(data, "tiny-paraphrase", "train")} == {"0", "1"}
+    odd = dataclasses.replace(task, reader=lambda data, split: [glue.Example("7", "a", "b", 2)])
+    with pytest.raises(UserError, match="tiny-paraphrase dev example 7: label '2' is not one of"):
+        glue.read_split(data, odd, "dev")
 
 
 def test_a_pair_task_in_one_module_runs_and_is_reported(pair_task, tmp_path):

@@ -401,7 +401,7 @@ def read_split(data: str, task: SentenceTask | str, split: str) -> list[Example]
     if split not in valid:
         raise UserError(f"{task.name} has no split {split!r}; it has {sorted(valid)}")
     if task.reader is not None:
-        return task.reader(data, split)
+        return _checked(task, split, task.reader(data, split))
     if data == "tfds" or data.startswith("tfds:"):
         return read_tfds(task, split, data_dir=data[5:] or None)
     if split == "diagnostic":
@@ -410,6 +410,20 @@ def read_split(data: str, task: SentenceTask | str, split: str) -> list[Example]
     test = is_test_split(split)
     columns = task.test_columns if test else task.labeled_columns
     return read_tsv(task.split_file(data, split), task, columns, labeled=not test, split=split)
+
+
+def _checked(task: SentenceTask, split: str, examples: Sequence[Example]) -> list[Example]:
+    """A task's own reader's examples, each label checked as the GLUE readers check theirs."""
+    if not examples:
+        raise GlueDataError(f"{task.name} {split}: the reader found no examples")
+    checked = []
+    for example in examples:
+        if example.label is not None:
+            where = f"{task.name} {split} example {example.guid}"
+            label = parse_label(task, str(example.label), where)
+            example = dataclasses.replace(example, label=label)
+        checked.append(example)
+    return checked
 
 
 def available_test_splits(data: str, task: SentenceTask) -> list[str]:
