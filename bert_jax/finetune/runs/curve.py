@@ -39,9 +39,10 @@ CURVE_NAME = "curve.json"
 
 def retained_steps(pretrain_workdir: str) -> list[int]:
     """The steps of the checkpoints a pretraining workdir keeps, in order."""
-    from bert_jax.training import checkpointing, model_dir
+    from bert_jax.convert.model_dir import is_unexported_workdir
+    from bert_jax.training import checkpointing
 
-    if not model_dir.is_unexported_workdir(pretrain_workdir) and not fs.isdir(
+    if not is_unexported_workdir(pretrain_workdir) and not fs.isdir(
         os.path.join(pretrain_workdir, "checkpoints")
     ):
         raise UserError(
