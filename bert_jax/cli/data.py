@@ -155,7 +155,7 @@ def _add_data(subparsers) -> None:
         help="sentence_pairs (NSP's), doc_sentences or full_sentences (RoBERTa's, no NSP); "
         "default: sentence_pairs for mlm+nsp, else full_sentences",
     )
-    shares = objectives.PAPER_SHARES
+    shares = objectives.DEFAULT_SHARES
     prepare.add_argument(
         "--mask-share", type=float, default=shares["mask_share"], help="share of [MASK]"
     )

@@ -167,11 +167,25 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 45m, 2h)") from None
 
 
+def _duration_text(seconds: float) -> str:
+    """60 -> "60s", 120 -> "2m", 3600 -> "1h": the largest unit that divides it."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def _watching_flags() -> argparse.ArgumentParser:
+    from bert_jax.launch.supervisor import Policy
+
+    defaults = Policy()  # the supervisor's defaults: one owner, read here for flags and help
     watching = argparse.ArgumentParser(add_help=False)
     group = watching.add_argument_group("supervisor (--watch, watch)")
     group.add_argument(
-        "--max-failures", type=int, default=3, help="restarts after failures and stalls (default 3)"
+        "--max-failures",
+        type=int,
+        default=defaults.max_failures,
+        help=f"restarts after failures and stalls (default {defaults.max_failures})",
     )
     group.add_argument(
         "--max-preemptions", type=int, default=None, help="recreations (default: no limit)"
@@ -186,16 +200,23 @@ def _watching_flags() -> argparse.ArgumentParser:
     group.add_argument(
         "--startup-timeout",
         type=_seconds,
-        default=3600.0,
+        default=defaults.startup_timeout,
         metavar="DURATION",
-        help="install + compile + restore limit, until the first step (default 1h)",
+        help="install + compile + restore limit, until the first step "
+        f"(default {_duration_text(defaults.startup_timeout)})",
     )
     group.add_argument(
-        "--stop-grace", type=_seconds, default=120.0, metavar="DURATION",
-        help="SIGTERM to SIGKILL when stopping a hung job (default 2m)",
+        "--stop-grace", type=_seconds, default=defaults.stop_grace, metavar="DURATION",
+        help=f"SIGTERM to SIGKILL when stopping a hung job "
+        f"(default {_duration_text(defaults.stop_grace)})",
     )  # fmt: skip
     group.add_argument(
-        "--poll", type=_seconds, default=60.0, metavar="DURATION", help="default 60s"
+        "--poll",
+        type=_seconds,
+        default=defaults.poll_seconds,
+        metavar="DURATION",
+        help="how often the supervisor looks at the slice, the job and the heartbeats "
+        f"(default {_duration_text(defaults.poll_seconds)})",
     )
     group.add_argument(
         "--recreate-delay",

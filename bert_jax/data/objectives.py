@@ -15,7 +15,7 @@ LM only, no NSP) and "ltr" (a left-to-right LM; records carry no masking). Insta
 Records without a recorded objective (older ``data prepare`` output) are "mlm+nsp" sentence pairs.
 
 The masking defaults are defined here and nowhere else (``MASKED_LM_PROB``,
-``MAX_PREDICTIONS_PER_SEQ``, ``PAPER_SHARES``), with the share of short instances
+``MAX_PREDICTIONS_PER_SEQ``, ``DEFAULT_SHARES``), with the share of short instances
 (``SHORT_SEQ_PROB``): masking, instance creation, preparation, the pipeline, the training config
 and ``bert-jax data prepare``'s flags read them.
 """
@@ -33,10 +33,14 @@ DEFAULT_OBJECTIVE = "mlm+nsp"
 # training config and `data prepare`'s flags all read them (this module imports no NumPy, so the
 # command line can). The paper's (and google-research/bert's create_pretraining_data.py's):
 # 15% of the tokens selected, at most 20 per 128-token sequence, and of the selected tokens 80%
-# [MASK], 10% unchanged, 10% a random token; records without recorded shares were masked so.
+# [MASK], 10% unchanged, 10% a random token (PAPER_SHARES: a fact of the paper and of the
+# original tool's records, so also what records without recorded shares were masked with,
+# BEFORE_RECORDED). DEFAULT_SHARES is the mix a run uses when none is given: change the default
+# there, and records prepared before shares were recorded still read as PAPER_SHARES.
 MASKED_LM_PROB = 0.15
 MAX_PREDICTIONS_PER_SEQ = 20
 PAPER_SHARES = {"mask_share": 0.8, "same_share": 0.1, "random_share": 0.1}
+DEFAULT_SHARES = PAPER_SHARES
 SHARE_KEYS = tuple(PAPER_SHARES)  # ("mask_share", "same_share", "random_share")
 # The share of sentence-pair instances cut to a random shorter length (the original's
 # short_seq_prob), read by instance creation, `data prepare` and the training config alike.

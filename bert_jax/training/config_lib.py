@@ -189,7 +189,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             # The shares of the selected tokens that become [MASK], stay the same, or become a
             # random token: mask_share, same_share, random_share (the paper's 80/10/10,
             # data/objectives.py; its Table 8 tries others). Sum to 1.
-            **objectives.PAPER_SHARES,
+            **objectives.DEFAULT_SHARES,
             # Instances: "sentence_pairs" ([CLS] A [SEP] B [SEP], NSP's), "doc_sentences" or
             # "full_sentences" (RoBERTa's, without NSP; data/objectives.py); "": the objective's
             # default (sentence_pairs with NSP, else full_sentences).
@@ -329,7 +329,7 @@ def mask_shares(config: ml_collections.ConfigDict) -> dict[str, float]:
     """The MASK/SAME/RND shares (mask_share, same_share, random_share), validated."""
     from bert_jax.data.masking.settings import check_shares
 
-    shares = {k: config.data.get(k, d) for k, d in objectives.PAPER_SHARES.items()}
+    shares = {k: config.data.get(k, d) for k, d in objectives.DEFAULT_SHARES.items()}
     check_shares(*shares.values(), tuple(f"config.data.{k}" for k in shares))
     return {k: float(v) for k, v in shares.items()}
 

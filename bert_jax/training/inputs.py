@@ -235,7 +235,8 @@ def check_records_objective(config, named_sources) -> None:
             if recorded is None or bool(config.data.dynamic_masking) or objective == "ltr":
                 continue
             # Static masking trains on the records' own MASK/SAME/RND mix: it must be the config's.
-            theirs = {k: float(recorded.get(k, v)) for k, v in objectives.PAPER_SHARES.items()}
+            before = objectives.BEFORE_RECORDED
+            theirs = {k: float(recorded.get(k, before[k])) for k in objectives.SHARE_KEYS}
             if theirs != shares:
                 raise UserError(
                     f"{source} ({what}) was masked with MASK/SAME/RND "

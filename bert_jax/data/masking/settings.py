@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_jax.data.objectives import (
+    DEFAULT_SHARES,
     MASKED_LM_PROB,
     MAX_PREDICTIONS_PER_SEQ,
-    PAPER_SHARES,
     SHARE_KEYS,
 )
 from bert_jax.data.tokenizers.interface import Tokenizer
@@ -61,8 +61,8 @@ class MaskingConfig:
     # Shares of the selected tokens that become [MASK] and a random ordinary token (the rest
     # stay unchanged): one uniform draw d per unit, [MASK] if d < mask_share, random if
     # d < mask_share + random_share.
-    mask_share: float = PAPER_SHARES["mask_share"]
-    random_share: float = PAPER_SHARES["random_share"]
+    mask_share: float = DEFAULT_SHARES["mask_share"]
+    random_share: float = DEFAULT_SHARES["random_share"]
 
     @property
     def random_below(self) -> float:
@@ -88,9 +88,9 @@ class MaskingConfig:
         masked_lm_prob: float = MASKED_LM_PROB,
         max_predictions_per_seq: int = MAX_PREDICTIONS_PER_SEQ,
         whole_word_mask: bool = False,
-        mask_share: float = PAPER_SHARES["mask_share"],
-        same_share: float = PAPER_SHARES["same_share"],
-        random_share: float = PAPER_SHARES["random_share"],
+        mask_share: float = DEFAULT_SHARES["mask_share"],
+        same_share: float = DEFAULT_SHARES["same_share"],
+        random_share: float = DEFAULT_SHARES["random_share"],
         share_names=SHARE_KEYS,
     ) -> MaskingConfig:
         check_shares(mask_share, same_share, random_share, share_names)

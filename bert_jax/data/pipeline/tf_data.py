@@ -91,9 +91,9 @@ class PipelineSettings:
     # objective are not checked), and the MASK/SAME/RND shares of dynamic masking. "ltr" reads
     # the text unmasked: no dynamic masking.
     objective: str = objectives.DEFAULT_OBJECTIVE
-    mask_share: float = objectives.PAPER_SHARES["mask_share"]
-    same_share: float = objectives.PAPER_SHARES["same_share"]
-    random_share: float = objectives.PAPER_SHARES["random_share"]
+    mask_share: float = objectives.DEFAULT_SHARES["mask_share"]
+    same_share: float = objectives.DEFAULT_SHARES["same_share"]
+    random_share: float = objectives.DEFAULT_SHARES["random_share"]
 
 
 def _derived_seed(*parts: int) -> int:

@@ -152,7 +152,7 @@ def process_group(
         settings["masked_lm_prob"],
         settings["max_predictions_per_seq"],
         settings["whole_word_mask"],
-        **{key: settings.get(key, share) for key, share in objectives.PAPER_SHARES.items()},
+        **{k: settings.get(k, objectives.BEFORE_RECORDED[k]) for k in objectives.SHARE_KEYS},
     )
     instance_format = settings.get("instance_format", "sentence_pairs")
     make_rows = instances_lib.create_instance_rows

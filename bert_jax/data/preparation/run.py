@@ -133,9 +133,9 @@ class PrepareSettings:
     # (data/objectives.py; "" = the objective's default), and the MASK/SAME/RND shares.
     objective: str = objectives.DEFAULT_OBJECTIVE
     instance_format: str = ""
-    mask_share: float = objectives.PAPER_SHARES["mask_share"]
-    same_share: float = objectives.PAPER_SHARES["same_share"]
-    random_share: float = objectives.PAPER_SHARES["random_share"]
+    mask_share: float = objectives.DEFAULT_SHARES["mask_share"]
+    same_share: float = objectives.DEFAULT_SHARES["same_share"]
+    random_share: float = objectives.DEFAULT_SHARES["random_share"]
 
     def check(self) -> None:
         """Raises a UserError naming every out-of-range setting by its flag."""
