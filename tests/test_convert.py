@@ -20,7 +20,8 @@ import transformers
 
 from bert_jax import cli
 from bert_jax.convert import hf as hf_convert
-from bert_jax.convert.between_formats import convert
+from bert_jax.convert.between_formats import HF_EXPORT_MARKER, convert
+from bert_jax.convert.hf import HF_DIR_FILES
 from bert_jax.convert.model_dir import ModelDirError, load_model_dir, save_model_dir
 from bert_jax.convert.strict import ConversionError
 from bert_jax.core import train
@@ -135,6 +136,8 @@ def test_tf1_checkpoint_converts_to_what_the_original_graph_computes(tf1_setup, 
 
     # Straight to Hugging Face: a strict load that computes the same (with "gelu_new").
     convert("tf1", directory, "hf", tmp_path / "hf")
+    assert "vocab.txt" in os.listdir(tmp_path / "hf")  # WordPiece: its files are listed ones too
+    assert set(os.listdir(tmp_path / "hf")) <= {*HF_DIR_FILES, HF_EXPORT_MARKER}
     exported, info = transformers.BertForPreTraining.from_pretrained(
         tmp_path / "hf", output_loading_info=True, attn_implementation="eager"
     )
@@ -556,6 +559,8 @@ def test_sentencepiece_tokenizer_is_exported_for_transformers(tmp_path):
     save_model_dir(tmp_path / "model", config, {"bert": params["bert"]}, tokenizer=spm)
     report = convert("bert-jax", tmp_path / "model", "hf", tmp_path / "hf")
     assert any("SentencePiece tokenizer written as spiece.model" in n for n in report.notes)
+    # What an export holds is what `--overwrite` may replace: every file is a listed one.
+    assert set(os.listdir(tmp_path / "hf")) <= {*HF_DIR_FILES, HF_EXPORT_MARKER}
     assert {"spiece.model", "tokenizer_config.json", "bert_jax_tokenizer.json"} <= set(
         os.listdir(tmp_path / "hf")
     )

@@ -24,6 +24,7 @@ import numpy as np
 from flax import traverse_util
 
 from bert_jax.convert import mapping, model_dir
+from bert_jax.convert.hf import HF_DIR_FILES
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.core.model import BertConfig
 from bert_jax.runtime import fs
@@ -35,13 +36,7 @@ TARGET_FORMATS = ("bert-jax", "hf")
 # Written into every Hugging Face export: the mark that lets `--overwrite` replace it later.
 HF_EXPORT_MARKER = "bert_jax_export.json"
 _HF_EXPORT_FILES = (
-    "config.json",
-    "model.safetensors",
-    "vocab.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "spiece.model",
-    "bert_jax_tokenizer.json",
+    *HF_DIR_FILES,
     HF_EXPORT_MARKER,
 )
 HF_EXPORT_KIND = files.OutputKind(

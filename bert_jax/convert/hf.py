@@ -28,6 +28,7 @@ from bert_jax.convert import hf_objectives, mapping, strict
 from bert_jax.convert.safetensors import read_safetensors, write_safetensors
 from bert_jax.convert.strict import ConversionError, ConversionReport
 from bert_jax.core.model import BertConfig
+from bert_jax.data.tokenizers.interface import CONFIG_NAME, SPM_NAME, VOCAB_NAME
 from bert_jax.runtime import fs
 
 __all__ = [
@@ -43,6 +44,17 @@ __all__ = [
 ]
 
 SAFETENSORS_NAME = "model.safetensors"
+# Every file `write_hf_dir` may write (the tokenizer's depend on its kind): what an export holds,
+# and so what `convert --overwrite` may replace (between_formats.py reads it).
+HF_DIR_FILES = (
+    "config.json",
+    SAFETENSORS_NAME,
+    VOCAB_NAME,  # WordPiece
+    SPM_NAME,  # SentencePiece
+    CONFIG_NAME,  # either: what load_tokenizer reads
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 PYTORCH_NAME = "pytorch_model.bin"
 
 # Keys a Hugging Face state dict may carry that hold no weights of their own: the decoder is tied
