@@ -17,8 +17,7 @@ from bert_jax.convert.between_formats import convert
 from bert_jax.core import partitioning
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.finetune.runs import squad_and_conll as token_tasks
-from bert_jax.finetune.tasks import squad
-from bert_jax.finetune.tasks import squad_answers as squad_eval
+from bert_jax.finetune.tasks import squad, squad_answers
 from bert_jax.finetune.tasks.squad import SquadDataError, SquadExample
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import minilm_dir
@@ -62,13 +61,13 @@ def _dataset(golds_by_id: dict[str, list[str]]) -> list[dict]:
 def test_v1_metric_matches_torchmetrics():
     predictions = {f"q{i}": pred for i, (pred, _) in enumerate(CASES)}
     dataset = _dataset({f"q{i}": golds for i, (_, golds) in enumerate(CASES)})
-    exact, f1s, _ = squad_eval.raw_scores(dataset, predictions, "v1.1")
+    exact, f1s, _ = squad_answers.raw_scores(dataset, predictions, "v1.1")
     for i, (prediction, golds) in enumerate(CASES):
         tm_exact, tm_f1 = _tm_scores(prediction, golds)
         assert 100 * exact[f"q{i}"] == tm_exact, CASES[i]
         # torchmetrics computes in float32: equal to its resolution.
         assert 100 * f1s[f"q{i}"] == pytest.approx(tm_f1, abs=1e-4), CASES[i]
-    ours = squad_eval.evaluate(dataset, predictions, "v1.1")
+    ours = squad_answers.evaluate(dataset, predictions, "v1.1")
     theirs = tm_squad.squad(
         [{"prediction_text": p, "id": f"q{i}"} for i, (p, _) in enumerate(CASES)],
         [
@@ -134,18 +133,18 @@ def test_v2_metric_no_answers_thresholds_and_best_threshold():
     }
     dataset = _dataset(golds)
     # Unanswerable questions: the per-question scores agree with torchmetrics' empty-target rule.
-    exact, f1s, has_answer = squad_eval.raw_scores(dataset, preds, "v2.0")
+    exact, f1s, has_answer = squad_answers.raw_scores(dataset, preds, "v2.0")
     for qid in ("n0", "n1", "n2"):
         assert 100 * exact[qid] == _tm_scores(preds[qid], [""])[0]
         assert 100 * f1s[qid] == pytest.approx(_tm_scores(preds[qid], [""])[1])
     assert has_answer["n3"] and not has_answer["n0"]
     for thresh in (1.0, 0.0, 2.2):
-        ours = squad_eval.evaluate(dataset, preds, "v2.0", odds, na_prob_thresh=thresh)
+        ours = squad_answers.evaluate(dataset, preds, "v2.0", odds, na_prob_thresh=thresh)
         reference = _official_v2(dataset, preds, odds, thresh)
         assert ours.keys() == reference.keys()
         for key, value in reference.items():
             assert ours[key] == pytest.approx(value, abs=1e-5), key
-    plain = squad_eval.evaluate(dataset, preds, "v2.0")
+    plain = squad_answers.evaluate(dataset, preds, "v2.0")
     assert "best_f1" not in plain and plain["NoAns_total"] == 3
 
 
@@ -224,17 +223,19 @@ def test_answers_respect_max_context_length_and_null_threshold(tokenizer):
     logits[0, at("1854"), 0] = 4.0
     logits[0, at("1854"), 1] = 4.5
     logits[0, 0] = [3.0, 3.0]  # the null score 6.0
-    found = squad_eval.answers_from_logits([example], features, logits, "v1.1", n_best_size=3)
+    found = squad_answers.answers_from_logits([example], features, logits, "v1.1", n_best_size=3)
     assert found.predictions == {"q1": "São Paulo"}  # the original's spacing and accents
     assert [e["text"] for e in found.nbest["q1"]][:2] == [
         "São Paulo",
         "São Paulo, the Résumé (1854",
     ]
-    short = squad_eval.answers_from_logits([example], features, logits, "v1.1", max_answer_length=1)
+    short = squad_answers.answers_from_logits(
+        [example], features, logits, "v1.1", max_answer_length=1
+    )
     assert short.predictions == {"q1": "1854"}
-    v2 = squad_eval.answers_from_logits([example], features, logits, "v2.0")
+    v2 = squad_answers.answers_from_logits([example], features, logits, "v2.0")
     assert v2.null_odds["q1"] == pytest.approx(6.0 - 10.0) and v2.predictions["q1"] == "São Paulo"
-    strict = squad_eval.answers_from_logits(
+    strict = squad_answers.answers_from_logits(
         [example], features, logits, "v2.0", null_score_diff_threshold=-5.0
     )
     assert (
@@ -437,8 +438,8 @@ def test_minilm_learns_synthetic_squad_end_to_end(minilm_model, tmp_path):
     best_slot = max(range(len(FACTS)), key=slots.count)
     baseline = {e.qid: e.context.split(".")[best_slot].split()[-1] for e in examples}
     dataset = squad.as_dataset(examples)
-    baseline_em = squad_eval.evaluate(dataset, baseline, "v1.1")["exact_match"]
-    ours = squad_eval.evaluate(dataset, predictions, "v1.1")
+    baseline_em = squad_answers.evaluate(dataset, baseline, "v1.1")["exact_match"]
+    ours = squad_answers.evaluate(dataset, predictions, "v1.1")
     assert ours == pytest.approx(result["dev_metrics"])
     print(
         f"synthetic SQuAD dev EM {ours['exact_match']:.1f} F1 {ours['f1']:.1f}, position "
@@ -488,7 +489,7 @@ def test_v2_run_writes_the_official_files_with_a_tiny_encoder(tmp_path):
     assert set(predictions) == set(null_odds) == {f"v2-{i}" for i in range(24)}
     assert (workdir / "nbest_predictions.json").exists()
     dataset = json.loads(payload)["data"]
-    again = squad_eval.evaluate(dataset, predictions, "v2.0", null_odds, na_prob_thresh=0.0)
+    again = squad_answers.evaluate(dataset, predictions, "v2.0", null_odds, na_prob_thresh=0.0)
     assert again == pytest.approx(result["dev_metrics"])
     assert result["dev_metrics"]["NoAns_total"] == 8 and result["dev_metrics"]["HasAns_total"] == 16
     assert "best_f1_thresh" in result["dev_metrics"]

@@ -28,8 +28,7 @@ import jax
 from bert_jax.finetune.reports import run_report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import conll as ner
-from bert_jax.finetune.tasks import registry, squad
-from bert_jax.finetune.tasks import squad_answers as squad_eval
+from bert_jax.finetune.tasks import registry, squad, squad_answers
 from bert_jax.finetune.tasks.task import SPANS, Task
 from bert_jax.finetune.tuning import token_tuning as token_loop
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
@@ -155,7 +154,7 @@ def _run_squad(encoder, version, splits, settings, options, log, mesh):
     log(f"SQuAD {version}: {len(train)} train questions -> {len(train_features)} windows")
 
     def answers(logits):
-        return squad_eval.answers_from_logits(
+        return squad_answers.answers_from_logits(
             dev,
             dev_features,
             logits,
@@ -168,7 +167,7 @@ def _run_squad(encoder, version, splits, settings, options, log, mesh):
     def evaluate(logits):
         found = answers(logits)
         odds = found.null_odds if version == "v2.0" else None
-        return squad_eval.evaluate(
+        return squad_answers.evaluate(
             dataset, found.predictions, version, odds, options.null_score_diff_threshold
         )
 
