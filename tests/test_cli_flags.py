@@ -144,15 +144,9 @@ def test_version_is_the_installed_packages(capsys):
 
 
 def test_finetune_help_shows_each_tasks_defaults_from_their_owners(capsys):
-    from bert_jax.finetune.runs import (
-        conll_features as feature_ner,
-    )
-    from bert_jax.finetune.runs import (
-        squad_and_conll as token_tasks,
-    )
-    from bert_jax.finetune.runs import (
-        swag as swag_task,
-    )
+    from bert_jax.finetune.runs import conll_features as feature_ner
+    from bert_jax.finetune.runs import squad_and_conll as token_tasks
+    from bert_jax.finetune.runs import swag as swag_task
     from bert_jax.finetune.tuning import sentence_tuning as loop
 
     glue = loop.FinetuneSettings()
@@ -204,3 +198,22 @@ def test_no_tensorflow_banner_on_stderr(tmp_path):
         assert banner not in done.stderr, done.stderr
     done = subprocess.run([script, "data", "prepare", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_the_span_flags_default_to_the_runs_options():
+    """SQuAD's and CoNLL-2003's flags (cli/finetune.py keeps NumPy out of `--help`, so it spells
+    them) take the defaults of SpanOptions, the run's owner, and of the answer search."""
+    import dataclasses
+    import inspect
+
+    from bert_jax.finetune.runs.squad_and_conll import SpanOptions
+    from bert_jax.finetune.tasks.squad_answers import answers_from_logits
+
+    parser = argparse.ArgumentParser()
+    finetune_cli._add_span_flags(parser)
+    flags = {action.dest: action.default for action in parser._actions if action.dest != "help"}
+    options = {field.name: field.default for field in dataclasses.fields(SpanOptions)}
+    assert flags == options
+    search = inspect.signature(answers_from_logits).parameters
+    for name in ("n_best_size", "max_answer_length", "null_score_diff_threshold"):
+        assert search[name].default == options[name], name

@@ -92,7 +92,9 @@ def _add_paper_flags(parser) -> None:
 
 
 def _add_span_flags(parser) -> None:
-    """SQuAD's and CoNLL-2003's own options (the GLUE tasks ignore them)."""
+    """SQuAD's and CoNLL-2003's own options (the GLUE tasks ignore them); their defaults are
+    squad_and_conll.SpanOptions' (spelled here to keep NumPy out of `--help`; a test holds them
+    equal)."""
     group = parser.add_argument_group("SQuAD and CoNLL-2003")
     group.add_argument("--doc-stride", type=int, default=128, help="SQuAD window stride")
     group.add_argument("--max-query-length", type=int, default=64, help="question sub-tokens")
