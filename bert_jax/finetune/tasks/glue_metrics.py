@@ -2,7 +2,8 @@
 
 Per task, the metrics it registers (`Task.metrics`, read through the registry): CoLA Matthews
 correlation; STS-B Pearson and Spearman correlation; MRPC and QQP F1 (of the positive class,
-label "1") and accuracy; accuracy elsewhere. Scores are reported in percent, as GLUE and the paper do.
+label "1") and accuracy; accuracy elsewhere. Scores are reported in percent, as GLUE and the
+paper do.
 
 Summaries:
 - `paper_score` / `paper_average`: the paper's Table 1 — F1 for QQP and MRPC, Spearman for STS-B,
