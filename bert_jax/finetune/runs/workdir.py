@@ -6,7 +6,7 @@ nbest_predictions.json; CoNLL-2003's dev/test_predictions.txt; SWAG's dev/test_p
 the checkpoint curve's steps/ and curve.*) into `--workdir`, replacing earlier ones of the same
 name. So they write only into a directory that is new, empty or already theirs (it carries
 `bert_jax_finetune.json`, or holds a result of an earlier run), never into one holding other files,
-the current or home directory, or a pretraining workdir (`data.files.check_replaceable`).
+the current or home directory, or a pretraining workdir (`runtime.outputs.check_replaceable`).
 
 One run writes into a workdir at a time: `one_writer` holds pretraining's lock
 (`training.workdir.WorkdirLock`, `bert-jax.lock`) while a run works, so a second run started on
