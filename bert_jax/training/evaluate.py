@@ -53,7 +53,8 @@ def evaluate_model(
     from bert_jax.core import train
     from bert_jax.core.model import BertForPreTraining
     from bert_jax.data import layout, objectives
-    from bert_jax.training import inputs, metrics, model_dir
+    from bert_jax.data.tokenizers.load_or_train import check_prepared_with
+    from bert_jax.training import metrics, model_dir
 
     model, data = os.fspath(model), os.fspath(data)
     if batch_size < 1 or batches < 0:
@@ -70,9 +71,7 @@ def evaluate_model(
         f"--data {data}", prepare_config, config.objective, f"--model {model}'s objective"
     )
     if loaded.has_tokenizer:  # records of another vocabulary would be scored as nonsense
-        inputs.check_records_tokenizer(
-            loaded.tokenizer, [("--data", data)], f"--model {model}'s tokenizer"
-        )
+        check_prepared_with(loaded.tokenizer, [("--data", data)], f"--model {model}'s tokenizer")
     length, slots = _record_shapes(data, prepare_config)
     if length > config.max_position_embeddings:
         raise UserError(

@@ -188,38 +188,6 @@ def _iterator(
     )
 
 
-def check_records_tokenizer(tokenizer, named_sources, whose: str) -> None:
-    """Refuses prepared records (`named_sources`: (what, path) pairs) whose recorded tokenizer is
-    not `tokenizer` (`whose`: what it belongs to, e.g. "--model M's tokenizer"), naming both;
-    the one check of `pretrain` (config.init_from, config.data.tokenizer) and `eval`. Corpora
-    and foreign records (no recorded tokenizer) pass."""
-    from bert_jax.data import layout
-    from bert_jax.data.sources import documents as sources
-
-    mine = tokenizer.fingerprint()
-    for what, source in named_sources:
-        if not source or sources.source_kind(source) != "records" or not fs.isdir(source):
-            continue
-        recorded = layout.read_prepare_config(source) or {}
-        theirs = recorded.get("tokenizer_fingerprint")
-        if theirs and theirs != mine:
-            saved = os.path.join(source, layout.TOKENIZER_SUBDIR)
-            described = _tokenizer_text(saved) if fs.isdir(saved) else f"fingerprint {theirs}"
-            raise UserError(
-                f"{what} {source} was prepared with another tokenizer ({described}) than "
-                f"{whose} ({_tokenizer_text(tokenizer)}): prepare the records with {whose}"
-            )
-
-
-def _tokenizer_text(tokenizer) -> str:
-    """ "SentencePiece, 4000 pieces, fingerprint ..." for a tokenizer or its directory."""
-    if isinstance(tokenizer, str):
-        from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
-
-        tokenizer = tokenizer_lib.load_tokenizer(tokenizer)
-    return f"{tokenizer.kind}, {tokenizer.vocab_size} pieces, fingerprint {tokenizer.fingerprint()}"
-
-
 def check_records_objective(config, named_sources) -> None:
     """Refuses (one line naming both) prepared records made for another objective than
     config.objective; `named_sources`: (what, source) pairs. Corpora and foreign records pass."""

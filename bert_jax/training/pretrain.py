@@ -46,6 +46,7 @@ from bert_jax.core import optim, partitioning
 from bert_jax.core.train import ShardedTrainer, TrainState, init_and_dropout_keys
 from bert_jax.data import objectives
 from bert_jax.data.pipeline import input_shards
+from bert_jax.data.tokenizers.load_or_train import check_prepared_with
 from bert_jax.runtime import distributed, fs
 from bert_jax.runtime import heartbeat as heartbeat_lib
 from bert_jax.runtime.errors import UserError, user_path
@@ -313,7 +314,7 @@ def _prepare_workdir(config, workdir: str, is_main: bool, console=lambda *a: Non
     config_checks.validate(config, phases, mesh, tokenizer)
     named = [(f"config.{p.name} data", p.source) for p in phases]
     named += [(f"eval data for {p.name}", inputs.eval_source(config, p)) for p in phases]
-    inputs.check_records_tokenizer(tokenizer, named, "the run's tokenizer")
+    check_prepared_with(tokenizer, named, "the run's tokenizer")
     own_tokenizer = os.path.join(workdir, "tokenizer")
     if is_main and not fs.isdir(own_tokenizer):
         tokenizer.save(own_tokenizer)  # the workdir alone then describes the model

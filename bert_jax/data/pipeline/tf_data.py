@@ -56,7 +56,7 @@ from bert_jax.data.records import integrity, manifest
 from bert_jax.data.records import tfrecord as records_lib
 from bert_jax.data.sources.documents import source_kind
 from bert_jax.data.tokenizers.interface import Tokenizer
-from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+from bert_jax.data.tokenizers.load_or_train import check_prepared_with, load_tokenizer
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
@@ -383,13 +383,8 @@ def _masking_tokenizer(items: list[str], tokenizer: Tokenizer | None) -> Tokeniz
             "dynamic masking needs the tokenizer (special ids, vocabulary, word starts); "
             f"pass one or keep the {TOKENIZER_SUBDIR}/ directory next to the records"
         )
-    for item in items:
-        config = read_prepare_config(item) if fs.isdir(item) else None
-        if config and config.get("tokenizer_fingerprint") != tokenizer.fingerprint():
-            raise UserError(
-                f"{item} was prepared with tokenizer {config.get('tokenizer_fingerprint')}"
-                f" but dynamic masking was given {tokenizer!r}"
-            )
+    named = [("records", item) for item in items]
+    check_prepared_with(tokenizer, named, "the tokenizer given for dynamic masking")
     return tokenizer
 
 

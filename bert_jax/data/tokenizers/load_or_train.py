@@ -1,4 +1,5 @@
-"""Any tokenizer from its files, or a SentencePiece model trained from a corpus.
+"""Any tokenizer from its files, or a SentencePiece model trained from a corpus; and the check
+that prepared records were made with a given tokenizer.
 
 Public API:
 
@@ -12,6 +13,9 @@ Public API:
   corpus (text files, JSONL, ``tfds:``, ``embedded``) to a SentencePiece model
   (``bert-jax tokenizer train``, the pretraining run without a tokenizer, the bench);
   ``train_sentencepiece`` on one-sentence-per-line text files.
+- ``check_prepared_with(tokenizer, named_sources, whose)``: prepared records whose recorded
+  tokenizer is another are refused in one line naming both (pretraining, ``eval`` and dynamic
+  masking share it).
 - ``Tokenizer`` (``interface.py``): ``vocab_size``, ``pad_id, unk_id, cls_id, sep_id,
   mask_id``, ``lowercase``, ``tokenize(text) -> list[str]``, ``encode(text) -> list[int]`` (no
   special tokens added), ``encode_batch(texts)`` (many texts at once, special-token strings kept
@@ -196,3 +200,32 @@ _PROGRESS_SECONDS = 5.0  # between reading lines
 def _listed(sources: Sequence[str], shown: int = 3) -> str:
     names = ", ".join(os.fspath(s) for s in sources[:shown])
     return names + (f" and {len(sources) - shown} more" if len(sources) > shown else "")
+
+
+def check_prepared_with(tokenizer: Tokenizer, named_sources, whose: str) -> None:
+    """Refuses prepared records (``named_sources``: (what, path) pairs) whose recorded tokenizer
+    is not ``tokenizer`` (``whose``: what it belongs to, e.g. "--model M's tokenizer"), naming
+    both: the one check of pretraining, ``eval`` and dynamic masking. Corpora and foreign records
+    (no recorded tokenizer) pass."""
+    from bert_jax.data.layout import TOKENIZER_SUBDIR, read_prepare_config
+    from bert_jax.data.sources.documents import source_kind
+
+    mine = tokenizer.fingerprint()
+    for what, source in named_sources:
+        if not source or source_kind(source) != "records" or not fs.isdir(source):
+            continue
+        theirs = (read_prepare_config(source) or {}).get("tokenizer_fingerprint")
+        if theirs and theirs != mine:
+            saved = os.path.join(source, TOKENIZER_SUBDIR)
+            described = (
+                _described(load_tokenizer(saved)) if fs.isdir(saved) else f"fingerprint {theirs}"
+            )
+            raise UserError(
+                f"{what} {source} was prepared with another tokenizer ({described}) than "
+                f"{whose} ({_described(tokenizer)}): prepare the records with {whose}"
+            )
+
+
+def _described(tokenizer: Tokenizer) -> str:
+    """ "sentencepiece, 4000 pieces, fingerprint ..." """
+    return f"{tokenizer.kind}, {tokenizer.vocab_size} pieces, fingerprint {tokenizer.fingerprint()}"
