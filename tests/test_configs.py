@@ -136,11 +136,10 @@ def test_a_checkout_path_outside_a_checkout_names_the_packaged_name(tmp_path, mo
 
 def _documented_runs():
     """Every documented command whose --config is an experiment config (test_docs_commands
-    runs one command per set of flags, so most of these only here). `plan` has no dry run: it
-    compiles for a TPU slice in its own tests (make test-tpu)."""
+    runs one command per set of flags, so most of these only here)."""
     from tests.test_docs_commands import COMMANDS
 
-    return [c for c in COMMANDS if _experiment(c) and c.argv[0] != "plan"]
+    return [c for c in COMMANDS if _experiment(c)]
 
 
 def _experiment(command) -> str:

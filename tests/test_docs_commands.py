@@ -73,10 +73,9 @@ class Command:
 
 def default_mark(argv: tuple[str, ...]) -> tuple[str, ...]:
     """How a command without a mark runs: what rents, reads a bucket or compiles for a TPU is a
-    dry run; `plan` (it has no dry run) and `bench` run in their own tests; `pretrain` of a size
-    config runs for days, so its dry run prints the recipe; the rest runs, in small form."""
-    if argv[0] == "plan":
-        return ("elsewhere", "tests/test_plan.py")  # compiles for a TPU slice: make test-tpu
+    dry run (`plan`'s says its search; the search compiles in make test-tpu); `bench` runs in its
+    own tests; `pretrain` of a size config runs for days, so its dry run prints the recipe; the
+    rest runs, in small form."""
     if argv[0] == "launch" or any("gs://" in arg for arg in argv) or "--topology" in argv:
         return ("dry-run",)
     if argv[0] == "bench":

@@ -334,6 +334,29 @@ def test_bad_plan_arguments_are_one_line(capsys, tmp_path):
         plan.flags_from_plan_json(str(tmp_path / "missing.json"))
 
 
+def test_a_dry_run_says_the_search_and_compiles_nothing(monkeypatch, capsys, tmp_path):
+    """`plan --dry-run`: the slice, the phases, each stage and the meshes stage 1 would compile,
+    checked as the search checks them; no compile, nothing written."""
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("a dry run compiled")
+
+    monkeypatch.setattr(compile_check, "check", no_compile)
+    monkeypatch.chdir(tmp_path)
+    argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5p-8", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "BERT 12/768/12 on v5p-8 (v5p:2x2x1: 4 chips, 95 GiB HBM each)" in out
+    assert "phase1 900000 steps at length 128, global batch 256" in out
+    assert "dp (4, 1, 1), fsdp (1, 4, 1), dp_fsdp (2, 2, 1)" in out
+    for stage in ("stage 2, windowed einsums on", "stage 3, ZeRO 1 on", "stage 4, dtypes float32"):
+        assert stage in out
+    assert "price: $4.20 per chip-hour" in out
+    assert os.listdir(tmp_path) == []
+    outcome = faults.run_cli(capsys, [*argv, "--dtypes", "fp8"])  # checked as the search checks
+    faults.assert_user_error(outcome, "--dtypes: 'fp8'")
+
+
 # --- real compiles for two TPU topologies (libtpu, no chip) ----------------------------------
 
 # (topology, what the search may vary): a handful of compiles of a one-layer model.

@@ -33,6 +33,19 @@ def _run(flag_values) -> int:
         raise UserError(f"--margin {flag_values.margin:g} must be at least 1")
     target = topology.parse(flag_values.topology)
     prices = plan.load_prices(flag_values.prices)
+    space = dict(
+        kinds=_values("meshes", flag_values.meshes),
+        max_accum=flag_values.max_accum,
+        prices=prices,
+        remats=_values("remat", flag_values.remat),
+        dtypes=_values("dtypes", flag_values.dtypes),
+        windowed=_booleans("windowed_einsum", flag_values.windowed_einsum),
+        zero=_booleans("shard_optimizer_state", flag_values.shard_optimizer_state),
+        margin=flag_values.margin,
+    )
+    if flag_values.dry_run:
+        print(plan.describe_search(flag_values.config, target, **space))
+        return 0
 
     def progress(candidate) -> None:  # a search takes minutes: say what each compile gave
         what = candidate.note if not candidate.timed else candidates.ms(candidate.step_seconds)
@@ -43,17 +56,7 @@ def _run(flag_values) -> int:
         )
 
     result = plan.plan(
-        flag_values.config,
-        target,
-        kinds=_values("meshes", flag_values.meshes),
-        max_accum=flag_values.max_accum,
-        prices=prices,
-        remats=_values("remat", flag_values.remat),
-        dtypes=_values("dtypes", flag_values.dtypes),
-        windowed=_booleans("windowed_einsum", flag_values.windowed_einsum),
-        zero=_booleans("shard_optimizer_state", flag_values.shard_optimizer_state),
-        margin=flag_values.margin,
-        progress=progress if flag_values.verbose else None,
+        flag_values.config, target, **space, progress=progress if flag_values.verbose else None
     )
     print(result.to_json() if flag_values.json else plan.format_plan(result))
     undecided = [s for s in result.schedule if s.candidate is None and s.undecided]
@@ -133,6 +136,13 @@ COMMAND = ConfigCommand(
             "price file (default: the one shipped with bert-jax, bert_jax/configs/tpu_prices.json)",
         ),
         ("bool", "json", False, "print the plan as JSON (the winners' flags included)"),
+        (
+            "bool",
+            "dry_run",
+            False,
+            "check the config and flags, print the slice, the phases and the search's stages "
+            "and meshes, then exit (nothing compiles)",
+        ),
         ("bool", "verbose", True, "say each candidate's outcome on stderr as the search goes"),
     ),
     run=_run,

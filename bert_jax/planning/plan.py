@@ -26,6 +26,7 @@ from bert_jax.core.bert_config import REMAT_POLICIES
 from bert_jax.planning import search
 from bert_jax.planning.candidates import (
     DTYPES,
+    GIB,
     MESH_KINDS,
     Candidate,
     PhaseSchedule,
@@ -56,6 +57,29 @@ def load_prices(path: str | None) -> dict[str, Any]:
     return prices
 
 
+def _checked_space(config, target, kinds, max_accum, remats, dtypes, windowed, zero, margin):
+    """The phases and the search space, every setting and flag value checked before anything
+    compiles (each refusal one line naming its flag or setting)."""
+    phases = config_lib.split_phases(config)
+    config_checks.check_values(config, phases)
+    unknown = sorted(set(remats) - set(REMAT_POLICIES))
+    if unknown:
+        raise UserError(
+            f"--remat: unknown policy {unknown[0]!r}; known: {', '.join(REMAT_POLICIES)}"
+        )
+    bad = sorted(set(dtypes) - set(DTYPES))
+    if bad or not dtypes:
+        raise UserError(f"--dtypes: {bad[0] if bad else 'none'!r}; known: {', '.join(DTYPES)}")
+    if not windowed or not zero:
+        raise UserError("--windowed-einsum and --shard-optimizer-state need at least one value")
+    space = search.Space(
+        tuple(kinds), tuple(dict.fromkeys(dtypes)), tuple(dict.fromkeys(windowed)),
+        tuple(dict.fromkeys(zero)), tuple(remats), max_accum, margin,
+    )  # fmt: skip
+    search.meshes(target, config, kinds)  # an unknown kind fails before anything compiles
+    return phases, space
+
+
 def plan(
     config: ml_collections.ConfigDict,
     target: TpuTarget,
@@ -75,23 +99,9 @@ def plan(
     to try, first values first; `margin`: how much slower than an earlier phase's best a mesh
     may be and still be compiled for a later phase; `progress` sees each candidate as it comes."""
     start = time.perf_counter()
-    phases = config_lib.split_phases(config)
-    config_checks.check_values(config, phases)
-    unknown = sorted(set(remats) - set(REMAT_POLICIES))
-    if unknown:
-        raise UserError(
-            f"--remat: unknown policy {unknown[0]!r}; known: {', '.join(REMAT_POLICIES)}"
-        )
-    bad = sorted(set(dtypes) - set(DTYPES))
-    if bad or not dtypes:
-        raise UserError(f"--dtypes: {bad[0] if bad else 'none'!r}; known: {', '.join(DTYPES)}")
-    if not windowed or not zero:
-        raise UserError("--windowed-einsum and --shard-optimizer-state need at least one value")
-    space = search.Space(
-        tuple(kinds), tuple(dict.fromkeys(dtypes)), tuple(dict.fromkeys(windowed)),
-        tuple(dict.fromkeys(zero)), tuple(remats), max_accum, margin,
-    )  # fmt: skip
-    search.meshes(target, config, kinds)  # an unknown kind fails before anything compiles
+    phases, space = _checked_space(
+        config, target, kinds, max_accum, remats, dtypes, windowed, zero, margin
+    )
     candidates, schedule, seen, earlier = [], [], {}, []
     for phase in phases:
         tried = search.search_phase(config, phase, target, space, earlier, seen, progress)
@@ -190,3 +200,67 @@ def with_planned_flags(
     mine = {a.split("=", 1)[0] for a in pretrain_args if a.startswith("--config.")}
     added = [f for f in flags if f.split("=", 1)[0] not in mine]
     return [*pretrain_args, *added], added
+
+
+def describe_search(
+    config: ml_collections.ConfigDict,
+    target: TpuTarget,
+    *,
+    kinds: Sequence[str] = MESH_KINDS,
+    max_accum: int = 64,
+    prices: dict[str, Any] | None = None,
+    remats: Sequence[str] = ("dots",),
+    dtypes: Sequence[str] = ("bfloat16", "float32"),
+    windowed: Sequence[bool] = (False, True),
+    zero: Sequence[bool] = (False, True),
+    margin: float = 1.25,
+) -> str:
+    """What `plan --dry-run` prints: the slice, the phases and the search `plan` would run (its
+    stages and the meshes it would compile), checked as `plan` checks them; nothing compiles."""
+    phases, space = _checked_space(
+        config, target, kinds, max_accum, remats, dtypes, windowed, zero, margin
+    )
+    model = config_lib.bert_config(config)
+    price = (prices or {}).get("usd_per_chip_hour", {}).get(target.generation.name)
+    meshes = ", ".join(f"{kind} {shape}" for kind, shape in search.meshes(target, config, kinds))
+    first = space.dtypes[0]
+    lines = [
+        f"plan (dry run, nothing compiled): BERT {model.num_hidden_layers}/{model.hidden_size}/"
+        f"{model.num_attention_heads} on {target.accelerator_type} ({target.topology}: "
+        f"{target.chips} chips, {target.hbm_bytes / GIB:.0f} GiB HBM each)",
+        "phases: "
+        + "; ".join(
+            f"{p.name} {p.steps} steps at length {p.max_seq_length}, global batch {p.batch_size}"
+            for p in phases
+        ),
+        f"stage 1, meshes ({first}, windowed einsums {_on(space.windowed[0])}, ZeRO 1 "
+        f"{_on(space.zero[0])}, remat {config.model.remat}; the fewest accumulation steps that "
+        f"fit, up to "
+        f"{space.max_accum}): {meshes or 'none fits this slice'}",
+    ]
+    if space.windowed[1:]:
+        lines.append(
+            f"stage 2, windowed einsums {_on(space.windowed[1])}: the fastest mesh that gathers "
+            "weights"
+        )
+    if space.zero[1:]:
+        lines.append(
+            f"stage 3, ZeRO 1 {_on(space.zero[1])}: meshes with a data axis, where it could win"
+        )
+    if space.dtypes[1:]:
+        lines.append(f"stage 4, dtypes {', '.join(space.dtypes[1:])}: the fastest setting")
+    if space.remats:
+        lines.append(
+            f"stage 5, remat {', '.join(space.remats)}: where the fastest setting needs "
+            "accumulation"
+        )
+    if len(phases) > 1:
+        lines.append(
+            f"later phases compile only meshes within {space.margin:g}x of the earlier best"
+        )
+    lines.append(f"price: ${price:.2f} per chip-hour" if price is not None else "price: none known")
+    return "\n".join(lines)
+
+
+def _on(value: bool) -> str:
+    return "on" if value else "off"
