@@ -81,6 +81,15 @@ def test_records_of_another_tokenizer_are_refused_naming_both(dirs, capsys):
         pretrain.pretrain(config, str(dirs["root"] / "run"))
 
 
+def test_a_corpus_given_as_data_is_one_line_saying_how_to_prepare_it(dirs, capsys):
+    for corpus in ("embedded:eval", "tfds:wikipedia/20230601.en:train"):
+        assert cli.main(["eval", "--model", dirs["model"], "--data", corpus]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert f"--data {corpus} is a corpus, not prepared records" in err
+        assert f"bert-jax data prepare --input {corpus} --tokenizer MODEL/tokenizer" in err
+
+
 def test_token_ids_beyond_the_models_vocabulary_are_one_line(dirs, capsys):
     small = tiny_config(vocab_size=1000, num_hidden_layers=1, hidden_size=32)
     # No tokenizer saved with it: only the ids can tell.

@@ -53,12 +53,19 @@ def evaluate_model(
     from bert_jax.core import train
     from bert_jax.core.model import BertForPreTraining
     from bert_jax.data import layout, objectives
+    from bert_jax.data.sources.documents import source_kind
     from bert_jax.data.tokenizers.load_or_train import check_prepared_with
     from bert_jax.training import metrics, model_dir
 
     model, data = os.fspath(model), os.fspath(data)
     if batch_size < 1 or batches < 0:
         raise UserError(f"--batch-size {batch_size} must be >= 1 and --batches {batches} >= 0")
+    if source_kind(data) in ("embedded", "tfds"):
+        raise UserError(
+            f"--data {data} is a corpus, not prepared records: prepare it first with the model's "
+            f"tokenizer (`bert-jax data prepare --input {data} --tokenizer MODEL/tokenizer "
+            "--output DIR`), then pass --data DIR"
+        )
     if not fs.exists(data):
         raise UserError(f"--data {data} does not exist")
     console(f"loading {model}")
