@@ -54,7 +54,7 @@ class Loaded:
 
     config: BertConfig
     params: dict[str, Any]
-    tokenizer: Any  # data.tokenizer.Tokenizer or None
+    tokenizer: Any  # data.tokenizers.interface.Tokenizer or None
     report: ConversionReport
 
 

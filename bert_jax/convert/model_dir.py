@@ -74,7 +74,7 @@ class ModelDir:
 
     @property
     def tokenizer(self):
-        """The model's own tokenizer (`data.tokenizer.Tokenizer`), loaded on first use."""
+        """The model's own tokenizer (a `data.tokenizers.interface.Tokenizer`), loaded when used."""
         if self._tokenizer is None:
             if self.tokenizer_path is None:
                 raise ModelDirError(
