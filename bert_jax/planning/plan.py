@@ -57,9 +57,24 @@ def load_prices(path: str | None) -> dict[str, Any]:
     return prices
 
 
-def _checked_space(config, target, kinds, max_accum, remats, dtypes, windowed, zero, margin):
+def _checked_space(
+    config: ml_collections.ConfigDict,
+    target: TpuTarget,
+    *,
+    kinds: Sequence[str] = MESH_KINDS,
+    max_accum: int = 64,
+    remats: Sequence[str] = ("dots",),
+    dtypes: Sequence[str] = ("bfloat16", "float32"),
+    windowed: Sequence[bool] = (False, True),
+    zero: Sequence[bool] = (False, True),
+    margin: float = 1.25,
+):
     """The phases and the search space, every setting and flag value checked before anything
-    compiles (each refusal one line naming its flag or setting)."""
+    compiles (each refusal one line naming its flag or setting). The space's defaults, which
+    `plan` and `describe_search` take: `remats`, `dtypes`, `windowed` and `zero` are the values
+    of model.remat, model.dtype, mesh.windowed_einsum and mesh.shard_optimizer_state to try,
+    first values first; `margin`: how much slower than an earlier phase's best a mesh may be
+    and still be compiled for a later phase."""
     phases = config_lib.split_phases(config)
     config_checks.check_values(config, phases)
     unknown = sorted(set(remats) - set(REMAT_POLICIES))
@@ -84,24 +99,14 @@ def plan(
     config: ml_collections.ConfigDict,
     target: TpuTarget,
     *,
-    kinds: Sequence[str] = MESH_KINDS,
-    max_accum: int = 64,
     prices: dict[str, Any] | None = None,
-    remats: Sequence[str] = ("dots",),
-    dtypes: Sequence[str] = ("bfloat16", "float32"),
-    windowed: Sequence[bool] = (False, True),
-    zero: Sequence[bool] = (False, True),
-    margin: float = 1.25,
     progress: Callable[[Candidate], None] | None = None,
+    **space,
 ) -> Plan:
-    """Searches each phase (see the module docstring). `remats`, `dtypes`, `windowed` and `zero`:
-    the values of model.remat, model.dtype, mesh.windowed_einsum and mesh.shard_optimizer_state
-    to try, first values first; `margin`: how much slower than an earlier phase's best a mesh
-    may be and still be compiled for a later phase; `progress` sees each candidate as it comes."""
+    """Searches each phase (see the module docstring) over `space` (`_checked_space`'s keywords
+    and defaults); `progress` sees each candidate as it comes."""
     start = time.perf_counter()
-    phases, space = _checked_space(
-        config, target, kinds, max_accum, remats, dtypes, windowed, zero, margin
-    )
+    phases, space = _checked_space(config, target, **space)
     candidates, schedule, seen, earlier = [], [], {}, []
     for phase in phases:
         tried = search.search_phase(config, phase, target, space, earlier, seen, progress)
@@ -206,23 +211,17 @@ def describe_search(
     config: ml_collections.ConfigDict,
     target: TpuTarget,
     *,
-    kinds: Sequence[str] = MESH_KINDS,
-    max_accum: int = 64,
     prices: dict[str, Any] | None = None,
-    remats: Sequence[str] = ("dots",),
-    dtypes: Sequence[str] = ("bfloat16", "float32"),
-    windowed: Sequence[bool] = (False, True),
-    zero: Sequence[bool] = (False, True),
-    margin: float = 1.25,
+    **space,
 ) -> str:
-    """What `plan --dry-run` prints: the slice, the phases and the search `plan` would run (its
-    stages and the meshes it would compile), checked as `plan` checks them; nothing compiles."""
-    phases, space = _checked_space(
-        config, target, kinds, max_accum, remats, dtypes, windowed, zero, margin
-    )
+    """What `plan --dry-run` prints: the slice, the phases and the search `plan` would run over
+    `space` (its stages and the meshes it would compile), checked as `plan` checks them;
+    nothing compiles."""
+    phases, space = _checked_space(config, target, **space)
     model = config_lib.bert_config(config)
     price = (prices or {}).get("usd_per_chip_hour", {}).get(target.generation.name)
-    meshes = ", ".join(f"{kind} {shape}" for kind, shape in search.meshes(target, config, kinds))
+    kinds = search.meshes(target, config, space.kinds)
+    meshes = ", ".join(f"{kind} {shape}" for kind, shape in kinds)
     first = space.dtypes[0]
     lines = [
         f"plan (dry run, nothing compiled): BERT {model.num_hidden_layers}/{model.hidden_size}/"
