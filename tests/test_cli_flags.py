@@ -217,3 +217,12 @@ def test_the_span_flags_default_to_the_runs_options():
     search = inspect.signature(answers_from_logits).parameters
     for name in ("n_best_size", "max_answer_length", "null_score_diff_threshold"):
         assert search[name].default == options[name], name
+
+
+def test_a_duration_default_is_shown_as_the_flag_spells_it():
+    """The supervisor's help shows its defaults in the flags' own spelling, which reads back."""
+    from bert_jax.cli import launch
+
+    for seconds, text in ((90, "90s"), (120, "2m"), (3600, "1h"), (86400, "1d"), (0.5, "0.5s")):
+        assert launch._duration_text(seconds) == text
+        assert launch._seconds(text) == seconds

@@ -156,23 +156,25 @@ def _add_tpu(kinds) -> None:
     status.set_defaults(command_name="launch tpu status", run=_run_status)
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}  # a duration flag's units
+
+
 def _seconds(text: str) -> float:
     """A duration: seconds, or with a unit (90s, 30m, 2h)."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
+        if text and text[-1] in _UNITS:
+            return float(text[:-1]) * _UNITS[text[-1]]
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 45m, 2h)") from None
 
 
 def _duration_text(seconds: float) -> str:
-    """60 -> "60s", 120 -> "2m", 3600 -> "1h": the largest unit that divides it."""
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+    """`_seconds`' spelling back, in the largest unit that divides it: 90 -> "90s", 120 -> "2m",
+    3600 -> "1h"."""
+    dividing = [unit for unit, size in _UNITS.items() if seconds % size == 0]
+    unit = max(dividing, key=_UNITS.get, default="s")
+    return f"{seconds / _UNITS[unit]:g}{unit}"
 
 
 def _watching_flags() -> argparse.ArgumentParser:
