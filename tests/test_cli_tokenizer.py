@@ -4,6 +4,7 @@ and ends (with its time)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from bert_jax import cli
@@ -45,3 +46,50 @@ def test_a_corpus_read_by_the_readers_says_its_documents_and_sentences(tmp_path,
     assert lines[0] == f"tokenizer train: reading {corpus} into sentences"
     assert re.fullmatch(r"tokenizer train: read 2 documents, 4 sentences in \d+\.\d s", lines[1])
     assert "on 4 sentences" in lines[2] and lines[3].startswith("tokenizer train: trained in")
+
+
+def _prose(path, documents: int = 12):
+    """A few KB of real prose (the embedded corpus), one sentence a line."""
+    from bert_jax.data.sources import documents as corpus
+
+    sentences = [s for d in corpus.embedded_documents("train")[:documents] for s in d]
+    path.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_size_the_corpus_cannot_support_says_the_largest_and_leaves_nothing(tmp_path, capsys):
+    corpus = _prose(tmp_path / "prose.txt")
+    output = tmp_path / "new" / "tok"  # neither directory exists yet
+    argv = ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "30522"]
+    assert cli.main([*argv, "--output", str(output)]) == 2
+    error = capsys.readouterr().err.strip()
+    match = re.fullmatch(
+        r"bert-jax tokenizer train: error: --vocab-size 30522 is more than (\S+) supports: "
+        r"SentencePiece's unigram model finds at most ([\d,]+) pieces in it \(the five special "
+        r"tokens included\); give --vocab-size (\d+) or less, or train on more text",
+        error,
+    )
+    assert match, error
+    assert match.group(1) == str(corpus) and ".spm-train" not in error
+    largest = int(match.group(3))
+    assert match.group(2) == f"{largest:,}" and 100 < largest < 30522
+    assert not (tmp_path / "new").exists()  # nor the parent made for it
+
+    # The size it names is one the corpus supports.
+    argv[-1] = str(largest)
+    assert cli.main([*argv, "--output", str(output)]) == 0
+    assert f"wrote SentencePieceTokenizer(vocab_size={largest}," in capsys.readouterr().out
+
+
+def test_a_failed_training_keeps_a_directory_it_did_not_create(tmp_path, capsys):
+    corpus = tmp_path / "prose.jsonl"  # read into a temporary sentences file first
+    corpus.write_text(json.dumps({"text": " ".join(SENTENCES)}) + "\n")
+    output = tmp_path / "mine"
+    output.mkdir()
+    (output / "notes.txt").write_text("the user's own file\n")
+    argv = ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "5000"]
+    assert cli.main([*argv, "--output", str(output)]) == 2
+    error = capsys.readouterr().err
+    assert f"--vocab-size 5000 is more than {corpus} supports" in error
+    assert ".sentences-" not in error and len(error.strip().splitlines()) == 1
+    assert sorted(os.listdir(output)) == ["notes.txt"]  # kept, and nothing of ours left

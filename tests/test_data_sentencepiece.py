@@ -20,13 +20,18 @@ def test_trained_sentencepiece_has_fixed_special_ids_and_round_trips(tmp_path):
     assert tokenizer.special_ids == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
     assert tokenizer.vocab_size == 3000 and tokenizer.lowercase
     text = "The Statement is executed Unconditionally, [MASK] or not."
-    ids = tokenizer.encode(text)
-    assert ids == tokenizer.encode(text.lower())  # case folded
-    assert not set(ids) & {2, 3, 4}  # control pieces never come from text
+    ids = tokenizer.encode(text, allow_special=False)
+    assert ids == tokenizer.encode(text.lower(), allow_special=False)  # case folded
+    assert not set(ids) & {2, 3, 4}  # control pieces never come from data text
     assert tokenizer.decode(ids) == text.lower()
     pieces = tokenizer.convert_ids_to_tokens(ids)
     np.testing.assert_array_equal(tokenizer.word_start(ids), [p.startswith("▁") for p in pieces])
     assert not set(tokenizer.ordinary_ids.tolist()) & {0, 1, 2, 3, 4}
+    # Allowed, a special token written in text is its id (tests/test_data_special_tokens.py).
+    ids = tokenizer.encode(text)
+    assert (
+        ids.count(tokenizer.mask_id) == 1 and tokenizer.word_start(ids).sum() == 8
+    )  # 7 words and [MASK]
 
     reloaded = load_tokenizer(embedded_spm_dir())
     assert reloaded.fingerprint() == tokenizer.fingerprint() and reloaded.lowercase
@@ -47,7 +52,8 @@ def test_sentencepiece_encode_batch_is_encode_per_sentence():
     documents = corpus.embedded_documents("all")[:50]
     documents += [["two\nlines", "[SEP] stays text", "", "Ünïcödé — text"], []]
     for document in documents:
-        assert tokenizer.encode_batch(document) == [tokenizer.encode(s) for s in document]
+        expected = [tokenizer.encode(s, allow_special=False) for s in document]
+        assert tokenizer.encode_batch(document) == expected
 
 
 def test_train_sentencepiece_rejects_a_tiny_vocabulary(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -27,11 +28,26 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 
 
+def special_token_pattern(tokens: Iterable[str]) -> re.Pattern[str]:
+    """A regex whose ``split`` alternates text and the given special tokens, written in text.
+
+    Matched on the text as given (before lower-casing), longest token first, anywhere (also
+    inside a word): Hugging Face's added tokens match the same way, so "x[MASK]y" is x, [MASK],
+    y on both sides and "[mask]" is ordinary text on both.
+    """
+    alternatives = sorted(set(tokens), key=len, reverse=True)
+    return re.compile("(" + "|".join(re.escape(token) for token in alternatives) + ")")
+
+
 class Tokenizer:
     """Common interface of the WordPiece and SentencePiece tokenizers.
 
-    ``encode(text)`` gives ids without special tokens; ``encode_batch(texts)`` encodes many texts
-    as ``encode(text, allow_special=False)`` does, in one call (what data preparation uses).
+    ``encode(text)`` gives ids without adding special tokens; with ``allow_special`` (the
+    default) the five special tokens written in the text ("[MASK]", "[SEP]", ...) become their
+    ids, exactly as the exported Hugging Face tokenizer reads them (``convert --to hf``);
+    without it they are ordinary text, as in the original BERT's data preparation.
+    ``encode_batch(texts)`` encodes many texts as ``encode(text, allow_special=False)`` does,
+    in one call (what data preparation uses).
     """
 
     kind: str

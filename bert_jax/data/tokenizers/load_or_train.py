@@ -35,7 +35,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from bert_jax.data.tokenizers.interface import CONFIG_NAME, SPM_NAME, VOCAB_NAME, Tokenizer
-from bert_jax.data.tokenizers.sentencepiece import SentencePieceTokenizer, train_sentencepiece
+from bert_jax.data.tokenizers.sentencepiece import (
+    SentencePieceTokenizer,
+    created_output_dir,
+    train_sentencepiece,
+)
 from bert_jax.data.tokenizers.wordpiece import HF_TOKENIZER_JSON, WordPieceTokenizer, read_json
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
@@ -126,6 +130,7 @@ def train_tokenizer(
     lowercase: bool = False,
     tfds_data_dir: str | None = None,
     log: Callable[[str], None] | None = None,
+    size_setting: str = "--vocab-size",
     **sentencepiece_options,
 ) -> SentencePieceTokenizer:
     """``train_sentencepiece`` over any corpus source (``bert-jax tokenizer train``).
@@ -134,11 +139,13 @@ def train_tokenizer(
     ``tfds:`` and ``embedded`` sources are first read with the corpus reader (which counts and
     skips bad input) into a temporary one-sentence-per-line file. ``log`` receives progress
     lines: what is read (every few seconds while a reader works), then the training's start and
-    end.
+    end. A failure names ``sources`` (never the temporary file) and ``size_setting`` (what set
+    ``vocab_size``), and leaves no output directory that this call created.
     """
     from bert_jax.data.records import manifest
     from bert_jax.data.sources import documents as sources_lib
 
+    named = _listed([os.fspath(s) for s in sources])
     resolved = sources_lib.expand_sources(list(sources))
     manifest.check_text_inputs(resolved)  # binary or non-UTF-8 files: refused, nothing written
 
@@ -149,49 +156,54 @@ def train_tokenizer(
     plain = [s for s in resolved if is_plain(s)]
     others = [s for s in resolved if not is_plain(s)]
     say = log or (lambda line: None)
+    options = dict(log=log, inputs_named=named, size_setting=size_setting, **sentencepiece_options)
     if plain:
         say(f"reading {len(plain)} text file(s) as they are: {_listed(plain)}")
     if not others:
-        return train_sentencepiece(
-            plain, vocab_size, output_dir, lowercase, log=log, **sentencepiece_options
-        )
+        return train_sentencepiece(plain, vocab_size, output_dir, lowercase, **options)
     output_dir = os.fspath(output_dir)
-    with user_path(output_dir, "--output", writing=True):
-        fs.makedirs(output_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w",
-        encoding="utf-8",
-        suffix=".txt",
-        dir=None if fs.is_remote(output_dir) else output_dir,
-        prefix=".sentences-",
-        delete=False,
-    ) as f:
-        say(f"reading {_listed(others)} into sentences")
-        started = last = time.monotonic()
-        documents = sentences = 0
-        for document in sources_lib.iter_documents(others, tfds_data_dir=tfds_data_dir):
-            f.writelines(sentence + "\n" for sentence in document)
-            documents, sentences = documents + 1, sentences + len(document)
-            if time.monotonic() - last >= _PROGRESS_SECONDS:
-                last = time.monotonic()
-                rate = sentences / (last - started)
-                say(f"  {documents:,} documents, {sentences:,} sentences ({rate:,.0f}/s)")
-        say(
-            f"read {documents:,} documents, {sentences:,} sentences in "
-            f"{time.monotonic() - started:.1f} s"
-        )
-        sentences_path = f.name
-    try:
-        return train_sentencepiece(
-            [*plain, sentences_path],
-            vocab_size,
-            output_dir,
-            lowercase,
-            log=log,
-            **sentencepiece_options,
-        )
-    finally:
-        os.remove(sentences_path)
+    with created_output_dir(output_dir):
+        with tempfile.NamedTemporaryFile(
+            "w",
+            encoding="utf-8",
+            suffix=".txt",
+            dir=None if fs.is_remote(output_dir) else output_dir,
+            prefix=".sentences-",
+            delete=False,
+        ) as f:
+            sentences_path = f.name
+            try:
+                _write_sentences(f, others, tfds_data_dir, say)
+            except BaseException:
+                f.close()
+                os.remove(sentences_path)
+                raise
+        try:
+            return train_sentencepiece(
+                [*plain, sentences_path], vocab_size, output_dir, lowercase, **options
+            )
+        finally:
+            os.remove(sentences_path)
+
+
+def _write_sentences(f, sources: Sequence[str], tfds_data_dir, say: Callable[[str], None]) -> None:
+    """The sources' documents into ``f``, a sentence a line, with progress lines."""
+    from bert_jax.data.sources import documents as sources_lib
+
+    say(f"reading {_listed(sources)} into sentences")
+    started = last = time.monotonic()
+    documents = sentences = 0
+    for document in sources_lib.iter_documents(sources, tfds_data_dir=tfds_data_dir):
+        f.writelines(sentence + "\n" for sentence in document)
+        documents, sentences = documents + 1, sentences + len(document)
+        if time.monotonic() - last >= _PROGRESS_SECONDS:
+            last = time.monotonic()
+            rate = sentences / (last - started)
+            say(f"  {documents:,} documents, {sentences:,} sentences ({rate:,.0f}/s)")
+    say(
+        f"read {documents:,} documents, {sentences:,} sentences in "
+        f"{time.monotonic() - started:.1f} s"
+    )
 
 
 _PROGRESS_SECONDS = 5.0  # between reading lines

@@ -7,10 +7,12 @@ is the one path from any corpus source to it). Encoding many sentences is one C+
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from bert_jax.data.tokenizers.interface import (
     SPM_NAME,
     UNK,
     Tokenizer,
+    special_token_pattern,
 )
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
@@ -67,6 +70,10 @@ class SentencePieceTokenizer(Tokenizer):
         self.pad_id, self.unk_id = ids[PAD], ids[UNK]
         self.cls_id, self.sep_id, self.mask_id = ids[CLS], ids[SEP], ids[MASK]
         self.pieces = [self.processor.id_to_piece(i) for i in range(self.vocab_size)]
+        # Special tokens written in text, under the spelling the model holds ("<pad>" in an
+        # ALBERT or T5 model): what the exported Hugging Face tokenizer names them.
+        self._special_in_text = {self.pieces[i]: i for i in ids.values()}
+        self._special_re = special_token_pattern(self._special_in_text)
         special = set(ids.values())
         not_text = np.array(
             [
@@ -105,12 +112,21 @@ class SentencePieceTokenizer(Tokenizer):
         return text.lower() if self.lowercase else text
 
     def tokenize(self, text: str, allow_special: bool = True) -> list[str]:
-        # Special pieces are control symbols: SentencePiece never produces them from text, so
-        # `allow_special` has nothing to switch off here.
-        return self.processor.encode(self._prepare(text), out_type=str)
+        return self.convert_ids_to_tokens(self.encode(text, allow_special))
 
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
-        return self.processor.encode(self._prepare(text), out_type=int)
+        if not allow_special:
+            # Special pieces are control symbols: SentencePiece never produces them from text.
+            return self.processor.encode(self._prepare(text), out_type=int)
+        # Text between special tokens is encoded on its own, as Hugging Face does with added
+        # tokens: "a [MASK] b" is "▁a", [MASK], "▁b" (SentencePiece drops the spaces around).
+        ids: list[int] = []
+        for index, part in enumerate(self._special_re.split(text)):
+            if index % 2 == 1:
+                ids.append(self._special_in_text[part])
+            elif part:
+                ids += self.processor.encode(self._prepare(part), out_type=int)
+        return ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Many sentences in one C++ call (SentencePiece releases the GIL per batch)."""
@@ -146,6 +162,8 @@ def train_sentencepiece(
     num_threads: int | None = None,
     max_sentence_length: int = 16384,
     log: Callable[[str], None] | None = None,
+    inputs_named: str | None = None,
+    size_setting: str = "--vocab-size",
 ) -> SentencePieceTokenizer:
     """Train a SentencePiece model on text files (one sentence per line) and save it.
 
@@ -155,23 +173,30 @@ def train_sentencepiece(
     lower-case. Blank lines (document breaks) are skipped by SentencePiece. Sentences beyond
     ``input_sentence_size`` are sampled away, which bounds memory on huge corpora. ``log``
     receives progress lines: the sentences counted in the inputs, the start and end of training.
+
+    A corpus too small for ``vocab_size`` (a unigram model finds fewer pieces in it; only the
+    training itself can tell) is a ``UserError`` saying the largest size it supports, naming
+    the inputs (``inputs_named``: how to call them, default the files' names) and the setting
+    (``size_setting``). A failed training leaves no output directory that it created.
     """
     import sentencepiece as spm
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
-        raise UserError(f"--vocab-size {vocab_size} is too small; it must exceed 5")
+        raise UserError(f"{size_setting} {vocab_size} is too small; it must exceed 5")
     files = [os.fspath(f) for f in input_files]
     if not files:
         raise UserError("no input files to train the tokenizer on")
     for f in files:
         if not fs.isfile(f):
             raise UserError(f"tokenizer training input not found: {f}")
+    named = inputs_named or ", ".join(files)
     output_dir = os.fspath(output_dir)
-    with user_path(output_dir, "--output", writing=True):
-        fs.makedirs(output_dir, exist_ok=True)
     # SentencePiece reads and writes local files only: inputs in a bucket are copied here first.
     local_dir = None if fs.is_remote(output_dir) else output_dir
-    with tempfile.TemporaryDirectory(dir=local_dir, prefix=".spm-train-") as tmp:
+    with (
+        created_output_dir(output_dir),
+        tempfile.TemporaryDirectory(dir=local_dir, prefix=".spm-train-") as tmp,
+    ):
         files = [
             fs.copy_to_local(f, os.path.join(tmp, f"input-{i}.txt")) if fs.is_remote(f) else f
             for i, f in enumerate(files)
@@ -213,10 +238,7 @@ def train_sentencepiece(
                 minloglevel=2,
             )
         except RuntimeError as err:
-            raise UserError(
-                f"SentencePiece training failed on {', '.join(files)} with vocab_size "
-                f"{vocab_size}: {err}"
-            ) from err
+            raise _training_error(err, named, vocab_size, size_setting, model_type) from None
         if log is not None:
             log(f"trained in {time.monotonic() - started:.1f} s")
         with open(prefix + ".model", "rb") as f:
@@ -226,8 +248,60 @@ def train_sentencepiece(
             fs.upload(prefix + ".vocab", os.path.join(output_dir, "spiece.vocab"))
         else:
             os.replace(prefix + ".vocab", os.path.join(output_dir, "spiece.vocab"))
-    tokenizer.save(output_dir)
+        tokenizer.save(output_dir)
     return tokenizer
+
+
+# SentencePiece's words when a corpus has fewer pieces than asked for (trainer_interface.cc).
+_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+
+
+def _training_error(
+    err: RuntimeError, named: str, vocab_size: int, size_setting: str, model_type: str
+) -> UserError:
+    """SentencePiece's failure as one line naming the inputs and the setting, not its files."""
+    too_high = _TOO_HIGH.search(str(err))
+    if too_high:
+        largest = int(too_high.group(2))
+        return UserError(
+            f"{size_setting} {vocab_size} is more than {named} supports: SentencePiece's "
+            f"{model_type} model finds at most {largest:,} pieces in it (the five special tokens "
+            f"included); give {size_setting} {largest} or less, or train on more text"
+        )
+    reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return UserError(
+        f"SentencePiece training failed on {named} with {size_setting} {vocab_size}: {reason}"
+    )
+
+
+@contextlib.contextmanager
+def created_output_dir(output_dir: str) -> Iterator[None]:
+    """Creates ``output_dir`` (the ``--output`` flag named in a refusal) for the block; when the
+    block fails, removes what was created here (the directory, with whatever was written into
+    it, and any parent made for it). A directory that already existed is never removed."""
+    created = _first_missing(output_dir)
+    with user_path(output_dir, "--output", writing=True):
+        fs.makedirs(output_dir, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created is not None:
+            fs.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _first_missing(path: str) -> str | None:
+    """The outermost directory that creating ``path`` makes (``path`` itself in a bucket, which
+    has no directories of its own), or None when it exists."""
+    if fs.exists(path):
+        return None
+    if fs.is_remote(path):
+        return path
+    missing = path = fs.abspath(path)
+    while not os.path.exists(os.path.dirname(path)) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        missing = path
+    return missing
 
 
 def count_sentences(path: str) -> int:

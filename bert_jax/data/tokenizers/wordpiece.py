@@ -23,13 +23,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_jax.data.tokenizers.interface import SPECIAL_TOKENS, UNK, VOCAB_NAME, Tokenizer
+from bert_jax.data.tokenizers.interface import (
+    SPECIAL_TOKENS,
+    UNK,
+    VOCAB_NAME,
+    Tokenizer,
+    special_token_pattern,
+)
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 from bert_jax.runtime.outputs import write_bytes_atomic
@@ -180,11 +185,7 @@ class WordPieceTokenizer(Tokenizer):
             )
         ids = [self.token_to_id[t] for t in SPECIAL_TOKENS]
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
-        self._special_re = re.compile(
-            "("
-            + "|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True))
-            + ")"
-        )
+        self._special_re = special_token_pattern(SPECIAL_TOKENS)
         self._special_set = frozenset(SPECIAL_TOKENS)
         # word -> its WordPiece ids; a per-process speed-up (most words repeat).
         self._word_cache: dict[str, list[int]] = {}
