@@ -1,6 +1,6 @@
-"""The configs and the TPU price table ship with the package: `--config bert:SIZE` and
-`--config demo` work from any directory, `configs/*.py` files in a checkout still do (one
-definition: they load the packaged ones), and `plan` finds its prices without a checkout."""
+"""The configs ship with the package: `--config bert:SIZE` and `--config demo` work from any
+directory, and `configs/*.py` files in a checkout still do (one definition: they load the
+packaged ones)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from bert_jax import cli, configs
-from bert_jax.planning import plan
 from bert_jax.runtime.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,8 +70,3 @@ def test_the_checkouts_files_and_the_packaged_names_give_one_config(capsys, monk
     assert printed[0] == printed[1] and printed[2] == printed[3]
     assert printed[0] != printed[2]
 
-
-def test_plan_reads_the_packaged_prices():
-    assert os.path.dirname(plan._DEFAULT_PRICES) == configs.FOLDER
-    prices = plan.load_prices(None)
-    assert prices["usd_per_chip_hour"]["v5p"] > 0

@@ -13,8 +13,8 @@ time. Model FLOPs are `metrics.flops_per_token` on real tokens with the MLM head
 predicted positions: the work the model needs, the same for both sides. Hardware FLOPs (HFU)
 count what is computed: every position of every row, padding included, and the MLM head on every
 position for a model that does not gather the masked positions first; there is no
-rematerialization to add. MFU and HFU need a known chip (`metrics.PEAK_TFLOPS_BF16`, or
-`peak_tflops`); on CPU they are left out.
+rematerialization to add. MFU and HFU need a known chip (the hardware table,
+`runtime/hardware.py`, by exact device kind; or `peak_tflops`); on CPU they are left out.
 
 The peers run as subprocesses on the same batches; windows alternate between the sides so that
 machine noise hits all of them, and the ratio of median tokens per second (ours / peer) is

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from bert_jax.core.model import BertConfig
+from bert_jax.runtime import hardware
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import metrics
 
@@ -137,7 +138,7 @@ class BenchSpec:
     rng_impl: str = ""
     # The peer's ("" = JAX's default, what a Hugging Face Flax user runs).
     peer_rng_impl: str = ""
-    peak_tflops: float = 0.0  # per chip; 0: from metrics.PEAK_TFLOPS_BF16 by device kind
+    peak_tflops: float = 0.0  # per chip; 0: the hardware table's, by device kind
 
     def __post_init__(self):
         if self.data not in DATA_SOURCES:
@@ -253,4 +254,4 @@ def hardware_flops_per_position(spec: BenchSpec) -> float:
 def peak_flops(spec: BenchSpec, device_kind: str) -> float | None:
     if spec.peak_tflops:
         return spec.peak_tflops * 1e12
-    return metrics.peak_flops_per_chip(device_kind)
+    return hardware.peak_flops(device_kind)

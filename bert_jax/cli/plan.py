@@ -133,7 +133,9 @@ COMMAND = ConfigCommand(
             "string",
             "prices",
             None,
-            "price file (default: the one shipped with bert-jax, bert_jax/configs/tpu_prices.json)",
+            'a JSON file of prices per chip-hour: {"usd_per_chip_hour": {"v5p": 4.2, ...}, '
+            '"source": ..., "date": ...} (default: the on-demand prices of bert-jax\'s '
+            "hardware table, bert_jax/runtime/hardware.py)",
         ),
         ("bool", "json", False, "print the plan as JSON (the winners' flags included)"),
         (

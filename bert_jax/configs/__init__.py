@@ -1,4 +1,4 @@
-"""The configs and the TPU price table that ship with bert-jax, named without a path.
+"""The configs that ship with bert-jax, named without a path.
 
 `--config bert:base` (or `bert:tiny`, `demo`, `paper/table5_no_nsp`, `paper/table8:0_20_80`)
 reads the file of that name under `bert_jax/configs/` (`.py` may be added) with the argument
@@ -17,8 +17,6 @@ import os
 from bert_jax.runtime.errors import UserError
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
-# `plan`'s on-demand prices per chip-hour (`plan --prices` names another file).
-TPU_PRICES = os.path.join(FOLDER, "tpu_prices.json")
 
 
 def names() -> list[str]:

@@ -53,7 +53,7 @@ def program_key(lowered_text: str, compiler_options, target: TpuTarget) -> str:
         f"format {_CACHE_FORMAT}",
         _versions(),
         target.topology,
-        str(target.generation.chip_config_name),
+        str(target.generation.tpu.chip_config_name),
         json.dumps(compiler_options or {}, sort_keys=True, default=str),
         lowered_text,
     ):

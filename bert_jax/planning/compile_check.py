@@ -57,7 +57,7 @@ from bert_jax.planning.compile_report import (  # noqa: F401  (part of this modu
     PhaseCompile,
     format_report,
 )
-from bert_jax.runtime import host_memory
+from bert_jax.runtime import hardware, host_memory
 from bert_jax.runtime.errors import UserError
 from bert_jax.runtime.topology import (
     TpuTarget,
@@ -379,9 +379,7 @@ def check(
         memory_source=source,
         phases=results,
         target=target,
-        peak_flops=(
-            target.peak_flops if target else metrics.peak_flops_per_chip(devices[0].device_kind)
-        ),
+        peak_flops=target.peak_flops if target else hardware.peak_flops(devices[0].device_kind),
     )
 
 

@@ -112,7 +112,7 @@ def _bytes(n: float) -> str:
 def _links(report: CompileReport, estimate: dict[str, float]) -> str:
     if "link_seconds" not in estimate:  # set for TPU targets only
         return ""
-    rate = report.target.generation.ici_gbytes_per_s
+    rate = report.target.generation.tpu.ici_gbytes_per_s
     return (
         f"; on the inter-chip links at least {estimate['link_seconds'] * 1e3:.2f} ms at "
         f"{rate:g} GB/s per chip, not in the step estimate (hidden only where XLA overlaps them)"

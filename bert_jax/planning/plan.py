@@ -3,10 +3,11 @@ phase (mesh, compute dtype, windowed einsums, ZeRO 1, rematerialization, gradien
 their exact `--config.` flags, and the time and cost of the configured schedule.
 
 The fastest fitting candidate of each phase makes the schedule (its steps times the estimated
-step time; chip-hours times the price per chip-hour from bert_jax/configs/tpu_prices.json,
-which states its source and date). A run has one mesh, dtype and accumulation factor for all its
-phases, so the plan also names the one setting with the least estimated time over the whole
-schedule: `flags_from_plan_json` reads those flags (or a phase's) back from `plan --json`.
+step time; chip-hours times the on-demand price per chip-hour of the hardware table,
+`runtime/hardware.py`, which states its source and date, or of a `--prices` file). A run has one
+mesh, dtype and accumulation factor for all its phases, so the plan also names the one setting
+with the least estimated time over the whole schedule: `flags_from_plan_json` reads those flags
+(or a phase's) back from `plan --json`.
 
 The search itself, by stages, is in `search.py`; the records and their printed form in
 `candidates.py`.
@@ -21,7 +22,6 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import configs
 from bert_jax.core.bert_config import REMAT_POLICIES
 from bert_jax.planning import search
 from bert_jax.planning.candidates import (
@@ -34,17 +34,20 @@ from bert_jax.planning.candidates import (
     fastest,
     format_plan,
 )
+from bert_jax.runtime import hardware
 from bert_jax.runtime.errors import UserError, user_path
 from bert_jax.runtime.topology import TpuTarget
 from bert_jax.training import config_checks, config_lib
 
 __all__ = ["format_plan", "load_prices", "plan", "flags_from_plan_json", "with_planned_flags"]
 
-_DEFAULT_PRICES = configs.TPU_PRICES
-
 
 def load_prices(path: str | None) -> dict[str, Any]:
-    path = path or _DEFAULT_PRICES
+    """The prices per chip-hour `plan` uses: a `--prices` JSON file (`usd_per_chip_hour` by
+    generation, and the `source` and `date` printed beside a cost), or with no path the hardware
+    table's."""
+    if not path:
+        return hardware.price_table()
     try:
         with open(path, encoding="utf-8") as f:
             prices = json.load(f)

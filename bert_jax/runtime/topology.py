@@ -1,10 +1,11 @@
-"""Cloud TPU slices as compile targets: accelerator names, chips, hosts, HBM, peak FLOP/s, and
-compile-only TPU devices from libtpu on any host (no TPU needed).
+"""Cloud TPU slices as compile targets: accelerator names, chips, hosts, and compile-only TPU
+devices from libtpu on any host (no TPU needed). A chip's figures (HBM, peak FLOP/s, links,
+price) and how Cloud TPU names its slices are declared once, in `runtime/hardware.py`.
 
 `parse("v5p-128")` or `parse("v5p:4x4x4")` gives a `TpuTarget`; `target.devices()` asks libtpu
-(installed with `pip install bert-jax[tpu]`) for the slice's devices, with which a `jax.jit` step
-lowers and compiles for that TPU exactly as on the slice itself: XLA's real TPU compiler runs here,
-so its memory and cost analyses describe the TPU program.
+(the `tpu` extra: `pip install -e '.[tpu]'` in a checkout) for the slice's devices, with which a
+`jax.jit` step lowers and compiles for that TPU exactly as on the slice itself: XLA's real TPU
+compiler runs here, so its memory and cost analyses describe the TPU program.
 
 Names count as Cloud TPU does: `v4-N` and `v5p-N` count TensorCores (two per chip: v5p-8 is 4
 chips), `v5litepod-N` (v5e) and `v6e-N` count chips. A raw topology `GEN:AxBxC` names chips per
@@ -23,38 +24,10 @@ import os
 import re
 from collections.abc import Iterator
 
+from bert_jax.runtime import hardware
 from bert_jax.runtime.errors import UserError
 
-GIB = 1024**3
-
-
-@dataclasses.dataclass(frozen=True)
-class Generation:
-    name: str  # as in raw topologies: "v4", "v5p", "v5e", "v6e"
-    cloud_prefix: str  # as in accelerator types: "v4-", "v5p-", "v5litepod-", "v6e-"
-    cores_per_chip_in_name: int  # what the accelerator type's N counts per chip
-    dims: int  # torus dimensions
-    hbm_gib: float  # per chip
-    peak_bf16_tflops: float  # dense, per chip
-    ici_gbytes_per_s: float  # inter-chip links, per chip, one direction
-    device_kind: str  # what `jax.Device.device_kind` reports
-    chip_config_name: str | None = None  # libtpu's name for "one device per chip", if needed
-
-
-# HBM, dense bf16 peak and inter-chip bandwidth per chip, as Google Cloud's TPU pages list them.
-# The ICI figure is one direction: half the pages' bidirectional bandwidth per chip (v5p 1200,
-# v5e 400, v6e 800 GB/s), which is also their pod all-reduce bandwidth over the pod's chips
-# (v5e 51.2 TB/s / 256, v6e 102.4 TB/s / 256); v4's page gives only the latter (1.1 PB/s / 4096).
-GENERATIONS: dict[str, Generation] = {
-    g.name: g
-    for g in (
-        Generation("v4", "v4-", 2, 3, 32, 275.0, 268.0, "TPU v4", "megacore"),
-        Generation("v5p", "v5p-", 2, 3, 95, 459.0, 600.0, "TPU v5"),
-        Generation("v5e", "v5litepod-", 1, 2, 16, 197.0, 200.0, "TPU v5 lite"),
-        Generation("v6e", "v6e-", 1, 2, 32, 918.0, 400.0, "TPU v6 lite"),
-    )
-}
-_ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e"}
+GIB = hardware.GIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +35,7 @@ class TpuTarget:
     """One TPU slice: what `parse` read, and what the compile and the report need of it."""
 
     name: str  # as given
-    generation: Generation
+    generation: hardware.Chip  # a chip with Cloud TPU slices (`chip.tpu`)
     shape: tuple[int, ...]  # chips per torus axis
 
     @property
@@ -74,7 +47,7 @@ class TpuTarget:
     def accelerator_type(self) -> str:
         """The Cloud TPU accelerator type of the same slice, e.g. "v5p-16"."""
         g = self.generation
-        return f"{g.cloud_prefix}{self.chips * g.cores_per_chip_in_name}"
+        return f"{g.tpu.cloud_prefix}{self.chips * g.tpu.cores_per_chip_in_name}"
 
     @property
     def chips(self) -> int:
@@ -82,19 +55,19 @@ class TpuTarget:
 
     @property
     def hbm_bytes(self) -> int:
-        return int(self.generation.hbm_gib * GIB)
+        return self.generation.hbm_bytes
 
     @property
     def peak_flops(self) -> float:
-        return self.generation.peak_bf16_tflops * 1e12
+        return self.generation.peak_flops
 
     @property
     def ici_bytes_per_second(self) -> float:
-        return self.generation.ici_gbytes_per_s * 1e9
+        return self.generation.tpu.ici_gbytes_per_s * 1e9
 
     def devices(self) -> list:
         """The slice's compile-only TPU devices (every host's), from libtpu."""
-        return list(_topology_devices(self.topology, self.generation.chip_config_name))
+        return list(_topology_devices(self.topology, self.generation.tpu.chip_config_name))
 
     def describe(self) -> str:
         return (
@@ -104,9 +77,9 @@ class TpuTarget:
         )
 
 
-def _default_shape(generation: Generation, chips: int) -> tuple[int, ...]:
+def _default_shape(generation: hardware.Chip, chips: int) -> tuple[int, ...]:
     """The torus Cloud TPU gives an accelerator type of `chips` chips (powers of two)."""
-    if generation.dims == 2:  # v5e, v6e: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16
+    if generation.tpu.dims == 2:  # v5e, v6e: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16
         a = 2 ** (int(math.log2(chips)) // 2)
         return (a, chips // a)
     if chips == 1:
@@ -134,10 +107,10 @@ def parse(name: str) -> TpuTarget:
     if raw:
         gen = _generation(raw.group(1), name)
         shape = tuple(int(s) for s in raw.group(2).split("x"))
-        if len(shape) != gen.dims or min(shape) < 1:
+        if len(shape) != gen.tpu.dims or min(shape) < 1:
             raise UserError(
-                f"--topology {name}: {gen.name} topologies have {gen.dims} axes "
-                f"(e.g. {gen.name}:{'x'.join(['2'] * gen.dims)})"
+                f"--topology {name}: {gen.name} topologies have {gen.tpu.dims} axes "
+                f"(e.g. {gen.name}:{'x'.join(['2'] * gen.tpu.dims)})"
             )
         return TpuTarget(name, gen, shape)
     typed = re.fullmatch(r"([a-z0-9]+)-(\d+)", text)
@@ -148,26 +121,27 @@ def parse(name: str) -> TpuTarget:
         )
     gen = _generation(typed.group(1), name)
     count = int(typed.group(2))
-    per_chip = gen.cores_per_chip_in_name
+    per_chip = gen.tpu.cores_per_chip_in_name
     chips, rest = divmod(count, per_chip)
     if rest or chips < 1 or chips & (chips - 1):
         counted = "TensorCores (2 per chip)" if per_chip == 2 else "chips"
         raise UserError(
-            f"--topology {name}: {gen.cloud_prefix}N counts {counted}; N={count} is not a "
+            f"--topology {name}: {gen.tpu.cloud_prefix}N counts {counted}; N={count} is not a "
             f"standard slice (a power of two{' times 2' if per_chip == 2 else ''}); give a raw "
-            f"topology such as {gen.name}:{'x'.join(['2'] * gen.dims)} for other shapes"
+            f"topology such as {gen.name}:{'x'.join(['2'] * gen.tpu.dims)} for other shapes"
         )
     return TpuTarget(name, gen, _default_shape(gen, chips))
 
 
-def _generation(text: str, name: str) -> Generation:
-    key = _ALIASES.get(text, text)
-    if key not in GENERATIONS:
+def _generation(text: str, name: str) -> hardware.Chip:
+    chip = hardware.tpu_generation(text)
+    if chip is None:
+        known = hardware.tpu_generations().values()
         raise UserError(
             f"--topology {name}: unknown TPU generation {text!r}; known: "
-            f"{', '.join(g.name + ' (' + g.cloud_prefix + 'N)' for g in GENERATIONS.values())}"
+            f"{', '.join(g.name + ' (' + g.tpu.cloud_prefix + 'N)' for g in known)}"
         )
-    return GENERATIONS[key]
+    return chip
 
 
 def quiet_runtime_without_chips() -> None:
@@ -239,8 +213,8 @@ def _topology_devices(topology: str, chip_config_name: str | None) -> tuple:
         import libtpu  # noqa: F401 (only to tell a missing install from other failures)
     except ImportError:
         raise UserError(
-            "compiling for a TPU topology needs libtpu: pip install 'bert-jax[tpu]' (or "
-            "'jax[tpu]==<your jax version>')"
+            "compiling for a TPU topology needs libtpu: pip install -e '.[tpu]' in a bert-jax "
+            "checkout (or pip install 'jax[tpu]==<your jax version>')"
         ) from None
     from jax.experimental import topologies
 

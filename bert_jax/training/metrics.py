@@ -32,29 +32,13 @@ import numpy as np
 from bert_jax.core import losses
 from bert_jax.core.model import BertConfig
 from bert_jax.data import objectives
-from bert_jax.runtime import fs
-
-# Dense bf16 peak TFLOP/s per chip, matched against `jax.Device.device_kind` (lower case).
-PEAK_TFLOPS_BF16: tuple[tuple[str, float], ...] = (
-    ("tpu v6", 918.0),  # v6e (Trillium): "TPU v6 lite"
-    ("tpu v5 lite", 197.0),  # v5e
-    ("tpu v5e", 197.0),
-    ("tpu v5p", 459.0),
-    ("tpu v5", 459.0),  # v5p reports itself as "TPU v5" (after the v5e names, which contain it)
-    ("tpu v4", 275.0),
-    ("h200", 989.0),
-    ("h100", 989.0),
-    ("a100", 312.0),
-)
+from bert_jax.runtime import fs, hardware
 
 
 def peak_flops_per_chip(device_kind: str) -> float | None:
-    """Peak bf16 FLOP/s of one chip, or None when unknown (e.g. CPU: no MFU is reported)."""
-    kind = device_kind.lower()
-    for name, tflops in PEAK_TFLOPS_BF16:
-        if name in kind:
-            return tflops * 1e12
-    return None
+    """Peak bf16 FLOP/s of one chip, or None when unknown (e.g. CPU: no MFU is reported); from
+    the hardware table (`runtime/hardware.py`), by exact device kind."""
+    return hardware.peak_flops(device_kind)
 
 
 def head_share(config: BertConfig, seq_len: int, predictions: int) -> float:
