@@ -199,7 +199,8 @@ def _check(name: str) -> None:
     package = _PACKAGES[name]
     if package is not None and importlib.util.find_spec(package) is None:
         raise UserError(
-            f"--splitter {name} needs the package {package}: pip install 'bert-jax[splitters]'"
+            f"--splitter {name} needs the package {package}: pip install -e '.[splitters]' in "
+            "a bert-jax checkout"
         )
 
 
