@@ -32,12 +32,12 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
 
 if TYPE_CHECKING:  # the command's parser reads this module's defaults without importing JAX
+    import numpy as np
+
     from bert_jax.core.model import BertConfig
 
 DEFAULT_TOP_K = 5
@@ -193,6 +193,7 @@ def _top_candidates():
 
 def _predict(loaded, texts, rows, top_k: int, batch_size: int) -> list[FilledText]:
     import jax
+    import numpy as np
 
     # Dropout off; float32 compute, whatever the model trained in: scores to compare, not speed.
     config: BertConfig = loaded.config.replace(

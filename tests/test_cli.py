@@ -101,8 +101,8 @@ def test_every_argparse_command_runs_something_and_names_itself_for_errors():
     leaves = {path: (leaf, run) for path, leaf, run in _leaves(cli.build_parser())}
     assert set(leaves) >= {"pretrain", "plan", "bench"}  # listed only: absl parses them
     del leaves["pretrain"], leaves["plan"], leaves["bench"]
-    # tokenizer train, data prepare, eval, 4 more, launch tpu (9: with watch and status), slurm
-    assert len(leaves) == 17
+    # tokenizer train, data prepare, eval, 5 more, launch tpu (9: with watch and status), slurm
+    assert len(leaves) == 18
     for path, (leaf, run) in leaves.items():
         assert leaf.get_default("command_name") == path and callable(run), path
 

@@ -93,3 +93,14 @@ def test_a_failed_training_keeps_a_directory_it_did_not_create(tmp_path, capsys)
     assert f"--vocab-size 5000 is more than {corpus} supports" in error
     assert ".sentences-" not in error and len(error.strip().splitlines()) == 1
     assert sorted(os.listdir(output)) == ["notes.txt"]  # kept, and nothing of ours left
+
+
+def test_a_size_below_the_corpus_characters_says_the_smallest(tmp_path, capsys):
+    corpus = _prose(tmp_path / "prose.txt")
+    argv = ["tokenizer", "train", "--input", str(corpus), "--output", str(tmp_path / "tok")]
+    assert cli.main([*argv, "--vocab-size", "30"]) == 2
+    error = capsys.readouterr().err.strip()
+    match = re.search(r"take ([\d,]+) pieces; give --vocab-size (\d+) or more", error)
+    assert match and f"--vocab-size 30 is less than {corpus} needs" in error, error
+    assert not (tmp_path / "tok").exists()
+    assert cli.main([*argv, "--vocab-size", match.group(2)]) == 0  # the smallest it supports

@@ -426,7 +426,8 @@ def write_hf_tokenizer(path: str, tokenizer: Any, config: BertConfig) -> list[st
     tokenizer_config.json naming ALBERT's tokenizer (the one transformers class that runs a
     SentencePiece model and adds [CLS]/[SEP]) with keep_accents and our special pieces. ALBERT's
     tokenizer also rewrites `` and '' as a double quote and splits digits from a trailing comma,
-    so for exact ids use bert-jax's tokenizer.
+    so for exact ids use bert-jax's tokenizer. Either kind reads the five special tokens written
+    in text ("[MASK]", ...) as bert-jax's tokenizers do (tests/test_data_special_tokens.py).
     """
     from bert_jax.data.tokenizers import interface as tokenizer_lib
 

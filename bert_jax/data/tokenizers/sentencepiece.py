@@ -252,8 +252,10 @@ def train_sentencepiece(
     return tokenizer
 
 
-# SentencePiece's words when a corpus has fewer pieces than asked for (trainer_interface.cc).
+# SentencePiece's words (trainer_interface.cc) when a corpus has fewer pieces than asked for,
+# and when the size cannot hold the characters the vocabulary must cover.
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+_TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
 def _training_error(
@@ -267,6 +269,15 @@ def _training_error(
             f"{size_setting} {vocab_size} is more than {named} supports: SentencePiece's "
             f"{model_type} model finds at most {largest:,} pieces in it (the five special tokens "
             f"included); give {size_setting} {largest} or less, or train on more text"
+        )
+    too_low = _TOO_LOW.search(str(err))
+    if too_low:
+        smallest = int(too_low.group(2))  # the characters and the special pieces together
+        return UserError(
+            f"{size_setting} {vocab_size} is less than {named} needs: the characters the "
+            f"vocabulary must cover and the five special tokens take {smallest:,} pieces; give "
+            f"{size_setting} {smallest} or more (a useful vocabulary is far larger), or a lower "
+            "--character-coverage"
         )
     reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
     return UserError(
