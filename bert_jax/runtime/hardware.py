@@ -131,12 +131,11 @@ def _checked(table: tuple[Chip, ...]) -> tuple[Chip, ...]:
     """The table, once checked: every name, device kind and TPU alias declared once."""
     seen: dict[str, str] = {}
     for chip in table:
-        aliases = chip.tpu.aliases if chip.tpu else ()
         if not chip.device_kinds:
             raise ValueError(f"chip {chip.name!r} declares no device kind")
-        for key in (f"name {chip.name}", *(f"name {a}" for a in aliases)) + tuple(
-            f"device kind {k!r}" for k in chip.device_kinds
-        ):
+        names = (chip.name, *(chip.tpu.aliases if chip.tpu else ()))
+        keys = [f"name {n}" for n in names] + [f"device kind {k!r}" for k in chip.device_kinds]
+        for key in keys:
             if key in seen:
                 raise ValueError(f"{key} is declared by chips {seen[key]!r} and {chip.name!r}")
             seen[key] = chip.name
