@@ -34,6 +34,22 @@ def test_write_records_never_leaves_a_partial_file(tmp_path):
     assert records.count_records(str(path)) == 2
 
 
+def test_write_records_writes_the_bytes_of_tensorflows_writer(tmp_path):
+    """The framing written without TensorFlow is TFRecordWriter's, byte for byte (an empty
+    record, short and long ones)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    serialized = [b"", b"x", *(rng.bytes(int(n)) for n in rng.integers(1, 5000, size=20))]
+    ours, theirs = tmp_path / "ours.tfrecord", tmp_path / "theirs.tfrecord"
+    assert records.write_records(str(ours), serialized) == len(serialized)
+    with tf.io.TFRecordWriter(str(theirs)) as writer:
+        for record in serialized:
+            writer.write(record)
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert [r.numpy() for r in tf.data.TFRecordDataset(str(ours))] == serialized
+
+
 def test_records_written_like_the_original_tool_are_read(tmp_path):
     """Examples built the way create_pretraining_data.py builds them (int64 + float lists)."""
     import tensorflow as tf

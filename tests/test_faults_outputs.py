@@ -543,9 +543,8 @@ def test_an_input_named_like_a_glob_is_that_file(vocab, tmp_path, capsys):
 def test_prepare_on_a_full_disk_is_one_line_and_a_rerun_writes_the_same_records(
     full_at, vocab, tmp_path, capsys, monkeypatch
 ):
-    """The disk fills while the second shard is written: TensorFlow's own error for the records
-    (a ResourceExhaustedError, "No space left on device"; its writer is pointed at /dev/full
-    through a link) or an OSError for the counts beside them. One line naming where and how
+    """The disk fills while the second shard is written: an OSError for the records (their
+    writer is pointed at /dev/full through a link) or for the counts beside them. One line naming where and how
     much, exit 2; nothing half-written is left or trusted; a rerun writes identical records."""
     corpus = _corpus(tmp_path / "corpus.txt")
     reference, out = tmp_path / "reference", tmp_path / "data"

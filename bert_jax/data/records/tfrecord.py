@@ -18,20 +18,19 @@ next_sentence_labels     int64    1 (1 = B is a random sentence)
 Public API: ``feature_spec``, ``serialize_example`` (one unpadded instance) and
 ``serialize_arrays`` (rows of batch arrays), both without TensorFlow; ``write_records`` (atomic: a
 hidden temporary file renamed into place, so a crash never leaves a half-written shard under the
-final name), ``parse_batch`` (batched parse with int32/float32 casts and
-``next_sentence_labels`` squeezed to [B]), ``list_record_files`` and ``read_records`` (NumPy
-rows, for inspection and tests).
+final name; without TensorFlow, TFRecord's framing byte for byte), ``parse_batch`` (batched
+parse with int32/float32 casts and ``next_sentence_labels`` squeezed to [B]),
+``list_record_files`` and ``read_records`` (NumPy rows, for inspection and tests).
 
 TensorFlow is imported inside the functions that need it.
 """
 
 from __future__ import annotations
 
-import errno
 import glob
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -300,46 +299,38 @@ def _prefix_columns(name: str, size: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return table[inverse], used[inverse], lengths[inverse]
 
 
-# What TensorFlow's file systems say, in an OpError, for the OS errors a user fixes (a full disk
-# is a ResourceExhaustedError "PATH; No space left on device").
-_TF_OS_ERRORS = {
-    "No space left on device": errno.ENOSPC,
-    "Disk quota exceeded": errno.EDQUOT,
-    "Read-only file system": errno.EROFS,
-    "Permission denied": errno.EACCES,
-}
+def _masked_crc(data: bytes) -> bytes:
+    """TFRecord's checksum: CRC-32C, rotated and offset (``tensorflow/core/lib/hash/crc32c.h``)."""
+    import google_crc32c  # gcsfs's dependency; its C implementation
+
+    crc = google_crc32c.value(data)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
 
-def _as_os_error(err: Exception, path: str) -> Exception:
-    """TensorFlow's error for an OS error as the OSError it is (naming `path`), so that callers
-    handle a full disk as one; anything else as it is."""
-    for words, code in _TF_OS_ERRORS.items():
-        if words in str(err):
-            return OSError(code, words, path)
-    return err
+def _framed(serialized: Iterable[bytes]) -> Iterator[bytes]:
+    """Each record as TFRecord frames it: its length, the length's checksum, the record, its
+    checksum (what ``tf.io.TFRecordWriter`` writes, byte for byte; tests/test_data_records.py)."""
+    for record in serialized:
+        length = struct.pack("<Q", len(record))
+        yield length + _masked_crc(length)
+        yield record
+        yield _masked_crc(record)
 
 
 def write_records(path: str, serialized: Sequence[bytes]) -> int:
     """Write serialized examples to ``path`` atomically; returns the number written. A full disk
-    (or another OS error TensorFlow reports) is raised as an OSError naming ``path``."""
-    tf = import_tensorflow()
-    if fs.is_remote(path):  # TensorFlow's GCS writer: the object appears whole when closed
-        try:
-            with tf.io.TFRecordWriter(path) as writer:
-                for record in serialized:
-                    writer.write(record)
-        except tf.errors.OpError as err:
-            raise _as_os_error(err, path) from err
+    is the OSError it is. Without TensorFlow: a process that only writes records (a ``data
+    prepare`` driver, a Beam worker) does not pay its import."""
+    if fs.is_remote(path):  # the object appears whole when closed
+        with fs.open(path, "wb") as f:
+            f.writelines(_framed(serialized))
         return len(serialized)
     fs.makedirs(os.path.dirname(fs.abspath(path)), exist_ok=True)
     tmp = temporary_name(path)
     try:
-        with tf.io.TFRecordWriter(tmp) as writer:
-            for record in serialized:
-                writer.write(record)
+        with open(tmp, "wb", buffering=1 << 20) as f:
+            f.writelines(_framed(serialized))
         fs.rename(tmp, path)
-    except tf.errors.OpError as err:
-        raise _as_os_error(err, path) from err
     finally:
         if fs.exists(tmp):
             fs.remove(tmp)
