@@ -174,14 +174,14 @@ def use_transformers_steps() -> None:
     from bert_jax.finetune.tuning import sentence_tuning as loop
     from bert_jax.finetune.tuning import token_tuning as token_loop
 
-    def glue(config, num_labels, mesh, rules, dropout, weight_decay, clip_norm, *_):
-        return TorchTuner("glue", config, num_labels, weight_decay, clip_norm)
+    def glue(config, num_labels, mesh, settings, *_):
+        return TorchTuner("glue", config, num_labels, settings.weight_decay, settings.clip_norm)
 
-    def tokens(config, num_outputs, kind, mesh, dropout, weight_decay, clip_norm, *_):
-        return TorchTuner(kind, config, num_outputs, weight_decay, clip_norm)
+    def tokens(config, num_outputs, kind, mesh, head_dropout, settings):
+        return TorchTuner(kind, config, num_outputs, settings.weight_decay, settings.clip_norm)
 
-    def choices(config, mesh, dropout, weight_decay, clip_norm, *_):
-        return TorchTuner("swag", config, 4, weight_decay, clip_norm)
+    def choices(config, mesh, settings):
+        return TorchTuner("swag", config, 4, settings.weight_decay, settings.clip_norm)
 
     loop.fine_tuner, token_loop.token_tuner, swag_task.choice_tuner = glue, tokens, choices
 

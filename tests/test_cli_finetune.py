@@ -42,7 +42,13 @@ def test_a_rerun_reuses_the_finished_result_unless_overwrite(model_dir, tmp_path
     workdir = tmp_path / "rte"
     assert cli.main(_argv(model_dir, workdir)) == 0
     out = capsys.readouterr().out
-    assert re.fullmatch(rf"RTE dev: accuracy \d+\.\d\d -> {workdir}/result.json\n", out), out
+    # Progress as pretraining prints it (plain lines, no time stamps), then the summary.
+    lines = out.splitlines()
+    assert re.fullmatch(r"RTE step 1/1 loss \d\.\d{4} lr 2e-05 .* ETA 0m00s", lines[0]), out
+    assert re.fullmatch(r"RTE step 1 dev: accuracy \d+\.\d\d", lines[1]), out
+    summary = [line for line in lines if line.startswith("RTE dev: ")]
+    assert re.fullmatch(rf"RTE dev: accuracy \d+\.\d\d -> {workdir}/result.json", summary[0])
+    assert re.search(r"^RTE majority class on dev \('\w+' for every example\): accuracy", out, re.M)
     first = _run_id(workdir)
 
     assert cli.main(_argv(model_dir, workdir)) == 0

@@ -224,15 +224,6 @@ def encoder_config():
     return encoder, steps.run_config(encoder, SETTINGS, one_device_mesh())
 
 
-def tuner_args() -> tuple:
-    return (
-        SETTINGS.weight_decay,
-        SETTINGS.clip_norm,
-        SETTINGS.adam_bias_correction,
-        SETTINGS.optimizer,
-    )
-
-
 @pytest.mark.parametrize("num_labels", [3, 1], ids=["classification", "regression"])
 def test_glue_steps_equal_transformers(num_labels):
     encoder, config = encoder_config()
@@ -244,9 +235,7 @@ def test_glue_steps_equal_transformers(num_labels):
         labels = rng.integers(0, num_labels, NUM_EXAMPLES).astype(np.int32)
     guids = tuple(str(i) for i in range(NUM_EXAMPLES))
     split = features.EncodedSplit("train", guids, rows, labels)
-    tuner = loop.fine_tuner(
-        config, num_labels, one_device_mesh(), partitioning.DEFAULT_RULES, 0.0, *tuner_args()
-    )
+    tuner = loop.fine_tuner(config, num_labels, one_device_mesh(), SETTINGS)
     recorder, before, after = train_ours(tuner, lambda r: features.gather_batch(split, r))
     reference = reference_model(
         transformers.BertForSequenceClassification, "classifier", before, num_labels=num_labels
@@ -266,7 +255,7 @@ def test_swag_steps_equal_transformers():
     rng = np.random.default_rng(4)
     arrays = token_rows(rng, (NUM_EXAMPLES, 4), config.vocab_size)
     arrays["labels"] = rng.integers(0, 4, NUM_EXAMPLES).astype(np.int32)
-    tuner = swag_task.choice_tuner(config, one_device_mesh(), 0.0, *tuner_args())
+    tuner = swag_task.choice_tuner(config, one_device_mesh(), SETTINGS)
     recorder, before, after = train_ours(tuner, lambda r: token_loop.gather_rows(arrays, r))
     reference = reference_model(transformers.BertForMultipleChoice, "classifier", before)
     losses = train_reference(
@@ -297,9 +286,7 @@ def test_squad_steps_equal_transformers():
     arrays["start_positions"] = starts
     arrays["end_positions"] = np.minimum(starts + rng.integers(0, 3, NUM_EXAMPLES), lengths - 1)
     arrays["end_positions"] = arrays["end_positions"].astype(np.int32)
-    tuner = token_loop.token_tuner(
-        config, 2, token_loop.SPAN, one_device_mesh(), 0.0, *tuner_args()
-    )
+    tuner = token_loop.token_tuner(config, 2, token_loop.SPAN, one_device_mesh(), 0.0, SETTINGS)
     inputs = {
         key: arrays[key] for key in (*token_loop.MODEL_KEYS, "start_positions", "end_positions")
     }
@@ -333,7 +320,7 @@ def test_conll_steps_equal_transformers():
     inner[np.arange(NUM_EXAMPLES), arrays["input_mask"].sum(axis=1) - 1] = False
     arrays["label_weights"] = (inner & (rng.uniform(size=inner.shape) < 0.7)).astype(np.float32)
     tuner = token_loop.token_tuner(
-        config, num_tags, token_loop.TAGS, one_device_mesh(), 0.0, *tuner_args()
+        config, num_tags, token_loop.TAGS, one_device_mesh(), 0.0, SETTINGS
     )
     recorder, before, after = train_ours(tuner, lambda r: token_loop.gather_rows(arrays, r))
     reference = reference_model(
@@ -390,7 +377,7 @@ def test_steps_and_learning_rates_of_a_partial_last_batch_match_the_trainer():
     np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-12)
     # The project's default recipe takes the same steps, with google-research/bert's schedule.
     bert = steps.learning_rates(dataclasses.replace(settings, optimizer="bert"), 189)
-    expected = optim.warmup_linear_decay(2e-5, 18, 189)(np.arange(189))
+    expected = optim.warmup_decay(2e-5, 18, 189)(np.arange(189))
     np.testing.assert_allclose(bert, np.asarray(expected), rtol=1e-6)
 
 

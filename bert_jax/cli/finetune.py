@@ -4,24 +4,13 @@ each checkpoint of a pretraining run) and `bert-jax glue`."""
 from __future__ import annotations
 
 import argparse
+import sys
 
-# The per-trial settings both commands pass on; a flag left unset (None) keeps the library default.
-_SETTINGS = (
-    "learning_rate",
-    "seed",
-    "epochs",
-    "batch_size",
-    "eval_batch_size",
-    "max_seq_length",
-    "warmup_proportion",
-    "weight_decay",
-    "dropout",
-    "adam_bias_correction",
-    "optimizer",
-    "eval_every_epoch",
-    "mesh_shape",
-    "log_every",
-)
+from bert_jax.finetune.tuning import settings as declared
+
+# Every fine-tuning setting, its flag, help, default and range come from its declaration
+# (`FinetuneSettings` in bert_jax/finetune/tuning/settings.py, which imports no NumPy); a flag
+# left unset (None) keeps the task's recipe or the declared default.
 
 
 def add_to(subparsers) -> None:
@@ -145,7 +134,7 @@ def _task_options(args):
 def _run_finetune(args) -> int:
     from bert_jax.finetune.runs import one_task as run
 
-    _log_progress()
+    _print_progress()
     options = _task_options(args)
     if args.each_checkpoint:
         from bert_jax.finetune.runs import curve
@@ -183,28 +172,30 @@ def _run_finetune(args) -> int:
         )
     shown = figures(result["dev_metrics"], result["task"])
     print(f"{result['task']} dev: {shown} -> {args.workdir}/result.json")
+    for line in baseline_lines(result):
+        print(line)
     return 0
 
 
+def baseline_lines(result: dict) -> list[str]:
+    """A sentence task's majority-class baseline on dev, and a line for each split on which the
+    model predicted one thing for every example (`references.prediction_notes`)."""
+    from bert_jax.finetune.reports import references
+
+    lines = []
+    for report_name, baseline in (result.get("dev_baseline") or {}).items():
+        lines.append(
+            f"{report_name} majority class on dev ({baseline['prediction']!r} for every "
+            f"example): {figures(baseline['metrics'])}"
+        )
+    return lines + [f"warning: {note}" for note in references.prediction_notes(result)]
+
+
 def figures(metrics: dict, task: str = "") -> str:
-    """`accuracy 84.31, f1 88.10`: each figure labelled and rounded; a split's own table
-    (GLUE's `{"MNLI-m": {...}}`) one level down, named unless it is the task's."""
-    shown = []
-    for name, value in metrics.items():
-        if isinstance(value, dict):
-            prefix = "" if name == task else f"{name} "
-            shown += [f"{prefix}{text}" for text in _labelled(value)]
-        else:
-            shown += _labelled({name: value})
-    return ", ".join(shown) or "(no figures)"
+    """`accuracy 84.31, f1 88.10` (`steps.figures`, which the progress lines use too)."""
+    from bert_jax.finetune.tuning import steps
 
-
-def _labelled(metrics: dict) -> list[str]:
-    return [
-        f"{name} {value:.2f}" if isinstance(value, float) else f"{name} {value}"
-        for name, value in metrics.items()
-        if isinstance(value, int | float) and not isinstance(value, bool)
-    ]
+    return steps.figures(metrics, task)
 
 
 def _add_glue(subparsers) -> None:
@@ -219,17 +210,6 @@ def _add_glue(subparsers) -> None:
     parser.add_argument(
         "--tasks", nargs="+", default=None, metavar="TASK", help="default: all nine GLUE tasks"
     )
-    parser.add_argument(
-        "--learning-rates",
-        nargs="+",
-        type=float,
-        default=None,
-        metavar="LR",
-        help="default: the paper's 5e-5 4e-5 3e-5 2e-5",
-    )
-    parser.add_argument(
-        "--seeds", nargs="+", type=int, default=None, metavar="SEED", help="default: 0"
-    )
     # Not an ml_collections config: sweep options (no --config.key overrides), read by the library.
     parser.add_argument(
         "--config",
@@ -241,15 +221,14 @@ def _add_glue(subparsers) -> None:
 
 
 def _run_glue(args) -> int:
+    from bert_jax.finetune.reports import references
     from bert_jax.finetune.runs import sweep
 
-    _log_progress()
+    _print_progress()
     overrides = _overrides(args)
+    overrides.update(tasks=args.tasks, predict_test=args.predict_test)
     overrides.update(
-        tasks=args.tasks,
-        learning_rates=args.learning_rates,
-        seeds=args.seeds,
-        predict_test=args.predict_test,
+        {option: getattr(args, option) for option in map(declared.swept_option, declared.SWEPT)}
     )
     options = sweep.sweep_options(args.config, overrides)
     with _one_writer(args.workdir, "glue"):
@@ -258,6 +237,19 @@ def _run_glue(args) -> int:
         f"{len(outcome.ran)} trials run, {len(outcome.reused)} finished earlier; "
         f"reports in {args.workdir}/results.md"
     )
+    for task_name, record in outcome.best.items():
+        notes = references.prediction_notes(record)
+        if notes:
+            print(
+                f"{task_name}: the selected trial ({record['trial']}) predicts one class: "
+                + "; ".join(notes)
+            )
+    flagged = [r["trial"] for r in outcome.records if references.prediction_notes(r)]
+    if flagged:
+        print(
+            f"{len(flagged)} of {len(outcome.records)} trials predict a single class on dev or "
+            f"test: see 'Trials that predict a single class' in {args.workdir}/results.md"
+        )
     return 0
 
 
@@ -290,54 +282,12 @@ def _add_shared_flags(parser, sweep: bool) -> None:
     )
     if not sweep:
         parser.add_argument(
-            "--learning-rate", type=float, default=None, help=_default("learning_rate", sweep)
-        )
-        parser.add_argument("--seed", type=int, default=None, help="default 0")
-        parser.add_argument(
             "--overwrite",
             action="store_true",
             help="train again in a workdir that holds a finished result (replacing it)",
         )
-    for flag, kind in (("--epochs", float), ("--batch-size", int)):
-        name = flag[2:].replace("-", "_")
-        parser.add_argument(flag, type=kind, default=None, help=_default(name, sweep))
-    parser.add_argument("--eval-batch-size", type=int, default=None, help="default 32")
-    parser.add_argument(
-        "--max-seq-length", type=int, default=None, help=_default("max_seq_length", sweep)
-    )
-    parser.add_argument("--warmup-proportion", type=float, default=None, help="default 0.1")
-    parser.add_argument("--weight-decay", type=float, default=None, help="default 0.01")
-    parser.add_argument("--dropout", type=float, default=None, help="default 0.1")
-    parser.add_argument(
-        "--adam-bias-correction",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Adam bias correction (default on; --no-adam-bias-correction matches the original "
-        "code's optimizer)",
-    )
-    parser.add_argument(
-        "--optimizer",
-        default=None,
-        metavar="NAME",
-        help="bert (default: BERT AdamW, eps 1e-6, the original's warmup and decay) or adamw-hf "
-        "(Hugging Face Trainer's torch AdamW, eps 1e-8, linear decay after the warmup)",
-    )
-    parser.add_argument(
-        "--eval-every-epoch",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also evaluate on dev after every epoch",
-    )
-    parser.add_argument(
-        "--mesh-shape",
-        type=lambda text: tuple(int(x) for x in text.split(",")),
-        default=None,
-        metavar="DATA,FSDP,TENSOR",
-        help="device mesh (default -1,1,1: data parallel over every device)",
-    )
-    parser.add_argument(
-        "--log-every", type=int, default=None, help="steps between log lines (default 100)"
-    )
+    for name, declaration in declared.DECLARATIONS.items():
+        _add_setting_flag(parser, name, declaration, sweep)
     parser.add_argument(
         "--predict-test",
         action=argparse.BooleanOptionalAction,
@@ -346,37 +296,86 @@ def _add_shared_flags(parser, sweep: bool) -> None:
     )
 
 
-# The defaults that differ by task, as `finetune --help` shows them; each task's registered recipe
-# owns them (`Task.defaults` in bert_jax/finetune/tasks/; `FinetuneSettings` for GLUE):
-# tests/test_cli_flags.py checks that these agree (importing the registry here would load NumPy
-# for `--help`).
+def _add_setting_flag(parser, name: str, declaration, sweep: bool) -> None:
+    """The flag of one declared setting; `glue` takes a swept setting as a list
+    (`--learning-rates`)."""
+    kind = declared.FinetuneSettings.__dataclass_fields__[name].type
+    default = declared.DEFAULTS[name]
+    limits = declaration.range_text()
+    about = declaration.help + (f"; {limits}" if limits and declaration.choices is None else "")
+    if sweep and declaration.swept is not None:
+        values = " ".join(_shown(value) for value in declaration.swept)
+        parser.add_argument(
+            f"--{declared.flag_name(declared.swept_option(name))}",
+            nargs="+",
+            type=float if kind == "float" else int,
+            default=None,
+            metavar=declaration.metavar or name.upper(),
+            help=f"default {values}; each a trial: {about}",
+        )
+        return
+    options: dict = {"default": None, "help": f"{_default(name, default, sweep)}; {about}"}
+    if declaration.parse is not None:
+        options["type"] = declaration.parse
+    elif kind == "bool":
+        options["action"] = argparse.BooleanOptionalAction
+    elif kind in ("int", "float"):
+        options["type"] = int if kind == "int" else float
+    if declaration.choices is not None:
+        options["choices"] = declaration.choices
+    if declaration.metavar is not None:
+        options["metavar"] = declaration.metavar
+    parser.add_argument(f"--{declared.flag_name(name)}", **options)
+
+
+def _shown(value) -> str:
+    """A default as help shows it: `on`/`off`, `-1,1,1`, `2e-05`."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(str(x) for x in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# The defaults of the other tasks' recipes, as `finetune --help` shows them beside GLUE's (the
+# declared defaults); each task's registered recipe owns them (`Task.defaults` in
+# bert_jax/finetune/tasks/): tests/test_cli_flags.py checks that these agree (importing the
+# registry here would load NumPy for `--help`).
+_OTHER_TASKS = {
+    "learning_rate": {"SQuAD": 5e-5, "CoNLL-2003": 5e-5, "SWAG": 2e-5},
+    "batch_size": {"SQuAD v1.1": 32, "SQuAD v2.0": 48, "CoNLL-2003": 32, "SWAG": 16},
+    "epochs": {"SQuAD v1.1": 3, "SQuAD v2.0": 2, "CoNLL-2003": 3, "SWAG": 3},
+    "max_seq_length": {"SQuAD": 384, "CoNLL-2003": 128, "SWAG": 128},
+}
 TASK_DEFAULTS = {
-    "learning_rate": {"GLUE": 2e-5, "SQuAD": 5e-5, "CoNLL-2003": 5e-5, "SWAG": 2e-5},
-    "batch_size": {"GLUE": 32, "SQuAD v1.1": 32, "SQuAD v2.0": 48, "CoNLL-2003": 32, "SWAG": 16},
-    "epochs": {"GLUE": 3, "SQuAD v1.1": 3, "SQuAD v2.0": 2, "CoNLL-2003": 3, "SWAG": 3},
-    "max_seq_length": {"GLUE": 128, "SQuAD": 384, "CoNLL-2003": 128, "SWAG": 128},
+    name: {"GLUE": declared.DEFAULTS[name], **others} for name, others in _OTHER_TASKS.items()
 }
 FEATURES_LEARNING_RATE = 1e-3  # --features (conll.TASKS' feature-based recipe)
 
 
-def _default(name: str, sweep: bool) -> str:
-    """`default 2e-5` for glue; the default of each task for finetune."""
-    values = TASK_DEFAULTS[name]
-    if sweep:
-        return f"default {values['GLUE']:g}"
-    text = ", ".join(f"{task} {value:g}" for task, value in values.items())
+def _default(name: str, default, sweep: bool) -> str:
+    """`default 2e-05` (glue, and a setting no task's recipe changes); the default of each task
+    for finetune."""
+    if sweep or name not in TASK_DEFAULTS:
+        return f"default {_shown(default)}"
+    text = ", ".join(f"{task} {value:g}" for task, value in TASK_DEFAULTS[name].items())
     if name == "learning_rate":
         text += f"; with --features {FEATURES_LEARNING_RATE:g}"
     return f"default per task: {text}"
 
 
 def _overrides(args) -> dict:
-    return {name: getattr(args, name, None) for name in _SETTINGS}
+    return {name: getattr(args, name, None) for name in declared.DECLARATIONS}
 
 
-def _log_progress() -> None:
-    """Our progress lines at INFO; other libraries' (Orbax, absl) only from WARNING up."""
+def _print_progress() -> None:
+    """Fine-tuning's progress as plain lines on stdout, as `pretrain` prints its own (no time
+    stamp, no logger name); other libraries' (Orbax, absl) only from WARNING up."""
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("bert_jax.finetune").setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    progress = logging.getLogger("bert_jax.finetune")
+    progress.handlers = [handler]
+    progress.propagate = False
+    progress.setLevel(logging.INFO)

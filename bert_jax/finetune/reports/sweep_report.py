@@ -1,15 +1,16 @@
 """Sweep reports: results.json, results.csv, results.md (the paper's Table 1 layout) and plots.
 
-- `results.json`: everything — per task the selected trial, per learning rate the seed spread, every
-  trial's metrics; the Table 1 columns, the paper-style average and the official GLUE average.
-- `results.csv`: one row per (trial, dev evaluation), every official metric in its own column.
+- `results.json`: everything — the settings the trials ran (`protocol.settings`), per task the
+  selected trial, its majority-class baseline, per learning rate the seed spread, every trial's
+  metrics and how its predictions spread; the Table 1 columns, the paper-style average, the
+  official GLUE average, and the trials that predict a single class.
+- `results.csv`: one row per (trial, dev evaluation), every official metric in its own column,
+  the baseline's score and the one class a trial predicted for every example (if it did).
 - `results.md`: Table 1 with the paper's BERT-Base and BERT-Large rows (GLUE test server) beside
-  ours (dev set, so the rows are a reference, not a like-for-like comparison), the official GLUE
-  metrics per task, and the seed spread per learning rate.
-- `plots/<TASK>.png`: dev score vs learning rate, one point per seed, the mean as a line and the
-  min-max range shaded, the selected trial starred, the paper's test scores as dashed lines.
-
-matplotlib is imported lazily, with the Agg canvas (no display needed).
+  ours (dev set, so the rows are a reference, not a like-for-like comparison) and the majority
+  class's, the trials that predict a single class, the official GLUE metrics per task beside the
+  baseline's, and the seed spread per learning rate.
+- `plots/<TASK>.png` (`sweep_plot`): dev score vs learning rate, with the baseline and the paper.
 """
 
 from __future__ import annotations
@@ -23,31 +24,33 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.finetune.reports.references import (
+    BASELINE_LABEL,
+    METRIC_LABELS,
+    PAPER_ROWS,
+    baseline_scores,
+    prediction_notes,
+)
+from bert_jax.finetune.reports.sweep_plot import plot_task
 from bert_jax.finetune.tasks import glue, glue_metrics, registry
+from bert_jax.finetune.tuning.settings import DECLARATIONS, SWEPT
 from bert_jax.runtime import fs, outputs
 
-
-def _paper_rows() -> dict[str, dict[str, float]]:
-    """Devlin et al. (2019), Table 1 (GLUE test server): each system's row, from the tasks'
-    registered figures, in the table's column order, then its average."""
-    rows: dict[str, dict[str, float]] = {}
-    for task in registry.table_tasks():
-        for system, figures in task.paper:
-            rows.setdefault(system, {}).update(figures)
-    for system, row in rows.items():
-        row["Average"] = glue.PAPER_AVERAGES[system]
-    return rows
-
-
-PAPER_ROWS = _paper_rows()
-METRIC_LABELS = {
-    "matthews_corr": "Matthews corr.",
-    "accuracy": "accuracy",
-    "f1": "F1",
-    "pearson": "Pearson",
-    "spearman": "Spearman",
-}
 CSV_METRICS = ("accuracy", "f1", "matthews_corr", "pearson", "spearman")
+
+
+def ran_settings(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each declared setting as the trials ran it: the one value they share, or the list of
+    their values in sweep order. A swept setting (learning rate, seed) is always a list."""
+    ran: dict[str, Any] = {}
+    for name in DECLARATIONS:
+        values: list[Any] = []
+        for record in records:
+            value = (record.get("settings") or {}).get(name)
+            if value is not None and value not in values:
+                values.append(value)
+        ran[name] = values if name in SWEPT or len(values) != 1 else values[0]
+    return ran
 
 
 def _ordered_tasks(names: Sequence[str]) -> list[str]:
@@ -126,6 +129,10 @@ def summary(
             tuple(t.name for t in registry.benchmark_tasks(glue.BENCHMARK) if t.report_columns),
         ),
         "mean_over_seeds_at_selected_lr": mean_at_selected_lr(records, best),
+        "baseline_columns": baseline_scores(best),
+        "single_prediction": {
+            record["trial"]: notes for record in records if (notes := prediction_notes(record))
+        },
     }
 
 
@@ -152,6 +159,7 @@ def results_json(
                 key: chosen[key]
                 for key in ("trial", "learning_rate", "seed", "dev_metrics", "selection_score")
             },
+            "baseline": chosen.get("dev_baseline"),
             "by_learning_rate": spread[task_name],
             "trials": [
                 {
@@ -166,6 +174,10 @@ def results_json(
                         "num_train_steps",
                         "seconds",
                     )
+                }
+                | {
+                    "prediction_summary": r.get("prediction_summary"),
+                    "single_prediction": prediction_notes(r),
                 }
                 for r in records
                 if r["task"] == task_name
@@ -195,11 +207,17 @@ def results_csv(records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping
             "train_loss",
             "num_train_steps",
             "seconds",
+            "baseline_paper_score",
+            "single_dev_prediction",
         ]
     )
     for record in records:
         selected = best[record["task"]]["trial"] == record["trial"]
+        baseline = record.get("dev_baseline") or {}
+        spread = (record.get("prediction_summary") or {}).get("dev") or {}
         for report_name, values in record["dev_metrics"].items():
+            trivial = baseline.get(report_name)
+            single = (spread.get(report_name) or {}).get("single")
             writer.writerow(
                 [
                     record["task"],
@@ -213,6 +231,10 @@ def results_csv(records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping
                     f"{record['train_loss']:.6f}",
                     record["num_train_steps"],
                     f"{record['seconds']:.1f}",
+                    ""
+                    if trivial is None
+                    else f"{glue_metrics.paper_score(record['task'], trivial['metrics']):.4f}",
+                    "" if single is None else single,
                 ]
             )
     return out.getvalue()
@@ -244,6 +266,29 @@ def _table_header() -> list[str]:
     ]
 
 
+def _single_prediction_lines(
+    records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """results.md's warning about trials that predict one thing (none: no section)."""
+    chosen = {record["trial"] for record in best.values()}
+    flagged = [(record, prediction_notes(record)) for record in records]
+    flagged = [(record, notes) for record, notes in flagged if notes]
+    if not flagged:
+        return []
+    lines = [
+        "## Trials that predict a single class",
+        "",
+        "These trials put every example of a split in one class (or gave every example one "
+        "score): whatever their dev score, the model has learnt nothing to tell the examples "
+        "apart (other learning rates, seeds or more epochs may help).",
+        "",
+    ]
+    for record, notes in flagged:
+        mark = " (selected)" if record["trial"] in chosen else ""
+        lines += [f"- **{record['trial']}**{mark}: " + "; ".join(notes)]
+    return [*lines, ""]
+
+
 def results_markdown(
     records: Sequence[Mapping[str, Any]],
     best: Mapping[str, Mapping[str, Any]],
@@ -266,6 +311,15 @@ def results_markdown(
     for name, row in PAPER_ROWS.items():
         lines.append(_table_row(f"{name} (paper, test)", row, row["Average"]))
     lines.append(_table_row("Ours (dev, selected trial)", stats["columns"], stats["paper_average"]))
+    baselines = stats["baseline_columns"]
+    if baselines:
+        lines.append(
+            _table_row(
+                f"{BASELINE_LABEL[0].upper()}{BASELINE_LABEL[1:]}",
+                baselines,
+                glue_metrics.paper_average(baselines),
+            )
+        )
     if len(seeds) > 1:
         means = stats["mean_over_seeds_at_selected_lr"]
         lines.append(
@@ -279,12 +333,15 @@ def results_markdown(
         "",
         "F1 for QQP and MRPC, Spearman correlation for STS-B, Matthews correlation for CoLA, "
         "accuracy elsewhere; the average is over the nine columns (WNLI excluded), as in the "
-        "paper. — marks a task not in this sweep (the average needs all nine).",
+        "paper. — marks a task not in this sweep (the average needs all nine). The majority-class "
+        "row predicts each dev split's most frequent label for every example (STS-B: the train "
+        "mean, whose correlations are 0): a score near it has learnt little.",
         "",
+        *_single_prediction_lines(records, best),
         "## Official GLUE metrics (dev, selected trial)",
         "",
-        "| Task | Metrics | GLUE score | Selected lr | Seed | Train examples |",
-        "|---|---|---|---|---|---|",
+        "| Task | Metrics | Majority class | GLUE score | Selected lr | Seed | Train examples |",
+        "|---|---|---|---|---|---|---|",
     ]
     for task_name in _ordered_tasks(best):
         record = best[task_name]
@@ -293,8 +350,15 @@ def results_markdown(
             + ", ".join(f"{METRIC_LABELS[m]} {v:.1f}" for m, v in values.items())
             for report_name, values in record["dev_metrics"].items()
         )
+        trivial = "; ".join(
+            (f"{report_name}: " if len(record["dev_metrics"]) > 1 else "")
+            + f"{baseline['prediction']!r}: "
+            + ", ".join(f"{METRIC_LABELS[m]} {v:.1f}" for m, v in baseline["metrics"].items())
+            for report_name, baseline in (record.get("dev_baseline") or {}).items()
+        )
         lines.append(
-            f"| {task_name} | {shown} | {_fmt(stats['glue_task_scores'].get(task_name))} | "
+            f"| {task_name} | {shown} | {trivial or '—'} | "
+            f"{_fmt(stats['glue_task_scores'].get(task_name))} | "
             f"{record['learning_rate']:g} | {record['seed']} | {record['num_train_examples']} |"
         )
     lines += [
@@ -320,77 +384,6 @@ def results_markdown(
     return "\n".join(lines)
 
 
-def plot_task(
-    path: str,
-    task_name: str,
-    records: Sequence[Mapping[str, Any]],
-    selected: Mapping[str, Any],
-) -> None:
-    """Dev score vs learning rate for one task: seeds as points, mean line, min-max band."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(8.0, 4.0), dpi=110)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    metric = glue_metrics.paper_metric(task_name)
-    report_names = list(selected["dev_metrics"])
-    colors = ("tab:blue", "tab:orange")
-    for color, report_name in zip(colors, report_names):
-        by_lr: dict[float, list[float]] = {}
-        for record in records:
-            by_lr.setdefault(record["learning_rate"], []).append(
-                record["dev_metrics"][report_name][metric]
-            )
-        lrs = np.asarray(sorted(by_lr))
-        scores = [np.asarray(by_lr[lr]) for lr in lrs]
-        for lr, values in zip(lrs, scores):
-            axes.scatter(np.full(values.shape, lr), values, s=14, color=color, alpha=0.6)
-        means = np.asarray([v.mean() for v in scores])
-        axes.plot(lrs, means, color=color, marker="o", label=f"{report_name} (dev, mean)")
-        axes.fill_between(
-            lrs,
-            [v.min() for v in scores],
-            [v.max() for v in scores],
-            color=color,
-            alpha=0.15,
-            label="min-max over seeds" if color == colors[0] else None,
-        )
-        axes.scatter(
-            [selected["learning_rate"]],
-            [selected["dev_metrics"][report_name][metric]],
-            marker="*",
-            s=160,
-            color=color,
-            edgecolor="black",
-            zorder=5,
-            label="selected" if color == colors[0] else None,
-        )
-        for (paper_name, row), style in zip(PAPER_ROWS.items(), ("--", ":")):
-            if report_name in row:
-                axes.axhline(
-                    row[report_name],
-                    color=color,
-                    linestyle=style,
-                    linewidth=1,
-                    label=f"{paper_name} {report_name} (paper, test)",
-                )
-    axes.set_xscale("log")
-    all_lrs = sorted({r["learning_rate"] for r in records})
-    axes.set_xticks(all_lrs)
-    axes.set_xticklabels([f"{lr:g}" for lr in all_lrs])
-    axes.minorticks_off()
-    axes.set_xlabel("learning rate")
-    axes.set_ylabel(f"{METRIC_LABELS[metric]} (%)")
-    seeds = sorted({r["seed"] for r in records})
-    axes.set_title(
-        f"{task_name}: dev {METRIC_LABELS[metric]} vs learning rate ({len(seeds)} seeds)"
-    )
-    axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    with outputs.local_then_place(path, ".png") as local:  # uploaded when `path` is in a bucket
-        figure.savefig(local, bbox_inches="tight")
-
-
 def write_reports(
     workdir: str,
     records: Sequence[Mapping[str, Any]],
@@ -402,16 +395,20 @@ def write_reports(
     seeds: Sequence[int],
     settings: Any,
 ) -> list[str]:
-    """Write results.json, results.csv, results.md and plots/<TASK>.png; returns their paths."""
+    """Write results.json, results.csv, results.md and plots/<TASK>.png; returns their paths.
+
+    The protocol's `settings` are those the trials ran (`ran_settings`: the swept learning
+    rates and seeds as lists); `settings` (this invocation's) fills in for records without."""
+    ran = {**settings.to_dict(), **{k: v for k, v in ran_settings(records).items() if v != []}}
     protocol = {
         "model": model,
         "data": data,
         "learning_rates": [float(lr) for lr in learning_rates],
         "seeds": [int(s) for s in seeds],
-        "epochs": settings.epochs,
-        "batch_size": settings.batch_size,
-        "max_seq_length": settings.max_seq_length,
-        "settings": settings.to_dict(),
+        "epochs": ran["epochs"],
+        "batch_size": ran["batch_size"],
+        "max_seq_length": ran["max_seq_length"],
+        "settings": ran,
         "selection": "best dev score in the paper's metric per task (MNLI: mean of m and mm)",
     }
     written = []

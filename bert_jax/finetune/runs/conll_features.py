@@ -71,12 +71,7 @@ class FeatureTuner(train.ShardedSteps):
         self.config = config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         mode, self.layers = feature_tagger.variant_layers(variant, config.num_hidden_layers)
         self.tagger = BiLstmTagger(num_labels, mode, lstm_size, dropout_rate=settings.dropout)
-        self.tx = steps.make_optimizer(
-            settings.optimizer,
-            settings.weight_decay,
-            settings.clip_norm,
-            settings.adam_bias_correction,
-        )
+        self.tx = steps.make_optimizer(settings)
         features = jnp.zeros((1, 2, len(self.layers), config.hidden_size), jnp.float32)
 
         def init_fn(rng):
@@ -129,8 +124,13 @@ class FeatureTuner(train.ShardedSteps):
         return self.call(self._predict_step, params, batch, bert_params)
 
 
-@functools.lru_cache(maxsize=2)
 def feature_tuner(config, variant, num_labels, lstm_size, mesh, settings) -> FeatureTuner:
+    """A FeatureTuner shared by every caller with the same tagger and settings of the step."""
+    return _feature_tuner(config, variant, num_labels, lstm_size, mesh, settings.step_settings())
+
+
+@functools.lru_cache(maxsize=2)
+def _feature_tuner(config, variant, num_labels, lstm_size, mesh, settings) -> FeatureTuner:
     return FeatureTuner(config, variant, num_labels, lstm_size, mesh, settings)
 
 

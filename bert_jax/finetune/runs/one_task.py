@@ -102,7 +102,7 @@ def finished_run(
     if saved.get("features") != options.features:
         differ.append(f"--features: saved {saved.get('features')!r}, now {options.features!r}")
     saved_settings = saved.get("settings") or {}
-    for key in ("learning_rate", "seed"):  # `glue` keys its trials by these; load_matching not
+    for key in run_settings.SWEPT:  # `glue` keys its trials by these; load_matching not
         now = getattr(settings, key)
         if key in saved_settings and saved_settings[key] != now:
             differ.append(f"{key}: saved {saved_settings[key]!r}, now {now!r}")

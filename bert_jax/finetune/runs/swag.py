@@ -79,39 +79,27 @@ def _predict(params: Any, batch: Mapping[str, Array], *, model: BertForMultipleC
 class ChoiceTuner(HeadTuner):
     """`BertForMultipleChoice`, its loss and optimizer on a mesh, compiled once."""
 
-    def __init__(
-        self,
-        config: BertConfig,
-        mesh: jax.sharding.Mesh,
-        dropout: float = 0.1,
-        weight_decay: float = 0.01,
-        clip_norm: float = 1.0,
-        adam_bias_correction: bool = True,
-        optimizer: str = "bert",
-    ):
-        model = BertForMultipleChoice(config, dropout)
+    def __init__(self, config: BertConfig, mesh: jax.sharding.Mesh, settings: FinetuneSettings):
+        model = BertForMultipleChoice(config, settings.dropout)
         super().__init__(
             model,
-            ClassifierHead(config, 1, dropout),
+            ClassifierHead(config, 1, settings.dropout),
             jnp.zeros((1, config.hidden_size), jnp.float32),  # a choice's pooled [CLS]
             choice_loss(model),
             _predict,
             mesh,
-            partitioning.DEFAULT_RULES,
-            weight_decay,
-            clip_norm,
-            adam_bias_correction,
-            optimizer,
+            settings,
         )
 
 
+def choice_tuner(config, mesh, settings: FinetuneSettings) -> ChoiceTuner:
+    """A ChoiceTuner shared by every caller with the same model and settings of the step."""
+    return _choice_tuner(config, mesh, settings.step_settings())
+
+
 @functools.lru_cache(maxsize=2)
-def choice_tuner(
-    config, mesh, dropout, weight_decay, clip_norm, adam_bias_correction, optimizer="bert"
-):
-    return ChoiceTuner(
-        config, mesh, dropout, weight_decay, clip_norm, adam_bias_correction, optimizer
-    )
+def _choice_tuner(config, mesh, settings) -> ChoiceTuner:
+    return ChoiceTuner(config, mesh, settings)
 
 
 def accuracy(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -191,15 +179,7 @@ def train_and_predict(
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
     config = steps.run_config(encoder, settings, mesh)
-    tuner = choice_tuner(
-        config,
-        mesh,
-        settings.dropout,
-        settings.weight_decay,
-        settings.clip_norm,
-        settings.adam_bias_correction,
-        settings.optimizer,
-    )
+    tuner = choice_tuner(config, mesh, settings)
     arrays = {
         name: swag.build_features(examples, encoder.tokenizer, settings.max_seq_length)
         for name, examples in splits.items()

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 
+from bert_jax.finetune.reports import references
 from bert_jax.finetune.reports import sweep_report as report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import registry
@@ -40,28 +41,24 @@ from bert_jax.finetune.tasks.glue import (
 )
 from bert_jax.finetune.tuning.batches import TaskData, load_task_data
 from bert_jax.finetune.tuning.sentence_tuning import FinetuneResult, finetune, make_mesh
-from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
+from bert_jax.finetune.tuning.settings import (
+    SWEPT,
+    TRIAL_SETTINGS,
+    FinetuneSettings,
+    PretrainedEncoder,
+    load_pretrained,
+    swept_option,
+)
+from bert_jax.finetune.tuning.steps import figures
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
+PAPER_LEARNING_RATES = SWEPT["learning_rate"]  # the paper's grid, as declared
 RESULT_NAME = "result.json"
 SUBMISSION_DIR = "submission"
-# Settings that change what a trial computes; a finished trial must match them to be reused.
-_MATCHING_SETTINGS = (
-    "epochs",
-    "batch_size",
-    "max_seq_length",
-    "warmup_proportion",
-    "weight_decay",
-    "dropout",
-    "clip_norm",
-    "adam_bias_correction",
-    "optimizer",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +100,10 @@ def trials_for(
         raise UserError(f"a task is listed twice in {list(tasks)}")
     if len(set(learning_rates)) != len(learning_rates) or len(set(seeds)) != len(seeds):
         raise UserError("learning rates and seeds must not repeat")
+    for lr in learning_rates:  # checked by their declarations before any trial runs
+        FinetuneSettings(learning_rate=float(lr))
+    for seed in seeds:
+        FinetuneSettings(seed=int(seed))
     return [
         Trial(spec, float(lr), int(seed))
         for spec in specs
@@ -156,7 +157,7 @@ def load_matching(path: str, settings: FinetuneSettings, model: str) -> dict[str
     saved = {"optimizer": "bert", **record["settings"]}  # runs from before the setting: "bert"
     differ = [
         f"{key}: saved {saved.get(key)!r}, now {want[key]!r}"
-        for key in _MATCHING_SETTINGS
+        for key in TRIAL_SETTINGS  # what changes a run's result (each setting's declaration)
         if saved.get(key) != want[key]
     ]
     if record.get("model") != model:
@@ -271,7 +272,8 @@ def copy_submission(best: dict[str, dict[str, Any]], workdir: str) -> list[str]:
     return written
 
 
-SWEEP_OPTIONS = ("tasks", "learning_rates", "seeds", "predict_test")
+# The sweep's own options beside the settings: the lists of the swept settings among them.
+SWEEP_OPTIONS = ("tasks", *(swept_option(name) for name in SWEPT), "predict_test")
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
@@ -322,12 +324,17 @@ def sweep_options(
     settings_values = {k: v for k, v in values.items() if k in fields}
     if "mesh_shape" in settings_values:
         settings_values["mesh_shape"] = tuple(int(x) for x in settings_values["mesh_shape"])
+    kinds = {field.name: field.type for field in dataclasses.fields(FinetuneSettings)}
+    swept = {
+        swept_option(name): tuple(
+            (float if kinds[name] == "float" else int)(x)
+            for x in values.get(swept_option(name), defaults)
+        )
+        for name, defaults in SWEPT.items()
+    }
     return {
         "tasks": tuple(values.get("tasks", registry.sweep_order())),
-        "learning_rates": tuple(
-            float(x) for x in values.get("learning_rates", PAPER_LEARNING_RATES)
-        ),
-        "seeds": tuple(int(x) for x in values.get("seeds", (0,))),
+        **swept,
         "predict_test": bool(values.get("predict_test", True)),
         "settings": FinetuneSettings(**settings_values),
     }
@@ -339,7 +346,7 @@ def run_sweep(
     workdir: str,
     tasks: Sequence[str] | None = None,
     learning_rates: Sequence[float] = PAPER_LEARNING_RATES,
-    seeds: Sequence[int] = (0,),
+    seeds: Sequence[int] = SWEPT["seed"],
     settings: FinetuneSettings | None = None,
     predict_test: bool = True,
     on_trial_end: Callable[[dict[str, Any]], None] | None = None,
@@ -398,7 +405,10 @@ def run_sweep(
             run_id,
             log,
         )
-        log(f"{trial.name}: dev {record['dev_metrics']} ({record['seconds']:.1f}s)")
+        shown = figures(record["dev_metrics"], trial.task.name)
+        log(f"{trial.name}: dev {shown} ({record['seconds']:.1f}s)")
+        for note in references.prediction_notes(record):
+            log(f"{trial.name}: warning: {note}")
         records.append(record)
         ran.append(trial.name)
         if on_trial_end is not None:

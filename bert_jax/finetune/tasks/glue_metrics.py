@@ -188,3 +188,56 @@ def glue_average(
     if any(v is None for v in values):
         return None
     return float(np.mean(values))
+
+
+# ------------------------------------------------------------------------------------------------
+# The trivial baseline, and a model that predicts one thing
+# ------------------------------------------------------------------------------------------------
+
+# A regressor "predicts one thing" when its predictions spread less than this share of the
+# training labels' standard deviation (a collapsed regressor's outputs are never exactly equal).
+COLLAPSED_SPREAD = 0.01
+
+
+def constant_baseline(
+    task: SentenceTask, labels: np.ndarray, train_labels: np.ndarray | None = None
+) -> dict[str, object]:
+    """What predicting one thing for every row scores on `labels` (a dev split): for
+    classification the majority class of `labels` (ties: the first label); for regression the
+    mean of `train_labels` (of `labels` without them), whose correlations are 0 (undefined for a
+    constant, as `pearson` says). `{"prediction": label string or score, "metrics": {...}}`."""
+    labels = np.asarray(labels)
+    if task.is_regression:
+        value = float(np.mean(labels if train_labels is None else train_labels))
+        constant = np.full(labels.shape, value)
+        prediction: object = round(value, 4)
+    else:
+        assert task.labels is not None
+        counts = np.bincount(labels.astype(np.int64), minlength=len(task.labels))
+        majority = int(np.argmax(counts))
+        constant = np.full(labels.shape, majority)
+        prediction = task.labels[majority]
+    return {"prediction": prediction, "metrics": task_metrics(task, labels, constant)}
+
+
+def prediction_summary(
+    task: SentenceTask, predictions: np.ndarray, train_labels: np.ndarray | None = None
+) -> dict[str, object]:
+    """How a split's predictions spread. Classification: `counts` per label and `single`, the
+    one label every row got (None when there are several). Regression: `mean`, `std` and
+    `single`, their mean rounded when they spread less than `COLLAPSED_SPREAD` of the training
+    labels' standard deviation (None otherwise, and without `train_labels`)."""
+    predictions = np.asarray(predictions)
+    if task.is_regression:
+        spread = float(np.std(predictions)) if predictions.size else 0.0
+        scale = None if train_labels is None else float(np.std(train_labels))
+        collapsed = scale is not None and predictions.size > 1 and spread < COLLAPSED_SPREAD * scale
+        mean = float(np.mean(predictions)) if predictions.size else 0.0
+        return {"mean": mean, "std": spread, "single": round(mean, 4) if collapsed else None}
+    assert task.labels is not None
+    counts = np.bincount(predictions.astype(np.int64), minlength=len(task.labels))
+    used = np.flatnonzero(counts)
+    return {
+        "counts": {label: int(count) for label, count in zip(task.labels, counts)},
+        "single": task.labels[int(used[0])] if used.size == 1 and predictions.size > 1 else None,
+    }

@@ -18,6 +18,7 @@ import numpy as np
 from bert_jax.core import partitioning, train
 from bert_jax.core.train import TrainState
 from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning.settings import FinetuneSettings
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
@@ -25,8 +26,8 @@ Array = jax.Array
 
 class HeadTuner(train.ShardedSteps):
     """`model` (an encoder under `bert/` and `head` under `classifier/`), the recipe's optimizer
-    (`steps.OPTIMIZERS`) with a unit schedule, the mesh and rules, bound together and compiled
-    once."""
+    (`steps.make_optimizer(settings)`: the settings that shape the step) with a unit schedule,
+    the mesh and rules, bound together and compiled once."""
 
     def __init__(
         self,
@@ -36,20 +37,11 @@ class HeadTuner(train.ShardedSteps):
         loss_fn: train.LossFn,
         predict_fn: Callable[..., Array],
         mesh: jax.sharding.Mesh,
+        settings: FinetuneSettings,
         rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
-        weight_decay: float = 0.01,
-        clip_norm: float = 1.0,
-        adam_bias_correction: bool = True,
-        optimizer: str = "bert",
     ):
         self.model = model
-        self.tx = steps.make_optimizer(
-            optimizer,
-            weight_decay,
-            clip_norm,
-            adam_bias_correction,
-            pad_token_id=model.config.pad_token_id,
-        )
+        self.tx = steps.make_optimizer(settings, pad_token_id=model.config.pad_token_id)
         tokens = np.zeros((1, 8), np.int32)
         inputs = {"input_ids": tokens, "input_mask": np.ones_like(tokens), "segment_ids": tokens}
         init_fn = functools.partial(train.init_state, model=model, tx=self.tx, inputs=inputs)

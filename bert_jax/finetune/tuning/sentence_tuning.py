@@ -89,56 +89,42 @@ class FineTuner(HeadTuner):
         config: BertConfig,
         num_labels: int,
         mesh: jax.sharding.Mesh,
+        settings: FinetuneSettings,
         rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
-        classifier_dropout: float = 0.1,
-        weight_decay: float = 0.01,
-        clip_norm: float = 1.0,
-        adam_bias_correction: bool = True,
-        optimizer: str = "bert",
     ):
         self.config = config
         self.num_labels = num_labels
         self.regression = num_labels == 1
-        model = BertForSequenceClassification(config, num_labels, classifier_dropout)
+        model = BertForSequenceClassification(config, num_labels, settings.dropout)
         super().__init__(
             model,
-            ClassifierHead(config, num_labels, classifier_dropout),
+            ClassifierHead(config, num_labels, settings.dropout),
             jnp.zeros((1, config.hidden_size), jnp.float32),  # the pooled [CLS]
             classifier_loss(model, self.regression),
             predict_step,
             mesh,
+            settings,
             rules,
-            weight_decay,
-            clip_norm,
-            adam_bias_correction,
-            optimizer,
         )
 
 
-@functools.lru_cache(maxsize=8)
 def fine_tuner(
     config: BertConfig,
     num_labels: int,
     mesh: jax.sharding.Mesh,
+    settings: FinetuneSettings | None = None,
     rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
-    classifier_dropout: float = 0.1,
-    weight_decay: float = 0.01,
-    clip_norm: float = 1.0,
-    adam_bias_correction: bool = True,
-    optimizer: str = "bert",
 ) -> FineTuner:
-    """A FineTuner shared by every caller with the same (hashable) arguments."""
-    return FineTuner(
-        config,
-        num_labels,
-        mesh,
-        rules,
-        classifier_dropout,
-        weight_decay,
-        clip_norm,
-        adam_bias_correction,
-        optimizer,
-    )
+    """A FineTuner shared by every caller with the same model, mesh and settings of the step
+    (`settings.step_settings()`: the learning rate and seed do not count; default: the
+    declared defaults)."""
+    settings = (settings or FinetuneSettings()).step_settings()
+    return _fine_tuner(config, num_labels, mesh, settings, rules)
+
+
+@functools.lru_cache(maxsize=8)
+def _fine_tuner(config, num_labels, mesh, settings, rules) -> FineTuner:
+    return FineTuner(config, num_labels, mesh, settings, rules)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,6 +146,11 @@ class FinetuneResult:
     skipped_steps: int
     seconds: float
     history: list[dict[str, Any]]
+    # By dev report name: what predicting one thing scores (`glue_metrics.constant_baseline`).
+    dev_baseline: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # {"dev": {report name: summary}, "test": {split: summary}}: how the final predictions
+    # spread (`glue_metrics.prediction_summary`; `single` names a model that predicts one thing).
+    prediction_summary: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     # Test split -> (guids, prediction strings as the GLUE server expects them).
     test_predictions: dict[str, tuple[list[str], list[str]]] = dataclasses.field(
         default_factory=dict
@@ -208,13 +199,17 @@ def evaluate(
     task: SentenceTask,
     dev: Mapping[str, EncodedSplit],
     batch_size: int,
+    kept: dict[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """GLUE metrics on every dev split, keyed by report name."""
+    """GLUE metrics on every dev split, keyed by report name; `kept` (when given) receives the
+    predictions, by split."""
     results = {}
     for split, encoded in dev.items():
         predictions = predictions_from_outputs(
             task, predict_split(tuner, params, encoded, batch_size)
         )
+        if kept is not None:
+            kept[split] = predictions
         assert encoded.labels is not None
         results[task.dev_splits[split]] = glue_metrics.task_metrics(
             task, encoded.labels, predictions
@@ -245,19 +240,10 @@ def finetune(
     task = data.task
     mesh = mesh if mesh is not None else make_mesh(settings)
     config = steps.run_config(encoder, settings, mesh)
-    tuner = fine_tuner(
-        config,
-        task.num_outputs,
-        mesh,
-        rules,
-        settings.dropout,
-        settings.weight_decay,
-        settings.clip_norm,
-        settings.adam_bias_correction,
-        settings.optimizer,
-    )
+    tuner = fine_tuner(config, task.num_outputs, mesh, settings, rules)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
+    kept: dict[str, np.ndarray] = {}  # the last evaluation's dev predictions
     trained = steps.run_steps(
         tuner,
         state,
@@ -265,16 +251,27 @@ def finetune(
         settings,
         len(data.train),
         lambda rows: gather_batch(data.train, rows),
-        lambda params: evaluate(tuner, params, task, data.dev, settings.eval_batch_size),
+        lambda params: evaluate(tuner, params, task, data.dev, settings.eval_batch_size, kept),
         log,
         name=task.name,
     )
     state, dev_metrics = trained.state, trained.dev
+    train_labels = data.train.labels
+    summaries: dict[str, dict[str, Any]] = {"dev": {}, "test": {}}
+    baseline = {}
+    for split, encoded in data.dev.items():
+        assert encoded.labels is not None
+        report_name = task.dev_splits[split]
+        baseline[report_name] = glue_metrics.constant_baseline(task, encoded.labels, train_labels)
+        summaries["dev"][report_name] = glue_metrics.prediction_summary(
+            task, kept[split], train_labels
+        )
     test_predictions = {}
     for split, encoded in data.test.items():
         outputs = predict_split(tuner, state.params, encoded, settings.eval_batch_size)
-        strings = submission_strings(task, predictions_from_outputs(task, outputs))
-        test_predictions[split] = (list(encoded.guids), strings)
+        predictions = predictions_from_outputs(task, outputs)
+        summaries["test"][split] = glue_metrics.prediction_summary(task, predictions, train_labels)
+        test_predictions[split] = (list(encoded.guids), submission_strings(task, predictions))
     return FinetuneResult(
         task=task.name,
         settings=settings.to_dict(),
@@ -286,5 +283,7 @@ def finetune(
         skipped_steps=int(state.skipped),
         seconds=time.time() - started,
         history=trained.history,
+        dev_baseline=baseline,
+        prediction_summary=summaries,
         test_predictions=test_predictions,
     )

@@ -1,45 +1,223 @@
 """What a fine-tuning run is given: its settings (`FinetuneSettings`, each task's recipe over
-them) and the pretrained encoder it starts from (`PretrainedEncoder`, `load_pretrained`)."""
+them) and the pretrained encoder it starts from (`PretrainedEncoder`, `load_pretrained`).
+
+Every setting is declared once, as a field of `FinetuneSettings` made by `setting(...)`: its
+default, help, allowed range or choices, and what it shapes (a trial's result, the compiled step,
+or swept by `bert-jax glue`). Everything else reads the declaration: the `finetune` and `glue`
+flags and their help (`cli/finetune.py`), the checks (`FinetuneSettings.__post_init__`), which
+settings a finished run must match to be reused (`TRIAL_SETTINGS`), the compiled step's cache key
+(`step_settings`), the sweep's lists and their defaults (`SWEPT`), and the reports' protocol
+block (`to_dict`). This module imports no NumPy or JAX: `--help` reads it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from bert_jax.core.model import BertConfig
 from bert_jax.finetune.tasks.task import Task
 from bert_jax.runtime.errors import UserError
+
+if TYPE_CHECKING:
+    from bert_jax.core.model import BertConfig
+
+# The values of the `optimizer` setting. "bert": BERT AdamW (eps 1e-6, bias correction as
+# `adam_bias_correction` says) with google-research/bert's warmup (int(proportion * steps)) and
+# linear decay measured from step 0. "adamw-hf": Hugging Face's Trainer: torch AdamW (eps 1e-8,
+# bias correction) with `get_linear_schedule_with_warmup` (ceil(proportion * steps) warmup steps,
+# decay from the warmup's end) and `clip_grad_norm_`. Both skip weight decay on biases and
+# LayerNorm parameters. (`tuning.steps` builds them.)
+OPTIMIZERS = ("bert", "adamw-hf")
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    """What a setting's field says about it, beside its name, type and default.
+
+    `low`/`high`: the allowed range (`low_open`/`high_open`: the bound itself is not allowed);
+    `trial`: a finished run must have used the same value to be reused (it changes what a run
+    computes); `step`: it changes the compiled train step (tuners are cached by these);
+    `swept`: `bert-jax glue` takes a list of values (`--learning-rates`), these by default;
+    `parse`/`metavar`: how a flag's text becomes the value.
+    """
+
+    help: str
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    trial: bool = False
+    step: bool = False
+    swept: tuple[Any, ...] | None = None
+    parse: Callable[[str], Any] | None = None
+    metavar: str | None = None
+
+    def range_text(self) -> str:
+        """`> 0`, `in [0, 1)`, `one of bert, adamw-hf`, or '' (unbounded)."""
+        if self.choices is not None:
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            return f"in {left}{self.low:g}, {self.high:g}{right}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is not None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return ""
+
+    def allows(self, value: Any) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        if self.high is not None:
+            return not (value > self.high or (self.high_open and value == self.high))
+        return True
+
+
+def setting(default: Any, help: str, **declared: Any) -> Any:
+    """A `FinetuneSettings` field: its default and its `Declaration`."""
+    return dataclasses.field(
+        default=default, metadata={"declaration": Declaration(help=help, **declared)}
+    )
+
+
+def _mesh_shape(text: str) -> tuple[int, int, int]:
+    """`-1,1,1` -> (-1, 1, 1): the data, FSDP and tensor axes (-1: every device left)."""
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UserError(f"--mesh-shape {text!r}: three integers DATA,FSDP,TENSOR") from None
+    return shape  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneSettings:
-    """One fine-tuning run's hyperparameters (the paper's defaults)."""
+    """One fine-tuning run's hyperparameters; the defaults are the paper's GLUE recipe (a task's
+    registered recipe, `Task.defaults`, replaces some of them)."""
 
-    learning_rate: float = 2e-5
-    seed: int = 0
-    epochs: float = 3.0
-    batch_size: int = 32
-    eval_batch_size: int = 32
-    max_seq_length: int = 128
-    warmup_proportion: float = 0.1
-    weight_decay: float = 0.01
-    dropout: float = 0.1
-    clip_norm: float = 1.0
-    # The paper says Adam; the original code's optimizer skips bias correction (set False to match
+    learning_rate: float = setting(
+        2e-5,
+        "peak learning rate",
+        low=0.0,
+        low_open=True,
+        swept=(5e-5, 4e-5, 3e-5, 2e-5),  # the paper's GLUE grid
+        metavar="LR",
+    )
+    seed: int = setting(
+        0, "seed of the head's init, shuffling and dropout", swept=(0,), metavar="SEED"
+    )
+    epochs: float = setting(3.0, "passes over the training set", low=0.0, low_open=True, trial=True)
+    batch_size: int = setting(32, "training batch size (global)", low=1, trial=True)
+    eval_batch_size: int = setting(32, "evaluation and prediction batch size (global)", low=1)
+    max_seq_length: int = setting(128, "tokens per example (sub-tokens)", low=2, trial=True)
+    warmup_proportion: float = setting(
+        0.1, "share of the steps with a linear warmup", low=0.0, high=1.0, trial=True
+    )
+    weight_decay: float = setting(
+        0.01, "AdamW weight decay (not on LayerNorm and biases)", low=0.0, trial=True, step=True
+    )
+    dropout: float = setting(
+        0.1,
+        "dropout of the encoder and the head",
+        low=0.0,
+        high=1.0,
+        high_open=True,
+        trial=True,
+        step=True,
+    )
+    clip_norm: float = setting(
+        1.0, "gradient clipping at this global norm (0: none)", low=0.0, trial=True, step=True
+    )
+    # The paper says Adam; the original code's optimizer skips bias correction (False matches
     # it; the missing correction is a known cause of failed runs on small tasks).
-    adam_bias_correction: bool = True
-    # "bert" (BERT AdamW, google-research/bert's schedule) or "adamw-hf" (Hugging Face Trainer's
-    # torch AdamW and linear schedule); steps.OPTIMIZERS says what each is.
-    optimizer: str = "bert"
-    eval_every_epoch: bool = False
-    mesh_shape: tuple[int, int, int] = (-1, 1, 1)
-    log_every: int = 100
+    adam_bias_correction: bool = setting(
+        True,
+        "Adam bias correction (--no-adam-bias-correction matches the original code's optimizer)",
+        trial=True,
+        step=True,
+    )
+    optimizer: str = setting(
+        "bert",
+        "bert: BERT AdamW, eps 1e-6, the original's warmup and decay; adamw-hf: Hugging Face "
+        "Trainer's torch AdamW, eps 1e-8, linear decay after the warmup",
+        choices=OPTIMIZERS,
+        trial=True,
+        step=True,
+        metavar="NAME",
+    )
+    eval_every_epoch: bool = setting(False, "also evaluate on dev after every epoch")
+    mesh_shape: tuple[int, int, int] = setting(
+        (-1, 1, 1),
+        "device mesh (-1: data parallel over every device left)",
+        parse=_mesh_shape,
+        metavar="DATA,FSDP,TENSOR",
+    )
+    log_every: int = setting(100, "steps between progress lines", low=1)
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value, declared = getattr(self, field.name), declaration(field.name)
+            if not declared.allows(value):
+                verb = "is not" if declared.choices is not None else "must be"
+                raise UserError(
+                    f"{field.name}={value!r} {verb} {declared.range_text()} "
+                    f"(--{flag_name(field.name)})"
+                )
+        if len(self.mesh_shape) != 3:
+            raise UserError(
+                f"mesh_shape={self.mesh_shape!r} (--mesh-shape) needs three axes: DATA,FSDP,TENSOR"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["mesh_shape"] = list(self.mesh_shape)
         return values
+
+    def step_settings(self) -> FinetuneSettings:
+        """These settings with every one that does not shape the compiled step at its default:
+        the key a tuner is cached by, so a sweep's trials (other rates, seeds) share one."""
+        return dataclasses.replace(
+            self,
+            **{
+                field.name: field.default
+                for field in dataclasses.fields(self)
+                if not declaration(field.name).step
+            },
+        )
+
+
+def declaration(name: str) -> Declaration:
+    """The declaration of the setting `name` (a KeyError for an unknown one)."""
+    return DECLARATIONS[name]
+
+
+def flag_name(name: str) -> str:
+    """The command line's spelling of a setting: `learning_rate` -> `learning-rate`."""
+    return name.replace("_", "-")
+
+
+DECLARATIONS: dict[str, Declaration] = {
+    field.name: field.metadata["declaration"] for field in dataclasses.fields(FinetuneSettings)
+}
+DEFAULTS: dict[str, Any] = {
+    field.name: field.default for field in dataclasses.fields(FinetuneSettings)
+}
+# The settings a finished run must share with the settings now to be reused (beside the model,
+# and the trial's own learning rate and seed): those that change what it computes.
+TRIAL_SETTINGS = tuple(name for name, declared in DECLARATIONS.items() if declared.trial)
+# The settings `bert-jax glue` sweeps (a list each, `--learning-rates`, `--seeds`): their lists
+# by default.
+SWEPT: dict[str, tuple[Any, ...]] = {
+    name: declared.swept for name, declared in DECLARATIONS.items() if declared.swept is not None
+}
+
+
+def swept_option(name: str) -> str:
+    """A swept setting's sweep option: `learning_rate` -> `learning_rates`."""
+    return f"{name}s"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The fine-tuning step loop every task shares (GLUE in `sentence_tuning.py`, SQuAD and CoNLL-2003
-in `token_tuning.py`): the checks before anything compiles, the optimizer and learning-rate schedule
-of the chosen recipe (`OPTIMIZERS`), the steps over shuffled rows with a progress line (loss,
-learning rate, rate, ETA) every `log_every` steps, and evaluation after every epoch
-(`eval_every_epoch`) and at the end.
+in `token_tuning.py`): the checks before anything compiles, the optimizer and learning-rate
+schedule of the chosen recipe (`settings.OPTIMIZERS`), the steps over shuffled rows with a
+progress line (loss, learning rate, rate, ETA) every `log_every` steps, and evaluation after
+every epoch (`eval_every_epoch`) and at the end.
 
 Every recipe takes an epoch as `batches.steps_per_epoch` batches, the last one partial and
 weighted by its real rows (the loss is a mean over them). The optimizer has a unit schedule
@@ -32,16 +32,9 @@ from bert_jax.finetune.tuning.batches import (
     steps_per_epoch,
     train_order,
 )
+from bert_jax.finetune.tuning.settings import OPTIMIZERS, FinetuneSettings
 from bert_jax.runtime.errors import UserError
 from bert_jax.training.metrics import format_duration
-
-# The values of the `optimizer` setting. "bert": BERT AdamW (eps 1e-6, bias correction as
-# `adam_bias_correction` says) with google-research/bert's warmup (int(proportion * steps)) and
-# linear decay measured from step 0. "adamw-hf": Hugging Face's Trainer: torch AdamW (eps 1e-8,
-# bias correction) with `get_linear_schedule_with_warmup` (ceil(proportion * steps) warmup steps,
-# decay from the warmup's end) and `clip_grad_norm_`. Both skip weight decay on biases and
-# LayerNorm parameters.
-OPTIMIZERS = ("bert", "adamw-hf")
 
 
 def unit_schedule(count: jax.Array) -> jax.Array:
@@ -50,32 +43,30 @@ def unit_schedule(count: jax.Array) -> jax.Array:
 
 
 def make_optimizer(
-    name: str,
-    weight_decay: float,
-    clip_norm: float,
-    adam_bias_correction: bool,
-    pad_token_id: int | None = None,
+    settings: FinetuneSettings, pad_token_id: int | None = None
 ) -> optax.GradientTransformation:
-    """The recipe's optimizer with a unit schedule (the step scales it by the learning rate).
+    """The recipe's optimizer (`settings.optimizer`, one of `OPTIMIZERS`) with its weight decay,
+    clipping and bias correction, and a unit schedule (the step scales it by the learning rate).
     `pad_token_id`: "adamw-hf" leaves that word-embedding row untrained, as `transformers`' BERT
     does (it matters where the loss reads padding positions: SQuAD's softmax over the window)."""
-    check_optimizer(name, adam_bias_correction)
-    if name == "adamw-hf":
+    check_optimizer(settings.optimizer, settings.adam_bias_correction)
+    if settings.optimizer == "adamw-hf":
         return optim.torch_adamw(
             unit_schedule,
-            weight_decay=weight_decay,
-            clip_norm=clip_norm or None,
+            weight_decay=settings.weight_decay,
+            clip_norm=settings.clip_norm or None,
             padding_row=pad_token_id,
         )
     return optim.bert_adamw(
         unit_schedule,
-        weight_decay=weight_decay,
-        clip_norm=clip_norm or None,
-        bias_correction=adam_bias_correction,
+        weight_decay=settings.weight_decay,
+        clip_norm=settings.clip_norm or None,
+        bias_correction=settings.adam_bias_correction,
     )
 
 
-def check_optimizer(name: str, adam_bias_correction: bool = True) -> None:
+def check_optimizer(name: str, adam_bias_correction: bool) -> None:
+    """The one check across two settings (each alone is checked by its declaration)."""
     if name not in OPTIMIZERS:
         raise UserError(f"optimizer={name!r} is not one of {', '.join(OPTIMIZERS)}")
     if name == "adamw-hf" and not adam_bias_correction:
@@ -93,18 +84,20 @@ def warmup_steps(name: str, warmup_proportion: float, num_steps: int) -> int:
     return int(warmup_proportion * num_steps)
 
 
-def learning_rates(settings: Any, num_steps: int) -> np.ndarray:
+def learning_rates(settings: FinetuneSettings, num_steps: int) -> np.ndarray:
     """The learning rate of every step of a run, [num_steps] float32, by the recipe's schedule."""
-    name = getattr(settings, "optimizer", "bert")
+    name = settings.optimizer
     warmup = warmup_steps(name, settings.warmup_proportion, num_steps)
     if name == "adamw-hf":
-        schedule = optim.linear_warmup_then_decay(settings.learning_rate, warmup, num_steps)
+        schedule = optim.warmup_decay(
+            settings.learning_rate, warmup, num_steps, from_warmup_end=True
+        )
     else:
-        schedule = optim.warmup_linear_decay(settings.learning_rate, warmup, num_steps)
+        schedule = optim.warmup_decay(settings.learning_rate, warmup, num_steps)
     return np.asarray(schedule(jnp.arange(num_steps)), np.float32)
 
 
-def run_config(encoder: Any, settings: Any, mesh: jax.sharding.Mesh) -> BertConfig:
+def run_config(encoder: Any, settings: FinetuneSettings, mesh: jax.sharding.Mesh) -> BertConfig:
     """The checks every fine-tuning run makes before compiling (a known optimizer, batches that
     divide the mesh, a sequence the model holds, a vocabulary the embeddings hold); the encoder's
     config with the run's dropout."""
@@ -182,7 +175,7 @@ def run_steps(
             progress.pause(time.perf_counter() - evaluating)
             epoch = min(done / per_epoch, settings.epochs)
             history.append({"step": done, "epoch": round(epoch, 3), "dev": dev})
-            log(f"{prefix}step {done} dev {dev}")
+            log(f"{prefix}step {done} dev: {figures(dev, name)}")
     assert totals is not None
     return Trained(state, _mean_loss(totals), num_steps, history, dev)
 
@@ -225,3 +218,24 @@ class Progress:
 def _mean_loss(sums: Mapping[str, jax.Array]) -> float:
     host = jax.device_get(sums)
     return float(host["loss_sum"]) / max(float(host["weight"]), 1.0)
+
+
+def figures(metrics: Mapping[str, Any], task: str = "") -> str:
+    """`accuracy 84.31, f1 88.10`: each figure labelled and rounded; a split's own table
+    (GLUE's `{"MNLI-m": {...}}`) one level down, named unless it is the task's."""
+    shown = []
+    for name, value in metrics.items():
+        if isinstance(value, Mapping):
+            prefix = "" if name == task else f"{name} "
+            shown += [f"{prefix}{text}" for text in _labelled(value)]
+        else:
+            shown += _labelled({name: value})
+    return ", ".join(shown) or "(no figures)"
+
+
+def _labelled(metrics: Mapping[str, Any]) -> list[str]:
+    return [
+        f"{name} {value:.2f}" if isinstance(value, float) else f"{name} {value}"
+        for name, value in metrics.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]

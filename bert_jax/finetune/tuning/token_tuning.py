@@ -77,10 +77,7 @@ class TokenTuner(HeadTuner):
         kind: str,
         mesh: jax.sharding.Mesh,
         head_dropout: float,
-        weight_decay: float = 0.01,
-        clip_norm: float = 1.0,
-        adam_bias_correction: bool = True,
-        optimizer: str = "bert",
+        settings: FinetuneSettings,
     ):
         if kind not in TARGET_KEYS:
             raise ValueError(f"unknown head kind {kind!r}; one of {sorted(TARGET_KEYS)}")
@@ -93,37 +90,25 @@ class TokenTuner(HeadTuner):
             head_loss_fn(model, kind),
             _predict,
             mesh,
-            partitioning.DEFAULT_RULES,
-            weight_decay,
-            clip_norm,
-            adam_bias_correction,
-            optimizer,
+            settings,
         )
 
 
-@functools.lru_cache(maxsize=4)
 def token_tuner(
     config: BertConfig,
     num_outputs: int,
     kind: str,
     mesh: jax.sharding.Mesh,
     head_dropout: float,
-    weight_decay: float,
-    clip_norm: float,
-    adam_bias_correction: bool,
-    optimizer: str = "bert",
+    settings: FinetuneSettings,
 ) -> TokenTuner:
-    return TokenTuner(
-        config,
-        num_outputs,
-        kind,
-        mesh,
-        head_dropout,
-        weight_decay,
-        clip_norm,
-        adam_bias_correction,
-        optimizer,
-    )
+    """A TokenTuner shared by every caller with the same model, head and settings of the step."""
+    return _token_tuner(config, num_outputs, kind, mesh, head_dropout, settings.step_settings())
+
+
+@functools.lru_cache(maxsize=4)
+def _token_tuner(config, num_outputs, kind, mesh, head_dropout, settings) -> TokenTuner:
+    return TokenTuner(config, num_outputs, kind, mesh, head_dropout, settings)
 
 
 def gather_rows(arrays: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -180,17 +165,7 @@ def train_and_evaluate(
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
     config = steps.run_config(encoder, settings, mesh)
-    tuner = token_tuner(
-        config,
-        num_outputs,
-        kind,
-        mesh,
-        head_dropout,
-        settings.weight_decay,
-        settings.clip_norm,
-        settings.adam_bias_correction,
-        settings.optimizer,
-    )
+    tuner = token_tuner(config, num_outputs, kind, mesh, head_dropout, settings)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
     count = len(train_arrays["input_ids"])
