@@ -98,15 +98,18 @@ def mesh():
 
 def test_a_valid_config_passes(mesh):
     config = small_config()
-    tokenizer = types.SimpleNamespace(vocab_size=config.model.vocab_size)
+    tokenizer = types.SimpleNamespace(vocab_size=40_000)  # the model follows it (vocab_size 0)
     config_checks.validate(config, config_lib.split_phases(config), mesh, tokenizer)
     config_checks.validate(config, config_lib.split_phases(config), mesh, None)
+    config.model.vocab_size = 4000
+    same = types.SimpleNamespace(vocab_size=4000)
+    config_checks.validate(config, config_lib.split_phases(config), mesh, same)
 
 
 @pytest.mark.parametrize(
     "overrides, vocab, message",
     [
-        ({}, 40_000, "tokenizer has 40000 tokens but config.model.vocab_size=4000"),
+        ({"model.vocab_size": 4000}, 40_000, "has 40000 tokens but config.model.vocab_size=4000"),
         ({"data.source": ""}, None, "config.phase1.data and config.data.source are empty"),
         ({"phase2.max_seq_length": 128}, None, r"config.phase2.max_seq_length=128 exceeds"),
         ({"phase1.max_predictions_per_seq": 40}, None, "max_predictions_per_seq=40 exceeds"),

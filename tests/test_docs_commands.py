@@ -35,7 +35,9 @@ from bert_jax import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ["README.md"] + sorted(
-    os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
+    os.path.join("docs", name)
+    for name in os.listdir(os.path.join(REPO, "docs"))
+    if name.endswith(".md")  # not docs/images/
 )
 MARK = re.compile(r"^<!--\s*test:\s*(.*?)\s*-->\s*$")
 KINDS = ("run", "small", "dry-run", "elsewhere")

@@ -76,23 +76,24 @@ def test_prepared_records_without_a_tokenizer_are_an_error(tmp_path):
 
 
 def test_the_eval_source():
-    phase = config_lib.split_phases(run_config())[0]
-    assert inputs.eval_source(run_config(), phase) == "embedded:eval"
-    assert inputs.eval_source(run_config(**{"eval.source": "/held/out"}), phase) == "/held/out"
-    records = config_lib.split_phases(run_config("/records"))[0]
-    assert inputs.eval_source(run_config("/records"), records) == ""
+    def sources(config):
+        return [c.source for c in inputs.eval_choices(config, config_lib.split_phases(config))]
+
+    assert sources(run_config()) == ["embedded:eval", "embedded:eval"]
+    assert sources(run_config(**{"eval.source": "/held/out"})) == ["/held/out", "/held/out"]
+    assert sources(run_config("/records")) == ["", ""]
+    assert sources(run_config(**{"eval.every_steps": 0})) == ["", ""]
 
 
 def test_eval_batches_per_phase(trained):
     config, workdir, tokenizer = trained
     phases = config_lib.split_phases(config)
-    batches = inputs.eval_batches(config, phases[1], tokenizer, workdir)
+    source = inputs.eval_choices(config, phases)[1].source
+    batches = inputs.eval_batches(config, phases[1], source, tokenizer, workdir)
     assert len(batches) == 2
     for batch in batches:
         assert batch["input_ids"].shape == (8, 64) and batch["masked_lm_ids"].shape == (8, 10)
         assert batch["input_ids"].max() < tokenizer.vocab_size
     # Fixed seed, static masks: the same held-out batches every time.
-    again = inputs.eval_batches(config, phases[1], tokenizer, workdir)
+    again = inputs.eval_batches(config, phases[1], source, tokenizer, workdir)
     np.testing.assert_array_equal(again[0]["input_ids"], batches[0]["input_ids"])
-    off = run_config(**{"eval.every_steps": 0})
-    assert inputs.eval_batches(off, phases[1], tokenizer, workdir) == []

@@ -12,12 +12,57 @@ from bert_jax.core import optim
 
 
 def test_warmup_then_linear_decay_values():
-    schedule = optim.warmup_linear_decay(1e-4, warmup_steps=10, total_steps=100)
+    schedule = optim.warmup_decay(1e-4, warmup_steps=10, total_steps=100)
     values = [float(schedule(s)) for s in (0, 5, 9, 10, 50, 99, 100, 150)]
     expected = [0.0, 5e-5, 9e-5, 9e-5, 5e-5, 1e-6, 0.0, 0.0]
     np.testing.assert_allclose(values, expected, rtol=1e-6, atol=1e-12)
     with pytest.raises(ValueError, match="total_steps"):
-        optim.warmup_linear_decay(1e-4, 10, 0)
+        optim.warmup_decay(1e-4, 10, 0)
+
+
+def test_cosine_decay_is_optaxs_cosine_after_the_same_warmup():
+    steps = np.arange(0, 131)
+    peak, end, warmup, total = 1e-3, 1e-5, 10, 120
+    # Measured from step 0 (the paper's whole-run measure): optax's cosine over the whole run.
+    ours = np.asarray(optim.warmup_decay(peak, warmup, total, end, decay="cosine")(steps))
+    cosine = optax.cosine_decay_schedule(peak, total, alpha=end / peak)
+    expected = np.where(steps < warmup, peak * steps / warmup, cosine(steps))
+    np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=1e-10)
+    # Measured from the warmup's end: optax's warmup_cosine_decay_schedule.
+    ours = optim.warmup_decay(peak, warmup, total, end, decay="cosine", from_warmup_end=True)
+    reference = optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total, end)
+    np.testing.assert_allclose(ours(steps), reference(steps), rtol=2e-5, atol=1e-10)
+    with pytest.raises(ValueError, match="optimizer.decay='step' is not one of 'linear', 'cosine'"):
+        optim.warmup_decay(peak, warmup, total, decay="step")
+
+
+def test_hugging_faces_linear_schedule_decays_from_the_warmups_end():
+    ours = optim.warmup_decay(1e-4, 10, 110, from_warmup_end=True)
+    values = [float(ours(s)) for s in (0, 5, 10, 60, 110, 150)]
+    np.testing.assert_allclose(values, [0.0, 5e-5, 1e-4, 5e-5, 0.0, 0.0], rtol=1e-6, atol=1e-12)
+
+
+def test_the_configs_decay_shapes_the_schedule_whole_run_and_per_phase():
+    import ml_collections
+
+    optimizer = ml_collections.ConfigDict(
+        dict(name="adamw", learning_rate=1e-3, end_learning_rate=0.0, warmup_steps=10, b1=0.9,
+             b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0, bias_correction=True,
+             schedule="whole_run", decay="cosine")
+    )  # fmt: skip
+    _, schedule = optim.from_config(optimizer, [90, 10])
+    expected = optim.warmup_decay(1e-3, 10, 100, decay="cosine")
+    np.testing.assert_array_equal(schedule(np.arange(100)), expected(np.arange(100)))
+    assert float(schedule(50)) == pytest.approx(0.5e-3, rel=1e-5)  # half way: half the peak
+    optimizer.schedule = "per_phase"
+    _, schedule = optim.from_config(optimizer, [90, 10])
+    second = optim.warmup_decay(1e-3, 10, 10, decay="cosine")
+    np.testing.assert_array_equal(schedule(np.arange(90, 100)), second(np.arange(10)))
+    del optimizer.decay  # configs written before the setting: the paper's linear decay
+    optimizer.schedule = "whole_run"
+    _, schedule = optim.from_config(optimizer, [90, 10])
+    assert float(schedule(50)) == pytest.approx(0.5e-3, rel=1e-5)
+    assert float(schedule(75)) == pytest.approx(0.25e-3, rel=1e-5)
 
 
 def test_decay_mask_skips_layer_norm_and_biases():
@@ -52,7 +97,7 @@ def _params_and_grads():
 
 def test_bert_adamw_equals_optax_adamw_with_the_same_mask():
     params, grads = _params_and_grads()
-    schedule = optim.warmup_linear_decay(1e-2, 1, 10)
+    schedule = optim.warmup_decay(1e-2, 1, 10)
     ours = optim.bert_adamw(schedule, clip_norm=None)
     ref = optax.adamw(
         schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=optim.decay_mask
@@ -89,7 +134,7 @@ def test_bert_adamw_is_its_optax_chain_in_one_pass(settings):
         shapes,
         is_leaf=lambda x: isinstance(x, tuple),
     )
-    schedule = optim.warmup_linear_decay(1e-2, 2, 10)
+    schedule = optim.warmup_decay(1e-2, 2, 10)
     fused = optim.bert_adamw(schedule, **settings)
     chain = optim.bert_adamw_chain(schedule, **settings)
     p1, p2, s1, s2 = params, params, fused.init(params), chain.init(params)

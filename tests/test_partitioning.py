@@ -30,7 +30,7 @@ def _padded_config(**overrides):
 
 def _trainer(mesh_shape, config=None, devices=None):
     config = config or _padded_config()
-    schedule = optim.warmup_linear_decay(1e-3, warmup_steps=2, total_steps=10)
+    schedule = optim.warmup_decay(1e-3, warmup_steps=2, total_steps=10)
     tx = optim.bert_adamw(schedule)
     mesh = partitioning.make_mesh(mesh_shape, devices=devices)
     return ShardedTrainer(config, tx, mesh, schedule=schedule)
@@ -119,7 +119,7 @@ def test_sharded_optimizer_state_matches_one_device(single_device_run):
     """ZeRO stage 1 on (4, 2, 1): the Adam slots are split over data x fsdp, the parameters
     stay as the rules put them (embed over fsdp only), and the numbers are one device's."""
     config = _padded_config()
-    schedule = optim.warmup_linear_decay(1e-3, warmup_steps=2, total_steps=10)
+    schedule = optim.warmup_decay(1e-3, warmup_steps=2, total_steps=10)
     mesh = partitioning.make_mesh((4, 2, 1))
     trainer = ShardedTrainer(
         config, optim.bert_adamw(schedule), mesh, schedule=schedule, shard_optimizer_state=True

@@ -140,7 +140,7 @@ def test_phase_switch_at_ninety_percent_with_the_schedule(uninterrupted):
     # round(0.9 * 12) = 11 steps at length 32, then 1 at 64 (steps are counted after the update).
     assert [by_step[s]["seq_len"] for s in range(1, 13)] == [32] * 11 + [64]
     assert [by_step[s]["phase"] for s in (11, 12)] == [1, 2]
-    schedule = optim.warmup_linear_decay(1e-3, 3, 12)
+    schedule = optim.warmup_decay(1e-3, 3, 12)
     for step in range(1, 13):
         # The logged rate is the one applied in that update (schedule at step - 1).
         np.testing.assert_allclose(

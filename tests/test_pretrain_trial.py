@@ -14,7 +14,7 @@ import pytest
 from bert_jax import cli
 from bert_jax.core import optim
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_checks, config_lib, pretrain
+from bert_jax.training import config_checks, config_lib, inputs, pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The docs' first pretraining command (docs/data.md, docs/pretraining.md), without its workdir.
@@ -25,9 +25,13 @@ TRIAL = ["pretrain", "--config", f"{REPO}/configs/bert.py:tiny", "--config.total
 def test_cpu_sizes_get_cpu_batches_and_the_vocabulary_of_their_tokenizer(size):
     config = config_lib.pretraining_config(size)
     assert (config.phase1.batch_size, config.phase2.batch_size) == (32, 8)
-    # The embedding has the rows of the tokenizer the run trains, no more.
-    assert config.model.vocab_size == config.data.tokenizer_vocab_size == 4000
-    assert config_lib.model_config(size).vocab_size == 4000  # init_from's preset agrees
+    # The embedding has the rows of the tokenizer the run trains, no more: it follows it.
+    assert config.model.vocab_size == config_lib.FOLLOW_TOKENIZER
+    assert config.data.tokenizer_vocab_size == 4000
+    phases = config_lib.split_phases(config)
+    assert str(inputs.vocab_choice(config, phases)) == "vocab 4000 (from the tokenizer)"
+    assert config_lib.bert_config(config).vocab_size == 4000  # no tokenizer at hand: the same
+    assert config_lib.model_config(size).vocab_size == 0  # init_from's preset agrees
     assert config.log_every_steps <= 10 and config.checkpoint.every_steps <= 50
     config.total_steps = 60
     optimizer, _ = config_lib.resolved_optimizer(config, config_lib.split_phases(config))
@@ -39,7 +43,8 @@ def test_cpu_sizes_get_cpu_batches_and_the_vocabulary_of_their_tokenizer(size):
 def test_the_other_sizes_keep_the_papers_recipe(size):
     config = config_lib.pretraining_config(size)
     assert (config.phase1.batch_size, config.phase2.batch_size) == (256, 256)
-    assert config.model.vocab_size == 30522
+    assert config.model.vocab_size == config_lib.FOLLOW_TOKENIZER  # the tokenizer's
+    assert config_lib.bert_config(config).vocab_size == 30522  # plan, bench: the paper's
     assert (config.optimizer.warmup_steps, config.optimizer.warmup_fraction) == (10_000, 0.0)
     assert config.optimizer.learning_rate == 1e-4
 
@@ -76,7 +81,7 @@ def test_the_dry_run_says_what_the_trial_will_do(capsys):
     assert "phase2: steps 180..199 (20), seq 512, 80 predictions, global batch 8" in out
     assert "learning rate 0.001: warmup 20 steps, then linear decay to 0 at step 200" in out
     assert "a checkpoint every 50 steps and at the end" in out
-    assert "model vocabulary 4000; tokenizer: " in out and "4000-piece SentencePiece" in out
+    assert "  vocab 4000 (from the tokenizer); tokenizer: a 4000-piece SentencePiece model " in out
     assert "warning" not in out
 
 
@@ -85,16 +90,22 @@ def test_the_runs_first_line_says_its_plan():
     config.total_steps = 60
     line = pretrain.opening_line(config, "/w")
     assert line == (
-        "bert-jax pretrain: 2 layers, hidden 128, vocab 4000; 60 steps in 2 phase(s), lr 0.001 "
-        "after warmup 6 steps; a line every 10 steps, checkpoint every 50 and at the end, eval "
-        "every 100 steps and at the end; workdir /w"
+        "bert-jax pretrain: 2 layers, hidden 128, vocab 4000 (from the tokenizer); 60 steps in "
+        "2 phase(s), lr 0.001 after warmup 6 steps; a line every 10 steps, checkpoint every 50 "
+        "and at the end, eval every 100 steps and at the end (10 batches of 32, at each phase's "
+        "sequence length); workdir /w"
     )
+    config.model.vocab_size = 5000
+    assert ", vocab 5000 (set); " in pretrain.opening_line(config, "/w")
 
 
 def test_the_first_line_says_when_nothing_will_be_evaluated(tmp_path):
     config = config_lib.pretraining_config("tiny")
-    config.data.source = str(tmp_path)  # prepared records, and no config.eval.source
-    assert "no eval (config.eval.source is not set); " in pretrain.opening_line(config, "/w")
+    config.data.source = "/corpus.txt"  # a corpus: no held-out records, and no config.eval.source
+    assert (
+        "no eval (/corpus.txt is a corpus, not prepared records, and config.eval.source is not "
+        "set); " in pretrain.opening_line(config, "/w")
+    )
     config.eval.every_steps = 0
     assert "no eval (config.eval.every_steps=0); " in pretrain.opening_line(config, "/w")
 
@@ -130,6 +141,25 @@ def test_the_sizes_table_holds_the_models_parameter_counts():
         cells = [cell.strip() for cell in cells.split("|")]
         at_30522, own = (int(cell.split()[0].replace(",", "")) for cell in cells[4:6])
         config = config_lib.pretraining_config(size)
-        assert own == config_lib.count_parameters(config_lib.bert_config(config)), size
+        vocab = inputs.vocab_choice(config, config_lib.split_phases(config)).size
+        model = config_lib.bert_config(config).replace(vocab_size=vocab)
+        assert own == config_lib.count_parameters(model), size
         config.model.vocab_size = 30522
         assert at_30522 == config_lib.count_parameters(config_lib.bert_config(config)), size
+
+
+def test_the_decay_shape_is_a_checked_setting_the_dry_run_states(capsys):
+    argv = [*TRIAL, "--config.optimizer.decay=cosine", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "learning rate 0.001: warmup 20 steps, then cosine decay to 0 at step 200" in out
+    assert cli.main([*TRIAL, "--config.optimizer.decay=cosine", "--dry-run",
+                     "--config.optimizer.schedule=per_phase"]) == 0  # fmt: skip
+    assert "each phase warms up (phase1 18, phase2 2 steps) and decays (cosine) to 0" in (
+        capsys.readouterr().out
+    )
+    assert cli.main([*TRIAL, "--config.optimizer.decay=step", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "bert-jax pretrain: error: config.optimizer.decay='step' is not one of 'linear', 'cosine'"
+    ), err

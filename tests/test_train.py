@@ -21,7 +21,7 @@ ONE_LAYER = tiny_config(
 
 
 def _trainer(config, lr=1e-3, total_steps=1000, warmup=10):
-    schedule = optim.warmup_linear_decay(lr, warmup, total_steps)
+    schedule = optim.warmup_decay(lr, warmup, total_steps)
     mesh = partitioning.make_mesh((-1, 1, 1))
     return ShardedTrainer(config, optim.bert_adamw(schedule), mesh, schedule=schedule)
 
@@ -87,7 +87,7 @@ def test_gradient_accumulation_equals_the_full_batch():
 
 def test_lamb_trains():
     config = ONE_LAYER
-    schedule = optim.warmup_linear_decay(5e-2, 2, 100)
+    schedule = optim.warmup_decay(5e-2, 2, 100)
     trainer = ShardedTrainer(
         config, optim.lamb(schedule), partitioning.make_mesh((-1, 1, 1)), schedule=schedule
     )

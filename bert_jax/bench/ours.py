@@ -60,9 +60,7 @@ class OursRunner:
         mesh = partitioning.make_mesh(spec.mesh_shape, devices=devices)
         rules = partitioning.rules_from_config(spec.rules)
         opt = spec.optimizer
-        schedule = optim.warmup_linear_decay(
-            opt.learning_rate, opt.warmup_steps, max(opt.total_steps, 1)
-        )
+        schedule = optim.warmup_decay(opt.learning_rate, opt.warmup_steps, max(opt.total_steps, 1))
         tx = optim.bert_adamw(
             schedule,
             b1=opt.b1,

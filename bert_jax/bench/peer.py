@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         config, input_shape=(1, spec.seq_len), seed=spec.seed, dtype=jnp.dtype(ours.dtype)
     )
     opt = spec.optimizer
-    schedule = optim.warmup_linear_decay(opt.learning_rate, opt.warmup_steps, opt.total_steps)
+    schedule = optim.warmup_decay(opt.learning_rate, opt.warmup_steps, opt.total_steps)
     chain = [optax.clip_by_global_norm(opt.clip_norm)] if opt.clip_norm else []
     chain.append(
         optax.adamw(

@@ -141,7 +141,7 @@ def optimizer_and_schedule(model: Any, opt: Any) -> tuple[Any, Any]:
         optimizer = torch.optim.AdamW(groups, **kwargs)
     total = max(opt.total_steps, 1)
 
-    def factor(step: int) -> float:  # optim.warmup_linear_decay over the peak rate
+    def factor(step: int) -> float:  # optim.warmup_decay over the peak rate
         if opt.warmup_steps > 0 and step < opt.warmup_steps:
             return step / opt.warmup_steps
         return 1.0 - min(step / total, 1.0)

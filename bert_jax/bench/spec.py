@@ -12,7 +12,7 @@ from typing import Any
 from bert_jax.core.model import BertConfig
 from bert_jax.runtime import hardware
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import metrics
+from bert_jax.training import config_lib, metrics
 
 # --peer's choices: Hugging Face's Flax BERT (its own venv), and Hugging Face's PyTorch BERT, eager
 # and under torch.compile ("hf-torch" times both, as two sides). Several: comma-separated.
@@ -191,7 +191,8 @@ def spec_from_config(
         raise UserError(f"bench times BERT AdamW; config.optimizer.name={opt.name!r}")
     rules = tuple((str(name), _tuple(axes)) for name, axes in config.mesh.rules)
     values = dict(
-        model=BertConfig(**config.model.to_dict()),
+        # The vocabulary that follows the tokenizer (0) is the size's: bench has no tokenizer.
+        model=BertConfig(**{**config.model.to_dict(), "vocab_size": config_lib.vocab_size(config)}),
         batch_size=int(batch_size or (phase or phases[0]).batch_size),
         seq_len=length,
         max_predictions=predictions,

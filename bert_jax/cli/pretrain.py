@@ -22,7 +22,8 @@ def _run(flag_values) -> int:
     for change in inputs.adopt_init_from(config, given):
         print(f"bert-jax pretrain: {change}")
     if flag_values.dry_run:
-        described = config_checks.describe(config)  # checks the values first
+        # Checks the values first; a workdir's kept tokenizer is the one a restart would use.
+        described = config_checks.describe(config, flag_values.workdir or "")
         _check_mesh(config)
         print(described)
         return 0

@@ -21,25 +21,49 @@ from bert_jax.runtime.errors import UserError
 Schedule = Callable[[jax.Array], jax.Array]
 
 
-def warmup_linear_decay(
-    peak_lr: float, warmup_steps: int, total_steps: int, end_lr: float = 0.0
-) -> Schedule:
-    """The original schedule: linear warmup from 0, then linear decay measured from step 0.
+# The shapes of the learning rate's decay after the warmup (config `optimizer.decay`; the config
+# checks refuse others up front): "linear", the paper's (google-research/bert's polynomial decay of
+# power 1), or "cosine" (half a cosine period from the peak down to the end rate).
+DECAYS = ("linear", "cosine")
+DEFAULT_DECAY = "linear"
 
-    For step >= warmup: lr = end + (peak - end) * (1 - step / total); before: peak * step / warmup.
-    (The decay starts from the full run, as google-research/bert's polynomial_decay does, so the
-    curve is continuous only when warmup is short relative to total.)
+
+def warmup_decay(
+    peak_lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    end_lr: float = 0.0,
+    *,
+    decay: str = DEFAULT_DECAY,
+    from_warmup_end: bool = False,
+) -> Schedule:
+    """Linear warmup from 0 to `peak_lr`, then a `decay`-shaped decay to `end_lr` at `total_steps`.
+
+    What is left of the decay at a step is `1 - step / total` by default: measured from step 0, as
+    google-research/bert's polynomial_decay does (the curve is continuous only when the warmup is
+    short relative to the run); with `from_warmup_end`, `(total - step) / (total - warmup)`, as
+    transformers' `get_linear_schedule_with_warmup` (Hugging Face's fine-tuning recipe). The rate
+    is `end + (peak - end) * left` for "linear", `end + (peak - end) * (1 - cos(pi * left)) / 2`
+    for "cosine"; during the warmup, `peak * step / warmup`.
     """
     if total_steps <= 0:
         raise UserError(f"total_steps must be positive, got {total_steps}")
+    if decay not in DECAYS:
+        raise UserError(f"optimizer.decay={decay!r} is not one of {', '.join(map(repr, DECAYS))}")
 
     def schedule(step: jax.Array) -> jax.Array:
         step = jnp.asarray(step, jnp.float32)
-        frac = jnp.clip(step / total_steps, 0.0, 1.0)
-        decayed = end_lr + (peak_lr - end_lr) * (1.0 - frac)
+        if from_warmup_end:
+            left = jnp.clip((total_steps - step) / max(1, total_steps - warmup_steps), 0.0, 1.0)
+            warm = peak_lr * (step / max(1, warmup_steps))
+        else:
+            left = 1.0 - jnp.clip(step / total_steps, 0.0, 1.0)
+            warm = peak_lr * step / max(1, warmup_steps)
+        if decay == "cosine":
+            left = 0.5 * (1.0 - jnp.cos(jnp.pi * left))
+        decayed = end_lr + (peak_lr - end_lr) * left
         if warmup_steps <= 0:
             return decayed
-        warm = peak_lr * step / warmup_steps
         return jnp.where(step < warmup_steps, warm, decayed)
 
     return schedule
@@ -202,10 +226,11 @@ def phased_schedule(
     warmups: Sequence[int],
     phase_steps: Sequence[int],
     end_lr: float = 0.0,
+    decay: str = DEFAULT_DECAY,
 ) -> Schedule:
-    """Warmup + linear decay restarted at every phase boundary (NVIDIA's two-phase LAMB recipe)."""
+    """Warmup + decay restarted at every phase boundary (NVIDIA's two-phase LAMB recipe)."""
     schedules = [
-        warmup_linear_decay(lr, warm, steps, end_lr)
+        warmup_decay(lr, warm, steps, end_lr, decay=decay)
         for lr, warm, steps in zip(peak_lrs, warmups, phase_steps)
     ]
     starts = np.cumsum([0, *phase_steps[:-1]]).tolist()
@@ -230,14 +255,20 @@ def from_config(
 ) -> tuple[optax.GradientTransformation, Schedule]:
     """The optimizer and schedule named by a config's `optimizer` section.
 
-    `optimizer.schedule` is "whole_run" (one warmup, linear decay over all phases, as the paper)
+    `optimizer.schedule` is "whole_run" (one warmup, one decay over all phases, as the paper)
     or "per_phase" (each phase warms up and decays on its own; a phase config may set its own
-    `learning_rate` / `warmup_steps`, where -1 or absent means the optimizer's).
+    `learning_rate` / `warmup_steps`, where -1 or absent means the optimizer's);
+    `optimizer.decay` the decay's shape (DECAYS; absent: the paper's linear one).
     """
     total = int(sum(phase_steps))
+    decay = str(opt_config.get("decay", DEFAULT_DECAY))
     if opt_config.schedule == "whole_run":
-        schedule = warmup_linear_decay(
-            opt_config.learning_rate, opt_config.warmup_steps, total, opt_config.end_learning_rate
+        schedule = warmup_decay(
+            opt_config.learning_rate,
+            opt_config.warmup_steps,
+            total,
+            opt_config.end_learning_rate,
+            decay=decay,
         )
     elif opt_config.schedule == "per_phase":
 
@@ -251,6 +282,7 @@ def from_config(
             [int(own(p, "warmup_steps", opt_config.warmup_steps)) for p in phases],
             phase_steps,
             opt_config.end_learning_rate,
+            decay,
         )
     else:
         raise UserError(f"optimizer.schedule={opt_config.schedule!r} is not one of {SCHEDULES}")
@@ -273,22 +305,6 @@ def from_config(
 # ------------------------------------------------------------------------------------------------
 # Hugging Face's fine-tuning recipe (the `Trainer`'s defaults), for step-for-step comparisons
 # ------------------------------------------------------------------------------------------------
-
-
-def linear_warmup_then_decay(peak_lr: float, warmup_steps: int, total_steps: int) -> Schedule:
-    """`transformers.get_linear_schedule_with_warmup`: peak * step / warmup during the warmup,
-    then linear decay from the end of the warmup to 0 at `total_steps` (not from step 0, as
-    `warmup_linear_decay` and google-research/bert do)."""
-    if total_steps <= 0:
-        raise UserError(f"total_steps must be positive, got {total_steps}")
-
-    def schedule(step: jax.Array) -> jax.Array:
-        step = jnp.asarray(step, jnp.float32)
-        warm = step / max(1, warmup_steps)
-        decayed = jnp.maximum(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-        return peak_lr * jnp.where(step < warmup_steps, warm, decayed)
-
-    return schedule
 
 
 def clip_by_global_norm_torch(max_norm: float) -> optax.GradientTransformation:

@@ -19,7 +19,7 @@ from bert_jax.core.train import DROPOUT_RNG_IMPLS
 from bert_jax.data import sentences
 from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib, metrics
+from bert_jax.training import config_lib, inputs, metrics
 from bert_jax.training.config_lib import (
     MIN_SEQ_LENGTH,
     PRESET_MAX_POSITIONS,
@@ -37,11 +37,13 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
     """Config errors that must fail before compilation, each naming its setting."""
     check_values(config, phases)
     model = config.model
-    if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
+    # A vocabulary that follows the tokenizer (0) is the tokenizer's: only a set one can differ.
+    followed = int(model.vocab_size) == config_lib.FOLLOW_TOKENIZER
+    if tokenizer is not None and not followed and tokenizer.vocab_size > model.vocab_size:
         raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but config.model.vocab_size="
             f"{model.vocab_size}; ids beyond the embedding table give NaN losses. Raise "
-            "config.model.vocab_size or use a smaller vocabulary"
+            "config.model.vocab_size, set it to 0 (the tokenizer's), or use a smaller vocabulary"
         )
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     _, _, num_shards = input_shards.layout(data_shards(config), 0, jax.process_count())
@@ -64,7 +66,7 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
                 f"{setting}.batch_size={phase.batch_size} must be divisible by "
                 f"config.grad_accum_steps={accum} x data-parallel size {dp}"
             )
-    if config.eval.every_steps > 0:
+    if any(choice.source for choice in inputs.eval_choices(config, phases)):
         partitioning.check_batch_divisible(config.eval.batch_size, mesh, "config.eval.batch_size")
         if config.eval.batch_size % num_shards:
             raise UserError(
@@ -97,10 +99,11 @@ def check_sequence_length(
 # finite.
 _RANGES = {
     "[1, inf)": "log_every_steps checkpoint.every_steps checkpoint.keep grad_accum_steps "
-    "model.vocab_size model.hidden_size model.num_hidden_layers model.num_attention_heads "
+    "model.hidden_size model.num_hidden_layers model.num_attention_heads "
     "model.intermediate_size model.max_position_embeddings model.type_vocab_size",
+    # model.vocab_size 0: the tokenizer's (config_lib.FOLLOW_TOKENIZER)
     "[0, inf)": "max_consecutive_nonfinite optimizer.learning_rate optimizer.end_learning_rate "
-    "optimizer.warmup_steps optimizer.clip_norm",
+    "optimizer.warmup_steps optimizer.clip_norm model.vocab_size",
     "(0, inf)": "optimizer.eps model.layer_norm_eps model.initializer_range",
     "[0, 1)": "optimizer.b1 optimizer.b2 optimizer.weight_decay model.hidden_dropout_prob "
     "model.attention_probs_dropout_prob",
@@ -126,6 +129,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.remat": tuple(REMAT_POLICIES),
     "optimizer.name": optim.OPTIMIZERS,
     "optimizer.schedule": optim.SCHEDULES,
+    "optimizer.decay": optim.DECAYS,
     "dropout_rng_impl": DROPOUT_RNG_IMPLS,
     "data.splitter": sentences.SPLITTERS,
 }
@@ -214,11 +218,14 @@ def check_values(config, phases: list[Phase]) -> None:
             raise UserError(f"{setting}.max_predictions_per_seq={predictions} must be at least 1")
 
 
-def describe(config: ml_collections.ConfigDict) -> str:
-    """The resolved config, phase split, parameter count and FLOPs per token (for --dry-run)."""
+def describe(config: ml_collections.ConfigDict, workdir: str = "") -> str:
+    """The resolved config, phase split, parameter count and FLOPs per token (for --dry-run),
+    with the vocabulary the run will have (inputs.vocab_choice; `workdir`: where a tokenizer
+    an earlier run trained is kept)."""
     phases = split_phases(config)
     check_values(config, phases)
-    model_config = bert_config(config)
+    vocab = inputs.vocab_choice(config, phases, workdir)
+    model_config = bert_config(config).replace(vocab_size=vocab.size)
     lines = ["config (each line is a --config.KEY=VALUE override):"]
     lines += [f"  {key} = {value!r}" for key, value in flat_settings(config)]
     lines += ["phases:"]
@@ -235,39 +242,36 @@ def describe(config: ml_collections.ConfigDict) -> str:
             f"{flops / 1e9:.3f} GFLOP/token ({head})"
         )
     lines.append(f"parameters: {count_parameters(model_config):,}")
-    lines += ["run:"] + [f"  {line}" for line in run_outline(config, phases)]
+    lines += ["run:"] + [f"  {line}" for line in run_outline(config, phases, workdir)]
     return "\n".join(lines)
 
 
-def run_outline(config, phases: list[Phase]) -> list[str]:
-    """What the run will do beyond the phases: schedule, intervals, vocabulary, a warning."""
+def run_outline(config, phases: list[Phase], workdir: str = "") -> list[str]:
+    """What the run will do beyond the phases: schedule, intervals, evaluation, vocabulary and
+    tokenizer, a warning. The evaluation, vocabulary and tokenizer are the run's own decisions
+    (inputs.eval_choices, vocab_choice, tokenizer_choice), put in words."""
     optimizer, specs = config_lib.resolved_optimizer(config, phases)
     total = phases[-1].end
+    decay = optimizer.get("decay", optim.DEFAULT_DECAY)
     if optimizer.schedule == "per_phase":
         warmup = ", ".join(f"{p.name} {s.warmup_steps}" for p, s in zip(phases, specs))
-        schedule = f"each phase warms up ({warmup} steps) and decays to "
+        schedule = f"each phase warms up ({warmup} steps) and decays ({decay}) to "
     else:
-        schedule = f"warmup {optimizer.warmup_steps} steps, then linear decay to "
+        schedule = f"warmup {optimizer.warmup_steps} steps, then {decay} decay to "
     lines = [
         f"learning rate {optimizer.learning_rate:g}: {schedule}"
         f"{optimizer.end_learning_rate:g} at step {total}",
         f"a metrics line every {config.log_every_steps} steps; a checkpoint every "
         f"{config.checkpoint.every_steps} steps and at the end (keeping "
         f"{config.checkpoint.keep})",
-        f"held-out eval every {config.eval.every_steps} steps and at the end "
-        f"({config.eval.batches} batches of {config.eval.batch_size})"
-        if config.eval.every_steps > 0
-        else "no held-out eval (config.eval.every_steps=0)",
     ]
-    vocab = f"model vocabulary {config.model.vocab_size}"
-    if config.data.tokenizer:
-        lines.append(f"{vocab}; tokenizer {config.data.tokenizer}")
-    else:
-        pieces = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
-        lines.append(
-            f"{vocab}; tokenizer: the one saved with prepared records, else a {pieces}-piece "
-            "SentencePiece model trained on the first phase's corpus"
-        )
+    evaluation, per_phase = inputs.eval_outline(config, phases)
+    lines += [evaluation] + [f"  {line}" for line in per_phase]
+    tokenizer = inputs.tokenizer_choice(config, phases, workdir)
+    lines.append(
+        f"{inputs.vocab_choice(config, phases, workdir)}; tokenizer: "
+        + (f"{tokenizer.path} ({tokenizer.why})" if tokenizer.path else tokenizer.why)
+    )
     warning = config_lib.warmup_warning(config, phases)
     if warning:
         lines.append(warning)

@@ -8,9 +8,10 @@ global-norm clipping 1.0, dropout 0.1, batch 256, 1M steps, 90% of them at seque
 (20 predictions) and 10% at 512 (80 predictions).
 
 The sizes meant for a CPU (`CPU_SIZES`: tiny, mini, small) change what a laptop cannot afford or a
-short trial needs (`CPU_TRIAL`): batches of 32 and 8, a 4,000-piece vocabulary in the tokenizer and
-the embedding alike, a warmup of 10% of the run, and log, checkpoint and eval intervals that fit a
-few hundred steps; tiny also trains at lr 1e-3.
+short trial needs (`CPU_TRIAL`): batches of 32 and 8, a 4,000-piece tokenizer trained for the run,
+a warmup of 10% of the run, and log, checkpoint and eval intervals that fit a few hundred steps;
+tiny also trains at lr 1e-3. At every size the model's vocabulary is the tokenizer's unless
+`model.vocab_size` is set (`vocab_size`).
 
 Why this file is long: the paper's defaults, the CPU sizes' changes to them and the phase split
 read as one recipe, and `describe` prints that recipe; the checks live in config_checks.py.
@@ -29,7 +30,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.core import partitioning
+from bert_jax.core import optim, partitioning
 from bert_jax.core.model import BertConfig
 from bert_jax.data import objectives, sentences
 from bert_jax.runtime.errors import UserError
@@ -51,9 +52,15 @@ MIN_SEQ_LENGTH = 5  # [CLS] A [SEP] B [SEP]
 # The position embeddings of every size preset: the bound for records prepared without a model.
 PRESET_MAX_POSITIONS = 512
 
-# The vocabulary of the sizes meant for a CPU: the SentencePiece model trained for the run and
-# the model's embedding rows (padded to 4096 by vocab_pad_multiple).
+# config.model.vocab_size's default at every size: the model's vocabulary is the run's tokenizer's
+# (inputs.follow_tokenizer). A value above 0 is the user's, honoured and checked against it.
+FOLLOW_TOKENIZER = 0
+# The vocabulary of the sizes meant for a CPU: the SentencePiece model trained for the run (and
+# so the model's embedding rows, padded to 4096 by vocab_pad_multiple).
 CPU_VOCAB_SIZE = 4000
+# The paper's WordPiece vocabulary: the other sizes' vocabulary where no tokenizer is at hand
+# (plan, bench, --compile-only), and that of the parameter counts the paper gives.
+PAPER_VOCAB_SIZE = 30522
 # name: (layers, hidden, heads); intermediate size is 4 x hidden throughout.
 SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (2, 128, 2),
@@ -66,10 +73,8 @@ SIZES: dict[str, tuple[int, int, int]] = {
 # Sizes meant for a CPU trial (docs/pretraining.md): the paper's recipe with CPU_TRIAL on top.
 CPU_SIZES = ("tiny", "mini", "small")
 # What the CPU sizes change in the paper's recipe, as --config.KEY overrides. Set these back
-# (batch 256, vocab 30522, warmup_steps 10000, warmup_fraction 0) for the paper's small models.
+# (batch 256, warmup_steps 10000, warmup_fraction 0) for the paper's small models.
 CPU_TRIAL: dict[str, Any] = {
-    "model.vocab_size": CPU_VOCAB_SIZE,
-    "data.tokenizer_vocab_size": CPU_VOCAB_SIZE,
     "phase1.batch_size": 32,
     "phase2.batch_size": 8,
     "optimizer.warmup_steps": 0,
@@ -91,7 +96,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
     layers, hidden, heads = SIZES[size]
     return ml_collections.ConfigDict(
         {
-            "vocab_size": CPU_VOCAB_SIZE if size in CPU_SIZES else 30522,
+            "vocab_size": FOLLOW_TOKENIZER,  # the tokenizer's (vocab_size)
             "hidden_size": hidden,
             "num_hidden_layers": layers,
             "num_attention_heads": heads,
@@ -149,6 +154,8 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
         }
     )
     config.optimizer.schedule = "whole_run"  # or "per_phase" (each phase warms up and decays)
+    # The decay's shape after the warmup: core.optim.DECAYS ("linear", the paper's; "cosine").
+    config.optimizer.decay = optim.DEFAULT_DECAY
     config.grad_accum_steps = 1
     # Global batch sizes (all hosts together); each phase may name its own data (`data`: '' uses
     # config.data.source) and, with optimizer.schedule="per_phase", its own learning_rate and
@@ -181,7 +188,8 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
             # Tokenizer directory, SentencePiece .model or WordPiece vocab.txt. Empty: the one
             # saved next to prepared records, else a SentencePiece model trained on the corpus.
             "tokenizer": "",
-            "tokenizer_vocab_size": 4000,
+            # The pieces of the SentencePiece model a run trains when it has no tokenizer.
+            "tokenizer_vocab_size": CPU_VOCAB_SIZE,
             "lowercase": True,
             "dynamic_masking": True,
             "whole_word_mask": False,
@@ -304,9 +312,23 @@ def warmup_warning(config: ml_collections.ConfigDict, phases: list[Phase]) -> st
     )
 
 
+def preset_vocab_size(size: str | None) -> int:
+    """A size's vocabulary where no tokenizer is at hand: the 4,000 pieces the CPU sizes train,
+    else the paper's 30522."""
+    return CPU_VOCAB_SIZE if size in CPU_SIZES else PAPER_VOCAB_SIZE
+
+
+def vocab_size(config: ml_collections.ConfigDict) -> int:
+    """The model's vocabulary: `config.model.vocab_size` when set (> 0); while it follows the
+    tokenizer (0) and no tokenizer has been resolved, the size's (preset_vocab_size)."""
+    own = int(config.model.vocab_size)
+    return own if own != FOLLOW_TOKENIZER else preset_vocab_size(config.get("size"))
+
+
 def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
     """The frozen model config: the ConfigDict stops at the model's door."""
-    return BertConfig(**config.model.to_dict(), objective=objective(config))
+    model = {**config.model.to_dict(), "vocab_size": vocab_size(config)}
+    return BertConfig(**model, objective=objective(config))
 
 
 def objective(config: ml_collections.ConfigDict) -> str:

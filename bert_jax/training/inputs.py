@@ -3,6 +3,7 @@ per phase, eval source."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -62,39 +63,113 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
     return changes
 
 
-def resolve_tokenizer(config, phases: list[Phase], workdir: str, console=lambda *a: None):
-    """The run's tokenizer: `config.data.tokenizer`, the one saved next to prepared records, or
-    (for raw corpora only) a SentencePiece model trained on the first phase's corpus and kept in
-    `<workdir>/tokenizer` so that restarts reuse it (`console` says when one is trained)."""
+@dataclasses.dataclass(frozen=True)
+class TokenizerChoice:
+    """Which tokenizer a run uses: its files (`path`; '' when the run trains one on `corpus`)
+    and, in words, where it comes from."""
+
+    path: str
+    why: str
+    corpus: str = ""
+
+
+def trained_pieces(config) -> int:
+    """The pieces of the SentencePiece model a run without a tokenizer trains:
+    config.data.tokenizer_vocab_size, capped by a config.model.vocab_size that is set."""
+    pieces = int(config.data.tokenizer_vocab_size)
+    own = int(config.model.vocab_size)
+    return pieces if own == config_lib.FOLLOW_TOKENIZER else min(pieces, own)
+
+
+def tokenizer_choice(config, phases: list[Phase], workdir: str = "") -> TokenizerChoice:
+    """The one decision of which tokenizer a run uses (the run and its dry run read it):
+    `config.data.tokenizer`, the one saved next to prepared records, the one a run kept in
+    `<workdir>/tokenizer`, or, for raw corpora only, one to train on the first phase's corpus."""
     from bert_jax.data import layout
     from bert_jax.data.sources import documents as sources
-    from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
 
     if config.data.tokenizer:
-        return tokenizer_lib.load_tokenizer(config.data.tokenizer)
+        return TokenizerChoice(config.data.tokenizer, "config.data.tokenizer")
     for phase in phases:
         candidate = os.path.join(phase.source, layout.TOKENIZER_SUBDIR)
         if fs.isdir(candidate):
-            return tokenizer_lib.load_tokenizer(candidate)
-    own = os.path.join(workdir, "tokenizer")
-    if fs.isdir(own):
-        return tokenizer_lib.load_tokenizer(own)
+            return TokenizerChoice(candidate, f"saved with the records {phase.source}")
+    own = os.path.join(workdir, "tokenizer") if workdir else ""
+    if own and fs.isdir(own):
+        return TokenizerChoice(own, "trained by an earlier run in this workdir")
+    if not all(p.source for p in phases):  # the run refuses this (config_checks.validate)
+        return TokenizerChoice("", "none yet (no data is named)")
     corpora = [p.source for p in phases if sources.source_kind(p.source) != "records"]
     if not corpora:
         raise UserError(
             "no tokenizer: set config.data.tokenizer (a tokenizer directory, .model or vocab.txt)"
         )
-    vocab_size = min(int(config.data.tokenizer_vocab_size), int(config.model.vocab_size))
+    where = f"kept in {own} for restarts" if own else "kept in <workdir>/tokenizer for restarts"
+    return TokenizerChoice(
+        "",
+        f"a {trained_pieces(config)}-piece SentencePiece model trained on {corpora[0]} ({where})",
+        corpora[0],
+    )
+
+
+def resolve_tokenizer(config, phases: list[Phase], workdir: str, console=lambda *a: None):
+    """The run's tokenizer (tokenizer_choice), trained into `<workdir>/tokenizer` when the choice
+    is to train one (`console` says so), so that restarts reuse it."""
+    from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
+
+    choice = tokenizer_choice(config, phases, workdir)
+    if choice.path:
+        return tokenizer_lib.load_tokenizer(choice.path)
+    own = os.path.join(workdir, "tokenizer")
+    vocab_size = trained_pieces(config)
     if jax.process_index() == 0:
         console(
-            f"training a {vocab_size}-piece SentencePiece tokenizer on {corpora[0]} (kept in "
+            f"training a {vocab_size}-piece SentencePiece tokenizer on {choice.corpus} (kept in "
             f"{own} for restarts)"
         )
         tokenizer_lib.train_tokenizer(
-            [corpora[0]], vocab_size, own, lowercase=bool(config.data.lowercase)
+            [choice.corpus], vocab_size, own, lowercase=bool(config.data.lowercase)
         )
     distributed.sync_hosts("tokenizer")
     return tokenizer_lib.load_tokenizer(own)
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabChoice:
+    """The model's vocabulary and where it comes from: "set" (config.model.vocab_size) or
+    "from the tokenizer" (config.model.vocab_size=0, the default)."""
+
+    size: int
+    origin: str
+
+    def __str__(self) -> str:
+        return f"vocab {self.size} ({self.origin})"
+
+
+def vocab_choice(config, phases: list[Phase], workdir: str = "", tokenizer=None) -> VocabChoice:
+    """The model's vocabulary as the run will have it (the dry run and the run's first line read
+    it): config.model.vocab_size when set, else the size of the run's tokenizer (`tokenizer`, or
+    tokenizer_choice's, loaded; trained_pieces for one the run will train)."""
+    own = int(config.model.vocab_size)
+    if own != config_lib.FOLLOW_TOKENIZER:
+        return VocabChoice(own, "set")
+    if tokenizer is None:
+        choice = tokenizer_choice(config, phases, workdir)
+        if not choice.corpus and not choice.path:  # no data named: no tokenizer to follow yet
+            return VocabChoice(config_lib.vocab_size(config), "the size's, until a tokenizer")
+        if not choice.path:
+            return VocabChoice(trained_pieces(config), "from the tokenizer")
+        from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
+
+        tokenizer = tokenizer_lib.load_tokenizer(choice.path)
+    return VocabChoice(int(tokenizer.vocab_size), "from the tokenizer")
+
+
+def follow_tokenizer(config, tokenizer) -> None:
+    """Gives a model that follows the tokenizer (config.model.vocab_size=0) the tokenizer's
+    vocabulary, so that the checks, the saved config.json and the model all hold the number."""
+    if int(config.model.vocab_size) == config_lib.FOLLOW_TOKENIZER:
+        config.model.vocab_size = int(tokenizer.vocab_size)
 
 
 def _iterator(
@@ -214,15 +289,98 @@ def check_records_objective(config, named_sources) -> None:
                 )
 
 
-def eval_source(config, phase: Phase) -> str:
-    """`config.eval.source`, or the embedded corpus's held-out split for embedded training."""
-    if config.eval.source:
-        return config.eval.source
+@dataclasses.dataclass(frozen=True)
+class EvalChoice:
+    """Whether and on what one phase evaluates: `source` ('' = it does not), why (in words), and
+    the steps at which it does (counted as the loop counts them: after `step` steps)."""
+
+    source: str
+    why: str
+    steps: tuple[int, ...] = ()
+
+
+def evaluates_at(config, step: int, total: int) -> bool:
+    """Whether the run evaluates after `step` steps of `total` (if its phase has a source):
+    every config.eval.every_steps and at the end; never with every_steps <= 0."""
+    every = int(config.eval.every_steps)
+    return every > 0 and (step % every == 0 or step == total)
+
+
+def eval_choices(config, phases: list[Phase]) -> list[EvalChoice]:
+    """The one decision of whether and on what each phase evaluates (the loop, its first line
+    and the dry run read it), first that applies: evaluation off (config.eval.every_steps=0),
+    config.eval.source, the held-out records beside the phase's records
+    (`<records>/heldout`, written by `data prepare`), the embedded corpus's held-out split; else
+    none, saying why. A phase none of whose steps is an eval step evaluates nothing either."""
+    total = phases[-1].end if phases else 0
+    every = int(config.eval.every_steps)
+    choices = []
+    for phase in phases:
+        choice = _eval_source(config, phase)
+        if not choice.source:
+            choices.append(choice)
+            continue
+        # Multiples of every_steps in (start, end], and the run's last step.
+        steps = list(range((phase.start // every + 1) * every, phase.end + 1, every))
+        if phase.end == total and (not steps or steps[-1] != total):
+            steps.append(total)
+        if not steps:
+            choice = EvalChoice(
+                "", f"no eval step falls in its steps {phase.start}..{phase.end - 1}"
+            )
+        choices.append(dataclasses.replace(choice, steps=tuple(steps)))
+    return choices
+
+
+def _eval_source(config, phase: Phase) -> EvalChoice:
+    from bert_jax.data import layout
+    from bert_jax.data.records import manifest
     from bert_jax.data.sources import documents as sources
 
-    if sources.source_kind(phase.source) == "embedded":
-        return "embedded:eval"
-    return ""
+    if int(config.eval.every_steps) <= 0:
+        return EvalChoice("", "config.eval.every_steps=0")
+    if config.eval.source:
+        return EvalChoice(config.eval.source, "config.eval.source")
+    kind = sources.source_kind(phase.source) if phase.source else ""
+    if kind == "embedded":
+        return EvalChoice("embedded:eval", "the embedded corpus's held-out split")
+    unset = "and config.eval.source is not set"
+    if kind != "records":
+        return EvalChoice("", f"{phase.source} is a corpus, not prepared records, {unset}")
+    heldout = layout.heldout_dir(phase.source)
+    if not (fs.isdir(heldout) and sources.source_kind(heldout) == "records"):
+        return EvalChoice(
+            "", f"{phase.source} has no held-out records ({layout.HELDOUT_SUBDIR}/) {unset}"
+        )
+    try:
+        manifest.require_complete(heldout)
+    except manifest.IncompleteRecordsError:
+        return EvalChoice("", f"the held-out records {heldout} are incomplete {unset}")
+    return EvalChoice(heldout, f"the held-out records of {phase.source}")
+
+
+def eval_outline(config, phases: list[Phase]) -> tuple[str, list[str]]:
+    """(summary, a line per phase) of eval_choices in words: the run's first line says the
+    summary, the dry run both."""
+    choices = eval_choices(config, phases)
+    if not any(choice.source for choice in choices):
+        reasons = list(dict.fromkeys(choice.why for choice in choices))
+        return f"no eval ({'; '.join(reasons)})", []
+    summary = (
+        f"eval every {config.eval.every_steps} steps and at the end ({config.eval.batches} "
+        f"batches of {config.eval.batch_size}, at each phase's sequence length)"
+    )
+    lines = []
+    for phase, choice in zip(phases, choices):
+        if not choice.source:
+            lines.append(f"{phase.name}: no eval ({choice.why})")
+            continue
+        steps = choice.steps
+        at = f"step {steps[0]}"
+        if len(steps) > 1:
+            at = f"{len(steps)} steps ({steps[0]}..{steps[-1]})"
+        lines.append(f"{phase.name}: at {at} on {choice.source} ({choice.why})")
+    return summary, lines
 
 
 def train_iterator(config, phase: Phase, tokenizer, workdir: str, console=lambda *a: None):
@@ -242,11 +400,11 @@ def train_iterator(config, phase: Phase, tokenizer, workdir: str, console=lambda
     )
 
 
-def eval_batches(config, phase: Phase, tokenizer, workdir: str, console=lambda *a: None) -> list:
-    """The held-out batches evaluated during `phase`; [] when evaluation is off or has no source."""
-    source = eval_source(config, phase)
-    if config.eval.every_steps <= 0 or not source:
-        return []
+def eval_batches(
+    config, phase: Phase, source: str, tokenizer, workdir: str, console=lambda *a: None
+) -> list:
+    """The held-out batches of `source` (eval_choices') evaluated during `phase`, at its
+    sequence length: config.eval.batches of config.eval.batch_size, statically masked."""
     iterator = _iterator(
         config,
         phase,

@@ -2,8 +2,9 @@
 
 Four panels over the steps: the training loss (total, MLM, NSP) with the held-out loss, MLM
 accuracy (training, held-out, and the held-out most-frequent-token baseline), NSP accuracy
-(training, held-out, chance 0.5) and the learning rate. The loop writes it at each evaluation and
-at the end; matplotlib's Agg canvas needs no display.
+(training, held-out, chance 0.5) and the learning rate. Only what the run measured is drawn: a
+run without evaluation has no held-out lines or baseline in the plot or its legends. The loop
+writes it at each evaluation and at the end; matplotlib's Agg canvas needs no display.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ def write_plot(jsonl_path: str, path: str) -> bool:
     evals = metrics.read_jsonl(jsonl_path, "eval")
     if not train and not evals:
         return False
+    figure = draw(train, evals, f"pretraining: {os.path.dirname(os.path.dirname(path)) or '.'}")
+    fs.makedirs(os.path.dirname(path), exist_ok=True)
+    with outputs.local_then_place(path, suffix=".png") as local:
+        figure.savefig(local)
+    return True
+
+
+def draw(train: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]], title: str):
+    """The figure of the training rows `train` and eval rows `evals`: a line for each metric the
+    rows hold, none for one they lack."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -39,28 +50,31 @@ def write_plot(jsonl_path: str, path: str) -> bool:
     FigureCanvasAgg(figure)
     loss, mlm, nsp, rate = figure.subplots(2, 2).ravel()
 
-    for key, label in (("loss", "train loss"), ("mlm_loss", "train MLM loss")):
-        loss.plot(*_series(train, key), label=label)
-    if any("nsp_loss" in r for r in train):
-        loss.plot(*_series(train, "nsp_loss"), label="train NSP loss")
-    loss.plot(*_series(evals, "loss"), "o-", label="held-out loss")
+    def line(axes, rows, key, *style, **kwargs):
+        if any(key in row for row in rows):
+            axes.plot(*_series(rows, key), *style, **kwargs)
+
+    line(loss, train, "loss", label="train loss")
+    line(loss, train, "mlm_loss", label="train MLM loss")
+    line(loss, train, "nsp_loss", label="train NSP loss")
+    line(loss, evals, "loss", "o-", label="held-out loss")
     loss.set_title("loss")
 
-    mlm.plot(*_series(train, "mlm_accuracy"), label="train")
-    mlm.plot(*_series(evals, "mlm_accuracy"), "o-", label="held-out")
-    mlm.plot(*_series(evals, "mlm_baseline_accuracy"), "k--", label="most frequent token")
-    mlm.set_title("MLM accuracy")
+    line(mlm, train, "mlm_accuracy", label="train")
+    line(mlm, evals, "mlm_accuracy", "o-", label="held-out")
+    line(mlm, evals, "mlm_baseline_accuracy", "k--", label="most frequent token")
+    mlm.set_title("MLM accuracy" if evals else "MLM accuracy (no held-out eval in this run)")
 
-    if any("nsp_accuracy" in r for r in train + evals):
-        nsp.plot(*_series(train, "nsp_accuracy"), label="train")
-        nsp.plot(*_series(evals, "nsp_accuracy"), "o-", label="held-out")
+    if any("nsp_accuracy" in r for r in [*train, *evals]):
+        line(nsp, train, "nsp_accuracy", label="train")
+        line(nsp, evals, "nsp_accuracy", "o-", label="held-out")
         nsp.axhline(0.5, color="black", linestyle="--", label="chance")
         nsp.set_title("NSP accuracy")
     else:
         nsp.set_axis_off()
         nsp.text(0.5, 0.5, "no NSP in this objective", ha="center", va="center")
 
-    rate.plot(*_series(train, "learning_rate"))
+    line(rate, train, "learning_rate")
     rate.set_title("learning rate")
     rate.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
 
@@ -69,9 +83,6 @@ def write_plot(jsonl_path: str, path: str) -> bool:
         axes.grid(alpha=0.3)
         if axes.get_legend_handles_labels()[0]:
             axes.legend(fontsize="small")
-    figure.suptitle(f"pretraining: {os.path.dirname(os.path.dirname(path)) or '.'}")
+    figure.suptitle(title)
     figure.tight_layout()
-    fs.makedirs(os.path.dirname(path), exist_ok=True)
-    with outputs.local_then_place(path, suffix=".png") as local:
-        figure.savefig(local)
-    return True
+    return figure

@@ -95,9 +95,7 @@ def pretrain(
     if config.resume_from:  # another run of another objective: refused before any work
         _check_run_objective(config.resume_from, config_lib.objective(config))
     inputs.check_records_objective(  # records made for another objective: before any work
-        config,
-        [(f"data for {p.name}", p.source) for p in phases]
-        + [(f"eval data for {p.name}", inputs.eval_source(config, p)) for p in phases],
+        config, [(f"data for {p.name}", p.source) for p in phases] + _eval_sources(config, phases)
     )
     # Hosts that run different configs would hang or diverge later: fail now, naming the keys.
     distributed.check_hosts_agree({"config": distributed.config_fingerprint_text(config)})
@@ -116,13 +114,14 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     """`pretrain` while this run holds the workdir's lock."""
     # --- Set-up: config checked, tokenizer resolved (nothing compiled yet). ---
     console = _console if is_main else (lambda *a, **k: None)
-    model_config = config_lib.bert_config(config)
     rules = partitioning.rules_from_config(config.mesh.rules)
     console(opening_line(config, workdir))
     warning = config_lib.warmup_warning(config, config_lib.split_phases(config))
     if warning:
         console(f"bert-jax pretrain: {warning}")
     phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main, console)
+    model_config = config_lib.bert_config(config)  # the vocabulary is the tokenizer's by now
+    evals = inputs.eval_choices(config, phases)
     total = phases[-1].end
     optimizer, phase_specs = config_lib.resolved_optimizer(config, phases)
     tx, schedule = optim.from_config(optimizer, [p.steps for p in phases], phase_specs)
@@ -201,16 +200,16 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
             if _every(step, config.checkpoint.every_steps, total) or preempted:
                 step_log.flush()
                 _save_checkpoint(checkpointer, step, state, phase, iterator, mesh)
-            if config.eval.every_steps > 0 and _every(step, config.eval.every_steps, total):
+            source = evals[phase.index].source
+            if source and inputs.evaluates_at(config, step, total):
                 if eval_batches is None:
-                    eval_batches = inputs.eval_batches(config, phase, tokenizer, workdir, console)
-                if eval_batches:
-                    step_log.flush()  # the curves include this step's row
-                    last_eval = _evaluate_and_log(
-                        trainer, state, eval_batches, step, writer, console
+                    eval_batches = inputs.eval_batches(
+                        config, phase, source, tokenizer, workdir, console
                     )
-                    if is_main:
-                        plots.write_plot(writer.jsonl_path, plot_path)
+                step_log.flush()  # the curves include this step's row
+                last_eval = _evaluate_and_log(trainer, state, eval_batches, step, writer, console)
+                if is_main:
+                    plots.write_plot(writer.jsonl_path, plot_path)
                 # Evaluation time is not training throughput.
                 step_log.window.throughput.reset()
                 step_log.paused()
@@ -260,6 +259,12 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     )
 
 
+def _eval_sources(config, phases: list[Phase]) -> list[tuple[str, str]]:
+    """(what, source) of every phase's eval data, for the checks the training data gets."""
+    choices = inputs.eval_choices(config, phases)
+    return [(f"eval data for {p.name}", c.source) for p, c in zip(phases, choices) if c.source]
+
+
 def _every(step: int, every_steps: int, total: int) -> bool:
     return step % int(every_steps) == 0 or step == total
 
@@ -278,15 +283,11 @@ def opening_line(config, workdir: str) -> str:
         if optimizer.schedule == "whole_run"
         else "warmup per phase"
     )
-    if config.eval.every_steps <= 0:
-        evaluation = "no eval (config.eval.every_steps=0)"
-    elif not any(inputs.eval_source(config, p) for p in phases):
-        evaluation = "no eval (config.eval.source is not set)"
-    else:
-        evaluation = f"eval every {config.eval.every_steps} steps and at the end"
+    evaluation, _ = inputs.eval_outline(config, phases)
+    vocab = inputs.vocab_choice(config, phases, workdir)
     return (
         f"bert-jax pretrain: {config.model.num_hidden_layers} layers, hidden "
-        f"{config.model.hidden_size}, vocab {config.model.vocab_size}; {total} steps in "
+        f"{config.model.hidden_size}, {vocab}; {total} steps in "
         f"{len(phases)} phase(s), lr {config.optimizer.learning_rate:g} after {warmup}; a line "
         f"every {config.log_every_steps} steps, checkpoint every {config.checkpoint.every_steps} "
         f"and at the end, {evaluation}; workdir {workdir}"
@@ -306,15 +307,15 @@ def tensorboard_line(directory: str) -> str:
 def _prepare_workdir(config, workdir: str, is_main: bool, console=lambda *a: None):
     """(phases, mesh, tokenizer) after every check that must fail before compiling; writes the
     workdir's config.json and tokenizer/."""
-    workdir_lib.check_same_model(workdir, config)  # before config.json is written anew
     phases = config_lib.split_phases(config)
     mesh = partitioning.make_mesh(config.mesh.shape)
     config_checks.validate(config, phases, mesh, None)
     tokenizer = inputs.resolve_tokenizer(config, phases, workdir, console)
+    inputs.follow_tokenizer(config, tokenizer)  # config.model.vocab_size=0: the tokenizer's
+    workdir_lib.check_same_model(workdir, config)  # before config.json is written anew
     config_checks.validate(config, phases, mesh, tokenizer)
     named = [(f"config.{p.name} data", p.source) for p in phases]
-    named += [(f"eval data for {p.name}", inputs.eval_source(config, p)) for p in phases]
-    check_prepared_with(tokenizer, named, "the run's tokenizer")
+    check_prepared_with(tokenizer, named + _eval_sources(config, phases), "the run's tokenizer")
     own_tokenizer = os.path.join(workdir, "tokenizer")
     if is_main and not fs.isdir(own_tokenizer):
         tokenizer.save(own_tokenizer)  # the workdir alone then describes the model

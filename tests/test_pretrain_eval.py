@@ -1,0 +1,216 @@
+"""Whether and on what each phase of a pretraining run evaluates, and the vocabulary it gets
+(issues 57 and 58): one decision (inputs.eval_choices, inputs.vocab_choice) that the dry run's
+outline, the run's first line and the loop all read; prepared records evaluate on their own
+held-out records (`<records>/heldout`) when config.eval.source is not set."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from bert_jax import cli
+from bert_jax.data import layout
+from bert_jax.training import config_checks, config_lib, inputs, metrics, plots, pretrain
+from tests.data_fixtures import SPM_VOCAB_SIZE, embedded_spm_dir
+
+
+def _prepare(output: str) -> None:
+    argv = ["data", "prepare", "--input", "embedded:eval", "--tokenizer", embedded_spm_dir()]
+    argv += ["--output", output, "--max-seq-length", "32", "--max-predictions-per-seq", "5"]
+    assert cli.main([*argv, "--dupe-factor", "1"]) == 0
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """Records at length 32 with complete held-out records; the same without any, and with
+    held-out records whose preparation did not finish (no completion mark)."""
+    root = tmp_path_factory.mktemp("eval_choice")
+    full = str(root / "records")
+    _prepare(full)
+    if not os.path.isdir(layout.heldout_dir(full)):  # too few documents to hold some out
+        _prepare(layout.heldout_dir(full))
+    bare = str(root / "bare")
+    shutil.copytree(full, bare, ignore=shutil.ignore_patterns(layout.HELDOUT_SUBDIR))
+    incomplete = str(root / "incomplete")
+    shutil.copytree(full, incomplete)
+    held = layout.heldout_dir(incomplete)
+    for name in os.listdir(held):
+        if name.startswith("stats-"):
+            os.remove(os.path.join(held, name))
+    return {"full": full, "bare": bare, "incomplete": incomplete, "root": root}
+
+
+def _config(source: str = "embedded", **overrides):
+    config = config_lib.pretraining_config("tiny")
+    config.total_steps = 200
+    config.data.source = source
+    for key, value in overrides.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return config
+
+
+def _outline(config) -> list[str]:
+    """The dry run's evaluation lines: the one after the intervals line, and those under it."""
+    lines = config_checks.describe(config).split("\n")
+    start = next(i for i, line in enumerate(lines) if "a metrics line every" in line) + 1
+    block = [lines[start]]
+    block += [line for line in lines[start + 1 :] if line.startswith("    ")]
+    return [line.strip() for line in block]
+
+
+def _cases(records):
+    full, bare, incomplete = records["full"], records["bare"], records["incomplete"]
+    heldout = layout.heldout_dir(full)
+    unset = "and config.eval.source is not set"
+    return [
+        (
+            _config(full),
+            [
+                f"phase1: at step 100 on {heldout} (the held-out records of {full})",
+                f"phase2: at step 200 on {heldout} (the held-out records of {full})",
+            ],
+        ),
+        (_config(bare), f"no eval ({bare} has no held-out records (heldout/) {unset})"),
+        (
+            _config(incomplete),
+            f"no eval (the held-out records {layout.heldout_dir(incomplete)} are incomplete "
+            f"{unset})",
+        ),
+        (
+            _config(),
+            [
+                "phase1: at step 100 on embedded:eval (the embedded corpus's held-out split)",
+                "phase2: at step 200 on embedded:eval (the embedded corpus's held-out split)",
+            ],
+        ),
+        (
+            _config(bare, **{"eval.source": full}),
+            [
+                f"phase1: at step 100 on {full} (config.eval.source)",
+                f"phase2: at step 200 on {full} (config.eval.source)",
+            ],
+        ),
+        (_config(full, **{"eval.every_steps": 0}), "no eval (config.eval.every_steps=0)"),
+        (
+            _config("/corpus.txt", **{"phase1.data": full, "phase2.data": "/corpus.txt"}),
+            [
+                f"phase1: at step 100 on {heldout} (the held-out records of {full})",
+                f"phase2: no eval (/corpus.txt is a corpus, not prepared records, {unset})",
+            ],
+        ),
+        (
+            _config(full, **{"total_steps": 1000, "eval.every_steps": 950}),
+            [
+                "phase1: no eval (no eval step falls in its steps 0..899)",
+                f"phase2: at 2 steps (950..1000) on {heldout} (the held-out records of {full})",
+            ],
+        ),
+    ]
+
+
+def test_the_dry_run_and_the_first_line_say_the_runs_one_eval_decision(records):
+    for config, expected in _cases(records):
+        phases = config_lib.split_phases(config)
+        summary, per_phase = inputs.eval_outline(config, phases)
+        # The dry run says what the run's first line says, and each phase's source and why.
+        assert _outline(config) == [summary, *per_phase]
+        assert f", {summary}; workdir /w" in pretrain.opening_line(config, "/w")
+        if isinstance(expected, str):
+            assert summary == expected
+            assert not any(c.source for c in inputs.eval_choices(config, phases))
+        else:
+            assert summary.startswith(f"eval every {config.eval.every_steps} steps and at the end")
+            assert per_phase == expected
+
+
+def _run_config(source: str, **overrides):
+    """One tiny phase at length 32 on `source`, the vocabulary left to the tokenizer."""
+    config = _config(
+        source,
+        **{
+            "total_steps": 4,
+            "phase1.fraction": 1.0,
+            "phase2.fraction": 0.0,
+            "model.num_hidden_layers": 1,
+            "model.hidden_size": 64,
+            "model.num_attention_heads": 2,
+            "model.intermediate_size": 128,
+            "model.max_position_embeddings": 64,
+            "phase1.max_seq_length": 32,
+            "phase1.max_predictions_per_seq": 5,
+            "phase1.batch_size": 8,
+            "optimizer.warmup_steps": 1,
+            "data.shuffle_buffer_size": 100,
+            "eval.every_steps": 2,
+            "eval.batches": 2,
+            "eval.batch_size": 8,
+            "checkpoint.every_steps": 4,
+            "log_every_steps": 1,
+            "export_model": False,
+            **overrides,
+        },
+    )
+    assert config.model.vocab_size == config_lib.FOLLOW_TOKENIZER
+    return config
+
+
+def test_a_run_on_records_evaluates_on_their_held_out_records_as_said(records, capsys):
+    config = _run_config(records["full"])
+    phases = config_lib.split_phases(config)
+    (choice,) = inputs.eval_choices(config, phases)
+    assert choice.source == layout.heldout_dir(records["full"]) and choice.steps == (2, 4)
+    workdir = str(records["root"] / "run-heldout")
+    result = pretrain.pretrain(config, workdir)
+    out = capsys.readouterr().out
+    assert f", vocab {SPM_VOCAB_SIZE} (from the tokenizer); " in out.split("\n")[0]
+    assert "eval every 2 steps and at the end" in out.split("\n")[0]
+    evals = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), "eval")
+    assert [row["step"] for row in evals] == list(choice.steps)
+    for row in evals:
+        assert {"mlm_accuracy", "mlm_baseline_accuracy", "mlm_perplexity", "nsp_accuracy"} <= set(
+            row
+        )
+    assert "eval step 2: mlm accuracy " in out and "(most frequent token " in out
+    assert result.last_eval["mlm_baseline_accuracy"] > 0
+    # The model's vocabulary is the tokenizer's, written down for resumes and exports.
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+        assert json.load(f)["model"]["vocab_size"] == SPM_VOCAB_SIZE
+    again = pretrain.pretrain(_run_config(records["full"]), workdir)  # same command: resumes
+    assert again.final_step == 4
+
+
+def test_a_run_on_records_without_held_out_records_evaluates_nothing_and_draws_no_eval(
+    records, capsys
+):
+    config = _run_config(records["bare"], total_steps=2)
+    workdir = str(records["root"] / "run-bare")
+    result = pretrain.pretrain(config, workdir)
+    first = capsys.readouterr().out.split("\n")[0]
+    assert f"no eval ({records['bare']} has no held-out records (heldout/)" in first
+    jsonl = os.path.join(workdir, "metrics.jsonl")
+    assert metrics.read_jsonl(jsonl, "eval") == [] and result.last_eval == {}
+    figure = plots.draw(metrics.read_jsonl(jsonl, "train"), [], "run")
+    labels = [label for axes in figure.axes for label in axes.get_legend_handles_labels()[1]]
+    assert not [label for label in labels if "held-out" in label or "most frequent" in label]
+    assert "train" in labels
+
+
+def test_a_set_vocabulary_is_honoured_and_said(records):
+    config = _config(records["full"], **{"model.vocab_size": 3500})
+    phases = config_lib.split_phases(config)
+    assert str(inputs.vocab_choice(config, phases)) == "vocab 3500 (set)"
+    assert "parameters: " in config_checks.describe(config)
+    follows = _config(records["full"])
+    assert (
+        str(inputs.vocab_choice(follows, phases)) == f"vocab {SPM_VOCAB_SIZE} (from the tokenizer)"
+    )
+    # The dry run counts the parameters of the vocabulary the run will have.
+    model = config_lib.bert_config(follows).replace(vocab_size=SPM_VOCAB_SIZE)
+    assert f"parameters: {config_lib.count_parameters(model):,}" in config_checks.describe(follows)
