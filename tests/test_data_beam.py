@@ -66,13 +66,18 @@ def _counts(directory) -> dict[str, bytes]:
     }
 
 
-def _assert_same_records(local, beam) -> None:
+def _assert_same_records(local, beam, heldout: bool = True) -> None:
+    """The same records, counts and manifest; and the same held-out records in ``heldout/``."""
+    assert (beam / "heldout").is_dir() == (local / "heldout").is_dir()
+    if heldout and (local / "heldout").is_dir():
+        _assert_same_records(local / "heldout", beam / "heldout", heldout=False)
     assert _records(beam) == _records(local) and _records(local)
     assert _counts(beam) == _counts(local)
     local_stats = json.loads((local / "stats-0-of-1.json").read_text())
     beam_stats = json.loads((beam / "stats-0-of-1.json").read_text())
     assert beam_stats["corpus"] == local_stats["corpus"]
     assert beam_stats["shard"] == local_stats["shard"]
+    assert beam_stats.get("heldout") == local_stats.get("heldout")
     assert json.loads((beam / "prepare_config.json").read_text()) == json.loads(
         (local / "prepare_config.json").read_text()
     )
@@ -168,19 +173,23 @@ def test_a_group_run_twice_leaves_one_shard_and_counts_once(corpora, tmp_path, m
     def write_twice(group_documents, *args):
         group, keyed = group_documents
         keyed = list(keyed)
-        write_once((group, keyed), *args)
+        list(write_once((group, keyed), *args))
         shard = os.path.join(args[0], groups_lib.part_name(group))
         before = open(shard, "rb").read() if os.path.exists(shard) else None
         with open(calls, "a") as f:
-            f.write(f"{group}\n")
-        again = write_once((group, list(reversed(keyed))), *args)  # in another order: the same
+            f.write(f"{os.path.basename(args[0])}/{group}\n")
+        # In another order: the same shard, the same held-out documents on the side.
+        again = list(write_once((group, list(reversed(keyed))), *args))
         assert (open(shard, "rb").read() if os.path.exists(shard) else None) == before
         return again
 
     monkeypatch.setattr(beam_lib, "_write_group", write_twice)
     output = tmp_path / "beam"
     result = beam_lib.prepare_with_beam(inputs, embedded_spm_dir(), output, _settings(), [])
-    assert sorted(calls.read_text().split()) == ["0", "1", "2"]
+    # The three groups, and the held-out group (3 groups x --heldout-share 0.01, rounded up)
+    # where the corpus has documents enough for one.
+    held = ["heldout/0"] if (local / "heldout").is_dir() else []
+    assert sorted(calls.read_text().split()) == ["beam/0", "beam/1", "beam/2", *held]
     assert result.instance_stats.instances == expected.instance_stats.instances
     _assert_same_records(local, output)
 

@@ -129,16 +129,15 @@ def test_prepared_records_parse_with_the_original_feature_spec(prepared):
     }
 
 
-def test_output_is_the_same_for_any_worker_count_and_machine_split(prepared, tmp_path):
+def test_output_is_the_same_for_any_worker_count(prepared, tmp_path):
     parallel = tmp_path / "parallel"
     assert cli.main(_prepare_args(parallel, "--num-workers", "2")) == 0
-    machines = tmp_path / "machines"
-    for index in ("1", "0"):
-        assert cli.main(_prepare_args(machines, "--num-shards", "2", "--shard-index", index)) == 0
-    assert os.path.exists(machines / "stats-0-of-2.json")
     for part in _expected_parts():
         assert filecmp.cmp(prepared / part, parallel / part, shallow=False)
-        assert filecmp.cmp(prepared / part, machines / part, shallow=False)
+    held = sorted(n for n in os.listdir(prepared / "heldout") if n.endswith(".tfrecord"))
+    assert held
+    for part in held:
+        assert filecmp.cmp(prepared / "heldout" / part, parallel / "heldout" / part, False)
 
 
 def test_rerun_resumes_and_changed_settings_are_refused(prepared, tmp_path, capsys):
@@ -242,6 +241,7 @@ def test_records_keep_their_bytes_for_a_seed(tmp_path, whole_word_mask, digest):
         seed=3,
         whole_word_mask=whole_word_mask,
         num_groups=1,  # one group, its documents in input order: the bytes of format v1 too
+        heldout_share=0.0,  # every document in the training records, as before held-out ones
     )
     result = prepare.prepare_records(["embedded:eval"], minilm_vocab_path(), tmp_path, settings)
     assert result.instance_stats.instances == 636

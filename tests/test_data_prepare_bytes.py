@@ -38,7 +38,7 @@ from tests.data_fixtures import minilm_vocab_path
     ],
 )
 def test_records_keep_their_bytes_at_unusual_settings(tmp_path, settings, instances, digest):
-    settings = prepare.PrepareSettings(dupe_factor=2, num_groups=1, **settings)
+    settings = prepare.PrepareSettings(dupe_factor=2, num_groups=1, heldout_share=0.0, **settings)
     result = prepare.prepare_records(["embedded:eval"], minilm_vocab_path(), tmp_path, settings)
     assert result.instance_stats.instances == instances
     (path,) = result.files

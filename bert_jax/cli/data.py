@@ -84,7 +84,13 @@ _PREPARE_USAGE = (
 
 def _add_data(subparsers) -> None:
     from bert_jax.data import objectives
-    from bert_jax.data.layout import DEFAULT_GROUP_BYTES
+    from bert_jax.data.layout import (
+        DEFAULT_GROUP_BYTES,
+        DEFAULT_HELDOUT_SHARE,
+        HELDOUT_FLOOR_CAP,
+        HELDOUT_MIN_DOCUMENTS,
+        HELDOUT_SUBDIR,
+    )
 
     parser = subparsers.add_parser("data", help="prepare pretraining data")
     actions = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -193,6 +199,16 @@ def _add_data(subparsers) -> None:
         default=None,
         help="inputs are read in splits of about this many bytes, a unit of parallel work; the "
         "records do not depend on it (default: 64 MiB)",
+    )
+    prepare.add_argument(
+        "--heldout-share",
+        type=float,
+        default=DEFAULT_HELDOUT_SHARE,
+        help=f"share of documents held out for evaluation (chosen by a hash of their place in "
+        f"the input, the same for any runner), written as records of their own in "
+        f"DIR/{HELDOUT_SUBDIR}/ and never in the training records; at least "
+        f"{HELDOUT_MIN_DOCUMENTS} documents (at most 1 in {HELDOUT_FLOOR_CAP}) while above 0; "
+        "0: none (default: %(default)s)",
     )
     prepare.add_argument(
         "--runner",
@@ -321,6 +337,7 @@ def _prepare(args) -> int:
         num_groups=args.num_groups,
         group_bytes=args.group_bytes,
         **({"split_bytes": args.split_bytes} if args.split_bytes else {}),
+        heldout_share=args.heldout_share,
         documents_per_shard=args.documents_per_shard,
         tfds_data_dir=args.tfds_data_dir,
         text_field=args.text_field,

@@ -7,6 +7,11 @@ The pipeline runs the local path's own functions (``groups.py``), so both write 
       -> a group's documents in key order -> process_group -> write_group (part-NNNNN.tfrecord)
       -> one final step: the completion mark stats-0-of-1.json (with the counts of every group)
 
+Held-out documents (``groups.route_documents``) leave the read as a side output; the few that
+the floor adds (``groups.floor_documents``, from every split's ``Routing``, a side input) leave
+their training group when it is written. Both go through a GroupByKey of their own into the
+held-out groups, written into ``heldout/`` before the final step.
+
 Before the pipeline starts, this process checks the inputs and the output directory and writes
 ``prepare_config.json`` and ``tokenizer/`` (``prepare.check_run``, ``prepare.start_run``); the
 final step writes the completion mark, so a job that fails, or is cancelled, leaves none and the
@@ -83,23 +88,39 @@ def _user_error_in(error: BaseException) -> str | None:
 
 
 # The steps below carry no type hints: Beam would read them as its own (as strings, here).
-def _read_split(indexed_split, seed, num_groups, reader_options):
-    """A split -> ``(group, (key, document))`` pairs, and its CorpusStats on the side."""
+def _read_split(indexed_split, seed, num_groups, reader_options, heldout):
+    """A split -> ``(group, (key, document))`` pairs; on the side, its held-out documents
+    (``heldout``), its CorpusStats (``stats``) and its ``groups.Routing`` (``routing``)."""
     beam = import_beam()
     index, split = indexed_split
     stats = sources_lib.CorpusStats()
+    routing = groups_lib.Routing()
     try:
-        yield from groups_lib.assign_documents(split, stats, seed, num_groups, reader_options)
+        for held, group, keyed in groups_lib.route_documents(
+            split, stats, seed, num_groups, reader_options, heldout, routing
+        ):
+            yield beam.pvalue.TaggedOutput("heldout", (group, keyed)) if held else (group, keyed)
     except UserError as err:
         raise _marked(err) from None
     yield beam.pvalue.TaggedOutput("stats", (index, stats.as_dict()))
+    yield beam.pvalue.TaggedOutput("routing", routing.as_tuple())
 
 
-def _write_group(group_documents, output_dir, tokenizer, recorded, finished):
-    """One group's documents -> its shard (or the shard an earlier run finished) -> its counts."""
+def _write_group(group_documents, output_dir, tokenizer, recorded, finished, floor=None):
+    """One group's documents -> its shard (or the shard an earlier run finished) -> its counts.
+    The documents the held-out floor takes (``floor``: key -> held-out group) go on the side
+    (``heldout``), even from a group written before."""
+    beam = import_beam()
     group, keyed = group_documents
+    if floor:
+        keyed = list(keyed)
+        for item in keyed:
+            if item[0] in floor:
+                yield beam.pvalue.TaggedOutput("heldout", (floor[item[0]], item))
+        keyed = [item for item in keyed if item[0] not in floor]
     if group in finished:  # written by an earlier run of this job: kept as it is
-        return [(group, None)]
+        yield group, None
+        return
     groups_lib.init_worker(tokenizer)
     try:
         counts, serialized = groups_lib.process_group(
@@ -108,30 +129,37 @@ def _write_group(group_documents, output_dir, tokenizer, recorded, finished):
         groups_lib.write_group(output_dir, group, counts, serialized)
     except UserError as err:
         raise _marked(err) from None
-    return [(group, counts)]
+    yield group, counts
 
 
-def _finish(_, checked, settings, started, group_counts, split_stats):
-    """The final step: every group's counts and every split's stats -> the completion mark."""
+def _tally(group_counts):
+    """Every group's counts -> (InstanceStats, the groups with a part, written, skipped). A group
+    a runner ran twice counts once (its later attempt wrote the same bytes)."""
+    by_group = dict(group_counts)
+    instance_stats = groups_lib.InstanceStats()
+    parts, written, skipped = [], 0, 0
+    for group in sorted(by_group):
+        counts = by_group[group]
+        if counts is None:
+            skipped += 1
+            parts.append(group)
+            continue
+        instance_stats.add(counts)
+        if counts.get("instances"):
+            written += 1
+            parts.append(group)
+    return instance_stats, parts, written, skipped
+
+
+def _finish(_, checked, settings, started, group_counts, split_stats, held_counts, routings, floor):
+    """The final step: every group's counts and every split's stats -> the completion marks."""
     try:
         corpus_stats = sources_lib.CorpusStats()
         for _, stats in sorted(split_stats, key=lambda item: item[0]):  # in split order
             corpus_stats.merge(sources_lib.CorpusStats(**stats))
-        prepare_lib.check_enough_documents(checked, corpus_stats)
-        # A group a runner ran twice counts once (its later attempt wrote the same bytes).
-        by_group = dict(group_counts)
-        instance_stats = groups_lib.InstanceStats()
-        parts, written, skipped = [], 0, 0
-        for group in sorted(by_group):
-            counts = by_group[group]
-            if counts is None:
-                skipped += 1
-                parts.append(group)
-                continue
-            instance_stats.add(counts)
-            if counts.get("instances"):
-                written += 1
-                parts.append(group)
+        held_out = sum(routing[1] for routing in routings) + len(floor)
+        prepare_lib.check_enough_documents(checked, corpus_stats, held_out)
+        instance_stats, parts, written, skipped = _tally(group_counts)
         result = prepare_lib.PrepareResult(
             output_dir=checked.output_dir,
             files=[os.path.join(checked.output_dir, groups_lib.part_name(g)) for g in parts],
@@ -142,7 +170,13 @@ def _finish(_, checked, settings, started, group_counts, split_stats):
             wall_seconds=time.time() - started,
             settings=checked.recorded,
         )
-        prepare_lib.finish_run(result, settings, checked, parts, everyone_done=True)
+        held_parts = None
+        if checked.heldout is not None:
+            result.heldout_stats, held_parts, _, _ = _tally(held_counts)
+            result.heldout_dir = checked.heldout.output_dir if held_parts else None
+        prepare_lib.finish_run(
+            result, settings, checked, parts, everyone_done=True, heldout_parts=held_parts
+        )
     except UserError as err:
         raise _marked(err) from None
     return []
@@ -168,23 +202,51 @@ def build(pipeline, checked, settings, finished: frozenset[int], started: float)
     """The preparation's transforms on ``pipeline`` (its last step writes the completion mark)."""
     beam = import_beam()
     indexed = list(enumerate(checked.splits))
+    held = checked.heldout
+    rule = None if held is None else held.rule
     read = (
         pipeline
         | "Splits" >> beam.Create(indexed)
         | "Spread" >> beam.Reshuffle()
         | "Read"
         >> beam.FlatMap(
-            _read_split, settings.seed, checked.num_groups, checked.reader_options
-        ).with_outputs("stats", main="documents")
+            _read_split, settings.seed, checked.num_groups, checked.reader_options, rule
+        ).with_outputs("stats", "heldout", "routing", main="documents")
     )
-    counts = (
+    floor = (
+        read.routing
+        | "Routings" >> beam.combiners.ToList()
+        | "Floor" >> beam.Map(groups_lib.floor_documents, rule)
+    )
+    written = (
         read.documents
         | "Group" >> beam.GroupByKey()
         | "Write"
         >> beam.FlatMap(
-            _write_group, checked.output_dir, checked.tokenizer, checked.recorded, finished
-        )
+            _write_group,
+            checked.output_dir,
+            checked.tokenizer,
+            checked.recorded,
+            finished,
+            beam.pvalue.AsSingleton(floor),
+        ).with_outputs("heldout", main="counts")
     )
+    counts = written.counts
+    held_counts = pipeline | "NoHeldout" >> beam.Create([])
+    if held is not None:
+        held_counts = (
+            (read.heldout, written.heldout)
+            | "Heldout" >> beam.Flatten()
+            | "GroupHeldout" >> beam.GroupByKey()
+            | "WriteHeldout"
+            >> beam.FlatMap(
+                _write_group,
+                held.output_dir,
+                checked.tokenizer,
+                held.recorded,
+                prepare_lib.finished_groups(held.output_dir),
+            )
+        )
     return (
         pipeline
         | "Once" >> beam.Create([None])
@@ -196,6 +258,9 @@ def build(pipeline, checked, settings, finished: frozenset[int], started: float)
             started,
             beam.pvalue.AsList(counts),
             beam.pvalue.AsList(read.stats),
+            beam.pvalue.AsList(held_counts),
+            beam.pvalue.AsList(read.routing),
+            beam.pvalue.AsSingleton(floor),
         )
     )
 
@@ -229,8 +294,8 @@ def prepare_with_beam(
     # Dataflow job's state and its console link stay.
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     logging.getLogger("apache_beam.runners.dataflow").setLevel(logging.INFO)
-    existing = prepare_lib.start_run(checked, settings)
-    finished = frozenset(g for g, suffixes in existing.items() if {"tfrecord", "json"} <= suffixes)
+    prepare_lib.start_run(checked, settings)
+    finished = prepare_lib.finished_groups(checked.output_dir)
     pipeline = beam.Pipeline(runner=runner, options=options)
     build(pipeline, checked, settings, finished, started)
     try:
@@ -264,4 +329,5 @@ def _read_result(checked):
         instance_stats=instance_stats,
         wall_seconds=stats["wall_seconds"],
         settings=checked.recorded,
+        **prepare_lib.read_heldout(checked),
     )

@@ -13,12 +13,22 @@ sentences come from the same group, so from across the corpus), shuffles and ser
 (a retried group rewrites the same bytes). Group ``g`` is seeded by ``(seed, g)`` alone.
 ``existing_parts`` lists what an earlier run already wrote; ``remove_stale_temporaries`` removes
 the temporary names of a writer that was killed.
+
+Held-out documents (``Heldout``) are chosen by a hash of their key too, so every runner holds out
+the same ones: a document whose ``heldout_rank`` falls below ``share`` of the hash's range is held
+out, and while fewer than the floor (``layout.HELDOUT_MIN_DOCUMENTS``, at most a tenth of the
+corpus) are, the documents of lowest rank make up the difference. ``route_documents`` reads one
+split into training and held-out documents and notes in a ``Routing`` the split's lowest-ranked
+training documents; ``floor_documents`` picks, from every split's ``Routing``, the ones the floor
+moves to the held-out records. Held-out document ``key`` goes to held-out group
+``group_of(seed, key, heldout.num_groups)``, a shard in ``heldout/`` made as any other.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import logging
 import math
 import os
@@ -27,14 +37,14 @@ import socket
 import struct
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from bert_jax.data import objectives
 from bert_jax.data.instances import sentence_pairs as instances_lib
 from bert_jax.data.instances import single_segments
-from bert_jax.data.layout import DEFAULT_GROUP_BYTES
+from bert_jax.data.layout import DEFAULT_GROUP_BYTES, HELDOUT_FLOOR_CAP, HELDOUT_MIN_DOCUMENTS
 from bert_jax.data.masking.settings import MaskingConfig
 from bert_jax.data.records import tfrecord as records_lib
 from bert_jax.data.sources import splits as splits_lib
@@ -108,6 +118,98 @@ def assign_documents(
         group = group_of(seed, key, num_groups)
         if keep is None or group in keep:
             yield group, (tuple(key), document)
+
+
+_RANKS = 1 << 64  # heldout_rank's range
+
+
+def heldout_rank(key: tuple[int, ...]) -> int:
+    """Where document ``key`` stands in the held-out order: a stable 64-bit hash of the key
+    alone (not the seed: another seed holds out the same documents), independent of
+    ``group_of``'s."""
+    packed = struct.pack(f"<{len(key)}q", *key)
+    digest = hashlib.blake2b(packed, digest_size=8, person=b"bert-jax-heldout").digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass(frozen=True)
+class Heldout:
+    """Which documents are held out: ``share`` of them (by ``heldout_rank``), in ``num_groups``
+    groups of their own seeded by ``seed``."""
+
+    share: float
+    num_groups: int
+    seed: int
+
+    def holds(self, rank: int) -> bool:
+        return rank < int(self.share * _RANKS)
+
+    def group(self, key: tuple[int, ...]) -> int:
+        return group_of(self.seed, key, self.num_groups)
+
+
+@dataclass
+class Routing:
+    """What ``route_documents`` noted of one split: its documents, those held out by share, and
+    ``candidates``: its lowest-ranked training documents as ``(rank, key, group)``, the ones the
+    floor may move (``floor_documents``). Small: no text."""
+
+    documents: int = 0
+    held: int = 0
+    candidates: list = field(default_factory=list)
+
+    def as_tuple(self) -> tuple:
+        return self.documents, self.held, self.candidates
+
+
+def route_documents(
+    split,
+    stats,
+    seed: int,
+    num_groups: int,
+    reader_options: dict,
+    heldout: Heldout | None,
+    routing: Routing,
+    keep=None,
+) -> Iterator[tuple[bool, int, tuple[tuple[int, ...], list[str]]]]:
+    """``assign_documents`` with the held-out documents apart: ``(held_out, group, (key,
+    document))``, a held-out document in its held-out group. ``routing`` is filled as the split
+    is read. ``keep``: None, or ``(training groups, held-out groups)`` wanted."""
+    lowest: list = []  # a max-heap (negated ranks) of the lowest-ranked training documents
+    for group, keyed in assign_documents(split, stats, seed, num_groups, reader_options):
+        routing.documents += 1
+        held = False
+        if heldout is not None:
+            rank = heldout_rank(keyed[0])
+            held = heldout.holds(rank)
+            if held:
+                routing.held += 1
+                group = heldout.group(keyed[0])
+            elif len(lowest) < HELDOUT_MIN_DOCUMENTS:
+                heapq.heappush(lowest, (-rank, keyed[0], group))
+            elif -lowest[0][0] > rank:
+                heapq.heapreplace(lowest, (-rank, keyed[0], group))
+        if keep is None or group in keep[held]:
+            yield held, group, keyed
+    routing.candidates = sorted((-rank, key, group) for rank, key, group in lowest)
+
+
+def floor_documents(routings: Iterable[tuple], heldout: Heldout | None) -> dict[tuple, int]:
+    """The training documents the floor holds out, ``{key: held-out group}``, from every split's
+    ``Routing.as_tuple()``: the lowest-ranked, until ``HELDOUT_MIN_DOCUMENTS`` (at most one in
+    ``HELDOUT_FLOOR_CAP`` of the documents) are held out."""
+    if heldout is None:
+        return {}
+    documents, held, candidates = 0, 0, []
+    for split_documents, split_held, split_candidates in routings:
+        documents += split_documents
+        held += split_held
+        candidates.extend(tuple(c[:2]) for c in split_candidates)
+    floor = min(HELDOUT_MIN_DOCUMENTS, documents // HELDOUT_FLOOR_CAP)
+    if floor < 2:  # one document alone makes no sentence pair: the floor would only lose it
+        floor = 0
+    chosen = heapq.nsmallest(max(0, floor - held), candidates)
+    return {tuple(key): heldout.group(tuple(key)) for _, key in chosen}
 
 
 def sorted_documents(keyed: Iterable[tuple[tuple[int, ...], list[str]]]) -> list[list[str]]:

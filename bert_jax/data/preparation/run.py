@@ -60,6 +60,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import multiprocessing
 import os
 import pickle
@@ -73,7 +74,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bert_jax.data import objectives
-from bert_jax.data.layout import CONFIG_FILE, DEFAULT_GROUP_BYTES, TOKENIZER_SUBDIR
+from bert_jax.data.layout import (
+    CONFIG_FILE,
+    DEFAULT_GROUP_BYTES,
+    DEFAULT_HELDOUT_SHARE,
+    TOKENIZER_SUBDIR,
+    heldout_dir,
+)
 from bert_jax.data.masking.settings import check_shares
 from bert_jax.data.preparation import groups as groups_lib
 from bert_jax.data.preparation import machine_merge
@@ -120,6 +127,9 @@ class PrepareSettings:
     group_bytes: int = DEFAULT_GROUP_BYTES
     # Inputs are read in splits of about this many bytes (``splits.cut_splits``), in parallel.
     split_bytes: int = splits_lib.DEFAULT_TARGET_BYTES
+    # Share of documents held out for evaluation, by a hash of their key (``groups.Heldout``),
+    # into ``heldout/``, with a floor for a small corpus; 0: none.
+    heldout_share: float = DEFAULT_HELDOUT_SHARE
     # Before documents were grouped by hash: documents per group. Accepted, no longer used.
     documents_per_shard: int = 0
     tfds_data_dir: str | None = None
@@ -166,6 +176,8 @@ class PrepareSettings:
             problems.append(f"--group-bytes {self.group_bytes} must be at least 1")
         if self.split_bytes < 1:
             problems.append(f"--split-bytes {self.split_bytes} must be at least 1")
+        if not 0.0 <= self.heldout_share <= 0.5:
+            problems.append(f"--heldout-share {self.heldout_share} must be in [0, 0.5] (0: none)")
         if problems:
             raise UserError("invalid data prepare settings: " + "; ".join(problems))
         objectives.check_objective(self.objective, "--objective")
@@ -188,6 +200,10 @@ class PrepareResult:
     instance_stats: InstanceStats
     wall_seconds: float
     settings: dict = field(default_factory=dict)
+    # The held-out records (``heldout/``; None: none, or none asked for: ``heldout_stats`` None)
+    # and what went into them.
+    heldout_dir: str | None = None
+    heldout_stats: InstanceStats | None = None
 
     @property
     def instances_per_worker_second(self) -> float:
@@ -209,7 +225,21 @@ class PrepareResult:
             f"shard(s) in {self.output_dir}: {s.instances} instances from {s.documents} documents "
             f"({pairs}); "
             f"{self.instances_per_worker_second:.0f} instances/s per worker, "
-            f"{self.wall_seconds:.1f}s wall. Input: {self.corpus_stats.summary()}"
+            f"{self.wall_seconds:.1f}s wall.{self._heldout_summary()} "
+            f"Input: {self.corpus_stats.summary()}"
+        )
+
+    def _heldout_summary(self) -> str:
+        if self.heldout_stats is None:
+            return ""
+        held = self.heldout_stats
+        if self.heldout_dir is None:
+            return " Held out no documents (too few for a share of them: --heldout-share)."
+        if not held.instances:
+            return f" Held-out records: {self.heldout_dir}, finished before."
+        return (
+            f" Held out {held.documents} documents ({held.instances} instances, from "
+            f"{held.groups} group(s)) in {self.heldout_dir}."
         )
 
 
@@ -247,6 +277,7 @@ def _recorded_settings(
         "text_field": settings.text_field,
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
+        "heldout_share": float(settings.heldout_share if settings.num_shards == 1 else 0.0),
         **_objective_settings(settings),
         "sources": [
             s if sources_lib.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
@@ -397,6 +428,17 @@ class _Progress:
 
 
 @dataclass
+class HeldoutRun:
+    """The held-out records of a run: which documents (``rule``) and the records directory of
+    their own (``layout.heldout_dir``) with its manifest: the run's, but for its groups."""
+
+    rule: groups_lib.Heldout
+    output_dir: str
+    recorded: dict
+    wanted: manifest.Manifest
+
+
+@dataclass
 class CheckedRun:
     """A run of ``data prepare`` checked and laid out, before anything is written; the local path
     and the Beam pipeline (``beam_pipeline.py``) both start from it."""
@@ -410,6 +452,7 @@ class CheckedRun:
     output_what: str
     reader_options: dict
     tokenizer: Tokenizer
+    heldout: HeldoutRun | None = None
 
     def input_bytes(self) -> int:
         return sum(splits_lib.split_bytes(split) for split in self.splits)
@@ -455,6 +498,18 @@ def check_run(
     wanted = manifest.Manifest(recorded, tuple(inputs))
     manifest.check_output_dir(output_dir, settings.overwrite)
     manifest.check_resumable(manifest.read(output_dir), wanted, output_dir, settings.overwrite)
+    heldout = None
+    if recorded["heldout_share"] > 0:
+        rule = groups_lib.Heldout(
+            recorded["heldout_share"],
+            max(1, math.ceil(num_groups * recorded["heldout_share"])),
+            settings.seed,
+        )
+        held_recorded = {**recorded, "num_groups": rule.num_groups, "heldout": True}
+        held_wanted = manifest.Manifest(held_recorded, tuple(inputs))
+        held_dir = heldout_dir(output_dir)
+        manifest.check_resumable(manifest.read(held_dir), held_wanted, held_dir, settings.overwrite)
+        heldout = HeldoutRun(rule, held_dir, held_recorded, held_wanted)
     return CheckedRun(
         sources,
         splits,
@@ -465,6 +520,7 @@ def check_run(
         output_what,
         reader_options,
         tokenizer,
+        heldout,
     )
 
 
@@ -501,53 +557,110 @@ def describe_run(checked: CheckedRun) -> str:
 
 
 def start_run(checked: CheckedRun, settings: PrepareSettings) -> dict[int, set[str]]:
-    """Opens ``checked.output_dir`` for the run (``_start_stage``); returns the parts to keep."""
+    """Opens ``checked.output_dir`` for the run (``_start_stage``), and its held-out records
+    directory (or removes the one an earlier run with held-out documents left); returns the
+    training parts to keep (``finished_groups`` tells either directory's finished groups)."""
     with user_path(checked.output_dir, checked.output_what, writing=True):
         existing = _start_stage(checked.output_dir, checked.wanted, settings, checked.tokenizer)
         groups_lib.remove_stale_temporaries(checked.output_dir)
+        held = checked.heldout
+        if held is not None:
+            _start_stage(held.output_dir, held.wanted, settings, checked.tokenizer)
+            groups_lib.remove_stale_temporaries(held.output_dir)
+        else:
+            _drop_heldout(checked.output_dir)
     return existing
 
 
-def check_enough_documents(checked: CheckedRun, corpus_stats: sources_lib.CorpusStats) -> None:
-    """Sentence pairs need two documents, single sequences one (InputError naming the inputs)."""
-    if corpus_stats.documents < (
+def _drop_heldout(output_dir: str) -> None:
+    """The held-out records an earlier run wrote into ``output_dir`` (their documents are now in
+    the training records): removed, only where ``heldout/`` is a records directory of ours."""
+    held = heldout_dir(output_dir)
+    if fs.isdir(held) and manifest.read(held) is not None:
+        fs.rmtree(held, True)
+
+
+def read_heldout(checked: CheckedRun) -> dict:
+    """``PrepareResult``'s held-out fields from the completion mark of the held-out records (for
+    a runner whose last step wrote it elsewhere); {} where none were asked for."""
+    if checked.heldout is None:
+        return {}
+    path = os.path.join(checked.heldout.output_dir, manifest.stats_name(0, 1))
+    if not fs.exists(path):  # no held-out document: no heldout/
+        return {"heldout_dir": None, "heldout_stats": InstanceStats()}
+    with fs.open(path, encoding="utf-8") as f:
+        counts = json.load(f)["instances"]
+    return {"heldout_dir": checked.heldout.output_dir, "heldout_stats": InstanceStats(**counts)}
+
+
+def finished_groups(directory: str) -> frozenset[int]:
+    """The groups whose shard and counts are both in ``directory`` (after ``start_run``)."""
+    return frozenset(
+        g
+        for g, suffixes in groups_lib.existing_parts(directory).items()
+        if {"tfrecord", "json"} <= suffixes
+    )
+
+
+def check_enough_documents(
+    checked: CheckedRun, corpus_stats: sources_lib.CorpusStats, held_out: int = 0
+) -> None:
+    """Sentence pairs need two documents, single sequences one, besides the ``held_out`` ones
+    (InputError naming the inputs)."""
+    if corpus_stats.documents - held_out < (
         2 if checked.recorded["instance_format"] == "sentence_pairs" else 1
     ):
+        held = f", {held_out} of them held out (--heldout-share)" if held_out else ""
         raise manifest.InputError(
             f"inputs {', '.join(checked.sources)} hold {corpus_stats.documents} usable "
-            f"document(s); sentence pairs need at least two ({corpus_stats.summary()})"
+            f"document(s){held}; sentence pairs need at least two for training "
+            f"({corpus_stats.summary()})"
         )
 
 
 # --- the local path: map (splits -> spilled groups), then reduce (groups -> shards) -------------
 
 
-def _spill_split(task: tuple) -> tuple[sources_lib.CorpusStats, dict[int, tuple[int, int]]]:
+def _spill_split(task: tuple) -> tuple[sources_lib.CorpusStats, dict, tuple]:
     """Map: one split's documents, by group, into the spill file ``path`` (pickled lists of
-    ``(key, document)``, one after another); returns what was read and where each group lies."""
-    split, path, seed, num_groups, keep, reader_options = task
+    ``(key, document)``, one after another); returns what was read, where each group lies (by
+    ``(held_out, group)``) and the split's ``groups.Routing``."""
+    split, path, seed, num_groups, keep, reader_options, heldout = task
     stats = sources_lib.CorpusStats()
-    by_group: dict[int, list] = {}
-    for group, keyed in groups_lib.assign_documents(
-        split, stats, seed, num_groups, reader_options, keep
+    routing = groups_lib.Routing()
+    by_group: dict[tuple[bool, int], list] = {}
+    for held, group, keyed in groups_lib.route_documents(
+        split, stats, seed, num_groups, reader_options, heldout, routing, keep
     ):
-        by_group.setdefault(group, []).append(keyed)
+        by_group.setdefault((held, group), []).append(keyed)
     index = {}
     with open(path, "wb") as f:
-        for group in sorted(by_group):
-            blob = pickle.dumps(by_group[group], protocol=pickle.HIGHEST_PROTOCOL)
-            index[group] = (f.tell(), len(blob))
+        for where in sorted(by_group):
+            blob = pickle.dumps(by_group[where], protocol=pickle.HIGHEST_PROTOCOL)
+            index[where] = (f.tell(), len(blob))
             f.write(blob)
-    return stats, index
+    return stats, index, routing.as_tuple()
 
 
-def _reduce_group(group_index: int, pieces: list[tuple[str, int, int]], recorded: dict):
-    """Reduce: one group's documents from the spill files, in key order, -> its records."""
+def _reduce_group(
+    group_index: int,
+    pieces: list[tuple[str, int, int]],
+    recorded: dict,
+    dropped: frozenset = frozenset(),
+    picked: tuple = (),
+):
+    """Reduce: one group's documents from the spill files, in key order, -> its records. Those
+    ``dropped`` (keys the held-out floor took) are left out; ``picked``: ``(path, offset,
+    length, key)``, one document each from another group's piece (the floor's, for held-out)."""
     keyed = []
     for path, offset, length in pieces:
         with open(path, "rb") as f:
             f.seek(offset)
-            keyed.extend(pickle.loads(f.read(length)))
+            keyed.extend(item for item in pickle.loads(f.read(length)) if item[0] not in dropped)
+    for path, offset, length, key in picked:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            keyed.extend(item for item in pickle.loads(f.read(length)) if item[0] == key)
     return groups_lib.process_group(group_index, groups_lib.sorted_documents(keyed), recorded)
 
 
@@ -575,14 +688,19 @@ def _spill_dir(checked: CheckedRun, settings: PrepareSettings) -> str:
 def _run_local(
     checked: CheckedRun,
     settings: PrepareSettings,
-    todo: list[int],
-    progress: _Progress,
+    todo: list[tuple[bool, int]],
+    progress: dict[bool, _Progress],
     corpus_stats: sources_lib.CorpusStats,
-) -> None:
+) -> int:
     """Every split read once (map: documents spilled by group), then every group in ``todo``
-    made into its shard (reduce), in this process or in ``num_workers`` workers."""
+    (``(held_out, group)``) made into its shard (reduce), in this process or in ``num_workers``
+    workers; ``progress[held_out]`` writes it. Returns how many documents were held out."""
     spill = _spill_dir(checked, settings)
-    keep = frozenset(todo)
+    held = checked.heldout
+    train_todo = frozenset(g for h, g in todo if not h)
+    held_todo = frozenset(g for h, g in todo if h)
+    # A floor document comes from its training group's spill: all kept while held-out is to do.
+    keep = (frozenset(range(checked.num_groups)) if held_todo else train_todo, held_todo)
     tasks = [
         (
             split,
@@ -591,6 +709,7 @@ def _run_local(
             checked.num_groups,
             keep,
             checked.reader_options,
+            None if held is None else held.rule,
         )
         for k, split in enumerate(checked.splits)
     ]
@@ -609,31 +728,55 @@ def _run_local(
         else:
             groups_lib.init_worker(checked.tokenizer)
             spilled = map(_spill_split, tasks)
-        pieces: dict[int, list[tuple[str, int, int]]] = {}
+        pieces: dict[tuple[bool, int], list[tuple[str, int, int]]] = {}
+        routings, indexes = [], []
         reading = _Rate("splits read", len(tasks), every=max(1, len(tasks) // 20))
-        for task, (stats, index) in zip(tasks, spilled):
+        for task, (stats, index, routing) in zip(tasks, spilled):
             corpus_stats.merge(stats)  # in split order: the same counts and problems as ever
-            for group, (offset, length) in index.items():
-                pieces.setdefault(group, []).append((task[1], offset, length))
+            for where, (offset, length) in index.items():
+                pieces.setdefault(where, []).append((task[1], offset, length))
+            routings.append(routing)
+            indexes.append(index)
             reading.tick()
-        work = [g for g in todo if g in pieces]
-        progress.rate = _Rate("groups written", len(work), every=max(1, len(work) // 20))
+        # The floor's documents: out of their training group, into their held-out group.
+        floor = groups_lib.floor_documents(routings, None if held is None else held.rule)
+        dropped: dict[int, set] = {}
+        picked: dict[int, list] = {}
+        for task, index, (_, _, candidates) in zip(tasks, indexes, routings):
+            for _, key, group in candidates:
+                if tuple(key) in floor and (False, group) in index:
+                    dropped.setdefault(group, set()).add(tuple(key))
+                    offset, length = index[(False, group)]
+                    picked.setdefault(floor[tuple(key)], []).append(
+                        (task[1], offset, length, tuple(key))
+                    )
+
+        def reduce_task(where: tuple[bool, int]) -> tuple:
+            in_heldout, group = where
+            if in_heldout:
+                return (group, pieces.get(where, []), held.recorded, frozenset(),
+                        tuple(picked.get(group, ())))  # fmt: skip
+            return group, pieces[where], checked.recorded, frozenset(dropped.get(group, ()))
+
+        work = [w for w in todo if w in pieces or (w[0] and w[1] in picked)]
+        rate = _Rate("groups written", len(work), every=max(1, len(work) // 20))
+        for each in progress.values():
+            each.rate = rate
         if pool is None:
-            for group in work:
-                progress.finished(group, *_reduce_group(group, pieces[group], checked.recorded))
-            return
-        in_flight: deque = deque()
-        for group in work:
-            in_flight.append(
-                (group, pool.apply_async(_reduce_group, (group, pieces[group], checked.recorded)))
-            )
-            # Bounded look-ahead keeps memory at a few groups per worker.
-            while len(in_flight) >= 2 * settings.num_workers:
-                index, result = in_flight.popleft()
-                progress.finished(index, *result.get())
-        while in_flight:
-            index, result = in_flight.popleft()
-            progress.finished(index, *result.get())
+            for where in work:
+                progress[where[0]].finished(where[1], *_reduce_group(*reduce_task(where)))
+        else:
+            in_flight: deque = deque()
+            for where in work:
+                in_flight.append((where, pool.apply_async(_reduce_group, reduce_task(where))))
+                # Bounded look-ahead keeps memory at a few groups per worker.
+                while len(in_flight) >= 2 * settings.num_workers:
+                    (in_heldout, group), result = in_flight.popleft()
+                    progress[in_heldout].finished(group, *result.get())
+            while in_flight:
+                (in_heldout, group), result = in_flight.popleft()
+                progress[in_heldout].finished(group, *result.get())
+        return sum(routing[1] for routing in routings) + len(floor)
     finally:
         if pool is not None:
             pool.terminate()
@@ -658,35 +801,48 @@ def prepare_records(
     """
     started = time.perf_counter()
     checked = check_run(sources, tokenizer, output_dir, settings, output_what)
-    existing = start_run(checked, settings)
+    start_run(checked, settings)
     mine = [g for g in range(checked.num_groups) if g % settings.num_shards == settings.shard_index]
-    progress = _Progress(checked.output_dir, output_what)
+    progress = {False: _Progress(checked.output_dir, output_what)}
+    directories = [(False, checked.output_dir, mine)]
+    if checked.heldout is not None:
+        progress[True] = _Progress(checked.heldout.output_dir, output_what)
+        held_groups = range(checked.heldout.rule.num_groups)
+        directories.append((True, checked.heldout.output_dir, held_groups))
     todo = []
-    for group in mine:
-        if {"tfrecord", "json"} <= existing.get(group, set()):
-            progress.skip(group)
-        else:
-            todo.append(group)
+    for in_heldout, directory, groups in directories:
+        finished = finished_groups(directory)
+        for group in groups:
+            if group in finished:
+                progress[in_heldout].skip(group)
+            else:
+                todo.append((in_heldout, group))
     corpus_stats = sources_lib.CorpusStats()
-    _run_local(checked, settings, todo, progress, corpus_stats)
-    check_enough_documents(checked, corpus_stats)
+    held_out = _run_local(checked, settings, todo, progress, corpus_stats)
+    check_enough_documents(checked, corpus_stats, held_out)
     if not mine and settings.num_shards > 1:
         logger.warning(
             "shard %d of %d received no document groups: the input has fewer groups than shards",
             settings.shard_index,
             settings.num_shards,
         )
+    trained = progress[False]
     result = PrepareResult(
         output_dir=checked.output_dir,
-        files=sorted(progress.files),
-        groups_written=progress.groups_written,
-        groups_skipped=progress.groups_skipped,
+        files=sorted(trained.files),
+        groups_written=trained.groups_written,
+        groups_skipped=trained.groups_skipped,
         corpus_stats=corpus_stats,
-        instance_stats=progress.instance_stats,
+        instance_stats=trained.instance_stats,
         wall_seconds=time.perf_counter() - started,
         settings=checked.recorded,
     )
-    finish_run(result, settings, checked, progress.parts)
+    held_parts = None
+    if checked.heldout is not None:
+        held_parts = progress[True].parts
+        result.heldout_dir = checked.heldout.output_dir if held_parts else None
+        result.heldout_stats = progress[True].instance_stats
+    finish_run(result, settings, checked, trained.parts, heldout_parts=held_parts)
     return result
 
 
@@ -696,33 +852,53 @@ def finish_run(
     checked: CheckedRun,
     parts,
     everyone_done=False,
+    heldout_parts=None,
 ) -> None:
-    """The completion mark (``_write_stats``), written last; then the set-aside old shards go.
+    """The completion marks (``_write_stats``): the held-out records' (``heldout_parts``: the
+    groups with a part there), then the run's, last; then the set-aside old shards go.
     ``everyone_done``: no writer of this job is left (Beam's last step), so every temporary
-    name a killed writer left goes too."""
+    name a killed writer left goes too. Held-out records with no document are removed: a
+    ``heldout/`` is there only where it holds records."""
+    held = checked.heldout
+    if held is not None:
+        with user_path(held.output_dir, checked.output_what, writing=True):
+            groups_lib.remove_stale_temporaries(held.output_dir, everyone_done)
+            if heldout_parts:
+                shard = machine_merge.shard_record(
+                    held.wanted, held.rule.num_groups, list(heldout_parts)
+                )
+                _write_stats(held.output_dir, result, settings, shard, heldout=True)
+                _drop_set_aside(held.output_dir, settings)
+            else:
+                fs.rmtree(held.output_dir, True)
     shard = machine_merge.shard_record(checked.wanted, checked.num_groups, list(parts))
     with user_path(checked.output_dir, checked.output_what, writing=True):
         groups_lib.remove_stale_temporaries(checked.output_dir, everyone_done)
-        _write_stats(result, settings, shard)
+        _write_stats(checked.output_dir, result, settings, shard)
     _drop_set_aside(checked.output_dir, settings)
 
 
-def _write_stats(result: PrepareResult, settings: PrepareSettings, shard: dict) -> None:
-    """This machine's completion mark: its counts and its shard (``machine_merge.shard_record``)."""
+def _write_stats(
+    directory: str, result: PrepareResult, settings: PrepareSettings, shard: dict, heldout=False
+) -> None:
+    """A records directory's completion mark: its counts and its shard
+    (``machine_merge.shard_record``); ``heldout``: the held-out records', whose input is the
+    run's (``corpus`` in the training records' mark)."""
     name = manifest.stats_name(settings.shard_index, settings.num_shards)
-    write_json_atomic(
-        os.path.join(result.output_dir, name),
-        {
-            "shard": shard,
-            "corpus": result.corpus_stats.as_dict(),
-            "instances": dataclasses.asdict(result.instance_stats),
-            "groups_written": result.groups_written,
-            "groups_skipped": result.groups_skipped,
-            "wall_seconds": result.wall_seconds,
-            "instances_per_worker_second": result.instances_per_worker_second,
-            "num_workers": settings.num_workers,
-        },
-    )
+    held = result.heldout_stats
+    counts = {
+        "shard": shard,
+        "corpus": {} if heldout else result.corpus_stats.as_dict(),
+        "instances": dataclasses.asdict(held if heldout else result.instance_stats),
+        "groups_written": held.groups if heldout else result.groups_written,
+        "groups_skipped": 0 if heldout else result.groups_skipped,
+        "wall_seconds": result.wall_seconds,
+        "instances_per_worker_second": result.instances_per_worker_second,
+        "num_workers": settings.num_workers,
+    }
+    if held is not None and not heldout:
+        counts["heldout"] = {"documents": held.documents, "instances": held.instances}
+    write_json_atomic(os.path.join(directory, name), counts)
 
 
 def prepare_cached(
@@ -769,6 +945,8 @@ def prepare_cached(
     }
     if _objective_settings(settings) != _objective_settings(PrepareSettings()):
         key_settings.update(_objective_settings(settings))  # the paper's keeps its old key
+    if settings.heldout_share:  # none held out: the key of the records before held-out ones
+        key_settings["heldout_share"] = settings.heldout_share
     key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
     if cache_dir is None:
         cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")

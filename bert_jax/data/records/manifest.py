@@ -39,7 +39,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from bert_jax.data import objectives
-from bert_jax.data.layout import CONFIG_FILE, RECORD_SUFFIX, TOKENIZER_SUBDIR, read_prepare_config
+from bert_jax.data.layout import (
+    CONFIG_FILE,
+    HELDOUT_SUBDIR,
+    RECORD_SUFFIX,
+    TOKENIZER_SUBDIR,
+    read_prepare_config,
+)
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError, user_path
@@ -63,6 +69,7 @@ OUTPUT_SETTINGS = (
     "text_field",
     "tokenizer_fingerprint",
     "sources",
+    "heldout_share",
     *objectives.BEFORE_RECORDED,  # the objective, instance format and MASK/SAME/RND shares
 )
 # Settings added to OUTPUT_SETTINGS later, with the value every earlier prepare used: a directory
@@ -71,6 +78,7 @@ _BEFORE_RECORDED = {
     "splitter": "regex",
     "text_field": "text",
     "text_extraction": 1,
+    "heldout_share": 0.0,  # every document in the training records
     **objectives.BEFORE_RECORDED,
 }
 EXTRACTION_KEY = "text_extraction"
@@ -87,7 +95,7 @@ _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 _OWN_NAME_RE = re.compile(
     r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json|\.spill-\d+-of-\d+-.+)$"
 )
-_OWN_NAMES = (CONFIG_FILE, TOKENIZER_SUBDIR, "prepared-complete.json")
+_OWN_NAMES = (CONFIG_FILE, TOKENIZER_SUBDIR, HELDOUT_SUBDIR, "prepared-complete.json")
 
 RECORDS_KIND = files.OutputKind(
     name="records directory",
