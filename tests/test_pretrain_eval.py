@@ -214,3 +214,14 @@ def test_a_set_vocabulary_is_honoured_and_said(records):
     # The dry run counts the parameters of the vocabulary the run will have.
     model = config_lib.bert_config(follows).replace(vocab_size=SPM_VOCAB_SIZE)
     assert f"parameters: {config_lib.count_parameters(model):,}" in config_checks.describe(follows)
+
+
+def test_a_compile_check_compiles_the_vocabulary_of_the_run(records):
+    from bert_jax.cli import pretrain as pretrain_command
+
+    config = _config(records["full"])
+    pretrain_command._vocab_of_the_run(config, "")
+    assert config.model.vocab_size == SPM_VOCAB_SIZE  # the records' tokenizer
+    base = config_lib.pretraining_config("base")  # no data named: the paper's size
+    pretrain_command._vocab_of_the_run(base, "")
+    assert base.model.vocab_size == config_lib.PAPER_VOCAB_SIZE

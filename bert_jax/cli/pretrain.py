@@ -27,6 +27,8 @@ def _run(flag_values) -> int:
         _check_mesh(config)
         print(described)
         return 0
+    if flag_values.topology or flag_values.compile_only:
+        _vocab_of_the_run(config, flag_values.workdir or "")
     if flag_values.topology:
         from bert_jax.planning import compile_check
         from bert_jax.runtime import topology
@@ -51,6 +53,16 @@ def _run(flag_values) -> int:
         return errors.EXIT_DIVERGED
     # 128 + SIGTERM: a preempted run has not finished, and schedulers should see that.
     return errors.EXIT_STOPPED if result.preempted else errors.EXIT_OK
+
+
+def _vocab_of_the_run(config, workdir: str) -> None:
+    """A compile check compiles the vocabulary the run will have: the tokenizer's where the
+    model follows it and a tokenizer is named or found (else the size's)."""
+    from bert_jax.training import config_lib, inputs
+
+    config.model.vocab_size = inputs.vocab_choice(
+        config, config_lib.split_phases(config), workdir
+    ).size
 
 
 def _check_mesh(config) -> None:
