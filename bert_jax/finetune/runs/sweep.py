@@ -42,6 +42,7 @@ from bert_jax.finetune.tasks.glue import (
 from bert_jax.finetune.tuning.batches import TaskData, load_task_data
 from bert_jax.finetune.tuning.sentence_tuning import FinetuneResult, finetune, make_mesh
 from bert_jax.finetune.tuning.settings import (
+    DEFAULTS,
     SWEPT,
     TRIAL_SETTINGS,
     FinetuneSettings,
@@ -154,7 +155,9 @@ def load_matching(path: str, settings: FinetuneSettings, model: str) -> dict[str
     with fs.open(path, encoding="utf-8") as f:
         record = json.load(f)
     want = settings.to_dict()
-    saved = {"optimizer": "bert", **record["settings"]}  # runs from before the setting: "bert"
+    # A setting added since the run was saved ran as its declared default does (e.g. the
+    # optimizer: "bert").
+    saved = {**DEFAULTS, **record["settings"]}
     differ = [
         f"{key}: saved {saved.get(key)!r}, now {want[key]!r}"
         for key in TRIAL_SETTINGS  # what changes a run's result (each setting's declaration)

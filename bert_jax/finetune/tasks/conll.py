@@ -337,7 +337,7 @@ def build_features(
     sentences: Sequence[Sentence],
     tokenizer: Any,
     labels: Sequence[str],
-    max_seq_length: int = 128,
+    max_seq_length: int,
     document_context: bool = False,
 ) -> NerFeatures:
     """Windows of every sentence (see the module docstring); unknown tags get label 0, weight 0."""

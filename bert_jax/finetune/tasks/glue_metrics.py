@@ -65,6 +65,8 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
     """Pearson correlation; 0.0 when undefined (a constant input, e.g. a collapsed regressor),
     as `matthews_corrcoef` does, so that summaries and selection stay numbers (SciPy: NaN)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant's deviations from its mean would be
+        return 0.0  # rounding noise, not zero
     x, y = x - x.mean(), y - y.mean()
     denominator = math.sqrt(float(np.dot(x, x)) * float(np.dot(y, y)))
     return 0.0 if denominator == 0 else float(np.dot(x, y) / denominator)
