@@ -12,6 +12,10 @@ Summaries:
   their mean (MRPC, QQP: F1 and accuracy; STS-B: Pearson and Spearman), MNLI scores the mean of
   matched and mismatched accuracy, and WNLI counts.
 
+The trivial baseline beside every score (`constant_baseline`: the dev split's majority class;
+for regression the train mean, which correlates 0) and how a run's predictions spread
+(`prediction_summary`, which names the one class a degenerate model predicts).
+
 Plain NumPy (no SciPy or scikit-learn at run time); the tests check agreement with both.
 """
 
