@@ -176,3 +176,19 @@ def test_the_finetune_summary_shows_the_baseline_and_the_warning(
     assert lines[-1] == "warning: RTE test: every prediction is 'entailment'"
     record = json.loads((tmp_path / "rte" / "result.json").read_text(encoding="utf-8"))
     assert record["dev_baseline"]["RTE"]["prediction"] == majority
+
+
+def test_a_swag_run_that_picks_one_ending_is_flagged_in_its_report():
+    from bert_jax.finetune.reports import run_report
+
+    one = metrics.class_summary(np.full(20, 2), ("ending0", "ending1", "ending2", "ending3"))
+    result = {
+        "task": "swag",
+        "dev_metrics": {"accuracy": 30.0},
+        "dev_baseline": {"swag": {"prediction": "ending2", "metrics": {"accuracy": 30.0}}},
+        "prediction_summary": {"dev": {"swag": one}},
+    }
+    report = run_report.results_markdown(result)
+    assert "| this run | 30.0 |" in report
+    assert "| majority class (dev: ending2 for every example) | 30.0 |" in report
+    assert "every dev prediction is 'ending2' (the majority class)" in report

@@ -159,7 +159,17 @@ def test_tiny_encoder_learns_synthetic_swag_resumes_and_refuses_bad_rows(tmp_pat
     assert json.loads((workdir / "result.json").read_text())["dev_metrics"] == result["dev_metrics"]
     test_lines = (workdir / "test_predictions.csv").read_text().splitlines()
     assert test_lines[0] == "id,prediction,score0,score1,score2,score3" and len(test_lines) == 9
-    assert "| BERT-Base (paper, dev) | 81.6 |" in (workdir / "results.md").read_text()
+    report = (workdir / "results.md").read_text()
+    assert "| BERT-Base (paper, dev) | 81.6 |" in report
+    # Beside the score, the majority class's: the ending most often gold on dev, for every example.
+    gold = [example.label for example in swag.read_split(str(data), "dev")]
+    majority = max(range(4), key=gold.count)
+    baseline = result["dev_baseline"]["swag"]
+    assert baseline["prediction"] == f"ending{majority}"
+    assert baseline["metrics"]["accuracy"] == pytest.approx(100 * gold.count(majority) / len(gold))
+    assert f"| majority class (dev: ending{majority} for every example) |" in report
+    assert result["prediction_summary"]["dev"]["swag"]["single"] is None  # it learnt the task
+    assert "predicts a single class" not in report
     assert (workdir / "plots" / "swag.png").stat().st_size > 1000
     # Run again: the finished run is reused, nothing trains.
     again = swag_task.run_swag(encoder, str(data), str(workdir), settings, mesh=mesh)

@@ -1,6 +1,7 @@
 """One run's report beside the paper (SQuAD, CoNLL-2003 fine-tuned or feature-based, SWAG):
-results.md, the run's dev figures against the registered task's `paper` rows, and the plot of its
-dev figures after each evaluation (`plots/<task>.png`).
+results.md, the run's dev figures against the registered task's `paper` rows and, where the run
+records one (SWAG), the majority-class baseline and the warning for a model that predicts one
+class; and the plot of its dev figures after each evaluation (`plots/<task>.png`).
 
 matplotlib is imported lazily, with the Agg canvas (no display needed).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bert_jax.finetune.reports import references
 from bert_jax.finetune.tasks import registry
 from bert_jax.finetune.tasks.task import SPANS, TAGS, Task
 from bert_jax.runtime import outputs as files
@@ -76,11 +78,21 @@ def results_markdown(result: Mapping[str, Any]) -> str:
         return "–" if value is None else f"{float(value):.1f}"
 
     lines.append("| this run | " + " | ".join(cell(ours.get(c)) for c in columns) + " |")
+    for baseline in (result.get("dev_baseline") or {}).values():
+        trivial = baseline["metrics"]
+        label = f"majority class (dev: {baseline['prediction']} for every example)"
+        lines.append(f"| {label} | " + " | ".join(cell(trivial.get(c)) for c in columns) + " |")
     for name, values in reference:
         lines.append(f"| {name} | " + " | ".join(cell(values.get(c)) for c in columns) + " |")
     extra = {k: v for k, v in result["dev_metrics"].items() if k not in columns}
     if extra and task.family != TAGS:
         lines += ["", "All dev figures: " + ", ".join(f"{k} {v:.4g}" for k, v in extra.items())]
+    notes = references.prediction_notes(result)
+    if notes:
+        lines += [
+            "",
+            "**This model predicts a single class**, whatever its score: " + "; ".join(notes),
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -36,7 +36,7 @@ from bert_jax.finetune.heads.pooled import (
 from bert_jax.finetune.reports import run_report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
-from bert_jax.finetune.tasks import swag
+from bert_jax.finetune.tasks import glue_metrics, swag
 from bert_jax.finetune.tuning import steps
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 Array = jax.Array
 
 DEFAULTS = dict(swag.TASKS[0].defaults)  # Table 4's recipe, as registered
+ENDINGS = tuple(f"ending{i}" for i in range(swag.NUM_CHOICES))  # the choices, as the CSV names them
 
 
 def task_settings(overrides: Mapping[str, Any]) -> FinetuneSettings:
@@ -207,11 +208,17 @@ def train_and_predict(
         name=swag.TASK_NAME,
     )
     outputs = {"dev_predictions.csv": predictions_csv(splits["dev"], kept["dev"])}
+    dev_labels = arrays["dev"]["labels"]
+    majority = glue_metrics.class_summary(dev_labels, ENDINGS)
+    choice = max(ENDINGS, key=majority["counts"].__getitem__)
+    share = 100.0 * majority["counts"][choice] / max(len(dev_labels), 1)
+    summary = {"dev": {swag.TASK_NAME: glue_metrics.class_summary(_choices(kept["dev"]), ENDINGS)}}
     if "test" in arrays:
         scores = predict_logits(
             tuner, trained.state.params, arrays["test"], settings.eval_batch_size
         )
         outputs["test_predictions.csv"] = predictions_csv(splits["test"], scores)
+        summary["test"] = {"test": glue_metrics.class_summary(_choices(scores), ENDINGS)}
     result = {
         "task": swag.TASK_NAME,
         "dev_metrics": trained.dev,
@@ -222,5 +229,12 @@ def train_and_predict(
         "skipped_steps": int(trained.state.skipped),
         "seconds": time.time() - started,
         "settings": settings.to_dict(),
+        # The ending most often gold on dev, picked for every example (`references`).
+        "dev_baseline": {swag.TASK_NAME: {"prediction": choice, "metrics": {"accuracy": share}}},
+        "prediction_summary": summary,
     }
     return result, outputs
+
+
+def _choices(scores: np.ndarray) -> np.ndarray:
+    return np.argmax(scores, axis=-1)

@@ -241,9 +241,16 @@ def prediction_summary(
         mean = float(np.mean(predictions)) if predictions.size else 0.0
         return {"mean": mean, "std": spread, "single": round(mean, 4) if collapsed else None}
     assert task.labels is not None
-    counts = np.bincount(predictions.astype(np.int64), minlength=len(task.labels))
+    return class_summary(predictions, task.labels)
+
+
+def class_summary(predictions: np.ndarray, names: Sequence[str]) -> dict[str, object]:
+    """Class predictions (indices into `names`) counted by name, and `single`: the one class
+    every row got (None when there are several, or fewer than two rows)."""
+    predictions = np.asarray(predictions).astype(np.int64)
+    counts = np.bincount(predictions, minlength=len(names))
     used = np.flatnonzero(counts)
     return {
-        "counts": {label: int(count) for label, count in zip(task.labels, counts)},
-        "single": task.labels[int(used[0])] if used.size == 1 and predictions.size > 1 else None,
+        "counts": {name: int(count) for name, count in zip(names, counts)},
+        "single": names[int(used[0])] if used.size == 1 and predictions.size > 1 else None,
     }
