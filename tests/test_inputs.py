@@ -88,12 +88,13 @@ def test_the_eval_source():
 def test_eval_batches_per_phase(trained):
     config, workdir, tokenizer = trained
     phases = config_lib.split_phases(config)
-    source = inputs.eval_choices(config, phases)[1].source
-    batches = inputs.eval_batches(config, phases[1], source, tokenizer, workdir)
+    choice = inputs.eval_choices(config, phases)[1]
+    assert choice.batches == 2
+    batches = inputs.eval_batches(config, phases[1], choice, tokenizer, workdir)
     assert len(batches) == 2
     for batch in batches:
         assert batch["input_ids"].shape == (8, 64) and batch["masked_lm_ids"].shape == (8, 10)
         assert batch["input_ids"].max() < tokenizer.vocab_size
     # Fixed seed, static masks: the same held-out batches every time.
-    again = inputs.eval_batches(config, phases[1], source, tokenizer, workdir)
+    again = inputs.eval_batches(config, phases[1], choice, tokenizer, workdir)
     np.testing.assert_array_equal(again[0]["input_ids"], batches[0]["input_ids"])

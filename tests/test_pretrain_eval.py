@@ -47,6 +47,7 @@ def _config(source: str = "embedded", **overrides):
     config = config_lib.pretraining_config("tiny")
     config.total_steps = 200
     config.data.source = source
+    config.eval.update(batches=2, batch_size=8)
     for key, value in overrides.items():
         node = config
         *parents, leaf = key.split(".")
@@ -69,6 +70,9 @@ def _cases(records):
     full, bare, incomplete = records["full"], records["bare"], records["incomplete"]
     heldout = layout.heldout_dir(full)
     unset = "and config.eval.source is not set"
+    count = inputs._prepared_instances(heldout)  # as data prepare counted them
+    whole = count // 8
+    assert whole >= 2  # the other cases' 2 batches of 8 fit
     return [
         (
             _config(full),
@@ -98,6 +102,24 @@ def _cases(records):
             ],
         ),
         (_config(full, **{"eval.every_steps": 0}), "no eval (config.eval.every_steps=0)"),
+        (
+            _config(
+                full, **{"phase2.fraction": 0.0, "phase1.fraction": 1.0, "eval.batch_size": 1024}
+            ),
+            [
+                f"phase1: at 2 steps (100..200) on {heldout} (the held-out records of {full}); its "
+                f"{count} instances are fewer than a batch of 1024: some count twice",
+            ],
+        ),
+        (
+            _config(full, **{"eval.batches": 1000}),  # more than the held-out records hold
+            [
+                f"phase1: at step 100 on {heldout} (the held-out records of {full}); {whole} "
+                f"batches, as many as its {count} instances fill",
+                f"phase2: at step 200 on {heldout} (the held-out records of {full}); {whole} "
+                f"batches, as many as its {count} instances fill",
+            ],
+        ),
         (
             _config("/corpus.txt", **{"phase1.data": full, "phase2.data": "/corpus.txt"}),
             [

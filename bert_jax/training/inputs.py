@@ -291,12 +291,16 @@ def check_records_objective(config, named_sources) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class EvalChoice:
-    """Whether and on what one phase evaluates: `source` ('' = it does not), why (in words), and
-    the steps at which it does (counted as the loop counts them: after `step` steps)."""
+    """Whether and on what one phase evaluates: `source` ('' = it does not), why (in words), the
+    steps at which it does (counted as the loop counts them: after `step` steps), and how many
+    batches of config.eval.batch_size (fewer than config.eval.batches where the held-out records
+    hold fewer instances: `note` says so)."""
 
     source: str
     why: str
     steps: tuple[int, ...] = ()
+    batches: int = 0
+    note: str = ""
 
 
 def evaluates_at(config, step: int, total: int) -> bool:
@@ -325,11 +329,46 @@ def eval_choices(config, phases: list[Phase]) -> list[EvalChoice]:
         if phase.end == total and (not steps or steps[-1] != total):
             steps.append(total)
         if not steps:
-            choice = EvalChoice(
-                "", f"no eval step falls in its steps {phase.start}..{phase.end - 1}"
+            choices.append(
+                EvalChoice("", f"no eval step falls in its steps {phase.start}..{phase.end - 1}")
             )
-        choices.append(dataclasses.replace(choice, steps=tuple(steps)))
+            continue
+        choices.append(
+            dataclasses.replace(choice, steps=tuple(steps), **_eval_size(config, choice))
+        )
     return choices
+
+
+def _eval_size(config, choice: EvalChoice) -> dict:
+    """config.eval.batches, or as many whole batches as prepared records hold (counted by the
+    `part-NNNNN.json` beside each shard), so that no instance is evaluated twice."""
+    batches, size = int(config.eval.batches), int(config.eval.batch_size)
+    count = _prepared_instances(choice.source)
+    if count is None or count >= batches * size:
+        return {"batches": batches}
+    if count < size:
+        note = f"its {count} instances are fewer than a batch of {size}: some count twice"
+        return {"batches": 1, "note": note}
+    whole = count // size
+    return {"batches": whole, "note": f"{whole} batches, as many as its {count} instances fill"}
+
+
+def _prepared_instances(source: str) -> int | None:
+    """The instances of records `data prepare` wrote (the sum of each shard's counts file);
+    None for anything else (a corpus, foreign records, a shard without its counts)."""
+    from bert_jax.data import layout
+
+    if not (source and fs.isdir(source)):
+        return None
+    shards = [name for name in fs.listdir(source) if name.endswith(layout.RECORD_SUFFIX)]
+    total = 0
+    for name in shards:
+        counts = os.path.join(source, name[: -len(layout.RECORD_SUFFIX)] + ".json")
+        if not fs.exists(counts):
+            return None
+        with fs.open(counts, encoding="utf-8") as f:
+            total += int(json.load(f).get("instances", 0))
+    return total if shards else None
 
 
 def _eval_source(config, phase: Phase) -> EvalChoice:
@@ -369,7 +408,7 @@ def eval_outline(config, phases: list[Phase]) -> tuple[str, list[str]]:
     summary = (
         f"eval every {config.eval.every_steps} steps and at the end ({config.eval.batches} "
         f"batches of {config.eval.batch_size}, at each phase's sequence length)"
-    )
+    )  # a phase whose held-out records hold fewer says so on its line
     lines = []
     for phase, choice in zip(phases, choices):
         if not choice.source:
@@ -379,7 +418,8 @@ def eval_outline(config, phases: list[Phase]) -> tuple[str, list[str]]:
         at = f"step {steps[0]}"
         if len(steps) > 1:
             at = f"{len(steps)} steps ({steps[0]}..{steps[-1]})"
-        lines.append(f"{phase.name}: at {at} on {choice.source} ({choice.why})")
+        note = f"; {choice.note}" if choice.note else ""
+        lines.append(f"{phase.name}: at {at} on {choice.source} ({choice.why}){note}")
     return summary, lines
 
 
@@ -401,14 +441,14 @@ def train_iterator(config, phase: Phase, tokenizer, workdir: str, console=lambda
 
 
 def eval_batches(
-    config, phase: Phase, source: str, tokenizer, workdir: str, console=lambda *a: None
+    config, phase: Phase, choice: EvalChoice, tokenizer, workdir: str, console=lambda *a: None
 ) -> list:
-    """The held-out batches of `source` (eval_choices') evaluated during `phase`, at its
-    sequence length: config.eval.batches of config.eval.batch_size, statically masked."""
+    """The held-out batches evaluated during `phase` (`choice`: eval_choices' for it), at its
+    sequence length: choice.batches of config.eval.batch_size, statically masked."""
     iterator = _iterator(
         config,
         phase,
-        source,
+        choice.source,
         tokenizer,
         workdir,
         batch_size=int(config.eval.batch_size),
@@ -417,4 +457,4 @@ def eval_batches(
         shuffle_buffer=1,
         console=console,
     )
-    return [next(iterator) for _ in range(int(config.eval.batches))]
+    return [next(iterator) for _ in range(choice.batches)]

@@ -200,11 +200,11 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
             if _every(step, config.checkpoint.every_steps, total) or preempted:
                 step_log.flush()
                 _save_checkpoint(checkpointer, step, state, phase, iterator, mesh)
-            source = evals[phase.index].source
-            if source and inputs.evaluates_at(config, step, total):
+            evaluation = evals[phase.index]
+            if evaluation.source and inputs.evaluates_at(config, step, total):
                 if eval_batches is None:
                     eval_batches = inputs.eval_batches(
-                        config, phase, source, tokenizer, workdir, console
+                        config, phase, evaluation, tokenizer, workdir, console
                     )
                 step_log.flush()  # the curves include this step's row
                 last_eval = _evaluate_and_log(trainer, state, eval_batches, step, writer, console)
