@@ -172,7 +172,7 @@ def test_bad_input_and_settings_are_clear_errors(tmp_path, capsys):
         (["--input", str(tmp_path / "missing.txt")], "missing.txt"),
         (["--max-predictions-per-seq", "100"], "--max-predictions-per-seq 100 must be in [1"),
         (["--masked-lm-prob", "0"], "--masked-lm-prob 0.0 must be in (0, 1)"),
-        (["--num-shards", "2", "--shard-index", "2"], "--shard-index 2 must be in [0"),
+        (["--heldout-share", "0.9"], "--heldout-share 0.9 must be in [0, 0.5]"),
         (["--tokenizer", str(tmp_path / "no_tokenizer")], "no_tokenizer"),
     ]
     for override, message in cases:
@@ -281,9 +281,9 @@ def test_the_summary_names_the_format_where_there_is_no_next_sentence():
     assert "(full_sentences, mlm)" in no_nsp and "random next" not in no_nsp
 
 
-def test_records_of_the_earlier_grouping_are_refused_on_resume_and_merge(tmp_path, capsys):
-    """Format v1 grouped consecutive documents; v2 hashes them into groups: a resumed or merged
-    directory would mix both (documents twice or not at all), so each is refused in one line."""
+def test_records_of_the_earlier_grouping_are_refused_on_resume(tmp_path, capsys):
+    """Format v1 grouped consecutive documents; v2 hashes them into groups: a resumed directory
+    would mix both (documents twice or not at all), so it is refused in one line."""
     output = tmp_path / "old"
     assert cli.main(_prepare_args(output)) == 0
     config = json.loads((output / "prepare_config.json").read_text())
@@ -298,16 +298,6 @@ def test_records_of_the_earlier_grouping_are_refused_on_resume_and_merge(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "records of format v1" in err[0] and "--overwrite" in err[0]
     assert not (output / "part-00001.tfrecord").exists()  # nothing written
-
-    machines = tmp_path / "machines"
-    for index in ("0", "1"):
-        assert cli.main(_prepare_args(machines, "--num-shards", "2", "--shard-index", index)) == 0
-    stats = json.loads((machines / "stats-1-of-2.json").read_text())
-    stats["shard"]["manifest"]["format_version"] = 1
-    (machines / "stats-1-of-2.json").write_text(json.dumps(stats))
-    capsys.readouterr()
-    assert cli.main(["data", "prepare", "--merge", "--output", str(machines)]) == 2
-    assert "records of format v1" in capsys.readouterr().err
 
 
 def test_the_dry_run_prints_the_splits_and_groups_and_writes_nothing(tmp_path, capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 
 def add_to(subparsers) -> None:
     _add_tokenizer(subparsers)
@@ -77,9 +79,10 @@ def _train_tokenizer(args) -> int:
 
 _PREPARE_USAGE = (
     "bert-jax data prepare --input SRC [SRC ...] --tokenizer TOK --output DIR [options] "
-    "[--runner beam [-- BEAM_OPTION ...]]\n"
-    "       bert-jax data prepare --merge --output DIR"
+    "[--runner beam [-- BEAM_OPTION ...]]"
 )
+# Flags of an earlier scheme of several machines, refused by name: --runner beam replaced them.
+_SEVERAL_MACHINES = ("--shard-index", "--num-shards", "--merge")
 
 
 def _add_data(subparsers) -> None:
@@ -103,7 +106,7 @@ def _add_data(subparsers) -> None:
         "--input",
         nargs="+",
         metavar="SRC",
-        help="required (unless --merge): text files/globs (one sentence per line, blank line "
+        help="required: text files/globs (one sentence per line, blank line "
         "between documents), .jsonl (text field), .parquet (text column, a row per document), "
         "Wikipedia XML dumps (.xml.bz2 / .xml, an article per document), "
         "tfds:NAME[/CONFIG][:SPLIT], or embedded[:train|eval]; local or gs://",
@@ -111,7 +114,7 @@ def _add_data(subparsers) -> None:
     prepare.add_argument(
         "--tokenizer",
         metavar="TOK",
-        help="required (unless --merge): tokenizer dir, .model or vocab.txt",
+        help="required: tokenizer dir, .model or vocab.txt",
     )
     prepare.add_argument(
         "--output", required=True, metavar="DIR", help="the records directory (local or gs://)"
@@ -214,9 +217,9 @@ def _add_data(subparsers) -> None:
         "--runner",
         default="local",
         choices=["local", "beam"],
-        help="local: processes on this machine (--num-workers, several machines with "
-        "--num-shards and --merge); beam: an Apache Beam pipeline (Dataflow, Flink, Spark; "
-        "Beam's FnApiRunner here), Beam's options after a `--`; the same records",
+        help="local: processes on this machine (--num-workers); beam: an Apache Beam pipeline, "
+        "the way past one machine (Dataflow, Flink, Spark; Beam's FnApiRunner here), Beam's "
+        "options after a `--`; the same records",
     )
     prepare.add_argument(
         "--beam-options",
@@ -236,17 +239,8 @@ def _add_data(subparsers) -> None:
         metavar="-- BEAM_OPTION",
         help="Beam's own pipeline options, after a `--` (with --runner beam)",
     )
-    prepare.add_argument(
-        "--shard-index", type=int, default=0, help="this machine's index when several share work"
-    )
-    prepare.add_argument("--num-shards", type=int, default=1, help="number of machines")
-    prepare.add_argument(
-        "--merge",
-        action="store_true",
-        help="after the --num-shards machines prepared into one --output: check that every "
-        "shard finished with the same settings, tokenizer and inputs, and write the manifest "
-        "that pretrain reads (it refuses unmerged shards); takes --output only",
-    )
+    for flag in _SEVERAL_MACHINES:  # refused in _prepare, in one line
+        prepare.add_argument(flag, nargs="?", default=None, const=True, help=argparse.SUPPRESS)
     prepare.add_argument(
         "--documents-per-shard",
         type=int,
@@ -284,9 +278,7 @@ def _add_data(subparsers) -> None:
     prepare.add_argument(
         "--strict", action="store_true", help="stop at the first bad line instead of skipping it"
     )
-    prepare.add_argument(
-        "--overwrite", action="store_true", help="rewrite this machine's shards in --output"
-    )
+    prepare.add_argument("--overwrite", action="store_true", help="rewrite the shards in --output")
     prepare.set_defaults(run=_prepare, command_name="data prepare")
 
 
@@ -294,26 +286,27 @@ def _prepare(args) -> int:
     import logging
     import shlex
 
-    from bert_jax.data.preparation.run import PrepareSettings, merge_shards, prepare_records
+    from bert_jax.data.preparation.run import PrepareSettings, prepare_records
     from bert_jax.runtime.errors import UserError
     from bert_jax.training import config_checks
 
+    for flag in _SEVERAL_MACHINES:
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            raise UserError(
+                f"{flag} is gone: past one machine, run --runner beam (Dataflow, Flink, Spark), "
+                "which writes the same records from one command (docs/dataflow.md)"
+            )
     beam_args = [*shlex.split(args.beam_options), *args.beam_args]
     if beam_args and args.runner != "beam":
         raise UserError(
             f"{beam_args[0]}: Beam pipeline options (after `--` or in --beam-options) need "
             "--runner beam"
         )
-    if args.merge:
-        if args.input or args.tokenizer:
-            raise UserError("--merge takes --output only: the shards record their inputs")
-        print(merge_shards(args.output).summary())
-        return 0
     given = {"--input": args.input, "--tokenizer": args.tokenizer}
     missing = [flag for flag, value in given.items() if not value]
     if missing:
         verb = "is" if len(missing) == 1 else "are"
-        raise UserError(f"{' and '.join(missing)} {verb} required (unless --merge)")
+        raise UserError(f"{' and '.join(missing)} {verb} required")
 
     # Records no size preset can read are refused before any work (--max-seq-length 100000).
     config_checks.check_sequence_length(args.max_seq_length, "--max-seq-length")
@@ -332,8 +325,6 @@ def _prepare(args) -> int:
         same_share=args.same_share,
         random_share=args.random_share,
         num_workers=args.num_workers,
-        shard_index=args.shard_index,
-        num_shards=args.num_shards,
         num_groups=args.num_groups,
         group_bytes=args.group_bytes,
         **({"split_bytes": args.split_bytes} if args.split_bytes else {}),

@@ -279,11 +279,6 @@ def prepare_with_beam(
     Beam pipeline run with ``beam_args``. Returns the PrepareResult where the runner waits for
     the job (the FnApiRunner, or Dataflow without ``--no_wait``), else None; with ``dry_run``,
     the text of ``describe`` (nothing is written or run)."""
-    if settings.num_shards > 1:
-        raise UserError(
-            "--num-shards is for several machines of the local path; with --runner beam the "
-            "runner spreads the work: leave --shard-index/--num-shards out"
-        )
     started = time.time()
     beam = None if dry_run else import_beam()  # before the inputs are read for their identity
     checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
@@ -310,7 +305,7 @@ def prepare_with_beam(
 
 def _read_result(checked):
     """The result from the completion mark that the final step wrote (in a worker)."""
-    path = os.path.join(checked.output_dir, manifest.stats_name(0, 1))
+    path = os.path.join(checked.output_dir, manifest.COMPLETION_MARK)
     if not fs.exists(path):
         return None  # a job that runs on (Dataflow without waiting): the mark comes at its end
     with fs.open(path, encoding="utf-8") as f:
@@ -319,10 +314,7 @@ def _read_result(checked):
     corpus = dict(stats["corpus"])
     return prepare_lib.PrepareResult(
         output_dir=checked.output_dir,
-        files=[
-            os.path.join(checked.output_dir, groups_lib.part_name(g))
-            for g in stats["shard"]["parts"]
-        ],
+        files=[os.path.join(checked.output_dir, groups_lib.part_name(g)) for g in stats["parts"]],
         groups_written=stats["groups_written"],
         groups_skipped=stats["groups_skipped"],
         corpus_stats=sources_lib.CorpusStats(**corpus),

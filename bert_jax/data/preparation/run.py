@@ -4,7 +4,6 @@ Public API::
 
     prepare_records(sources, tokenizer, output_dir, settings=PrepareSettings()) -> PrepareResult
     prepare_cached(sources, tokenizer, settings, cache_dir=None) -> list of record files
-    merge_shards(output_dir) -> MergeResult
 
 ``PrepareSettings`` holds every knob of ``bert-jax data prepare`` (one field per flag).
 ``prepare_cached`` is preparation for a pretraining run given a raw corpus: the records go to a
@@ -24,33 +23,29 @@ group to a hidden folder of the output) and a reduce (groups made into shards by
 workers, written by this process); the Apache Beam pipeline (``beam_pipeline.py``) runs the same
 functions on a runner's workers. Either way the bytes are the same, whatever ``num_workers`` is
 or whichever engine runs it. Memory per worker is bounded by a split and by a group, never by
-the corpus. Machine ``shard_index`` of ``num_shards`` writes the groups with
-``g % num_shards == shard_index`` (every machine reads the whole input).
+the corpus. Past one machine, the Beam pipeline is the one way (a runner such as Dataflow spreads
+the splits and groups over its workers); the flags of an earlier scheme of several machines
+(``--shard-index``, ``--num-shards``, ``--merge``) are refused, and directories it merged still
+read (``manifest.require_complete``).
+
+A share of the documents (``heldout_share``) is held out by a hash of their key into the records
+directory ``heldout/`` (``layout.heldout_dir``): the same files, manifest and completion mark as
+the training records, so every reader reads it unchanged (``groups.Heldout``).
 
 Nothing already written is lost: each shard is written under a hidden temporary name and renamed
 when complete, next to a small ``part-{g:05d}.json`` with its counts. A re-run with the same
 settings skips finished groups (resuming an interrupted job); different settings in the same
-output directory are refused unless ``overwrite=True``, which rewrites this machine's groups
-(its old shards are set aside in a hidden folder, removed once the new ones are complete). The
-settings are recorded in ``prepare_config.json`` (``manifest.Manifest``: built, checked against
-the directory's and written once per run), the tokenizer is saved in ``tokenizer/`` (so the
-pipeline can re-mask dynamically), and a summary goes to
-``stats-{shard_index}-of-{num_shards}.json``, the machine's completion mark.
-
-Several machines, one directory. Each machine runs with its ``--shard-index`` into the same
-``--output`` (a bucket or a shared disk; machines without one copy their directories' contents
-together: part and stats names never collide). Its stats file then holds its manifest and the
-groups it wrote. ``merge_shards`` (``data prepare --merge --output DIR``, run once after all of
-them) checks that every machine finished, with the same settings, tokenizer and inputs, and that
-every part on disk belongs to exactly one shard (``machine_merge.join_shards``), then writes the
-manifest that training trusts; until then the pipeline refuses the directory. The records are
-those one machine would have written, file for file.
+output directory are refused unless ``overwrite=True``, which rewrites the groups (the old
+shards are set aside in a hidden folder, removed once the new ones are complete). The settings
+are recorded in ``prepare_config.json`` (``manifest.Manifest``: built, checked against the
+directory's and written once per run), the tokenizer is saved in ``tokenizer/`` (so the pipeline
+can re-mask dynamically), and a summary goes to ``stats-0-of-1.json``
+(``manifest.COMPLETION_MARK``), written last.
 
 Why this file is long: one run of the stage (settings, the output opened for it, the groups in
-flight, the completion mark) and the two ways of using it (a pretraining run's cached
-preparation, the merge of several machines' runs) read as one story; the work itself lives in
-``groups``, the manifest's checks in ``manifest``. ``check_run``, ``start_run`` and
-``finish_run`` are the steps that the Beam pipeline shares.
+flight, the held-out records, the completion marks) and a pretraining run's cached preparation
+read as one story; the work itself lives in ``groups``, the manifest's checks in ``manifest``.
+``check_run``, ``start_run`` and ``finish_run`` are the steps that the Beam pipeline shares.
 """
 
 from __future__ import annotations
@@ -75,7 +70,6 @@ from dataclasses import dataclass, field
 
 from bert_jax.data import objectives
 from bert_jax.data.layout import (
-    CONFIG_FILE,
     DEFAULT_GROUP_BYTES,
     DEFAULT_HELDOUT_SHARE,
     TOKENIZER_SUBDIR,
@@ -83,7 +77,6 @@ from bert_jax.data.layout import (
 )
 from bert_jax.data.masking.settings import check_shares
 from bert_jax.data.preparation import groups as groups_lib
-from bert_jax.data.preparation import machine_merge
 from bert_jax.data.preparation.groups import InstanceStats, part_name
 from bert_jax.data.records import manifest
 from bert_jax.data.records import tfrecord as records_lib
@@ -118,9 +111,6 @@ class PrepareSettings:
     seed: int = 12345
     whole_word_mask: bool = False
     num_workers: int = 1
-    # This machine's part when several machines prepare one output directory.
-    shard_index: int = 0
-    num_shards: int = 1
     # Documents go to ``num_groups`` groups by a hash of their key (``groups.group_of``), a shard
     # per group; 0: one group per ``group_bytes`` of input (``groups.derive_num_groups``).
     num_groups: int = 0
@@ -165,11 +155,6 @@ class PrepareSettings:
             problems.append(f"--dupe-factor {self.dupe_factor} must be at least 1")
         if self.num_workers < 1:
             problems.append(f"--num-workers {self.num_workers} must be at least 1")
-        if self.num_shards < 1 or not 0 <= self.shard_index < self.num_shards:
-            problems.append(
-                f"--shard-index {self.shard_index} must be in [0, --num-shards "
-                f"{self.num_shards}) and --num-shards at least 1"
-            )
         if self.num_groups < 0:
             problems.append(f"--num-groups {self.num_groups} must be at least 1 (0: derived)")
         if self.group_bytes < 1:
@@ -277,7 +262,7 @@ def _recorded_settings(
         "text_field": settings.text_field,
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
-        "heldout_share": float(settings.heldout_share if settings.num_shards == 1 else 0.0),
+        "heldout_share": float(settings.heldout_share),
         **_objective_settings(settings),
         "sources": [
             s if sources_lib.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
@@ -286,51 +271,45 @@ def _recorded_settings(
     }
 
 
-def _aside_dir(output_dir: str, settings: PrepareSettings) -> str:
-    return os.path.join(output_dir, f".old-parts-{settings.shard_index}-of-{settings.num_shards}")
+# Where ``--overwrite`` sets the old shards aside (the name of earlier versions' one machine).
+_ASIDE = ".old-parts-0-of-1"
 
 
-def _set_aside_parts(
-    output_dir: str, existing: dict[int, set[str]], settings: PrepareSettings
-) -> dict[int, set[str]]:
-    """``--overwrite``: moves this machine's shards into a hidden folder (no reader or resumed run
-    sees them; ``_drop_set_aside`` removes it once the new shards are complete) and returns the
-    parts to keep, the other machines'."""
-    aside = _aside_dir(output_dir, settings)
-    kept = {}
+def _set_aside_parts(output_dir: str, existing: dict[int, set[str]]) -> None:
+    """``--overwrite``: moves the old shards into a hidden folder (no reader or resumed run sees
+    them; ``_drop_set_aside`` removes it once the new shards are complete)."""
+    aside = os.path.join(output_dir, _ASIDE)
     for group, suffixes in existing.items():
-        if group % settings.num_shards != settings.shard_index:
-            kept[group] = suffixes
-            continue
         fs.makedirs(aside, exist_ok=True)
         for suffix in sorted(suffixes):
             name = part_name(group, suffix)
             fs.rename(os.path.join(output_dir, name), os.path.join(aside, name))
-    return kept
 
 
-def _drop_set_aside(output_dir: str, settings: PrepareSettings) -> None:
-    """After a complete run: this machine's old shards (``_set_aside_parts``) are removed."""
-    fs.rmtree(_aside_dir(output_dir, settings), True)
+def _drop_set_aside(output_dir: str) -> None:
+    """After a complete run: the old shards (``_set_aside_parts``) are removed."""
+    fs.rmtree(os.path.join(output_dir, _ASIDE), True)
 
 
 def _start_stage(
     output_dir: str, wanted: manifest.Manifest, settings: PrepareSettings, tokenizer: Tokenizer
 ) -> dict[int, set[str]]:
-    """Open ``output_dir`` for this machine's run (checked by ``manifest.check_resumable``):
-    its completion mark removed, the manifest written, the tokenizer saved.
+    """Open ``output_dir`` for a run (checked by ``manifest.check_resumable``): its completion
+    marks removed, the manifest written, the tokenizer saved.
 
-    Returns the parts already there (``groups.existing_parts``) to keep: with ``overwrite``, only
-    other machines'.
+    Returns the parts already there (``groups.existing_parts``) to keep: none with ``overwrite``.
     """
     fs.makedirs(output_dir, exist_ok=True)
-    # Until this machine's stats file is written again, readers refuse the directory.
-    mark = os.path.join(output_dir, manifest.stats_name(settings.shard_index, settings.num_shards))
-    if fs.exists(mark):
-        fs.remove(mark)
+    # Until the completion mark is written again, readers refuse the directory. The marks of an
+    # earlier version's several machines (stats-I-of-N.json) go too: the run rewrites them as one.
+    names = fs.listdir(output_dir) if fs.isdir(output_dir) else []
+    for count, indices in manifest.completion_marks(names).items():
+        for index in indices:
+            fs.remove(os.path.join(output_dir, manifest.stats_name(index, count)))
     existing = groups_lib.existing_parts(output_dir)
-    if settings.overwrite:  # this machine's old shards: set aside, removed once all are new
-        existing = _set_aside_parts(output_dir, existing, settings)
+    if settings.overwrite:  # the old shards: set aside, removed once all are new
+        _set_aside_parts(output_dir, existing)
+        existing = {}
     manifest.write(output_dir, wanted)
     tokenizer_dir = os.path.join(output_dir, TOKENIZER_SUBDIR)
     saved = fs.exists(os.path.join(tokenizer_dir, "bert_jax_tokenizer.json"))
@@ -585,7 +564,7 @@ def read_heldout(checked: CheckedRun) -> dict:
     a runner whose last step wrote it elsewhere); {} where none were asked for."""
     if checked.heldout is None:
         return {}
-    path = os.path.join(checked.heldout.output_dir, manifest.stats_name(0, 1))
+    path = os.path.join(checked.heldout.output_dir, manifest.COMPLETION_MARK)
     if not fs.exists(path):  # no held-out document: no heldout/
         return {"heldout_dir": None, "heldout_stats": InstanceStats()}
     with fs.open(path, encoding="utf-8") as f:
@@ -679,7 +658,7 @@ def _spill_dir(checked: CheckedRun, settings: PrepareSettings) -> str:
         match = _SPILL_RE.match(name)
         if match and match["host"] == host and not groups_lib.process_alive(int(match["pid"])):
             shutil.rmtree(os.path.join(checked.output_dir, name), ignore_errors=True)
-    name = f".spill-{settings.shard_index}-of-{settings.num_shards}-{host}-{os.getpid()}"
+    name = f".spill-0-of-1-{host}-{os.getpid()}"  # the name of earlier versions' one machine
     path = os.path.join(checked.output_dir, name)
     os.makedirs(path, exist_ok=True)
     return path
@@ -802,9 +781,8 @@ def prepare_records(
     started = time.perf_counter()
     checked = check_run(sources, tokenizer, output_dir, settings, output_what)
     start_run(checked, settings)
-    mine = [g for g in range(checked.num_groups) if g % settings.num_shards == settings.shard_index]
     progress = {False: _Progress(checked.output_dir, output_what)}
-    directories = [(False, checked.output_dir, mine)]
+    directories = [(False, checked.output_dir, range(checked.num_groups))]
     if checked.heldout is not None:
         progress[True] = _Progress(checked.heldout.output_dir, output_what)
         held_groups = range(checked.heldout.rule.num_groups)
@@ -820,12 +798,6 @@ def prepare_records(
     corpus_stats = sources_lib.CorpusStats()
     held_out = _run_local(checked, settings, todo, progress, corpus_stats)
     check_enough_documents(checked, corpus_stats, held_out)
-    if not mine and settings.num_shards > 1:
-        logger.warning(
-            "shard %d of %d received no document groups: the input has fewer groups than shards",
-            settings.shard_index,
-            settings.num_shards,
-        )
     trained = progress[False]
     result = PrepareResult(
         output_dir=checked.output_dir,
@@ -864,30 +836,25 @@ def finish_run(
         with user_path(held.output_dir, checked.output_what, writing=True):
             groups_lib.remove_stale_temporaries(held.output_dir, everyone_done)
             if heldout_parts:
-                shard = machine_merge.shard_record(
-                    held.wanted, held.rule.num_groups, list(heldout_parts)
-                )
-                _write_stats(held.output_dir, result, settings, shard, heldout=True)
-                _drop_set_aside(held.output_dir, settings)
+                _write_stats(held.output_dir, result, settings, heldout_parts, heldout=True)
+                _drop_set_aside(held.output_dir)
             else:
                 fs.rmtree(held.output_dir, True)
-    shard = machine_merge.shard_record(checked.wanted, checked.num_groups, list(parts))
     with user_path(checked.output_dir, checked.output_what, writing=True):
         groups_lib.remove_stale_temporaries(checked.output_dir, everyone_done)
-        _write_stats(checked.output_dir, result, settings, shard)
-    _drop_set_aside(checked.output_dir, settings)
+        _write_stats(checked.output_dir, result, settings, parts)
+    _drop_set_aside(checked.output_dir)
 
 
 def _write_stats(
-    directory: str, result: PrepareResult, settings: PrepareSettings, shard: dict, heldout=False
+    directory: str, result: PrepareResult, settings: PrepareSettings, parts, heldout=False
 ) -> None:
-    """A records directory's completion mark: its counts and its shard
-    (``machine_merge.shard_record``); ``heldout``: the held-out records', whose input is the
-    run's (``corpus`` in the training records' mark)."""
-    name = manifest.stats_name(settings.shard_index, settings.num_shards)
+    """A records directory's completion mark (``manifest.COMPLETION_MARK``): its counts and the
+    groups with a part; ``heldout``: the held-out records', whose input is the run's (``corpus``
+    in the training records' mark)."""
     held = result.heldout_stats
     counts = {
-        "shard": shard,
+        "parts": sorted(parts),
         "corpus": {} if heldout else result.corpus_stats.as_dict(),
         "instances": dataclasses.asdict(held if heldout else result.instance_stats),
         "groups_written": held.groups if heldout else result.groups_written,
@@ -898,7 +865,7 @@ def _write_stats(
     }
     if held is not None and not heldout:
         counts["heldout"] = {"documents": held.documents, "instances": held.instances}
-    write_json_atomic(os.path.join(directory, name), counts)
+    write_json_atomic(os.path.join(directory, manifest.COMPLETION_MARK), counts)
 
 
 def prepare_cached(
@@ -966,95 +933,3 @@ def prepare_cached(
     if write_marker:
         write_json_atomic(marker, {"files": [os.path.basename(f) for f in files]})
     return files
-
-
-@dataclass
-class MergeResult:
-    output_dir: str
-    num_shards: int
-    parts: int
-    instances: int
-
-    def summary(self) -> str:
-        return (
-            f"merged {self.num_shards} shard(s) in {self.output_dir}: {self.parts} record "
-            f"file(s), {self.instances} instances, every shard complete and consistent; wrote "
-            f"{CONFIG_FILE}, which training reads"
-        )
-
-
-def _read_marks(output_dir: str, num_shards: int, done: set[int]) -> dict[int, dict | None]:
-    """Machine index -> the shard record in its completion mark (None in a mark of earlier
-    versions, which recorded no shard)."""
-    shards: dict[int, dict | None] = {}
-    for index in sorted(i for i in done if i < num_shards):
-        path = os.path.join(output_dir, manifest.stats_name(index, num_shards))
-        try:
-            with fs.open(path, encoding="utf-8") as f:
-                shards[index] = json.load(f).get("shard")
-        except json.JSONDecodeError as err:
-            raise manifest.ShardsError(
-                f"{path} is not valid JSON ({err}); run data prepare with --shard-index {index} "
-                f"--num-shards {num_shards} again (it resumes), then --merge"
-            ) from None
-    return shards
-
-
-def merge_shards(output_dir: str | os.PathLike, *, output_what: str = "--output") -> MergeResult:
-    """``data prepare --merge``: checks the shards that several machines prepared into
-    ``output_dir`` (``machine_merge.join_shards``) and writes the one manifest training reads.
-
-    Any refusal is a ``UserError`` naming the shard, setting, input or part; nothing is written
-    then, and the directory stays unreadable to training.
-    """
-    output_dir = fs.abspath(os.fspath(output_dir))
-    with user_path(output_dir, output_what):
-        names = fs.listdir(output_dir)
-    if manifest.read(output_dir) is None:
-        raise UserError(
-            f"{output_what} {output_dir} holds no {CONFIG_FILE}: not a directory that data "
-            "prepare wrote; give the --output of the machines' runs"
-        )
-    marks = manifest.completion_marks(names)
-    if not marks:
-        raise manifest.ShardsError(
-            f"{output_dir}: no machine finished data prepare (no stats-*-of-*.json); run every "
-            "--shard-index first, then --merge"
-        )
-    if len(marks) > 1:
-        counts = " and ".join(map(str, sorted(marks)))
-        raise manifest.ShardsError(
-            f"{output_dir} holds completion marks (stats-I-of-N.json) of runs over {counts} "
-            "machines: every machine must give the same --num-shards; remove the wrong runs' "
-            "stats files and run those shards again"
-        )
-    ((num_shards, done),) = marks.items()
-    if not fs.exists(os.path.join(output_dir, TOKENIZER_SUBDIR, "bert_jax_tokenizer.json")):
-        raise manifest.ShardsError(
-            f"{output_dir} has no {TOKENIZER_SUBDIR}/ (each machine saves it); copy it from a "
-            "machine's output or run one shard again"
-        )
-    shards = _read_marks(output_dir, num_shards, done)
-    # Shards made by another version of bert-jax hold other words: refused by name, first.
-    current = manifest.Manifest(
-        {
-            manifest.EXTRACTION_KEY: sources_lib.TEXT_EXTRACTION_VERSION,
-            manifest.FORMAT_KEY: FORMAT_VERSION,
-        }
-    )
-    for record in shards.values():
-        if record:
-            made = manifest.Manifest.from_json(record["manifest"])
-            manifest.check_format(made, current, output_dir, "data prepare of every shard")
-            manifest.check_extraction(made, current, output_dir, "data prepare of every shard")
-    merged = machine_merge.join_shards(
-        output_dir, num_shards, shards, groups_lib.existing_parts(output_dir)
-    )
-    with user_path(output_dir, output_what, writing=True):
-        manifest.write(output_dir, merged)
-    instances = 0
-    for group in sorted(g for record in shards.values() for g in record["parts"]):
-        with fs.open(os.path.join(output_dir, part_name(group, "json")), encoding="utf-8") as f:
-            instances += json.load(f).get("instances", 0)
-    parts = sum(len(record["parts"]) for record in shards.values())
-    return MergeResult(output_dir, num_shards, parts, instances)

@@ -14,16 +14,15 @@ earlier version.
 Reading the inputs for their identity also refuses input that is not text (a NUL byte: an image,
 a library) or not UTF-8 (say Latin-1), naming the file and the line, before anything is written.
 
-A run removes its machine's ``stats-I-of-N.json`` when it starts and writes it last, so that file
-is the completion mark: ``require_complete`` (used by the pipeline) refuses a directory with a
-manifest whose machines have not all finished, so a failed or killed run is never trusted.
-``RECORDS_KIND`` is the records directory as an output (``files.check_replaceable``).
+A run removes the completion mark ``stats-0-of-1.json`` (``COMPLETION_MARK``) when it starts and
+writes it last: ``require_complete`` (used by the pipeline) refuses a directory with a manifest
+and no mark, so a failed or killed run is never trusted. The held-out records (``heldout/``) are
+a records directory of their own, with their own manifest and mark. ``RECORDS_KIND`` is the
+records directory as an output (``files.check_replaceable``).
 
-Several machines (``--shard-index I --num-shards N``) prepare one directory: machine I writes the
-document groups ``g % N == I``, and its completion mark also holds its manifest and the groups it
-wrote. ``machine_merge.join_shards`` (``data prepare --merge``) checks the N of them against each
-other and the records on disk and returns the one manifest, with ``merged_shards = N``, that readers
-trust; until it is written ``require_complete`` refuses the directory.
+Earlier versions could prepare one directory on N machines (``stats-I-of-N.json`` each), then
+merge them (``merged_shards = N`` in the manifest): such a directory still reads; one whose
+machines were never merged is refused (``UnmergedRecordsError``), to be prepared again.
 """
 
 from __future__ import annotations
@@ -122,10 +121,6 @@ class UnmergedRecordsError(IncompleteRecordsError):
     """A records directory prepared by several machines whose shards were not merged."""
 
 
-class ShardsError(UserError):
-    """Shards of one records directory that are missing, incomplete or inconsistent."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     """What a records directory was prepared from; ``prepare_config.json`` as a value.
@@ -133,8 +128,8 @@ class Manifest:
     ``settings``: every recorded key but the inputs (``OUTPUT_SETTINGS``, ``vocab_size``, and
     whatever an older or newer writer added, kept as it was). ``inputs``: one entry per input,
     ``{"path", "size", "sha256"}`` for a file or ``{"source"}`` for a named corpus; None in a
-    directory prepared before inputs were recorded. ``merged_shards``: N once ``join_shards``
-    checked the N machines' shards. Treat all as read-only.
+    directory prepared before inputs were recorded. ``merged_shards``: N in a directory that an
+    earlier version merged from N machines. Treat all as read-only.
     """
 
     settings: Mapping[str, Any]
@@ -412,6 +407,10 @@ def stats_name(shard_index: int, num_shards: int) -> str:
     return f"stats-{shard_index}-of-{num_shards}.json"
 
 
+# A records directory's completion mark (the name of earlier versions' one machine).
+COMPLETION_MARK = stats_name(0, 1)
+
+
 def completion_marks(names: list[str]) -> dict[int, set[int]]:
     """{N: the machines I of N whose ``stats-I-of-N.json`` is among `names`}."""
     found: dict[int, set[int]] = {}
@@ -423,9 +422,9 @@ def completion_marks(names: list[str]) -> dict[int, set[int]]:
 
 
 def require_complete(directory: str) -> None:
-    """Refuses a records directory written by ``data prepare`` whose machines have not all
-    finished (a failed, killed or still running preparation), or, prepared by several machines,
-    whose shards were not merged (``join_shards``). Foreign records pass."""
+    """Refuses a records directory written by ``data prepare`` that has not finished (a failed,
+    killed or still running preparation), or that an earlier version prepared on several
+    machines and never merged. Foreign records pass."""
     if not fs.isdir(directory):
         return
     recorded = read(directory)
@@ -434,7 +433,7 @@ def require_complete(directory: str) -> None:
     found = completion_marks(fs.listdir(directory))
     complete = sorted(n for n, done in found.items() if done >= set(range(n)))
     if not complete:
-        missing = "no stats-*-of-*.json"
+        missing = f"no {COMPLETION_MARK}"
         if found:
             n, done = max(found.items(), key=lambda item: len(item[1]))
             missing = f"machine(s) {sorted(set(range(n)) - done)} of {n} have not finished"
@@ -445,7 +444,7 @@ def require_complete(directory: str) -> None:
     if 1 in complete or recorded.merged_shards in complete:
         return
     raise UnmergedRecordsError(
-        f"{directory}: prepared by {complete[0]} machines (--num-shards {complete[0]}) whose "
-        f"shards were not merged; run `bert-jax data prepare --merge --output {directory}` to "
-        "check them and write the manifest that training reads"
+        f"{directory}: prepared by {complete[0]} machines of an earlier version (--num-shards "
+        f"{complete[0]}) whose shards were never merged; prepare it again with --overwrite "
+        "(past one machine: --runner beam)"
     )
