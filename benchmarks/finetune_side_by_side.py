@@ -82,13 +82,12 @@ class TorchTuner:
         return transformers.BertForTokenClassification(config)
 
     def init(self, rng, bert_params) -> TorchState:
-        import jax
         import torch
         import transformers
 
         from bert_jax.convert import hf as hf_convert
 
-        torch.manual_seed(int(np.asarray(jax.random.key_data(rng)).ravel()[-1]))
+        torch.manual_seed(torch_seed(rng))
         model = self._model()  # the head: torch's initialisation under the seed
         encoder = hf_convert.hf_state_dict_from({"bert": bert_params}, self.config)
         missing, _ = model.load_state_dict(
@@ -168,6 +167,46 @@ class TorchTuner:
         return out.logits.numpy()
 
 
+def torch_seed(rng) -> int:
+    """The torch seed of a run's init key (the key's last word)."""
+    import jax
+
+    return int(np.asarray(jax.random.key_data(rng)).ravel()[-1])
+
+
+def start_from_transformers_heads() -> None:
+    """bert-jax's tuners start from the head transformers draws under the seed (an elimination:
+    with it the stacks differ only in their dropout masks). Sentence classification and
+    multiple choice."""
+    import jax
+    import torch
+
+    from bert_jax.finetune.tuning.head_tuner import HeadTuner
+
+    drawn_by_flax = HeadTuner.init
+
+    def init(self, rng, pretrained_bert):
+        state = drawn_by_flax(self, rng, pretrained_bert)
+        classifier = state.params["classifier"]
+        kernel = classifier["output"]["kernel"]
+        kind = "swag" if type(self).__name__ == "ChoiceTuner" else "glue"
+        torch_tuner = TorchTuner(kind, self.model.config, kernel.shape[-1], 0.0, 0.0)
+        torch.manual_seed(torch_seed(rng))
+        head = torch_tuner._model().classifier
+        drawn = {
+            "output": {
+                "kernel": head.weight.detach().numpy().T.reshape(kernel.shape),
+                "bias": head.bias.detach().numpy(),
+            }
+        }
+        placed = jax.tree.map(
+            lambda new, old: jax.device_put(new.astype(old.dtype), old.sharding), drawn, classifier
+        )
+        return dataclasses.replace(state, params={**state.params, "classifier": placed})
+
+    HeadTuner.init = init
+
+
 def use_transformers_steps() -> None:
     """Puts `TorchTuner` where bert-jax's task code builds its tuners (GLUE, SWAG, SQuAD, NER)."""
     from bert_jax.finetune.runs import swag as swag_task
@@ -231,8 +270,29 @@ def run_seed(encoder, stack: str, args, seed: int) -> dict[str, Any]:
 def spread(scores: list[float]) -> dict[str, float]:
     return {
         "mean": float(np.mean(scores)),
+        "std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
         "min": float(np.min(scores)),
         "max": float(np.max(scores)),
+    }
+
+
+def paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
+    """bert-jax minus transformers on the seeds both ran: the mean difference and two paired
+    tests of "no difference" (Wilcoxon signed-rank, t-test), or None with one stack."""
+    if set(runs) != set(STACKS):
+        return None
+    from scipy import stats
+
+    ours, theirs = ({r["seed"]: r["score"] for r in runs[stack]} for stack in STACKS)
+    seeds = sorted(set(ours) & set(theirs))
+    a, b = np.array([ours[s] for s in seeds]), np.array([theirs[s] for s in seeds])
+    if len(seeds) < 2 or np.all(a == b):
+        return {"seeds": len(seeds), "mean_difference": float(np.mean(a - b))}
+    return {
+        "seeds": len(seeds),
+        "mean_difference": float(np.mean(a - b)),
+        "wilcoxon_p": float(stats.wilcoxon(a, b).pvalue),
+        "ttest_rel_p": float(stats.ttest_rel(a, b).pvalue),
     }
 
 
@@ -259,6 +319,92 @@ def write_synthetic_sst2(directory: str, train_size: int, dev_size: int, seed: i
             f.write("\n".join(lines) + "\n")
 
 
+def _prose_documents(min_words: int = 5, max_words: int = 40) -> list[list[str]]:
+    """The embedded corpus (real prose shipped with Python) as documents of usable sentences:
+    5 to 40 words, no tabs, quotes or line breaks (the task files' separators)."""
+    from bert_jax.data.sources.embedded import embedded_documents
+
+    documents = []
+    for document in embedded_documents("all"):
+        sentences = [
+            " ".join(s.split())
+            for s in document
+            if min_words <= len(s.split()) <= max_words and not set(s) & set('\t"')
+        ]
+        if len(sentences) >= 2:
+            documents.append(sentences)
+    return documents
+
+
+def _next_sentence_rows(size_by_split: dict[str, int], seed: int, distractors: int):
+    """Per split: (context, true next sentence, [other documents' sentences]) rows. The
+    documents are split between the splits (no document gives rows to two), so dev measures
+    what was learnt, not what was seen."""
+    rng = np.random.default_rng(seed)
+    documents = _prose_documents()
+    order = rng.permutation(len(documents))
+    total = sum(size_by_split.values())
+    rows_by_split, start = {}, 0
+    for split, size in size_by_split.items():
+        # Documents in proportion to the split's share, at least enough pairs for its rows.
+        share = max(1, round(len(documents) * size / total))
+        mine = set(order[start : start + share].tolist())
+        own = [documents[i] for i in sorted(mine)]
+        others = [documents[i] for i in range(len(documents)) if i not in mine]
+        start += share
+        pairs = [(d[i], d[i + 1]) for d in own for i in range(len(d) - 1)]
+        if len(pairs) < size:
+            raise SystemExit(f"only {len(pairs)} sentence pairs for the {split} split of {size}")
+        rows = []
+        for pick in rng.permutation(len(pairs))[:size]:
+            context, true_next = pairs[pick]
+            wrong = []
+            for d in rng.choice(len(others), size=distractors, replace=False):
+                wrong.append(str(rng.choice(others[d])))
+            rows.append((context, true_next, wrong))
+        rows_by_split[split] = rows
+    return rows_by_split, rng
+
+
+def write_prose_swag(directory: str, train_size: int, dev_size: int, seed: int = 0) -> None:
+    """SWAG files (train.csv, val.csv) from real prose: a context sentence of the embedded
+    corpus and four endings, its true next sentence and three sentences of other documents,
+    the true one at a random place."""
+    import csv
+
+    from bert_jax.finetune.tasks import swag
+
+    rows_by_split, rng = _next_sentence_rows({"train": train_size, "dev": dev_size}, seed, 3)
+    os.makedirs(directory, exist_ok=True)
+    for split, rows in rows_by_split.items():
+        with open(swag.split_path(directory, split), "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(swag.HEADER)
+            for number, (context, true_next, wrong) in enumerate(rows):
+                label = int(rng.integers(0, 4))
+                endings = list(wrong)
+                endings.insert(label, true_next)
+                writer.writerow(
+                    [number, f"prose-{number}", "0", context, context, "", "prose", *endings, label]
+                )
+
+
+def write_prose_pairs(directory: str, train_size: int, dev_size: int, seed: int = 0) -> None:
+    """An RTE directory (train.tsv, dev.tsv) from real prose: does sentence2 follow sentence1 in
+    its document ("entailment"), or is it a sentence of another document ("not_entailment")?
+    Balanced labels."""
+    rows_by_split, rng = _next_sentence_rows({"train": train_size, "dev": dev_size}, seed, 1)
+    os.makedirs(os.path.join(directory, "RTE"), exist_ok=True)
+    for split, rows in rows_by_split.items():
+        lines = ["index\tsentence1\tsentence2\tlabel"]
+        for number, (context, true_next, wrong) in enumerate(rows):
+            follows = number % 2 == 0
+            second, label = (true_next, "entailment") if follows else (wrong[0], "not_entailment")
+            lines.append(f"{number}\t{context}\t{second}\t{label}")
+        with open(os.path.join(directory, "RTE", f"{split}.tsv"), "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a bert-jax model directory")
@@ -273,15 +419,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seq-length", type=int, default=None)
     parser.add_argument("--dropout", type=float, default=None)
     parser.add_argument("--optimizer", default="adamw-hf", help="bert-jax's: adamw-hf or bert")
+    parser.add_argument(
+        "--dropout-impl", default=None, help="bert-jax's dropout masks: hash or prng (the model's)"
+    )
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument(
+        "--same-head",
+        action="store_true",
+        help="bert-jax starts from transformers' initial head of each seed (then only the "
+        "dropout masks differ)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--write-synthetic-sst2", metavar="DIR", default=None)
+    parser.add_argument("--write-prose-swag", metavar="DIR", default=None)
+    parser.add_argument("--write-prose-pairs", metavar="DIR", default=None)
     parser.add_argument("--train-size", type=int, default=400)
     parser.add_argument("--dev-size", type=int, default=200)
     args = parser.parse_args(argv)
     if args.write_synthetic_sst2:
         write_synthetic_sst2(args.write_synthetic_sst2, args.train_size, args.dev_size)
         print(f"wrote {args.write_synthetic_sst2}/SST-2/train.tsv and dev.tsv")
+        return 0
+    if args.write_prose_swag:
+        write_prose_swag(args.write_prose_swag, args.train_size, args.dev_size)
+        print(f"wrote {args.write_prose_swag}/train.csv and val.csv")
+        return 0
+    if args.write_prose_pairs:
+        write_prose_pairs(args.write_prose_pairs, args.train_size, args.dev_size)
+        print(f"wrote {args.write_prose_pairs}/RTE/train.tsv and dev.tsv")
         return 0
     missing = [f"--{n}" for n in ("model", "task", "data", "workdir") if not getattr(args, n)]
     if missing:
@@ -294,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     encoder = load_pretrained(args.model)
+    if args.dropout_impl:
+        config = encoder.config.replace(dropout_impl=args.dropout_impl)
+        encoder = dataclasses.replace(encoder, config=config)
+    if args.same_head:
+        start_from_transformers_heads()
     stacks = STACKS if args.stacks == "both" else (args.stacks,)
     runs: dict[str, list[dict[str, Any]]] = {}
     for stack in stacks:
@@ -305,8 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         "data": os.path.abspath(args.data),
         "model": encoder.source,
         "optimizer (bert-jax)": args.optimizer,
+        "dropout_impl (bert-jax)": encoder.config.dropout_impl,
+        "head (bert-jax)": "transformers' draw" if args.same_head else "its own draw",
         "runs": runs,
         "spread": {stack: spread([r["score"] for r in rows]) for stack, rows in runs.items()},
+        "paired": paired(runs),
     }
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "side_by_side.json"), "w", encoding="utf-8") as f:
@@ -317,8 +490,14 @@ def main(argv: list[str] | None = None) -> int:
         s = summary["spread"][stack]
         scores = ", ".join(f"{r['score']:.2f}" for r in rows)
         print(
-            f"  {stack:13s} mean {s['mean']:.2f} range {s['min']:.2f}-{s['max']:.2f} "
-            f"({scores}; {rows[0]['steps']} steps)"
+            f"  {stack:13s} mean {s['mean']:.2f} std {s['std']:.2f} range {s['min']:.2f}-"
+            f"{s['max']:.2f} ({scores}; {rows[0]['steps']} steps)"
+        )
+    test = summary["paired"]
+    if test and "wilcoxon_p" in test:
+        print(
+            f"  bert-jax - transformers: {test['mean_difference']:+.2f} over {test['seeds']} "
+            f"seeds (Wilcoxon p {test['wilcoxon_p']:.3f}, paired t p {test['ttest_rel_p']:.3f})"
         )
     return 0
 

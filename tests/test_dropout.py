@@ -118,3 +118,63 @@ def test_edge_cases_and_bad_settings():
     # Counted in uint32 within a row of axis 0; a larger row is refused before anything is built.
     with pytest.raises(ValueError, match=r"shape \(1, 65536, 65536\).*dropout_impl='prng'"):
         hash_bits(key, (1, 65536, 65536))
+
+
+@pytest.mark.parametrize("impl", ["hash", "prng"])
+def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps(impl, monkeypatch):
+    """Every dropout of `BertForSequenceClassification` as fine-tuning runs it (the embeddings,
+    each layer's attention probabilities, attention output and FFN output, the classifier input:
+    transformers' places) draws its own mask: the rate is kept at each site, and no two masks of a
+    step, no two steps' masks of a site and no two heads' attention masks are correlated."""
+    from bert_jax.core import dropout as dropout_module
+    from bert_jax.finetune.heads.pooled import BertForSequenceClassification
+    from tests.helpers import tiny_config
+
+    masks = []
+    hash_words = dropout_module.hash_bits
+    bernoulli = jax.random.bernoulli
+
+    def recorded_hash(key, shape):
+        words = hash_words(key, shape)
+        masks.append(np.asarray(words) >= drop_threshold(0.1))
+        return words
+
+    def recorded_bernoulli(key, p=0.5, shape=None):
+        keep = bernoulli(key, p=p, shape=shape)
+        masks.append(np.asarray(keep))
+        return keep
+
+    monkeypatch.setattr(dropout_module, "hash_bits", recorded_hash)
+    monkeypatch.setattr(jax.random, "bernoulli", recorded_bernoulli)
+    config = tiny_config(dropout_impl=impl, attention_impl="xla")
+    model = BertForSequenceClassification(config, 2, 0.1)
+    ids = np.random.default_rng(0).integers(5, config.vocab_size, (4, 16)).astype(np.int32)
+    inputs = (ids, np.ones_like(ids), np.zeros_like(ids))
+    params = model.init(jax.random.key(0), *inputs)["params"]
+    steps = []
+    for step in range(3):  # train.update's dropout key of each step
+        masks.clear()
+        model.apply(
+            {"params": params},
+            *inputs,
+            deterministic=False,
+            rngs={"dropout": jax.random.fold_in(jax.random.key(1), step)},
+        )
+        steps.append(list(masks))
+    sites = steps[0]
+    # Embeddings, 2 x (attention probabilities, attention output, FFN output), classifier.
+    assert [m.ndim for m in sites] == [3, 4, 3, 3, 4, 3, 3, 2]
+
+    def corr(a, b):
+        return abs(np.corrcoef(a.ravel().astype(np.float64), b.ravel().astype(np.float64))[0, 1])
+
+    for mask in sites:
+        assert abs(np.mean(mask) - 0.9) < 5 * np.sqrt(0.09 / mask.size), np.mean(mask)
+    pairs = [(a, b) for i, a in enumerate(sites) for b in sites[i + 1 :] if a.shape == b.shape]
+    pairs += [(s[i], t[i]) for s, t in zip(steps, steps[1:]) for i in range(len(sites))]
+    for mask in sites:
+        if mask.ndim == 4:
+            pairs += [(mask[:, h], mask[:, h + 1]) for h in range(mask.shape[1] - 1)]
+    assert len(pairs) > 30
+    for a, b in pairs:
+        assert corr(a, b) < 5 / np.sqrt(a.size), (a.shape, corr(a, b))
