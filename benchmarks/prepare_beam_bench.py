@@ -1,16 +1,21 @@
-"""`data prepare` throughput, local processes beside Apache Beam's FnApiRunner: words/s,
-instances/s and the peak RSS of a worker, with 1 and 2 workers, on the same corpus and settings
-(the records are the same: tests/test_data_beam.py). The table goes to docs/dataflow.md.
+"""`data prepare` on the local path beside Apache Beam's FnApiRunner, with the same number of
+processes, on the same text and settings (the records are the same: tests/test_data_beam.py).
+Prints the table of docs/dataflow.md: runner, processes, input MB, wall s, CPU s, words per
+CPU second and each Beam line's ratio to the local line of its size and processes.
 
-    python benchmarks/prepare_beam_bench.py [--copies 3] [--runs 1]
+    python benchmarks/prepare_beam_bench.py [--sizes 24,240] [--processes 1,2] [--runs 3]
 
-Each configuration runs in a fresh process (`bert-jax data prepare`), the local ones with
-.venv's Python, the Beam ones with .venv-beam's (`make test-beam` builds it). The corpus is the
-embedded corpus's train split written `--copies` times into one text file (the original format),
-so the input is cut into several splits and groups. Wall time includes each process's start
-(TensorFlow's import, Beam's worker start-up) and depends on what else the machine runs; the
-CPU seconds of the command and all its processes (start-up included) do much less, so words per
-CPU second is the figure to extrapolate from.
+Each run is a fresh `bert-jax data prepare` process: the local ones with .venv's Python, the
+Beam ones with .venv-beam's (`make test-beam` builds it), one process (`--num-workers 1`;
+Beam's FnApiRunner in this process) or several (`--num-workers P`; Beam's
+`--direct_num_workers=P --direct_running_mode=multi_processing`). The text is the embedded
+corpus's train split (English prose, in the original format: a sentence per line, documents
+apart) written over and over until it is SIZE MB, cut in splits and groups of 1 MiB (the work
+spread over the processes). Wall time includes each command's start-up
+(Beam's import and its worker processes' start) and depends on what else the machine runs; the
+CPU seconds of the command and all its processes vary much less, so each line gives both, as the
+median of `--runs` runs taken in turns (local, Beam, local, ...), so that a change of load hits
+both alike.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +32,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Runs `bert-jax data prepare` in this child and prints its peak RSS figures as JSON.
+# Runs `bert-jax data prepare` in this child and prints its CPU seconds (its own and those of
+# every process it waited for: the local path's pool, Beam's worker processes) as JSON.
 _CHILD = """
 import json, resource, sys
 from bert_jax.cli import main
@@ -34,109 +41,118 @@ code = main(sys.argv[1:])
 own = resource.getrusage(resource.RUSAGE_SELF)
 children = resource.getrusage(resource.RUSAGE_CHILDREN)
 cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-print("RSS " + json.dumps(
-    {"self_kib": own.ru_maxrss, "children_kib": children.ru_maxrss, "cpu": cpu, "code": code}
-))
+print("CPU " + json.dumps({"cpu": cpu, "code": code}))
 """
 
 
-def _corpus(path: str, copies: int) -> int:
-    """Writes the corpus; returns its words (whitespace-separated)."""
+def write_corpus(path: str, megabytes: float) -> int:
+    """The embedded train split over and over until ``megabytes`` MB (10^6 bytes) of text;
+    returns its words (whitespace-separated)."""
+    sys.path.insert(0, REPO)
     from bert_jax.data.sources import documents as sources
 
-    documents = sources.embedded_documents("train")
-    words = 0
+    texts = ["\n".join(document) + "\n\n" for document in sources.embedded_documents("train")]
+    words_each = [len(text.split()) for text in texts]
+    target, size, words = int(megabytes * 1e6), 0, 0
     with open(path, "w", encoding="utf-8") as f:
-        for _ in range(copies):
-            for document in documents:
-                f.write("\n".join(document) + "\n\n")
-                words += sum(len(sentence.split()) for sentence in document)
+        while size < target:
+            for text, count in zip(texts, words_each):
+                f.write(text)
+                size += len(text.encode("utf-8"))
+                words += count
+                if size >= target:
+                    break
     return words
 
 
-def _run(python: str, argv: list[str]) -> tuple[float, dict, str]:
+def run_once(python: str, argv: list[str]) -> tuple[float, float]:
+    """One command: its wall and CPU seconds."""
     started = time.perf_counter()
     done = subprocess.run(
         [python, "-c", _CHILD, *argv], capture_output=True, text=True, cwd=REPO, check=False
     )
     wall = time.perf_counter() - started
-    rss = next(
-        (json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("RSS ")),
-        None,
-    )
-    if rss is None or rss["code"] != 0:
+    found = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("CPU ")]
+    if not found or found[0]["code"] != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
-    return wall, rss, done.stdout
+    return wall, found[0]["cpu"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--copies", type=int, default=3, help="copies of embedded:train")
-    parser.add_argument("--runs", type=int, default=1, help="runs of each configuration")
+    parser.add_argument("--sizes", default="24,240", help="input sizes in MB, comma-separated")
+    parser.add_argument("--processes", default="1,2", help="process counts, comma-separated")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each line (the median)")
+    parser.add_argument(
+        "--group-bytes", type=int, default=1 << 20, help="data prepare's; small: work to spread"
+    )
+    parser.add_argument("--split-bytes", type=int, default=1 << 20, help="data prepare's")
     parser.add_argument("--tokenizer", default=None, help="default: BERT's uncased vocab.txt")
     parser.add_argument("--python-local", default=os.path.join(REPO, ".venv/bin/python"))
     parser.add_argument("--python-beam", default=os.path.join(REPO, ".venv-beam/bin/python"))
+    parser.add_argument("--workdir", default=None, help="for the corpora and outputs (a temp dir)")
     args = parser.parse_args()
     if args.tokenizer is None:
         sys.path.insert(0, REPO)
         from tests.data_fixtures import minilm_vocab_path
 
         args.tokenizer = minilm_vocab_path()
-    work = tempfile.mkdtemp(prefix="prepare-bench-")
-    corpus = os.path.join(work, "corpus.txt")
-    words = _corpus(corpus, args.copies)
-    size = os.path.getsize(corpus)
-    common = [
-        "data", "prepare", "--input", corpus, "--tokenizer", args.tokenizer,
-        "--max-seq-length", "128", "--max-predictions-per-seq", "20", "--dupe-factor", "5",
-        "--group-bytes", str(1 << 20), "--split-bytes", str(1 << 20),
-    ]  # fmt: skip
-    configurations = {
-        "local, 1 worker": (args.python_local, ["--num-workers", "1"]),
-        "local, 2 workers": (args.python_local, ["--num-workers", "2"]),
-        "Beam FnApiRunner, 1 worker": (args.python_beam, ["--runner", "beam"]),
-        "Beam FnApiRunner, 2 workers": (
-            args.python_beam,
-            [
-                "--runner",
-                "beam",
-                "--",
-                "--direct_num_workers=2",
-                "--direct_running_mode=multi_processing",
-            ],
-        ),  # fmt: skip
-    }
+    work = tempfile.mkdtemp(prefix="prepare-bench-", dir=args.workdir)
+    sizes = [float(s) for s in args.sizes.split(",")]
+    processes = [int(p) for p in args.processes.split(",")]
     print(
-        f"corpus: {words:,} words, {size / 2**20:.1f} MiB, {args.copies} copies of embedded:train"
+        "| runner | processes | input MB | wall s | CPU s | words per CPU s | "
+        "Beam / local, wall | Beam / local, CPU |"
     )
-    print(
-        "| configuration | wall s | words/s | instances/s | CPU s (all processes) | "
-        "words per CPU s | peak RSS/worker |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name, (python, extra) in configurations.items():
-        for run in range(args.runs):
-            output = os.path.join(work, f"out-{len(name)}-{run}")
-            flags = [*common, "--output", output]
-            if "--" in extra:
-                cut = extra.index("--")
-                argv = [*flags, *extra[:cut], *extra[cut:]]
-            else:
-                argv = [*flags, *extra]
-            wall, rss, _ = _run(python, argv)
-            with open(os.path.join(output, "stats-0-of-1.json")) as f:
-                stats = json.load(f)
-            instances = stats["instances"]["instances"]
-            cpu = rss["cpu"]
-            workers = 1 if "1 worker" in name else 2
-            # One worker: the work runs in the command's own process; two: in its children.
-            peak = rss["self_kib"] if workers == 1 else rss["children_kib"]
-            print(
-                f"| {name} | {wall:.1f} | {words / wall:,.0f} | {instances / wall:,.0f} | "
-                f"{cpu:.1f} | {words / cpu:,.0f} | {peak / 1024:.0f} MiB |"
-            )
-    print(f"(instances per run: {instances:,})")
-    shutil.rmtree(work, ignore_errors=True)
+    print("|---|---|---|---|---|---|---|---|")
+    try:
+        for megabytes in sizes:
+            corpus = os.path.join(work, f"corpus-{megabytes:g}MB.txt")
+            words = write_corpus(corpus, megabytes)
+            common = [
+                "data", "prepare", "--input", corpus, "--tokenizer", args.tokenizer,
+                "--max-seq-length", "128", "--max-predictions-per-seq", "20",
+                "--dupe-factor", "5", "--group-bytes", str(args.group_bytes),
+                "--split-bytes", str(args.split_bytes),
+            ]  # fmt: skip
+            for count in processes:
+                lines = {
+                    "local": (args.python_local, ["--num-workers", str(count)]),
+                    "Beam FnApiRunner": (
+                        args.python_beam,
+                        ["--runner", "beam", "--", f"--direct_num_workers={count}"]
+                        + (["--direct_running_mode=multi_processing"] if count > 1 else []),
+                    ),
+                }
+                measured: dict[str, list[tuple[float, float]]] = {name: [] for name in lines}
+                for _ in range(args.runs):
+                    for name, (python, extra) in lines.items():
+                        output = os.path.join(work, "out")
+                        shutil.rmtree(output, ignore_errors=True)
+                        cut = extra.index("--") if "--" in extra else len(extra)
+                        argv = [*common, "--output", output, *extra[:cut], *extra[cut:]]
+                        measured[name].append(run_once(python, argv))
+                medians = {
+                    name: (
+                        statistics.median(w for w, _ in runs),
+                        statistics.median(c for _, c in runs),
+                    )
+                    for name, runs in measured.items()
+                }
+                local_wall, local_cpu = medians["local"]
+                for name, (wall, cpu) in medians.items():
+                    ratios = (
+                        f"{wall / local_wall:.2f} | {cpu / local_cpu:.2f}"
+                        if name != "local"
+                        else "1 | 1"
+                    )
+                    print(
+                        f"| {name} | {count} | {megabytes:g} | {wall:.1f} | {cpu:.1f} | "
+                        f"{words / cpu:,.0f} | {ratios} |",
+                        flush=True,
+                    )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -242,3 +245,79 @@ def test_from_a_bucket_into_a_bucket(corpora, tmp_path, capsys):
         assert sorted(n for n in names if n.startswith("part-")) == sorted(
             {**_records(local), **_counts(local)}
         )
+
+
+def test_beam_counters_are_the_summarys_counts(corpora, tmp_path, monkeypatch):
+    """Beam's counters (what Dataflow's console shows), summed over two worker processes, equal
+    the local path's summary: documents read, input bytes (the files' sizes), groups and
+    instances, the held-out records' apart."""
+    text = tmp_path / "books.txt"
+    text.write_text(
+        "".join("\n".join(d) + "\n\n" for d in sources.embedded_documents("train")[:40]),
+        encoding="utf-8",
+    )
+    inputs = [str(text), *corpora["wikipedia"]]
+    local = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "local", _settings())
+    found = []
+    job_counters = beam_lib.job_counters
+
+    def recording(job):
+        found.append(job_counters(job))
+        return found[-1]
+
+    monkeypatch.setattr(beam_lib, "job_counters", recording)
+    beam = beam_lib.prepare_with_beam(
+        inputs, embedded_spm_dir(), tmp_path / "beam", _settings(), TWO_PROCESSES
+    )
+    assert local.heldout_stats is not None and local.heldout_stats.instances > 0
+    assert found == [
+        {
+            "documents": local.corpus_stats.documents,
+            "input_bytes": sum(os.path.getsize(path) for path in inputs),
+            "groups": local.instance_stats.groups,
+            "instances": local.instance_stats.instances,
+            "heldout_groups": local.heldout_stats.groups,
+            "heldout_instances": local.heldout_stats.instances,
+        }
+    ]
+    assert set(found[0]) == set(beam_lib.COUNTERS)
+    assert beam.instance_stats.instances == local.instance_stats.instances
+
+
+def _run_beam_command(corpora, output, *beam_options: str) -> str:
+    """`bert-jax data prepare --runner beam` as a user runs it (a process of its own, so that
+    what Beam's worker processes print reaches its stderr too); its stdout and stderr."""
+    argv = [*_argv(corpora["parquet"], output, "--runner", "beam"), "--", *beam_options]
+    done = subprocess.run(
+        [sys.executable, "-m", "bert_jax.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+def test_a_run_shows_bert_jax_progress_and_hides_beams_lines(corpora, tmp_path):
+    """Two worker processes: the job's first line, the local path's progress lines and its
+    summary; none of Beam's INFO or WARNING lines, the driver's or the workers'. Beam's own
+    option --default_sdk_harness_log_level=INFO shows them."""
+    shown = _run_beam_command(corpora, tmp_path / "quiet", *TWO_PROCESSES)
+    lines = shown.splitlines()
+    assert any("Beam job: " in line and "into 3 group(s)" in line for line in lines), shown
+    progress = [line for line in lines if "groups written " in line]
+    assert progress and re.search(r"groups written 3/3 \([0-9.]+/s, ETA ", progress[-1]), shown
+    assert any(line.startswith("wrote 3 shard(s)") for line in lines), shown
+    beams = [
+        line
+        for line in lines
+        if "apache_beam" in line or "sdk_worker" in line or re.match(r"(INFO|WARNING):", line)
+    ]
+    assert beams == [], shown
+    assert len(lines) < 15, shown
+
+    asked = _run_beam_command(
+        corpora, tmp_path / "verbose", *TWO_PROCESSES, "--default_sdk_harness_log_level=INFO"
+    )
+    assert "apache_beam" in asked and "groups written 3/3" in asked

@@ -3,14 +3,20 @@ Spark, or Beam's FnApiRunner on this machine), writing the records the local pat
 
 The pipeline runs the local path's own functions (``groups.py``), so both write the same bytes::
 
-    Create(splits) -> Reshuffle -> read a split: (group, (key, document)) pairs ---> GroupByKey
+    Create(splits) -> Reshuffle -> read a split: one (group, its documents) element per group it
+      feeds (the documents pickled as one blob, as the local path spills them) ---> GroupByKey
       -> a group's documents in key order -> process_group -> write_group (part-NNNNN.tfrecord)
       -> one final step: the completion mark stats-0-of-1.json (with the counts of every group)
 
 Held-out documents (``groups.route_documents``) leave the read as a side output; the few that
 the floor adds (``groups.floor_documents``, from every split's ``Routing``, a side input) leave
 their training group when it is written. Both go through a GroupByKey of their own into the
-held-out groups, written into ``heldout/`` before the final step.
+held-out groups, written into ``heldout/`` (``layout.heldout_dir``) before the final step.
+
+A document is never an element of its own: per-element costs (coders, the shuffle's keys) are
+paid per split and group, and a worker holds one split while reading, one group while writing.
+No step imports TensorFlow (``tfrecord.write_records`` frames records itself), so a worker starts
+in about the time it takes to import Beam.
 
 Before the pipeline starts, this process checks the inputs and the output directory and writes
 ``prepare_config.json`` and ``tokenizer/`` (``prepare.check_run``, ``prepare.start_run``); the
@@ -21,8 +27,16 @@ bytes under a temporary name and renamed: no duplicates, and the final step remo
 temporary name a killed worker left. A bad input found by a worker is raised here as the same
 one line the local path gives (``UserError``, exit 2).
 
+What a run shows: bert-jax's own progress lines (``groups written 12/25 (2.4/s, ETA 0m05s)``, the
+local path's format, from the shards that appear in the output directory, whatever the runner),
+and Beam's counters ``COUNTERS`` in the namespace ``bert_jax.prepare`` (Dataflow's console lists
+them under the job's custom counters). Beam's own log lines (its INFO and WARNING, and the
+FnApiRunner's worker processes' output) are hidden unless Beam's option
+``--default_sdk_harness_log_level=LEVEL`` (``INFO``, ``WARNING``, ...) is given after the ``--``;
+a Dataflow job's state and console link are always shown.
+
 Beam is imported only here, and only when ``--runner beam`` is asked for: it caps protobuf and
-pyarrow, so it lives in an extra of its own (``pip install 'bert-jax[beam]'``).
+pyarrow, so it lives in an extra of its own, in an environment of its own (``INSTALL_HINT``).
 """
 
 from __future__ import annotations
@@ -30,7 +44,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
+import shlex
+import shutil
+import sys
+import tempfile
+import threading
 import time
 import traceback
 
@@ -38,12 +58,30 @@ from bert_jax.data.preparation import groups as groups_lib
 from bert_jax.data.preparation import run as prepare_lib
 from bert_jax.data.records import manifest
 from bert_jax.data.sources import documents as sources_lib
+from bert_jax.data.sources import splits as splits_lib
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'bert-jax[beam]' (in a checkout: make test-beam builds .venv-beam)"
+INSTALL_HINT = (
+    "in a checkout, in a virtual environment of its own: pip install -e '.[beam]' "
+    "(or make test-beam, which builds .venv-beam)"
+)
+# Beam's counters (Metrics.counter), in this namespace: what Dataflow's console shows of a job.
+COUNTER_NAMESPACE = "bert_jax.prepare"
+COUNTERS = (
+    "documents",
+    "input_bytes",
+    "groups",
+    "instances",
+    "heldout_groups",
+    "heldout_instances",
+)
+# Beam's own option for its log level; without it Beam's lines below ERROR are hidden.
+LOG_LEVEL_OPTION = "default_sdk_harness_log_level"
+# How often the launching machine looks for new shards (a bucket's listing costs a request).
+_POLL_SECONDS = {"local": 1.0, "remote": 10.0}
 # A user error raised in a worker crosses the runner as text: this mark finds its line again.
 _USER_ERROR_MARK = "[bert-jax user error] "
 
@@ -74,6 +112,114 @@ def pipeline_options(beam_args: list[str]):
     return options, FnApiRunner()
 
 
+def beam_log_level(options) -> int | None:
+    """The level of Beam's own log lines that a run shows: Beam's ``LOG_LEVEL_OPTION`` where it
+    is given, else None (only errors)."""
+    given = options.get_all_options(drop_default=True).get(LOG_LEVEL_OPTION)
+    if given is None:
+        return None
+    level = int(given) if str(given).isdecimal() else logging.getLevelName(str(given).upper())
+    if not isinstance(level, int):
+        raise UserError(
+            f"--{LOG_LEVEL_OPTION}={given}: not a log level (DEBUG, INFO, WARNING, ERROR)"
+        )
+    return level
+
+
+def _quiet_workers(options, log_path: str):
+    """An FnApiRunner whose worker processes (``--direct_running_mode=multi_processing``) write
+    their output to ``log_path`` instead of this terminal; None where it runs no processes.
+    The FnApiRunner starts ``direct_num_workers`` processes of its default environment: the
+    command Beam itself would run, with its stderr sent to the file."""
+    from apache_beam.options.pipeline_options import DirectOptions
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    direct = options.view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return None
+    command = (
+        f"{shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main "
+        f"2>>{shlex.quote(log_path)}"
+    )
+    # In "multi_processing" the runner would replace this environment with its own command.
+    direct.direct_running_mode = "in_memory"
+    return FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(command))
+
+
+class _HideBeam(logging.Filter):
+    """Drops Beam's own records below ``level`` (whatever logger its code used, the root logger
+    included); keeps a Dataflow job's state and console link."""
+
+    _BEAM_DIR = f"{os.sep}apache_beam{os.sep}"
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.level or record.name.startswith("apache_beam.runners.dataflow"):
+            return True
+        return not (record.name.startswith("apache_beam") or self._BEAM_DIR in record.pathname)
+
+
+class _ShardWatch(threading.Thread):
+    """Progress lines while a job runs: the groups in ``todo`` whose shard has appeared in the
+    output directory, counted by this process, so they come whatever the runner (workers on
+    other machines included), in the local path's format."""
+
+    def __init__(self, output_dir: str, todo: frozenset[int]):
+        super().__init__(name="bert-jax-shard-watch", daemon=True)
+        self.output_dir, self.todo = output_dir, todo
+        self.seen: set[int] = set()
+        self.rate = prepare_lib._Rate("groups written", len(todo), every=max(1, len(todo) // 20))
+        remote = "remote" if fs.is_remote(output_dir) else "local"
+        self.poll_seconds = _POLL_SECONDS[remote]
+        self.stopped = threading.Event()
+
+    def poll(self) -> None:
+        try:
+            parts = groups_lib.existing_parts(self.output_dir)
+        except Exception:  # a listing that failed: the next one will tell
+            return
+        new = {g for g, suffixes in parts.items() if "tfrecord" in suffixes} & self.todo
+        new -= self.seen
+        if new:
+            self.seen |= new
+            self.rate.tick(len(new))
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.poll_seconds):
+            self.poll()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+        self.poll()
+
+
+def job_counters(result) -> dict[str, int]:
+    """Beam's committed counters of a finished job (``COUNTERS``), by name; {} where the runner
+    keeps none."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(COUNTER_NAMESPACE))
+    except Exception:  # a runner without metrics (or a job that runs on)
+        return {}
+    counters: dict[str, int] = {}
+    for counter in found["counters"]:
+        name = counter.key.metric.name
+        counters[name] = counters.get(name, 0) + (counter.committed or 0)
+    return counters
+
+
+def _count(name: str, value: int) -> None:
+    from apache_beam.metrics.metric import Metrics
+
+    Metrics.counter(COUNTER_NAMESPACE, name).inc(value)
+
+
 def _marked(error: UserError) -> RuntimeError:
     return RuntimeError(_USER_ERROR_MARK + str(error).replace("\n", " "))
 
@@ -89,38 +235,48 @@ def _user_error_in(error: BaseException) -> str | None:
 
 # The steps below carry no type hints: Beam would read them as its own (as strings, here).
 def _read_split(indexed_split, seed, num_groups, reader_options, heldout):
-    """A split -> ``(group, (key, document))`` pairs; on the side, its held-out documents
-    (``heldout``), its CorpusStats (``stats``) and its ``groups.Routing`` (``routing``)."""
+    """A split -> ``(group, blob)``, one per group it feeds: the group's documents of this split,
+    ``[(key, document), ...]`` pickled as the local path spills them; on the side, its held-out
+    documents so (``heldout``: ``groups.route_documents``), its CorpusStats (``stats``) and its
+    ``groups.Routing`` (``routing``)."""
     beam = import_beam()
     index, split = indexed_split
     stats = sources_lib.CorpusStats()
     routing = groups_lib.Routing()
+    by_group: dict[tuple[bool, int], list] = {}
     try:
         for held, group, keyed in groups_lib.route_documents(
             split, stats, seed, num_groups, reader_options, heldout, routing
         ):
-            yield beam.pvalue.TaggedOutput("heldout", (group, keyed)) if held else (group, keyed)
+            by_group.setdefault((held, group), []).append(keyed)
     except UserError as err:
         raise _marked(err) from None
-    yield beam.pvalue.TaggedOutput("stats", (index, stats.as_dict()))
+    for held, group in sorted(by_group):
+        blob = pickle.dumps(by_group.pop((held, group)), protocol=pickle.HIGHEST_PROTOCOL)
+        yield beam.pvalue.TaggedOutput("heldout", (group, blob)) if held else (group, blob)
     yield beam.pvalue.TaggedOutput("routing", routing.as_tuple())
+    _count("documents", stats.documents)
+    _count("input_bytes", splits_lib.split_bytes(split))
+    yield beam.pvalue.TaggedOutput("stats", (index, stats.as_dict()))
 
 
-def _write_group(group_documents, output_dir, tokenizer, recorded, finished, floor=None):
-    """One group's documents -> its shard (or the shard an earlier run finished) -> its counts.
-    The documents the held-out floor takes (``floor``: key -> held-out group) go on the side
-    (``heldout``), even from a group written before."""
-    beam = import_beam()
-    group, keyed = group_documents
+def _write_group(group_blobs, output_dir, tokenizer, recorded, finished, floor=None):
+    """One group's documents (a blob per split that fed it) -> its shard (or the shard an
+    earlier run finished) -> its counts. The documents the held-out floor takes (``floor``:
+    key -> held-out group) go on the side (``heldout``), even from a group written before."""
+    group, blobs = group_blobs
     if floor:
-        keyed = list(keyed)
+        beam = import_beam()
+        keyed = [item for blob in blobs for item in pickle.loads(blob)]
         for item in keyed:
             if item[0] in floor:
-                yield beam.pvalue.TaggedOutput("heldout", (floor[item[0]], item))
+                yield beam.pvalue.TaggedOutput("heldout", (floor[item[0]], pickle.dumps([item])))
         keyed = [item for item in keyed if item[0] not in floor]
     if group in finished:  # written by an earlier run of this job: kept as it is
         yield group, None
         return
+    if not floor:
+        keyed = [item for blob in blobs for item in pickle.loads(blob)]
     groups_lib.init_worker(tokenizer)
     try:
         counts, serialized = groups_lib.process_group(
@@ -129,6 +285,9 @@ def _write_group(group_documents, output_dir, tokenizer, recorded, finished, flo
         groups_lib.write_group(output_dir, group, counts, serialized)
     except UserError as err:
         raise _marked(err) from None
+    held = "heldout_" if recorded.get("heldout") else ""  # the held-out records' own counters
+    _count(f"{held}groups", 1)
+    _count(f"{held}instances", counts.get("instances", 0))
     yield group, counts
 
 
@@ -280,26 +439,71 @@ def prepare_with_beam(
     the job (the FnApiRunner, or Dataflow without ``--no_wait``), else None; with ``dry_run``,
     the text of ``describe`` (nothing is written or run)."""
     started = time.time()
-    beam = None if dry_run else import_beam()  # before the inputs are read for their identity
-    checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
     if dry_run:
+        checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
         return describe(checked, beam_args)
+    # Beam logs as it is imported (to the root logger): hidden from the start, until its option
+    # says otherwise.
+    hide = _HideBeam(logging.ERROR)
+    handlers = logging.getLogger().handlers or [logging.lastResort]
+    for handler in handlers:
+        handler.addFilter(hide)
+    try:
+        return _run(sources, tokenizer, output_dir, settings, beam_args, output_what, started, hide)
+    finally:
+        for handler in handlers:
+            handler.removeFilter(hide)
+
+
+def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, started, hide):
+    """``prepare_with_beam``'s job, with Beam's log lines going through ``hide``."""
+    beam = import_beam()  # before the inputs are read for their identity
+    checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
     options, runner = pipeline_options(beam_args)
-    # Beam's own INFO lines (type hints, workers' start and exit) drown the progress; a
-    # Dataflow job's state and its console link stay.
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    logging.getLogger("apache_beam.runners.dataflow").setLevel(logging.INFO)
+    level = beam_log_level(options)
+    if level is not None:
+        hide.level = level
     prepare_lib.start_run(checked, settings)
     finished = prepare_lib.finished_groups(checked.output_dir)
-    pipeline = beam.Pipeline(runner=runner, options=options)
-    build(pipeline, checked, settings, finished, started)
+    todo = frozenset(range(checked.num_groups)) - finished
+    size = checked.input_bytes()
+    logger.info(
+        "Beam job: %d split(s)%s into %d group(s)%s",
+        len(checked.splits),
+        f" ({prepare_lib._size(size)})" if size else "",
+        checked.num_groups,
+        f", {len(finished)} written before (kept)" if finished else "",
+    )
+    workers_log = None
+    if runner is not None and level is None:
+        workers_log = os.path.join(tempfile.mkdtemp(prefix="bert-jax-beam-"), "workers.log")
+        runner = _quiet_workers(options, workers_log) or runner
+    watch = _ShardWatch(checked.output_dir, todo)
+    failed = True
     try:
-        pipeline.run().wait_until_finish()
-    except Exception as err:  # a worker's user error, reported by the runner as text
-        line = _user_error_in(err)
-        if line is None:
-            raise
-        raise UserError(line) from None
+        pipeline = beam.Pipeline(runner=runner, options=options)
+        build(pipeline, checked, settings, finished, started)
+        watch.start()
+        try:
+            job = pipeline.run()
+            job.wait_until_finish()
+        except Exception as err:  # a worker's user error, reported by the runner as text
+            line = _user_error_in(err)
+            if line is None:
+                raise
+            failed = False  # one line says it all
+            raise UserError(line) from None
+        failed = False
+    finally:
+        if watch.is_alive():
+            watch.stop()
+        if workers_log is not None:
+            if failed and os.path.exists(workers_log):  # a bug: what the workers said is kept
+                logger.error("Beam's worker processes' output: %s", workers_log)
+            else:
+                shutil.rmtree(os.path.dirname(workers_log), ignore_errors=True)
+    counters = job_counters(job)
+    logger.debug("Beam counters: %s", ", ".join(f"{k} {v}" for k, v in sorted(counters.items())))
     return _read_result(checked)
 
 
