@@ -58,6 +58,11 @@ def test_the_configs_decay_shapes_the_schedule_whole_run_and_per_phase():
     _, schedule = optim.from_config(optimizer, [90, 10])
     second = optim.warmup_decay(1e-3, 10, 10, decay="cosine")
     np.testing.assert_array_equal(schedule(np.arange(90, 100)), second(np.arange(10)))
+    # One declaration: the config's default and the checks' choices are optim's.
+    from bert_jax.training import config_checks, config_lib
+
+    assert config_lib.pretraining_config("base").optimizer.decay == optim.DEFAULT_DECAY
+    assert config_checks.CHOICES["optimizer.decay"] is optim.DECAYS
     del optimizer.decay  # configs written before the setting: the paper's linear decay
     optimizer.schedule = "whole_run"
     _, schedule = optim.from_config(optimizer, [90, 10])

@@ -1,5 +1,7 @@
-"""The pretraining run's input side: the model it starts from, tokenizer, input shards, iterators
-per phase, eval source."""
+"""The pretraining run's input side: the model it starts from, and the one decision of each input
+that the run, its first line and its dry run read: the tokenizer (tokenizer_choice), the model's
+vocabulary (vocab_choice: the tokenizer's unless set), the records (a raw corpus prepared once),
+the iterators per phase, and whether and on what each phase evaluates (eval_choices)."""
 
 from __future__ import annotations
 
@@ -156,7 +158,7 @@ def vocab_choice(config, phases: list[Phase], workdir: str = "", tokenizer=None)
     if tokenizer is None:
         choice = tokenizer_choice(config, phases, workdir)
         if not choice.corpus and not choice.path:  # no data named: no tokenizer to follow yet
-            return VocabChoice(config_lib.vocab_size(config), "the size's, until a tokenizer")
+            return VocabChoice(config_lib.vocab_size(config), "the size's: no data is named")
         if not choice.path:
             return VocabChoice(trained_pieces(config), "from the tokenizer")
         from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
