@@ -20,6 +20,7 @@ pytest.importorskip("apache_beam")
 
 from bert_jax import cli  # noqa: E402
 from bert_jax.data.preparation import beam_pipeline as beam_lib  # noqa: E402
+from bert_jax.data.preparation import beam_watch  # noqa: E402
 from bert_jax.data.preparation import groups as groups_lib  # noqa: E402
 from bert_jax.data.preparation import run as prepare
 from bert_jax.data.records import manifest
@@ -259,13 +260,13 @@ def test_beam_counters_are_the_summarys_counts(corpora, tmp_path, monkeypatch):
     inputs = [str(text), *corpora["wikipedia"]]
     local = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "local", _settings())
     found = []
-    job_counters = beam_lib.job_counters
+    job_counters = beam_watch.job_counters
 
     def recording(job):
         found.append(job_counters(job))
         return found[-1]
 
-    monkeypatch.setattr(beam_lib, "job_counters", recording)
+    monkeypatch.setattr(beam_watch, "job_counters", recording)
     beam = beam_lib.prepare_with_beam(
         inputs, embedded_spm_dir(), tmp_path / "beam", _settings(), TWO_PROCESSES
     )
@@ -280,7 +281,7 @@ def test_beam_counters_are_the_summarys_counts(corpora, tmp_path, monkeypatch):
             "heldout_instances": local.heldout_stats.instances,
         }
     ]
-    assert set(found[0]) == set(beam_lib.COUNTERS)
+    assert set(found[0]) == set(beam_watch.COUNTERS)
     assert beam.instance_stats.instances == local.instance_stats.instances
 
 

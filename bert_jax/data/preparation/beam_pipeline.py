@@ -27,16 +27,13 @@ bytes under a temporary name and renamed: no duplicates, and the final step remo
 temporary name a killed worker left. A bad input found by a worker is raised here as the same
 one line the local path gives (``UserError``, exit 2).
 
-What a run shows: bert-jax's own progress lines (``groups written 12/25 (2.4/s, ETA 0m05s)``, the
-local path's format, from the shards that appear in the output directory, whatever the runner),
-and Beam's counters ``COUNTERS`` in the namespace ``bert_jax.prepare`` (Dataflow's console lists
-them under the job's custom counters). Beam's own log lines (its INFO and WARNING, and the
-FnApiRunner's worker processes' output) are hidden unless Beam's option
-``--default_sdk_harness_log_level=LEVEL`` (``INFO``, ``WARNING``, ...) is given after the ``--``;
-a Dataflow job's state and console link are always shown.
+What a run shows (``beam_watch.py``): bert-jax's own progress lines, in the local path's format,
+Beam's counters for Dataflow's console, and none of Beam's own log lines unless Beam's option
+``--default_sdk_harness_log_level=LEVEL`` is given after the ``--``.
 
-Beam is imported only here, and only when ``--runner beam`` is asked for: it caps protobuf and
-pyarrow, so it lives in an extra of its own, in an environment of its own (``INSTALL_HINT``).
+Beam is imported only here (and in ``beam_watch.py``), and only when ``--runner beam`` is asked
+for: it caps protobuf and pyarrow, so it lives in an extra of its own, in an environment of its
+own (``INSTALL_HINT``).
 """
 
 from __future__ import annotations
@@ -46,14 +43,12 @@ import logging
 import os
 import pickle
 import re
-import shlex
 import shutil
-import sys
 import tempfile
-import threading
 import time
 import traceback
 
+from bert_jax.data.preparation import beam_watch
 from bert_jax.data.preparation import groups as groups_lib
 from bert_jax.data.preparation import run as prepare_lib
 from bert_jax.data.records import manifest
@@ -68,20 +63,6 @@ INSTALL_HINT = (
     "in a checkout, in a virtual environment of its own: pip install -e '.[beam]' "
     "(or make test-beam, which builds .venv-beam)"
 )
-# Beam's counters (Metrics.counter), in this namespace: what Dataflow's console shows of a job.
-COUNTER_NAMESPACE = "bert_jax.prepare"
-COUNTERS = (
-    "documents",
-    "input_bytes",
-    "groups",
-    "instances",
-    "heldout_groups",
-    "heldout_instances",
-)
-# Beam's own option for its log level; without it Beam's lines below ERROR are hidden.
-LOG_LEVEL_OPTION = "default_sdk_harness_log_level"
-# How often the launching machine looks for new shards (a bucket's listing costs a request).
-_POLL_SECONDS = {"local": 1.0, "remote": 10.0}
 # A user error raised in a worker crosses the runner as text: this mark finds its line again.
 _USER_ERROR_MARK = "[bert-jax user error] "
 
@@ -110,114 +91,6 @@ def pipeline_options(beam_args: list[str]):
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     return options, FnApiRunner()
-
-
-def beam_log_level(options) -> int | None:
-    """The level of Beam's own log lines that a run shows: Beam's ``LOG_LEVEL_OPTION`` where it
-    is given, else None (only errors)."""
-    given = options.get_all_options(drop_default=True).get(LOG_LEVEL_OPTION)
-    if given is None:
-        return None
-    level = int(given) if str(given).isdecimal() else logging.getLevelName(str(given).upper())
-    if not isinstance(level, int):
-        raise UserError(
-            f"--{LOG_LEVEL_OPTION}={given}: not a log level (DEBUG, INFO, WARNING, ERROR)"
-        )
-    return level
-
-
-def _quiet_workers(options, log_path: str):
-    """An FnApiRunner whose worker processes (``--direct_running_mode=multi_processing``) write
-    their output to ``log_path`` instead of this terminal; None where it runs no processes.
-    The FnApiRunner starts ``direct_num_workers`` processes of its default environment: the
-    command Beam itself would run, with its stderr sent to the file."""
-    from apache_beam.options.pipeline_options import DirectOptions
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    from apache_beam.transforms.environments import SubprocessSDKEnvironment
-
-    direct = options.view_as(DirectOptions)
-    if direct.direct_running_mode != "multi_processing":
-        return None
-    command = (
-        f"{shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main "
-        f"2>>{shlex.quote(log_path)}"
-    )
-    # In "multi_processing" the runner would replace this environment with its own command.
-    direct.direct_running_mode = "in_memory"
-    return FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(command))
-
-
-class _HideBeam(logging.Filter):
-    """Drops Beam's own records below ``level`` (whatever logger its code used, the root logger
-    included); keeps a Dataflow job's state and console link."""
-
-    _BEAM_DIR = f"{os.sep}apache_beam{os.sep}"
-
-    def __init__(self, level: int):
-        super().__init__()
-        self.level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= self.level or record.name.startswith("apache_beam.runners.dataflow"):
-            return True
-        return not (record.name.startswith("apache_beam") or self._BEAM_DIR in record.pathname)
-
-
-class _ShardWatch(threading.Thread):
-    """Progress lines while a job runs: the groups in ``todo`` whose shard has appeared in the
-    output directory, counted by this process, so they come whatever the runner (workers on
-    other machines included), in the local path's format."""
-
-    def __init__(self, output_dir: str, todo: frozenset[int]):
-        super().__init__(name="bert-jax-shard-watch", daemon=True)
-        self.output_dir, self.todo = output_dir, todo
-        self.seen: set[int] = set()
-        self.rate = prepare_lib._Rate("groups written", len(todo), every=max(1, len(todo) // 20))
-        remote = "remote" if fs.is_remote(output_dir) else "local"
-        self.poll_seconds = _POLL_SECONDS[remote]
-        self.stopped = threading.Event()
-
-    def poll(self) -> None:
-        try:
-            parts = groups_lib.existing_parts(self.output_dir)
-        except Exception:  # a listing that failed: the next one will tell
-            return
-        new = {g for g, suffixes in parts.items() if "tfrecord" in suffixes} & self.todo
-        new -= self.seen
-        if new:
-            self.seen |= new
-            self.rate.tick(len(new))
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.poll_seconds):
-            self.poll()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join()
-        self.poll()
-
-
-def job_counters(result) -> dict[str, int]:
-    """Beam's committed counters of a finished job (``COUNTERS``), by name; {} where the runner
-    keeps none."""
-    from apache_beam.metrics.metric import MetricsFilter
-
-    try:
-        found = result.metrics().query(MetricsFilter().with_namespace(COUNTER_NAMESPACE))
-    except Exception:  # a runner without metrics (or a job that runs on)
-        return {}
-    counters: dict[str, int] = {}
-    for counter in found["counters"]:
-        name = counter.key.metric.name
-        counters[name] = counters.get(name, 0) + (counter.committed or 0)
-    return counters
-
-
-def _count(name: str, value: int) -> None:
-    from apache_beam.metrics.metric import Metrics
-
-    Metrics.counter(COUNTER_NAMESPACE, name).inc(value)
 
 
 def _marked(error: UserError) -> RuntimeError:
@@ -255,8 +128,8 @@ def _read_split(indexed_split, seed, num_groups, reader_options, heldout):
         blob = pickle.dumps(by_group.pop((held, group)), protocol=pickle.HIGHEST_PROTOCOL)
         yield beam.pvalue.TaggedOutput("heldout", (group, blob)) if held else (group, blob)
     yield beam.pvalue.TaggedOutput("routing", routing.as_tuple())
-    _count("documents", stats.documents)
-    _count("input_bytes", splits_lib.split_bytes(split))
+    beam_watch.count("documents", stats.documents)
+    beam_watch.count("input_bytes", splits_lib.split_bytes(split))
     yield beam.pvalue.TaggedOutput("stats", (index, stats.as_dict()))
 
 
@@ -286,8 +159,8 @@ def _write_group(group_blobs, output_dir, tokenizer, recorded, finished, floor=N
     except UserError as err:
         raise _marked(err) from None
     held = "heldout_" if recorded.get("heldout") else ""  # the held-out records' own counters
-    _count(f"{held}groups", 1)
-    _count(f"{held}instances", counts.get("instances", 0))
+    beam_watch.count(f"{held}groups", 1)
+    beam_watch.count(f"{held}instances", counts.get("instances", 0))
     yield group, counts
 
 
@@ -444,7 +317,7 @@ def prepare_with_beam(
         return describe(checked, beam_args)
     # Beam logs as it is imported (to the root logger): hidden from the start, until its option
     # says otherwise.
-    hide = _HideBeam(logging.ERROR)
+    hide = beam_watch.HideBeam(logging.ERROR)
     handlers = logging.getLogger().handlers or [logging.lastResort]
     for handler in handlers:
         handler.addFilter(hide)
@@ -460,7 +333,7 @@ def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, start
     beam = import_beam()  # before the inputs are read for their identity
     checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
     options, runner = pipeline_options(beam_args)
-    level = beam_log_level(options)
+    level = beam_watch.beam_log_level(options)
     if level is not None:
         hide.level = level
     prepare_lib.start_run(checked, settings)
@@ -477,8 +350,8 @@ def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, start
     workers_log = None
     if runner is not None and level is None:
         workers_log = os.path.join(tempfile.mkdtemp(prefix="bert-jax-beam-"), "workers.log")
-        runner = _quiet_workers(options, workers_log) or runner
-    watch = _ShardWatch(checked.output_dir, todo)
+        runner = beam_watch.quiet_workers(options, workers_log) or runner
+    watch = beam_watch.ShardWatch(checked.output_dir, todo)
     failed = True
     try:
         pipeline = beam.Pipeline(runner=runner, options=options)
@@ -502,7 +375,7 @@ def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, start
                 logger.error("Beam's worker processes' output: %s", workers_log)
             else:
                 shutil.rmtree(os.path.dirname(workers_log), ignore_errors=True)
-    counters = job_counters(job)
+    counters = beam_watch.job_counters(job)
     logger.debug("Beam counters: %s", ", ".join(f"{k} {v}" for k, v in sorted(counters.items())))
     return _read_result(checked)
 

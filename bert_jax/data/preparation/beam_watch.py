@@ -1,0 +1,146 @@
+"""What a ``data prepare --runner beam`` job shows (``beam_pipeline.py``): bert-jax's progress
+lines, from the shards that appear in the output directory (``ShardWatch``, whatever the runner:
+workers on other machines included); Beam's counters ``COUNTERS`` (``count`` in a step,
+``job_counters`` at the end; Dataflow's console lists them under the job's custom counters);
+Beam's own log lines hidden below ``LOG_LEVEL_OPTION``'s level, ERROR unless it is given
+(``HideBeam`` in this process, ``quiet_workers`` for the FnApiRunner's worker processes, whose
+output goes to a file).
+
+Beam is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import threading
+
+from bert_jax.data.preparation import groups as groups_lib
+from bert_jax.data.preparation import run as prepare_lib
+from bert_jax.runtime import fs
+from bert_jax.runtime.errors import UserError
+
+# Beam's counters (Metrics.counter), in this namespace: what Dataflow's console shows of a job.
+COUNTER_NAMESPACE = "bert_jax.prepare"
+COUNTERS = (
+    "documents",
+    "input_bytes",
+    "groups",
+    "instances",
+    "heldout_groups",
+    "heldout_instances",
+)
+# Beam's own option for its log level; without it Beam's lines below ERROR are hidden.
+LOG_LEVEL_OPTION = "default_sdk_harness_log_level"
+# How often the launching machine looks for new shards (a bucket's listing costs a request).
+_POLL_SECONDS = {"local": 1.0, "remote": 10.0}
+
+
+def beam_log_level(options) -> int | None:
+    """The level of Beam's own log lines that a run shows: Beam's ``LOG_LEVEL_OPTION`` where it
+    is given, else None (only errors)."""
+    given = options.get_all_options(drop_default=True).get(LOG_LEVEL_OPTION)
+    if given is None:
+        return None
+    level = int(given) if str(given).isdecimal() else logging.getLevelName(str(given).upper())
+    if not isinstance(level, int):
+        raise UserError(
+            f"--{LOG_LEVEL_OPTION}={given}: not a log level (DEBUG, INFO, WARNING, ERROR)"
+        )
+    return level
+
+
+def quiet_workers(options, log_path: str):
+    """An FnApiRunner whose worker processes (``--direct_running_mode=multi_processing``) write
+    their output to ``log_path`` instead of this terminal; None where it runs no processes.
+    The FnApiRunner starts ``direct_num_workers`` processes of its default environment: the
+    command Beam itself would run, with its stderr sent to the file."""
+    from apache_beam.options.pipeline_options import DirectOptions
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    direct = options.view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return None
+    command = (
+        f"{shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main "
+        f"2>>{shlex.quote(log_path)}"
+    )
+    # In "multi_processing" the runner would replace this environment with its own command.
+    direct.direct_running_mode = "in_memory"
+    return FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(command))
+
+
+class HideBeam(logging.Filter):
+    """Drops Beam's own records below ``level`` (whatever logger its code used, the root logger
+    included); keeps a Dataflow job's state and console link."""
+
+    _BEAM_DIR = f"{os.sep}apache_beam{os.sep}"
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.level or record.name.startswith("apache_beam.runners.dataflow"):
+            return True
+        return not (record.name.startswith("apache_beam") or self._BEAM_DIR in record.pathname)
+
+
+class ShardWatch(threading.Thread):
+    """Progress lines while a job runs: the groups in ``todo`` whose shard has appeared in the
+    output directory, counted by this process, so they come whatever the runner (workers on
+    other machines included), in the local path's format."""
+
+    def __init__(self, output_dir: str, todo: frozenset[int]):
+        super().__init__(name="bert-jax-shard-watch", daemon=True)
+        self.output_dir, self.todo = output_dir, todo
+        self.seen: set[int] = set()
+        self.rate = prepare_lib._Rate("groups written", len(todo), every=max(1, len(todo) // 20))
+        remote = "remote" if fs.is_remote(output_dir) else "local"
+        self.poll_seconds = _POLL_SECONDS[remote]
+        self.stopped = threading.Event()
+
+    def poll(self) -> None:
+        try:
+            parts = groups_lib.existing_parts(self.output_dir)
+        except Exception:  # a listing that failed: the next one will tell
+            return
+        new = {g for g, suffixes in parts.items() if "tfrecord" in suffixes} & self.todo
+        new -= self.seen
+        if new:
+            self.seen |= new
+            self.rate.tick(len(new))
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.poll_seconds):
+            self.poll()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+        self.poll()
+
+
+def job_counters(result) -> dict[str, int]:
+    """Beam's committed counters of a finished job (``COUNTERS``), by name; {} where the runner
+    keeps none."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(COUNTER_NAMESPACE))
+    except Exception:  # a runner without metrics (or a job that runs on)
+        return {}
+    counters: dict[str, int] = {}
+    for counter in found["counters"]:
+        name = counter.key.metric.name
+        counters[name] = counters.get(name, 0) + (counter.committed or 0)
+    return counters
+
+
+def count(name: str, value: int) -> None:
+    from apache_beam.metrics.metric import Metrics
+
+    Metrics.counter(COUNTER_NAMESPACE, name).inc(value)
