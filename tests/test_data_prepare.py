@@ -355,6 +355,79 @@ def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
     assert count.content == sum(os.path.getsize(path) for path in inputs)
 
 
+def test_a_local_prepare_reads_each_input_byte_once_in_all(tmp_path, monkeypatch):
+    """Every read of an input file, through any opener (its identity for the manifest, the
+    splits, the check that it is text), counted: text, JSONL and gzipped text inputs (a split
+    each) are read exactly once over the whole run, a second run (a resume) once more."""
+    import builtins
+    import gzip
+
+    documents = sources.embedded_documents("eval")
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n\n".join("\n".join(d) for d in documents[:12]) + "\n", encoding="utf-8")
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": " ".join(d)}) + "\n" for d in documents[12:]))
+    packed = tmp_path / "more.txt.gz"
+    packed.write_bytes(gzip.compress(text.read_bytes()[:20000]))
+    inputs = [str(text), str(jsonl), str(packed)]
+    read = dict.fromkeys(inputs, 0)
+    real_open = builtins.open
+
+    class Counted:
+        def __init__(self, f, path):
+            self._f, self._path = f, path
+
+        def _count(self, n):
+            read[self._path] += n or 0
+            return n
+
+        def read(self, *args):
+            data = self._f.read(*args)
+            self._count(len(data))
+            return data
+
+        def read1(self, *args):
+            data = self._f.read1(*args)
+            self._count(len(data))
+            return data
+
+        def readline(self, *args):
+            data = self._f.readline(*args)
+            self._count(len(data))
+            return data
+
+        def readinto(self, buffer):
+            return self._count(self._f.readinto(buffer))
+
+        def readinto1(self, buffer):
+            return self._count(self._f.readinto1(buffer))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+        def __iter__(self):
+            return iter(self.readline, b"")
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+    def counting_open(file, *args, **kwargs):
+        f = real_open(file, *args, **kwargs)
+        path = os.fspath(file) if isinstance(file, (str, os.PathLike)) else None
+        return Counted(f, path) if path in read else f
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    settings = prepare.PrepareSettings(max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
+    result = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
+    assert result.instance_stats.instances > 0
+    assert read == {path: os.path.getsize(path) for path in inputs}
+    prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
+    assert read == {path: 2 * os.path.getsize(path) for path in inputs}
+
+
 def test_a_killed_runs_spilled_documents_are_removed_and_do_not_block_overwrite(tmp_path):
     """A run spills documents by group into a hidden folder named by its host and process; a
     later run on the host removes what a killed one left, and --overwrite is not stopped by it."""

@@ -242,7 +242,7 @@ def test_damaged_inputs_are_one_line_naming_the_file(tmp_path, corpora):
     plan = splits.cut_splits([str(cut)], target_bytes=2000)
     with pytest.raises(UserError, match=rf"--input {cut}: not a readable Wikipedia XML dump"):
         for split in plan:
-            list(splits.read_split(split, CorpusStats()))
+            list(splits.read_split(split, CorpusStats(), check_text=True))
     with pytest.raises(UserError, match=r"input not found: .*missing\.txt"):
         splits.cut_splits([str(tmp_path / "missing.txt")])
 
@@ -289,8 +289,8 @@ def test_planning_refuses_a_split_size_under_a_byte_and_unknown_options(corpora)
 @pytest.mark.gcs
 def test_a_bucket_inputs_identity_is_its_metadata_not_a_second_read(corpora, tmp_path):
     """prepare's manifest names a gs:// input by size, checksum and generation from storage's
-    metadata: the launching machine reads only the first bytes of a text object (to refuse a
-    binary one), so the workers' one read is the only read; a rewritten object is another input."""
+    metadata: the launching machine reads none of it, so the workers' one read is the only read
+    (which refuses a binary object); a rewritten object is another input."""
     from bert_jax.data.records import manifest
     from bert_jax.runtime import fs
     from tests import gcs_emulator
@@ -321,8 +321,7 @@ def test_a_bucket_inputs_identity_is_its_metadata_not_a_second_read(corpora, tmp
             patch.setattr(fs, "RangeFile", CountingRangeFile)
             patch.setattr(fs, "open", tracking_open)
             [entry] = manifest.input_identity([url])
-        assert big.stat().st_size > 10 * manifest._SNIFF_BYTES
-        assert sum(reads) == manifest._SNIFF_BYTES and opened == []
+        assert sum(reads) == 0 and opened == []  # metadata alone
         assert entry["size"] == big.stat().st_size and entry["path"] == url
         assert entry.get("crc32c") or entry.get("md5Hash")
 
@@ -334,5 +333,7 @@ def test_a_bucket_inputs_identity_is_its_metadata_not_a_second_read(corpora, tmp
         binary = tmp_path / "image.txt"
         binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
         fs.upload(str(binary), "gs://bert-jax-identity/in/image.txt")
+        # Refused where it is read (the first split of the file), naming the file and line.
+        (split,) = splits.cut_splits(["gs://bert-jax-identity/in/image.txt"])
         with pytest.raises(UserError, match=r"image\.txt: binary data, not text"):
-            manifest.input_identity(["gs://bert-jax-identity/in/image.txt"])
+            list(splits.read_split(split, CorpusStats(), check_text=True))

@@ -313,14 +313,15 @@ def test_changed_input_is_refused_without_overwrite_and_rebuilt_with_it(vocab, t
     out = tmp_path / "data"
     assert run_cli(capsys, _prepare(corpus, vocab, out)).code == 0
     recorded = manifest.read_prepare_config(out)["inputs"]
-    assert recorded[0]["path"] == corpus and len(recorded[0]["sha256"]) == 64
+    assert recorded[0]["path"] == corpus and recorded[0]["size"] == os.path.getsize(corpus)
+    assert recorded[0]["mtime_ns"] == os.stat(corpus).st_mtime_ns  # metadata: no read of its own
     _corpus(tmp_path / "corpus.txt", variant="\nA new last document.\nIt has two lines.\n")
     before = tree_digest(out)
     outcome = run_cli(capsys, _prepare(corpus, vocab, out))
     assert_user_error(outcome, corpus, "changed", "--overwrite", only_line=False)
     assert tree_digest(out) == before
     assert run_cli(capsys, _prepare(corpus, vocab, out, "--overwrite")).code == 0
-    assert manifest.read_prepare_config(out)["inputs"][0]["sha256"] != recorded[0]["sha256"]
+    assert manifest.read_prepare_config(out)["inputs"][0] != recorded[0]
     assert tree_digest(out) != before
 
 
@@ -420,8 +421,15 @@ def test_compressed_input_is_checked_decompressed_and_hashed_as_stored(tmp_path)
     good, bad = tmp_path / "good.txt.gz", tmp_path / "bad.txt.gz"
     good.write_bytes(gzip.compress("Stra\u00dfe und Caf\u00e9.\n".encode("utf-8")))
     bad.write_bytes(gzip.compress("Line one.\nStra\u00dfe.\n".encode("latin-1")))
-    (identity,) = manifest.input_identity([str(good)])
-    assert identity["sha256"] == hashlib.sha256(good.read_bytes()).hexdigest()
+    (identity,) = manifest.input_identity([str(good)])  # from metadata: nothing read
+    assert identity == {
+        "path": str(good),
+        "size": good.stat().st_size,
+        "mtime_ns": good.stat().st_mtime_ns,
+    }
+    assert manifest._content_identity(str(good))["sha256"] == (
+        hashlib.sha256(good.read_bytes()).hexdigest()
+    )
     with pytest.raises(manifest.InputError, match="line 2") as caught:
         manifest.check_text_inputs([str(good), str(bad)])
     assert str(bad) in str(caught.value)

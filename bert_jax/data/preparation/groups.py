@@ -110,9 +110,10 @@ def derive_num_groups(input_bytes: int, group_bytes: int = DEFAULT_GROUP_BYTES) 
 def assign_documents(
     split, stats, seed: int, num_groups: int, reader_options: dict, keep=None
 ) -> Iterator[tuple[int, tuple[tuple[int, ...], list[str]]]]:
-    """The documents of one split (``splits.read_split``, counted into ``stats``) as
-    ``(group, (key, document))``; ``keep``: the groups wanted (None: all)."""
-    for key, document in splits_lib.read_split(split, stats, **reader_options):
+    """The documents of one split (``splits.read_split``, counted into ``stats``; a file that is
+    not text refused as it is read) as ``(group, (key, document))``; ``keep``: the groups wanted
+    (None: all)."""
+    for key, document in splits_lib.read_split(split, stats, check_text=True, **reader_options):
         if not document:  # a page that is no article, an empty document: counted by the reader
             continue
         group = group_of(seed, key, num_groups)

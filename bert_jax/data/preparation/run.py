@@ -780,7 +780,20 @@ def prepare_records(
     """
     started = time.perf_counter()
     checked = check_run(sources, tokenizer, output_dir, settings, output_what)
+    created = not fs.exists(checked.output_dir)
     start_run(checked, settings)
+    try:
+        return _prepare_started(checked, settings, output_what, started)
+    except manifest.InputError:  # an input refused as it was read: nothing of this run is kept
+        if created:
+            fs.rmtree(checked.output_dir, True)
+        raise
+
+
+def _prepare_started(
+    checked: CheckedRun, settings: PrepareSettings, output_what: str, started: float
+) -> PrepareResult:
+    """``prepare_records`` once its output is open (``start_run``)."""
     progress = {False: _Progress(checked.output_dir, output_what)}
     directories = [(False, checked.output_dir, range(checked.num_groups))]
     if checked.heldout is not None:

@@ -1,8 +1,9 @@
 """A records directory's manifest: what ``data prepare`` made it from, and whether it finished.
 
 The manifest is a value, ``Manifest``: the settings that shape the records (``OUTPUT_SETTINGS``,
-the tokenizer's fingerprint among them) and the identity of every input file (path, size and
-SHA-256 of the content, streamed, never held in memory). ``prepare`` builds it, checks it against
+the tokenizer's fingerprint among them) and the identity of every input file from storage's
+metadata (``input_identity``: path, size and modification time, or a bucket object's checksum and
+generation), so that the run reads every input byte once. ``prepare`` builds it, checks it against
 the one already in the output directory (``check_resumable``: unchanged inputs and settings
 resume; a change is refused in one line naming the file or the setting unless ``--overwrite``
 asks for a rebuild) and writes it once per stage (``write``). Records whose text another version
@@ -11,8 +12,9 @@ are refused first, by that name (``check_extraction``): they hold other words. O
 flat JSON object ``prepare_config.json``, the same keys as ever: ``from_json`` reads every
 earlier version.
 
-Reading the inputs for their identity also refuses input that is not text (a NUL byte: an image,
-a library) or not UTF-8 (say Latin-1), naming the file and the line, before anything is written.
+Input that is not text (a NUL byte: an image, a library) or not UTF-8 (say Latin-1) is refused
+where it is read, naming the file and the line (``sources.text_check``); ``check_text_inputs``
+reads whole files for that (a tokenizer's corpus).
 
 A run removes the completion mark ``stats-0-of-1.json`` (``COMPLETION_MARK``) when it starts and
 writes it last: ``require_complete`` (used by the pipeline) refuses a directory with a manifest
@@ -27,7 +29,6 @@ machines were never merged is refused (``UnmergedRecordsError``), to be prepared
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import gzip
 import hashlib
@@ -45,6 +46,7 @@ from bert_jax.data.layout import (
     TOKENIZER_SUBDIR,
     read_prepare_config,
 )
+from bert_jax.data.sources.text_check import InputError, TextCheck
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError, user_path
@@ -103,10 +105,6 @@ RECORDS_KIND = files.OutputKind(
     holds=lambda name: name in _OWN_NAMES or bool(_OWN_NAME_RE.match(name)),
     marker_file=CONFIG_FILE,
 )
-
-
-class InputError(UserError):
-    """An input file that cannot be prepared (not text, not UTF-8) or that changed."""
 
 
 class SettingsChangedError(UserError):
@@ -178,49 +176,6 @@ def write(directory: str, manifest: Manifest) -> None:
     files.write_json_atomic(os.path.join(directory, CONFIG_FILE), manifest.to_json())
 
 
-class _TextCheck:
-    """Fed a file's bytes in pieces; raises InputError at the first NUL byte or bad UTF-8.
-
-    Lines are counted only when there is an error (counting every piece would cost as much as
-    the hash): the file is read again up to the bad byte."""
-
-    def __init__(self, path: str, opener=open):
-        self.path, self.opener, self.offset = path, opener, 0
-        self.decoder = codecs.getincrementaldecoder("utf-8")()
-
-    def _line(self, offset: int) -> int:
-        lines, left = 1, offset
-        with self.opener(self.path, "rb") as stream:
-            while left > 0 and (chunk := stream.read(min(_CHUNK, left))):
-                lines, left = lines + chunk.count(b"\n"), left - len(chunk)
-        return lines
-
-    def feed(self, chunk: bytes) -> None:
-        if b"\x00" in chunk:
-            where = self._line(self.offset + chunk.index(b"\x00"))
-            raise InputError(
-                f"{self.path}: binary data, not text (a NUL byte on line {where}); "
-                "give text files only"
-            )
-        try:
-            if not (chunk.isascii() and not self.decoder.getstate()[0]):  # ASCII: valid as it is
-                self.decoder.decode(chunk)
-        except UnicodeDecodeError as err:
-            pending = len(err.object) - len(chunk)  # bytes held over from the piece before
-            where = self._line(self.offset + max(0, err.start - pending))
-            raise InputError(
-                f"{self.path}: not UTF-8 text (byte 0x{err.object[err.start]:02X} on line "
-                f"{where}); convert it first, e.g. iconv -f latin1 -t utf-8"
-            ) from None
-        self.offset += len(chunk)
-
-    def finish(self) -> None:
-        try:
-            self.decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            raise InputError(f"{self.path}: not UTF-8 text (it ends inside a character)") from None
-
-
 def _is_file_source(source: str) -> bool:
     from bert_jax.data.sources.documents import source_kind
 
@@ -235,14 +190,14 @@ def _scan(path: str, digest=None) -> None:
     text = is_text_file(path)  # Parquet and .bz2 dumps: hashed only, their readers check them
     try:
         if compressed:
-            check = _TextCheck(path, gzip.open)
+            check = TextCheck(path, gzip.open)
             with fs.open_gzip(path) as stream:
                 while chunk := stream.read(_CHUNK):
                     check.feed(chunk)
             check.finish()
         if compressed and digest is None:
             return
-        check = _TextCheck(path) if text and not compressed else None
+        check = TextCheck(path) if text and not compressed else None
         with fs.open(path, "rb") as stream:
             while chunk := stream.read(_CHUNK):
                 if check is not None:
@@ -262,56 +217,51 @@ def check_text_inputs(sources: list[str]) -> None:
             _scan(source)
 
 
-# The first bytes of a bucket object checked to be text (``_object_identity``).
-_SNIFF_BYTES = 1 << 16
-
-
 def _object_identity(path: str) -> dict | None:
     """A bucket object's identity from its metadata: size, CRC32C (or MD5) and generation, which
-    storage keeps for every object, so the launching machine reads none of a corpus that the
-    job's workers then read once (a 160 GB corpus would otherwise cross the network twice). Only
-    its first ``_SNIFF_BYTES`` are checked to be text; bad bytes further on are the readers' to
-    count (or, with ``--strict``, to refuse). None: no checksum in the metadata."""
-    from bert_jax.data.sources.documents import is_text_file
-
+    storage keeps for every object. None: no checksum in the metadata."""
     with user_path(path, "input"):
         info = fs.info(path)
     checksum = {key: info[key] for key in ("crc32c", "md5Hash") if info.get(key)}
     if not checksum:
         return None
-    size = int(info["size"])
-    if is_text_file(path) and not path.endswith(".gz"):
-        with fs.open_range(path, 0, min(size, _SNIFF_BYTES)) as stream:
-            _TextCheck(path, fs.open).feed(stream.read())  # may end inside a character: no finish
     return {
         "path": fs.abspath(path),
-        "size": size,
+        "size": int(info["size"]),
         **checksum,
         "generation": info.get("generation"),
     }
 
 
+def _file_identity(path: str) -> dict:
+    """A local file's identity from its metadata: size and modification time (nanoseconds)."""
+    with user_path(path, "input"):
+        stat = os.stat(path)
+    return {"path": fs.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _content_identity(path: str) -> dict:
+    """A file's identity by its content (SHA-256, one read), as earlier versions recorded it."""
+    digest = hashlib.sha256()
+    _scan(path, digest)
+    return {"path": fs.abspath(path), "size": fs.getsize(path), "sha256": digest.hexdigest()}
+
+
 def input_identity(sources: list[str]) -> list[dict]:
-    """Path, size and SHA-256 of every input file (named sources such as ``embedded`` as they
-    are), each checked to be UTF-8 text in the same read (``check_text_inputs``); a bucket
-    object's identity is its metadata instead (``_object_identity``)."""
+    """Every input's identity, read from storage's metadata, never from its bytes (the run reads
+    each input once, for its documents): a local file's size and modification time
+    (``_file_identity``), a bucket object's size, checksum and generation
+    (``_object_identity``; its SHA-256 where storage keeps no checksum); named sources such as
+    ``embedded`` as they are. Whether an input is text is checked where it is read
+    (``text_check``)."""
     identity = []
     for source in sources:
         if not _is_file_source(source):
             identity.append({"source": source})
-            continue
-        if fs.is_remote(source) and (entry := _object_identity(source)) is not None:
-            identity.append(entry)
-            continue
-        digest = hashlib.sha256()
-        _scan(source, digest)
-        identity.append(
-            {
-                "path": fs.abspath(source),
-                "size": fs.getsize(source),
-                "sha256": digest.hexdigest(),
-            }
-        )
+        elif not fs.is_remote(source):
+            identity.append(_file_identity(source))
+        else:
+            identity.append(_object_identity(source) or _content_identity(source))
     return identity
 
 
@@ -326,6 +276,9 @@ def _check_inputs(previous: Manifest, wanted: Manifest, output_dir: str) -> None
         return
     before = {input_key(entry): entry for entry in previous.inputs}
     now = {input_key(entry): entry for entry in wanted.inputs}
+    for name, entry in now.items():  # an earlier version's SHA-256: compared as it was recorded
+        if "sha256" in before.get(name, {}) and "sha256" not in entry and fs.isfile(name):
+            now[name] = _content_identity(name)
     changed = [name for name in now if name in before and before[name] != now[name]]
     added = [name for name in now if name not in before]
     removed = [name for name in before if name not in now]

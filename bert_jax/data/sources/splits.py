@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 from bert_jax.data.sentences import DEFAULT_SPLITTER, splitter
 from bert_jax.data.sources import documents as sources_lib
-from bert_jax.data.sources import parquet
+from bert_jax.data.sources import parquet, text_check
 from bert_jax.data.sources import wikipedia_dump as wikipedia
 from bert_jax.data.sources.embedded import Document, embedded_documents
 from bert_jax.runtime import fs
@@ -359,9 +359,12 @@ def read_split(
     strict: bool = False,
     sentence_split: bool = False,
     splitter_name: str = DEFAULT_SPLITTER,
+    check_text: bool = False,
 ) -> Iterator[tuple[DocKey, Document]]:
     """The documents of ``split`` with their keys, counting into ``stats`` and ``byte_count``
-    (see the module docstring)."""
+    (see the module docstring). ``check_text``: a text or JSONL split that starts its file
+    refuses the file if its first bytes are not text (``text_check.sniffed``), as they are
+    read, instead of counting bad lines."""
     split_text = splitter(splitter_name)  # an unknown name fails here, before anything is read
     count = ByteCount() if byte_count is None else byte_count
     index, path = split.source_index, split.source
@@ -385,7 +388,15 @@ def read_split(
     else:
         lines_split = split_text if sentence_split else None
         items = _line_documents(
-            split, stats, count, max_line_bytes, strict, text_field, split_text, lines_split
+            split,
+            stats,
+            count,
+            max_line_bytes,
+            strict,
+            text_field,
+            split_text,
+            lines_split,
+            check_text,
         )
     yield from _counted(stats, items)
 
@@ -399,6 +410,7 @@ def _line_documents(
     text_field: str,
     split_text: Callable[[str], list[str]],
     split_lines: Callable[[str], list[str]] | None,
+    check_text: bool = False,
 ) -> Iterator[tuple[DocKey, Document]]:
     """Text or JSONL: a byte range, or a ``.gz`` file whole (keyed by ordinal)."""
     path, index, whole = split.source, split.source_index, split.stop < 0
@@ -410,8 +422,12 @@ def _line_documents(
             stream = gzip.GzipFile(fileobj=stream)
         with stream:
             numbered = split.start == 0
+            # A file's first bytes checked to be text as they are read: no read of their own.
+            opener = fs.open_gzip if path.endswith(".gz") else lambda p: fs.open(p, "rb")
+            sniff = check_text and numbered
+            checked = text_check.sniffed(stream, path, opener) if sniff else stream
             lines = sources_lib._lines(
-                stream, path, stats, max_line_bytes, strict, split.start, numbered
+                checked, path, stats, max_line_bytes, strict, split.start, numbered
             )
             if split.start == 0:
                 lines = sources_lib._noting_empty(lines, stats, path)
