@@ -300,6 +300,37 @@ def test_records_of_the_earlier_grouping_are_refused_on_resume(tmp_path, capsys)
     assert not (output / "part-00001.tfrecord").exists()  # nothing written
 
 
+def test_progress_from_the_start_and_a_summary_whose_rates_add_up(tmp_path, capsys):
+    """The command's lines, in the format of the other long commands ("data prepare: ..."): the
+    cutting, the splits and groups, the reading, then splits and groups done with rate and ETA;
+    the summary's instances per second are its instances over its wall seconds."""
+    import logging
+    import re
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = []  # the command's own logging setup, as a fresh process has it
+    try:
+        assert cli.main(_prepare_args(tmp_path / "out", "--num-workers", "2")) == 0
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers, root.level = handlers, level
+    lines = capsys.readouterr().out.strip().splitlines()
+    progress, summary = lines[:-1], lines[-1]
+    assert all(line.startswith("data prepare: ") for line in progress), lines
+    assert "cutting 1 input(s) into splits" in progress[0]
+    assert "1 split(s) into 3 group(s)" in progress[1]
+    assert "reading 1 split(s) with 2 worker(s), holding out 1.0% of the documents" in progress[2]
+    assert re.search(r"splits read 1/1 \([0-9.]+/s, ETA 0m00s\)", progress[3])
+    assert re.search(r"groups written 4/4 \([0-9.]+/s, ETA 0m00s\)", progress[-1])  # 3 + held out
+    found = re.search(r": (\d+) instances from .* (\d+) instances/s over ([0-9.]+)s wall", summary)
+    instances, rate, wall = int(found[1]), int(found[2]), float(found[3])
+    assert abs(rate - instances / wall) <= 0.05 * rate + 1  # the wall seconds are rounded
+    cpu = re.search(r"took ([0-9.e-]+) worker CPU-s, (\d+) instances per CPU-second", summary)
+    assert abs(int(cpu[2]) - instances / float(cpu[1])) <= 0.01 * int(cpu[2]) + 1
+
+
 def test_the_dry_run_prints_the_splits_and_groups_and_writes_nothing(tmp_path, capsys):
     output = tmp_path / "never"
     capsys.readouterr()
@@ -319,7 +350,7 @@ def test_beam_options_need_the_beam_runner_and_beam_itself(tmp_path, capsys):
     if importlib.util.find_spec("apache_beam") is None:  # the main environment: no Beam
         assert cli.main([*_prepare_args(output), "--runner", "beam"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "pip install 'bert-jax[beam]'" in err[0]
+        assert len(err) == 1 and "pip install" in err[0] and "[beam]" in err[0]
     assert not output.exists()
 
 

@@ -285,6 +285,7 @@ def _add_data(subparsers) -> None:
 def _prepare(args) -> int:
     import logging
     import shlex
+    import sys
 
     from bert_jax.data.preparation.run import PrepareSettings, prepare_records
     from bert_jax.runtime.errors import UserError
@@ -310,7 +311,9 @@ def _prepare(args) -> int:
 
     # Records no size preset can read are refused before any work (--max-seq-length 100000).
     config_checks.check_sequence_length(args.max_seq_length, "--max-seq-length")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # Progress lines as every long command prints them ("data prepare: splits read 3/12 ..."),
+    # on stdout beside the summary; stderr keeps an error's one line.
+    logging.basicConfig(level=logging.INFO, format="data prepare: %(message)s", stream=sys.stdout)
     settings = PrepareSettings(
         max_seq_length=args.max_seq_length,
         max_predictions_per_seq=args.max_predictions_per_seq,

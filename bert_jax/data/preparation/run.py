@@ -185,6 +185,7 @@ class PrepareResult:
     instance_stats: InstanceStats
     wall_seconds: float
     settings: dict = field(default_factory=dict)
+    num_workers: int = 0  # the local path's processes (0: a runner's, not known here)
     # The held-out records (``heldout/``; None: none, or none asked for: ``heldout_stats`` None)
     # and what went into them.
     heldout_dir: str | None = None
@@ -208,11 +209,22 @@ class PrepareResult:
         return (
             f"wrote {self.groups_written} shard(s), skipped {self.groups_skipped} finished "
             f"shard(s) in {self.output_dir}: {s.instances} instances from {s.documents} documents "
-            f"({pairs}); "
-            f"{self.instances_per_worker_second:.0f} instances/s per worker, "
-            f"{self.wall_seconds:.1f}s wall.{self._heldout_summary()} "
+            f"({pairs}); {self._rates()}.{self._heldout_summary()} "
             f"Input: {self.corpus_stats.summary()}"
         )
+
+    def _rates(self) -> str:
+        """Two rates that add up: instances over the wall time of the whole run (reading
+        included), and over the CPU time the workers spent making them."""
+        s, wall = self.instance_stats, max(self.wall_seconds, 1e-9)
+        workers = f", {self.num_workers} worker(s)" if self.num_workers else ""
+        rates = f"{s.instances / wall:.0f} instances/s over {self.wall_seconds:.1f}s wall{workers}"
+        if s.cpu_seconds > 0:
+            rates += (
+                f"; making them (tokenize, pair, mask, serialize) took {s.cpu_seconds:.3g} "
+                f"worker CPU-s, {self.instances_per_worker_second:.0f} instances per CPU-second"
+            )
+        return rates
 
     def _heldout_summary(self) -> str:
         if self.heldout_stats is None:
@@ -468,9 +480,19 @@ def check_run(
         "sentence_split": settings.sentence_split,
         "splitter_name": settings.splitter,
     }
+    logger.info(
+        "cutting %d input(s) into splits of about %s", len(sources), _size(settings.split_bytes)
+    )
     splits = splits_lib.cut_splits(sources, target_bytes=settings.split_bytes, **reader_options)
     num_groups = settings.num_groups or groups_lib.derive_num_groups(
         sum(_input_bytes(split, settings.tfds_data_dir) for split in splits), settings.group_bytes
+    )
+    size = sum(splits_lib.split_bytes(split) for split in splits)
+    logger.info(
+        "%d split(s)%s into %d group(s) (a shard each)",
+        len(splits),
+        f" of {_size(size)}" if size else "",
+        num_groups,
     )
     output_dir = fs.abspath(os.fspath(output_dir))
     recorded = _recorded_settings(settings, tokenizer, sources, num_groups)
@@ -709,6 +731,12 @@ def _run_local(
             spilled = map(_spill_split, tasks)
         pieces: dict[tuple[bool, int], list[tuple[str, int, int]]] = {}
         routings, indexes = [], []
+        logger.info(
+            "reading %d split(s) with %d worker(s)%s",
+            len(tasks),
+            settings.num_workers,
+            "" if held is None else f", holding out {held.rule.share:.1%} of the documents",
+        )
         reading = _Rate("splits read", len(tasks), every=max(1, len(tasks) // 20))
         for task, (stats, index, routing) in zip(tasks, spilled):
             corpus_stats.merge(stats)  # in split order: the same counts and problems as ever
@@ -821,6 +849,7 @@ def _prepare_started(
         instance_stats=trained.instance_stats,
         wall_seconds=time.perf_counter() - started,
         settings=checked.recorded,
+        num_workers=settings.num_workers,
     )
     held_parts = None
     if checked.heldout is not None:
