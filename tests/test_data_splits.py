@@ -337,3 +337,15 @@ def test_a_bucket_inputs_identity_is_its_metadata_not_a_second_read(corpora, tmp
         (split,) = splits.cut_splits(["gs://bert-jax-identity/in/image.txt"])
         with pytest.raises(UserError, match=r"image\.txt: binary data, not text"):
             list(splits.read_split(split, CorpusStats(), check_text=True))
+
+
+def test_a_splits_kind_is_its_sources_one_corpus_format(corpora):
+    """What a source is read as is decided once (``documents.corpus_format``): the splits carry
+    that decision as their kind, for every kind of file and named corpus."""
+    from bert_jax.data.sources import documents
+
+    assert splits.KINDS is documents.CORPUS_FORMATS
+    sources = [*(str(path) for path in corpora.values()), "embedded:eval"]
+    for split in splits.cut_splits(sources):
+        assert split.kind == documents.corpus_format(split.source)
+    assert {s.kind for s in splits.cut_splits(sources)} >= {"text", "embedded"}

@@ -5,6 +5,8 @@ Public API:
 - ``source_kind(source) -> "records" | "tfds" | "embedded" | "text"``: the one place that decides
   what a path or name is (``records``: prepared TFRecords, a directory holding ``*.tfrecord*``
   files or a path/glob naming them; ``text``: anything else on disk, i.e. text or JSONL files).
+- ``corpus_format(source)``: how a corpus source is read, one of ``CORPUS_FORMATS`` (the file's
+  format told by its name); the readers here and the splits read this one decision.
 - ``read_documents(sources, **options) -> (list[Document], CorpusStats)`` and the streaming
   ``iter_documents(sources, stats, **options)``. A source is
     * a path, directory or glob of text files in the original format (one sentence per line, a
@@ -63,8 +65,10 @@ from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
 
 __all__ = [
+    "CORPUS_FORMATS",
     "CorpusStats",
     "Document",
+    "corpus_format",
     "embedded_document_names",
     "embedded_documents",
     "expand_sources",
@@ -114,15 +118,31 @@ def _is_jsonl(path: str) -> bool:
     return base.endswith(".jsonl")
 
 
+# What a corpus source is read as (``corpus_format``): a named corpus, or a file's format.
+CORPUS_FORMATS = ("text", "jsonl", "parquet", "wikipedia", "embedded", "tfds")
+
+
+def corpus_format(source: str) -> str:
+    """How a corpus source (``source_kind`` other than "records") is read, one of
+    ``CORPUS_FORMATS``: ``tfds`` and ``embedded`` by ``source_kind``, a file by its name
+    (``.jsonl[.gz]``, ``.parquet``, a Wikipedia dump's ``.xml[.bz2]``), else original-format
+    text. The one decision: the readers and the splits (``splits.Split.kind``) read it."""
+    kind = source_kind(source)
+    if kind in ("tfds", "embedded"):
+        return kind
+    if _is_jsonl(source):
+        return "jsonl"
+    if parquet.is_parquet(source):
+        return "parquet"
+    if wikipedia.is_wikipedia_dump(source):
+        return "wikipedia"
+    return "text"
+
+
 def is_original_format(path: str) -> bool:
     """Whether a corpus file (``source_kind`` "text") is in the original format as it lies on
     disk (one sentence per line), not JSONL, gzip, Parquet or a Wikipedia dump."""
-    return not (
-        _is_jsonl(path)
-        or path.endswith(".gz")
-        or parquet.is_parquet(path)
-        or wikipedia.is_wikipedia_dump(path)
-    )
+    return corpus_format(path) == "text" and not path.endswith(".gz")
 
 
 def is_text_file(path: str) -> bool:
@@ -595,19 +615,19 @@ def _source_documents(
     sentence_split: bool,
 ) -> Iterator[Document | None]:
     """The documents of one source (``[]``: an empty one; ``None``: a page that is no article)."""
-    kind = source_kind(source)
+    kind = corpus_format(source)
     if kind == "tfds":
         return _iter_tfds(source, stats, tfds_data_dir, text_field, strict, split)
     stats.files += 1
     if kind == "embedded":
         _, _, embedded_split = source.partition(":")
         return iter(embedded_documents(embedded_split or "train"))
-    if _is_jsonl(source):
+    if kind == "jsonl":
         prose = _iter_jsonl_file(source, stats, max_line_bytes, strict, text_field)
         return maker.documents(_PROSE, prose)
-    if parquet.is_parquet(source):
+    if kind == "parquet":
         return maker.documents(_PROSE, _iter_parquet_file(source, stats, strict, text_field))
-    if wikipedia.is_wikipedia_dump(source):
+    if kind == "wikipedia":
         return _dump_documents(source, stats, maker)
     return _iter_text_file(source, stats, max_line_bytes, strict, split if sentence_split else None)
 

@@ -80,7 +80,7 @@ __all__ = [
     "split_bytes",
 ]
 
-KINDS = ("text", "jsonl", "parquet", "wikipedia", "embedded", "tfds")
+KINDS = sources_lib.CORPUS_FORMATS  # a split's kind is its source's format
 DEFAULT_TARGET_BYTES = 64 << 20
 PROBE_LIMIT = 1 << 20  # bytes searched for a boundary after a cut point
 CUT_THREADS = 16  # cutting's requests in flight at once
@@ -116,20 +116,6 @@ class ByteCount:
     def add(self, other: ByteCount) -> None:
         self.content += other.content
         self.extra += other.extra
-
-
-def _kind(source: str) -> str:
-    """The split kind of an expanded source (the same tests as ``iter_documents``)."""
-    kind = sources_lib.source_kind(source)
-    if kind in ("tfds", "embedded"):
-        return kind
-    if sources_lib._is_jsonl(source):
-        return "jsonl"
-    if parquet.is_parquet(source):
-        return "parquet"
-    if wikipedia.is_wikipedia_dump(source):
-        return "wikipedia"
-    return "text"
 
 
 # --- Planning ---
@@ -191,7 +177,7 @@ class _Layout:
 
 
 def _layout(index: int, source: str, target: int, max_line_bytes: int) -> _Layout:
-    kind = _kind(source)
+    kind = sources_lib.corpus_format(source)
     if kind in ("tfds", "embedded") or source.endswith(".gz"):
         return _Layout(index, source, kind, [Split(index, source, kind, 0, -1)])
     if kind == "parquet":
