@@ -514,3 +514,28 @@ def test_a_tfds_source_is_cut_into_groups_by_its_recorded_size(monkeypatch):
     assert prepare._input_bytes(splits.Split(0, "tfds:other:train", "tfds", 0, -1), None) == 0
     embedded = splits.Split(0, "embedded:eval", "embedded", 0, -1)
     assert prepare._input_bytes(embedded, None) == 0
+
+
+def test_records_that_recorded_their_inputs_sha256_resume_as_before(tmp_path, capsys):
+    """Earlier versions named an input by its SHA-256: such a directory resumes when the file is
+    the same (hashed once, to compare) and refuses it when it changed."""
+    import hashlib
+
+    corpus = tmp_path / "corpus.txt"
+    documents = sources.embedded_documents("eval")
+    corpus.write_text("\n\n".join("\n".join(d) for d in documents) + "\n", encoding="utf-8")
+    args = _prepare_args(tmp_path / "out")
+    args[args.index("--input") + 1] = str(corpus)
+    assert cli.main(args) == 0
+    config_path = tmp_path / "out" / "prepare_config.json"
+    config = json.loads(config_path.read_text())
+    digest = hashlib.sha256(corpus.read_bytes()).hexdigest()
+    config["inputs"] = [{"path": str(corpus), "size": corpus.stat().st_size, "sha256": digest}]
+    config_path.write_text(json.dumps(config))
+    os.remove(tmp_path / "out" / "part-00001.tfrecord")
+    assert cli.main(args) == 0  # resumed: the same content
+    assert "wrote 1 shard(s), skipped 2" in capsys.readouterr().out
+    config_path.write_text(json.dumps(config))
+    corpus.write_text(corpus.read_text() + "\nOne more document.\nWith two lines.\n")
+    assert cli.main(args) == 2
+    assert "changed since" in capsys.readouterr().err
