@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.training import config_lib, inputs
+from bert_jax.training import config_lib, eval_choice, inputs
 from tests.convert_fixtures import write_vocab
 
 
@@ -75,20 +75,22 @@ def test_prepared_records_without_a_tokenizer_are_an_error(tmp_path):
         inputs.resolve_tokenizer(config, config_lib.split_phases(config), str(tmp_path / "w"))
 
 
-def test_the_eval_source():
+def test_the_eval_source(tmp_path):
     def sources(config):
-        return [c.source for c in inputs.eval_choices(config, config_lib.split_phases(config))]
+        return [c.source for c in eval_choice.eval_choices(config, config_lib.split_phases(config))]
 
     assert sources(run_config()) == ["embedded:eval", "embedded:eval"]
     assert sources(run_config(**{"eval.source": "/held/out"})) == ["/held/out", "/held/out"]
-    assert sources(run_config("/records")) == ["", ""]
+    (tmp_path / "part-00000.tfrecord").write_bytes(b"")  # records with no held-out records
+    assert sources(run_config(str(tmp_path))) == ["", ""]
+    assert sources(run_config("/corpus.txt")) == ["/corpus.txt", "/corpus.txt"]  # its held-out
     assert sources(run_config(**{"eval.every_steps": 0})) == ["", ""]
 
 
 def test_eval_batches_per_phase(trained):
     config, workdir, tokenizer = trained
     phases = config_lib.split_phases(config)
-    choice = inputs.eval_choices(config, phases)[1]
+    choice = eval_choice.eval_choices(config, phases)[1]
     assert choice.batches == 2
     batches = inputs.eval_batches(config, phases[1], choice, tokenizer, workdir)
     assert len(batches) == 2

@@ -1,5 +1,5 @@
 """Whether and on what each phase of a pretraining run evaluates, and the vocabulary it gets
-(issues 57 and 58): one decision (inputs.eval_choices, inputs.vocab_choice) that the dry run's
+(issues 57 and 58): one decision (eval_choice.eval_choices, inputs.vocab_choice) that the dry run's
 outline, the run's first line and the loop all read; prepared records evaluate on their own
 held-out records (`<records>/heldout`) when config.eval.source is not set."""
 
@@ -13,7 +13,15 @@ import pytest
 
 from bert_jax import cli
 from bert_jax.data import layout
-from bert_jax.training import config_checks, config_lib, inputs, metrics, plots, pretrain
+from bert_jax.training import (
+    config_checks,
+    config_lib,
+    eval_choice,
+    inputs,
+    metrics,
+    plots,
+    pretrain,
+)
 from tests.data_fixtures import SPM_VOCAB_SIZE, embedded_spm_dir
 
 
@@ -70,7 +78,7 @@ def _cases(records):
     full, bare, incomplete = records["full"], records["bare"], records["incomplete"]
     heldout = layout.heldout_dir(full)
     unset = "and config.eval.source is not set"
-    count = inputs._prepared_instances(heldout)  # as data prepare counted them
+    count = eval_choice._prepared_instances(heldout)  # as data prepare counted them
     whole = count // 8
     assert whole >= 2  # the other cases' 2 batches of 8 fit
     return [
@@ -102,6 +110,7 @@ def _cases(records):
             ],
         ),
         (_config(full, **{"eval.every_steps": 0}), "no eval (config.eval.every_steps=0)"),
+        (_config(""), "no eval (no data is named)"),  # the run refuses it; the dry run says
         (
             _config(
                 full, **{"phase2.fraction": 0.0, "phase1.fraction": 1.0, "eval.batch_size": 1024}
@@ -124,7 +133,8 @@ def _cases(records):
             _config("/corpus.txt", **{"phase1.data": full, "phase2.data": "/corpus.txt"}),
             [
                 f"phase1: at step 100 on {heldout} (the held-out records of {full})",
-                f"phase2: no eval (/corpus.txt is a corpus, not prepared records, {unset})",
+                "phase2: at step 200 on /corpus.txt (the held-out records set aside when "
+                "/corpus.txt is prepared)",
             ],
         ),
         (
@@ -140,13 +150,13 @@ def _cases(records):
 def test_the_dry_run_and_the_first_line_say_the_runs_one_eval_decision(records):
     for config, expected in _cases(records):
         phases = config_lib.split_phases(config)
-        summary, per_phase = inputs.eval_outline(config, phases)
+        summary, per_phase = eval_choice.eval_outline(config, phases)
         # The dry run says what the run's first line says, and each phase's source and why.
         assert _outline(config) == [summary, *per_phase]
         assert f", {summary}; workdir /w" in pretrain.opening_line(config, "/w")
         if isinstance(expected, str):
             assert summary == expected
-            assert not any(c.source for c in inputs.eval_choices(config, phases))
+            assert not any(c.source for c in eval_choice.eval_choices(config, phases))
         else:
             assert summary.startswith(f"eval every {config.eval.every_steps} steps and at the end")
             assert per_phase == expected
@@ -186,7 +196,7 @@ def _run_config(source: str, **overrides):
 def test_a_run_on_records_evaluates_on_their_held_out_records_as_said(records, capsys):
     config = _run_config(records["full"])
     phases = config_lib.split_phases(config)
-    (choice,) = inputs.eval_choices(config, phases)
+    (choice,) = eval_choice.eval_choices(config, phases)
     assert choice.source == layout.heldout_dir(records["full"]) and choice.steps == (2, 4)
     workdir = str(records["root"] / "run-heldout")
     result = pretrain.pretrain(config, workdir)
@@ -222,6 +232,30 @@ def test_a_run_on_records_without_held_out_records_evaluates_nothing_and_draws_n
     labels = [label for axes in figure.axes for label in axes.get_legend_handles_labels()[1]]
     assert not [label for label in labels if "held-out" in label or "most frequent" in label]
     assert "train" in labels
+
+
+def test_a_run_on_a_corpus_evaluates_on_what_its_preparation_held_out(records, capsys):
+    from bert_jax.data.sources import documents as sources
+
+    corpus = records["root"] / "corpus.txt"
+    with open(corpus, "w", encoding="utf-8") as f:
+        for document in sources.embedded_documents("train"):
+            f.write("\n".join(document) + "\n\n")
+    config = _run_config(str(corpus), total_steps=2, **{"data.tokenizer": embedded_spm_dir()})
+    (choice,) = eval_choice.eval_choices(config, config_lib.split_phases(config))
+    assert choice.of_prepared_corpus and choice.steps == (2,)
+    workdir = str(records["root"] / "run-corpus")
+    pretrain.pretrain(config, workdir)
+    out = capsys.readouterr().out
+    assert "eval every 2 steps and at the end" in out.split("\n")[0]
+    assert "eval step 2: mlm accuracy " in out
+    (evaluation,) = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), "eval")
+    assert evaluation["step"] == 2 and "mlm_baseline_accuracy" in evaluation
+    # What it evaluated on: the held-out records beside the prepared ones, which the training
+    # records do not hold.
+    (prepared,) = [p for p in (records["root"] / "run-corpus" / "data").iterdir()]
+    held = json.loads((prepared / layout.HELDOUT_SUBDIR / layout.CONFIG_FILE).read_text())
+    assert held["heldout"] is True
 
 
 def test_a_set_vocabulary_is_honoured_and_said(records):

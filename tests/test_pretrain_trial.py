@@ -101,9 +101,12 @@ def test_the_runs_first_line_says_its_plan():
 
 def test_the_first_line_says_when_nothing_will_be_evaluated(tmp_path):
     config = config_lib.pretraining_config("tiny")
-    config.data.source = "/corpus.txt"  # a corpus: no held-out records, and no config.eval.source
+    (tmp_path / "part-00000.tfrecord").write_bytes(b"")
+    (tmp_path / "tokenizer").mkdir()  # records without held-out ones, nor config.eval.source
+    config.data.source = str(tmp_path)
+    config.model.vocab_size = 1000  # no tokenizer to read in the tokenizer/ above
     assert (
-        "no eval (/corpus.txt is a corpus, not prepared records, and config.eval.source is not "
+        f"no eval ({tmp_path} has no held-out records (heldout/) and config.eval.source is not "
         "set); " in pretrain.opening_line(config, "/w")
     )
     config.eval.every_steps = 0

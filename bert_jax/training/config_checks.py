@@ -19,7 +19,7 @@ from bert_jax.core.train import DROPOUT_RNG_IMPLS
 from bert_jax.data import sentences
 from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib, inputs, metrics
+from bert_jax.training import config_lib, eval_choice, inputs, metrics
 from bert_jax.training.config_lib import (
     MIN_SEQ_LENGTH,
     PRESET_MAX_POSITIONS,
@@ -66,7 +66,7 @@ def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
                 f"{setting}.batch_size={phase.batch_size} must be divisible by "
                 f"config.grad_accum_steps={accum} x data-parallel size {dp}"
             )
-    if any(choice.source for choice in inputs.eval_choices(config, phases)):
+    if any(choice.source for choice in eval_choice.eval_choices(config, phases)):
         partitioning.check_batch_divisible(config.eval.batch_size, mesh, "config.eval.batch_size")
         if config.eval.batch_size % num_shards:
             raise UserError(
@@ -249,7 +249,7 @@ def describe(config: ml_collections.ConfigDict, workdir: str = "") -> str:
 def run_outline(config, phases: list[Phase], workdir: str = "") -> list[str]:
     """What the run will do beyond the phases: schedule, intervals, evaluation, vocabulary and
     tokenizer, a warning. The evaluation, vocabulary and tokenizer are the run's own decisions
-    (inputs.eval_choices, vocab_choice, tokenizer_choice), put in words."""
+    (eval_choice.eval_choices, vocab_choice, tokenizer_choice), put in words."""
     optimizer, specs = config_lib.resolved_optimizer(config, phases)
     total = phases[-1].end
     decay = optimizer.get("decay", optim.DEFAULT_DECAY)
@@ -265,7 +265,7 @@ def run_outline(config, phases: list[Phase], workdir: str = "") -> list[str]:
         f"{config.checkpoint.every_steps} steps and at the end (keeping "
         f"{config.checkpoint.keep})",
     ]
-    evaluation, per_phase = inputs.eval_outline(config, phases)
+    evaluation, per_phase = eval_choice.eval_outline(config, phases)
     lines += [evaluation] + [f"  {line}" for line in per_phase]
     tokenizer = inputs.tokenizer_choice(config, phases, workdir)
     lines.append(

@@ -1,7 +1,7 @@
 """The pretraining run's input side: the model it starts from, and the one decision of each input
 that the run, its first line and its dry run read: the tokenizer (tokenizer_choice), the model's
 vocabulary (vocab_choice: the tokenizer's unless set), the records (a raw corpus prepared once),
-the iterators per phase, and whether and on what each phase evaluates (eval_choices)."""
+the iterators per phase, and the batches each phase evaluates (on eval_choice's source)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import jax
 from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime import distributed, fs
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib
+from bert_jax.training import config_lib, eval_choice
 from bert_jax.training.config_lib import Phase
 
 log = logging.getLogger("bert_jax")
@@ -174,6 +174,58 @@ def follow_tokenizer(config, tokenizer) -> None:
         config.model.vocab_size = int(tokenizer.vocab_size)
 
 
+def _prepared(
+    config,
+    phase: Phase,
+    source: str,
+    tokenizer,
+    workdir: str,
+    *,
+    seed: int,
+    dynamic: bool,
+    heldout: bool,
+    console=lambda *a: None,
+):
+    """`source` as records: prepared records as they are; a raw corpus prepared once into the
+    cache (every host the same bytes) and its record files returned. `heldout`: the preparation
+    sets data prepare's share of the documents aside (`<prepared>/heldout`), as for a training
+    corpus whose held-out records the run evaluates on; an eval corpus keeps all its documents."""
+    from bert_jax.data import sentences
+    from bert_jax.data.preparation import run as prepare
+    from bert_jax.data.sources import documents as sources
+
+    check_records_objective(config, [(f"data for {phase.name}", source)])
+    if sources.source_kind(source) == "records":
+        return source
+    console(
+        f"data: {source} at length {phase.max_seq_length}, prepared once into "
+        f"{config.data.cache_dir or os.path.join(workdir, 'data')} and reused from there"
+    )
+    # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
+    dupe = int(config.data.dupe_factor)
+    return prepare.prepare_cached(
+        source,
+        tokenizer,
+        prepare.PrepareSettings(
+            max_seq_length=phase.max_seq_length,
+            max_predictions_per_seq=phase.max_predictions_per_seq,
+            masked_lm_prob=float(config.data.masked_lm_prob),
+            short_seq_prob=float(config.data.short_seq_prob),
+            dupe_factor=dupe if dupe >= 0 else (1 if dynamic else 5),
+            seed=seed,
+            whole_word_mask=bool(config.data.whole_word_mask),
+            num_workers=int(config.data.num_workers),
+            splitter=str(config.data.get("splitter", sentences.DEFAULT_SPLITTER)),
+            objective=config_lib.objective(config),
+            instance_format=config_lib.instance_format(config),
+            **({} if heldout else {"heldout_share": 0.0}),
+            **config_lib.mask_shares(config),
+        ),
+        config.data.cache_dir or os.path.join(workdir, "data"),
+        write_marker=jax.process_index() == 0,
+    )
+
+
 def _iterator(
     config,
     phase: Phase,
@@ -186,15 +238,12 @@ def _iterator(
     dynamic: bool,
     shuffle_buffer: int,
     packing_factor: float = 0.0,
+    heldout: bool = False,
     console=lambda *a: None,
 ):
-    from bert_jax.data import sentences
     from bert_jax.data.pipeline import packing
     from bert_jax.data.pipeline import tf_data as pipeline
-    from bert_jax.data.preparation import run as prepare
-    from bert_jax.data.sources import documents as sources
 
-    dupe = int(config.data.dupe_factor)
     # Several instances per row (data/pipeline/packing.py): `packing_factor` records per packed row.
     pack = None
     if packing_factor > 0:
@@ -206,35 +255,10 @@ def _iterator(
 
     objective = config_lib.objective(config)
     shares = config_lib.mask_shares(config)
-    records = source
-    check_records_objective(config, [(f"data for {phase.name}", source)])
-    if sources.source_kind(source) != "records":
-        console(
-            f"data: {source} at length {phase.max_seq_length}, prepared once into "
-            f"{config.data.cache_dir or os.path.join(workdir, 'data')} and reused from there"
-        )
-        # A raw corpus: prepared once into the cache (every host the same bytes), then read.
-        # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
-        records = prepare.prepare_cached(
-            source,
-            tokenizer,
-            prepare.PrepareSettings(
-                max_seq_length=phase.max_seq_length,
-                max_predictions_per_seq=phase.max_predictions_per_seq,
-                masked_lm_prob=float(config.data.masked_lm_prob),
-                short_seq_prob=float(config.data.short_seq_prob),
-                dupe_factor=dupe if dupe >= 0 else (1 if dynamic else 5),
-                seed=seed,
-                whole_word_mask=bool(config.data.whole_word_mask),
-                num_workers=int(config.data.num_workers),
-                splitter=str(config.data.get("splitter", sentences.DEFAULT_SPLITTER)),
-                objective=objective,
-                instance_format=config_lib.instance_format(config),
-                **shares,
-            ),
-            config.data.cache_dir or os.path.join(workdir, "data"),
-            write_marker=jax.process_index() == 0,
-        )
+    records = _prepared(
+        config, phase, source, tokenizer, workdir, seed=seed, dynamic=dynamic, heldout=heldout,
+        console=console,
+    )  # fmt: skip
 
     def make_reader(shard: int, num_shards: int, shard_batch_size: int):
         settings = pipeline.PipelineSettings(
@@ -291,150 +315,25 @@ def check_records_objective(config, named_sources) -> None:
                 )
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalChoice:
-    """Whether and on what one phase evaluates: `source` ('' = it does not), why (in words), the
-    steps at which it does (counted as the loop counts them: after `step` steps), and how many
-    batches of config.eval.batch_size (fewer than config.eval.batches where the held-out records
-    hold fewer instances: `note` says so)."""
-
-    source: str
-    why: str
-    steps: tuple[int, ...] = ()
-    batches: int = 0
-    note: str = ""
-
-
-def evaluates_at(config, step: int, total: int) -> bool:
-    """Whether the run evaluates after `step` steps of `total` (if its phase has a source):
-    every config.eval.every_steps and at the end; never with every_steps <= 0."""
-    every = int(config.eval.every_steps)
-    return every > 0 and (step % every == 0 or step == total)
-
-
-def eval_choices(config, phases: list[Phase]) -> list[EvalChoice]:
-    """The one decision of whether and on what each phase evaluates (the loop, its first line
-    and the dry run read it), first that applies: evaluation off (config.eval.every_steps=0),
-    config.eval.source, the held-out records beside the phase's records
-    (`<records>/heldout`, written by `data prepare`), the embedded corpus's held-out split; else
-    none, saying why. A phase none of whose steps is an eval step evaluates nothing either."""
-    total = phases[-1].end if phases else 0
-    every = int(config.eval.every_steps)
-    choices = []
-    for phase in phases:
-        choice = _eval_source(config, phase)
-        if not choice.source:
-            choices.append(choice)
-            continue
-        # Multiples of every_steps in (start, end], and the run's last step.
-        steps = list(range((phase.start // every + 1) * every, phase.end + 1, every))
-        if phase.end == total and (not steps or steps[-1] != total):
-            steps.append(total)
-        if not steps:
-            choices.append(
-                EvalChoice("", f"no eval step falls in its steps {phase.start}..{phase.end - 1}")
-            )
-            continue
-        choices.append(
-            dataclasses.replace(choice, steps=tuple(steps), **_eval_size(config, choice))
-        )
-    return choices
-
-
-def _eval_size(config, choice: EvalChoice) -> dict:
-    """config.eval.batches, or as many whole batches as prepared records hold (counted by the
-    `part-NNNNN.json` beside each shard), so that no instance is evaluated twice."""
-    batches, size = int(config.eval.batches), int(config.eval.batch_size)
-    count = _prepared_instances(choice.source)
-    if count is None or count >= batches * size:
-        return {"batches": batches}
-    if count < size:
-        note = f"its {count} instances are fewer than a batch of {size}: some count twice"
-        return {"batches": 1, "note": note}
-    whole = count // size
-    return {"batches": whole, "note": f"{whole} batches, as many as its {count} instances fill"}
-
-
-def _prepared_instances(source: str) -> int | None:
-    """The instances of records `data prepare` wrote (the sum of each shard's counts file);
-    None for anything else (a corpus, foreign records, a shard without its counts)."""
-    from bert_jax.data import layout
-
-    if not (source and fs.isdir(source)):
-        return None
-    shards = [name for name in fs.listdir(source) if name.endswith(layout.RECORD_SUFFIX)]
-    total = 0
-    for name in shards:
-        counts = os.path.join(source, name[: -len(layout.RECORD_SUFFIX)] + ".json")
-        if not fs.exists(counts):
-            return None
-        with fs.open(counts, encoding="utf-8") as f:
-            total += int(json.load(f).get("instances", 0))
-    return total if shards else None
-
-
-def _eval_source(config, phase: Phase) -> EvalChoice:
-    from bert_jax.data import layout
-    from bert_jax.data.records import manifest
-    from bert_jax.data.sources import documents as sources
-
-    if int(config.eval.every_steps) <= 0:
-        return EvalChoice("", "config.eval.every_steps=0")
-    if config.eval.source:
-        return EvalChoice(config.eval.source, "config.eval.source")
-    kind = sources.source_kind(phase.source) if phase.source else ""
-    if kind == "embedded":
-        return EvalChoice("embedded:eval", "the embedded corpus's held-out split")
-    unset = "and config.eval.source is not set"
-    if kind != "records":
-        return EvalChoice("", f"{phase.source} is a corpus, not prepared records, {unset}")
-    heldout = layout.heldout_dir(phase.source)
-    if not (fs.isdir(heldout) and sources.source_kind(heldout) == "records"):
-        return EvalChoice(
-            "", f"{phase.source} has no held-out records ({layout.HELDOUT_SUBDIR}/) {unset}"
-        )
-    try:
-        manifest.require_complete(heldout)
-    except manifest.IncompleteRecordsError:
-        return EvalChoice("", f"the held-out records {heldout} are incomplete {unset}")
-    return EvalChoice(heldout, f"the held-out records of {phase.source}")
-
-
-def eval_outline(config, phases: list[Phase]) -> tuple[str, list[str]]:
-    """(summary, a line per phase) of eval_choices in words: the run's first line says the
-    summary, the dry run both."""
-    choices = eval_choices(config, phases)
-    if not any(choice.source for choice in choices):
-        reasons = list(dict.fromkeys(choice.why for choice in choices))
-        return f"no eval ({'; '.join(reasons)})", []
-    summary = (
-        f"eval every {config.eval.every_steps} steps and at the end ({config.eval.batches} "
-        f"batches of {config.eval.batch_size}, at each phase's sequence length)"
-    )  # a phase whose held-out records hold fewer says so on its line
-    lines = []
-    for phase, choice in zip(phases, choices):
-        if not choice.source:
-            lines.append(f"{phase.name}: no eval ({choice.why})")
-            continue
-        steps = choice.steps
-        at = f"step {steps[0]}"
-        if len(steps) > 1:
-            at = f"{len(steps)} steps ({steps[0]}..{steps[-1]})"
-        note = f"; {choice.note}" if choice.note else ""
-        lines.append(f"{phase.name}: at {at} on {choice.source} ({choice.why}){note}")
-    return summary, lines
+def _train_seed(config, phase: Phase) -> int:
+    return int(config.seed) + phase.index
 
 
 def train_iterator(config, phase: Phase, tokenizer, workdir: str, console=lambda *a: None):
-    """This host's training batches for `phase` (`get_state`/`set_state`: its data position)."""
+    """This host's training batches for `phase` (`get_state`/`set_state`: its data position).
+    A training corpus other than the embedded one (which has its own eval split) is prepared
+    with data prepare's held-out share set aside, for eval_choices."""
+    from bert_jax.data.sources import documents as sources
+
     return _iterator(
         config,
         phase,
         phase.source,
         tokenizer,
         workdir,
+        heldout=sources.source_kind(phase.source) != "embedded",
         batch_size=phase.batch_size,
-        seed=int(config.seed) + phase.index,
+        seed=_train_seed(config, phase),
         dynamic=bool(config.data.dynamic_masking),
         shuffle_buffer=int(config.data.shuffle_buffer_size),
         packing_factor=float(config[phase.name].get("packing_factor", 0.0)),
@@ -443,14 +342,33 @@ def train_iterator(config, phase: Phase, tokenizer, workdir: str, console=lambda
 
 
 def eval_batches(
-    config, phase: Phase, choice: EvalChoice, tokenizer, workdir: str, console=lambda *a: None
+    config,
+    phase: Phase,
+    choice: eval_choice.EvalChoice,
+    tokenizer,
+    workdir: str,
+    console=lambda *a: None,
 ) -> list:
     """The held-out batches evaluated during `phase` (`choice`: eval_choices' for it), at its
-    sequence length: choice.batches of config.eval.batch_size, statically masked."""
+    sequence length: choice.batches of config.eval.batch_size, statically masked; [] when the
+    preparation of a training corpus set no documents aside (`console` says so)."""
+    source = choice.source
+    if choice.of_prepared_corpus:  # the run's own preparation of it (a cache hit by now)
+        files = _prepared(
+            config, phase, source, tokenizer, workdir, seed=_train_seed(config, phase),
+            dynamic=bool(config.data.dynamic_masking), heldout=True,
+        )  # fmt: skip
+        source = eval_choice.complete_heldout(os.path.dirname(files[0]))
+        if not source:
+            console(
+                f"no eval in {phase.name}: preparing {choice.source} set no documents aside (too "
+                "few for data prepare's held-out share); set config.eval.source"
+            )
+            return []
     iterator = _iterator(
         config,
         phase,
-        choice.source,
+        source,
         tokenizer,
         workdir,
         batch_size=int(config.eval.batch_size),

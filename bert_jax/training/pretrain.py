@@ -55,6 +55,7 @@ from bert_jax.training import (
     config_checks,
     config_lib,
     data_position,
+    eval_choice,
     inputs,
     metrics,
     model_dir,
@@ -121,7 +122,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
         console(f"bert-jax pretrain: {warning}")
     phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main, console)
     model_config = config_lib.bert_config(config)  # the vocabulary is the tokenizer's by now
-    evals = inputs.eval_choices(config, phases)
+    evals = eval_choice.eval_choices(config, phases)
     total = phases[-1].end
     optimizer, phase_specs = config_lib.resolved_optimizer(config, phases)
     tx, schedule = optim.from_config(optimizer, [p.steps for p in phases], phase_specs)
@@ -201,15 +202,18 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
                 step_log.flush()
                 _save_checkpoint(checkpointer, step, state, phase, iterator, mesh)
             evaluation = evals[phase.index]
-            if evaluation.source and inputs.evaluates_at(config, step, total):
+            if evaluation.source and eval_choice.evaluates_at(config, step, total):
                 if eval_batches is None:
                     eval_batches = inputs.eval_batches(
                         config, phase, evaluation, tokenizer, workdir, console
                     )
-                step_log.flush()  # the curves include this step's row
-                last_eval = _evaluate_and_log(trainer, state, eval_batches, step, writer, console)
-                if is_main:
-                    plots.write_plot(writer.jsonl_path, plot_path)
+                if eval_batches:  # [] only where a corpus's preparation set nothing aside
+                    step_log.flush()  # the curves include this step's row
+                    last_eval = _evaluate_and_log(
+                        trainer, state, eval_batches, step, writer, console
+                    )
+                    if is_main:
+                        plots.write_plot(writer.jsonl_path, plot_path)
                 # Evaluation time is not training throughput.
                 step_log.window.throughput.reset()
                 step_log.paused()
@@ -261,7 +265,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
 
 def _eval_sources(config, phases: list[Phase]) -> list[tuple[str, str]]:
     """(what, source) of every phase's eval data, for the checks the training data gets."""
-    choices = inputs.eval_choices(config, phases)
+    choices = eval_choice.eval_choices(config, phases)
     return [(f"eval data for {p.name}", c.source) for p, c in zip(phases, choices) if c.source]
 
 
@@ -283,7 +287,7 @@ def opening_line(config, workdir: str) -> str:
         if optimizer.schedule == "whole_run"
         else "warmup per phase"
     )
-    evaluation, _ = inputs.eval_outline(config, phases)
+    evaluation, _ = eval_choice.eval_outline(config, phases)
     vocab = inputs.vocab_choice(config, phases, workdir)
     return (
         f"bert-jax pretrain: {config.model.num_hidden_layers} layers, hidden "
