@@ -258,6 +258,27 @@ def test_a_run_on_a_corpus_evaluates_on_what_its_preparation_held_out(records, c
     assert held["heldout"] is True
 
 
+def test_a_corpus_too_small_to_hold_documents_out_is_said_and_not_evaluated(records):
+    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+
+    corpus = records["root"] / "five-documents.txt"
+    with open(corpus, "w", encoding="utf-8") as f:
+        for document in sources.embedded_documents("train")[:5]:
+            f.write("\n".join(document) + "\n\n")
+    config = _run_config(str(corpus), **{"data.tokenizer": embedded_spm_dir()})
+    (phase,) = config_lib.split_phases(config)
+    (choice,) = eval_choice.eval_choices(config, [phase])
+    said = []
+    tokenizer = load_tokenizer(embedded_spm_dir())
+    workdir = str(records["root"] / "run-five")
+    assert inputs.eval_batches(config, phase, choice, tokenizer, workdir, said.append) == []
+    assert said[-1] == (
+        f"no eval in phase1: preparing {corpus} set no documents aside (too few for data "
+        "prepare's held-out share); set config.eval.source"
+    )
+
+
 def test_a_set_vocabulary_is_honoured_and_said(records):
     config = _config(records["full"], **{"model.vocab_size": 3500})
     phases = config_lib.split_phases(config)
