@@ -209,13 +209,14 @@ def test_bad_input_is_the_local_paths_one_line(tmp_path, capsys):
     long_line.write_text("Short.\nShort too.\n\n" + "word " * 20 + "\nEnd.\n", encoding="utf-8")
     strict = ("--strict", "--max-line-bytes", "50")
     for bad, extra in ((long_line, strict), (damaged, ()), (latin, ())):
-        local = run_cli(capsys, _argv([str(bad)], tmp_path / "local", *extra))
-        argv = _argv([str(bad)], tmp_path / "beam", *extra, "--runner", "beam")
+        # An output of its own each: a refused run may leave the directory it started.
+        local = run_cli(capsys, _argv([str(bad)], tmp_path / f"local-{bad.name}", *extra))
+        argv = _argv([str(bad)], tmp_path / f"beam-{bad.name}", *extra, "--runner", "beam")
         beam = run_cli(capsys, [*argv, "--", *TWO_PROCESSES])
         assert local.code == beam.code == 2, beam.err
         assert beam.message == local.message and str(bad) in beam.message
         assert "Traceback" not in beam.err
-        assert not (tmp_path / "beam" / "stats-0-of-1.json").exists()
+        assert not (tmp_path / f"beam-{bad.name}" / "stats-0-of-1.json").exists()
 
 
 def test_from_a_bucket_into_a_bucket(corpora, tmp_path, capsys):

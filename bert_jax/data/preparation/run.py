@@ -812,8 +812,8 @@ def prepare_records(
     start_run(checked, settings)
     try:
         return _prepare_started(checked, settings, output_what, started)
-    except manifest.InputError:  # an input refused as it was read: nothing of this run is kept
-        if created:
+    except UserError:  # an input refused as it was read, say: an output it started is removed
+        if created and not finished_groups(checked.output_dir):  # no shard worth resuming
             fs.rmtree(checked.output_dir, True)
         raise
 
