@@ -16,13 +16,19 @@ SWAG CSV files (swag).
     .venv/bin/python benchmarks/finetune_side_by_side.py --model MODEL --task glue/SST-2 \
         --data DIR --workdir OUT [--seeds 0 1 2] [--learning-rate 2e-5] [--epochs 3] \
         [--batch-size 32] [--max-seq-length 128] [--dropout 0.1] [--optimizer adamw-hf] \
-        [--stacks both]
+        [--stacks both] [--same-head] [--dropout-impl hash|prng]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-synthetic-sst2 DIR \
         [--train-size 400] [--dev-size 200]
+    .venv/bin/python benchmarks/finetune_side_by_side.py --write-prose-swag DIR [--train-size N]
+    .venv/bin/python benchmarks/finetune_side_by_side.py --write-prose-pairs DIR [--train-size N]
 
 MODEL is a bert-jax model directory (`bert-jax convert --from hf ... --to bert-jax MODEL` makes
 one from a Hugging Face checkpoint). Runs land in OUT/<stack>/seed=N (a finished one is reused);
-the summary is printed and written to OUT/side_by_side.json.
+the summary (each stack's mean, std and range, and a paired test over the seeds) is printed and
+written to OUT/side_by_side.json. `--same-head` starts bert-jax from transformers' initial head of
+each seed, so that the stacks differ only in their dropout masks; `--dropout-impl` picks bert-jax's
+masks. The prose sets come from the embedded corpus (real prose shipped with Python): multiple
+choice in SWAG's files and next-sentence pairs in RTE's, train and dev from different documents.
 """
 
 from __future__ import annotations
