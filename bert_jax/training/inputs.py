@@ -130,7 +130,11 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str, console=lambda 
             f"{own} for restarts)"
         )
         tokenizer_lib.train_tokenizer(
-            [choice.corpus], vocab_size, own, lowercase=bool(config.data.lowercase)
+            [choice.corpus],
+            vocab_size,
+            own,
+            lowercase=bool(config.data.lowercase),
+            size_setting="config.data.tokenizer_vocab_size",
         )
     distributed.sync_hosts("tokenizer")
     return tokenizer_lib.load_tokenizer(own)
