@@ -69,4 +69,3 @@ def test_the_checkouts_files_and_the_packaged_names_give_one_config(capsys, monk
         printed.append(capsys.readouterr().out)
     assert printed[0] == printed[1] and printed[2] == printed[3]
     assert printed[0] != printed[2]
-

@@ -552,8 +552,9 @@ def test_prepare_on_a_full_disk_is_one_line_and_a_rerun_writes_the_same_records(
     full_at, vocab, tmp_path, capsys, monkeypatch
 ):
     """The disk fills while the second shard is written: an OSError for the records (their
-    writer is pointed at /dev/full through a link) or for the counts beside them. One line naming where and how
-    much, exit 2; nothing half-written is left or trusted; a rerun writes identical records."""
+    writer is pointed at /dev/full through a link) or for the counts beside them. One line naming
+    where and how much, exit 2; nothing half-written is left or trusted; a rerun writes identical
+    records."""
     corpus = _corpus(tmp_path / "corpus.txt")
     reference, out = tmp_path / "reference", tmp_path / "data"
     assert run_cli(capsys, _prepare(corpus, vocab, reference)).code == 0
