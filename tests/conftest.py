@@ -3,6 +3,8 @@
 import gc
 import os
 
+import pytest
+
 from bert_jax.cli import (  # imports nothing of JAX (test_cli.py)
     collect_garbage_less_often,
     quiet_tensorflow,
@@ -63,3 +65,18 @@ def pytest_collection_modifyitems(config, items):
     once; the order is otherwise kept."""
     slow = {item.module for item in items if item.get_closest_marker("slow") is not None}
     items[:] = [i for i in items if i.module in slow] + [i for i in items if i.module not in slow]
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging_handlers():
+    """A command sets its progress handlers once per process (`data prepare`'s basicConfig,
+    fine-tuning's stdout handler) on the sys.stdout of that moment; in a test worker that is one
+    test's captured stream, closed when the test ends. Each test's handlers are put back after it,
+    so a later test's logging never writes to a closed stream."""
+    import logging
+
+    loggers = [logging.getLogger(), logging.getLogger("bert_jax.finetune")]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, handlers, level, propagate in saved:
+        lg.handlers, lg.level, lg.propagate = handlers, level, propagate

@@ -71,7 +71,7 @@ def plot_task(
                 color=color,
                 linestyle="-.",
                 linewidth=1,
-                alpha=0.8,
+                alpha=0.7,
                 label=f"{report_name} {BASELINE_LABEL}",
             )
         for (paper_name, row), style in zip(PAPER_ROWS.items(), ("--", ":")):
