@@ -13,10 +13,11 @@ block (`to_dict`). This module imports no NumPy or JAX: `--help` reads it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from bert_jax.finetune.tasks.task import Task
+from bert_jax.runtime.declarations import Declaration, setting
 from bert_jax.runtime.errors import UserError
 
 if TYPE_CHECKING:
@@ -29,59 +30,6 @@ if TYPE_CHECKING:
 # decay from the warmup's end) and `clip_grad_norm_`. Both skip weight decay on biases and
 # LayerNorm parameters. (`tuning.steps` builds them.)
 OPTIMIZERS = ("bert", "adamw-hf")
-
-
-@dataclasses.dataclass(frozen=True)
-class Declaration:
-    """What a setting's field says about it, beside its name, type and default.
-
-    `low`/`high`: the allowed range (`low_open`/`high_open`: the bound itself is not allowed);
-    `trial`: a finished run must have used the same value to be reused (it changes what a run
-    computes); `step`: it changes the compiled train step (tuners are cached by these);
-    `swept`: `bert-jax glue` takes a list of values (`--learning-rates`), these by default;
-    `parse`/`metavar`: how a flag's text becomes the value.
-    """
-
-    help: str
-    choices: tuple[Any, ...] | None = None
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    trial: bool = False
-    step: bool = False
-    swept: tuple[Any, ...] | None = None
-    parse: Callable[[str], Any] | None = None
-    metavar: str | None = None
-
-    def range_text(self) -> str:
-        """`> 0`, `in [0, 1)`, `one of bert, adamw-hf`, or '' (unbounded)."""
-        if self.choices is not None:
-            return "one of " + ", ".join(str(c) for c in self.choices)
-        if self.low is not None and self.high is not None:
-            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-            return f"in {left}{self.low:g}, {self.high:g}{right}"
-        if self.low is not None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
-        if self.high is not None:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return ""
-
-    def allows(self, value: Any) -> bool:
-        if self.choices is not None:
-            return value in self.choices
-        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            return False
-        if self.high is not None:
-            return not (value > self.high or (self.high_open and value == self.high))
-        return True
-
-
-def setting(default: Any, help: str, **declared: Any) -> Any:
-    """A `FinetuneSettings` field: its default and its `Declaration`."""
-    return dataclasses.field(
-        default=default, metadata={"declaration": Declaration(help=help, **declared)}
-    )
 
 
 def _mesh_shape(text: str) -> tuple[int, int, int]:
