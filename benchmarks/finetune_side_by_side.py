@@ -215,7 +215,7 @@ def start_from_transformers_heads() -> None:
 
 def use_transformers_steps() -> None:
     """Puts `TorchTuner` where bert-jax's task code builds its tuners (GLUE, SWAG, SQuAD, NER)."""
-    from bert_jax.finetune.runs import swag as swag_task
+    from bert_jax.finetune.runs import multiple_choice as swag_task
     from bert_jax.finetune.tuning import sentence_tuning as loop
     from bert_jax.finetune.tuning import token_tuning as token_loop
 

@@ -33,7 +33,7 @@ def base_state() -> dict:
     import flax.linen as nn
 
     from bert_jax.core.model import BertForPreTraining
-    from bert_jax.core.train import dummy_batch, model_inputs
+    from bert_jax.core.trainer import dummy_batch, model_inputs
 
     config = config_lib.bert_config(config_lib.pretraining_config("base"))
     shapes = jax.eval_shape(

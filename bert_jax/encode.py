@@ -262,7 +262,7 @@ def encode_file(
 
     With `pool="none"` the token counts go to `lengths_path(output_path)`. Returns a summary.
     """
-    from bert_jax.training.model_dir import load_model_dir
+    from bert_jax.training.load_model import load_model_dir
 
     output_path = os.fspath(output_path)
     outputs = [output_path] + ([lengths_path(output_path)] if options.get("pool") == "none" else [])

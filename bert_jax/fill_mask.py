@@ -100,7 +100,7 @@ def fill_mask(
     `names` say where each text came from in a refusal ("notes.txt line 3"; default "text 1",
     "text 2", ...).
     """
-    from bert_jax.training.model_dir import load_model_dir
+    from bert_jax.training.load_model import load_model_dir
 
     if top_k < 1:
         raise UserError(f"--top-k {top_k}: give at least 1")

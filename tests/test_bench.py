@@ -173,7 +173,7 @@ def test_bench_and_the_train_step_import_without_tensorflow():
         "import sys\n"
         "sys.modules['tensorflow'] = None\n"
         "import bert_jax.bench.timing, bert_jax.bench.peer\n"
-        "import bert_jax.core.train, bert_jax.core.model\n"
+        "import bert_jax.core.trainer, bert_jax.core.model\n"
         "import bert_jax.finetune.tuning.sentence_tuning, bert_jax.cli.bench\n"
         # What `--real-data` reads (the embedded corpus, pairs and masking, packing).
         "import bert_jax.data.sources.documents, bert_jax.data.instances.sentence_pairs\n"

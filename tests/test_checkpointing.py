@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from bert_jax.core import partitioning
-from bert_jax.core.train import ShardedTrainer
+from bert_jax.core.trainer import ShardedTrainer
 from bert_jax.training import checkpointing, data_position
 from tests.helpers import tiny_config
 

@@ -145,8 +145,8 @@ def test_version_is_the_installed_packages(capsys):
 
 def test_finetune_help_shows_each_tasks_defaults_from_their_owners(capsys):
     from bert_jax.finetune.runs import conll_features as feature_ner
+    from bert_jax.finetune.runs import multiple_choice as swag_task
     from bert_jax.finetune.runs import squad_and_conll as token_tasks
-    from bert_jax.finetune.runs import swag as swag_task
     from bert_jax.finetune.tuning import sentence_tuning as loop
 
     glue = loop.FinetuneSettings()

@@ -24,7 +24,7 @@ from bert_jax.convert.between_formats import HF_EXPORT_MARKER, convert
 from bert_jax.convert.hf import HF_DIR_FILES
 from bert_jax.convert.model_dir import ModelDirError, load_model_dir, save_model_dir
 from bert_jax.convert.strict import ConversionError
-from bert_jax.core import train
+from bert_jax.core import trainer
 from bert_jax.core.model import BertForPreTraining, BertModel
 from tests.convert_fixtures import (
     google_bert_config,
@@ -60,7 +60,7 @@ def _compare_pretraining(params, config, hf_model, seed: int = 0, label: str = "
     batch = random_batch(np.random.default_rng(seed), 3, 24, 5, config.vocab_size)
     # Every position through the last layer, to compare the whole sequence output.
     ours = BertForPreTraining(config.replace(sparse_last_layer=False)).apply(
-        {"params": params}, **train.model_inputs(batch), deterministic=True
+        {"params": params}, **trainer.model_inputs(batch), deterministic=True
     )
     with torch.no_grad():
         ref = hf_model(**_torch_inputs(batch), output_hidden_states=True)

@@ -423,12 +423,12 @@ TINY_ONE_PHASE = [
 
 
 def test_compile_only_prints_the_memory_per_device_without_initializing(capsys, monkeypatch):
-    from bert_jax.core import train
+    from bert_jax.core import trainer
 
     def no_init(*args, **kwargs):
         raise AssertionError("--compile-only must not initialize the state")
 
-    monkeypatch.setattr(train.ShardedTrainer, "init", no_init)
+    monkeypatch.setattr(trainer.ShardedTrainer, "init", no_init)
     argv = ["pretrain", "--config", f"{REPO}/configs/bert.py:tiny", *TINY_ONE_PHASE]
     # ml_collections finds `--config.key=value` overrides in sys.argv, as a console script has it.
     monkeypatch.setattr(sys, "argv", ["bert-jax", *argv])

@@ -13,7 +13,7 @@ from bert_jax import encode as encode_lib
 from bert_jax.convert.between_formats import convert
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.core.model import BertModel
-from bert_jax.training.model_dir import load_model_dir
+from bert_jax.training.load_model import load_model_dir
 from tests import faults
 from tests.convert_fixtures import random_params, write_vocab
 from tests.helpers import REAL_SENTENCES, minilm_dir, tiny_config

@@ -10,7 +10,7 @@ from bert_jax import cli
 from bert_jax.convert import model_dir
 from bert_jax.data.records import tfrecord as records_lib
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib, evaluate, pretrain
+from bert_jax.training import config_lib, model_eval, pretrain
 from tests.convert_fixtures import random_params, write_vocab
 from tests.data_fixtures import SPM_VOCAB_SIZE, embedded_spm, embedded_spm_dir
 from tests.helpers import tiny_config
@@ -35,10 +35,10 @@ def dirs(tmp_path_factory):
 def test_every_record_counts_once_whatever_the_batch_size(dirs):
     count = dirs["count"]
     lines = []
-    whole = evaluate.evaluate_model(dirs["model"], dirs["records"], batch_size=count)
+    whole = model_eval.evaluate_model(dirs["model"], dirs["records"], batch_size=count)
     batch = 7 if count % 7 else 9  # a last batch that is partly filling
     assert count % batch
-    padded = evaluate.evaluate_model(
+    padded = model_eval.evaluate_model(
         dirs["model"], dirs["records"], batch_size=batch, console=lines.append
     )
     assert whole["examples"] == padded["examples"] == count
@@ -48,7 +48,7 @@ def test_every_record_counts_once_whatever_the_batch_size(dirs):
     assert lines[:2] == [f"loading {dirs['model']}", f"evaluating {count} records"]
     assert lines[-1].startswith(f"evaluated {count} records in {padded['batches']} batches in ")
     # --batches stops early, and says how many records that was.
-    first = evaluate.evaluate_model(dirs["model"], dirs["records"], batch_size=batch, batches=2)
+    first = model_eval.evaluate_model(dirs["model"], dirs["records"], batch_size=batch, batches=2)
     assert (first["examples"], first["batches"]) == (2 * batch, 2)
 
 

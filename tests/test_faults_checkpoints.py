@@ -175,7 +175,7 @@ def test_checkpoint_of_other_shapes_is_set_aside(run, shared_dirs, tmp_path, cap
     import jax
 
     from bert_jax.core import optim, partitioning
-    from bert_jax.core.train import ShardedTrainer
+    from bert_jax.core.trainer import ShardedTrainer
     from bert_jax.training import checkpointing, config_lib, data_position
 
     workdir = copy_run(run, tmp_path)

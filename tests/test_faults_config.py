@@ -331,7 +331,7 @@ def test_every_allowed_value_is_one_the_run_accepts():
     dry run lets through is refused later."""
     from bert_jax.core import optim
     from bert_jax.core.model import BertConfig
-    from bert_jax.core.train import init_and_dropout_keys
+    from bert_jax.core.trainer import init_and_dropout_keys
 
     choices = config_checks.CHOICES
     config = config_lib.pretraining_config("tiny")

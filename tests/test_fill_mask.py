@@ -167,7 +167,7 @@ def test_a_pretraining_workdir_is_read_from_its_latest_checkpoint(sentencepiece_
     128, as the configs pad it) and the tokenizer it keeps; the Python entry point takes a
     path or a loaded model alike."""
     from bert_jax.training import checkpointing, config_lib
-    from bert_jax.training.model_dir import load_model_dir as load_model
+    from bert_jax.training.load_model import load_model_dir as load_model
 
     model, _ = sentencepiece_model
     tokenizer = load_model_dir(model, load_params=False).tokenizer

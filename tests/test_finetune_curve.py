@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax import cli
-from bert_jax.training import checkpointing, config_lib, model_dir
+from bert_jax.training import checkpointing, config_lib, load_model
 from tests.glue_fixtures.tiny import GLUE_DIR, fixture_tokenizer, tiny_encoder
 
 STEPS = (4, 8, 12)
@@ -45,12 +45,12 @@ def pretraining_workdir(tmp_path_factory):
 
 def test_a_chosen_checkpoint_loads_its_own_params(pretraining_workdir):
     for seed, step in enumerate(STEPS):
-        loaded = model_dir.load_workdir_checkpoint(pretraining_workdir, step=step)
+        loaded = load_model.load_workdir_checkpoint(pretraining_workdir, step=step)
         want = tiny_encoder(seed)[1]["bert"]["pooler"]["kernel"]
         np.testing.assert_array_equal(loaded.params["bert"]["pooler"]["kernel"], want)
-    assert model_dir.load_workdir_checkpoint(pretraining_workdir).info["step"] == 12
-    with pytest.raises(model_dir.ModelDirError, match=r"no checkpoint of step 5 \(it has \[4, 8"):
-        model_dir.load_workdir_checkpoint(pretraining_workdir, step=5)
+    assert load_model.load_workdir_checkpoint(pretraining_workdir).info["step"] == 12
+    with pytest.raises(load_model.ModelDirError, match=r"no checkpoint of step 5 \(it has \[4, 8"):
+        load_model.load_workdir_checkpoint(pretraining_workdir, step=5)
 
 
 def test_each_checkpoint_curve_runs_resumes_and_plots(pretraining_workdir, tmp_path, capsys):

@@ -1,10 +1,10 @@
 """Fine-tuning steps equal Hugging Face PyTorch's, step for step: every head family (GLUE
 classification and regression, SWAG multiple choice, SQuAD spans, CoNLL-2003 tags) trained by
-`steps.run_steps` with `optimizer="adamw-hf"` beside the `transformers` model of the same weights
-(task head included) trained with the Trainer's recipe (torch AdamW with its parameter groups,
-`get_linear_schedule_with_warmup`, `clip_grad_norm_`) on the same batches, dropout off: the loss
-of every step and the parameters after 20 steps agree. Also the step count and learning rates of
-a dataset that does not divide the batch."""
+`tuning_loop.run_steps` with `optimizer="adamw-hf"` beside the `transformers` model of the same
+weights (task head included) trained with the Trainer's recipe (torch AdamW with its parameter
+groups, `get_linear_schedule_with_warmup`, `clip_grad_norm_`) on the same batches, dropout off: the
+loss of every step and the parameters after 20 steps agree. Also the step count and learning rates
+of a dataset that does not divide the batch."""
 
 from __future__ import annotations
 
@@ -19,19 +19,11 @@ import pytest
 
 from bert_jax.convert import hf as hf_convert
 from bert_jax.core import optim, partitioning
-from bert_jax.finetune.runs import swag as swag_task
-from bert_jax.finetune.tuning import (
-    batches as features,
-)
-from bert_jax.finetune.tuning import (
-    sentence_tuning as loop,
-)
-from bert_jax.finetune.tuning import (
-    steps,
-)
-from bert_jax.finetune.tuning import (
-    token_tuning as token_loop,
-)
+from bert_jax.finetune.runs import multiple_choice as swag_task
+from bert_jax.finetune.tuning import batches as features
+from bert_jax.finetune.tuning import sentence_tuning as loop
+from bert_jax.finetune.tuning import token_tuning as token_loop
+from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.runtime.errors import UserError
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import hf_config
@@ -108,7 +100,7 @@ def train_ours(tuner, rows_batch) -> tuple[Recorder, dict, dict]:
     state = tuner.init(jax.random.key(0), encoder.bert_params)
     before = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.params))
     recorder = Recorder(tuner)
-    trained = steps.run_steps(
+    trained = tuning_loop.run_steps(
         recorder,
         state,
         jax.random.key(1),
@@ -221,7 +213,7 @@ def compare(name, recorder: Recorder, before, after, reference, ref_losses, head
 
 def encoder_config():
     encoder = tiny_pretrained()
-    return encoder, steps.run_config(encoder, SETTINGS, one_device_mesh())
+    return encoder, tuning_loop.run_config(encoder, SETTINGS, one_device_mesh())
 
 
 @pytest.mark.parametrize("num_labels", [3, 1], ids=["classification", "regression"])
@@ -361,13 +353,13 @@ def test_steps_and_learning_rates_of_a_partial_last_batch_match_the_trainer():
         assert np.sum(epoch[-1] >= 0) == 7
         assert np.array_equal(np.sort(epoch[epoch >= 0]), np.arange(999))
     settings = dataclasses.replace(SETTINGS, learning_rate=2e-5, warmup_proportion=0.1)
-    ours = steps.learning_rates(settings, len(order))
+    ours = tuning_loop.learning_rates(settings, len(order))
     parameter = torch.zeros(1, requires_grad=True)
     optimizer = torch.optim.AdamW([parameter], lr=settings.learning_rate)
     warmup = transformers.TrainingArguments.get_warmup_steps(
         types.SimpleNamespace(warmup_steps=0.1), len(order)
     )
-    assert warmup == steps.warmup_steps("adamw-hf", 0.1, 189) == 19
+    assert warmup == tuning_loop.warmup_steps("adamw-hf", 0.1, 189) == 19
     scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, len(order))
     reference = []
     for _ in range(len(order)):
@@ -376,7 +368,7 @@ def test_steps_and_learning_rates_of_a_partial_last_batch_match_the_trainer():
         scheduler.step()
     np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-12)
     # The project's default recipe takes the same steps, with google-research/bert's schedule.
-    bert = steps.learning_rates(dataclasses.replace(settings, optimizer="bert"), 189)
+    bert = tuning_loop.learning_rates(dataclasses.replace(settings, optimizer="bert"), 189)
     expected = optim.warmup_decay(2e-5, 18, 189)(np.arange(189))
     np.testing.assert_allclose(bert, np.asarray(expected), rtol=1e-6)
 
@@ -384,7 +376,9 @@ def test_steps_and_learning_rates_of_a_partial_last_batch_match_the_trainer():
 def test_an_unknown_optimizer_is_a_user_error_naming_the_setting():
     mesh = one_device_mesh()
     with pytest.raises(UserError, match="optimizer='adam' is not one of bert, adamw-hf"):
-        steps.run_config(tiny_pretrained(), dataclasses.replace(SETTINGS, optimizer="adam"), mesh)
+        tuning_loop.run_config(
+            tiny_pretrained(), dataclasses.replace(SETTINGS, optimizer="adam"), mesh
+        )
     no_correction = dataclasses.replace(SETTINGS, adam_bias_correction=False)
     with pytest.raises(UserError, match="adam_bias_correction=False goes with optimizer='bert'"):
-        steps.run_config(tiny_pretrained(), no_correction, mesh)
+        tuning_loop.run_config(tiny_pretrained(), no_correction, mesh)

@@ -1,4 +1,4 @@
-"""The shared fine-tuning loop (`steps.run_steps`) without a model: the steps it takes, the
+"""The shared fine-tuning loop (`tuning_loop.run_steps`) without a model: the steps it takes, the
 learning rate it passes to each, when it evaluates, and its progress lines."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from bert_jax.finetune.tuning import batches as features
 from bert_jax.finetune.tuning import sentence_tuning as loop
-from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning import tuning_loop
 
 
 class CountingTuner:
@@ -44,7 +44,7 @@ def test_run_steps_takes_every_batch_of_every_epoch_with_the_recipe_rates_and_re
         evaluated.append(int(params))
         return {"accuracy": 1.0}
 
-    trained = steps.run_steps(
+    trained = tuning_loop.run_steps(
         tuner,
         types.SimpleNamespace(params=0),  # the state: the steps taken
         jax.random.key(0),
@@ -57,7 +57,7 @@ def test_run_steps_takes_every_batch_of_every_epoch_with_the_recipe_rates_and_re
     )
     assert trained.num_steps == 6 == 2 * features.steps_per_epoch(10, 4)
     assert tuner.rows == [4, 4, 2, 4, 4, 2]
-    np.testing.assert_allclose(tuner.rates, steps.learning_rates(settings, 6))
+    np.testing.assert_allclose(tuner.rates, tuning_loop.learning_rates(settings, 6))
     assert trained.train_loss == 2.0  # the mean over real examples, not over padded rows
     assert evaluated == [3, 6]  # after each epoch; the end is the second epoch's
     assert [h["epoch"] for h in trained.history] == [1.0, 2.0]
@@ -71,8 +71,9 @@ def test_run_steps_takes_every_batch_of_every_epoch_with_the_recipe_rates_and_re
 
 def test_the_hugging_face_recipe_differs_in_warmup_and_decay_only():
     settings = loop.FinetuneSettings(learning_rate=1.0, warmup_proportion=0.1)
-    ours = steps.learning_rates(settings, 25)
-    hf = steps.learning_rates(dataclasses.replace(settings, optimizer="adamw-hf"), 25)
-    assert steps.warmup_steps("bert", 0.1, 25) == 2 and steps.warmup_steps("adamw-hf", 0.1, 25) == 3
+    ours = tuning_loop.learning_rates(settings, 25)
+    hf = tuning_loop.learning_rates(dataclasses.replace(settings, optimizer="adamw-hf"), 25)
+    assert tuning_loop.warmup_steps("bert", 0.1, 25) == 2
+    assert tuning_loop.warmup_steps("adamw-hf", 0.1, 25) == 3
     np.testing.assert_allclose(ours[:3], [0.0, 0.5, 1 - 2 / 25])  # decay measured from step 0
     np.testing.assert_allclose(hf[:5], [0.0, 1 / 3, 2 / 3, 1.0, 21 / 22])  # from the warmup's end

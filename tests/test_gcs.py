@@ -274,7 +274,7 @@ def test_convert_reads_and_writes_model_directories_in_the_bucket(emulator, tmp_
     into a bert-jax model directory in the bucket, that one into a Hugging Face directory in the
     bucket (safetensors read back in ranges): the params equal the same conversions on disk.
     `--overwrite` replaces only an earlier export of the same kind."""
-    from bert_jax.training import model_dir
+    from bert_jax.training import load_model
     from tests.convert_fixtures import google_bert_config, tf1_arrays, write_tf1_checkpoint
     from tests.helpers import tiny_config
 
@@ -294,9 +294,9 @@ def test_convert_reads_and_writes_model_directories_in_the_bucket(emulator, tmp_
         assert outcome.code == 0, outcome.err
     assert fs.exists(f"{BUCKET}/hf/bert_jax_export.json")
     assert fs.exists(f"{BUCKET}/hf/model.safetensors") and fs.exists(f"{BUCKET}/hf/vocab.txt")
-    expected = model_dir.load_model_dir(tmp_path / "local").params
+    expected = load_model.load_model_dir(tmp_path / "local").params
     for path in (MODEL, tmp_path / "back"):
-        loaded = model_dir.load_model_dir(path, load_tokenizer=True)
+        loaded = load_model.load_model_dir(path, load_tokenizer=True)
         assert loaded.tokenizer.vocab_size <= 512
         for got, want in zip(jax_leaves(loaded.params), jax_leaves(expected)):
             np.testing.assert_array_equal(got, want)

@@ -181,10 +181,10 @@ class Chaos:
 def exported_params(workdir: str) -> list[np.ndarray]:
     import jax
 
-    from bert_jax.training import model_dir
+    from bert_jax.training import load_model
 
     return [
-        np.asarray(x) for x in jax.tree.leaves(model_dir.load_model_dir(f"{workdir}/model").params)
+        np.asarray(x) for x in jax.tree.leaves(load_model.load_model_dir(f"{workdir}/model").params)
     ]
 
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.core import train
+from bert_jax.core import trainer
 from bert_jax.core.model import BertConfig, BertForPreTraining
 from bert_jax.training import metrics
 
@@ -167,15 +167,15 @@ def test_flops_per_token_matches_xla_cost_analysis(sparse_last_layer):
         sparse_last_layer=sparse_last_layer,
     )
     model = BertForPreTraining(config)
-    batch = train.dummy_batch(batch_size, seq_len, predictions)
+    batch = trainer.dummy_batch(batch_size, seq_len, predictions)
     params = jax.eval_shape(
         lambda: nn.meta.unbox(
-            model.init(jax.random.key(0), **train.model_inputs(batch), deterministic=True)
+            model.init(jax.random.key(0), **trainer.model_inputs(batch), deterministic=True)
         )
     )["params"]
 
     def loss(params, batch):
-        sums = train.compute_sums(params, batch, model, deterministic=True)
+        sums = trainer.compute_sums(params, batch, model, deterministic=True)
         return sums["mlm_loss_sum"] + sums["nsp_loss_sum"]
 
     compiled = jax.jit(jax.grad(loss)).lower(params, batch).compile()

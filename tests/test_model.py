@@ -12,7 +12,7 @@ import transformers
 
 from bert_jax.convert import hf as hf_convert
 from bert_jax.convert import mapping
-from bert_jax.core import losses, train
+from bert_jax.core import losses, trainer
 from bert_jax.core.layers import Embed
 from bert_jax.core.model import BertConfig, BertForPreTraining, BertModel
 from tests.helpers import REAL_SENTENCES, hf_config, minilm_dir, random_batch, tiny_config
@@ -47,7 +47,7 @@ def test_pretraining_outputs_match_transformers(hidden_act):
     assert batch["input_mask"].min() == 0, "the batch must contain padding"
 
     ours = BertForPreTraining(config).apply(
-        {"params": params}, **train.model_inputs(batch), deterministic=True
+        {"params": params}, **trainer.model_inputs(batch), deterministic=True
     )
     with torch.no_grad():
         ref = hf_model(**_torch_inputs(batch), output_hidden_states=True)
@@ -76,7 +76,7 @@ def test_loss_and_gradient_norm_match_transformers():
     model = BertForPreTraining(config)
 
     def loss_fn(p):
-        return losses.pretraining_loss(train.compute_sums(p, batch, model, deterministic=True))
+        return losses.pretraining_loss(trainer.compute_sums(p, batch, model, deterministic=True))
 
     loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
     grad_norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
@@ -137,9 +137,9 @@ def test_real_minilm_weights_match_transformers():
 
 
 def _count(config: BertConfig) -> tuple[int, int]:
-    batch = train.dummy_batch(1, 8, 2)
+    batch = trainer.dummy_batch(1, 8, 2)
     shapes = jax.eval_shape(
-        lambda: BertForPreTraining(config).init(jax.random.key(0), **train.model_inputs(batch))
+        lambda: BertForPreTraining(config).init(jax.random.key(0), **trainer.model_inputs(batch))
     )
     params = nn.meta.unbox(shapes)["params"]
     total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
@@ -169,19 +169,19 @@ def test_outputs_finite_with_and_without_jit_and_in_bfloat16():
     config = tiny_config()
     batch = random_batch(np.random.default_rng(2), 2, 16, 4, config.vocab_size)
     model = BertForPreTraining(config)
-    params = nn.meta.unbox(model.init(jax.random.key(0), **train.model_inputs(batch))["params"])
-    eager = model.apply({"params": params}, **train.model_inputs(batch))
+    params = nn.meta.unbox(model.init(jax.random.key(0), **trainer.model_inputs(batch))["params"])
+    eager = model.apply({"params": params}, **trainer.model_inputs(batch))
     jitted = jax.jit(lambda p, b: model.apply({"params": p}, **b))(
-        params, train.model_inputs(batch)
+        params, trainer.model_inputs(batch)
     )
     assert eager["mlm_logits"].shape == (2, 4, config.vocab_size)
     assert eager["nsp_logits"].shape == (2, 2)
     np.testing.assert_allclose(eager["mlm_logits"], jitted["mlm_logits"], atol=1e-5)
 
     bf16 = BertForPreTraining(config.replace(dtype="bfloat16"))
-    bf16_params = nn.meta.unbox(bf16.init(jax.random.key(0), **train.model_inputs(batch)))
+    bf16_params = nn.meta.unbox(bf16.init(jax.random.key(0), **trainer.model_inputs(batch)))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16_params))
-    out = jax.jit(bf16.apply)(bf16_params, **train.model_inputs(batch))
+    out = jax.jit(bf16.apply)(bf16_params, **trainer.model_inputs(batch))
     assert out["sequence_output"].dtype == jnp.bfloat16
     assert out["mlm_logits"].dtype == jnp.float32
     assert np.isfinite(np.asarray(out["mlm_logits"])).all()
@@ -194,10 +194,10 @@ def test_attention_implementations_agree(impl):
     config = tiny_config()
     batch = random_batch(np.random.default_rng(3), 3, 16, 4, config.vocab_size)
     reference = BertForPreTraining(config.replace(attention_impl="xla"))
-    params = nn.meta.unbox(reference.init(jax.random.key(0), **train.model_inputs(batch)))
-    expected = reference.apply(params, **train.model_inputs(batch))
+    params = nn.meta.unbox(reference.init(jax.random.key(0), **trainer.model_inputs(batch)))
+    expected = reference.apply(params, **trainer.model_inputs(batch))
     got = BertForPreTraining(config.replace(attention_impl=impl)).apply(
-        params, **train.model_inputs(batch)
+        params, **trainer.model_inputs(batch)
     )
     np.testing.assert_allclose(got["sequence_output"], expected["sequence_output"], atol=1e-5)
 
@@ -206,16 +206,16 @@ def test_dropout_is_active_in_training_and_fused_attention_refuses_it():
     config = tiny_config()
     batch = random_batch(np.random.default_rng(4), 2, 16, 4, config.vocab_size)
     model = BertForPreTraining(config)
-    params = nn.meta.unbox(model.init(jax.random.key(0), **train.model_inputs(batch)))
+    params = nn.meta.unbox(model.init(jax.random.key(0), **trainer.model_inputs(batch)))
     run = lambda key: model.apply(  # noqa: E731
-        params, **train.model_inputs(batch), deterministic=False, rngs={"dropout": key}
+        params, **trainer.model_inputs(batch), deterministic=False, rngs={"dropout": key}
     )["nsp_logits"]
     assert not np.allclose(run(jax.random.key(1)), run(jax.random.key(2)))
     fused = BertForPreTraining(config.replace(attention_impl="dot_product"))
     with pytest.raises(ValueError, match="attention_probs_dropout_prob"):
         fused.apply(
             params,
-            **train.model_inputs(batch),
+            **trainer.model_inputs(batch),
             deterministic=False,
             rngs={"dropout": jax.random.key(1)},
         )
@@ -236,11 +236,11 @@ def test_sparse_last_layer_gives_the_dense_losses_and_gradients():
     batch["masked_lm_positions"][0, 1] = batch["masked_lm_positions"][0, 0]
     dense = BertForPreTraining(config)
     sparse = BertForPreTraining(config.replace(sparse_last_layer=True))
-    params = nn.meta.unbox(dense.init(jax.random.key(0), **train.model_inputs(batch))["params"])
+    params = nn.meta.unbox(dense.init(jax.random.key(0), **trainer.model_inputs(batch))["params"])
 
     def run(model):
         def loss(p):
-            sums = train.compute_sums(p, batch, model, deterministic=True)
+            sums = trainer.compute_sums(p, batch, model, deterministic=True)
             return losses.pretraining_loss(sums), sums
 
         return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
@@ -254,8 +254,8 @@ def test_sparse_last_layer_gives_the_dense_losses_and_gradients():
         g_s = _at(grads_s, path)
         np.testing.assert_allclose(g_s, g_d, rtol=1e-4, atol=1e-7, err_msg=str(path))
 
-    out_d = dense.apply({"params": params}, **train.model_inputs(batch))
-    out_s = sparse.apply({"params": params}, **train.model_inputs(batch))
+    out_d = dense.apply({"params": params}, **trainer.model_inputs(batch))
+    out_s = sparse.apply({"params": params}, **trainer.model_inputs(batch))
     picked = np.take_along_axis(
         np.asarray(out_d["sequence_output"]), batch["masked_lm_positions"][..., None], axis=1
     )
@@ -276,13 +276,13 @@ def test_remat_gives_the_same_losses_and_gradients(remat):
     batch = random_batch(np.random.default_rng(7), 4, 32, 6, config.vocab_size)
     plain = BertForPreTraining(config)
     again = BertForPreTraining(config.replace(remat=remat))
-    params = nn.meta.unbox(plain.init(jax.random.key(0), **train.model_inputs(batch))["params"])
-    shapes = jax.eval_shape(lambda: again.init(jax.random.key(0), **train.model_inputs(batch)))
+    params = nn.meta.unbox(plain.init(jax.random.key(0), **trainer.model_inputs(batch))["params"])
+    shapes = jax.eval_shape(lambda: again.init(jax.random.key(0), **trainer.model_inputs(batch)))
     assert jax.tree.structure(nn.meta.unbox(shapes["params"])) == jax.tree.structure(params)
 
     def step(model):
         def loss(p):
-            sums = train.compute_sums(p, batch, model, False, jax.random.key(3))
+            sums = trainer.compute_sums(p, batch, model, False, jax.random.key(3))
             return losses.pretraining_loss(sums)
 
         return jax.jit(jax.value_and_grad(loss))
@@ -375,10 +375,10 @@ def test_bf16_gradients_never_scatter_add_in_bf16(packed):
             3, axis=0
         )
     model = BertForPreTraining(config)
-    params = nn.meta.unbox(model.init(jax.random.key(0), **train.model_inputs(batch))["params"])
+    params = nn.meta.unbox(model.init(jax.random.key(0), **trainer.model_inputs(batch))["params"])
 
     def loss(p):
-        sums = train.compute_sums(
+        sums = trainer.compute_sums(
             p, batch, model, deterministic=False, dropout_rng=jax.random.key(1)
         )
         return losses.pretraining_loss(sums)
@@ -406,7 +406,7 @@ def test_padded_vocabulary_computes_what_the_unpadded_model_does():
     padded_config = config.replace(vocab_pad_multiple=128)
     assert padded_config.padded_vocab_size == 384
     batch = random_batch(np.random.default_rng(7), 4, 32, 6, config.vocab_size)
-    inputs = train.model_inputs(batch)
+    inputs = trainer.model_inputs(batch)
     model, padded_model = BertForPreTraining(config), BertForPreTraining(padded_config)
 
     fresh = nn.meta.unbox(padded_model.init(jax.random.key(3), **inputs)["params"])
@@ -432,7 +432,7 @@ def test_padded_vocabulary_computes_what_the_unpadded_model_does():
 
     def run(m, p):
         def loss(p):
-            return losses.pretraining_loss(train.compute_sums(p, batch, m, deterministic=True))
+            return losses.pretraining_loss(trainer.compute_sums(p, batch, m, deterministic=True))
 
         return jax.jit(jax.value_and_grad(loss))(p)
 

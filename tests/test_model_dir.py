@@ -13,7 +13,7 @@ import pytest
 from bert_jax.convert import mapping
 from bert_jax.convert import model_dir as md
 from bert_jax.convert.strict import ConversionError
-from bert_jax.core import partitioning, train
+from bert_jax.core import partitioning, trainer
 from bert_jax.core.model import BertForPreTraining
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime.errors import UserError
@@ -80,10 +80,10 @@ def test_encoder_only_round_trip_without_tokenizer(tmp_path, params):
 def test_mapping_table_names_exactly_the_model_parameters():
     # The table drives every importer, exporter and the model-dir check: it must list each
     # parameter of the model once, with the model's shape.
-    batch = train.dummy_batch(1, 8, 2)
+    batch = trainer.dummy_batch(1, 8, 2)
     abstract = jax.eval_shape(
         lambda: BertForPreTraining(CONFIG).init(
-            jax.random.key(0), **train.model_inputs(batch), deterministic=True
+            jax.random.key(0), **trainer.model_inputs(batch), deterministic=True
         )
     )
     model_tree = nn.meta.unbox(abstract["params"])
@@ -213,7 +213,7 @@ def test_a_workdir_without_a_checkpoint_or_export_is_an_error(tmp_path):
     tested in test_pretrain). The format's own loader refuses it in one line, saying which
     loader reads it."""
     from bert_jax.training import config_lib
-    from bert_jax.training import model_dir as commands_loader
+    from bert_jax.training import load_model as commands_loader
 
     workdir = tmp_path / "run"
     (workdir / "checkpoints").mkdir(parents=True)
@@ -225,5 +225,5 @@ def test_a_workdir_without_a_checkpoint_or_export_is_an_error(tmp_path):
         commands_loader.load_model_dir(workdir)
     with pytest.raises(md.ModelDirError, match="pretraining workdir with no exported model/ yet"):
         md.load_model_dir(workdir)
-    with pytest.raises(md.ModelDirError, match="training.model_dir.load_model_dir"):
+    with pytest.raises(md.ModelDirError, match="training.load_model.load_model_dir"):
         md.read_config(workdir)

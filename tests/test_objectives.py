@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from bert_jax.convert import hf as hf_convert
-from bert_jax.core import losses, train
+from bert_jax.core import losses, trainer
 from bert_jax.core.model import BertForPreTraining, BertModel
 from bert_jax.data.instances import single_segments as single_instances
 from bert_jax.data.masking.dynamic_batch import dynamic_mask_batch
@@ -46,11 +46,11 @@ def _torch_inputs(batch):
 
 def _ours(config, params, batch):
     model = BertForPreTraining(config)
-    inputs = train.model_inputs(train.objective_batch(batch, config.objective))
+    inputs = trainer.model_inputs(trainer.objective_batch(batch, config.objective))
     outputs = model.apply({"params": params}, **inputs, deterministic=True)
-    sums = train.compute_sums(params, batch, model, deterministic=True)
+    sums = trainer.compute_sums(params, batch, model, deterministic=True)
     held_out = metrics.evaluate(
-        lambda local: train.eval_step(params, local, model=model),
+        lambda local: trainer.eval_step(params, local, model=model),
         [batch],
         config.vocab_size,
         config.objective,
@@ -317,8 +317,8 @@ def test_left_to_right_packed_row_computes_what_its_instances_do_apart():
         "next_sentence_labels": zeros[:1],
         "next_sentence_weights": np.ones((1, 2), np.float32),
     }
-    params = jax.jit(model.init)(jax.random.key(0), **train.model_inputs(apart))["params"]
-    sums = jax.jit(functools.partial(train.compute_sums, model=model, deterministic=True))
+    params = jax.jit(model.init)(jax.random.key(0), **trainer.model_inputs(apart))["params"]
+    sums = jax.jit(functools.partial(trainer.compute_sums, model=model, deterministic=True))
     sums_apart, sums_packed = sums(params, apart), sums(params, packed)
     assert float(sums_packed["mlm_weight"]) == float(sums_apart["mlm_weight"]) == 8 + 11
     for key in ("mlm_loss_sum", "mlm_correct_sum"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from bert_jax.core import losses, train
+from bert_jax.core import losses, trainer
 from bert_jax.core.model import BertForPreTraining
 from bert_jax.data.pipeline import packing
 
@@ -126,12 +126,12 @@ def test_packed_losses_and_gradients_equal_unpacked(impl):
     reference = BertForPreTraining(config.replace(attention_impl="xla", sparse_last_layer=False))
     model = BertForPreTraining(config.replace(attention_impl=impl))
     params = nn.meta.unbox(
-        reference.init(jax.random.key(0), **train.model_inputs(unpacked))["params"]
+        reference.init(jax.random.key(0), **trainer.model_inputs(unpacked))["params"]
     )
 
     def objective(model, batch):
         def loss(p):
-            sums = train.compute_sums(p, batch, model, deterministic=True)
+            sums = trainer.compute_sums(p, batch, model, deterministic=True)
             return losses.pretraining_loss(sums), sums
 
         return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
@@ -149,7 +149,7 @@ def test_packed_losses_and_gradients_equal_unpacked(impl):
     # No attention across instances: changing every other instance of a row leaves the first
     # instance's outputs exactly as they were.
     dense = BertForPreTraining(config.replace(attention_impl=impl, sparse_last_layer=False))
-    outputs = jax.jit(lambda b: dense.apply({"params": params}, **train.model_inputs(b)))
+    outputs = jax.jit(lambda b: dense.apply({"params": params}, **trainer.model_inputs(b)))
     before = outputs(packed)
     changed = {k: v.copy() for k, v in packed.items()}
     others = changed["packed_segment_ids"][0] > 1

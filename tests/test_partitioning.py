@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from bert_jax.core import optim, partitioning
-from bert_jax.core.train import ShardedTrainer, init_and_dropout_keys
+from bert_jax.core.trainer import ShardedTrainer, init_and_dropout_keys
 from tests.helpers import random_batch, tiny_config
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 2, 4)]

@@ -104,7 +104,7 @@ def _params_of(result_workdir, shared_dirs):
     import jax
 
     from bert_jax.core import partitioning
-    from bert_jax.core.train import ShardedTrainer
+    from bert_jax.core.trainer import ShardedTrainer
     from bert_jax.training import checkpointing
 
     config = small_config(shared_dirs)
@@ -247,10 +247,10 @@ def test_workdir_is_a_model_for_later_commands(uninterrupted, shared_dirs, tmp_p
     """MODEL may be a workdir: its latest checkpoint while unexported, else its model/ export."""
     import jax
 
-    from bert_jax.training import model_dir
+    from bert_jax.training import load_model
 
     reference_dir, _, _, ref_params = uninterrupted
-    loaded = model_dir.load_model_dir(reference_dir, load_tokenizer=True)
+    loaded = load_model.load_model_dir(reference_dir, load_tokenizer=True)
     assert loaded.info["source"] == "checkpoint" and loaded.info["step"] == 12
     assert loaded.tokenizer.vocab_size == 1000
     for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(ref_params)):
@@ -260,7 +260,7 @@ def test_workdir_is_a_model_for_later_commands(uninterrupted, shared_dirs, tmp_p
     config = small_config(shared_dirs, export_model=True)  # the reference's compiled steps
     result = pretrain.pretrain(config, workdir)
     assert result.model_dir == os.path.join(workdir, "model")
-    exported = model_dir.load_model_dir(workdir)
+    exported = load_model.load_model_dir(workdir)
     assert exported.has_heads and exported.config.hidden_size == 64
     assert exported.tokenizer.vocab_size == 1000
 
@@ -273,8 +273,8 @@ def test_init_from_a_model_directory(uninterrupted, shared_dirs, tmp_path):
 
     from bert_jax.convert.model_dir import save_model_dir
     from bert_jax.core import partitioning
-    from bert_jax.core.train import ShardedTrainer, init_and_dropout_keys
-    from bert_jax.training import model_dir
+    from bert_jax.core.trainer import ShardedTrainer, init_and_dropout_keys
+    from bert_jax.training import load_model
 
     config = small_config(shared_dirs)
     model_config = config_lib.bert_config(config)
@@ -287,7 +287,7 @@ def test_init_from_a_model_directory(uninterrupted, shared_dirs, tmp_path):
     initial = jax.tree.map(np.asarray, jax.device_get(state.params))
     exported = str(tmp_path / "exported")
     save_model_dir(exported, unpadded, mapping.repad_vocab(initial, unpadded))
-    source = model_dir.load_model_dir(exported)
+    source = load_model.load_model_dir(exported)
     assert source.config.padded_vocab_size == 1000
 
     # The params as loaded into a fresh state: the source's, repadded with zero rows.
@@ -304,7 +304,7 @@ def test_init_from_a_model_directory(uninterrupted, shared_dirs, tmp_path):
     result = pretrain.pretrain(config, fresh, step_hook=sigterm_at(2))
     assert result.final_step == 3
     assert_same_run(uninterrupted, fresh, [1, 2, 3])
-    assert model_dir.load_model_dir(fresh).config.padded_vocab_size == 1024
+    assert load_model.load_model_dir(fresh).config.padded_vocab_size == 1024
     assert os.listdir(os.path.join(fresh, "tensorboard")), "TensorBoard events were written"
 
 

@@ -17,7 +17,7 @@ from bert_jax import cli
 from bert_jax.convert import hf as hf_convert
 from bert_jax.core import partitioning
 from bert_jax.finetune.heads.pooled import BertForMultipleChoice
-from bert_jax.finetune.runs import swag as swag_task
+from bert_jax.finetune.runs import multiple_choice as swag_task
 from bert_jax.finetune.tasks import swag
 from tests.convert_fixtures import random_params
 from tests.glue_fixtures.tiny import tiny_pretrained

@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax.core import optim, partitioning, train
-from bert_jax.core.train import ShardedTrainer
+from bert_jax.core import optim, partitioning, trainer
+from bert_jax.core.trainer import ShardedTrainer
 from tests.helpers import random_batch, tiny_config
 
 # The training tests need a model that learns, not depth: one layer compiles in about half the
@@ -101,16 +101,16 @@ def test_lamb_trains():
 
 
 def test_init_and_dropout_keys():
-    init, dropout = train.init_and_dropout_keys(3, "threefry2x32")
+    init, dropout = trainer.init_and_dropout_keys(3, "threefry2x32")
     want_init, want_dropout = jax.random.split(jax.random.key(3))
     assert (jax.random.key_data(init) == jax.random.key_data(want_init)).all()
     assert (jax.random.key_data(dropout) == jax.random.key_data(want_dropout)).all()
-    init_rbg, dropout_rbg = train.init_and_dropout_keys(3, "rbg")
+    init_rbg, dropout_rbg = trainer.init_and_dropout_keys(3, "rbg")
     # Init does not depend on the dropout PRNG; the dropout key is of the asked implementation.
     assert (jax.random.key_data(init_rbg) == jax.random.key_data(want_init)).all()
     assert jax.random.key_impl(dropout_rbg) == jax.random.key_impl(jax.random.key(0, impl="rbg"))
     with pytest.raises(ValueError, match="dropout_rng_impl"):
-        train.init_and_dropout_keys(3, "philox")
+        trainer.init_and_dropout_keys(3, "philox")
 
 
 def test_update_is_generic_over_the_loss_and_scales_by_the_learning_rate():
@@ -123,15 +123,15 @@ def test_update_is_generic_over_the_loss_and_scales_by_the_learning_rate():
     tx = optax.sgd(1.0)
     w = jnp.array([1.0, -2.0, 3.0])
     batch = {"x": jnp.array([1.0, 0.5, 2.0])}
-    state = train.TrainState.create({"w": w}, tx)
-    state, metrics = train.update(
+    state = trainer.TrainState.create({"w": w}, tx)
+    state, metrics = trainer.update(
         state, batch, jax.random.key(0), jnp.float32(0.25), loss_fn=loss_fn, tx=tx
     )
     np.testing.assert_allclose(state.params["w"], w - 0.25 * 2 * w * batch["x"] ** 2, rtol=1e-6)
     assert int(state.step) == 1 and float(metrics["loss"]) == float(metrics["loss_sum"])
     assert bool(metrics["finite"]) and float(metrics["grad_norm"]) > 0
     poisoned = {"x": batch["x"].at[0].set(jnp.inf)}
-    after, metrics = train.update(
+    after, metrics = trainer.update(
         state, poisoned, jax.random.key(0), jnp.float32(0.25), loss_fn=loss_fn, tx=tx
     )
     assert not bool(metrics["finite"]) and int(after.skipped) == 1 and int(after.step) == 2

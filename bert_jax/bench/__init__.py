@@ -1,6 +1,6 @@
 """Training throughput: `bert-jax bench`, optionally beside Hugging Face's PyTorch or Flax BERT.
 
-What is timed: the real pretraining step (`train.ShardedTrainer`: forward, backward, BERT AdamW
+What is timed: the real pretraining step (`trainer.ShardedTrainer`: forward, backward, BERT AdamW
 with clipping, dropout on, donated state), compiled once ahead of time (compile time reported),
 warmed up, then `windows` windows of `steps` steps each, blocking on the results at the end of
 every window; figures are medians over windows. Batches are synthetic (full rows, no padding) or

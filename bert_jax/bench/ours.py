@@ -48,7 +48,7 @@ class OursRunner:
         import jax
 
         from bert_jax.core import optim, partitioning
-        from bert_jax.core.train import ShardedTrainer
+        from bert_jax.core.trainer import ShardedTrainer
 
         self.spec = spec
         devices = jax.devices()

@@ -64,7 +64,7 @@ def add_to(subparsers) -> None:
 
 def _run(args) -> int:
     from bert_jax.convert.between_formats import SOURCE_FORMATS, TARGET_FORMATS, convert
-    from bert_jax.training import model_dir
+    from bert_jax.training import load_model
 
     (src_format, src), (dst_format, dst) = args.source, args.target
     if src_format not in SOURCE_FORMATS:
@@ -81,7 +81,7 @@ def _run(args) -> int:
         lowercase=args.lowercase,
         overwrite=args.overwrite,
         vocab_pad_multiple=args.vocab_pad_multiple,
-        load_model_dir=model_dir.load_model_dir,  # also a workdir (its latest checkpoint)
+        load_model_dir=load_model.load_model_dir,  # also a workdir (its latest checkpoint)
     )
     print(report.summary())
     if args.report_json:

@@ -31,7 +31,7 @@ def _run(args) -> int:
     import json
     import sys
 
-    from bert_jax.training.evaluate import evaluate_model, summary_lines
+    from bert_jax.training.model_eval import evaluate_model, summary_lines
 
     # Progress goes to stderr with --json, so that stdout holds the one JSON object.
     stream = sys.stderr if args.json else sys.stdout

@@ -192,10 +192,10 @@ def baseline_lines(result: dict) -> list[str]:
 
 
 def figures(metrics: dict, task: str = "") -> str:
-    """`accuracy 84.31, f1 88.10` (`steps.figures`, which the progress lines use too)."""
-    from bert_jax.finetune.tuning import steps
+    """`accuracy 84.31, f1 88.10` (`tuning_loop.figures`, which the progress lines use too)."""
+    from bert_jax.finetune.tuning import tuning_loop
 
-    return steps.figures(metrics, task)
+    return tuning_loop.figures(metrics, task)
 
 
 def _add_glue(subparsers) -> None:

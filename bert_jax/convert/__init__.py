@@ -13,6 +13,6 @@
 
 Nothing is imported here, so `from bert_jax.convert import mapping` stays light. These modules
 import nothing above the model and the data layer. Reading a pretraining workdir's checkpoint as
-a model needs training/ and stands there (`bert_jax.training.model_dir`); the command hands that
+a model needs training/ and stands there (`bert_jax.training.load_model`); the command hands that
 loader to `convert()`.
 """

@@ -2,7 +2,7 @@
 
 Sources: "tf1" (Google's checkpoint directory), "hf" (a Hugging Face BERT directory), "bert-jax"
 (a model directory; a pretraining workdir too with the loader that reads one, which `bert-jax
-convert` passes: `training.model_dir.load_model_dir`). Targets: "bert-jax" (a model directory)
+convert` passes: `training.load_model.load_model_dir`). Targets: "bert-jax" (a model directory)
 and "hf" (config.json + model.safetensors + tokenizer files, loadable by transformers'
 `BertForPreTraining.from_pretrained`, or `BertModel` for an encoder-only model).
 
@@ -83,7 +83,7 @@ def load_source(
     `tokenizer` replaces the source's own tokenizer files; `lowercase` overrides the case setting
     (a Google vocab.txt does not record it: it is inferred from the vocabulary unless given).
     `load_model_dir` reads a "bert-jax" source: by default a model directory (or the one a
-    finished pretraining workdir exported); `training.model_dir.load_model_dir` also reads an
+    finished pretraining workdir exported); `training.load_model.load_model_dir` also reads an
     unexported workdir's latest checkpoint.
     """
     src = os.fspath(src)

@@ -17,7 +17,7 @@ destination is replaced only when it is a model directory itself (`outputs.check
 
 `load_model_dir` reads a model directory, or the one a finished pretraining workdir exported
 (`<workdir>/model/`). A workdir still without it is read from its latest checkpoint by
-`bert_jax.training.model_dir.load_model_dir`, the loader the commands use: reading a checkpoint
+`bert_jax.training.load_model.load_model_dir`, the loader the commands use: reading a checkpoint
 needs the run's config and the checkpoint layout, which live in training/.
 """
 
@@ -209,7 +209,7 @@ def read_json(path: str) -> dict[str, Any]:
 
 def is_unexported_workdir(path: str | os.PathLike) -> bool:
     """A pretraining workdir with checkpoints but no exported `model/` (a run in progress or
-    preempted): `bert_jax.training.model_dir.load_model_dir` reads its latest checkpoint."""
+    preempted): `bert_jax.training.load_model.load_model_dir` reads its latest checkpoint."""
     path = os.fspath(path)
     return (
         fs.isdir(os.path.join(path, "checkpoints"))
@@ -234,7 +234,7 @@ def resolve(path: str | os.PathLike) -> str:
     if is_unexported_workdir(path):
         raise ModelDirError(
             f"{path} is a pretraining workdir with no exported {WORKDIR_MODEL_SUBDIR}/ yet: read "
-            "its latest checkpoint with bert_jax.training.model_dir.load_model_dir (as the "
+            "its latest checkpoint with bert_jax.training.load_model.load_model_dir (as the "
             "commands do), or wait for the run to finish and export"
         )
     if fs.exists(os.path.join(path, CONFIG_NAME)):
@@ -392,14 +392,14 @@ def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any
 def param_shardings(config: BertConfig, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
     """NamedShardings for the full BertForPreTraining param tree on `mesh` (the model's logical
     axes mapped through `rules`, default `partitioning.DEFAULT_RULES`); checks divisibility."""
-    from bert_jax.core import partitioning, train
+    from bert_jax.core import partitioning, trainer
     from bert_jax.core.model import BertForPreTraining
 
     rules = partitioning.DEFAULT_RULES if rules is None else rules
     model = BertForPreTraining(config)
-    batch = train.dummy_batch(1, 8, 2)
+    batch = trainer.dummy_batch(1, 8, 2)
     abstract = jax.eval_shape(
-        lambda: model.init(jax.random.key(0), **train.model_inputs(batch), deterministic=True)
+        lambda: model.init(jax.random.key(0), **trainer.model_inputs(batch), deterministic=True)
     )["params"]
     return partitioning.mesh_shardings(abstract, mesh, rules)
 

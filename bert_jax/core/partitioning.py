@@ -50,7 +50,7 @@ def optimizer_state_rules(rules: LogicalRules) -> LogicalRules:
 
 
 def mesh_options(mesh_config: Any) -> dict[str, bool]:
-    """The settings of a config's `mesh` that `train.ShardedTrainer` takes besides the mesh and
+    """The settings of a config's `mesh` that `trainer.ShardedTrainer` takes besides the mesh and
     the rules (`rules_from_config`)."""
     return {
         "shard_optimizer_state": bool(mesh_config.get("shard_optimizer_state", False)),

@@ -43,7 +43,7 @@ import ml_collections
 import optax
 
 from bert_jax.core import optim, partitioning
-from bert_jax.core.train import ShardedTrainer, dummy_batch
+from bert_jax.core.trainer import ShardedTrainer, dummy_batch
 from bert_jax.planning import compile_cache, cost_model
 from bert_jax.planning.compile_cache import (  # noqa: F401  (part of this module's API)
     CACHE_ENV,

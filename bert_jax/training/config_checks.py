@@ -15,7 +15,7 @@ import ml_collections
 from bert_jax.core import optim, partitioning
 from bert_jax.core.bert_config import ACTIVATIONS, ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES
 from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS
-from bert_jax.core.train import DROPOUT_RNG_IMPLS
+from bert_jax.core.trainer import DROPOUT_RNG_IMPLS
 from bert_jax.data import sentences
 from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime.errors import UserError

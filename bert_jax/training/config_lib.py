@@ -474,7 +474,7 @@ def count_parameters(model_config) -> int:
     import flax.linen as nn
 
     from bert_jax.core.model import BertForPreTraining
-    from bert_jax.core.train import dummy_batch, model_inputs
+    from bert_jax.core.trainer import dummy_batch, model_inputs
 
     shapes = jax.eval_shape(
         lambda: BertForPreTraining(model_config.replace(vocab_pad_multiple=1)).init(

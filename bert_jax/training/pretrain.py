@@ -43,7 +43,7 @@ import numpy as np
 from bert_jax.convert import mapping
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.core import optim, partitioning
-from bert_jax.core.train import ShardedTrainer, TrainState, init_and_dropout_keys
+from bert_jax.core.trainer import ShardedTrainer, TrainState, init_and_dropout_keys
 from bert_jax.data import objectives
 from bert_jax.data.pipeline import input_shards
 from bert_jax.data.tokenizers.load_or_train import check_prepared_with
@@ -57,8 +57,8 @@ from bert_jax.training import (
     data_position,
     eval_choice,
     inputs,
+    load_model,
     metrics,
-    model_dir,
     plots,
 )
 from bert_jax.training import workdir as workdir_lib
@@ -392,7 +392,7 @@ def _check_run_objective(path: str, objective: str) -> None:
     """Refuses config.resume_from of a run (its workdir's config.json) with another objective."""
     directory = checkpointing.find_checkpoint_dir(path)
     for candidate in (path, os.path.dirname(os.path.normpath(directory))):
-        run_config = os.path.join(candidate, model_dir.CONFIG_NAME)
+        run_config = os.path.join(candidate, load_model.CONFIG_NAME)
         if fs.exists(run_config):
             with fs.open(run_config, encoding="utf-8") as f:
                 theirs = json.load(f).get("objective", objectives.DEFAULT_OBJECTIVE)
@@ -425,7 +425,7 @@ def _evaluate_and_log(trainer, state, batches, step: int, writer, console) -> di
 
 def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str) -> TrainState:
     """Params from a model directory on top of a fresh state (optimizer and step fresh)."""
-    loaded = model_dir.load_model_dir(path)
+    loaded = load_model.load_model_dir(path)
     objectives.check_model(
         f"config.init_from={path}", loaded.config.objective, trainer.config.objective
     )

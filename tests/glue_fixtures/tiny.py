@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from bert_jax.core.model import BertConfig, BertForPreTraining
-from bert_jax.core.train import dummy_batch, model_inputs
+from bert_jax.core.trainer import dummy_batch, model_inputs
 from bert_jax.data.tokenizers.interface import SPECIAL_TOKENS
 from bert_jax.data.tokenizers.wordpiece import WordPieceTokenizer
 from bert_jax.finetune.tuning.settings import PretrainedEncoder

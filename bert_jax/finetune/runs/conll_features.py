@@ -27,16 +27,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.core import partitioning, train
+from bert_jax.core import partitioning, trainer
 from bert_jax.core.model import BertConfig
-from bert_jax.core.train import TrainState
+from bert_jax.core.trainer import TrainState
 from bert_jax.finetune.heads import lstm_tagger as feature_tagger
 from bert_jax.finetune.heads.lstm_tagger import BiLstmTagger
 from bert_jax.finetune.heads.per_token import token_loss
 from bert_jax.finetune.reports import run_report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import conll as ner
-from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.finetune.tuning.token_tuning import gather_rows, predict_logits
@@ -55,7 +55,7 @@ def task_settings(overrides: Mapping[str, Any]) -> FinetuneSettings:
     return settings_for(TASK, overrides)
 
 
-class FeatureTuner(train.ShardedSteps):
+class FeatureTuner(trainer.ShardedSteps):
     """The tagger's state on a mesh (replicated: it is small), batches split over the batch
     axes, the frozen encoder's params passed into each step."""
 
@@ -71,7 +71,7 @@ class FeatureTuner(train.ShardedSteps):
         self.config = config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         mode, self.layers = feature_tagger.variant_layers(variant, config.num_hidden_layers)
         self.tagger = BiLstmTagger(num_labels, mode, lstm_size, dropout_rate=settings.dropout)
-        self.tx = steps.make_optimizer(settings)
+        self.tx = tuning_loop.make_optimizer(settings)
         features = jnp.zeros((1, 2, len(self.layers), config.hidden_size), jnp.float32)
 
         def init_fn(rng):
@@ -106,7 +106,7 @@ class FeatureTuner(train.ShardedSteps):
             sums = token_loss(logits, batch["labels"], batch["label_weights"])
             return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
 
-        return train.update(state, batch, rng, learning_rate, loss_fn=loss_fn, tx=self.tx)
+        return trainer.update(state, batch, rng, learning_rate, loss_fn=loss_fn, tx=self.tx)
 
     def _predict(self, params, batch, bert_params):
         features = self._features(bert_params, batch)
@@ -136,7 +136,7 @@ def _feature_tuner(config, variant, num_labels, lstm_size, mesh, settings) -> Fe
 
 @dataclasses.dataclass
 class _BoundTuner:
-    """`steps.run_steps`' view of a FeatureTuner: the encoder's params bound to every step."""
+    """`tuning_loop.run_steps`' view of a FeatureTuner: the encoder's params bound to every step."""
 
     tuner: FeatureTuner
     bert_params: Any
@@ -175,7 +175,7 @@ def run_feature_ner(
     labels = ner.label_list(train_split)
     iob1 = ner.uses_iob1(train_split)
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
-    config = steps.run_config(encoder, settings, mesh)
+    config = tuning_loop.run_config(encoder, settings, mesh)
     length = settings.max_seq_length
 
     def prepared(sentences):
@@ -201,7 +201,7 @@ def run_feature_ner(
         return metrics
 
     inputs = {key: train_arrays[key] for key in (*_KEYS, "labels", "label_weights")}
-    trained = steps.run_steps(
+    trained = tuning_loop.run_steps(
         bound,
         tuner.init(init_rng),
         dropout_rng,

@@ -4,7 +4,8 @@ retained checkpoint of a pretraining workdir (`bert-jax finetune --each-checkpoi
 Workdir layout:
 
     steps/step=<N>/...         one ordinary run of the task (its result.json, predictions, plot)
-                               from the params of checkpoint N (`model_dir.load_workdir_checkpoint`)
+                               from the params of checkpoint N
+                               (`load_model.load_workdir_checkpoint`)
     curve.json, curve.md       step -> the task's dev score (GLUE: the paper's metric; SQuAD,
                                CoNLL-2003: F1; SWAG: accuracy), in percent
     plots/curve.png            the score against the step
@@ -60,9 +61,9 @@ def retained_steps(pretrain_workdir: str) -> list[int]:
 
 def encoder_at(pretrain_workdir: str, step: int) -> PretrainedEncoder:
     """The encoder of checkpoint `step`, named `<workdir>@step=<step>` in its runs' records."""
-    from bert_jax.training import model_dir
+    from bert_jax.training import load_model
 
-    loaded = model_dir.load_workdir_checkpoint(pretrain_workdir, step=step)
+    loaded = load_model.load_workdir_checkpoint(pretrain_workdir, step=step)
     encoder = PretrainedEncoder.from_model_dir(loaded)
     return dataclasses.replace(encoder, source=f"{pretrain_workdir}@step={step}")
 

@@ -137,7 +137,7 @@ def _run(model, task: Task, data, workdir, settings, options: TaskOptions, log) 
             log=log,
         )
     if task.family == CHOICES:
-        from bert_jax.finetune.runs import swag as swag_task
+        from bert_jax.finetune.runs import multiple_choice as swag_task
 
         return swag_task.run_swag(
             model, data, workdir, settings, log=log, predict_test=options.predict_test

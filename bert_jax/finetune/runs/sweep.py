@@ -50,7 +50,7 @@ from bert_jax.finetune.tuning.settings import (
     load_pretrained,
     swept_option,
 )
-from bert_jax.finetune.tuning.steps import figures
+from bert_jax.finetune.tuning.tuning_loop import figures
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError

@@ -41,7 +41,7 @@ _NAMES = (
     "nbest_predictions.json",
     "dev_predictions.txt",
     "test_predictions.txt",
-    # SWAG (runs/swag.py)
+    # SWAG (runs/multiple_choice.py)
     "dev_predictions.csv",
     "test_predictions.csv",
     # the pretraining-step curve (curve.py)

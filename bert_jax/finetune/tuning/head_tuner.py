@@ -1,5 +1,5 @@
 """A pretrained BERT encoder with a fresh head on a mesh, compiled once: the sharded state born
-from the loaded encoder and the head's own init, the train step (`train.update` with the
+from the loaded encoder and the head's own init, the train step (`trainer.update` with the
 learning rate as an argument) and the predict step. GLUE's `sentence_tuning.FineTuner` and the token
 tasks' `token_tuning.TokenTuner` are this with their model, head and loss.
 """
@@ -15,18 +15,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core import partitioning, train
-from bert_jax.core.train import TrainState
-from bert_jax.finetune.tuning import steps
+from bert_jax.core import partitioning, trainer
+from bert_jax.core.trainer import TrainState
+from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.settings import FinetuneSettings
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 
 
-class HeadTuner(train.ShardedSteps):
+class HeadTuner(trainer.ShardedSteps):
     """`model` (an encoder under `bert/` and `head` under `classifier/`), the recipe's optimizer
-    (`steps.make_optimizer(settings)`: the settings that shape the step) with a unit schedule,
+    (`tuning_loop.make_optimizer(settings)`: the settings that shape the step) with a unit schedule,
     the mesh and rules, bound together and compiled once."""
 
     def __init__(
@@ -34,17 +34,17 @@ class HeadTuner(train.ShardedSteps):
         model: nn.Module,
         head: nn.Module,
         head_input: Array,
-        loss_fn: train.LossFn,
+        loss_fn: trainer.LossFn,
         predict_fn: Callable[..., Array],
         mesh: jax.sharding.Mesh,
         settings: FinetuneSettings,
         rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
     ):
         self.model = model
-        self.tx = steps.make_optimizer(settings, pad_token_id=model.config.pad_token_id)
+        self.tx = tuning_loop.make_optimizer(settings, pad_token_id=model.config.pad_token_id)
         tokens = np.zeros((1, 8), np.int32)
         inputs = {"input_ids": tokens, "input_mask": np.ones_like(tokens), "segment_ids": tokens}
-        init_fn = functools.partial(train.init_state, model=model, tx=self.tx, inputs=inputs)
+        init_fn = functools.partial(trainer.init_state, model=model, tx=self.tx, inputs=inputs)
         super().__init__(init_fn, mesh, rules)
         self.abstract_bert = nn.meta.unbox(self.state_shapes.params["bert"])
         # Born sharded, as `ShardedSteps.init` does, but only the parts that are not
@@ -61,7 +61,7 @@ class HeadTuner(train.ShardedSteps):
             in_shardings=(self.state_shardings.params,),
             out_shardings=self.state_shardings.opt_state,
         )
-        step = functools.partial(train.update, loss_fn=loss_fn, tx=self.tx)
+        step = functools.partial(trainer.update, loss_fn=loss_fn, tx=self.tx)
         self._train_step = self.jit_train_step(step, num_scalars=2)  # rng, learning rate
         self._predict_step = self.jit_params_fn(functools.partial(predict_fn, model=model))
 

@@ -4,14 +4,14 @@ one setting (learning rate, seed), on the device mesh.
 The paper's recipe: BERT AdamW (weight decay 0.01, not on LayerNorm and biases; clipping at global
 norm 1.0), linear warmup over the first 10% of steps then linear decay to 0, dropout 0.1, batch 32,
 3 epochs; evaluation on dev at the end (and after every epoch with `eval_every_epoch`).
-`optimizer="adamw-hf"` runs Hugging Face's Trainer recipe instead (see `steps.OPTIMIZERS`).
+`optimizer="adamw-hf"` runs Hugging Face's Trainer recipe instead (see `settings.OPTIMIZERS`).
 
-The state and step are pretraining's (`train.TrainState`, `train.update`, `train.ShardedSteps`:
-shardings from the logical axis names, global batches, a donated state), with the classifier's
-loss. The learning rate enters the step as an argument (the optimizer runs with a unit schedule and
-the update is scaled by it), so every trial of a sweep with the same model and head reuses one
-compiled step. Batches come from `batches`; a run is deterministic given its seed (head
-initialisation, shuffling and dropout).
+The state and step are pretraining's (`trainer.TrainState`, `trainer.update`,
+`trainer.ShardedSteps`: shardings from the logical axis names, global batches, a donated state),
+with the classifier's loss. The learning rate enters the step as an argument (the optimizer runs
+with a unit schedule and the update is scaled by it), so every trial of a sweep with the same model
+and head reuses one compiled step. Batches come from `batches`; a run is deterministic given its
+seed (head initialisation, shuffling and dropout).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core import partitioning, train
+from bert_jax.core import partitioning, trainer
 from bert_jax.core.model import BertConfig
 from bert_jax.finetune.heads.pooled import BertForSequenceClassification, ClassifierHead, head_loss
 from bert_jax.finetune.tasks import glue_metrics
 from bert_jax.finetune.tasks.glue import SentenceTask
-from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.batches import EncodedSplit, TaskData, gather_batch, host_rows
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
@@ -46,8 +46,8 @@ logger = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------------------
 
 
-def classifier_loss(model: BertForSequenceClassification, regression: bool) -> train.LossFn:
-    """The head's loss on a batch, averaged over its rows of nonzero weight (`train.update`'s
+def classifier_loss(model: BertForSequenceClassification, regression: bool) -> trainer.LossFn:
+    """The head's loss on a batch, averaged over its rows of nonzero weight (`trainer.update`'s
     `loss_fn`); the aux are the head's sums."""
 
     def loss_fn(params, batch, dropout_rng):
@@ -239,12 +239,12 @@ def finetune(
     log = log or logger.info
     task = data.task
     mesh = mesh if mesh is not None else make_mesh(settings)
-    config = steps.run_config(encoder, settings, mesh)
+    config = tuning_loop.run_config(encoder, settings, mesh)
     tuner = fine_tuner(config, task.num_outputs, mesh, settings, rules)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
     kept: dict[str, np.ndarray] = {}  # the last evaluation's dev predictions
-    trained = steps.run_steps(
+    trained = tuning_loop.run_steps(
         tuner,
         state,
         dropout_rng,

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # linear decay measured from step 0. "adamw-hf": Hugging Face's Trainer: torch AdamW (eps 1e-8,
 # bias correction) with `get_linear_schedule_with_warmup` (ceil(proportion * steps) warmup steps,
 # decay from the warmup's end) and `clip_grad_norm_`. Both skip weight decay on biases and
-# LayerNorm parameters. (`tuning.steps` builds them.)
+# LayerNorm parameters. (`tuning.tuning_loop` builds them.)
 OPTIMIZERS = ("bert", "adamw-hf")
 
 
@@ -179,7 +179,7 @@ class PretrainedEncoder:
 
     @classmethod
     def from_model_dir(cls, model_dir: Any) -> PretrainedEncoder:
-        """From `model_dir.load_model_dir(...)`'s ModelDir (params hold a `bert` subtree)."""
+        """From `load_model.load_model_dir(...)`'s ModelDir (params hold a `bert` subtree)."""
         params = model_dir.params
         if "bert" not in params:
             raise UserError(
@@ -190,11 +190,11 @@ class PretrainedEncoder:
 
 
 def load_pretrained(path: str) -> PretrainedEncoder:
-    """A model directory or pretraining workdir, through `model_dir.load_model_dir` (the loader
+    """A model directory or pretraining workdir, through `load_model.load_model_dir` (the loader
     every command uses); the params come to the host and are placed on the mesh per trial."""
-    from bert_jax.training import model_dir
+    from bert_jax.training import load_model
 
-    return PretrainedEncoder.from_model_dir(model_dir.load_model_dir(path))
+    return PretrainedEncoder.from_model_dir(load_model.load_model_dir(path))
 
 
 def task_settings(task: Task, overrides: Mapping[str, Any] | None = None) -> FinetuneSettings:

@@ -1,11 +1,12 @@
 """The fine-tuning loop for heads on every token (SQuAD spans, CoNLL-2003 tags), on the mesh.
 
 The recipe and the machinery are GLUE's: `FinetuneSettings`, the shared step loop
-(`steps.run_steps`: BERT AdamW with a unit schedule, the learning rate passed in per step, warmup
-over the first 10% then linear decay) and `head_tuner.HeadTuner` (shardings, global batches, a
-donated state, the encoder placed from the model directory and a fresh head initialised on its own).
-What differs is the model (`per_token.BertForTokenOutputs`), the loss (`span_loss` or `token_loss`)
-and what prediction returns (logits at every position, handed to the task's own post-processing).
+(`tuning_loop.run_steps`: BERT AdamW with a unit schedule, the learning rate passed in per step,
+warmup over the first 10% then linear decay) and `head_tuner.HeadTuner` (shardings, global batches,
+a donated state, the encoder placed from the model directory and a fresh head initialised on its
+own). What differs is the model (`per_token.BertForTokenOutputs`), the loss (`span_loss` or
+`token_loss`) and what prediction returns (logits at every position, handed to the task's own
+post-processing).
 
 A run is deterministic given its seed (head initialisation, shuffling, dropout).
 """
@@ -21,11 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core import partitioning, train
+from bert_jax.core import partitioning, trainer
 from bert_jax.core.model import BertConfig
 from bert_jax.finetune.heads.per_token import BertForTokenOutputs, span_loss, token_loss
 from bert_jax.finetune.heads.pooled import ClassifierHead
-from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.batches import host_rows
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
@@ -38,8 +39,8 @@ MODEL_KEYS = ("input_ids", "input_mask", "segment_ids")
 TARGET_KEYS = {SPAN: ("start_positions", "end_positions"), TAGS: ("labels", "label_weights")}
 
 
-def head_loss_fn(model: BertForTokenOutputs, kind: str) -> train.LossFn:
-    """`train.update`'s loss: the head's loss averaged over the batch's weight; aux are sums."""
+def head_loss_fn(model: BertForTokenOutputs, kind: str) -> trainer.LossFn:
+    """`trainer.update`'s loss: the head's loss averaged over the batch's weight; aux are sums."""
 
     def loss_fn(params, batch, dropout_rng):
         logits = model.apply(
@@ -164,7 +165,7 @@ def train_and_evaluate(
     one of `settings.mesh_shape` over every device."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
-    config = steps.run_config(encoder, settings, mesh)
+    config = tuning_loop.run_config(encoder, settings, mesh)
     tuner = token_tuner(config, num_outputs, kind, mesh, head_dropout, settings)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
@@ -176,7 +177,7 @@ def train_and_evaluate(
         kept["logits"] = predict_logits(tuner, params, eval_arrays, settings.eval_batch_size)
         return evaluate(kept["logits"])
 
-    trained = steps.run_steps(
+    trained = tuning_loop.run_steps(
         tuner,
         state,
         dropout_rng,

@@ -1,7 +1,7 @@
 """`bert-jax finetune --task swag`: the paper's SWAG recipe on the official CSV files.
 
 The model is `pooled.BertForMultipleChoice` (one score per choice from its pooled [CLS], softmax
-over the four), trained with GLUE's machinery (`head_tuner.HeadTuner`, `steps.run_steps`: BERT
+over the four), trained with GLUE's machinery (`head_tuner.HeadTuner`, `tuning_loop.run_steps`: BERT
 AdamW, warmup over 10% then linear decay) and the paper's recipe: 3 epochs, lr 2e-5, batch 16,
 max_seq_length 128 (the paper gives no length; 128 holds nearly every SWAG choice).
 
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core import partitioning, train
+from bert_jax.core import partitioning, trainer
 from bert_jax.core.model import BertConfig
 from bert_jax.finetune.heads.pooled import (
     BertForMultipleChoice,
@@ -37,7 +37,7 @@ from bert_jax.finetune.reports import run_report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.tasks import glue_metrics, swag
-from bert_jax.finetune.tuning import steps
+from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
@@ -57,7 +57,7 @@ def task_settings(overrides: Mapping[str, Any]) -> FinetuneSettings:
     return settings_for(swag.TASKS[0], overrides)
 
 
-def choice_loss(model: BertForMultipleChoice) -> train.LossFn:
+def choice_loss(model: BertForMultipleChoice) -> trainer.LossFn:
     """Cross-entropy over the choices, averaged over the batch's rows of nonzero weight."""
 
     def loss_fn(params, batch, dropout_rng):
@@ -179,7 +179,7 @@ def train_and_predict(
     """The run on read splits: result.json's figures and the prediction files' text."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
-    config = steps.run_config(encoder, settings, mesh)
+    config = tuning_loop.run_config(encoder, settings, mesh)
     tuner = choice_tuner(config, mesh, settings)
     arrays = {
         name: swag.build_features(examples, encoder.tokenizer, settings.max_seq_length)
@@ -196,7 +196,7 @@ def train_and_predict(
         kept["dev"] = predict_logits(tuner, params, arrays["dev"], settings.eval_batch_size)
         return accuracy(kept["dev"], arrays["dev"]["labels"])
 
-    trained = steps.run_steps(
+    trained = tuning_loop.run_steps(
         tuner,
         state,
         dropout_rng,

@@ -6,7 +6,7 @@ every epoch (`eval_every_epoch`) and at the end.
 
 Every recipe takes an epoch as `batches.steps_per_epoch` batches, the last one partial and
 weighted by its real rows (the loss is a mean over them). The optimizer has a unit schedule
-(`unit_schedule`): each step's learning rate is passed into `train.update`, so one compiled step
+(`unit_schedule`): each step's learning rate is passed into `trainer.update`, so one compiled step
 serves every rate of the schedule and of a sweep.
 """
 
@@ -25,7 +25,7 @@ import optax
 
 from bert_jax.core import optim, partitioning
 from bert_jax.core.model import BertConfig
-from bert_jax.core.train import TrainState
+from bert_jax.core.trainer import TrainState
 from bert_jax.finetune.tuning.batches import (
     epoch_end_steps,
     host_rows,

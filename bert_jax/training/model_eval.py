@@ -50,12 +50,12 @@ def evaluate_model(
     `console` gets progress lines (records, rate, ETA) while it runs."""
     import jax
 
-    from bert_jax.core import train
+    from bert_jax.core import trainer
     from bert_jax.core.model import BertForPreTraining
     from bert_jax.data import layout, objectives
     from bert_jax.data.sources.documents import source_kind
     from bert_jax.data.tokenizers.load_or_train import check_prepared_with
-    from bert_jax.training import metrics, model_dir
+    from bert_jax.training import load_model, metrics
 
     model, data = os.fspath(model), os.fspath(data)
     if batch_size < 1 or batches < 0:
@@ -69,7 +69,7 @@ def evaluate_model(
     if not fs.exists(data):
         raise UserError(f"--data {data} does not exist")
     console(f"loading {model}")
-    loaded = model_dir.load_model_dir(model)
+    loaded = load_model.load_model_dir(model)
     if not loaded.has_heads:
         raise UserError(f"--model {model} has no pretraining heads (an encoder-only model)")
     config = loaded.config
@@ -89,7 +89,7 @@ def evaluate_model(
     if batches:
         total = min(total, batches * batch_size)
     module = BertForPreTraining(config)
-    step = jax.jit(lambda params, batch: train.eval_step(params, batch, model=module))
+    step = jax.jit(lambda params, batch: trainer.eval_step(params, batch, model=module))
     progress = _Progress(total, console)
     sums = metrics.EvalSums(config.vocab_size, config.objective)
     for batch in _padded_batches(data, length, slots, batch_size, config.objective, total):
