@@ -1,8 +1,9 @@
 """Settings declared once: a dataclass field made by `setting(default, help, ...)` carries its
 `Declaration` (help, allowed range or choices, and what it shapes), and everything else is derived
 from it (STYLE 21): the command-line flag and its help (`add_flags`), the range checks
-(`problems`), and the recorded settings a family keeps (a records manifest, a trial's key, a
-report's protocol block) through the declaration's flags (`records`, `trial`, `step`, `swept`).
+(`problems`), the settings from parsed flags (`from_args`) and back to flags (`to_flags`), and
+the recorded settings a family keeps (`as_dict`; a records manifest, a trial's key, a report's
+protocol block) through the declaration's flags (`records`, `trial`, `step`, `swept`).
 
 The families: `FinetuneSettings` (finetune/tuning/settings.py), `PrepareSettings`
 (data/preparation/settings.py), the pretraining config's sections (training/config_schema.py) and
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,9 +28,11 @@ class Declaration:
     prepared records: a data setting in the records' manifest and the cache key), `trial` (what a
     fine-tuning run computes: a finished run is reused only with the same value), `step` (the
     compiled train step), `swept` (`bert-jax glue` sweeps it; these values by default).
-    `parse`/`metavar`: how a flag's text becomes the value; `flag`: the flag's name when it is not
+    `parse`/`metavar`: how a flag's text becomes the value; `show`: how help and checks write a
+    value, when not as `shown` does (a duration as `1h`); `flag`: the flag's name when it is not
     the field's (`--split-bytes` for `split_bytes`), "" for a setting without a flag; `zero`:
-    what 0 (or None) means, for help (`0: derived`).
+    what 0 (or None) means, for help (`0: derived`). An infinite bound is written as one:
+    `high=math.inf, high_open=True` allows every finite value above `low`.
     """
 
     help: str
@@ -43,6 +47,7 @@ class Declaration:
     swept: tuple[Any, ...] | None = None
     parse: Callable[[str], Any] | None = None
     metavar: str | None = None
+    show: Callable[[Any], str] | None = None
     flag: str | None = None
     zero: str = ""
 
@@ -64,6 +69,10 @@ class Declaration:
             return True
         if self.choices is not None:
             return value in self.choices
+        # NaN compares false with every bound: it is in no declared range.
+        bounded = self.low is not None or self.high is not None
+        if bounded and isinstance(value, float) and math.isnan(value):
+            return False
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             return False
         if self.high is not None:
@@ -113,9 +122,10 @@ def problems(settings: Any, name_of: Callable[[str], str] | None = None) -> list
         value = getattr(settings, name)
         if declared.allows(value):
             continue
-        shown = name_of(name) if name_of else flag_name(name, declared)
+        named = name_of(name) if name_of else flag_name(name, declared)
+        written = declared.show(value) if declared.show else repr(value)
         verb = "is not" if declared.choices is not None else "must be"
-        found.append(f"{shown} {value!r} {verb} {declared.range_text()}")
+        found.append(f"{named} {written} {verb} {declared.range_text()}")
     return found
 
 
@@ -155,7 +165,7 @@ def flag_options(
     if limits and declared.choices is None:
         about += f"; {limits}"
     if default_help is None:
-        default_help = "" if default is None else f"default {shown(default)}"
+        default_help = "" if default is None else f"default {(declared.show or shown)(default)}"
     options: dict[str, Any] = {
         "default": None if unset_is_none else default,
         "help": f"{about} ({default_help})" if default_help else about,
@@ -204,3 +214,31 @@ def from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
         if getattr(args, name, None) is not None
     }
     return cls(**{**values, **overrides})
+
+
+def as_dict(settings: Any) -> dict[str, Any]:
+    """name -> value of every declared setting of `settings`: what a family records (an event
+    row, a report's protocol block)."""
+    return {f.name: getattr(settings, f.name) for f in declared_fields(type(settings))}
+
+
+def to_flags(settings: Any) -> list[str]:
+    """The flags that give `settings` again, for a command line this process starts (a detached
+    child): `--flag=value` for each declared setting with a flag and a value (None: unset, left
+    out), a boolean as its switch (`--keep`, or `--no-keep` for one on by default)."""
+    argv = []
+    for field in declared_fields(type(settings)):
+        declared: Declaration = field.metadata["declaration"]
+        value = getattr(settings, field.name)
+        if declared.flag == "" or value is None:
+            continue
+        flag = flag_name(field.name, declared)
+        if isinstance(value, bool):
+            if value:
+                argv.append(flag)
+            elif field.default:
+                argv.append("--no-" + flag[2:])
+            continue
+        text = ",".join(str(x) for x in value) if isinstance(value, tuple) else str(value)
+        argv.append(f"{flag}={text}")  # one argument: a value may start with "-"
+    return argv
