@@ -221,8 +221,8 @@ def test_the_span_flags_default_to_the_runs_options():
 
 def test_a_duration_default_is_shown_as_the_flag_spells_it():
     """The supervisor's help shows its defaults in the flags' own spelling, which reads back."""
-    from bert_jax.cli import launch
+    from bert_jax.launch import durations
 
     for seconds, text in ((90, "90s"), (120, "2m"), (3600, "1h"), (86400, "1d"), (0.5, "0.5s")):
-        assert launch._duration_text(seconds) == text
-        assert launch._seconds(text) == seconds
+        assert durations.text(seconds) == text
+        assert durations.seconds(text) == seconds

@@ -558,7 +558,7 @@ def test_decide_waits_the_recreate_delay_not_the_poll():
 
 @pytest.mark.parametrize("delay", [-1.0, float("inf"), float("nan")])
 def test_a_bad_recreate_delay_is_refused_naming_the_flag(delay):
-    with pytest.raises(LaunchError, match="^--recreate-delay .*use a duration of 0 or more"):
+    with pytest.raises(LaunchError, match=r"^--recreate-delay \S+ must be in \[0, inf\)$"):
         Policy(recreate_delay_seconds=delay)
 
 
@@ -624,10 +624,17 @@ def test_the_recreate_delay_flag_reaches_the_policy_and_the_detached_watch():
     args = cli.build_parser().parse_args([*watch, "--poll", "30s", "--recreate-delay", "5m"])
     policy = launch_cli._policy(args)
     assert (policy.poll_seconds, policy.recreate_delay) == (30.0, 300.0)
-    assert launch_cli._watch_argv(args, "gs://b/run")[-2:] == ["--recreate-delay", "300.0"]
+    assert launch_cli._watch_argv(args, "gs://b/run")[-1] == "--recreate-delay=300.0"
     up = ["launch", "tpu", "up", "--name", "n", "--zone", "z", "--watch", "--recreate-delay", "0"]
     args = cli.build_parser().parse_args([*up, "--", "--workdir", "gs://b/run"])
     assert launch_cli._policy(args).recreate_delay == 0.0
     args = cli.build_parser().parse_args(watch)
     assert launch_cli._policy(args).recreate_delay == 60.0  # not set: the poll interval
     assert "--recreate-delay" not in launch_cli._watch_argv(args, "gs://b/run")
+
+
+def test_the_watching_row_records_the_policy_that_supervises(tmp_path):
+    job = _started_job(tmp_path)
+    supervisor, _, _ = _watch(job, ScriptedGcloud(qr="ACTIVE", node="READY"), polls=1)
+    watching = [r for r in events.read(job.workdir) if r["event"] == "watching"]
+    assert [Policy.from_dict(r["policy"]) for r in watching] == [supervisor.policy]

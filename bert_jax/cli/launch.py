@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from bert_jax.launch import LaunchError
+from bert_jax.launch import LaunchError, durations
 
 
 def add_to(subparsers) -> None:
@@ -156,79 +156,14 @@ def _add_tpu(kinds) -> None:
     status.set_defaults(command_name="launch tpu status", run=_run_status)
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}  # a duration flag's units
-
-
-def _seconds(text: str) -> float:
-    """A duration: seconds, or with a unit (90s, 30m, 2h)."""
-    try:
-        if text and text[-1] in _UNITS:
-            return float(text[:-1]) * _UNITS[text[-1]]
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 45m, 2h)") from None
-
-
-def _duration_text(seconds: float) -> str:
-    """`_seconds`' spelling back, in the largest unit that divides it: 90 -> "90s", 120 -> "2m",
-    3600 -> "1h"."""
-    dividing = [unit for unit, size in _UNITS.items() if seconds % size == 0]
-    unit = max(dividing, key=_UNITS.get, default="s")
-    return f"{seconds / _UNITS[unit]:g}{unit}"
-
-
 def _watching_flags() -> argparse.ArgumentParser:
     from bert_jax.launch.supervisor import Policy
+    from bert_jax.runtime import declarations
 
-    defaults = Policy()  # the supervisor's defaults: one owner, read here for flags and help
     watching = argparse.ArgumentParser(add_help=False)
     group = watching.add_argument_group("supervisor (--watch, watch)")
-    group.add_argument(
-        "--max-failures",
-        type=int,
-        default=defaults.max_failures,
-        help=f"restarts after failures and stalls (default {defaults.max_failures})",
-    )
-    group.add_argument(
-        "--max-preemptions", type=int, default=None, help="recreations (default: no limit)"
-    )
-    group.add_argument(
-        "--stall-timeout",
-        type=_seconds,
-        default=None,
-        metavar="DURATION",
-        help="no new step for this long is a hang (default: max(30m, 5 x the slowest step))",
-    )
-    group.add_argument(
-        "--startup-timeout",
-        type=_seconds,
-        default=defaults.startup_timeout,
-        metavar="DURATION",
-        help="install + compile + restore limit, until the first step "
-        f"(default {_duration_text(defaults.startup_timeout)})",
-    )
-    group.add_argument(
-        "--stop-grace", type=_seconds, default=defaults.stop_grace, metavar="DURATION",
-        help=f"SIGTERM to SIGKILL when stopping a hung job "
-        f"(default {_duration_text(defaults.stop_grace)})",
-    )  # fmt: skip
-    group.add_argument(
-        "--poll",
-        type=_seconds,
-        default=defaults.poll_seconds,
-        metavar="DURATION",
-        help="how often the supervisor looks at the slice, the job and the heartbeats "
-        f"(default {_duration_text(defaults.poll_seconds)})",
-    )
-    group.add_argument(
-        "--recreate-delay",
-        type=_seconds,
-        default=None,
-        metavar="DURATION",
-        help="from deleting a preempted or failed slice to asking for it again "
-        "(default: the --poll interval)",
-    )
-    group.add_argument("--keep", action="store_true", help="keep the slice when done")
+    # The supervisor's policy: every flag, its help and default from `Policy`'s declarations.
+    declarations.add_flags(group, Policy)
     group.add_argument(
         "--detach",
         action="store_true",
@@ -243,32 +178,20 @@ def _watching_flags() -> argparse.ArgumentParser:
 
 
 def _policy(args):
+    """The supervisor's policy from the parsed flags; a bad value is a LaunchError naming its
+    flag, raised here, before anything runs."""
     from bert_jax.launch.supervisor import Policy
+    from bert_jax.runtime import declarations
 
-    return Policy(
-        max_failures=args.max_failures,
-        max_preemptions=args.max_preemptions,
-        stall_timeout=args.stall_timeout,
-        startup_timeout=args.startup_timeout,
-        stop_grace=args.stop_grace,
-        poll_seconds=args.poll,
-        recreate_delay_seconds=args.recreate_delay,
-        keep=args.keep,
-    )
+    return declarations.from_args(Policy, args)
 
 
 def _watch_argv(args, workdir: str) -> list[str]:
     """`launch tpu watch` with this command's supervisor flags (for --detach)."""
+    from bert_jax.runtime import declarations
+
     argv = ["launch", "tpu", "watch", "--workdir", workdir, "--no-stream"]
-    argv += ["--max-failures", str(args.max_failures), "--poll", str(args.poll)]
-    argv += ["--startup-timeout", str(args.startup_timeout), "--stop-grace", str(args.stop_grace)]
-    if args.max_preemptions is not None:
-        argv += ["--max-preemptions", str(args.max_preemptions)]
-    if args.stall_timeout is not None:
-        argv += ["--stall-timeout", str(args.stall_timeout)]
-    if args.recreate_delay is not None:
-        argv += ["--recreate-delay", str(args.recreate_delay)]
-    return argv + (["--keep"] if args.keep else [])
+    return argv + declarations.to_flags(_policy(args))
 
 
 def _supervise(args, workdir: str) -> int:
@@ -547,7 +470,7 @@ def _add_slurm(kinds) -> None:
     )
     parser.add_argument(
         "--signal-before",
-        type=_seconds,
+        type=durations.seconds,
         default=300.0,
         metavar="DURATION",
         help="SIGTERM the run this long before the time limit: it saves, then is requeued "

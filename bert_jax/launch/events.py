@@ -17,7 +17,8 @@ checkpoint step in the workdir) and what the event adds (`state`, `exit_status`,
   finished    the exported model exists
   gave-up     a budget ran out, or the job's status says retrying cannot help (2, 4)
   deleted     the slice was deleted (after finishing, unless --keep)
-  watching / stopped-watching   a supervisor attached / detached (`reason` when cloud commands
+  watching / stopped-watching   a supervisor attached (`policy`: its settings, as
+              `supervisor.Policy.to_dict` writes them) / detached (`reason` when cloud commands
               failed too often in a row)
   cloud-errors  several polls in a row ended by a failed cloud command (an API error, not the
               service's NOT_FOUND): `count`, `error`; nothing was done on them

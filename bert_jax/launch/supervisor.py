@@ -27,54 +27,95 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bert_jax.launch import LaunchError, events, queued
+from bert_jax.launch import LaunchError, durations, events, queued
+from bert_jax.runtime import declarations
+from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT, EXIT_STOPPED, EXIT_USER_ERROR
 
 NEVER_RETRIED = (EXIT_USER_ERROR, EXIT_DOES_NOT_FIT)
 MIN_STALL_TIMEOUT = 30 * 60.0
 STALL_STEP_FACTOR = 5.0
 NODE_LOST = ("PREEMPTED", "TERMINATED")
-# The flag of each setting: a bad value is refused in one line naming it.
-COUNT_FLAGS = {"max_failures": "--max-failures", "max_preemptions": "--max-preemptions"}
-DURATION_FLAGS = {
-    "stall_timeout": "--stall-timeout",
-    "startup_timeout": "--startup-timeout",
-    "stop_grace": "--stop-grace",
-    "poll_seconds": "--poll",
-}
-RECREATE_DELAY_FLAG = "--recreate-delay"
+# A count of restarts; a duration (above 0, or from 0 for the re-create delay), read and shown
+# as the duration flags spell it; both finite (an infinite stall timeout never restarts a hang).
+_COUNT = {"low": 0, "metavar": "N"}
+_DURATION = {"high": math.inf, "high_open": True, "parse": durations.seconds,
+             "show": durations.text, "metavar": "DURATION"}  # fmt: skip
+_POSITIVE_DURATION = {"low": 0.0, "low_open": True, **_DURATION}
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    max_failures: int = 3  # failures and stalls on a healthy slice
-    max_preemptions: int | None = None  # None: no limit
-    stall_timeout: float | None = None  # None: max(30 min, 5 x the slowest step seen)
-    startup_timeout: float = 3600.0  # install + compile + restore, until the first step
-    stop_grace: float = 120.0  # SIGTERM -> SIGKILL
-    poll_seconds: float = 60.0
-    # From deleting a lost slice to asking for it again; None: the poll interval.
-    recreate_delay_seconds: float | None = None
-    keep: bool = False  # keep the slice when done
+    """The supervisor's settings, each declared once here: the `launch tpu up --watch` and
+    `launch tpu watch` flags and their help, the checks (a bad value refused in one line naming
+    its flag, before anything runs), the detached watcher's command line and the `watching` row
+    of events.jsonl (`to_dict`) are derived from these declarations."""
+
+    max_failures: int = setting(
+        3, "restarts after failures and stalls on a healthy slice", **_COUNT
+    )
+    max_preemptions: int | None = setting(
+        None,
+        "recreations of a lost slice and restarts after SIGTERM",
+        zero="default: no limit",
+        **_COUNT,
+    )
+    stall_timeout: float | None = setting(
+        None,
+        "no new step for this long is a hang",
+        zero=f"default: max({durations.text(MIN_STALL_TIMEOUT)}, {STALL_STEP_FACTOR:g} x the "
+        "slowest step)",
+        **_POSITIVE_DURATION,
+    )
+    startup_timeout: float = setting(
+        3600.0, "install + compile + restore limit, until the first step", **_POSITIVE_DURATION
+    )
+    stop_grace: float = setting(
+        120.0, "SIGTERM to SIGKILL when stopping a hung job", **_POSITIVE_DURATION
+    )
+    poll_seconds: float = setting(
+        60.0,
+        "how often the supervisor looks at the slice, the job and the heartbeats",
+        flag="poll",
+        **_POSITIVE_DURATION,
+    )
+    recreate_delay_seconds: float | None = setting(
+        None,
+        "from deleting a preempted or failed slice to asking for it again",
+        flag="recreate-delay",
+        zero="default: the --poll interval",
+        low=0.0,
+        **_DURATION,
+    )
+    keep: bool = setting(False, "keep the slice when done")
 
     def __post_init__(self):
         """Refuses, before anything runs, a setting that would make the supervisor act on a
         healthy run (a negative stall timeout restarts the job at every poll)."""
-        for name, flag in COUNT_FLAGS.items():
+        for problem in declarations.problems(self):
+            raise LaunchError(problem)
+
+    def to_dict(self) -> dict:
+        """The settings as the supervisor records them (the `watching` row of events.jsonl)."""
+        return declarations.as_dict(self)
+
+    @classmethod
+    def from_dict(cls, recorded: dict) -> Policy:
+        """A policy `to_dict` recorded (a name this version does not declare is left out)."""
+        return cls(**{k: v for k, v in recorded.items() if k in declarations.declarations(cls)})
+
+    def flags_text(self) -> str:
+        """The settings as their flags, as a user types them (`--max-failures 3 --poll 1m`);
+        one unset (None, its default says what then) is left out."""
+        words = []
+        for name, declared in declarations.declarations(Policy).items():
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise LaunchError(f"{flag} {value!r}: use a whole number, 0 or more")
-            if value is not None and value < 0:
-                raise LaunchError(f"{flag} {value}: use a whole number, 0 or more")
-        for name, flag in DURATION_FLAGS.items():
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise LaunchError(f"{flag} {value:g} s: use a duration above 0 (e.g. 90s, 45m, 2h)")
-        delay = self.recreate_delay_seconds
-        if delay is not None and not (math.isfinite(delay) and delay >= 0):
-            raise LaunchError(
-                f"{RECREATE_DELAY_FLAG} {delay:g} s: use a duration of 0 or more (e.g. 0, 90s, 5m)"
-            )
+            if value is None or value is False:
+                continue
+            words.append(_flag(name))
+            if value is not True:
+                words.append((declared.show or declarations.shown)(value))
+        return " ".join(words)
 
     @property
     def recreate_delay(self) -> float:
@@ -87,6 +128,11 @@ class Policy:
         if self.stall_timeout is not None:
             return self.stall_timeout
         return max(MIN_STALL_TIMEOUT, STALL_STEP_FACTOR * slowest_step)
+
+
+def _flag(name: str) -> str:
+    """The flag of the policy's setting `name` (`poll_seconds` -> `--poll`), as messages say it."""
+    return declarations.flag_name(name, declarations.declarations(Policy)[name])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +237,10 @@ def _job(obs: Observation, policy: Policy) -> Decision:
 def _preempted(obs: Observation, policy: Policy, reason: str, action: str) -> Decision:
     if policy.max_preemptions is not None and obs.preemptions >= policy.max_preemptions:
         return Decision(
-            "give-up", "preempted", f"{reason}; --max-preemptions {policy.max_preemptions} spent", 1
+            "give-up",
+            "preempted",
+            f"{reason}; {_flag('max_preemptions')} {policy.max_preemptions} spent",
+            1,
         )
     if action == "recreate":  # the next poll comes when the new slice may be asked for
         return Decision(action, "preempted", reason, pause=_until_recreate(policy, 0.0))
@@ -206,7 +255,8 @@ def _create(obs: Observation, policy: Policy, reason: str) -> Decision:
     if obs.since_lost is not None and obs.since_lost + events.TIME_RESOLUTION < delay:
         return Decision(
             "wait",
-            reason=f"the slice was lost: asking again {delay:g} s after ({RECREATE_DELAY_FLAG})",
+            reason=f"the slice was lost: asking again {delay:g} s after "
+            f"({_flag('recreate_delay_seconds')})",
             pause=_until_recreate(policy, obs.since_lost),
         )
     return Decision("create", "queued", reason)
@@ -221,6 +271,6 @@ def _until_recreate(policy: Policy, waited: float) -> float:
 def _failure(obs: Observation, policy: Policy, event: str, reason: str) -> Decision:
     if obs.failures >= policy.max_failures:
         return Decision(
-            "give-up", event, f"{reason}; --max-failures {policy.max_failures} spent", 1
+            "give-up", event, f"{reason}; {_flag('max_failures')} {policy.max_failures} spent", 1
         )
     return Decision("restart", event, reason)

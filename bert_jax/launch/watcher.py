@@ -391,7 +391,11 @@ class Watcher:
         with contextlib.suppress(ValueError):  # not the main thread: no handler
             previous = signal.signal(signal.SIGINT, lambda *_: self._interrupted.set())
         self.log.append(
-            "watching", attempt=self.log.attempt, host=os.uname().nodename, pid=os.getpid()
+            "watching",
+            attempt=self.log.attempt,
+            host=os.uname().nodename,
+            pid=os.getpid(),
+            policy=self.policy.to_dict(),
         )
         self.say(
             f"watching {self.vm.name} ({self.job.workdir}) every {self.policy.poll_seconds:g} s; "

@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from bert_jax.launch import ApiError, LaunchError, Runner, events, queued, tpu
+from bert_jax.launch import ApiError, LaunchError, Runner, events, queued, supervisor, tpu
 from bert_jax.runtime import fs, heartbeat
 
 ATTEMPT_ENV = heartbeat.ATTEMPT_ENV
@@ -155,13 +155,17 @@ def status_text(workdir: str, runner: Runner | None = None) -> str:
             slice_state = _slice_state(job, runner)
         except LaunchError:
             slice_state = "unknown (gcloud not available here)"
-    return events.describe(
+    text = events.describe(
         rows,
         beats,
         slice_state=slice_state,
         checkpoint=latest_checkpoint(workdir),
         model_exported=model_exported(workdir),
     )
+    recorded = [r["policy"] for r in rows if r["event"] == "watching" and "policy" in r]
+    if recorded:  # the settings of the latest supervisor, as its `watching` row recorded them
+        text += f"\nsupervisor: {supervisor.Policy.from_dict(recorded[-1]).flags_text()}"
+    return text
 
 
 def record_event(
