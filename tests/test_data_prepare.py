@@ -377,7 +377,11 @@ def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(groups.splits_lib, "read_split", counted)
     settings = prepare.PrepareSettings(
-        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, num_groups=2, split_bytes=1500
+        max_seq_length=LENGTH,
+        max_predictions_per_seq=SLOTS,
+        dupe_factor=1,
+        num_groups=2,
+        split_bytes=1500,
     )
     inputs = [str(text), str(jsonl), str(dump)]
     plan = prepare.check_run(inputs, embedded_spm_dir(), tmp_path / "plan", settings)
@@ -452,7 +456,9 @@ def test_a_local_prepare_reads_each_input_byte_once_in_all(tmp_path, monkeypatch
         return Counted(f, path) if path in read else f
 
     monkeypatch.setattr(builtins, "open", counting_open)
-    settings = prepare.PrepareSettings(max_seq_length=LENGTH, max_predictions_per_seq=SLOTS)
+    settings = prepare.PrepareSettings(
+        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1
+    )
     result = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
     assert result.instance_stats.instances > 0
     assert read == {path: os.path.getsize(path) for path in inputs}
@@ -465,7 +471,7 @@ def test_a_killed_runs_spilled_documents_are_removed_and_do_not_block_overwrite(
     later run on the host removes what a killed one left, and --overwrite is not stopped by it."""
     output = tmp_path / "out"
     settings = prepare.PrepareSettings(
-        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, num_groups=2
+        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1, num_groups=2
     )
     prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
     dead = subprocess.Popen([sys.executable, "-c", ""])  # a process id no longer in use

@@ -373,7 +373,7 @@ def test_a_cached_preparation_is_not_reused_after_its_corpus_changed(vocab, tmp_
 
     corpus = _corpus(tmp_path / "corpus.txt")
     settings = prepare.PrepareSettings(
-        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, num_groups=2
+        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1, num_groups=2
     )
     first = prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache")
     assert prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache") == first

@@ -15,9 +15,11 @@ LM only, no NSP) and "ltr" (a left-to-right LM; records carry no masking). Insta
 Records without a recorded objective (older ``data prepare`` output) are "mlm+nsp" sentence pairs.
 
 The masking defaults are defined here and nowhere else (``MASKED_LM_PROB``,
-``MAX_PREDICTIONS_PER_SEQ``, ``DEFAULT_SHARES``), with the share of short instances
-(``SHORT_SEQ_PROB``): masking, instance creation, preparation, the pipeline, the training config
-and ``bert-jax data prepare``'s flags read them.
+``MAX_PREDICTIONS_PER_SEQ``, ``DEFAULT_SHARES``), with the instances' length
+(``MAX_SEQ_LENGTH``), the share of short instances (``SHORT_SEQ_PROB``) and NSP's share of random
+next sentences (``RANDOM_NEXT_PROB``): masking, instance creation, preparation's declared settings
+(data/preparation/settings.py, whence ``bert-jax data prepare``'s flags), the pipeline and the
+training config read them.
 """
 
 from __future__ import annotations
@@ -42,15 +44,23 @@ MAX_PREDICTIONS_PER_SEQ = 20
 PAPER_SHARES = {"mask_share": 0.8, "same_share": 0.1, "random_share": 0.1}
 DEFAULT_SHARES = PAPER_SHARES
 SHARE_KEYS = tuple(PAPER_SHARES)  # ("mask_share", "same_share", "random_share")
+# The instances' length when none is given: the paper's first phase (90% of its steps).
+MAX_SEQ_LENGTH = 128
 # The share of sentence-pair instances cut to a random shorter length (the original's
 # short_seq_prob), read by instance creation, `data prepare` and the training config alike.
 SHORT_SEQ_PROB = 0.1
-# What `data prepare` records about the objective (manifest.OUTPUT_SETTINGS), with the value of
+# NSP: the share of sentence pairs whose B is a random sentence of another document (label 1).
+# The paper's 50% (PAPER_RANDOM_NEXT_PROB, what every record prepared before the share was
+# recorded used: BEFORE_RECORDED) is the default.
+PAPER_RANDOM_NEXT_PROB = 0.5
+RANDOM_NEXT_PROB = PAPER_RANDOM_NEXT_PROB
+# What `data prepare` records about the objective (manifest.BEFORE_RECORDED), with the value of
 # records prepared before it did.
 BEFORE_RECORDED = {
     "objective": DEFAULT_OBJECTIVE,
     "instance_format": "sentence_pairs",
     **PAPER_SHARES,
+    "random_next_prob": PAPER_RANDOM_NEXT_PROB,
 }
 
 

@@ -31,7 +31,7 @@ class Declaration:
     `parse`/`metavar`: how a flag's text becomes the value; `show`: how help and checks write a
     value, when not as `shown` does (a duration as `1h`); `flag`: the flag's name when it is not
     the field's (`--split-bytes` for `split_bytes`), "" for a setting without a flag; `zero`:
-    what 0 (or None) means, for help (`0: derived`). An infinite bound is written as one:
+    what 0 (or None, or "") means, for help (`0: derived`). An infinite bound is written as one:
     `high=math.inf, high_open=True` allows every finite value above `low`.
     """
 
@@ -165,7 +165,8 @@ def flag_options(
     if limits and declared.choices is None:
         about += f"; {limits}"
     if default_help is None:
-        default_help = "" if default is None else f"default {(declared.show or shown)(default)}"
+        unset = default is None or default == ""  # `zero` says what it means
+        default_help = "" if unset else f"default {(declared.show or shown)(default)}"
     options: dict[str, Any] = {
         "default": None if unset_is_none else default,
         "help": f"{about} ({default_help})" if default_help else about,

@@ -10,11 +10,12 @@ Public API:
   (special tokens in the text are treated as text), dropping sentences and documents that end up
   empty.
 - ``create_instances_from_document(documents, document_index, max_seq_length, short_seq_prob,
-  cls_id, sep_id, rng) -> list[Instance]``: the unmasked sentence pairs of one document.
-- ``create_instances(documents, masking, max_seq_length=128, short_seq_prob=0.1,
-  dupe_factor=1, seed=0, shuffle=True) -> list[Instance]``: every document, ``dupe_factor``
-  times, each pass with a fresh masking (``masking.mask_ids``), then shuffled — as the
-  original.
+  cls_id, sep_id, rng, random_next_prob) -> list[Instance]``: the unmasked sentence pairs of one
+  document.
+- ``create_instances(documents, masking, max_seq_length, short_seq_prob, dupe_factor=1, seed=0,
+  shuffle=True, random_next_prob) -> list[Instance]``: every document, ``dupe_factor`` times,
+  each pass with a fresh masking (``masking.mask_ids``), then shuffled — as the original (the
+  length and shares default to data/objectives.py's).
 - ``create_instance_rows(...same...) -> (batches of InstanceRows, order)``: the same instances
   as batch-format arrays in creation order, and the shuffle (what ``data prepare`` writes).
 - ``mask_tokens(instance, masking, rng)``: ``masking.mask_ids`` on an ``Instance``.
@@ -33,10 +34,10 @@ Semantics (Devlin et al. and google-research/bert's create_pretraining_data.py):
   instances) with a short target; ``Instance.target_seq_length`` records it.
 - Sentences accumulate into a chunk until the target is reached or the document ends; A is the
   first ``a_end`` sentences (``a_end`` uniform in [1, len(chunk) - 1]); B is the rest (actual
-  next) or, with probability 0.5, sentences from a different document starting at a random
-  sentence, and then the unused sentences of the chunk are put back. A chunk of one sentence
-  always takes a random next (``Instance.forced_random_next``), so on corpora of long sentences
-  more than half of the instances are random-next.
+  next) or, with probability ``random_next_prob`` (the paper's 0.5), sentences from a different
+  document starting at a random sentence, and then the unused sentences of the chunk are put
+  back. A chunk of one sentence always takes a random next (``Instance.forced_random_next``), so
+  on corpora of long sentences more instances are random-next than the share says.
 - Truncation removes tokens from the longer segment until both fit, each from the front or back
   with probability 0.5.
 
@@ -121,7 +122,13 @@ class _SentenceEnds:
 
 
 def _pair_document(
-    sentence_ends, document_index: int, max_num_tokens: int, short_seq_prob: float, rng, out
+    sentence_ends,
+    document_index: int,
+    max_num_tokens: int,
+    short_seq_prob: float,
+    random_next_prob: float,
+    rng,
+    out,
 ) -> None:
     """Append one tuple per instance of a document (original semantics, see module):
     ``(document, a_start, a_end, b_document or -1, b_start, b_end, target_seq_length,
@@ -146,7 +153,7 @@ def _pair_document(
         a_sentences = rng.randint(1, chunk - 1) if chunk >= 2 else 1
         a_end = ends[i + a_sentences]
         forced = chunk == 1
-        if forced or rng.random() < 0.5:
+        if forced or rng.random() < random_next_prob:
             b_document = rng.randrange(num_documents - 1)
             if b_document >= document_index:
                 b_document += 1
@@ -214,6 +221,7 @@ def create_instances_from_document(
     cls_id: int,
     sep_id: int,
     rng: random.Random,
+    random_next_prob: float = objectives.RANDOM_NEXT_PROB,
 ) -> list[Instance]:
     """The unmasked sentence-pair instances of one document (original semantics, see module)."""
     if len(documents) < 2:
@@ -221,7 +229,13 @@ def create_instances_from_document(
     max_num_tokens = max_seq_length - 3
     spans: list[tuple] = []
     _pair_document(
-        _SentenceEnds(documents), document_index, max_num_tokens, short_seq_prob, rng, spans
+        _SentenceEnds(documents),
+        document_index,
+        max_num_tokens,
+        short_seq_prob,
+        random_next_prob,
+        rng,
+        spans,
     )
     flat: dict[int, list[int]] = {}
 
@@ -273,13 +287,19 @@ def mask_tokens(
     return instance
 
 
-def _check_settings(max_seq_length: int, short_seq_prob: float, dupe_factor: int) -> None:
+def _check_settings(
+    max_seq_length: int, short_seq_prob: float, dupe_factor: int, random_next_prob: float = 0.0
+) -> None:
+    """A UserError for settings no instance can be made with (single segments have no next
+    sentence: ``random_next_prob`` 0)."""
     if max_seq_length < 5:
         raise UserError(
             f"max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP]), got {max_seq_length}"
         )
     if not 0.0 <= short_seq_prob <= 1.0:
         raise UserError(f"short_seq_prob must be in [0, 1], got {short_seq_prob}")
+    if not 0.0 <= random_next_prob <= 1.0:
+        raise UserError(f"random_next_prob must be in [0, 1], got {random_next_prob}")
     if dupe_factor < 1:
         raise UserError(f"dupe_factor must be >= 1, got {dupe_factor}")
 
@@ -330,11 +350,12 @@ class InstanceRows:
 def create_instance_rows(
     documents: Sequence[TokenizedDocument],
     masking: MaskingConfig,
-    max_seq_length: int = 128,
+    max_seq_length: int = objectives.MAX_SEQ_LENGTH,
     short_seq_prob: float = objectives.SHORT_SEQ_PROB,
     dupe_factor: int = 1,
     seed: int = 0,
     rows_per_batch: int = 4096,
+    random_next_prob: float = objectives.RANDOM_NEXT_PROB,
 ) -> tuple[Iterator[InstanceRows], list[int]]:
     """``create_instances`` as batches of rows: (masked batches in creation order, the shuffle).
 
@@ -343,7 +364,7 @@ def create_instance_rows(
     masked (``static_rows.mask_rows``) and handed out ``rows_per_batch`` at a time, so memory
     stays at one batch of rows. Same instances, masking and order as ``create_instances``.
     """
-    _check_settings(max_seq_length, short_seq_prob, dupe_factor)
+    _check_settings(max_seq_length, short_seq_prob, dupe_factor, random_next_prob)
     if masking.max_predictions_per_seq > max_seq_length:
         raise UserError(
             f"max_predictions_per_seq {masking.max_predictions_per_seq} exceeds max_seq_length "
@@ -363,7 +384,13 @@ def create_instance_rows(
     for _ in range(dupe_factor):
         for document_index in range(len(documents)):
             _pair_document(
-                sentence_ends, document_index, max_num_tokens, short_seq_prob, pair_rng, spans
+                sentence_ends,
+                document_index,
+                max_num_tokens,
+                short_seq_prob,
+                random_next_prob,
+                pair_rng,
+                spans,
             )
     order = list(range(len(spans)))
     random.Random(int(shuffle_seed)).shuffle(order)
@@ -423,11 +450,12 @@ def _masked_batches(documents, spans, masking, max_seq_length, mask_seed, rows_p
 def create_instances(
     documents: Sequence[TokenizedDocument],
     masking: MaskingConfig,
-    max_seq_length: int = 128,
+    max_seq_length: int = objectives.MAX_SEQ_LENGTH,
     short_seq_prob: float = objectives.SHORT_SEQ_PROB,
     dupe_factor: int = 1,
     seed: int = 0,
     shuffle: bool = True,
+    random_next_prob: float = objectives.RANDOM_NEXT_PROB,
 ) -> list[Instance]:
     """Masked instances from tokenized documents: ``dupe_factor`` passes, then a shuffle.
 
@@ -435,7 +463,13 @@ def create_instances(
     the corpus see different static maskings. Deterministic for ``seed``.
     """
     batches, order = create_instance_rows(
-        documents, masking, max_seq_length, short_seq_prob, dupe_factor, seed
+        documents,
+        masking,
+        max_seq_length,
+        short_seq_prob,
+        dupe_factor,
+        seed,
+        random_next_prob=random_next_prob,
     )
     instances = [instance for batch in batches for instance in batch.instances()]
     return [instances[i] for i in order] if shuffle else instances

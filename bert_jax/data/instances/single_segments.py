@@ -82,7 +82,7 @@ def _spans(documents, max_num_tokens: int, short_seq_prob: float, cross: bool, r
 def create_single_rows(
     documents: Sequence[TokenizedDocument],
     masking: MaskingConfig,
-    max_seq_length: int = 128,
+    max_seq_length: int = objectives.MAX_SEQ_LENGTH,
     short_seq_prob: float = objectives.SHORT_SEQ_PROB,
     dupe_factor: int = 1,
     seed: int = 0,

@@ -259,7 +259,9 @@ def process_group(
     )
     instance_format = settings.get("instance_format", "sentence_pairs")
     make_rows = instances_lib.create_instance_rows
-    extra = {}
+    # The recorded share, or the one every record was made with before it was recorded.
+    before = objectives.BEFORE_RECORDED["random_next_prob"]
+    extra = {"random_next_prob": settings.get("random_next_prob", before)}
     if instance_format != "sentence_pairs":  # no NSP: [CLS] text [SEP] rows
         make_rows = single_segments.create_single_rows
         extra = {

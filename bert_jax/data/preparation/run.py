@@ -2,10 +2,10 @@
 
 Public API::
 
-    prepare_records(sources, tokenizer, output_dir, settings=PrepareSettings()) -> PrepareResult
+    prepare_records(sources, tokenizer, output_dir, settings) -> PrepareResult
     prepare_cached(sources, tokenizer, settings, cache_dir=None) -> list of record files
 
-``PrepareSettings`` holds every knob of ``bert-jax data prepare`` (one field per flag).
+``PrepareSettings`` (``settings.py``) declares every setting of ``bert-jax data prepare``.
 ``prepare_cached`` is preparation for a pretraining run given a raw corpus: the records go to a
 directory of ``cache_dir`` named by a hash of the settings, and a finished preparation is reused.
 
@@ -68,19 +68,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bert_jax.data import objectives
 from bert_jax.data.layout import (
-    DEFAULT_GROUP_BYTES,
-    DEFAULT_HELDOUT_SHARE,
     TOKENIZER_SUBDIR,
     heldout_dir,
 )
-from bert_jax.data.masking.settings import check_shares
 from bert_jax.data.preparation import groups as groups_lib
 from bert_jax.data.preparation.groups import InstanceStats, part_name
+from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.data.records import manifest
 from bert_jax.data.records import tfrecord as records_lib
-from bert_jax.data.sentences import splitter_identity
 from bert_jax.data.sources import documents as sources_lib
 from bert_jax.data.sources import splits as splits_lib
 from bert_jax.data.tokenizers.interface import Tokenizer
@@ -97,82 +93,22 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 2
 # Written by ``prepare_cached`` when a preparation is complete: the list of its record files.
 _COMPLETE_MARKER = "prepared-complete.json"
-
-
-@dataclass(frozen=True)
-class PrepareSettings:
-    """How to prepare: one field per ``bert-jax data prepare`` flag (same names, same meaning)."""
-
-    max_seq_length: int = 128
-    max_predictions_per_seq: int = objectives.MAX_PREDICTIONS_PER_SEQ
-    masked_lm_prob: float = objectives.MASKED_LM_PROB
-    short_seq_prob: float = objectives.SHORT_SEQ_PROB
-    dupe_factor: int = 1
-    seed: int = 12345
-    whole_word_mask: bool = False
-    num_workers: int = 1
-    # Documents go to ``num_groups`` groups by a hash of their key (``groups.group_of``), a shard
-    # per group; 0: one group per ``group_bytes`` of input (``groups.derive_num_groups``).
-    num_groups: int = 0
-    group_bytes: int = DEFAULT_GROUP_BYTES
-    # Inputs are read in splits of about this many bytes (``splits.cut_splits``), in parallel.
-    split_bytes: int = splits_lib.DEFAULT_TARGET_BYTES
-    # Share of documents held out for evaluation, by a hash of their key (``groups.Heldout``),
-    # into ``heldout/``, with a floor for a small corpus; 0: none.
-    heldout_share: float = DEFAULT_HELDOUT_SHARE
-    # Before documents were grouped by hash: documents per group. Accepted, no longer used.
-    documents_per_shard: int = 0
-    tfds_data_dir: str | None = None
-    text_field: str = "text"
-    sentence_split: bool = False
-    splitter: str = sources_lib.DEFAULT_SPLITTER  # sentences.SPLITTERS
-    max_line_bytes: int = sources_lib.DEFAULT_MAX_LINE_BYTES
-    strict: bool = False
-    overwrite: bool = False
-    # The pretraining objective the records are for and their instance format
-    # (data/objectives.py; "" = the objective's default), and the MASK/SAME/RND shares.
-    objective: str = objectives.DEFAULT_OBJECTIVE
-    instance_format: str = ""
-    mask_share: float = objectives.DEFAULT_SHARES["mask_share"]
-    same_share: float = objectives.DEFAULT_SHARES["same_share"]
-    random_share: float = objectives.DEFAULT_SHARES["random_share"]
-
-    def check(self) -> None:
-        """Raises a UserError naming every out-of-range setting by its flag."""
-        problems = []
-        if self.max_seq_length < 5:
-            problems.append(f"--max-seq-length {self.max_seq_length} must be at least 5")
-        if not 1 <= self.max_predictions_per_seq <= self.max_seq_length:
-            problems.append(
-                f"--max-predictions-per-seq {self.max_predictions_per_seq} must be in [1, "
-                f"--max-seq-length {self.max_seq_length}]"
-            )
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            problems.append(f"--masked-lm-prob {self.masked_lm_prob} must be in (0, 1)")
-        if not 0.0 <= self.short_seq_prob <= 1.0:
-            problems.append(f"--short-seq-prob {self.short_seq_prob} must be in [0, 1]")
-        if self.dupe_factor < 1:
-            problems.append(f"--dupe-factor {self.dupe_factor} must be at least 1")
-        if self.num_workers < 1:
-            problems.append(f"--num-workers {self.num_workers} must be at least 1")
-        if self.num_groups < 0:
-            problems.append(f"--num-groups {self.num_groups} must be at least 1 (0: derived)")
-        if self.group_bytes < 1:
-            problems.append(f"--group-bytes {self.group_bytes} must be at least 1")
-        if self.split_bytes < 1:
-            problems.append(f"--split-bytes {self.split_bytes} must be at least 1")
-        if not 0.0 <= self.heldout_share <= 0.5:
-            problems.append(f"--heldout-share {self.heldout_share} must be in [0, 0.5] (0: none)")
-        if problems:
-            raise UserError("invalid data prepare settings: " + "; ".join(problems))
-        objectives.check_objective(self.objective, "--objective")
-        objectives.instance_format(self.objective, self.instance_format, "--instance-format")
-        check_shares(
-            self.mask_share,
-            self.same_share,
-            self.random_share,
-            ("--mask-share", "--same-share", "--random-share"),
-        )
+# The records settings in ``prepare_cached``'s key from its first version. Another is in the key
+# only off the value every preparation had before it was keyed (``_BEFORE_KEYED``: what records
+# had before it was recorded, ``manifest.BEFORE_RECORDED``; ``sentence_split``, recorded from the
+# start, was never set by a pretraining run), so a cache made before it is still found.
+KEYED_FROM_THE_START = (
+    "max_seq_length",
+    "max_predictions_per_seq",
+    "masked_lm_prob",
+    "short_seq_prob",
+    "dupe_factor",
+    "whole_word_mask",
+    "seed",
+    "splitter",
+)
+_BEFORE_KEYED = {**manifest.BEFORE_RECORDED, "sentence_split": False}
+_UNSET = object()
 
 
 @dataclass
@@ -240,42 +176,19 @@ class PrepareResult:
         )
 
 
-def _objective_settings(settings: PrepareSettings) -> dict:
-    """The objective, instance format and MASK/SAME/RND shares the records are made for."""
-    return {
-        "objective": settings.objective,
-        "instance_format": objectives.instance_format(
-            settings.objective, settings.instance_format, "--instance-format"
-        ),
-        "mask_share": float(settings.mask_share),
-        "same_share": float(settings.same_share),
-        "random_share": float(settings.random_share),
-    }
-
-
 def _recorded_settings(
     settings: PrepareSettings, tokenizer: Tokenizer, sources: list[str], num_groups: int
 ) -> dict:
-    """What ``prepare_config.json`` holds: the settings that shape the output, and the inputs."""
+    """What ``prepare_config.json`` holds: the settings that shape the records (their
+    declarations say so: ``PrepareSettings.recorded``), and what the run derived from its
+    inputs (``settings.DERIVED``)."""
     return {
         "format_version": FORMAT_VERSION,
         "num_groups": num_groups,
-        "max_seq_length": settings.max_seq_length,
-        "max_predictions_per_seq": settings.max_predictions_per_seq,
-        "masked_lm_prob": settings.masked_lm_prob,
-        "short_seq_prob": settings.short_seq_prob,
-        "dupe_factor": settings.dupe_factor,
-        "seed": settings.seed,
-        "whole_word_mask": settings.whole_word_mask,
-        "sentence_split": settings.sentence_split,
-        # The library's version too: another version may cut the same text differently.
-        "splitter": splitter_identity(settings.splitter),
+        **settings.recorded(),
         "text_extraction": sources_lib.TEXT_EXTRACTION_VERSION,
-        "text_field": settings.text_field,
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
-        "heldout_share": float(settings.heldout_share),
-        **_objective_settings(settings),
         "sources": [
             s if sources_lib.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
             for s in sources
@@ -795,7 +708,7 @@ def prepare_records(
     sources: Sequence[str | os.PathLike] | str,
     tokenizer: Tokenizer | str | os.PathLike,
     output_dir: str | os.PathLike,
-    settings: PrepareSettings = PrepareSettings(),
+    settings: PrepareSettings,
     *,
     output_what: str = "--output",
 ) -> PrepareResult:
@@ -939,23 +852,17 @@ def prepare_cached(
         # The inputs' content too: a changed corpus is prepared anew, never served stale.
         "inputs": manifest.input_identity(sources_lib.expand_sources(items)),
         "tokenizer": tokenizer.fingerprint(),
-        "max_seq_length": settings.max_seq_length,
-        "max_predictions_per_seq": settings.max_predictions_per_seq,
-        "masked_lm_prob": settings.masked_lm_prob,
-        "short_seq_prob": settings.short_seq_prob,
-        "dupe_factor": settings.dupe_factor,
-        "whole_word_mask": settings.whole_word_mask,
-        "seed": settings.seed,
-        "splitter": splitter_identity(settings.splitter),
         "text_extraction": sources_lib.TEXT_EXTRACTION_VERSION,
         "format_version": FORMAT_VERSION,
+        # What decides the groups' count before anything is read.
         "num_groups": settings.num_groups,
         "group_bytes": settings.group_bytes,
     }
-    if _objective_settings(settings) != _objective_settings(PrepareSettings()):
-        key_settings.update(_objective_settings(settings))  # the paper's keeps its old key
-    if settings.heldout_share:  # none held out: the key of the records before held-out ones
-        key_settings["heldout_share"] = settings.heldout_share
+    for name, value in settings.recorded().items():
+        # A setting recorded later leaves the key of records made before it alone while it
+        # has the value they were made with: a finished preparation is still found.
+        if name in KEYED_FROM_THE_START or value != _BEFORE_KEYED.get(name, _UNSET):
+            key_settings[name] = value
     key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
     if cache_dir is None:
         cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")

@@ -1,7 +1,8 @@
 """A records directory's manifest: what ``data prepare`` made it from, and whether it finished.
 
-The manifest is a value, ``Manifest``: the settings that shape the records (``OUTPUT_SETTINGS``,
-the tokenizer's fingerprint among them) and the identity of every input file from storage's
+The manifest is a value, ``Manifest``: the settings that shape the records (what
+``PrepareSettings``' declarations mark as such, and what a run derives: the tokenizer's
+fingerprint, the groups' count, ...) and the identity of every input file from storage's
 metadata (``input_identity``: path, size and modification time, or a bucket object's checksum and
 generation), so that the run reads every input byte once. ``prepare`` builds it, checks it against
 the one already in the output directory (``check_resumable``: unchanged inputs and settings
@@ -53,34 +54,17 @@ from bert_jax.runtime.errors import UserError, user_path
 
 INPUTS_KEY = "inputs"
 MERGED_KEY = "merged_shards"
-# Settings that change the bytes written; a resumed run must agree on all of them.
-OUTPUT_SETTINGS = (
-    "format_version",
-    "max_seq_length",
-    "max_predictions_per_seq",
-    "masked_lm_prob",
-    "short_seq_prob",
-    "dupe_factor",
-    "seed",
-    "whole_word_mask",
-    "num_groups",
-    "sentence_split",
-    "splitter",
-    "text_extraction",
-    "text_field",
-    "tokenizer_fingerprint",
-    "sources",
-    "heldout_share",
-    *objectives.BEFORE_RECORDED,  # the objective, instance format and MASK/SAME/RND shares
-)
-# Settings added to OUTPUT_SETTINGS later, with the value every earlier prepare used: a directory
-# prepared before then compares as what it is (the regex splitter), not as None.
-_BEFORE_RECORDED = {
+# Recorded, not compared: the tokenizer's fingerprint, compared, says the same and more.
+_NOT_COMPARED = ("vocab_size",)
+# Settings recorded later than the first manifest, with the value every earlier prepare used: a
+# directory prepared before then compares as what it is (the regex splitter), not as None. A
+# setting the records' manifest gains says here what records made before it had.
+BEFORE_RECORDED = {
     "splitter": "regex",
     "text_field": "text",
     "text_extraction": 1,
     "heldout_share": 0.0,  # every document in the training records
-    **objectives.BEFORE_RECORDED,
+    **objectives.BEFORE_RECORDED,  # the objective, its format, MASK/SAME/RND, NSP's random next
 }
 EXTRACTION_KEY = "text_extraction"
 FORMAT_KEY = "format_version"
@@ -123,8 +107,8 @@ class UnmergedRecordsError(IncompleteRecordsError):
 class Manifest:
     """What a records directory was prepared from; ``prepare_config.json`` as a value.
 
-    ``settings``: every recorded key but the inputs (``OUTPUT_SETTINGS``, ``vocab_size``, and
-    whatever an older or newer writer added, kept as it was). ``inputs``: one entry per input,
+    ``settings``: every recorded key but the inputs (the records settings, what the run derived,
+    and whatever an older or newer writer added, kept as it was). ``inputs``: one entry per input,
     ``{"path", "size", "sha256"}`` for a file or ``{"source"}`` for a named corpus; None in a
     directory prepared before inputs were recorded. ``merged_shards``: N in a directory that an
     earlier version merged from N machines. Treat all as read-only.
@@ -146,17 +130,19 @@ class Manifest:
     @classmethod
     def from_json(cls, payload: Mapping[str, Any]) -> Manifest:
         settings = {k: v for k, v in payload.items() if k not in (INPUTS_KEY, MERGED_KEY)}
-        for key, value in _BEFORE_RECORDED.items():  # what a version that did not record it did
+        for key, value in BEFORE_RECORDED.items():  # what a version that did not record it did
             settings.setdefault(key, value)
         inputs = payload.get(INPUTS_KEY)
         return cls(settings, None if inputs is None else tuple(inputs), payload.get(MERGED_KEY))
 
     def setting_changes(self, other: Manifest) -> list[str]:
-        """``"key: mine -> other's"`` for every output setting on which the two differ."""
+        """``"key: mine -> other's"`` for every setting ``other`` records (a run's wanted
+        manifest: what its settings' declarations record, and what it derived) on which the two
+        differ; a key only an older or newer writer recorded is not compared."""
         return [
-            f"{key}: {self.settings.get(key)!r} -> {other.settings.get(key)!r}"
-            for key in OUTPUT_SETTINGS
-            if self.settings.get(key) != other.settings.get(key)
+            f"{key}: {self.settings.get(key)!r} -> {value!r}"
+            for key, value in other.settings.items()
+            if key not in _NOT_COMPARED and self.settings.get(key) != value
         ]
 
 
