@@ -19,7 +19,7 @@ from bert_jax import cli
 from bert_jax.data.pipeline import input_shards as shards
 from bert_jax.planning import compile_check, cost_model
 from bert_jax.runtime import distributed
-from bert_jax.training import metrics, pretrain
+from bert_jax.training import metric_writers, pretrain
 from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, small_config  # noqa: F401
 from tests.xla_flags import with_devices
 
@@ -153,7 +153,7 @@ def test_two_processes_compute_what_one_process_computes(shared_dirs, tmp_path):
     )
     assert loss_gap < 1e-5 and param_gap < 1e-5
     # Written once, by process 0: one metrics row per step, one model directory.
-    rows_logged = metrics.read_jsonl(os.path.join(multi_dir, "metrics.jsonl"), kind="train")
+    rows_logged = metric_writers.read_jsonl(os.path.join(multi_dir, "metrics.jsonl"), kind="train")
     assert [row["step"] for row in rows_logged] == [1, 2, 3, 4, 5, 6]
 
     # The 2-process checkpoint at step 3 (state + both shards' data positions) in 1 process.

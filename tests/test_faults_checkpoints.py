@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from bert_jax import cli
-from bert_jax.training import metrics, pretrain
+from bert_jax.training import metric_writers, pretrain
 from bert_jax.training import workdir as workdir_lib
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.helpers import TINY_PRETRAIN_FLAGS
@@ -138,7 +138,7 @@ def test_truncated_latest_checkpoint_resumes_from_the_one_before_exactly(
     assert second.final_step == 8
     assert tree_digest(os.path.join(workdir, "checkpoints", "4")) == before["4"]
 
-    rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
+    rows = metric_writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
     assert [row["step"] for row in rows] == list(range(1, 9))
     got, expected = losses_by_step(workdir), run[1]
     assert [got[s] for s in range(1, 9)] == [expected[s] for s in range(1, 9)]
@@ -492,16 +492,16 @@ def test_encode_from_a_workdir_with_a_damaged_checkpoint(run, tmp_path, capsys, 
 def test_metrics_rows_after_the_resumed_step_are_dropped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": s, "kind": k} for s in range(1, 7) for k in ("train", "eval")]
-    writer = metrics.MetricWriter(str(tmp_path), tensorboard=False)
+    writer = metric_writers.MetricWriter(str(tmp_path), tensorboard=False)
     for row in rows:
         writer.write(row["step"], {}, kind=row["kind"])
     writer.close()
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"step": 7, "kind": "tr')  # a killed run's torn last line
-    assert metrics.drop_rows_after(str(path), 4) == 5
-    assert [(r["step"], r["kind"]) for r in metrics.read_jsonl(str(path))] == [
+    assert metric_writers.drop_rows_after(str(path), 4) == 5
+    assert [(r["step"], r["kind"]) for r in metric_writers.read_jsonl(str(path))] == [
         (r["step"], r["kind"]) for r in rows if r["step"] <= 4
     ]
     kept = tree_digest(path)
-    assert metrics.drop_rows_after(str(path), 4) == 0
+    assert metric_writers.drop_rows_after(str(path), 4) == 0
     assert tree_digest(path) == kept

@@ -13,7 +13,7 @@ from bert_jax.bench import spec as bench_spec
 from bert_jax.core.model import BertConfig
 from bert_jax.planning import compile_check, plan
 from bert_jax.runtime import hardware, topology
-from bert_jax.training import config_lib, metrics
+from bert_jax.training import config_lib, flops
 from tests.test_plan import BASE, scripted_check
 
 GIB = 1024**3
@@ -56,7 +56,7 @@ def test_the_figures_each_reader_sees_are_the_tables():
     that bench and the metrics use all come from the one table."""
     for chip in hardware.CHIPS:
         for kind in chip.device_kinds:
-            assert metrics.peak_flops_per_chip(kind) == chip.peak_bf16_tflops * 1e12
+            assert flops.peak_flops_per_chip(kind) == chip.peak_bf16_tflops * 1e12
         if chip.tpu:
             target = topology.parse(f"{chip.tpu.cloud_prefix}{8 * chip.tpu.cores_per_chip_in_name}")
             assert target.generation is chip and target.chips == 8
@@ -93,7 +93,7 @@ def test_a_new_chip_is_one_declaration(monkeypatch, capsys):
     spec = bench_spec.BenchSpec(BertConfig(), batch_size=8, seq_len=128, max_predictions=20)
     assert bench_spec.peak_flops(spec, "TPU v9 lite") == 1234e12
 
-    window = metrics.Throughput(BertConfig(), num_chips=2, device_kind="TPU v9x")
+    window = flops.Throughput(BertConfig(), num_chips=2, device_kind="TPU v9x")
     window.add(real_tokens=1000, batch_size=8, seq_len=128, predictions=20)
     summary = window.summary()
     assert summary["mfu"] == pytest.approx(summary["model_tflops_per_sec"] / (2 * 1234))

@@ -22,7 +22,7 @@ from bert_jax.data.masking.dynamic_batch import dynamic_mask_batch
 from bert_jax.data.masking.settings import MaskingConfig
 from bert_jax.data.masking.static_rows import mask_rows
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_checks, config_lib, metrics
+from bert_jax.training import config_checks, config_lib, heldout_eval
 from tests.data_fixtures import embedded_spm, embedded_tokenized
 from tests.helpers import hf_config, random_batch, tiny_config
 
@@ -49,7 +49,7 @@ def _ours(config, params, batch):
     inputs = trainer.model_inputs(trainer.objective_batch(batch, config.objective))
     outputs = model.apply({"params": params}, **inputs, deterministic=True)
     sums = trainer.compute_sums(params, batch, model, deterministic=True)
-    held_out = metrics.evaluate(
+    held_out = heldout_eval.evaluate(
         lambda local: trainer.eval_step(params, local, model=model),
         [batch],
         config.vocab_size,

@@ -254,7 +254,7 @@ def test_choose_factor_keeps_drops_rare():
 
 def test_pretraining_phase_with_packing_runs(tmp_path):
     """`config.phaseN.packing_factor`: packed training batches, unpacked evaluation."""
-    from bert_jax.training import config_lib, metrics, pretrain
+    from bert_jax.training import config_lib, metric_writers, pretrain
     from tests.data_fixtures import SPM_VOCAB_SIZE, embedded_spm_dir
 
     config = config_lib.pretraining_config("tiny")
@@ -272,7 +272,7 @@ def test_pretraining_phase_with_packing_runs(tmp_path):
     config.checkpoint.every_steps = 3
     result = pretrain.pretrain(config, str(tmp_path / "run"))
     assert result.final_step == 3 and result.skipped_steps == 0
-    rows = metrics.read_jsonl(os.path.join(result.workdir, "metrics.jsonl"), kind="train")
+    rows = metric_writers.read_jsonl(os.path.join(result.workdir, "metrics.jsonl"), kind="train")
     # (What the packed batches hold is checked on the pipeline above.)
     assert len(rows) == 3 and all(np.isfinite(row["loss"]) for row in rows)
     assert np.isfinite(result.last_eval["loss"])

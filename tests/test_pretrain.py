@@ -18,7 +18,7 @@ import pytest
 
 from bert_jax.convert import mapping
 from bert_jax.core import optim
-from bert_jax.training import config_lib, metrics, pretrain
+from bert_jax.training import config_lib, metric_writers, pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +76,7 @@ ONE_PHASE = {"phase1.fraction": 1.0, "phase2.fraction": 0.0}
 
 def losses_by_step(workdir) -> dict[int, float]:
     """The last logged loss for each step (a resumed run logs its replayed steps again)."""
-    rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
+    rows = metric_writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
     return {row["step"]: row["loss"] for row in rows}
 
 
@@ -135,7 +135,7 @@ def assert_same_run(uninterrupted, workdir, steps, shared_dirs=None):
 def test_phase_switch_at_ninety_percent_with_the_schedule(uninterrupted):
     workdir, result, _, _ = uninterrupted
     assert result.final_step == 12 and not result.preempted
-    rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
+    rows = metric_writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"), kind="train")
     by_step = {row["step"]: row for row in rows}
     # round(0.9 * 12) = 11 steps at length 32, then 1 at 64 (steps are counted after the update).
     assert [by_step[s]["seq_len"] for s in range(1, 13)] == [32] * 11 + [64]
@@ -210,7 +210,7 @@ def test_injected_nan_is_skipped_and_counted(shared_dirs, tmp_path):
     config = small_config(shared_dirs)
     result = pretrain.pretrain(config, str(tmp_path / "nan"), step_hook=poison)
     assert result.final_step == 12 and result.skipped_steps == 1
-    events = metrics.read_jsonl(str(tmp_path / "nan" / "metrics.jsonl"), kind="event")
+    events = metric_writers.read_jsonl(str(tmp_path / "nan" / "metrics.jsonl"), kind="event")
     assert [e["step"] for e in events] == [3]
     assert np.isfinite(result.last_train["loss"])
 

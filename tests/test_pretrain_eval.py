@@ -18,7 +18,7 @@ from bert_jax.training import (
     config_lib,
     eval_choice,
     inputs,
-    metrics,
+    metric_writers,
     plots,
     pretrain,
 )
@@ -203,7 +203,7 @@ def test_a_run_on_records_evaluates_on_their_held_out_records_as_said(records, c
     out = capsys.readouterr().out
     assert f", vocab {SPM_VOCAB_SIZE} (from the tokenizer); " in out.split("\n")[0]
     assert "eval every 2 steps and at the end" in out.split("\n")[0]
-    evals = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), "eval")
+    evals = metric_writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"), "eval")
     assert [row["step"] for row in evals] == list(choice.steps)
     for row in evals:
         assert {"mlm_accuracy", "mlm_baseline_accuracy", "mlm_perplexity", "nsp_accuracy"} <= set(
@@ -227,8 +227,8 @@ def test_a_run_on_records_without_held_out_records_evaluates_nothing_and_draws_n
     first = capsys.readouterr().out.split("\n")[0]
     assert f"no eval ({records['bare']} has no held-out records (heldout/)" in first
     jsonl = os.path.join(workdir, "metrics.jsonl")
-    assert metrics.read_jsonl(jsonl, "eval") == [] and result.last_eval == {}
-    figure = plots.draw(metrics.read_jsonl(jsonl, "train"), [], "run")
+    assert metric_writers.read_jsonl(jsonl, "eval") == [] and result.last_eval == {}
+    figure = plots.draw(metric_writers.read_jsonl(jsonl, "train"), [], "run")
     labels = [label for axes in figure.axes for label in axes.get_legend_handles_labels()[1]]
     assert not [label for label in labels if "held-out" in label or "most frequent" in label]
     assert "train" in labels
@@ -249,7 +249,7 @@ def test_a_run_on_a_corpus_evaluates_on_what_its_preparation_held_out(records, c
     out = capsys.readouterr().out
     assert "eval every 2 steps and at the end" in out.split("\n")[0]
     assert "eval step 2: mlm accuracy " in out
-    (evaluation,) = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"), "eval")
+    (evaluation,) = metric_writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"), "eval")
     assert evaluation["step"] == 2 and "mlm_baseline_accuracy" in evaluation
     # What it evaluated on: the held-out records beside the prepared ones, which the training
     # records do not hold.

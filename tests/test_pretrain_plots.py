@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from bert_jax.training import metrics, plots, pretrain
+from bert_jax.training import metric_writers, plots, pretrain
 
 
 def _write_rows(log_dir, nsp: bool) -> str:
-    writer = metrics.MetricWriter(str(log_dir), tensorboard=False)
+    writer = metric_writers.MetricWriter(str(log_dir), tensorboard=False)
     for step in (10, 20, 30):
         row = {"loss": 9.0 - step / 10, "mlm_loss": 8.0, "mlm_accuracy": step / 1000}
         row["learning_rate"] = 1e-3 * step / 30

@@ -10,7 +10,7 @@ from bert_jax import cli
 from bert_jax.planning import compile_check, cost_model
 from bert_jax.runtime import topology
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib, metrics
+from bert_jax.training import config_lib, flops
 from tests import faults
 
 REPO_CONFIG = "configs/bert.py:tiny"
@@ -89,7 +89,7 @@ def test_slices_give_their_devices_hosts_and_known_peaks():
         devices = target.devices()
         assert len(devices) == chips and topology.hosts(devices) == hosts
         assert devices[0].device_kind == target.generation.device_kind
-        assert metrics.peak_flops_per_chip(devices[0].device_kind) == target.peak_flops
+        assert flops.peak_flops_per_chip(devices[0].device_kind) == target.peak_flops
 
 
 def test_a_mesh_that_does_not_fit_the_torus_is_one_line():
@@ -213,7 +213,7 @@ def test_compile_for_a_tpu_reports_memory_cost_and_collectives():
         # dropout masks' hashing, LayerNorm, softmax, the loss: up to 29% at this size (one
         # layer, hidden 128; the share shrinks as the model grows).
         last_layer = (phase.max_predictions_per_seq + 1) / phase.max_seq_length
-        formula = phase.tokens_per_step * metrics.flops_per_token(
+        formula = phase.tokens_per_step * flops.flops_per_token(
             model,
             phase.max_seq_length,
             phase.max_predictions_per_seq / phase.max_seq_length,

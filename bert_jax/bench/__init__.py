@@ -9,7 +9,7 @@ packed several to a row (`data/pipeline/packing.py`).
 
 Reported per side: step time, sequences (instances) per second, tokens per second (real and
 padded), model TFLOP/s, MFU and HFU, peak device memory (where the device reports it) and compile
-time. Model FLOPs are `metrics.flops_per_token` on real tokens with the MLM head on the
+time. Model FLOPs are `flops.flops_per_token` on real tokens with the MLM head on the
 predicted positions: the work the model needs, the same for both sides. Hardware FLOPs (HFU)
 count what is computed: every position of every row, padding included, and the MLM head on every
 position for a model that does not gather the masked positions first; there is no

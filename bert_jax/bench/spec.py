@@ -12,7 +12,7 @@ from typing import Any
 from bert_jax.core.model import BertConfig
 from bert_jax.runtime import hardware
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib, metrics
+from bert_jax.training import config_lib, flops
 
 # --peer's choices: Hugging Face's Flax BERT (its own venv), and Hugging Face's PyTorch BERT, eager
 # and under torch.compile ("hf-torch" times both, as two sides). Several: comma-separated.
@@ -236,7 +236,7 @@ def spec_from_json(values: dict[str, Any]) -> BenchSpec:
 
 def model_flops_per_token(spec: BenchSpec) -> float:
     """Model FLOPs per real token: the MLM head on the predicted slots only."""
-    return metrics.flops_per_token(spec.model, spec.seq_len, spec.max_predictions / spec.seq_len)
+    return flops.flops_per_token(spec.model, spec.seq_len, spec.max_predictions / spec.seq_len)
 
 
 def hardware_flops_per_position(spec: BenchSpec) -> float:
@@ -249,7 +249,7 @@ def hardware_flops_per_position(spec: BenchSpec) -> float:
         cls_slots = spec.max_instances_per_row if spec.packing else 1
         last = min(1.0, (spec.max_predictions + cls_slots) / spec.seq_len)
     computed = spec.model.replace(vocab_size=spec.model.padded_vocab_size)
-    return metrics.flops_per_token(computed, spec.seq_len, share, last_layer_fraction=last)
+    return flops.flops_per_token(computed, spec.seq_len, share, last_layer_fraction=last)
 
 
 def peak_flops(spec: BenchSpec, device_kind: str) -> float | None:

@@ -20,7 +20,7 @@ from bert_jax.bench.spec import (
     peer_sides,
 )
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import metrics
+from bert_jax.training import flops
 
 
 def check_torch_peer(spec: BenchSpec) -> None:
@@ -140,11 +140,11 @@ def run(
                 if runner.name in torch_sides:
                     # The MLM head on the gathered slots, the last layer at every position.
                     share = spec.max_predictions / spec.seq_len
-                    hardware = metrics.flops_per_token(spec.model, spec.seq_len, share)
+                    hardware = flops.flops_per_token(spec.model, spec.seq_len, share)
                     initial_weights = "ours"
                 else:
                     # The Flax peer's MLM head runs on every position.
-                    hardware = metrics.flops_per_token(spec.model, spec.seq_len, 1.0)
+                    hardware = flops.flops_per_token(spec.model, spec.seq_len, 1.0)
             sides.append(
                 SideResult(
                     name=runner.name,

@@ -65,7 +65,7 @@ from bert_jax.runtime.topology import (
     has_local_tpu_chips,
     mesh_error,
 )
-from bert_jax.training import config_checks, config_lib, metrics
+from bert_jax.training import config_checks, config_lib, flops
 
 
 class DoesNotFitError(RuntimeError):
@@ -348,10 +348,10 @@ def check(
         cost = figures.cost
         if cost.raw_seconds != 0.0 and update is None:  # a cost model: price the update alone
             update = _update_cost(trainer, state, mesh, rules, target)
-        share = metrics.head_share(
+        share = flops.head_share(
             model_config, phase.max_seq_length, phase.max_predictions_per_seq
         )
-        per_token = metrics.flops_per_token(model_config, phase.max_seq_length, share)
+        per_token = flops.flops_per_token(model_config, phase.max_seq_length, share)
         results.append(
             PhaseCompile(
                 phase=phase.name,

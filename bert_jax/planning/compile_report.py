@@ -23,7 +23,7 @@ class PhaseCompile:
     memory: cost_model.Memory  # per device
     cost: cost_model.ProgramCost  # per device
     update: cost_model.ProgramCost | None  # the optimizer update compiled alone (TPU targets)
-    model_flops: float  # per step, all devices (metrics.flops_per_token, every position real)
+    model_flops: float  # per step, all devices (flops.flops_per_token, every position real)
     compile_seconds: float
     program_key: str = ""  # the step's `program_key` (TPU targets; "" for local devices)
     cached: bool = False  # the figures came from the compile cache (no compile ran)

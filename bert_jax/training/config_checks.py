@@ -19,7 +19,7 @@ from bert_jax.core.trainer import DROPOUT_RNG_IMPLS
 from bert_jax.data import sentences
 from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib, eval_choice, inputs, metrics
+from bert_jax.training import config_lib, eval_choice, flops, inputs
 from bert_jax.training.config_lib import (
     MIN_SEQ_LENGTH,
     PRESET_MAX_POSITIONS,
@@ -230,16 +230,16 @@ def describe(config: ml_collections.ConfigDict, workdir: str = "") -> str:
     lines += [f"  {key} = {value!r}" for key, value in flat_settings(config)]
     lines += ["phases:"]
     for phase in phases:
-        share = metrics.head_share(
+        share = flops.head_share(
             model_config, phase.max_seq_length, phase.max_predictions_per_seq
         )
-        flops = metrics.flops_per_token(model_config, phase.max_seq_length, share)
+        per_token = flops.flops_per_token(model_config, phase.max_seq_length, share)
         head = "LM head at every position" if share >= 1 else "MLM head at the gathered positions"
         lines.append(
             f"  {phase.name}: steps {phase.start}..{phase.end - 1} ({phase.steps}), seq "
             f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, global batch "
             f"{phase.batch_size}, data {phase.source or '(unset)'}, "
-            f"{flops / 1e9:.3f} GFLOP/token ({head})"
+            f"{per_token / 1e9:.3f} GFLOP/token ({head})"
         )
     lines.append(f"parameters: {count_parameters(model_config):,}")
     lines += ["run:"] + [f"  {line}" for line in run_outline(config, phases, workdir)]

@@ -1,6 +1,6 @@
 """`bert-jax eval`: a model directory (or pretraining workdir) on held-out prepared records.
 
-Reports what the pretraining eval does (training/metrics.evaluate): MLM accuracy next to the
+Reports what the pretraining eval does (training/heldout_eval.py): MLM accuracy next to the
 always-the-most-frequent-token baseline, MLM perplexity = exp(mean masked-token loss) (the
 paper's Table 6 "LM (ppl)"; for the left-to-right objective, of the mean next-token loss), and
 NSP accuracy where the model's objective has NSP. The records' own (static) masking is used, so
@@ -55,7 +55,7 @@ def evaluate_model(
     from bert_jax.data import layout, objectives
     from bert_jax.data.sources.documents import source_kind
     from bert_jax.data.tokenizers.load_or_train import check_prepared_with
-    from bert_jax.training import load_model, metrics
+    from bert_jax.training import heldout_eval, load_model
 
     model, data = os.fspath(model), os.fspath(data)
     if batch_size < 1 or batches < 0:
@@ -91,7 +91,7 @@ def evaluate_model(
     module = BertForPreTraining(config)
     step = jax.jit(lambda params, batch: trainer.eval_step(params, batch, model=module))
     progress = _Progress(total, console)
-    sums = metrics.EvalSums(config.vocab_size, config.objective)
+    sums = heldout_eval.EvalSums(config.vocab_size, config.objective)
     for batch in _padded_batches(data, length, slots, batch_size, config.objective, total):
         _check_ids(batch, config.vocab_size, data, model)
         sums.add(batch, step(loaded.params, batch))
@@ -181,7 +181,7 @@ class _Progress:
         console(f"evaluating {total} records")
 
     def update(self, records: int) -> None:
-        from bert_jax.training.metrics import format_duration
+        from bert_jax.training.step_log import format_duration
 
         self.done += records
         self.batches += 1

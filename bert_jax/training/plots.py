@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bert_jax.runtime import fs, outputs
-from bert_jax.training import metrics
+from bert_jax.training import metric_writers
 
 PLOT_NAME = os.path.join("plots", "pretraining.png")
 
@@ -29,8 +29,8 @@ def write_plot(jsonl_path: str, path: str) -> bool:
     is nothing to draw yet."""
     if not fs.exists(jsonl_path):
         return False
-    train = metrics.read_jsonl(jsonl_path, "train")
-    evals = metrics.read_jsonl(jsonl_path, "eval")
+    train = metric_writers.read_jsonl(jsonl_path, "train")
+    evals = metric_writers.read_jsonl(jsonl_path, "eval")
     if not train and not evals:
         return False
     figure = draw(train, evals, f"pretraining: {os.path.dirname(os.path.dirname(path)) or '.'}")

@@ -56,14 +56,17 @@ from bert_jax.training import (
     config_lib,
     data_position,
     eval_choice,
+    heldout_eval,
     inputs,
     load_model,
-    metrics,
+    metric_writers,
     plots,
 )
 from bert_jax.training import workdir as workdir_lib
 from bert_jax.training.config_lib import Phase
-from bert_jax.training.metrics import NonFiniteError  # noqa: F401 (raised by the loop; its public name)
+
+# NonFiniteError: raised by the loop (StepLog), under this module's name too (cli/pretrain.py).
+from bert_jax.training.step_log import NonFiniteError, StepLog  # noqa: F401
 
 log = logging.getLogger("bert_jax")
 
@@ -150,15 +153,15 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     )
     step = int(state.step)
     if is_main:  # the rows of steps after this one are redone: drop the old ones
-        metrics.drop_rows_after(os.path.join(workdir, "metrics.jsonl"), step)
+        metric_writers.drop_rows_after(os.path.join(workdir, "metrics.jsonl"), step)
     console(
         f"bert-jax pretrain: starting at step {step} from {origin} on {jax.device_count()} "
         f"{jax.devices()[0].platform} device(s), mesh {dict(mesh.shape)}"
     )
 
     # --- The loop: dispatch step N, then read step N-1's metrics (never block the device). ---
-    writer = metrics.MetricWriter(workdir, enabled=is_main)
-    step_log = metrics.StepLog(config, total, model_config, writer, console, checkpointer)
+    writer = metric_writers.MetricWriter(workdir, enabled=is_main)
+    step_log = StepLog(config, total, model_config, writer, console, checkpointer)
     preemption = checkpointing.Preemption(checkpointer)
     heartbeat = heartbeat_lib.Heartbeat(  # for a supervisor (launch tpu watch)
         workdir, jax.process_index(), step, total, process_count=jax.process_count()
@@ -407,7 +410,7 @@ def _save_checkpoint(checkpointer, step: int, state, phase: Phase, iterator, mes
 
 
 def _evaluate_and_log(trainer, state, batches, step: int, writer, console) -> dict[str, float]:
-    result = metrics.evaluate(
+    result = heldout_eval.evaluate(
         lambda local: trainer.eval_step(state.params, trainer.global_batch(local)),
         batches,
         trainer.config.vocab_size,

@@ -34,7 +34,7 @@ from bert_jax.finetune.tuning.batches import (
 )
 from bert_jax.finetune.tuning.settings import OPTIMIZERS, FinetuneSettings
 from bert_jax.runtime.errors import UserError
-from bert_jax.training.metrics import format_duration
+from bert_jax.training.step_log import format_duration
 
 
 def unit_schedule(count: jax.Array) -> jax.Array:
