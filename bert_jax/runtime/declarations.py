@@ -24,10 +24,12 @@ class Declaration:
     """What a setting's field says about it, beside its name, type and default.
 
     `low`/`high`: the allowed range (`low_open`/`high_open`: the bound itself is not allowed);
-    `choices`: the allowed values. What the setting shapes, read by its family: `records` (the
-    prepared records: a data setting in the records' manifest and the cache key), `trial` (what a
-    fine-tuning run computes: a finished run is reused only with the same value), `step` (the
-    compiled train step), `swept` (`bert-jax glue` sweeps it; these values by default).
+    `choices`: the allowed values; `also`: values allowed outside the range, each meaning "not
+    set" (-1: the optimizer's rate; 0: no packing). What the setting shapes, read by its family:
+    `records` (the prepared records: a data setting in the records' manifest and the cache key),
+    `trial` (what a fine-tuning run computes: a finished run is reused only with the same value),
+    `step` (the compiled train step), `swept` (`bert-jax glue` sweeps it; these values by
+    default).
     `parse`/`metavar`: how a flag's text becomes the value; `show`: how help and checks write a
     value, when not as `shown` does (a duration as `1h`); `flag`: the flag's name when it is not
     the field's (`--split-bytes` for `split_bytes`), "" for a setting without a flag; `zero`:
@@ -50,9 +52,16 @@ class Declaration:
     show: Callable[[Any], str] | None = None
     flag: str | None = None
     zero: str = ""
+    also: tuple[Any, ...] = ()
 
     def range_text(self) -> str:
-        """`> 0`, `in [0, 1)`, `one of bert, adamw-hf`, or '' (unbounded)."""
+        """`> 0`, `in [0, 1)`, `-1 or >= 0`, `one of bert, adamw-hf`, or '' (unbounded)."""
+        bounded = self._bounds_text()
+        if self.also and bounded:
+            return " or ".join([*(f"{x:g}" for x in self.also), bounded])
+        return bounded
+
+    def _bounds_text(self) -> str:
         if self.choices is not None:
             return "one of " + ", ".join(str(c) for c in self.choices)
         if self.low is not None and self.high is not None:
@@ -66,6 +75,8 @@ class Declaration:
 
     def allows(self, value: Any) -> bool:
         if value is None:  # an optional setting left unset
+            return True
+        if not isinstance(value, bool) and value in self.also:
             return True
         if self.choices is not None:
             return value in self.choices
