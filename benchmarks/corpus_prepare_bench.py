@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import wikipedia_bench  # noqa: E402
 
-from bert_jax.data.preparation.run import PrepareSettings, prepare_records  # noqa: E402
+from bert_jax.data.preparation.local_runner import prepare_records  # noqa: E402
+from bert_jax.data.preparation.settings import PrepareSettings  # noqa: E402
 from bert_jax.data.sources.documents import read_documents  # noqa: E402
 from bert_jax.data.sources.embedded import embedded_documents  # noqa: E402
 

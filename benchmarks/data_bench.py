@@ -83,7 +83,8 @@ def _reference_run(corpus: str, vocab: str, output: str, dupe_factor: int) -> di
 
 def _ours_run(corpus: str, vocab: str, output: str, dupe_factor: int) -> dict:
     """``prepare_records`` with one worker (in this process) on ``corpus``."""
-    from bert_jax.data.preparation.run import PrepareSettings, prepare_records
+    from bert_jax.data.preparation.local_runner import prepare_records
+    from bert_jax.data.preparation.settings import PrepareSettings
     from bert_jax.data.records import tfrecord as records
 
     records.import_tensorflow()  # the import stays out of the timing, as the reference's does
@@ -227,7 +228,8 @@ def bench_wordpiece(tokenizer, repeats: int) -> None:
 
 
 def bench_prepare(tokenizer, work_dir: str, length: int, slots: int, workers: int) -> tuple:
-    from bert_jax.data.preparation.run import PrepareSettings, prepare_records
+    from bert_jax.data.preparation.local_runner import prepare_records
+    from bert_jax.data.preparation.settings import PrepareSettings
 
     output = tempfile.mkdtemp(dir=work_dir, prefix=f"prepare-{length}-")
     settings = PrepareSettings(

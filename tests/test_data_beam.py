@@ -22,7 +22,9 @@ from bert_jax import cli  # noqa: E402
 from bert_jax.data.preparation import beam_pipeline as beam_lib  # noqa: E402
 from bert_jax.data.preparation import beam_watch  # noqa: E402
 from bert_jax.data.preparation import groups as groups_lib  # noqa: E402
-from bert_jax.data.preparation import run as prepare
+from bert_jax.data.preparation.local_runner import prepare_records
+from bert_jax.data.preparation.settings import PrepareSettings
+from bert_jax.data.preparation.stage import FORMAT_VERSION, check_run
 from bert_jax.data.records import manifest
 from bert_jax.data.sources import documents as sources  # noqa: E402
 from tests.corpus_fixtures import (  # noqa: E402
@@ -48,8 +50,8 @@ def _argv(inputs: list[str], output, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _settings(**changes) -> prepare.PrepareSettings:
-    return prepare.PrepareSettings(**SETTINGS, num_groups=3, split_bytes=2000, **changes)
+def _settings(**changes) -> PrepareSettings:
+    return PrepareSettings(**SETTINGS, num_groups=3, split_bytes=2000, **changes)
 
 
 def _records(directory) -> dict[str, bytes]:
@@ -109,8 +111,8 @@ def test_two_beam_workers_write_the_records_of_the_local_path(corpora, kind, tmp
     assert outcome.code == 0, outcome.err
     _assert_same_records(local, beam)
     config = json.loads((beam / "prepare_config.json").read_text())
-    assert config["num_groups"] == 3 and config["format_version"] == prepare.FORMAT_VERSION
-    plan = prepare.check_run(inputs, embedded_spm_dir(), tmp_path / "plan", _settings())
+    assert config["num_groups"] == 3 and config["format_version"] == FORMAT_VERSION
+    plan = check_run(inputs, embedded_spm_dir(), tmp_path / "plan", _settings())
     if kind != "embedded":  # read as several splits (the embedded corpus is one)
         assert len(plan.splits) > 1
 
@@ -134,7 +136,7 @@ def test_a_group_that_fails_its_first_attempt_is_finished_by_the_rerun(
     the bytes of the local path, the finished groups kept, no temporary file left."""
     inputs = corpora["parquet"]
     local = tmp_path / "local"
-    prepare.prepare_records(inputs, embedded_spm_dir(), local, _settings())
+    prepare_records(inputs, embedded_spm_dir(), local, _settings())
     output = tmp_path / "beam"
     write_group = groups_lib.write_group
 
@@ -169,7 +171,7 @@ def test_a_group_run_twice_leaves_one_shard_and_counts_once(corpora, tmp_path, m
     shard is rewritten to the same bytes, never duplicated, and its counts are summed once."""
     inputs = corpora["wikipedia"]
     local = tmp_path / "local"
-    expected = prepare.prepare_records(inputs, embedded_spm_dir(), local, _settings())
+    expected = prepare_records(inputs, embedded_spm_dir(), local, _settings())
     calls = tmp_path / "calls"  # the step is pickled: what it records goes to a file
     write_once = beam_lib._write_group
 
@@ -259,7 +261,7 @@ def test_beam_counters_are_the_summarys_counts(corpora, tmp_path, monkeypatch):
         encoding="utf-8",
     )
     inputs = [str(text), *corpora["wikipedia"]]
-    local = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "local", _settings())
+    local = prepare_records(inputs, embedded_spm_dir(), tmp_path / "local", _settings())
     found = []
     job_counters = beam_watch.job_counters
 

@@ -129,7 +129,8 @@ def test_damaged_dumps_and_parquet_files_are_one_line_naming_the_file(tmp_path, 
 
 def test_prepare_reads_dumps_and_parquet_and_records_the_splitter(tmp_path, dump_files):
     from bert_jax.data import sentences
-    from bert_jax.data.preparation.run import PrepareSettings, prepare_records
+    from bert_jax.data.preparation.local_runner import prepare_records
+    from bert_jax.data.preparation.settings import PrepareSettings
 
     _, packed = dump_files
     books = tmp_path / "books.parquet"

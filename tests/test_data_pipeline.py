@@ -17,7 +17,8 @@ from bert_jax.data.pipeline.tf_data import (
     PretrainIterator,
     make_pretrain_iterator,
 )
-from bert_jax.data.preparation import run as prepare
+from bert_jax.data.preparation.local_runner import prepare_records
+from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.data.records import tfrecord as records
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from tests.data_fixtures import embedded_spm, minilm_vocab_path
@@ -38,14 +39,14 @@ BATCH_FORMAT = {
 @pytest.fixture(scope="module")
 def records_dir(tmp_path_factory):
     output = tmp_path_factory.mktemp("records")
-    settings = prepare.PrepareSettings(
+    settings = PrepareSettings(
         max_seq_length=LENGTH,
         max_predictions_per_seq=SLOTS,
         dupe_factor=2,
         seed=3,
         num_groups=4,
     )
-    result = prepare.prepare_records(["embedded:eval"], embedded_spm(), output, settings)
+    result = prepare_records(["embedded:eval"], embedded_spm(), output, settings)
     assert len(result.files) >= 3
     return output
 

@@ -16,8 +16,11 @@ import pytest
 
 from bert_jax import cli
 from bert_jax.data.pipeline.tf_data import PipelineSettings, make_pretrain_iterator
-from bert_jax.data.preparation import run as prepare
+from bert_jax.data.preparation.cached import prepare_cached
 from bert_jax.data.preparation.groups import part_name
+from bert_jax.data.preparation.local_runner import prepare_records
+from bert_jax.data.preparation.settings import PrepareSettings
+from bert_jax.data.preparation.stage import FORMAT_VERSION, _input_bytes, check_run
 from bert_jax.data.records import tfrecord as records
 from bert_jax.data.sources import documents as sources
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
@@ -144,14 +147,14 @@ def test_rerun_resumes_and_changed_settings_are_refused(prepared, tmp_path, caps
     output = tmp_path / "resume"
     assert cli.main(_prepare_args(output)) == 0
     os.remove(output / "part-00001.tfrecord")  # as if the job died before this shard finished
-    settings = prepare.PrepareSettings(
+    settings = PrepareSettings(
         max_seq_length=LENGTH,
         max_predictions_per_seq=SLOTS,
         dupe_factor=2,
         seed=5,
         num_groups=NUM_GROUPS,
     )
-    result = prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
+    result = prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
     assert (result.groups_written, result.groups_skipped) == (1, len(_expected_parts()) - 1)
     assert filecmp.cmp(prepared / "part-00001.tfrecord", output / "part-00001.tfrecord", False)
 
@@ -197,11 +200,11 @@ def test_bad_input_and_settings_are_clear_errors(tmp_path, capsys):
 
 def test_cached_preparation_of_a_corpus_is_reused(tmp_path):
     """What a pretraining run does with a raw corpus: prepare once, then read the records."""
-    settings = prepare.PrepareSettings(
+    settings = PrepareSettings(
         max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1, seed=1
     )
     spm = load_tokenizer(embedded_spm_dir())
-    files = prepare.prepare_cached("embedded:eval", spm, settings, tmp_path)
+    files = prepare_cached("embedded:eval", spm, settings, tmp_path)
     reader = PipelineSettings(
         batch_size=8,
         max_seq_length=LENGTH,
@@ -214,7 +217,7 @@ def test_cached_preparation_of_a_corpus_is_reused(tmp_path):
     assert batch["input_ids"].shape == (8, LENGTH) and batch["masked_lm_ids"].shape == (8, SLOTS)
     (prepared,) = list(tmp_path.iterdir())
     written = sorted(p.name for p in prepared.glob("*.tfrecord"))
-    again = prepare.prepare_cached("embedded:eval", embedded_spm(), settings, tmp_path)
+    again = prepare_cached("embedded:eval", embedded_spm(), settings, tmp_path)
     assert again == files
     assert sorted(p.name for p in prepared.glob("*.tfrecord")) == written  # reused, not redone
     for key, value in next(make_pretrain_iterator(again, reader, embedded_spm())).items():
@@ -234,7 +237,7 @@ def test_records_keep_their_bytes_for_a_seed(tmp_path, whole_word_mask, digest):
 
     from tests.data_fixtures import minilm_vocab_path
 
-    settings = prepare.PrepareSettings(
+    settings = PrepareSettings(
         max_seq_length=64,
         max_predictions_per_seq=10,
         dupe_factor=2,
@@ -243,7 +246,7 @@ def test_records_keep_their_bytes_for_a_seed(tmp_path, whole_word_mask, digest):
         num_groups=1,  # one group, its documents in input order: the bytes of format v1 too
         heldout_share=0.0,  # every document in the training records, as before held-out ones
     )
-    result = prepare.prepare_records(["embedded:eval"], minilm_vocab_path(), tmp_path, settings)
+    result = prepare_records(["embedded:eval"], minilm_vocab_path(), tmp_path, settings)
     assert result.instance_stats.instances == 636
     (path,) = result.files
     with open(path, "rb") as f:
@@ -267,7 +270,7 @@ def test_the_summary_names_the_format_where_there_is_no_next_sentence():
     """Records without NSP have no random next to count: the summary line names their format
     and objective instead of "random next 0.0%"."""
     from bert_jax.data.preparation.groups import InstanceStats
-    from bert_jax.data.preparation.run import PrepareResult
+    from bert_jax.data.preparation.result import PrepareResult
     from bert_jax.data.sources.documents import CorpusStats
 
     stats = InstanceStats(documents=3, instances=10, random_next=5, forced_random_next=1)
@@ -287,7 +290,7 @@ def test_records_of_the_earlier_grouping_are_refused_on_resume(tmp_path, capsys)
     output = tmp_path / "old"
     assert cli.main(_prepare_args(output)) == 0
     config = json.loads((output / "prepare_config.json").read_text())
-    assert config["format_version"] == prepare.FORMAT_VERSION == 2
+    assert config["format_version"] == FORMAT_VERSION == 2
     assert config["num_groups"] == NUM_GROUPS
     config.update(format_version=1, documents_per_shard=10)  # as the earlier version wrote it
     del config["num_groups"]
@@ -376,7 +379,7 @@ def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
         return read_split(split, stats, byte_count=count, **options)
 
     monkeypatch.setattr(groups.splits_lib, "read_split", counted)
-    settings = prepare.PrepareSettings(
+    settings = PrepareSettings(
         max_seq_length=LENGTH,
         max_predictions_per_seq=SLOTS,
         dupe_factor=1,
@@ -384,9 +387,9 @@ def test_every_input_byte_is_read_once(tmp_path, monkeypatch):
         split_bytes=1500,
     )
     inputs = [str(text), str(jsonl), str(dump)]
-    plan = prepare.check_run(inputs, embedded_spm_dir(), tmp_path / "plan", settings)
+    plan = check_run(inputs, embedded_spm_dir(), tmp_path / "plan", settings)
     assert len(plan.splits) > 2 * len(inputs)  # each input in several splits
-    result = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
+    result = prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
     assert result.instance_stats.instances > 0
     assert count.content == sum(os.path.getsize(path) for path in inputs)
 
@@ -456,13 +459,11 @@ def test_a_local_prepare_reads_each_input_byte_once_in_all(tmp_path, monkeypatch
         return Counted(f, path) if path in read else f
 
     monkeypatch.setattr(builtins, "open", counting_open)
-    settings = prepare.PrepareSettings(
-        max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1
-    )
-    result = prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
+    settings = PrepareSettings(max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1)
+    result = prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
     assert result.instance_stats.instances > 0
     assert read == {path: os.path.getsize(path) for path in inputs}
-    prepare.prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
+    prepare_records(inputs, embedded_spm_dir(), tmp_path / "out", settings)
     assert read == {path: 2 * os.path.getsize(path) for path in inputs}
 
 
@@ -470,10 +471,10 @@ def test_a_killed_runs_spilled_documents_are_removed_and_do_not_block_overwrite(
     """A run spills documents by group into a hidden folder named by its host and process; a
     later run on the host removes what a killed one left, and --overwrite is not stopped by it."""
     output = tmp_path / "out"
-    settings = prepare.PrepareSettings(
+    settings = PrepareSettings(
         max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1, num_groups=2
     )
-    prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
+    prepare_records(["embedded:eval"], embedded_spm_dir(), output, settings)
     dead = subprocess.Popen([sys.executable, "-c", ""])  # a process id no longer in use
     dead.wait()
     # What runs killed while reading leave: one of this host, one of another host (whose
@@ -491,7 +492,7 @@ def test_a_killed_runs_spilled_documents_are_removed_and_do_not_block_overwrite(
     for name in temporaries:
         (output / name).write_bytes(b"half a shard")
     again = dataclasses.replace(settings, overwrite=True, seed=9)
-    prepare.prepare_records(["embedded:eval"], embedded_spm_dir(), output, again)
+    prepare_records(["embedded:eval"], embedded_spm_dir(), output, again)
     left = sorted(name for name in os.listdir(output) if name.startswith("."))
     assert left == sorted([spilled[1], temporaries[1]])
 
@@ -517,10 +518,10 @@ def test_a_tfds_source_is_cut_into_groups_by_its_recorded_size(monkeypatch):
 
     monkeypatch.setattr(tfds, "builder", builder)
     wiki = splits.Split(0, "tfds:wiki/en:train", "tfds", 0, -1)
-    assert prepare._input_bytes(wiki, None) == 20 << 20
-    assert prepare._input_bytes(splits.Split(0, "tfds:other:train", "tfds", 0, -1), None) == 0
+    assert _input_bytes(wiki, None) == 20 << 20
+    assert _input_bytes(splits.Split(0, "tfds:other:train", "tfds", 0, -1), None) == 0
     embedded = splits.Split(0, "embedded:eval", "embedded", 0, -1)
-    assert prepare._input_bytes(embedded, None) == 0
+    assert _input_bytes(embedded, None) == 0
 
 
 def test_records_that_recorded_their_inputs_sha256_resume_as_before(tmp_path, capsys):

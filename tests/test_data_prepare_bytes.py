@@ -13,7 +13,8 @@ import hashlib
 
 import pytest
 
-from bert_jax.data.preparation import run as prepare
+from bert_jax.data.preparation.local_runner import prepare_records
+from bert_jax.data.preparation.settings import PrepareSettings
 from tests.data_fixtures import minilm_vocab_path
 
 
@@ -38,8 +39,8 @@ from tests.data_fixtures import minilm_vocab_path
     ],
 )
 def test_records_keep_their_bytes_at_unusual_settings(tmp_path, settings, instances, digest):
-    settings = prepare.PrepareSettings(dupe_factor=2, num_groups=1, heldout_share=0.0, **settings)
-    result = prepare.prepare_records(["embedded:eval"], minilm_vocab_path(), tmp_path, settings)
+    settings = PrepareSettings(dupe_factor=2, num_groups=1, heldout_share=0.0, **settings)
+    result = prepare_records(["embedded:eval"], minilm_vocab_path(), tmp_path, settings)
     assert result.instance_stats.instances == instances
     (path,) = result.files
     with open(path, "rb") as f:

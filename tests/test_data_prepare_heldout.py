@@ -18,7 +18,8 @@ import pytest
 
 from bert_jax import cli
 from bert_jax.data.layout import HELDOUT_MIN_DOCUMENTS, heldout_dir
-from bert_jax.data.preparation import run as prepare
+from bert_jax.data.preparation.local_runner import prepare_records
+from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.data.records import manifest
 from bert_jax.data.records import tfrecord as records
 from bert_jax.data.sources import documents as sources
@@ -38,8 +39,8 @@ def corpus(tmp_path_factory):
     return str(path), documents
 
 
-def _settings(**changes) -> prepare.PrepareSettings:
-    return prepare.PrepareSettings(
+def _settings(**changes) -> PrepareSettings:
+    return PrepareSettings(
         max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1, num_groups=3, **changes
     )
 
@@ -87,9 +88,7 @@ def _where(documents, directory) -> tuple[set[int], set[int]]:
 def test_heldout_documents_are_never_in_the_training_records(corpus, tmp_path):
     path, documents = corpus
     output = tmp_path / "out"
-    result = prepare.prepare_records(
-        [path], embedded_spm_dir(), output, _settings(heldout_share=0.2)
-    )
+    result = prepare_records([path], embedded_spm_dir(), output, _settings(heldout_share=0.2))
     held = result.heldout_stats
     assert result.heldout_dir == heldout_dir(output) and held.instances > 0
     assert held.documents + result.instance_stats.documents == len(documents)
@@ -120,9 +119,9 @@ def test_a_small_share_is_raised_to_the_floor(corpus, tmp_path):
     path, documents = corpus
     assert len(documents) // 10 < HELDOUT_MIN_DOCUMENTS
     settings = _settings(heldout_share=0.0001)
-    one = prepare.prepare_records([path], embedded_spm_dir(), tmp_path / "one", settings)
+    one = prepare_records([path], embedded_spm_dir(), tmp_path / "one", settings)
     assert one.heldout_stats.documents == len(documents) // 10
-    two = prepare.prepare_records(
+    two = prepare_records(
         [path], embedded_spm_dir(), tmp_path / "two", dataclasses.replace(settings, num_workers=2)
     )
     for directory in ("", "heldout"):
@@ -141,7 +140,7 @@ def test_resume_overwrite_and_no_heldout(corpus, tmp_path, capsys):
     path, _ = corpus
     output = tmp_path / "out"
     settings = _settings(heldout_share=0.2)
-    first = prepare.prepare_records([path], embedded_spm_dir(), output, settings)
+    first = prepare_records([path], embedded_spm_dir(), output, settings)
     held = heldout_dir(output)
     kept = {
         name: (output / "heldout" / name).read_bytes()
@@ -151,7 +150,7 @@ def test_resume_overwrite_and_no_heldout(corpus, tmp_path, capsys):
     # As if the job died before a training shard and a held-out shard were written.
     os.remove(output / "part-00001.tfrecord")
     os.remove(os.path.join(held, "part-00000.tfrecord"))
-    again = prepare.prepare_records([path], embedded_spm_dir(), output, settings)
+    again = prepare_records([path], embedded_spm_dir(), output, settings)
     assert (again.groups_written, again.groups_skipped) == (1, 2)
     assert again.heldout_stats.documents == first.heldout_stats.documents
     assert kept and all((output / "heldout" / n).read_bytes() == b for n, b in kept.items())
@@ -177,12 +176,12 @@ def test_records_prepared_before_heldout_read_and_resume_as_before(corpus, tmp_p
     path, _ = corpus
     output = tmp_path / "old"
     settings = _settings(heldout_share=0.0)
-    prepare.prepare_records([path], embedded_spm_dir(), output, settings)
+    prepare_records([path], embedded_spm_dir(), output, settings)
     config = json.loads((output / "prepare_config.json").read_text())
     del config["heldout_share"]  # what earlier versions wrote
     (output / "prepare_config.json").write_text(json.dumps(config))
     manifest.require_complete(str(output))
     assert manifest.read(str(output)).settings["heldout_share"] == 0.0
-    again = prepare.prepare_records([path], embedded_spm_dir(), output, settings)
+    again = prepare_records([path], embedded_spm_dir(), output, settings)
     assert (again.groups_written, again.groups_skipped) == (0, 3)
     assert not os.path.exists(heldout_dir(output))

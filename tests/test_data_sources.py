@@ -23,7 +23,10 @@ def test_importing_data_modules_does_not_import_tensorflow_or_jax():
         "masking.dynamic_batch",
         "instances.sentence_pairs",
         "preparation.groups",
-        "preparation.run",
+        "preparation.settings",
+        "preparation.stage",
+        "preparation.local_runner",
+        "preparation.cached",
         "records.tfrecord",
         "pipeline.tf_data",
     ]

@@ -369,16 +369,17 @@ def test_a_failed_prepare_leaves_nothing_a_reader_trusts(vocab, tmp_path, capsys
 
 
 def test_a_cached_preparation_is_not_reused_after_its_corpus_changed(vocab, tmp_path):
-    from bert_jax.data.preparation import run as prepare
+    from bert_jax.data.preparation.cached import prepare_cached
+    from bert_jax.data.preparation.settings import PrepareSettings
 
     corpus = _corpus(tmp_path / "corpus.txt")
-    settings = prepare.PrepareSettings(
+    settings = PrepareSettings(
         max_seq_length=LENGTH, max_predictions_per_seq=SLOTS, dupe_factor=1, num_groups=2
     )
-    first = prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache")
-    assert prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache") == first
+    first = prepare_cached(corpus, vocab, settings, tmp_path / "cache")
+    assert prepare_cached(corpus, vocab, settings, tmp_path / "cache") == first
     _corpus(tmp_path / "corpus.txt", variant="\nA new last document.\nIt has two lines.\n")
-    second = prepare.prepare_cached(corpus, vocab, settings, tmp_path / "cache")
+    second = prepare_cached(corpus, vocab, settings, tmp_path / "cache")
     assert os.path.dirname(second[0]) != os.path.dirname(first[0])
     assert len(os.listdir(tmp_path / "cache")) == 2  # the earlier preparation is left as it was
 

@@ -328,19 +328,23 @@ def test_left_to_right_packed_row_computes_what_its_instances_do_apart():
 def test_a_corpus_without_documents_prepares_without_nsp(tmp_path):
     """Tweets, queries: one sentence per line, no blank line. Pairs need two documents; the
     single-sequence formats do not."""
-    from bert_jax.data.preparation import run as prepare
+    from bert_jax.data.preparation.local_runner import prepare_records
+    from bert_jax.data.preparation.settings import PrepareSettings
     from bert_jax.data.sources import documents as sources
     from tests.data_fixtures import embedded_spm_dir
 
     corpus = tmp_path / "lines.txt"
     lines = [s for document in sources.embedded_documents("eval")[:5] for s in document]
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    settings = prepare.PrepareSettings(
-        max_seq_length=32, max_predictions_per_seq=5, objective="mlm"
+    settings = PrepareSettings(
+        max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1, objective="mlm"
     )
-    result = prepare.prepare_records([str(corpus)], embedded_spm_dir(), tmp_path / "out", settings)
+    result = prepare_records([str(corpus)], embedded_spm_dir(), tmp_path / "out", settings)
     assert result.corpus_stats.documents == 1 and result.instance_stats.instances > 0
     with pytest.raises(UserError, match="sentence pairs need at least two"):
-        prepare.prepare_records(
-            [str(corpus)], embedded_spm_dir(), tmp_path / "pairs", prepare.PrepareSettings()
+        prepare_records(
+            [str(corpus)],
+            embedded_spm_dir(),
+            tmp_path / "pairs",
+            PrepareSettings(dupe_factor=1),
         )

@@ -152,7 +152,7 @@ def _prepare(args) -> int:
     import shlex
     import sys
 
-    from bert_jax.data.preparation.run import prepare_records
+    from bert_jax.data.preparation.local_runner import prepare_records
     from bert_jax.data.preparation.settings import PrepareSettings
     from bert_jax.runtime import declarations
     from bert_jax.runtime.errors import UserError
@@ -195,7 +195,7 @@ def _prepare(args) -> int:
             )
             return 0
     elif args.dry_run:
-        from bert_jax.data.preparation.run import check_run, describe_run
+        from bert_jax.data.preparation.stage import check_run, describe_run
 
         print(describe_run(check_run(args.input, args.tokenizer, args.output, settings)))
         return 0

@@ -195,7 +195,8 @@ def _prepared(
     sets data prepare's share of the documents aside (`<prepared>/heldout`), as for a training
     corpus whose held-out records the run evaluates on; an eval corpus keeps all its documents."""
     from bert_jax.data import sentences
-    from bert_jax.data.preparation import run as prepare
+    from bert_jax.data.preparation.cached import prepare_cached
+    from bert_jax.data.preparation.settings import PrepareSettings
     from bert_jax.data.sources import documents as sources
 
     check_records_objective(config, [(f"data for {phase.name}", source)])
@@ -207,10 +208,10 @@ def _prepared(
     )
     # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
     dupe = int(config.data.dupe_factor)
-    return prepare.prepare_cached(
+    return prepare_cached(
         source,
         tokenizer,
-        prepare.PrepareSettings(
+        PrepareSettings(
             max_seq_length=phase.max_seq_length,
             max_predictions_per_seq=phase.max_predictions_per_seq,
             masked_lm_prob=float(config.data.masked_lm_prob),

@@ -409,7 +409,7 @@ def make_pretrain_iterator(
     if corpora:
         raise UserError(
             f"{', '.join(corpora)} is a corpus, not prepared records: prepare it first "
-            "(`bert-jax data prepare`, or data.preparation.run.prepare_cached)"
+            "(`bert-jax data prepare`, or data.preparation.cached.prepare_cached)"
         )
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer)

@@ -50,7 +50,7 @@ import traceback
 
 from bert_jax.data.preparation import beam_watch
 from bert_jax.data.preparation import groups as groups_lib
-from bert_jax.data.preparation import run as prepare_lib
+from bert_jax.data.preparation import stage as prepare_lib
 from bert_jax.data.records import manifest
 from bert_jax.data.sources import documents as sources_lib
 from bert_jax.data.sources import splits as splits_lib

@@ -18,7 +18,7 @@ import sys
 import threading
 
 from bert_jax.data.preparation import groups as groups_lib
-from bert_jax.data.preparation import run as prepare_lib
+from bert_jax.data.preparation import progress as prepare_lib
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 

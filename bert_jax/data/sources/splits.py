@@ -1,6 +1,6 @@
 """Inputs cut into splits that a runner can read apart: every input byte read once, by one split.
 
-Public API (``preparation/run.py``'s local pool and the Beam pipeline both read through it):
+Public API (``preparation/local_runner.py``'s pool and the Beam pipeline both read through it):
 
 - ``Split(source_index, source, kind, start, stop)``: one piece of one input. ``source_index`` is
   the source's position in ``sources.expand_sources(sources)``, ``source`` that expanded source,
