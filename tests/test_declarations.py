@@ -13,8 +13,11 @@ from collections.abc import Callable
 import pytest
 
 from bert_jax import cli
+from bert_jax.cli import config_flags
+from bert_jax.cli import plan as plan_cli
 from bert_jax.finetune.tuning import settings as finetune_settings
 from bert_jax.launch import supervisor
+from bert_jax.planning import candidates as plan_candidates
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import Declaration, setting
 
@@ -163,13 +166,36 @@ def test_undeclared_names_a_plain_field():
 # --- every family ----------------------------------------------------------------------------
 
 
+def _argparse_options(*path: str) -> set[str]:
+    """The long options of the command at `path` (`launch tpu watch`), as `bert-jax` parses."""
+    parser = cli.build_parser()
+    for name in path:
+        (subparsers,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = subparsers.choices[name]
+    return _long_options(parser)
+
+
+def _config_command_options(command) -> set[str]:
+    """The long options of a command that reads a config (`plan`, ...), as its help lists them."""
+    return _long_options(config_flags.help_parser(command, config_flags.define_flags(command)))
+
+
+def _long_options(parser: argparse.ArgumentParser) -> set[str]:
+    return {
+        option
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """A declared settings class, the commands whose flags set it (subcommand paths), and the
-    options of those commands that are not its settings."""
+    """A declared settings class, the options of the commands whose flags set it, and those of
+    the options that are not its settings."""
 
     settings: type
-    commands: tuple[tuple[str, ...], ...]
+    commands: tuple[Callable[[], set[str]], ...]
     non_settings: frozenset[str]
     # Flags a family derives beyond one per setting (glue's --learning-rates for learning_rate).
     more_flags: Callable[[], set[str]] = set
@@ -192,7 +218,7 @@ def _listed(*groups: str) -> frozenset[str]:
 FAMILIES = {
     "finetune": Family(
         finetune_settings.FinetuneSettings,
-        (("finetune",), ("glue",)),
+        (lambda: _argparse_options("finetune"), lambda: _argparse_options("glue")),
         _listed(
             "--task --tasks --model --data --dev-data --workdir",  # what to run on, and where
             "--overwrite",  # an action on the workdir
@@ -210,7 +236,10 @@ FAMILIES = {
     ),
     "supervisor": Family(
         supervisor.Policy,
-        (("launch", "tpu", "up"), ("launch", "tpu", "watch")),
+        (
+            lambda: _argparse_options("launch", "tpu", "up"),
+            lambda: _argparse_options("launch", "tpu", "watch"),
+        ),
         _listed(
             # The slice and how it is asked for (TpuVm, QueuedResource: not declared yet).
             "--name --zone --project --accelerator-type --version --valid-until-duration",
@@ -222,15 +251,15 @@ FAMILIES = {
             "--dry-run --watch --detach --pid-file --log --no-stream --no-follow",
         ),
     ),
+    "plan's search space": Family(
+        plan_candidates.Space,
+        (lambda: _config_command_options(plan_cli.COMMAND),),
+        _listed(
+            "--config --topology --prices",  # what to plan, for which slice, at which prices
+            "--json --no-json --dry-run --no-dry-run --verbose --no-verbose",  # what it prints
+        ),
+    ),
 }
-
-
-def _command_parser(path: tuple[str, ...]) -> argparse.ArgumentParser:
-    parser = cli.build_parser()
-    for name in path:
-        (subparsers,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        parser = subparsers.choices[name]
-    return parser
 
 
 def _declared_flags(settings: type, negated: bool = False) -> set[str]:
@@ -263,15 +292,10 @@ def test_every_option_of_a_familys_commands_is_declared_or_listed(family):
     entry = FAMILIES[family]
     derived = _declared_flags(entry.settings, negated=True) | entry.more_flags()
     seen: set[str] = set()
-    for path in entry.commands:
-        options = {
-            option
-            for action in _command_parser(path)._actions
-            for option in action.option_strings
-            if option.startswith("--") and option != "--help"
-        }
+    for command in entry.commands:
+        options = command()
         by_hand = options - derived - entry.non_settings
-        assert not by_hand, f"{' '.join(path)}: flags neither declared nor listed: {by_hand}"
+        assert not by_hand, f"flags neither declared nor listed: {by_hand}"
         seen |= options
     # The list stays true: each entry is an option of one of the commands, and no setting.
     assert entry.non_settings <= seen, entry.non_settings - seen

@@ -320,7 +320,7 @@ def test_bad_plan_arguments_are_one_line(capsys, tmp_path):
     outcome = faults.run_cli(capsys, [*base, "--topology", "v5p-16", "--dtypes", "fp8"])
     faults.assert_user_error(outcome, "--dtypes: 'fp8'")
     outcome = faults.run_cli(capsys, [*base, "--topology", "v5p-16", "--margin", "0.5"])
-    faults.assert_user_error(outcome, "--margin 0.5 must be at least 1")
+    faults.assert_user_error(outcome, "--margin 0.5 must be >= 1")
     broken = tmp_path / "prices.json"
     broken.write_text("{not json")
     outcome = faults.run_cli(capsys, [*base, "--topology", "v5p-16", "--prices", str(broken)])

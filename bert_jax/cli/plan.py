@@ -4,23 +4,46 @@ TPU slice (mesh, dtype, windowed einsums, ZeRO 1, remat, accumulation), their fl
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from bert_jax.cli.config_flags import ConfigCommand
+from bert_jax.planning.candidates import Space
+from bert_jax.runtime import declarations
 from bert_jax.runtime.errors import UserError
 
 
-def _values(flag: str, text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
-
-
-def _booleans(flag: str, text: str) -> list[bool]:
-    words = {"true": True, "on": True, "false": False, "off": False}
+def _space_flags() -> tuple[tuple[str, str, Any, str], ...]:
+    """The search space's flags, as `ConfigCommand` declares them, from `Space`'s declarations:
+    a list as its comma-separated text, read back by the declaration's `parse`."""
     found = []
-    for value in _values(flag, text):
-        if value.lower() not in words:
-            raise UserError(f"--{flag.replace('_', '-')}: {value!r} is not true or false")
-        found.append(words[value.lower()])
-    return found
+    for field in declarations.declared_fields(Space):
+        declared = field.metadata["declaration"]
+        kind = {int: "integer", float: "float"}.get(type(field.default), "string")
+        default = field.default
+        if kind == "string":
+            default = (declared.show or declarations.shown)(default)
+        help_text = declarations.flag_options(field)["help"]
+        found.append((kind, _absl_name(field.name, declared), default, help_text))
+    return tuple(found)
+
+
+def _absl_name(name: str, declared) -> str:
+    return declarations.flag_name(name, declared)[2:].replace("-", "_")
+
+
+def _space(flag_values) -> dict[str, Any]:
+    """The search space's settings from the parsed flags (a list's text parsed; a bad word is
+    one line naming its flag)."""
+    space = {}
+    for name, declared in declarations.declarations(Space).items():
+        value = flag_values[_absl_name(name, declared)].value
+        if declared.parse is not None:
+            try:
+                value = declared.parse(value)
+            except ValueError as err:
+                raise UserError(f"{declarations.flag_name(name, declared)}: {err}") from None
+        space[name] = value
+    return space
 
 
 def _run(flag_values) -> int:
@@ -29,20 +52,9 @@ def _run(flag_values) -> int:
 
     if not flag_values.topology:
         raise UserError("--topology is required (e.g. v5p-16, v5litepod-16, v5p:2x2x2)")
-    if flag_values.margin < 1:
-        raise UserError(f"--margin {flag_values.margin:g} must be at least 1")
     target = topology.parse(flag_values.topology)
     prices = plan.load_prices(flag_values.prices)
-    space = dict(
-        kinds=_values("meshes", flag_values.meshes),
-        max_accum=flag_values.max_accum,
-        prices=prices,
-        remats=_values("remat", flag_values.remat),
-        dtypes=_values("dtypes", flag_values.dtypes),
-        windowed=_booleans("windowed_einsum", flag_values.windowed_einsum),
-        zero=_booleans("shard_optimizer_state", flag_values.shard_optimizer_state),
-        margin=flag_values.margin,
-    )
+    space = {**_space(flag_values), "prices": prices}
     if flag_values.dry_run:
         print(plan.describe_search(flag_values.config, target, **space))
         return 0
@@ -86,49 +98,7 @@ COMMAND = ConfigCommand(
             "Cloud TPU slice (required): v4-8, v5p-128, v5litepod-16, v6e-64, or a topology such "
             "as v5p:2x2x2",
         ),
-        (
-            "string",
-            "meshes",
-            "dp,fsdp,dp_fsdp,fsdp_tp",
-            "mesh kinds to try: dp (data parallel), fsdp, dp_fsdp (data over the smallest torus "
-            "axis x fsdp), fsdp_tp (fsdp with a tensor axis of 4 or 2)",
-        ),
-        (
-            "string",
-            "dtypes",
-            "bfloat16,float32",
-            "config.model.dtype values to try (float32 master weights either way); the first is "
-            "searched over meshes, the others on the fastest setting",
-        ),
-        (
-            "string",
-            "windowed_einsum",
-            "false,true",
-            "config.mesh.windowed_einsum values to try; the first on every mesh, the others on "
-            "the fastest mesh that gathers weights",
-        ),
-        (
-            "string",
-            "shard_optimizer_state",
-            "false,true",
-            "config.mesh.shard_optimizer_state (ZeRO 1) values to try; true only where a data "
-            "axis could make it win",
-        ),
-        ("integer", "max_accum", 64, "the largest gradient-accumulation factor to try"),
-        (
-            "string",
-            "remat",
-            "dots",
-            "rematerialization policies to try besides config.model.remat (none, dots, full), "
-            "each only where it could take fewer accumulation steps",
-        ),
-        (
-            "float",
-            "margin",
-            1.25,
-            "a later phase compiles only the meshes within this factor of the earlier phase's "
-            "best step",
-        ),
+        *_space_flags(),
         (
             "string",
             "prices",

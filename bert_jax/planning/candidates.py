@@ -1,5 +1,6 @@
-"""The records of `bert-jax plan` (a setting, a candidate compiled or pruned, a phase's schedule,
-the plan) and the plan in words."""
+"""The records of `bert-jax plan` (what the search may vary, a setting, a candidate compiled or
+pruned, a phase's schedule, the plan) and the plan in words. No JAX here: `--help` reads the
+search space's declarations."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import json
 import math
 import shlex
 from collections.abc import Sequence
+
+from bert_jax.runtime import declarations
+from bert_jax.runtime.declarations import setting
+from bert_jax.runtime.errors import UserError
 
 GIB = 1024**3
 MESH_KINDS = ("dp", "fsdp", "dp_fsdp", "fsdp_tp")
@@ -18,6 +23,101 @@ MESH_NAMES = {
     "dp_fsdp": "data x fsdp",
     "fsdp_tp": "fsdp + tensor",
 }
+_SWITCHES = {"true": True, "on": True, "false": False, "off": False}
+
+
+def _words(text: str) -> tuple[str, ...]:
+    """A list flag's value: `dp,fsdp` -> ("dp", "fsdp"); "" -> ()."""
+    return tuple(word.strip() for word in text.split(",") if word.strip())
+
+
+def _switches(text: str) -> tuple[bool, ...]:
+    """`false,true` -> (False, True); on/off too."""
+    for word in _words(text):
+        if word.lower() not in _SWITCHES:
+            raise ValueError(f"{word!r} is not true or false")
+    return tuple(_SWITCHES[word.lower()] for word in _words(text))
+
+
+def _switches_text(values: Sequence[bool]) -> str:
+    return ",".join(str(value).lower() for value in values)
+
+
+_WORDS = {"parse": _words, "metavar": "A,B,..."}
+_BOOLEANS = {"parse": _switches, "show": _switches_text, "metavar": "BOOL,..."}
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """What `plan`'s search may vary, first values first; each setting declared once: `plan`'s
+    flags, their help and defaults, and the checks of `max_accum` and `margin` derive from it."""
+
+    kinds: tuple[str, ...] = setting(
+        MESH_KINDS,
+        "mesh kinds to try: dp (data parallel), fsdp, dp_fsdp (data over the smallest torus "
+        "axis x fsdp), fsdp_tp (fsdp with a tensor axis of 4 or 2)",
+        flag="meshes",
+        **_WORDS,
+    )
+    dtypes: tuple[str, ...] = setting(
+        ("bfloat16", "float32"),
+        "config.model.dtype values to try (float32 master weights either way); the first is "
+        "searched over meshes, the others on the fastest setting",
+        **_WORDS,
+    )
+    windowed: tuple[bool, ...] = setting(
+        (False, True),
+        "config.mesh.windowed_einsum values to try; the first on every mesh, the others on "
+        "the fastest mesh that gathers weights",
+        flag="windowed-einsum",
+        **_BOOLEANS,
+    )
+    zero: tuple[bool, ...] = setting(
+        (False, True),
+        "config.mesh.shard_optimizer_state (ZeRO 1) values to try; true only where a data "
+        "axis could make it win",
+        flag="shard-optimizer-state",
+        **_BOOLEANS,
+    )
+    remats: tuple[str, ...] = setting(
+        ("dots",),
+        "rematerialization policies to try besides config.model.remat (none, dots, full), "
+        "each only where it could take fewer accumulation steps",
+        flag="remat",
+        **_WORDS,
+    )
+    max_accum: int = setting(64, "the largest gradient-accumulation factor to try", low=1)
+    margin: float = setting(
+        1.25,
+        "a later phase compiles only the meshes within this factor of the earlier phase's "
+        "best step",
+        low=1.0,
+    )
+
+    def __post_init__(self):
+        # Lists as given by Python callers become tuples; a value given twice is tried once.
+        for name in ("kinds", "dtypes", "windowed", "zero", "remats"):
+            values = tuple(getattr(self, name))
+            object.__setattr__(self, name, values if name == "remats" else _once(values))
+        for problem in declarations.problems(self):
+            raise UserError(problem)
+        bad = sorted(set(self.dtypes) - set(DTYPES))
+        if bad or not self.dtypes:
+            raise UserError(
+                f"{_flag('dtypes')}: {bad[0] if bad else 'none'!r}; known: {', '.join(DTYPES)}"
+            )
+        for name in ("windowed", "zero"):
+            if not getattr(self, name):
+                raise UserError(f"{_flag(name)} needs at least one value")
+
+
+def _flag(name: str) -> str:
+    """The `plan` flag of the search space's setting `name` (`kinds` -> `--meshes`)."""
+    return declarations.flag_name(name, declarations.declarations(Space)[name])
+
+
+def _once(values: tuple) -> tuple:
+    return tuple(dict.fromkeys(values))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,12 +25,11 @@ import ml_collections
 from bert_jax.core.bert_config import REMAT_POLICIES
 from bert_jax.planning import search
 from bert_jax.planning.candidates import (
-    DTYPES,
     GIB,
-    MESH_KINDS,
     Candidate,
     PhaseSchedule,
     Plan,
+    Space,
     fastest,
     format_plan,
 )
@@ -60,41 +59,19 @@ def load_prices(path: str | None) -> dict[str, Any]:
     return prices
 
 
-def _checked_space(
-    config: ml_collections.ConfigDict,
-    target: TpuTarget,
-    *,
-    kinds: Sequence[str] = MESH_KINDS,
-    max_accum: int = 64,
-    remats: Sequence[str] = ("dots",),
-    dtypes: Sequence[str] = ("bfloat16", "float32"),
-    windowed: Sequence[bool] = (False, True),
-    zero: Sequence[bool] = (False, True),
-    margin: float = 1.25,
-):
-    """The phases and the search space, every setting and flag value checked before anything
-    compiles (each refusal one line naming its flag or setting). The space's defaults, which
-    `plan` and `describe_search` take: `remats`, `dtypes`, `windowed` and `zero` are the values
-    of model.remat, model.dtype, mesh.windowed_einsum and mesh.shard_optimizer_state to try,
-    first values first; `margin`: how much slower than an earlier phase's best a mesh may be
-    and still be compiled for a later phase."""
+def _checked_space(config: ml_collections.ConfigDict, target: TpuTarget, **space):
+    """The phases and the search space (`Space`'s settings; its declared defaults for the
+    others), every setting and flag value checked before anything compiles (each refusal one
+    line naming its flag or setting)."""
     phases = config_lib.split_phases(config)
     config_checks.check_values(config, phases)
-    unknown = sorted(set(remats) - set(REMAT_POLICIES))
+    space = Space(**space)
+    unknown = sorted(set(space.remats) - set(REMAT_POLICIES))
     if unknown:
         raise UserError(
             f"--remat: unknown policy {unknown[0]!r}; known: {', '.join(REMAT_POLICIES)}"
         )
-    bad = sorted(set(dtypes) - set(DTYPES))
-    if bad or not dtypes:
-        raise UserError(f"--dtypes: {bad[0] if bad else 'none'!r}; known: {', '.join(DTYPES)}")
-    if not windowed or not zero:
-        raise UserError("--windowed-einsum and --shard-optimizer-state need at least one value")
-    space = search.Space(
-        tuple(kinds), tuple(dict.fromkeys(dtypes)), tuple(dict.fromkeys(windowed)),
-        tuple(dict.fromkeys(zero)), tuple(remats), max_accum, margin,
-    )  # fmt: skip
-    search.meshes(target, config, kinds)  # an unknown kind fails before anything compiles
+    search.meshes(target, config, space.kinds)  # an unknown kind fails before anything compiles
     return phases, space
 
 
@@ -106,8 +83,8 @@ def plan(
     progress: Callable[[Candidate], None] | None = None,
     **space,
 ) -> Plan:
-    """Searches each phase (see the module docstring) over `space` (`_checked_space`'s keywords
-    and defaults); `progress` sees each candidate as it comes."""
+    """Searches each phase (see the module docstring) over `space` (`Space`'s settings by name;
+    its declared defaults for the others); `progress` sees each candidate as it comes."""
     start = time.perf_counter()
     phases, space = _checked_space(config, target, **space)
     candidates, schedule, seen, earlier = [], [], {}, []

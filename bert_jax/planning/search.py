@@ -46,6 +46,7 @@ from bert_jax.planning.candidates import (
     MESH_KINDS,
     Candidate,
     Setting,
+    Space,
     fastest,
     ms,
 )
@@ -169,19 +170,6 @@ def search(
         phase.name, setting.mesh_kind, tuple(setting.mesh), accum // 2 or 1, 0, False,
         compile_seconds=spent, note=note, compiles=compiles, **common,
     )  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class Space:
-    """What the search may vary (the CLI's flags), first values first."""
-
-    kinds: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    windowed: tuple[bool, ...]
-    zero: tuple[bool, ...]
-    remats: tuple[str, ...]
-    max_accum: int
-    margin: float
 
 
 def search_phase(
