@@ -16,7 +16,7 @@ from bert_jax import cli
 from bert_jax.cli import config_flags
 from bert_jax.cli import plan as plan_cli
 from bert_jax.finetune.tuning import settings as finetune_settings
-from bert_jax.launch import supervisor
+from bert_jax.launch import slurm, supervisor
 from bert_jax.planning import candidates as plan_candidates
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import Declaration, setting
@@ -249,6 +249,16 @@ FAMILIES = {
             "--settings --plan --skip-preflight",
             # Actions, and where the watcher's own output goes.
             "--dry-run --watch --detach --pid-file --log --no-stream --no-follow",
+        ),
+    ),
+    "slurm": Family(
+        slurm.SlurmJob,
+        (lambda: _argparse_options("launch", "slurm"),),
+        _listed(
+            # Declared settings whose flags take a line each time (added by cli/launch.py).
+            "--setup --env --sbatch-option",
+            "--script --submit --dry-run",  # where the script goes, and what is done with it
+            "--workdir --note --exit-status",  # `slurm status` and `slurm record`
         ),
     ),
     "plan's search space": Family(

@@ -268,6 +268,10 @@ def test_queued_resource_is_never_forced_while_suspending(state, deletes, force)
         (["slurm", "--nodes", "2", "--partition", "gpu\nrm", "--dry-run", "--", "x"], "#SBATCH"),
         (["slurm", "--nodes", "2", "--env", "1A=x", "--dry-run", "--", "x"], "variable name"),
         (["slurm", "--nodes", "2", "--dry-run"], "nothing to run"),
+        (["slurm", "--dry-run", "--", "x"], "--nodes is required"),
+        (["slurm", "--nodes", "0", "--dry-run", "--", "x"], "--nodes 0 must be >= 1"),
+        (["slurm", "--nodes", "1", "--port", "0", "--dry-run", "--", "x"], "--port 0 must be in"),
+        (["slurm", "--nodes", "1", "--gpus-per-node", "0", "--dry-run", "--", "x"], "must be >= 1"),
         (
             [
                 "tpu",

@@ -1,6 +1,7 @@
 """The supervisor's policy is declared once (`supervisor.Policy`): the `launch tpu up --watch` and
 `launch tpu watch` flags, their defaults, the checks, the detached watcher's command line, the
-recorded settings and the docs' stated defaults all agree with the declarations."""
+recorded settings and the docs' stated defaults (the SLURM job's too) agree with the
+declarations."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from bert_jax import cli
 from bert_jax.cli import launch as launch_cli
-from bert_jax.launch import LaunchError, durations, events, workdir_state
+from bert_jax.launch import LaunchError, durations, events, slurm, workdir_state
 from bert_jax.launch.supervisor import Policy
 from bert_jax.runtime import declarations
 
@@ -111,17 +112,22 @@ def test_the_recorded_policy_is_what_status_shows(tmp_path):
 
 
 def test_the_docs_state_the_declared_defaults():
-    """Where launch/README.md and docs/pods.md give a supervisor flag's default (`--flag`
-    (default V...), it is the declared one, in the flag's own spelling."""
-    flags = {_flag(name): name for name in DECLARED}
+    """Where launch/README.md and docs/pods.md give a launch flag's default (`--flag` (default
+    V...), it is the declared one, in the flag's own spelling."""
+    flags = {
+        declarations.flag_name(name, declared): (settings, name, declared)
+        for settings in (Policy, slurm.SlurmJob)
+        for name, declared in declarations.declarations(settings).items()
+    }
     checked = set()
     for page in ("launch/README.md", "docs/pods.md"):
         text = " ".join((ROOT / page).read_text().split())
         for flag, value in re.findall(r"`(--[a-z-]+)` \(default ([^,;)]+)", text):
             if flag not in flags:
                 continue
-            name = flags[flag]
-            parse = DECLARED[name].parse or type(Policy().to_dict()[name])
-            assert parse(value) == declarations.defaults(Policy)[name], (page, flag, value)
+            settings, name, declared = flags[flag]
+            default = declarations.defaults(settings)[name]
+            assert (declared.parse or type(default))(value) == default, (page, flag, value)
             checked.add(name)
-    assert {"max_failures", "startup_timeout", "stop_grace", "poll_seconds"} <= checked
+    expected = {"max_failures", "startup_timeout", "stop_grace", "poll_seconds", "signal_seconds"}
+    assert expected <= checked

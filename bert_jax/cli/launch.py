@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from bert_jax.launch import LaunchError, durations
+from bert_jax.launch import LaunchError
 
 
 def add_to(subparsers) -> None:
@@ -418,6 +418,9 @@ def _save_job(args, vm, workdir: str) -> None:
 
 
 def _add_slurm(kinds) -> None:
+    from bert_jax.launch import slurm
+    from bert_jax.runtime import declarations
+
     parser = kinds.add_parser(
         "slurm",
         help="write (and --submit) an sbatch script for GPU nodes; `slurm status`: how it goes",
@@ -425,23 +428,9 @@ def _add_slurm(kinds) -> None:
         "the first node of the allocation. `bert-jax launch slurm status --workdir W` prints the "
         "run's events, step, ETA and goodput; `record` is what the script calls to add events.",
     )
-    parser.add_argument("--nodes", type=int, default=None, help="required to write a script")
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs on each node")
-    parser.add_argument(
-        "--per", choices=["gpu", "node"], default="gpu", help="one process per GPU or per node"
-    )
-    parser.add_argument("--job-name", default="bert-jax", help="sbatch --job-name")
-    parser.add_argument("--partition", default=None, help="sbatch --partition (default: SLURM's)")
-    parser.add_argument("--account", default=None, help="sbatch --account (default: SLURM's)")
-    parser.add_argument("--time", default=None, help="e.g. 4-00:00:00")
-    parser.add_argument(
-        "--cpus-per-task", type=int, default=None, help="sbatch --cpus-per-task (default: SLURM's)"
-    )
-    parser.add_argument("--port", type=int, default=None, help="default: from the job id")
-    parser.add_argument(
-        "--output", default=None, help="SLURM's log (default: JOB_NAME-%%j.out beside the script)"
-    )
-    parser.add_argument("--bert-jax", default="bert-jax", help="the executable on the nodes")
+    # The job's settings: every flag, its help and default from `SlurmJob`'s declarations; the
+    # three that take a line each time they are given are added here.
+    declarations.add_flags(parser, slurm.SlurmJob)
     parser.add_argument(
         "--setup",
         action="append",
@@ -463,19 +452,6 @@ def _add_slurm(kinds) -> None:
         "--script", default=None, help="default: JOB_NAME.sbatch in the pretrain --workdir"
     )
     parser.add_argument("--submit", action="store_true", help="run sbatch on the script")
-    parser.add_argument(
-        "--no-requeue",
-        action="store_true",
-        help="no --requeue and no SIGTERM before the time limit (the job then ends there)",
-    )
-    parser.add_argument(
-        "--signal-before",
-        type=durations.seconds,
-        default=300.0,
-        metavar="DURATION",
-        help="SIGTERM the run this long before the time limit: it saves, then is requeued "
-        "(default 5m)",
-    )
     parser.add_argument("--workdir", default=None, help="for `status` and `record`")
     parser.add_argument("--note", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--exit-status", type=int, default=None, help=argparse.SUPPRESS)
@@ -487,9 +463,10 @@ def _add_slurm(kinds) -> None:
 
 
 def _run_slurm(args) -> int:
-    import math
+    import dataclasses
 
     from bert_jax.launch import Runner, slurm, workdir_state
+    from bert_jax.runtime import declarations
 
     action = args.pretrain_args[:1]
     if action in (["status"], ["record"]):
@@ -510,31 +487,15 @@ def _run_slurm(args) -> int:
             args.workdir, args.pretrain_args[1], note=args.note, exit_status=args.exit_status
         )
         return 0
-    if args.nodes is None:
-        raise LaunchError("--nodes is required (the number of nodes to run on)")
-    if not math.isfinite(args.signal_before):
-        raise LaunchError(f"--signal-before {args.signal_before}: use a duration (e.g. 5m)")
-    script, output = slurm.default_paths(
-        args.job_name, args.pretrain_args, args.script, args.output
-    )
-    job = slurm.SlurmJob(
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        per=args.per,
-        job_name=args.job_name,
-        partition=args.partition,
-        account=args.account,
-        time=args.time,
-        cpus_per_task=args.cpus_per_task,
-        port=args.port,
-        output=output,
-        bert_jax=args.bert_jax,
+    job = declarations.from_args(
+        slurm.SlurmJob,
+        args,
         setup=tuple(args.setup),
         env=slurm.parse_env(args.env),
         sbatch_options=tuple(args.sbatch_option),
-        requeue=not args.no_requeue,
-        signal_seconds=int(args.signal_before),
     )
+    script, output = slurm.default_paths(job.job_name, args.pretrain_args, args.script, job.output)
+    job = dataclasses.replace(job, output=output)
     slurm.write_and_submit(
         job,
         args.pretrain_args,

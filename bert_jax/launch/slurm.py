@@ -16,14 +16,18 @@ which `bert-jax launch slurm status --workdir W` reads, as `launch tpu status` d
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 import os
 import re
 import shlex
 from collections.abc import Sequence
 
-from bert_jax.launch import LaunchError, Runner
+from bert_jax.launch import LaunchError, Runner, durations
 from bert_jax.launch import pretrain_args as pretrain_args_lib
+from bert_jax.runtime import declarations
+from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import EXIT_STOPPED
 
 PER_CHOICES = ("gpu", "node")
@@ -34,43 +38,78 @@ _DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.:,=+@%/\-\[\]]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def _whole_seconds(text: str) -> int:
+    """`--signal-before`'s value: a duration (`5m`, `300`) in whole seconds."""
+    seconds = durations.seconds(text)
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 5m)")
+    return int(seconds)
+
+
+_DEFAULT_SLURMS = "default: SLURM's"
+
+
 @dataclasses.dataclass(frozen=True)
 class SlurmJob:
-    nodes: int
-    gpus_per_node: int = 8
-    per: str = "gpu"  # one process per GPU, or per node (driving all its GPUs)
-    job_name: str = "bert-jax"
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None
-    cpus_per_task: int | None = None
-    port: int | None = None  # default: derived from the job id, as JAX does
-    output: str | None = None  # default: <job_name>-%j.out
-    bert_jax: str = "bert-jax"  # the executable on the nodes
-    setup: tuple[str, ...] = ()  # shell lines run first (module load, source venv/bin/activate)
-    env: tuple[tuple[str, str], ...] = ()
-    sbatch_options: tuple[str, ...] = ()  # extra directives, e.g. --exclusive, --mem=0
-    requeue: bool = True  # requeue after a preemption / node failure, and after the time limit
-    signal_seconds: int = 300  # SIGTERM this long before the time limit (0: none)
+    """One sbatch job: each setting declared once here; `launch slurm`'s flags, their help and
+    the checks derive from the declarations. `setup`, `env` and `sbatch_options` take a line
+    each time their flag is given (declared without a flag: cli/launch.py adds the repeated
+    flag)."""
+
+    nodes: int | None = setting(None, "nodes to run on (required to write a script)", low=1)
+    gpus_per_node: int = setting(8, "GPUs on each node", low=1)
+    per: str = setting(
+        "gpu", "one process per GPU, or per node (driving all its GPUs)", choices=PER_CHOICES
+    )
+    job_name: str = setting("bert-jax", "sbatch --job-name")
+    partition: str | None = setting(None, "sbatch --partition", zero=_DEFAULT_SLURMS)
+    account: str | None = setting(None, "sbatch --account", zero=_DEFAULT_SLURMS)
+    time: str | None = setting(None, "sbatch --time, e.g. 4-00:00:00", zero=_DEFAULT_SLURMS)
+    cpus_per_task: int | None = setting(None, "sbatch --cpus-per-task", low=1, zero=_DEFAULT_SLURMS)
+    port: int | None = setting(
+        None, "the coordinator's TCP port", low=1, high=65535, zero="default: from the job id"
+    )
+    output: str | None = setting(
+        None, "SLURM's log", zero="default: JOB_NAME-%%j.out beside the script"
+    )
+    bert_jax: str = setting("bert-jax", "the executable on the nodes")
+    setup: tuple[str, ...] = setting(
+        (), "shell lines run first (module load, source venv/bin/activate)", flag=""
+    )
+    env: tuple[tuple[str, str], ...] = setting((), "extra environment, NAME=VALUE", flag="")
+    sbatch_options: tuple[str, ...] = setting(
+        (), "extra #SBATCH directives, e.g. --exclusive, --mem=0", flag=""
+    )
+    requeue: bool = setting(
+        True,
+        "requeue after a preemption or node failure, and SIGTERM before the time limit "
+        "(--no-requeue: the job ends at its time limit)",
+    )
+    signal_seconds: int = setting(
+        300,
+        "SIGTERM the run this long before the time limit: it saves, then is requeued",
+        flag="signal-before",
+        low=0,
+        parse=_whole_seconds,
+        show=durations.text,
+        metavar="DURATION",
+        zero="0: none",
+    )
 
     def __post_init__(self):
         # `--sbatch-option mem=0` reads better on a command line than `--sbatch-option=--mem=0`.
         options = tuple(o if o.startswith("-") else f"--{o}" for o in self.sbatch_options)
         object.__setattr__(self, "sbatch_options", options)
-        if self.nodes < 1 or self.gpus_per_node < 1:
-            raise LaunchError("--nodes and --gpus-per-node must be at least 1")
-        if self.per not in PER_CHOICES:
-            raise LaunchError(f"--per {self.per!r}: use gpu or node")
-        if self.signal_seconds < 0:
-            raise LaunchError(f"--signal-before {self.signal_seconds}: use 0 or more seconds")
-        if self.port is not None and not 1 <= self.port <= 65535:
-            raise LaunchError(f"--port {self.port} is not a TCP port")
+        if self.nodes is None:
+            raise LaunchError("--nodes is required (the number of nodes to run on)")
+        for problem in declarations.problems(self):
+            raise LaunchError(problem)
+        declared = declarations.declarations(SlurmJob)
         for flag, value in (
-            ("--job-name", self.job_name),
-            ("--partition", self.partition),
-            ("--account", self.account),
-            ("--time", self.time),
-            ("--output", self.output),
+            *(
+                (declarations.flag_name(name, declared[name]), getattr(self, name))
+                for name in ("job_name", "partition", "account", "time", "output")
+            ),
             *(("--sbatch-option", option) for option in self.sbatch_options),
         ):
             if value is not None and not _DIRECTIVE_VALUE.match(value):
