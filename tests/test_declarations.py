@@ -15,6 +15,7 @@ import pytest
 from bert_jax import cli
 from bert_jax.cli import config_flags
 from bert_jax.cli import plan as plan_cli
+from bert_jax.data.preparation import settings as prepare_settings
 from bert_jax.finetune.tuning import settings as finetune_settings
 from bert_jax.launch import slurm, supervisor
 from bert_jax.planning import candidates as plan_candidates
@@ -259,6 +260,17 @@ FAMILIES = {
             "--setup --env --sbatch-option",
             "--script --submit --dry-run",  # where the script goes, and what is done with it
             "--workdir --note --exit-status",  # `slurm status` and `slurm record`
+        ),
+    ),
+    "data prepare": Family(
+        prepare_settings.PrepareSettings,
+        (lambda: _argparse_options("data", "prepare"),),
+        _listed(
+            "--input --tokenizer --output",  # what to prepare, with what, and where
+            "--runner --beam-options",  # which engine runs it (the same records either way)
+            "--dry-run",  # an action
+            # Flags of an earlier way past one machine, refused in one line naming --runner beam.
+            "--shard-index --num-shards --merge",
         ),
     ),
     "plan's search space": Family(
