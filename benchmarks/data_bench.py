@@ -112,7 +112,7 @@ def _child(argv: list[str]) -> int:
 
 def bench_against_reference(work_dir: str, dupe_factors: list[int], repeats: int) -> None:
     """Instances/s of `data prepare` (one worker) and of the original tool, same input."""
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
 
     print("\n`data prepare` (one worker) against the original create_pretraining_data.py")
     if importlib.util.find_spec("bert") is None or (
@@ -196,7 +196,7 @@ def _rust_wordpiece(tokenizer):
 
 def bench_wordpiece(tokenizer, repeats: int) -> None:
     """Ours against the Rust WordPiece: exactness on every embedded sentence, sentences/s."""
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
 
     try:
         rust = _rust_wordpiece(tokenizer)

@@ -49,7 +49,7 @@ def write_corpus(path: str, megabytes: float) -> int:
     """The embedded train split over and over until ``megabytes`` MB (10^6 bytes) of text;
     returns its words (whitespace-separated)."""
     sys.path.insert(0, REPO)
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
 
     texts = ["\n".join(document) + "\n\n" for document in sources.embedded_documents("train")]
     words_each = [len(text.split()) for text in texts]

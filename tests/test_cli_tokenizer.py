@@ -50,7 +50,7 @@ def test_a_corpus_read_by_the_readers_says_its_documents_and_sentences(tmp_path,
 
 def _prose(path, documents: int = 12):
     """A few KB of real prose (the embedded corpus), one sentence a line."""
-    from bert_jax.data.sources import documents as corpus
+    from bert_jax.data.sources import embedded as corpus
 
     sentences = [s for d in corpus.embedded_documents("train")[:documents] for s in d]
     path.write_text("\n".join(sentences) + "\n", encoding="utf-8")

@@ -545,7 +545,7 @@ def test_an_unexported_pretraining_workdir_converts_from_its_latest_checkpoint(t
 
 
 def test_sentencepiece_tokenizer_is_exported_for_transformers(tmp_path):
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
     from bert_jax.data.tokenizers.load_or_train import load_tokenizer
     from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 

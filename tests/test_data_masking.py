@@ -8,7 +8,7 @@ from bert_jax.data.instances import sentence_pairs as instances_lib
 from bert_jax.data.instances.sentence_pairs import create_instances, instances_to_arrays
 from bert_jax.data.masking.settings import MaskingConfig
 from bert_jax.data.masking.static_sequence import mask_instance
-from bert_jax.data.sources import documents as sources
+from bert_jax.data.sources import embedded as sources
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from tests.data_fixtures import embedded_spm, embedded_tokenized, masking_config, minilm_vocab_path
 

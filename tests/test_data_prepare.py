@@ -22,7 +22,7 @@ from bert_jax.data.preparation.local_runner import prepare_records
 from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.data.preparation.stage import FORMAT_VERSION, _input_bytes, check_run
 from bert_jax.data.records import tfrecord as records
-from bert_jax.data.sources import documents as sources
+from bert_jax.data.sources import embedded as sources
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from tests.data_fixtures import embedded_spm, embedded_spm_dir
 
@@ -271,7 +271,7 @@ def test_the_summary_names_the_format_where_there_is_no_next_sentence():
     and objective instead of "random next 0.0%"."""
     from bert_jax.data.preparation.groups import InstanceStats
     from bert_jax.data.preparation.result import PrepareResult
-    from bert_jax.data.sources.documents import CorpusStats
+    from bert_jax.data.sources.corpus_stats import CorpusStats
 
     stats = InstanceStats(documents=3, instances=10, random_next=5, forced_random_next=1)
 

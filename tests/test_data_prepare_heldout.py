@@ -22,7 +22,7 @@ from bert_jax.data.preparation.local_runner import prepare_records
 from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.data.records import manifest
 from bert_jax.data.records import tfrecord as records
-from bert_jax.data.sources import documents as sources
+from bert_jax.data.sources import embedded as sources
 from bert_jax.data.tokenizers.load_or_train import check_prepared_with, load_tokenizer
 from tests.data_fixtures import embedded_spm_dir
 

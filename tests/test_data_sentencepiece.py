@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from bert_jax.data.sources import documents as corpus
+from bert_jax.data.sources import embedded as corpus
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.data.tokenizers.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 from tests.data_fixtures import embedded_spm, embedded_spm_dir

@@ -9,13 +9,17 @@ import sys
 
 import pytest
 
-from bert_jax.data.sources.documents import read_documents, source_kind
+from bert_jax.data.sources.documents import read_documents
+from bert_jax.data.sources.kinds import source_kind
 from bert_jax.runtime.errors import UserError
 
 
 def test_importing_data_modules_does_not_import_tensorflow_or_jax():
     modules = [
         "tokenizers.load_or_train",
+        "sources.kinds",
+        "sources.readers",
+        "sources.prose_pool",
         "sources.documents",
         "masking.settings",
         "masking.static_sequence",

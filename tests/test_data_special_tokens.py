@@ -10,7 +10,7 @@ import transformers
 
 from bert_jax.convert.between_formats import convert
 from bert_jax.convert.model_dir import save_model_dir
-from bert_jax.data.sources import documents as corpus
+from bert_jax.data.sources import embedded as corpus
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 from tests.convert_fixtures import random_params

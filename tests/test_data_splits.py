@@ -16,7 +16,8 @@ import os
 import pytest
 
 from bert_jax.data.sources import splits
-from bert_jax.data.sources.documents import CorpusStats, read_documents
+from bert_jax.data.sources.corpus_stats import CorpusStats
+from bert_jax.data.sources.documents import read_documents
 from bert_jax.runtime.errors import UserError
 from tests.corpus_fixtures import (
     wikipedia_dump_xml,
@@ -340,12 +341,12 @@ def test_a_bucket_inputs_identity_is_its_metadata_not_a_second_read(corpora, tmp
 
 
 def test_a_splits_kind_is_its_sources_one_corpus_format(corpora):
-    """What a source is read as is decided once (``documents.corpus_format``): the splits carry
+    """What a source is read as is decided once (``kinds.corpus_format``): the splits carry
     that decision as their kind, for every kind of file and named corpus."""
-    from bert_jax.data.sources import documents
+    from bert_jax.data.sources import kinds
 
-    assert splits.KINDS is documents.CORPUS_FORMATS
+    assert splits.KINDS is kinds.CORPUS_FORMATS
     sources = [*(str(path) for path in corpora.values()), "embedded:eval"]
     for split in splits.cut_splits(sources):
-        assert split.kind == documents.corpus_format(split.source)
+        assert split.kind == kinds.corpus_format(split.source)
     assert {s.kind for s in splits.cut_splits(sources)} >= {"text", "embedded"}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax import cli
-from bert_jax.data.sources import documents as corpus
+from bert_jax.data.sources import embedded as corpus
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.data.tokenizers.pair_encoding import encode_pair, encode_pairs
 from tests.data_fixtures import minilm_vocab_path

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.data.sources import documents as corpus
+from bert_jax.data.sources import embedded as corpus
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.data.tokenizers.wordpiece import WordPieceTokenizer
 from bert_jax.runtime.errors import UserError

@@ -527,7 +527,7 @@ def test_records_of_the_old_text_extraction_are_not_resumed(vocab, tmp_path, cap
 def test_an_input_named_like_a_glob_is_that_file(vocab, tmp_path, capsys):
     """`corpus [2020].txt` exists: it is the input, not a pattern matching `corpus 2.txt` or
     nothing; a real pattern still expands."""
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import kinds as sources
 
     corpus = _corpus(tmp_path / "corpus [2020].txt")
     (tmp_path / "corpus 2.txt").write_text("Another file the class [2020] would match.\n")

@@ -54,7 +54,7 @@ def emulator(tmp_path_factory):
 @pytest.fixture(scope="module")
 def corpus(emulator, tmp_path_factory):
     """A small corpus and its SentencePiece tokenizer, each locally and in the bucket."""
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
     from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 
     root = tmp_path_factory.mktemp("gcs_corpus")
@@ -409,7 +409,7 @@ def test_parquet_and_a_wikipedia_dump_from_the_bucket(emulator, corpus, tmp_path
     dump in chunks of streams, by two workers): the records equal those prepared from the same
     files on local disk in one process, and a damaged Parquet file in the bucket is one line
     naming its URL."""
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
     from tests.corpus_fixtures import wikipedia_dump_xml, write_multistream_bz2, write_parquet
 
     books = ["\n".join(document) for document in sources.embedded_documents("train")[:40]]

@@ -49,7 +49,7 @@ def emulator(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
     from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 
     root = tmp_path_factory.mktemp("launch_tokenizer")

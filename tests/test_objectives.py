@@ -330,7 +330,7 @@ def test_a_corpus_without_documents_prepares_without_nsp(tmp_path):
     single-sequence formats do not."""
     from bert_jax.data.preparation.local_runner import prepare_records
     from bert_jax.data.preparation.settings import PrepareSettings
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
     from tests.data_fixtures import embedded_spm_dir
 
     corpus = tmp_path / "lines.txt"

@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="session")
 def shared_dirs(tmp_path_factory):
     """One tokenizer and one prepared-data cache for every run in this module."""
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
     from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 
     root = tmp_path_factory.mktemp("pretrain_shared")

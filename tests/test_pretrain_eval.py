@@ -235,7 +235,7 @@ def test_a_run_on_records_without_held_out_records_evaluates_nothing_and_draws_n
 
 
 def test_a_run_on_a_corpus_evaluates_on_what_its_preparation_held_out(records, capsys):
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
 
     corpus = records["root"] / "corpus.txt"
     with open(corpus, "w", encoding="utf-8") as f:
@@ -259,7 +259,7 @@ def test_a_run_on_a_corpus_evaluates_on_what_its_preparation_held_out(records, c
 
 
 def test_a_corpus_too_small_to_hold_documents_out_is_said_and_not_evaluated(records):
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
     from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 
     corpus = records["root"] / "five-documents.txt"

@@ -72,7 +72,7 @@ def embedded_data(spec: BenchSpec) -> BenchData:
     pass), in batches of `batch_size` rows: one instance per row, or packed."""
     from bert_jax.data.instances import sentence_pairs as instances_lib
     from bert_jax.data.masking.settings import MaskingConfig
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import embedded as sources
 
     tokenizer = resolve_tokenizer(spec.tokenizer, spec.model.vocab_size)
     documents = instances_lib.tokenize_documents(sources.embedded_documents("train"), tokenizer)

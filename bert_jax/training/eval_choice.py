@@ -10,7 +10,7 @@ import os
 
 from bert_jax.data import layout
 from bert_jax.data.records import manifest
-from bert_jax.data.sources import documents as sources
+from bert_jax.data.sources import kinds as sources
 from bert_jax.runtime import fs
 from bert_jax.training.config_lib import Phase
 

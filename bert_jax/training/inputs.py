@@ -88,7 +88,7 @@ def tokenizer_choice(config, phases: list[Phase], workdir: str = "") -> Tokenize
     `config.data.tokenizer`, the one saved next to prepared records, the one a run kept in
     `<workdir>/tokenizer`, or, for raw corpora only, one to train on the first phase's corpus."""
     from bert_jax.data import layout
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import kinds as sources
 
     if config.data.tokenizer:
         return TokenizerChoice(config.data.tokenizer, "config.data.tokenizer")
@@ -197,7 +197,7 @@ def _prepared(
     from bert_jax.data import sentences
     from bert_jax.data.preparation.cached import prepare_cached
     from bert_jax.data.preparation.settings import PrepareSettings
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import kinds as sources
 
     check_records_objective(config, [(f"data for {phase.name}", source)])
     if sources.source_kind(source) == "records":
@@ -298,7 +298,7 @@ def check_records_objective(config, named_sources) -> None:
     """Refuses (one line naming both) prepared records made for another objective than
     config.objective; `named_sources`: (what, source) pairs. Corpora and foreign records pass."""
     from bert_jax.data import layout, objectives
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import kinds as sources
 
     objective = config_lib.objective(config)
     shares = config_lib.mask_shares(config)
@@ -328,7 +328,7 @@ def train_iterator(config, phase: Phase, tokenizer, workdir: str, console=lambda
     """This host's training batches for `phase` (`get_state`/`set_state`: its data position).
     A training corpus other than the embedded one (which has its own eval split) is prepared
     with data prepare's held-out share set aside, for eval_choices."""
-    from bert_jax.data.sources import documents as sources
+    from bert_jax.data.sources import kinds as sources
 
     return _iterator(
         config,

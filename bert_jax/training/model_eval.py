@@ -53,7 +53,7 @@ def evaluate_model(
     from bert_jax.core import trainer
     from bert_jax.core.model import BertForPreTraining
     from bert_jax.data import layout, objectives
-    from bert_jax.data.sources.documents import source_kind
+    from bert_jax.data.sources.kinds import source_kind
     from bert_jax.data.tokenizers.load_or_train import check_prepared_with
     from bert_jax.training import heldout_eval, load_model
 

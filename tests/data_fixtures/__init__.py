@@ -14,7 +14,7 @@ import tempfile
 
 from bert_jax.data.instances import sentence_pairs as instances
 from bert_jax.data.masking.settings import MaskingConfig
-from bert_jax.data.sources import documents as sources
+from bert_jax.data.sources import embedded as sources
 from bert_jax.data.tokenizers.interface import Tokenizer
 from bert_jax.data.tokenizers.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 

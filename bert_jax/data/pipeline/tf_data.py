@@ -54,7 +54,7 @@ from bert_jax.data.masking.settings import MaskingConfig
 from bert_jax.data.pipeline.packing import PackedIterator, PackingConfig
 from bert_jax.data.records import integrity, manifest
 from bert_jax.data.records import tfrecord as records_lib
-from bert_jax.data.sources.documents import source_kind
+from bert_jax.data.sources.kinds import source_kind
 from bert_jax.data.tokenizers.interface import Tokenizer
 from bert_jax.data.tokenizers.load_or_train import check_prepared_with, load_tokenizer
 from bert_jax.runtime import fs

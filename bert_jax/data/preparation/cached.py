@@ -18,7 +18,8 @@ from bert_jax.data.preparation.local_runner import prepare_records
 from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.data.preparation.stage import FORMAT_VERSION
 from bert_jax.data.records import manifest
-from bert_jax.data.sources import documents as sources_lib
+from bert_jax.data.sources.documents import TEXT_EXTRACTION_VERSION
+from bert_jax.data.sources.kinds import expand_sources
 from bert_jax.data.tokenizers.interface import Tokenizer
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime import fs
@@ -71,9 +72,9 @@ def prepare_cached(
     key_settings = {
         "items": items,
         # The inputs' content too: a changed corpus is prepared anew, never served stale.
-        "inputs": manifest.input_identity(sources_lib.expand_sources(items)),
+        "inputs": manifest.input_identity(expand_sources(items)),
         "tokenizer": tokenizer.fingerprint(),
-        "text_extraction": sources_lib.TEXT_EXTRACTION_VERSION,
+        "text_extraction": TEXT_EXTRACTION_VERSION,
         "format_version": FORMAT_VERSION,
         # What decides the groups' count before anything is read.
         "num_groups": settings.num_groups,

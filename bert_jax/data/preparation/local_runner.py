@@ -50,7 +50,7 @@ from bert_jax.data.preparation.stage import (
     start_run,
 )
 from bert_jax.data.records import tfrecord as records_lib
-from bert_jax.data.sources import documents as sources_lib
+from bert_jax.data.sources import corpus_stats as sources_lib
 from bert_jax.data.tokenizers.interface import Tokenizer
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path

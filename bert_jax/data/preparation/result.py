@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bert_jax.data.preparation.groups import InstanceStats
-from bert_jax.data.sources import documents as sources_lib
+from bert_jax.data.sources import corpus_stats as sources_lib
 
 
 @dataclass

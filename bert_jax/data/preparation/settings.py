@@ -27,7 +27,7 @@ from bert_jax.data.layout import (
     HELDOUT_SUBDIR,
 )
 from bert_jax.data.sentences import DEFAULT_SPLITTER, SPLITTERS, splitter_identity
-from bert_jax.data.sources.documents import DEFAULT_MAX_LINE_BYTES
+from bert_jax.data.sources.readers import DEFAULT_MAX_LINE_BYTES
 from bert_jax.data.sources.splits import DEFAULT_TARGET_BYTES
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import setting

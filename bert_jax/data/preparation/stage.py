@@ -39,8 +39,10 @@ from bert_jax.data.preparation.progress import _size
 from bert_jax.data.preparation.result import PrepareResult
 from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.data.records import manifest
-from bert_jax.data.sources import documents as sources_lib
+from bert_jax.data.sources import kinds
 from bert_jax.data.sources import splits as splits_lib
+from bert_jax.data.sources.corpus_stats import CorpusStats
+from bert_jax.data.sources.documents import TEXT_EXTRACTION_VERSION
 from bert_jax.data.tokenizers.interface import Tokenizer
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime import fs
@@ -65,11 +67,11 @@ def _recorded_settings(
         "format_version": FORMAT_VERSION,
         "num_groups": num_groups,
         **settings.recorded(),
-        "text_extraction": sources_lib.TEXT_EXTRACTION_VERSION,
+        "text_extraction": TEXT_EXTRACTION_VERSION,
         "tokenizer_fingerprint": tokenizer.fingerprint(),
         "vocab_size": tokenizer.vocab_size,
         "sources": [
-            s if sources_lib.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
+            s if kinds.source_kind(s) in ("tfds", "embedded") else os.path.basename(s)
             for s in sources
         ],
     }
@@ -172,7 +174,7 @@ def check_run(
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     # Resolve inputs before touching the output directory: a typo must not leave debris.
-    sources = sources_lib.expand_sources(
+    sources = kinds.expand_sources(
         [sources] if isinstance(sources, (str, os.PathLike)) else sources
     )
     inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
@@ -238,7 +240,7 @@ def _input_bytes(split, tfds_data_dir: str | None) -> int:
         return size
     import tensorflow_datasets as tfds
 
-    name, split_name = sources_lib.parse_tfds_source(split.source)
+    name, split_name = kinds.parse_tfds_source(split.source)
     try:
         return int(tfds.builder(name, data_dir=tfds_data_dir).info.splits[split_name].num_bytes)
     except Exception:  # unknown or unprepared: reading the split says so, in one line
@@ -308,7 +310,7 @@ def finished_groups(directory: str) -> frozenset[int]:
 
 
 def check_enough_documents(
-    checked: CheckedRun, corpus_stats: sources_lib.CorpusStats, held_out: int = 0
+    checked: CheckedRun, corpus_stats: CorpusStats, held_out: int = 0
 ) -> None:
     """Sentence pairs need two documents, single sequences one, besides the ``held_out`` ones
     (InputError naming the inputs)."""

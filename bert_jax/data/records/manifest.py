@@ -163,14 +163,14 @@ def write(directory: str, manifest: Manifest) -> None:
 
 
 def _is_file_source(source: str) -> bool:
-    from bert_jax.data.sources.documents import source_kind
+    from bert_jax.data.sources.kinds import source_kind
 
     return source_kind(source) == "text" and fs.isfile(source)
 
 
 def _scan(path: str, digest=None) -> None:
     """One read of `path`: its text checked (decompressed for .gz), `digest` fed the raw bytes."""
-    from bert_jax.data.sources.documents import is_text_file
+    from bert_jax.data.sources.kinds import is_text_file
 
     compressed = path.endswith(".gz")
     text = is_text_file(path)  # Parquet and .bz2 dumps: hashed only, their readers check them

@@ -1,7 +1,10 @@
 """Corpora as documents (lists of sentences).
 
-- ``documents``: ``source_kind`` (what a path or name is), ``read_documents`` / ``iter_documents``
-  (prose split into sentences in worker processes), corpus statistics.
+- ``kinds``: ``source_kind`` (what a path or name is), ``corpus_format``, ``expand_sources``.
+- ``documents``: ``read_documents`` / ``iter_documents``, a corpus's documents from any source.
+- ``readers``: every format's reader (lines, text, JSONL, Parquet, Wikipedia pages, TFDS).
+- ``prose_pool``: prose cut into sentences in worker processes, in input order.
+- ``corpus_stats``: ``CorpusStats``, what reading counted and skipped.
 - ``embedded``: the corpus that ships with Python, for runs without data.
 - ``parquet``: Parquet files, one row a document, streamed by row group.
 - ``wikipedia_dump``: Wikipedia XML dumps (multistream or not), one article a document.

@@ -62,9 +62,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bert_jax.data.sentences import DEFAULT_SPLITTER, splitter
-from bert_jax.data.sources import documents as sources_lib
-from bert_jax.data.sources import parquet, text_check
+from bert_jax.data.sources import kinds, parquet, readers, text_check
 from bert_jax.data.sources import wikipedia_dump as wikipedia
+from bert_jax.data.sources.corpus_stats import CorpusStats
 from bert_jax.data.sources.embedded import Document, embedded_documents
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
@@ -80,7 +80,7 @@ __all__ = [
     "split_bytes",
 ]
 
-KINDS = sources_lib.CORPUS_FORMATS  # a split's kind is its source's format
+KINDS = kinds.CORPUS_FORMATS  # a split's kind is its source's format
 DEFAULT_TARGET_BYTES = 64 << 20
 PROBE_LIMIT = 1 << 20  # bytes searched for a boundary after a cut point
 CUT_THREADS = 16  # cutting's requests in flight at once
@@ -177,7 +177,7 @@ class _Layout:
 
 
 def _layout(index: int, source: str, target: int, max_line_bytes: int) -> _Layout:
-    kind = sources_lib.corpus_format(source)
+    kind = kinds.corpus_format(source)
     if kind in ("tfds", "embedded") or source.endswith(".gz"):
         return _Layout(index, source, kind, [Split(index, source, kind, 0, -1)])
     if kind == "parquet":
@@ -247,7 +247,7 @@ def cut_splits(
     *,
     target_bytes: int = DEFAULT_TARGET_BYTES,
     byte_count: ByteCount | None = None,
-    max_line_bytes: int = sources_lib.DEFAULT_MAX_LINE_BYTES,
+    max_line_bytes: int = readers.DEFAULT_MAX_LINE_BYTES,
     **reader_options,
 ) -> list[Split]:
     """The splits of ``sources`` in input order (see the module docstring). ``byte_count``
@@ -261,7 +261,7 @@ def cut_splits(
     if target_bytes < 1:
         raise UserError(f"split size must be at least 1 byte, not {target_bytes}")
     count = ByteCount() if byte_count is None else byte_count
-    expanded = sources_lib.expand_sources(sources)
+    expanded = kinds.expand_sources(sources)
     with ThreadPoolExecutor(CUT_THREADS) as pool:
         layouts = list(
             pool.map(
@@ -321,7 +321,7 @@ def _parquet_metadata(path: str):
 # --- Reading ---
 
 
-def _counted(stats: sources_lib.CorpusStats, items: Iterator[tuple[DocKey, Document | None]]):
+def _counted(stats: CorpusStats, items: Iterator[tuple[DocKey, Document | None]]):
     """Real documents passed on; empty ones and pages that are no article counted, as
     ``iter_documents`` counts them."""
     for key, document in items:
@@ -336,12 +336,12 @@ def _counted(stats: sources_lib.CorpusStats, items: Iterator[tuple[DocKey, Docum
 
 def read_split(
     split: Split,
-    stats: sources_lib.CorpusStats,
+    stats: CorpusStats,
     *,
     byte_count: ByteCount | None = None,
     tfds_data_dir: str | None = None,
     text_field: str = "text",
-    max_line_bytes: int = sources_lib.DEFAULT_MAX_LINE_BYTES,
+    max_line_bytes: int = readers.DEFAULT_MAX_LINE_BYTES,
     strict: bool = False,
     sentence_split: bool = False,
     splitter_name: str = DEFAULT_SPLITTER,
@@ -355,7 +355,7 @@ def read_split(
     count = ByteCount() if byte_count is None else byte_count
     index, path = split.source_index, split.source
     if split.kind == "tfds":
-        items = sources_lib._iter_tfds(path, stats, tfds_data_dir, text_field, strict, split_text)
+        items = readers._iter_tfds(path, stats, tfds_data_dir, text_field, strict, split_text)
         yield from _counted(stats, (((index, n), d) for n, d in enumerate(items)))
         return
     if split.kind == "embedded":
@@ -389,7 +389,7 @@ def read_split(
 
 def _line_documents(
     split: Split,
-    stats: sources_lib.CorpusStats,
+    stats: CorpusStats,
     count: ByteCount,
     max_line_bytes: int,
     strict: bool,
@@ -412,16 +412,16 @@ def _line_documents(
             opener = fs.open_gzip if path.endswith(".gz") else lambda p: fs.open(p, "rb")
             sniff = check_text and numbered
             checked = text_check.sniffed(stream, path, opener) if sniff else stream
-            lines = sources_lib._lines(
+            lines = readers._lines(
                 checked, path, stats, max_line_bytes, strict, split.start, numbered
             )
             if split.start == 0:
-                lines = sources_lib._noting_empty(lines, stats, path)
+                lines = readers._noting_empty(lines, stats, path)
             if split.kind == "jsonl":
-                texts = sources_lib._jsonl_texts(lines, path, stats, strict, text_field, numbered)
+                texts = readers._jsonl_texts(lines, path, stats, strict, text_field, numbered)
                 keyed = ((offset, split_text(text)) for offset, text in texts)
             else:
-                keyed = sources_lib._text_documents(lines, stats, split_lines, split.start > 0)
+                keyed = readers._text_documents(lines, stats, split_lines, split.start > 0)
             for ordinal, (offset, document) in enumerate(keyed):
                 yield (index, ordinal if whole else offset), document
     finally:
@@ -431,7 +431,7 @@ def _line_documents(
 
 def _parquet_documents(
     split: Split,
-    stats: sources_lib.CorpusStats,
+    stats: CorpusStats,
     count: ByteCount,
     text_field: str,
     strict: bool,
@@ -462,7 +462,7 @@ def _parquet_documents(
 
 def _whole_dump_documents(
     split: Split,
-    stats: sources_lib.CorpusStats,
+    stats: CorpusStats,
     count: ByteCount,
     split_text: Callable[[str], list[str]],
 ) -> Iterator[tuple[DocKey, Document | None]]:
@@ -487,7 +487,7 @@ def _whole_dump_documents(
 
 def _dump_range_documents(
     split: Split,
-    stats: sources_lib.CorpusStats,
+    stats: CorpusStats,
     count: ByteCount,
     split_text: Callable[[str], list[str]],
 ) -> Iterator[tuple[DocKey, Document | None]]:

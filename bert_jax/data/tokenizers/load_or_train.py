@@ -143,7 +143,7 @@ def train_tokenizer(
     ``vocab_size``), and leaves no output directory that this call created.
     """
     from bert_jax.data.records import manifest
-    from bert_jax.data.sources import documents as sources_lib
+    from bert_jax.data.sources import kinds as sources_lib
 
     named = _listed([os.fspath(s) for s in sources])
     resolved = sources_lib.expand_sources(list(sources))
@@ -220,7 +220,7 @@ def check_prepared_with(tokenizer: Tokenizer, named_sources, whose: str) -> None
     both: the one check of pretraining, ``eval`` and dynamic masking. Corpora and foreign records
     (no recorded tokenizer) pass."""
     from bert_jax.data.layout import TOKENIZER_SUBDIR, read_prepare_config
-    from bert_jax.data.sources.documents import source_kind
+    from bert_jax.data.sources.kinds import source_kind
 
     mine = tokenizer.fingerprint()
     for what, source in named_sources:
