@@ -17,8 +17,8 @@ connection). Only NOT_FOUND may lead to a create; an ApiError leaves the state u
 
 Rooms: `tpu.py` (a TPU VM and its workers), `queued.py` (capacity through queued resources),
 `slurm.py`, `events.py`
-(`<workdir>/launch/events.jsonl`, goodput), `supervisor.py` (the decision function and the loop
-that keeps a run alive).
+(`<workdir>/launch/events.jsonl`, goodput), `supervisor.py` (the decision function and its
+declared Policy; `watcher.py` the loop that keeps a run alive), `durations.py` (90s, 45m, 2h).
 """
 
 from __future__ import annotations
