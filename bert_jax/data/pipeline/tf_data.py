@@ -71,7 +71,7 @@ class PipelineSettings:
     """How to read prepared records: batch shape, this host's part, order and masking."""
 
     batch_size: int
-    max_seq_length: int = 128
+    max_seq_length: int = objectives.MAX_SEQ_LENGTH
     max_predictions_per_seq: int = objectives.MAX_PREDICTIONS_PER_SEQ
     seed: int = 0
     # This reader's part of the data: ``process_index`` of ``process_count`` disjoint parts.
@@ -457,7 +457,7 @@ def make_pretrain_iterator(
 
 def synthetic_batch(
     batch_size: int,
-    max_seq_length: int = 128,
+    max_seq_length: int = objectives.MAX_SEQ_LENGTH,
     max_predictions_per_seq: int = objectives.MAX_PREDICTIONS_PER_SEQ,
     vocab_size: int = 30522,
     seed: int = 0,

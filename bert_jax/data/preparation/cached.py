@@ -45,6 +45,27 @@ _BEFORE_KEYED = {**manifest.BEFORE_RECORDED, "sentence_split": False}
 _UNSET = object()
 
 
+def cache_key(items: list[str], tokenizer: Tokenizer, settings: PrepareSettings) -> dict:
+    """What names a preparation in the cache: the sources (their content too: a changed corpus
+    is prepared anew, never served stale), the tokenizer, what decides the groups' count before
+    anything is read, and every setting that shapes the records (``PrepareSettings.recorded``).
+    A setting keyed later leaves the key of the preparations made before it alone while it has
+    the value they were made with: a finished preparation is still found."""
+    key = {
+        "items": items,
+        "inputs": manifest.input_identity(expand_sources(items)),
+        "tokenizer": tokenizer.fingerprint(),
+        "text_extraction": TEXT_EXTRACTION_VERSION,
+        "format_version": FORMAT_VERSION,
+        "num_groups": settings.num_groups,
+        "group_bytes": settings.group_bytes,
+    }
+    for name, value in settings.recorded().items():
+        if name in KEYED_FROM_THE_START or value != _BEFORE_KEYED.get(name, _UNSET):
+            key[name] = value
+    return key
+
+
 def prepare_cached(
     sources: Sequence[str | os.PathLike] | str | os.PathLike,
     tokenizer: Tokenizer | str | os.PathLike,
@@ -69,23 +90,9 @@ def prepare_cached(
         if isinstance(sources, (str, os.PathLike))
         else [os.fspath(s) for s in sources]
     )
-    key_settings = {
-        "items": items,
-        # The inputs' content too: a changed corpus is prepared anew, never served stale.
-        "inputs": manifest.input_identity(expand_sources(items)),
-        "tokenizer": tokenizer.fingerprint(),
-        "text_extraction": TEXT_EXTRACTION_VERSION,
-        "format_version": FORMAT_VERSION,
-        # What decides the groups' count before anything is read.
-        "num_groups": settings.num_groups,
-        "group_bytes": settings.group_bytes,
-    }
-    for name, value in settings.recorded().items():
-        # A setting recorded later leaves the key of records made before it alone while it
-        # has the value they were made with: a finished preparation is still found.
-        if name in KEYED_FROM_THE_START or value != _BEFORE_KEYED.get(name, _UNSET):
-            key_settings[name] = value
-    key = hashlib.sha256(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps(cache_key(items, tokenizer, settings), sort_keys=True).encode()
+    ).hexdigest()
     if cache_dir is None:
         cache_dir = os.path.join(tempfile.gettempdir(), "bert_jax_data")
     output_dir = os.path.join(os.fspath(cache_dir), f"prepared-{key[:16]}")

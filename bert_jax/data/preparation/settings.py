@@ -27,7 +27,7 @@ from bert_jax.data.layout import (
     HELDOUT_SUBDIR,
 )
 from bert_jax.data.sentences import DEFAULT_SPLITTER, SPLITTERS, splitter_identity
-from bert_jax.data.sources.readers import DEFAULT_MAX_LINE_BYTES
+from bert_jax.data.sources.readers import DEFAULT_MAX_LINE_BYTES, DEFAULT_TEXT_FIELD
 from bert_jax.data.sources.splits import DEFAULT_TARGET_BYTES
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import setting
@@ -174,7 +174,10 @@ class PrepareSettings:
         None, "where TFDS keeps its data sets (tfds: inputs; default: TFDS's own)", metavar="DIR"
     )
     text_field: str = setting(
-        "text", "JSONL / Parquet / TFDS field with the text", records=True, metavar="NAME"
+        DEFAULT_TEXT_FIELD,
+        "JSONL / Parquet / TFDS field with the text",
+        records=True,
+        metavar="NAME",
     )
     sentence_split: bool = setting(
         False,

@@ -49,6 +49,7 @@ from bert_jax.data.sources.kinds import corpus_format, expand_sources
 from bert_jax.data.sources.prose_pool import _PROSE, _DocumentMaker, _dump_documents
 from bert_jax.data.sources.readers import (
     DEFAULT_MAX_LINE_BYTES,
+    DEFAULT_TEXT_FIELD,
     _iter_jsonl_file,
     _iter_parquet_file,
     _iter_text_file,
@@ -68,7 +69,7 @@ def iter_documents(
     stats: CorpusStats | None = None,
     *,
     tfds_data_dir: str | None = None,
-    text_field: str = "text",
+    text_field: str = DEFAULT_TEXT_FIELD,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     strict: bool = False,
     sentence_split: bool = False,

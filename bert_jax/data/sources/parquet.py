@@ -72,7 +72,7 @@ def _unreadable(path: str, err: Exception) -> UserError:
     return UserError(f"--input {path}: not a readable Parquet file ({_reason(err)})")
 
 
-def iter_texts(path: str, text_field: str = "text") -> Iterator[tuple[int, str | None]]:
+def iter_texts(path: str, text_field: str) -> Iterator[tuple[int, str | None]]:
     """(row number from 1, the row's text or None) for every row of the Parquet file ``path``."""
     import pyarrow as pa
     import pyarrow.parquet as pq

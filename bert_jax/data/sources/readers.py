@@ -20,6 +20,8 @@ from bert_jax.runtime.errors import UserError, user_path
 
 # `data prepare --max-line-bytes`: longer lines are skipped (counted as long_lines).
 DEFAULT_MAX_LINE_BYTES = 200_000
+# `data prepare --text-field`: the field (JSONL, TFDS) or column (Parquet) that holds the text.
+DEFAULT_TEXT_FIELD = "text"
 
 
 def _open_binary(path: str) -> IO[bytes]:

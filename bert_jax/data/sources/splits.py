@@ -340,7 +340,7 @@ def read_split(
     *,
     byte_count: ByteCount | None = None,
     tfds_data_dir: str | None = None,
-    text_field: str = "text",
+    text_field: str = readers.DEFAULT_TEXT_FIELD,
     max_line_bytes: int = readers.DEFAULT_MAX_LINE_BYTES,
     strict: bool = False,
     sentence_split: bool = False,

@@ -1,7 +1,7 @@
 """Sentence pairs as fine-tuning inputs: ``[CLS] A [SEP] (B [SEP])`` with the original
 run_classifier truncation, padded to a fixed length.
 
-- ``encode_pair(tokenizer, text_a, text_b=None, max_seq_length=128) -> dict`` and
+- ``encode_pair(tokenizer, text_a, text_b=None, *, max_seq_length) -> dict`` and
   ``encode_pairs(...)`` (many, stacked): int32 ``input_ids``, ``input_mask``, ``segment_ids``.
 - ``truncate_pair``: that truncation (the longer side loses a token, on a tie the second).
 """
@@ -38,7 +38,8 @@ def encode_pair(
     tokenizer: Tokenizer,
     text_a: str,
     text_b: str | None = None,
-    max_seq_length: int = 128,
+    *,
+    max_seq_length: int,
 ) -> dict[str, np.ndarray]:
     """``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]``, truncated and padded to ``max_seq_length``.
 
@@ -69,13 +70,16 @@ def encode_pairs(
     tokenizer: Tokenizer,
     texts_a: Sequence[str],
     texts_b: Sequence[str] | None = None,
-    max_seq_length: int = 128,
+    *,
+    max_seq_length: int,
 ) -> dict[str, np.ndarray]:
     """``encode_pair`` over many examples, stacked into int32 arrays [N, max_seq_length]."""
     if texts_b is not None and len(texts_b) != len(texts_a):
         raise ValueError(f"{len(texts_a)} first texts but {len(texts_b)} second texts")
     rows = [
-        encode_pair(tokenizer, a, None if texts_b is None else texts_b[i], max_seq_length)
+        encode_pair(
+            tokenizer, a, None if texts_b is None else texts_b[i], max_seq_length=max_seq_length
+        )
         for i, a in enumerate(texts_a)
     ]
     if not rows:
