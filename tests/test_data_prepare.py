@@ -341,6 +341,8 @@ def test_the_dry_run_prints_the_splits_and_groups_and_writes_nothing(tmp_path, c
     assert cli.main([*_prepare_args(output), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"into {NUM_GROUPS} group(s)" in out and "embedded embedded:eval" in out
+    # The settings the records would be made with, by their flags.
+    assert "records made with --max-seq-length 64, " in out and "--random-next-prob 0.5" in out
     assert not output.exists()
 
 

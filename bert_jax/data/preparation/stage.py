@@ -37,7 +37,7 @@ from bert_jax.data.preparation import groups as groups_lib
 from bert_jax.data.preparation.groups import InstanceStats, part_name
 from bert_jax.data.preparation.progress import _size
 from bert_jax.data.preparation.result import PrepareResult
-from bert_jax.data.preparation.settings import PrepareSettings
+from bert_jax.data.preparation.settings import RECORDS_SETTINGS, PrepareSettings
 from bert_jax.data.records import manifest
 from bert_jax.data.sources import kinds
 from bert_jax.data.sources import splits as splits_lib
@@ -45,7 +45,7 @@ from bert_jax.data.sources.corpus_stats import CorpusStats
 from bert_jax.data.sources.documents import TEXT_EXTRACTION_VERSION
 from bert_jax.data.tokenizers.interface import Tokenizer
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
-from bert_jax.runtime import fs
+from bert_jax.runtime import declarations, fs
 from bert_jax.runtime.errors import user_path
 from bert_jax.runtime.outputs import write_json_atomic
 
@@ -248,11 +248,19 @@ def _input_bytes(split, tfds_data_dir: str | None) -> int:
 
 
 def describe_run(checked: CheckedRun) -> str:
-    """What ``--dry-run`` prints: the splits and the groups; nothing is read past the cutting."""
+    """What ``--dry-run`` prints: the splits and the groups, and the settings the records are
+    made with (their declarations say which); nothing is read past the cutting."""
+    declared = declarations.declarations(PrepareSettings)
+    made = ", ".join(
+        f"{declarations.flag_name(name, declared[name])} {declarations.shown(value)}"
+        for name, value in checked.recorded.items()
+        if name in RECORDS_SETTINGS
+    )
     lines = [
         f"{len(checked.splits)} split(s) of {len(checked.sources)} input(s), "
         f"{checked.input_bytes()} bytes, into {checked.num_groups} group(s) (a shard each) in "
-        f"{checked.output_dir}"
+        f"{checked.output_dir}",
+        f"records made with {made}",
     ]
     for split in checked.splits:
         stop = "end" if split.stop < 0 else split.stop
