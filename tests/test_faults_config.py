@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.convert import model_dir as md
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_checks, config_lib, inputs
+from bert_jax.training import config_checks, config_lib, config_schema, inputs
 from tests.convert_fixtures import random_params, write_vocab
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.helpers import tiny_config
@@ -336,7 +336,7 @@ def test_every_allowed_value_is_one_the_run_accepts():
     choices = config_checks.CHOICES
     config = config_lib.pretraining_config("tiny")
     for key in choices:
-        assert config_lib.setting_value(config, key) in choices[key], key
+        assert config_schema.setting_value(config, key) in choices[key], key
     for key in ("hidden_act", "attention_impl", "dropout_impl", "remat", "dtype", "param_dtype"):
         for value in choices[f"model.{key}"]:
             BertConfig(**{key: value})

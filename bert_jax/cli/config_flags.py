@@ -43,13 +43,20 @@ class ConfigCommand:
     define_more: Callable[[Any, Any], None] | None = None  # (absl.flags, FlagValues) -> None
     # (old name, flag): earlier spellings that keep working, e.g. ("seq_len", "max_seq_length").
     aliases: tuple[tuple[str, str], ...] = ()
+    # What `--config-help` prints: every setting of the config family (given the config when
+    # --config names one, else None). None: the command has no --config-help.
+    settings_help: Callable[[Any], str] | None = None
 
     def add_to(self, subparsers) -> None:
         """Lists the command in `bert-jax --help`; `bert_jax.cli.main` hands its argv to `parse`."""
         subparsers.add_parser(self.name, help=self.summary, add_help=False)
 
     def main(self, argv: Sequence[str]) -> int:
-        return self.run(parse(self, argv))
+        flag_values = parse(self, argv)
+        if self.settings_help is not None and flag_values.config_help:
+            print(self.settings_help(flag_values.config))
+            return 0
+        return self.run(flag_values)
 
 
 @contextlib.contextmanager
@@ -102,6 +109,8 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
             raise
         raise UserError(problem) from err
     if flag_values.config is None:
+        if command.settings_help is not None and flag_values.config_help:
+            return flag_values  # the declared settings need no config
         raise UserError("--config is required")
     problem = _unknown_file_setting(flag_values.config)
     if problem is not None:
@@ -132,6 +141,15 @@ def define_flags(command: ConfigCommand, argv: Sequence[str] = ()):
     for kind, name, default, help_text in command.own_flags:
         define = getattr(flags, f"DEFINE_{kind}")
         define(name, default, help_text, flag_values=flag_values, module_name=HELP_SECTION)
+    if command.settings_help is not None:
+        flags.DEFINE_bool(
+            "config_help",
+            False,
+            "list every setting of the config (--config.KEY): its default, range or choices and "
+            "what it does; with --config, that config's values where they differ, then exit",
+            flag_values=flag_values,
+            module_name=HELP_SECTION,
+        )
     for old, name in command.aliases:
         flags.DEFINE_alias(old, name, flag_values=flag_values, module_name=_ALIASES)
     if command.define_more is not None:
@@ -142,7 +160,7 @@ def define_flags(command: ConfigCommand, argv: Sequence[str] = ()):
 def _absl_spelling(arg: str) -> str:
     """absl spells flags with underscores and a boolean's negation `--noNAME`; accept the dashed
     spelling every command documents (`--max-accum`, `--no-json`) and the old one alike."""
-    if arg.startswith("--") and not arg.startswith("--config"):
+    if arg.startswith("--") and not (_CONFIG_SPEC.match(arg) or _OVERRIDE.match(arg)):
         name, sep, value = arg[2:].partition("=")
         if name.startswith("no-"):
             name = "no" + name[3:]

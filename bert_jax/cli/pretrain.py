@@ -78,6 +78,13 @@ def _check_mesh(config) -> None:
         )
 
 
+def _settings_help(config) -> str:
+    """`--config-help`: every declared setting (training/config_schema.py)."""
+    from bert_jax.training import config_schema
+
+    return config_schema.listing(config)
+
+
 def _define_distributed(flags, flag_values) -> None:
     from bert_jax.runtime import distributed
 
@@ -121,5 +128,6 @@ COMMAND = ConfigCommand(
     ),
     run=_run,
     define_more=_define_distributed,
+    settings_help=_settings_help,
 )
 add_to = COMMAND.add_to

@@ -11,15 +11,12 @@ from bert_jax.training.config_lib import pretraining_config
 
 
 def get_config():
+    # bert:tiny (batches of 32 and 8, lr 1e-3, evaluations of 10 batches of 32) for 500 steps,
+    # with a fixed warmup and intervals that fit them.
     config = pretraining_config("tiny")
     config.total_steps = 500
-    config.phase1.batch_size = 32
-    config.phase2.batch_size = 8
-    config.optimizer.learning_rate = 1e-3
     config.optimizer.warmup_steps = 50
     config.log_every_steps = 50
     config.checkpoint.every_steps = 250
     config.eval.every_steps = 250
-    config.eval.batches = 10
-    config.eval.batch_size = 32
     return config

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 
 from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS
+from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
@@ -31,6 +32,10 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn", "pallas")
+# The compute and parameter dtypes the model supports (README: bfloat16 / float32). Other
+# spellings ('bf16', 'fp32') are refused naming these, so that config.json and the model
+# directory say each dtype one way.
+DTYPES = ("float32", "bfloat16")
 # What pretraining trains (docs/ablations.md): "mlm+nsp" the paper's masked LM + next sentence
 # prediction; "mlm" masked LM only (RoBERTa's "no NSP"); "ltr" a left-to-right LM (causal
 # attention, every position predicts the next token; the paper's Table 5 "LTR & No NSP").
@@ -47,25 +52,41 @@ REMAT_POLICIES = {
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
-    """Model hyperparameters. Field names follow Hugging Face's `BertConfig` where one exists."""
+    """Model hyperparameters. Field names follow Hugging Face's `BertConfig` where one exists.
 
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
+    Each field is declared (runtime/declarations.py: default, help, range or choices): the
+    pretraining config's `model` section is these declarations (training/config_schema.py)."""
+
+    vocab_size: int = setting(30522, "rows of the word-embedding table (the vocabulary)", low=1)
+    hidden_size: int = setting(768, "width of every layer", low=1)
+    num_hidden_layers: int = setting(12, "encoder layers", low=1)
+    num_attention_heads: int = setting(12, "attention heads (they divide hidden_size)", low=1)
+    intermediate_size: int = setting(3072, "feed-forward width", low=1)
+    hidden_act: str = setting(
+        "gelu",
+        "the feed-forward activation: gelu (exact, erf), gelu_new or gelu_tanh (the tanh "
+        "approximation Google's original code calls gelu), relu",
+        choices=tuple(ACTIVATIONS),
+    )
+    hidden_dropout_prob: float = setting(
+        0.1, "dropout after the embeddings and each sub-layer", low=0.0, high=1.0, high_open=True
+    )
+    attention_probs_dropout_prob: float = setting(
+        0.1, "dropout of the attention probabilities", low=0.0, high=1.0, high_open=True
+    )
+    max_position_embeddings: int = setting(512, "positions the model can hold", low=1)
+    type_vocab_size: int = setting(2, "segment ids (token types)", low=1)
+    initializer_range: float = setting(
+        0.02, "standard deviation of the truncated-normal initializer", low=0.0, low_open=True
+    )
+    layer_norm_eps: float = setting(1e-12, "LayerNorm's epsilon", low=0.0, low_open=True)
+    pad_token_id: int = setting(0, "the [PAD] id", low=0)
     # Compute dtype of activations and matmuls ("bfloat16" for mixed precision); parameters stay
     # in `param_dtype` (float32 master weights). Softmax and LayerNorm statistics run in float32.
-    dtype: str = "float32"
-    param_dtype: str = "float32"
+    dtype: str = setting(
+        "float32", "compute dtype of activations and matmuls (bfloat16: mixed)", choices=DTYPES
+    )
+    param_dtype: str = setting("float32", "dtype of the parameters", choices=DTYPES)
     # "xla": explicit einsum attention (supports attention-prob dropout).
     # "dot_product": jax.nn.dot_product_attention with XLA's implementation.
     # "cudnn": jax.nn.dot_product_attention through cuDNN's fused kernel (GPU only).
@@ -73,16 +94,28 @@ class BertConfig:
     #   einsum path's masks and results; GPU only, elsewhere the einsum path (one log line).
     # "auto": jax.nn.dot_product_attention whenever attention dropout is inactive (evaluation,
     #   or attention_probs_dropout_prob == 0), the explicit form otherwise.
-    attention_impl: str = "auto"
+    attention_impl: str = setting(
+        "auto",
+        "attention's implementation: auto (fused where no attention dropout is active), xla "
+        "(einsums), dot_product, cudnn (GPU), pallas (our fused kernel, GPU)",
+        choices=ATTENTION_IMPLEMENTATIONS,
+    )
     # BertForPreTraining computes the last encoder layer only at the positions its heads read
     # (masked_lm_positions, and the [CLS] positions for NSP): the other positions' final states
     # never reach a loss, so the losses and gradients are the same, for ~6% fewer FLOPs at Base.
     # Its `sequence_output` is then [batch, predictions, hidden]. False: every position.
-    sparse_last_layer: bool = True
+    sparse_last_layer: bool = setting(
+        True, "pretraining computes the last layer only at the positions its heads read"
+    )
     # Where dropout masks come from (`dropout.py`): "hash", a keyed counter hash fused into the
     # masked op, no mask array drawn and stored (docs/performance.md has the figures); "prng",
     # Flax's `nn.Dropout` (jax.random.bernoulli with the key's PRNG). Same rates either way.
-    dropout_impl: str = "hash"
+    dropout_impl: str = setting(
+        "hash",
+        "where dropout masks come from: hash (a keyed hash fused into the op) or prng "
+        "(Flax's nn.Dropout)",
+        choices=DROPOUT_IMPLEMENTATIONS,
+    )
     # The word-embedding table and the MLM output bias hold `padded_vocab_size` rows: vocab_size
     # rounded up to this multiple. The extra rows start at zero and no id reads them; their MLM
     # logits get the lowest float added (softmax weight and gradient exactly 0), so they stay
@@ -91,16 +124,27 @@ class BertConfig:
     # 30592 = 239 x 128 over up to 128), and an MLM projection whose width suits matmul tiles.
     # Exports cut the padding, `convert --vocab-pad-multiple` and `init_from` add it; parameter
     # counts leave it out.
-    vocab_pad_multiple: int = 1
+    vocab_pad_multiple: int = setting(
+        1, "word-embedding rows padded to a multiple of this (1: none)", low=1
+    )
     # Rematerialization of each encoder layer in the backward pass, to trade compute for memory
     # (same results): "none" keeps every activation; "full" keeps only each layer's input and
     # recomputes the layer; "dots" keeps the outputs of the weight matmuls (projections, FFN) and
     # recomputes the rest (attention scores, softmax, GELU, layer norms, dropout).
-    remat: str = "none"
+    remat: str = setting(
+        "none",
+        "per-layer rematerialization in the backward pass: none, full (keep each layer's "
+        "input) or dots (keep the weight matmuls' outputs)",
+        choices=tuple(REMAT_POLICIES),
+    )
     # The pretraining objective (OBJECTIVES). "ltr" makes the encoder causal (Hugging Face's
     # is_decoder): a query attends to its own and earlier positions only, in pretraining and in
     # fine-tuning alike, and the pooler reads the last real token instead of [CLS].
-    objective: str = "mlm+nsp"
+    objective: str = setting(
+        "mlm+nsp",
+        "what the model was pretrained for: mlm+nsp, mlm or ltr (causal attention)",
+        choices=OBJECTIVES,
+    )
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:

@@ -13,24 +13,19 @@ import jax
 import ml_collections
 
 from bert_jax.core import optim, partitioning
-from bert_jax.core.bert_config import ACTIVATIONS, ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES
-from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS
-from bert_jax.core.trainer import DROPOUT_RNG_IMPLS
-from bert_jax.data import sentences
 from bert_jax.data.pipeline import input_shards
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib, eval_choice, flops, inputs
+from bert_jax.training import config_lib, config_schema, eval_choice, flops, inputs
 from bert_jax.training.config_lib import (
-    MIN_SEQ_LENGTH,
     PRESET_MAX_POSITIONS,
     Phase,
     bert_config,
     count_parameters,
     data_shards,
     flat_settings,
-    setting_value,
     split_phases,
 )
+from bert_jax.training.config_schema import MIN_SEQ_LENGTH, setting_value
 
 
 def validate(config, phases: list[Phase], mesh, tokenizer) -> None:
@@ -94,65 +89,24 @@ def check_sequence_length(
         )
 
 
-# The range of each numeric setting, checked before anything compiles (NaN, inf and values out
-# of range would otherwise train to garbage or fail late). Every float in the config must also be
-# finite.
-_RANGES = {
-    "[1, inf)": "log_every_steps checkpoint.every_steps checkpoint.keep grad_accum_steps "
-    "model.hidden_size model.num_hidden_layers model.num_attention_heads "
-    "model.intermediate_size model.max_position_embeddings model.type_vocab_size",
-    # model.vocab_size 0: the tokenizer's (config_lib.FOLLOW_TOKENIZER)
-    "[0, inf)": "max_consecutive_nonfinite optimizer.learning_rate optimizer.end_learning_rate "
-    "optimizer.warmup_steps optimizer.clip_norm model.vocab_size",
-    "(0, inf)": "optimizer.eps model.layer_norm_eps model.initializer_range",
-    "[0, 1)": "optimizer.b1 optimizer.b2 optimizer.weight_decay model.hidden_dropout_prob "
-    "model.attention_probs_dropout_prob",
-    "[0, 1]": "data.short_seq_prob optimizer.warmup_fraction",
-    "(0, 1)": "data.masked_lm_prob",
-}
-
-
-_PACKING = ("packing_factor", 0, 1)
-
-# The compute and parameter dtypes the run supports (README: bfloat16 / float32). Other spellings
-# ('bf16', 'fp32') are refused naming these, so that config.json and the model directory say
-# each dtype one way.
-DTYPES = ("float32", "bfloat16")
-# Settings with a closed set of values: checked here, where `--dry-run`, `plan` and the run all
-# look before the workdir is written (the model, optimizer and keys would refuse them later).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.dtype": DTYPES,
-    "model.param_dtype": DTYPES,
-    "model.hidden_act": tuple(ACTIVATIONS),
-    "model.attention_impl": ATTENTION_IMPLEMENTATIONS,
-    "model.dropout_impl": DROPOUT_IMPLEMENTATIONS,
-    "model.remat": tuple(REMAT_POLICIES),
-    "optimizer.name": optim.OPTIMIZERS,
-    "optimizer.schedule": optim.SCHEDULES,
-    "optimizer.decay": optim.DECAYS,
-    "dropout_rng_impl": DROPOUT_RNG_IMPLS,
-    "data.splitter": sentences.SPLITTERS,
-}
+# Settings with a closed set of values, from their declarations (config_schema.py): checked here,
+# where `--dry-run`, `plan` and the run all look before the workdir is written (the model,
+# optimizer and keys would refuse them later).
+CHOICES: dict[str, tuple] = config_schema.choices()
 # Attention implementations that cannot drop attention probabilities (pretraining always does,
 # unless model.attention_probs_dropout_prob is 0): the model refuses them at the first step.
 _NO_ATTENTION_DROPOUT = ("dot_product", "cudnn")
 
 
-def _in_range(value: float, interval: str) -> bool:
-    low, high = (float(x) for x in interval[1:-1].split(","))
-    above = value >= low if interval[0] == "[" else value > low
-    below = value <= high if interval[-1] == "]" else value < high
-    return above and below
-
-
 def check_choices(config) -> None:
-    """Settings with a closed set of values (`CHOICES`), the mesh shape's form and attention
-    implementations that cannot apply the config's dropout, each naming its setting."""
-    for key, choices in CHOICES.items():
-        value = setting_value(config, key)
-        if value is not None and value not in choices:
-            listed = ", ".join(repr(choice) for choice in choices)
-            raise UserError(f"config.{key}={value!r} is not one of {listed}")
+    """Settings with a closed set of values (their declarations), the mesh shape's form and
+    attention implementations that cannot apply the config's dropout, each naming its setting.
+    The objective and instance format first, in data/objectives.py's words (data prepare's)."""
+    config_lib.objective(config)
+    config_lib.instance_format(config)
+    closed = config_schema.choice_problems(config)
+    if closed:
+        raise UserError(closed[0])
     model = config.model
     dropout = model.get("attention_probs_dropout_prob", 0.0)
     if model.get("attention_impl") in _NO_ATTENTION_DROPOUT and dropout > 0:
@@ -171,26 +125,18 @@ def check_choices(config) -> None:
 
 
 def check_values(config, phases: list[Phase]) -> None:
-    """Values out of range or outside their closed set, each naming its setting; needs no
-    devices (`pretrain --dry-run`, `plan` and the run call it before the workdir is written)."""
+    """Values out of range or outside their closed set, each naming its setting (the ranges and
+    choices are the settings' declarations, config_schema.py); then the checks across settings.
+    Needs no devices (`pretrain --dry-run`, `plan` and the run call it before the workdir is
+    written)."""
     check_choices(config)
+    # NaN and inf would train to garbage or fail late: every float must be finite.
     for key, value in flat_settings(config):
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(f"config.{key}={value} must be a finite number")
-    for interval, keys in _RANGES.items():
-        for key in keys.split():
-            value = setting_value(config, key)
-            if value is not None and not _in_range(value, interval):
-                raise UserError(f"config.{key}={value} is out of range: it must be in {interval}")
-    for phase in phases:
-        spec = config[phase.name]
-        # Each with its "off" value (the optimizer's rate and warmup; no packing).
-        for key, off, least in (("learning_rate", -1, 0), ("warmup_steps", -1, 0), _PACKING):
-            value = spec.get(key, off)
-            if value != off and value < least:
-                raise UserError(f"config.{phase.name}.{key}={value}: use {off} or at least {least}")
-    config_lib.objective(config)
-    config_lib.instance_format(config)
+    ranged = config_schema.range_problems(config)
+    if ranged:
+        raise UserError(ranged[0])
     config_lib.mask_shares(config)
     if config.eval.every_steps > 0 and min(config.eval.batches, config.eval.batch_size) < 1:
         raise UserError(
@@ -200,8 +146,6 @@ def check_values(config, phases: list[Phase]) -> None:
     positions = int(config.model.max_position_embeddings)
     for phase in phases:
         setting = f"config.{phase.name}"
-        if phase.batch_size < 1:
-            raise UserError(f"{setting}.batch_size={phase.batch_size} must be at least 1")
         check_sequence_length(
             phase.max_seq_length,
             f"{setting}.max_seq_length",
@@ -214,8 +158,6 @@ def check_values(config, phases: list[Phase]) -> None:
                 f"{setting}.max_predictions_per_seq={predictions} exceeds its "
                 f"max_seq_length={phase.max_seq_length}"
             )
-        if predictions < 1:
-            raise UserError(f"{setting}.max_predictions_per_seq={predictions} must be at least 1")
 
 
 def describe(config: ml_collections.ConfigDict, workdir: str = "") -> str:
@@ -230,9 +172,7 @@ def describe(config: ml_collections.ConfigDict, workdir: str = "") -> str:
     lines += [f"  {key} = {value!r}" for key, value in flat_settings(config)]
     lines += ["phases:"]
     for phase in phases:
-        share = flops.head_share(
-            model_config, phase.max_seq_length, phase.max_predictions_per_seq
-        )
+        share = flops.head_share(model_config, phase.max_seq_length, phase.max_predictions_per_seq)
         per_token = flops.flops_per_token(model_config, phase.max_seq_length, share)
         head = "LM head at every position" if share >= 1 else "MLM head at the gathered positions"
         lines.append(

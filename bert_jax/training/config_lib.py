@@ -1,20 +1,22 @@
-"""Pretraining configs: the paper's defaults, the phase split, validation, `describe` and sizes.
+"""Pretraining configs: the paper's recipe at each size, the phase split, and the model config.
 
 `configs/bert.py` is thin: `get_config(SIZE)` returns `pretraining_config(SIZE)`, which users then
-override from the command line (`--config.optimizer.learning_rate=5e-5`). Defaults are the paper's
-(Devlin et al., 2018; the small sizes from Turc et al., 2019): Adam lr 1e-4, b1 0.9, b2 0.999,
-eps 1e-6, weight decay 0.01 (not on LayerNorm and biases), 10k warmup steps then linear decay,
-global-norm clipping 1.0, dropout 0.1, batch 256, 1M steps, 90% of them at sequence length 128
-(20 predictions) and 10% at 512 (80 predictions).
+override from the command line (`--config.optimizer.learning_rate=5e-5`). Every setting is
+declared once, with its default (the paper's), help and range, in config_schema.py; the config is
+built from those declarations, then the size's shapes (`SIZES`) and, for the sizes meant for a
+CPU, `CPU_TRIAL` override some of them. The paper's recipe (Devlin et al., 2018; the small sizes
+from Turc et al., 2019): Adam lr 1e-4, b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 (not on
+LayerNorm and biases), 10k warmup steps then linear decay, global-norm clipping 1.0, dropout 0.1,
+batch 256, 1M steps, 90% of them at sequence length 128 (20 predictions) and 10% at 512 (80).
 
 The sizes meant for a CPU (`CPU_SIZES`: tiny, mini, small) change what a laptop cannot afford or a
-short trial needs (`CPU_TRIAL`): batches of 32 and 8, a 4,000-piece tokenizer trained for the run,
-a warmup of 10% of the run, and log, checkpoint and eval intervals that fit a few hundred steps;
-tiny also trains at lr 1e-3. At every size the model's vocabulary is the tokenizer's unless
-`model.vocab_size` is set (`vocab_size`).
+short trial needs (`CPU_TRIAL`): the embedded corpus, batches of 32 and 8, a warmup of 10% of the
+run, and log, checkpoint and eval intervals that fit a few hundred steps; tiny also trains at lr
+1e-3. At every size the model's vocabulary is the tokenizer's unless `model.vocab_size` is set
+(`vocab_size`): a run with no tokenizer trains one of `data.tokenizer_vocab_size` pieces.
 
-Why this file is long: the paper's defaults, the CPU sizes' changes to them and the phase split
-read as one recipe, and `describe` prints that recipe; the checks live in config_checks.py.
+Why this file is long: the sizes, the phase split, the warmup and the model's identity read as one
+recipe; the declarations live in config_schema.py, the checks in config_checks.py.
 """
 
 from __future__ import annotations
@@ -30,14 +32,18 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.core import optim, partitioning
 from bert_jax.core.model import BertConfig
-from bert_jax.data import objectives, sentences
+from bert_jax.data import objectives
 from bert_jax.runtime.errors import UserError
+from bert_jax.training import config_schema
+from bert_jax.training.config_schema import (
+    CPU_VOCAB_SIZE,
+    FOLLOW_TOKENIZER,
+    PHASE_KEYS,
+)
 
 log = logging.getLogger("bert_jax")
 
-PHASE_KEYS = ("phase1", "phase2")
 # The model's architecture beyond the size preset's shapes: a model directory that a run starts
 # from (config.init_from) fixes them (adopt_model_identity).
 IDENTITY_FIELDS = (
@@ -48,19 +54,11 @@ IDENTITY_FIELDS = (
     "max_position_embeddings",
 )
 _SAME_ACTIVATION = {"gelu_tanh": "gelu_new"}  # two names of one function (bert_config.ACTIVATIONS)
-MIN_SEQ_LENGTH = 5  # [CLS] A [SEP] B [SEP]
 # The position embeddings of every size preset: the bound for records prepared without a model.
-PRESET_MAX_POSITIONS = 512
-
-# config.model.vocab_size's default at every size: the model's vocabulary is the run's tokenizer's
-# (inputs.follow_tokenizer). A value above 0 is the user's, honoured and checked against it.
-FOLLOW_TOKENIZER = 0
-# The vocabulary of the sizes meant for a CPU: the SentencePiece model trained for the run (and
-# so the model's embedding rows, padded to 4096 by vocab_pad_multiple).
-CPU_VOCAB_SIZE = 4000
-# The paper's WordPiece vocabulary: the other sizes' vocabulary where no tokenizer is at hand
-# (plan, bench, --compile-only), and that of the parameter counts the paper gives.
-PAPER_VOCAB_SIZE = 30522
+PRESET_MAX_POSITIONS = config_schema.default("model.max_position_embeddings")
+# The paper's WordPiece vocabulary (BertConfig's): the other sizes' vocabulary where no tokenizer
+# is at hand (plan, bench, --compile-only), and that of the parameter counts the paper gives.
+PAPER_VOCAB_SIZE = BertConfig.vocab_size
 # name: (layers, hidden, heads); intermediate size is 4 x hidden throughout.
 SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (2, 128, 2),
@@ -73,8 +71,10 @@ SIZES: dict[str, tuple[int, int, int]] = {
 # Sizes meant for a CPU trial (docs/pretraining.md): the paper's recipe with CPU_TRIAL on top.
 CPU_SIZES = ("tiny", "mini", "small")
 # What the CPU sizes change in the paper's recipe, as --config.KEY overrides. Set these back
-# (batch 256, warmup_steps 10000, warmup_fraction 0) for the paper's small models.
+# (batch 256, warmup_steps 10000, warmup_fraction 0) for the paper's small models. The embedded
+# corpus (text that ships with Python) lets them run anywhere.
 CPU_TRIAL: dict[str, Any] = {
+    "data.source": "embedded",
     "phase1.batch_size": 32,
     "phase2.batch_size": 8,
     "optimizer.warmup_steps": 0,
@@ -90,161 +90,31 @@ CPU_TRIAL: dict[str, Any] = {
 CPU_LEARNING_RATE = {"tiny": 1e-3}
 
 
-def model_config(size: str) -> ml_collections.ConfigDict:
+def _shapes(size: str) -> dict[str, int]:
+    """The model settings a size preset sets: its layers, hidden size, heads, FFN (4 x hidden)."""
     if size not in SIZES:
         raise UserError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
     layers, hidden, heads = SIZES[size]
-    return ml_collections.ConfigDict(
-        {
-            "vocab_size": FOLLOW_TOKENIZER,  # the tokenizer's (vocab_size)
-            "hidden_size": hidden,
-            "num_hidden_layers": layers,
-            "num_attention_heads": heads,
-            "intermediate_size": 4 * hidden,
-            "hidden_act": "gelu",
-            "hidden_dropout_prob": 0.1,
-            "attention_probs_dropout_prob": 0.1,
-            "max_position_embeddings": 512,
-            "type_vocab_size": 2,
-            "initializer_range": 0.02,
-            "layer_norm_eps": 1e-12,
-            "dtype": "float32",
-            "param_dtype": "float32",
-            "attention_impl": "auto",
-            "sparse_last_layer": True,
-            "dropout_impl": "hash",
-            "vocab_pad_multiple": 128,  # 30522 -> 30592 rows: splits over <= 128 devices
-            "remat": "none",  # per-layer rematerialization: none|full|dots (model.BertConfig)
-        }
-    )
+    return {
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": 4 * hidden,
+    }
 
 
-def pretraining_config(size: str) -> ml_collections.ConfigDict:
-    """The paper's pretraining recipe for one model size."""
-    config = ml_collections.ConfigDict()
+def model_config(size: str) -> ml_collections.ConfigDict:
+    """config.model of a size preset: the declared model settings with the size's shapes."""
+    return ml_collections.ConfigDict({**config_schema.section_defaults("model"), **_shapes(size)})
+
+
+def pretraining_config(size: str | None = None) -> ml_collections.ConfigDict:
+    """The paper's recipe for one model size (None: the declared default size): every declared
+    setting (config_schema.py), then the size's shapes and, for a CPU size, CPU_TRIAL."""
+    size = size or config_schema.default("size")
+    config = ml_collections.ConfigDict(config_schema.defaults_tree())
     config.size = size
     config.model = model_config(size)
-    config.seed = 0
-    # PRNG of the dropout keys (jax.random key implementations). With the default hash masks
-    # (model.dropout_impl) it only derives three words per dropout site and step; with "prng"
-    # masks it draws every bit: "rbg" through XLA's RngBitGenerator, "threefry2x32" (slower:
-    # recomputed in backward fusions). Same masks on any mesh (tested). Parameter init always
-    # uses threefry2x32.
-    config.dropout_rng_impl = "rbg"
-    config.total_steps = 1_000_000
-    # What pretraining trains (docs/ablations.md): "mlm+nsp" (the paper's), "mlm" (masked LM
-    # only: no NSP loss, no NSP metrics) or "ltr" (left-to-right LM: causal attention, every
-    # position predicts the next token; fine-tuning keeps the causal mask).
-    config.objective = objectives.DEFAULT_OBJECTIVE
-    config.optimizer = ml_collections.ConfigDict(
-        {
-            "name": "adamw",
-            "learning_rate": 1e-4,
-            "end_learning_rate": 0.0,
-            # Warmup: warmup_steps when > 0, else warmup_fraction x total_steps (each phase's steps
-            # with schedule "per_phase"); both 0: none (warmup_steps_of).
-            "warmup_steps": 10_000,
-            "warmup_fraction": 0.0,
-            "b1": 0.9,
-            "b2": 0.999,
-            "eps": 1e-6,
-            "weight_decay": 0.01,
-            "clip_norm": 1.0,
-            "bias_correction": True,
-        }
-    )
-    config.optimizer.schedule = "whole_run"  # or "per_phase" (each phase warms up and decays)
-    # The decay's shape after the warmup: core.optim.DECAYS ("linear", the paper's; "cosine").
-    config.optimizer.decay = optim.DEFAULT_DECAY
-    config.grad_accum_steps = 1
-    # Global batch sizes (all hosts together); each phase may name its own data (`data`: '' uses
-    # config.data.source) and, with optimizer.schedule="per_phase", its own learning_rate and
-    # warmup_steps (-1: the optimizer's).
-    phase = lambda fraction, length, predictions: ml_collections.ConfigDict(  # noqa: E731
-        {
-            "fraction": fraction,
-            "max_seq_length": length,
-            "max_predictions_per_seq": predictions,
-            "batch_size": 256,
-            "data": "",
-            "learning_rate": -1.0,
-            "warmup_steps": -1,
-            # Sequence packing (data/pipeline/packing.py): records read per packed row, several
-            # instances sharing a row with attention kept within each; 0 = one per row. About
-            # 0.95 x max_seq_length / mean instance length fills rows (1.6 for the embedded corpus
-            # at 512); instances that do not fit are dropped. Training only, not evaluation.
-            "packing_factor": 0.0,
-        }
-    )
-    config.phase1 = phase(0.9, 128, 20)
-    config.phase2 = phase(0.1, 512, 80)
-    small = size in ("tiny", "mini", "small")
-    config.data = ml_collections.ConfigDict(
-        {
-            # Prepared records (`bert-jax data prepare`), a corpus (text files in the original
-            # format, .jsonl, tfds:NAME[/CONFIG][:SPLIT]) prepared on the fly, or "embedded" (text
-            # that ships with Python: the default for the small sizes, so they run anywhere).
-            "source": "embedded" if small else "",
-            # Tokenizer directory, SentencePiece .model or WordPiece vocab.txt. Empty: the one
-            # saved next to prepared records, else a SentencePiece model trained on the corpus.
-            "tokenizer": "",
-            # The pieces of the SentencePiece model a run trains when it has no tokenizer.
-            "tokenizer_vocab_size": CPU_VOCAB_SIZE,
-            "lowercase": True,
-            "dynamic_masking": True,
-            "whole_word_mask": False,
-            "masked_lm_prob": objectives.MASKED_LM_PROB,
-            # The shares of the selected tokens that become [MASK], stay the same, or become a
-            # random token: mask_share, same_share, random_share (the paper's 80/10/10,
-            # data/objectives.py; its Table 8 tries others). Sum to 1.
-            **objectives.DEFAULT_SHARES,
-            # Instances: "sentence_pairs" ([CLS] A [SEP] B [SEP], NSP's), "doc_sentences" or
-            # "full_sentences" (RoBERTa's, without NSP; data/objectives.py); "": the objective's
-            # default (sentence_pairs with NSP, else full_sentences).
-            "instance_format": "",
-            "short_seq_prob": objectives.SHORT_SEQ_PROB,
-            "dupe_factor": -1,  # on-the-fly preparation; -1: 1 with dynamic masking, else 5
-            # Sentence splitter for a prose corpus prepared on the fly (data prepare --splitter).
-            "splitter": sentences.DEFAULT_SPLITTER,
-            "shuffle_buffer_size": 10_000,
-            "cache_dir": "",  # default <workdir>/data
-            "num_workers": 1,
-            # Disjoint input shards the global batch is drawn from (data/pipeline/input_shards.py);
-            # 0: one per host. A fixed number (a multiple of every host count you will use) keeps
-            # the data order, and exact resume, independent of how many hosts run the job.
-            "shards": 0,
-            # A damaged TFRecord file (truncated, flipped bytes) stops the run naming the file;
-            # True: train on its records before the damage, counted as the iterator's
-            # `corrupt_records` (data/records/integrity.py).
-            "skip_corrupt_records": False,
-        }
-    )
-    config.eval = ml_collections.ConfigDict(
-        {
-            "every_steps": 10_000,
-            "batches": 20,
-            "batch_size": 64,
-            "source": "",  # default: embedded:eval when training on the embedded corpus
-        }
-    )
-    config.checkpoint = ml_collections.ConfigDict(
-        {"every_steps": 10_000, "keep": 3, "async_save": True}
-    )
-    config.log_every_steps = 100
-    config.resume_from = ""  # a checkpoint directory or workdir of another run
-    config.init_from = ""  # a model directory: params only
-    config.max_consecutive_nonfinite = 10
-    config.export_model = True
-    config.mesh = ml_collections.ConfigDict(
-        {
-            "shape": (-1, 1, 1),  # (data, fsdp, tensor); -1 takes the remaining devices
-            # Logical axis -> mesh axes, tried in order (see bert_jax/core/partitioning.py).
-            "rules": partitioning.DEFAULT_RULES,
-            "shard_optimizer_state": False,  # ZeRO 1: Adam slots split over `data` too
-            # XLA:TPU's windowed matmuls for FSDP/tensor axes (partitioning.compiler_options)
-            "windowed_einsum": True,
-        }
-    )
     if size in CPU_SIZES:
         for key, value in CPU_TRIAL.items():
             _set(config, key, value)
@@ -482,13 +352,6 @@ def count_parameters(model_config) -> int:
         )
     )
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes)["params"])))
-
-
-def setting_value(config, key: str):
-    """The value at a dotted key, None where the config lacks it."""
-    for part in key.split("."):
-        config = config.get(part) if hasattr(config, "get") else None
-    return config
 
 
 def flat_settings(config: ml_collections.ConfigDict) -> list[tuple[str, Any]]:

@@ -216,6 +216,7 @@ def _prepared(
             max_predictions_per_seq=phase.max_predictions_per_seq,
             masked_lm_prob=float(config.data.masked_lm_prob),
             short_seq_prob=float(config.data.short_seq_prob),
+            random_next_prob=float(config.data.random_next_prob),
             dupe_factor=dupe if dupe >= 0 else (1 if dynamic else 5),
             seed=seed,
             whole_word_mask=bool(config.data.whole_word_mask),
