@@ -224,19 +224,16 @@ class PrepareSettings:
         records it: the instance format resolved, the splitter by its identity (the library's
         version too: another version may cut the same text differently), shares as floats."""
         values = {}
-        for name, declared in declarations.declarations(type(self)).items():
-            if declared.records:
-                value = getattr(self, name)
-                values[name] = float(value) if isinstance(self._default(name), float) else value
+        for field in declarations.declared_fields(type(self)):
+            if field.metadata["declaration"].records:
+                value = getattr(self, field.name)
+                # A share given as 0 or 1 is recorded as the float it means.
+                values[field.name] = float(value) if isinstance(field.default, float) else value
         values["instance_format"] = objectives.instance_format(
             self.objective, self.instance_format, "--instance-format"
         )
         values["splitter"] = splitter_identity(self.splitter)
         return values
-
-    @classmethod
-    def _default(cls, name: str) -> Any:
-        return declarations.defaults(cls)[name]
 
 
 RECORDS_SETTINGS = tuple(
