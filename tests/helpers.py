@@ -95,25 +95,71 @@ REAL_SENTENCES = [
 ]
 
 
-# The one-layer, one-phase pretraining run (seq 32, 5 predictions, batch 8) that the fault and
-# gs:// tests drive through `bert-jax pretrain`, as --config.KEY=VALUE pairs.
-TINY_PRETRAIN_FLAGS = {
-    "model.vocab_size": 1000,
+# The short phases of a small test run: 32 tokens with 5 predictions, then 64 with 10.
+SHORT_PHASES = {
+    "phase1.max_seq_length": 32,
+    "phase1.max_predictions_per_seq": 5,
+    "phase2.max_seq_length": 64,
+    "phase2.max_predictions_per_seq": 10,
+}
+# BERT-Tiny's kind cut to one layer 64 wide (positions for the short phases): compiles in seconds.
+ONE_LAYER_MODEL = {
     "model.num_hidden_layers": 1,
     "model.hidden_size": 64,
     "model.num_attention_heads": 2,
     "model.intermediate_size": 128,
     "model.max_position_embeddings": 64,
-    "phase1.fraction": 1.0,
-    "phase2.fraction": 0.0,
-    "phase1.max_seq_length": 32,
-    "phase1.max_predictions_per_seq": 5,
-    "phase1.batch_size": 8,
+}
+# The run the pretraining tests train: the one-layer model over a 1000-piece vocabulary, a short
+# warmup, a small shuffle, no evaluation.
+SMALL_RUN = {
+    "model.vocab_size": 1000,
+    **ONE_LAYER_MODEL,
     "optimizer.warmup_steps": 3,
     "optimizer.learning_rate": 1e-3,
     "data.shuffle_buffer_size": 100,
     "eval.every_steps": 0,
 }
+# The one-layer, one-phase pretraining run (seq 32, 5 predictions, batch 8) that the fault and
+# gs:// tests drive through `bert-jax pretrain`, as --config.KEY=VALUE pairs.
+TINY_PRETRAIN_FLAGS = {
+    **SMALL_RUN,
+    "phase1.fraction": 1.0,
+    "phase2.fraction": 0.0,
+    "phase1.max_seq_length": 32,
+    "phase1.max_predictions_per_seq": 5,
+    "phase1.batch_size": 8,
+}
+
+
+def set_keys(config, values: dict) -> None:
+    """Sets each dotted key of `values` (`phase1.batch_size`) in the ConfigDict, in order."""
+    for key, value in values.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+
+
+def pretraining_config(total_steps: int, /, batch_size: int = 8, **overrides):
+    """bert:tiny's recipe for a test: `total_steps` steps in two short phases (SHORT_PHASES),
+    each of global batch `batch_size`; then `overrides`, dotted keys (`**{"eval.batches": 2}`;
+    `total_steps` among them wins)."""
+    from bert_jax.training import config_lib
+
+    config = config_lib.pretraining_config("tiny")
+    set_keys(
+        config,
+        {
+            "total_steps": total_steps,
+            **SHORT_PHASES,
+            "phase1.batch_size": batch_size,
+            "phase2.batch_size": batch_size,
+            **overrides,
+        },
+    )
+    return config
 
 
 def compile_in_process(patch) -> None:

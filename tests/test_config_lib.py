@@ -9,6 +9,7 @@ import pytest
 
 from bert_jax.core import partitioning
 from bert_jax.training import config_checks, config_lib
+from tests.helpers import pretraining_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,19 +77,11 @@ def test_plan_errors_name_the_setting(total_steps, fraction, message):
 
 
 def small_config(**overrides):
-    config = config_lib.pretraining_config("tiny")
-    config.total_steps = 10
-    config.model.max_position_embeddings = 64
-    config.phase1.update(max_seq_length=32, max_predictions_per_seq=5, batch_size=16)
-    config.phase2.update(max_seq_length=64, max_predictions_per_seq=10, batch_size=16)
-    config.eval.batch_size = 16
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
-    return config
+    return pretraining_config(
+        10,
+        batch_size=16,
+        **{"model.max_position_embeddings": 64, "eval.batch_size": 16, **overrides},
+    )
 
 
 @pytest.fixture(scope="module")

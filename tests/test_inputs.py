@@ -9,23 +9,15 @@ import pytest
 
 from bert_jax.training import config_lib, eval_choice, inputs
 from tests.convert_fixtures import write_vocab
+from tests.helpers import pretraining_config
 
 
 def run_config(source="embedded", **overrides):
-    config = config_lib.pretraining_config("tiny")
-    config.total_steps = 10
-    config.data.source = source
-    config.data.tokenizer_vocab_size = 300
-    config.phase1.update(max_seq_length=32, max_predictions_per_seq=5, batch_size=8)
-    config.phase2.update(max_seq_length=64, max_predictions_per_seq=10, batch_size=8)
-    config.eval.update(every_steps=5, batches=2, batch_size=8)
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
-    return config
+    eval_settings = {"eval.every_steps": 5, "eval.batches": 2, "eval.batch_size": 8}
+    return pretraining_config(
+        10,
+        **{"data.source": source, "data.tokenizer_vocab_size": 300, **eval_settings, **overrides},
+    )
 
 
 @pytest.fixture(scope="module")

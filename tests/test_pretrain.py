@@ -19,6 +19,7 @@ import pytest
 from bert_jax.convert import mapping
 from bert_jax.core import optim
 from bert_jax.training import config_lib, metric_writers, pretrain
+from tests.helpers import SMALL_RUN, pretraining_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,32 +42,18 @@ def shared_dirs(tmp_path_factory):
 def small_config(shared_dirs, total_steps=12, **overrides):
     """BERT-Tiny-shaped but smaller (one layer), two short phases, every step logged. The
     vocabulary is the tokenizer's 1000 tokens, padded to 1024 rows."""
-    config = config_lib.pretraining_config("tiny")
-    config.model.vocab_size = 1000
-    config.model.num_hidden_layers = 1
-    config.model.hidden_size = 64
-    config.model.num_attention_heads = 2
-    config.model.intermediate_size = 128
-    config.model.max_position_embeddings = 64
-    config.total_steps = total_steps
-    config.phase1.update(max_seq_length=32, max_predictions_per_seq=5, batch_size=8)
-    config.phase2.update(max_seq_length=64, max_predictions_per_seq=10, batch_size=8)
-    config.optimizer.warmup_steps = 3
-    config.optimizer.learning_rate = 1e-3
-    config.data.tokenizer = shared_dirs["tokenizer"]
-    config.data.cache_dir = shared_dirs["cache"]
-    config.data.shuffle_buffer_size = 100
-    config.eval.every_steps = 0
-    config.checkpoint.every_steps = 4
-    config.log_every_steps = 1
-    config.export_model = False
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
-    return config
+    return pretraining_config(
+        total_steps,
+        **{
+            **SMALL_RUN,
+            "data.tokenizer": shared_dirs["tokenizer"],
+            "data.cache_dir": shared_dirs["cache"],
+            "checkpoint.every_steps": 4,
+            "log_every_steps": 1,
+            "export_model": False,
+            **overrides,
+        },
+    )
 
 
 # Single-phase runs compile one train step instead of two (the other modules' runs); this

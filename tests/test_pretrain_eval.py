@@ -23,6 +23,7 @@ from bert_jax.training import (
     pretrain,
 )
 from tests.data_fixtures import SPM_VOCAB_SIZE, embedded_spm_dir
+from tests.helpers import ONE_LAYER_MODEL, pretraining_config
 
 
 def _prepare(output: str) -> None:
@@ -52,17 +53,8 @@ def records(tmp_path_factory):
 
 
 def _config(source: str = "embedded", **overrides):
-    config = config_lib.pretraining_config("tiny")
-    config.total_steps = 200
-    config.data.source = source
-    config.eval.update(batches=2, batch_size=8)
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
-    return config
+    eval_settings = {"eval.batches": 2, "eval.batch_size": 8}
+    return pretraining_config(200, **{"data.source": source, **eval_settings, **overrides})
 
 
 def _outline(config) -> list[str]:
@@ -170,14 +162,7 @@ def _run_config(source: str, **overrides):
             "total_steps": 4,
             "phase1.fraction": 1.0,
             "phase2.fraction": 0.0,
-            "model.num_hidden_layers": 1,
-            "model.hidden_size": 64,
-            "model.num_attention_heads": 2,
-            "model.intermediate_size": 128,
-            "model.max_position_embeddings": 64,
-            "phase1.max_seq_length": 32,
-            "phase1.max_predictions_per_seq": 5,
-            "phase1.batch_size": 8,
+            **ONE_LAYER_MODEL,
             "optimizer.warmup_steps": 1,
             "data.shuffle_buffer_size": 100,
             "eval.every_steps": 2,
