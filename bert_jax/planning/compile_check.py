@@ -348,9 +348,7 @@ def check(
         cost = figures.cost
         if cost.raw_seconds != 0.0 and update is None:  # a cost model: price the update alone
             update = _update_cost(trainer, state, mesh, rules, target)
-        share = flops.head_share(
-            model_config, phase.max_seq_length, phase.max_predictions_per_seq
-        )
+        share = flops.head_share(model_config, phase.max_seq_length, phase.max_predictions_per_seq)
         per_token = flops.flops_per_token(model_config, phase.max_seq_length, share)
         results.append(
             PhaseCompile(
