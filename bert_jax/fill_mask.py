@@ -32,7 +32,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from bert_jax.runtime import fs
+from bert_jax.runtime import declarations, fs
+from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import UserError, user_path
 
 if TYPE_CHECKING:  # the command's parser reads this module's defaults without importing JAX
@@ -40,13 +41,25 @@ if TYPE_CHECKING:  # the command's parser reads this module's defaults without i
 
     from bert_jax.core.model import BertConfig
 
-DEFAULT_TOP_K = 5
-DEFAULT_BATCH_SIZE = 32
 STDIN = "-"  # --input - reads the texts from standard input
 # Rows are padded to a multiple of this many tokens, and the [MASK] positions of a batch to a
 # multiple of _MASKS_MULTIPLE: a few compiled shapes serve inputs of any length.
 _LENGTH_MULTIPLE = 8
 _MASKS_MULTIPLE = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class FillMaskSettings:
+    """How `fill-mask` predicts, each setting declared once: its flags, their help and the checks
+    (a bad value refused in one line naming its flag) derive from these declarations, and
+    `fill_mask()` takes its defaults from them."""
+
+    top_k: int = setting(5, "candidates per [MASK]", low=1)
+    batch_size: int = setting(32, "texts per forward pass", low=1)
+
+    def __post_init__(self):
+        for problem in declarations.problems(self):
+            raise UserError(problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,22 +103,20 @@ class FilledText:
 def fill_mask(
     model: Any,
     texts: Sequence[str],
+    settings: FillMaskSettings | None = None,
     *,
-    top_k: int = DEFAULT_TOP_K,
-    batch_size: int = DEFAULT_BATCH_SIZE,
     names: Sequence[str] | None = None,
+    **options: Any,
 ) -> list[FilledText]:
     """The `top_k` candidates for every [MASK] of every text (see the module's doc).
 
-    `names` say where each text came from in a refusal ("notes.txt line 3"; default "text 1",
-    "text 2", ...).
+    `settings` (default: the declared defaults), with `options` (`top_k=3`, `batch_size=8`: its
+    fields) replacing some of them. `names` say where each text came from in a refusal
+    ("notes.txt line 3"; default "text 1", "text 2", ...).
     """
     from bert_jax.training.load_model import load_model_dir
 
-    if top_k < 1:
-        raise UserError(f"--top-k {top_k}: give at least 1")
-    if batch_size < 1:
-        raise UserError(f"--batch-size {batch_size}: give at least 1")
+    settings = dataclasses.replace(settings or FillMaskSettings(), **options)
     names = list(names) if names is not None else [f"text {i + 1}" for i in range(len(texts))]
     if isinstance(model, (str, os.PathLike)):
         # The checks first, from the config and the tokenizer alone: a refusal reads no weights.
@@ -124,8 +135,8 @@ def fill_mask(
         rows = encode_texts(loaded.tokenizer, texts, names, loaded.config)
         if not rows:
             return []
-    top_k = min(top_k, loaded.config.vocab_size)
-    return _predict(loaded, texts, rows, top_k, batch_size)
+    top_k = min(settings.top_k, loaded.config.vocab_size)
+    return _predict(loaded, texts, rows, top_k, settings.batch_size)
 
 
 def check_model(config: BertConfig, has_heads: bool, where: str) -> None:

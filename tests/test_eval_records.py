@@ -110,3 +110,16 @@ def test_with_json_the_progress_goes_to_stderr(dirs, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["examples"] == 8
     assert "evaluating 8 records" in captured.err
+
+
+def test_batch_settings_out_of_range_are_one_line_before_anything_is_read(tmp_path, capsys):
+    """The declared ranges, checked from the command line and from Python alike."""
+    base = ["eval", "--model", str(tmp_path / "absent"), "--data", str(tmp_path / "absent")]
+    for flag, value, message in [
+        ("--batch-size", "0", "--batch-size 0 must be >= 1"),
+        ("--batches", "-1", "--batches -1 must be >= 0"),
+    ]:
+        assert cli.main([*base, flag, value]) == 2
+        assert capsys.readouterr().err == f"bert-jax eval: error: {message}\n"
+    with pytest.raises(UserError, match="^--batch-size 0 must be >= 1$"):
+        model_eval.evaluate_model(tmp_path / "absent", tmp_path / "absent", batch_size=0)

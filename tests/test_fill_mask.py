@@ -140,7 +140,8 @@ def test_bad_input_is_one_line(wordpiece_model, tmp_path, capsys):
     assert "TEXT 2 has no [MASK]" in error(TEXTS[0], "a [mask] in lower case is text")
     assert "not both" in error("--input", str(texts), TEXTS[0])
     assert "not neither" in error()
-    assert "--top-k 0" in error("--top-k", "0", TEXTS[0])
+    assert error("--top-k", "0", TEXTS[0]) == "bert-jax fill-mask: error: --top-k 0 must be >= 1"
+    assert error("--batch-size", "0", TEXTS[0]).endswith("--batch-size 0 must be >= 1")
     assert "more than the model's 512 positions" in error(" ".join(["word"] * 600) + " [MASK]")
     assert "--input" in error("--input", str(tmp_path / "missing.txt"))
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 
 def add_to(subparsers) -> None:
+    from bert_jax.runtime import declarations
+    from bert_jax.training.model_eval import EvalSettings
+
     parser = subparsers.add_parser(
         "eval",
         help="evaluate a model on held-out prepared records: MLM accuracy, perplexity, NSP",
@@ -15,14 +18,8 @@ def add_to(subparsers) -> None:
     parser.add_argument(
         "--data", required=True, metavar="RECORDS", help="records from `data prepare`"
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="records per batch")
-    parser.add_argument(
-        "--batches",
-        type=int,
-        default=0,
-        help="at most this many batches (0: every record; the last batch is filled with rows "
-        "that count nothing)",
-    )
+    # --batch-size and --batches: their help, defaults and checks from the declarations.
+    declarations.add_flags(parser, EvalSettings)
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     parser.set_defaults(run=_run, command_name="eval")
 
@@ -31,15 +28,16 @@ def _run(args) -> int:
     import json
     import sys
 
-    from bert_jax.training.model_eval import evaluate_model, summary_lines
+    from bert_jax.runtime import declarations
+    from bert_jax.training.model_eval import EvalSettings, evaluate_model, summary_lines
 
+    settings = declarations.from_args(EvalSettings, args)  # refused here, before loading
     # Progress goes to stderr with --json, so that stdout holds the one JSON object.
     stream = sys.stderr if args.json else sys.stdout
     result = evaluate_model(
         args.model,
         args.data,
-        batch_size=args.batch_size,
-        batches=args.batches,
+        settings,
         console=lambda line: print(line, file=stream, flush=True),
     )
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 def add_to(subparsers) -> None:
     from bert_jax import fill_mask
+    from bert_jax.runtime import declarations
 
     parser = subparsers.add_parser(
         "fill-mask",
@@ -28,23 +29,13 @@ def add_to(subparsers) -> None:
         "standard input",
     )
     parser.add_argument(
-        "--top-k",
-        type=int,
-        default=fill_mask.DEFAULT_TOP_K,
-        help="candidates per [MASK] (default: %(default)s)",
-    )
-    parser.add_argument(
         "--json",
         action="store_true",
         help="one JSON object per text: text, and for each [MASK] its position and predictions "
         "(token_id, token, score = probability)",
     )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=fill_mask.DEFAULT_BATCH_SIZE,
-        help="texts per forward pass (default: %(default)s)",
-    )
+    # --top-k and --batch-size: their help, defaults and checks from the declarations.
+    declarations.add_flags(parser, fill_mask.FillMaskSettings)
     parser.set_defaults(run=_run, command_name="fill-mask")
 
 
@@ -52,8 +43,10 @@ def _run(args) -> int:
     import json
 
     from bert_jax import fill_mask
+    from bert_jax.runtime import declarations
     from bert_jax.runtime.errors import UserError
 
+    settings = declarations.from_args(fill_mask.FillMaskSettings, args)  # refused here, first
     if bool(args.texts) == bool(args.input):
         raise UserError(
             "give the texts either as arguments or with --input FILE (one per line), not "
@@ -63,9 +56,7 @@ def _run(args) -> int:
         texts, names = fill_mask.read_texts(args.input)
     else:
         texts, names = args.texts, [f"TEXT {i + 1}" for i in range(len(args.texts))]
-    results = fill_mask.fill_mask(
-        args.model, texts, top_k=args.top_k, batch_size=args.batch_size, names=names
-    )
+    results = fill_mask.fill_mask(args.model, texts, settings, names=names)
     for result in results:
         print(
             json.dumps(result.to_json(), ensure_ascii=False)

@@ -11,12 +11,33 @@ token ids beyond the model's vocabulary, are refused in one line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
 
-from bert_jax.runtime import fs
+from bert_jax.runtime import declarations, fs
+from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """How much `bert-jax eval` reads at a time and in all, each setting declared once: its flags,
+    their help and the checks (one line naming the flag) derive from these declarations, and
+    `evaluate_model` takes its defaults from them. No JAX here: `--help` reads them."""
+
+    batch_size: int = setting(32, "records per batch", low=1)
+    batches: int = setting(
+        0,
+        "at most this many batches",
+        low=0,
+        zero="0: every record; the last batch is filled with rows that count nothing",
+    )
+
+    def __post_init__(self):
+        for problem in declarations.problems(self):
+            raise UserError(problem)
 
 
 def _record_shapes(data: str, prepare_config: dict | None) -> tuple[int, int]:
@@ -40,14 +61,16 @@ def _record_shapes(data: str, prepare_config: dict | None) -> tuple[int, int]:
 def evaluate_model(
     model: str | os.PathLike,
     data: str | os.PathLike,
+    settings: EvalSettings | None = None,
     *,
-    batch_size: int = 32,
-    batches: int = 0,
     console: Callable[[str], None] = lambda line: None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Held-out metrics of `model` on the records in `data` (`batches` > 0: at most that many
-    batches of `batch_size`; 0: every record, the last batch filled with rows of zero weight).
-    `console` gets progress lines (records, rate, ETA) while it runs."""
+    """Held-out metrics of `model` on the records in `data` (`settings.batches` > 0: at most that
+    many batches of `settings.batch_size`; 0: every record, the last batch filled with rows of
+    zero weight). `options` (`batch_size=64`: `EvalSettings`' fields) replace some of
+    `settings` (default: the declared defaults). `console` gets progress lines (records, rate,
+    ETA) while it runs."""
     import jax
 
     from bert_jax.core import trainer
@@ -57,9 +80,9 @@ def evaluate_model(
     from bert_jax.data.tokenizers.load_or_train import check_prepared_with
     from bert_jax.training import heldout_eval, load_model
 
+    settings = dataclasses.replace(settings or EvalSettings(), **options)
+    batch_size, batches = settings.batch_size, settings.batches
     model, data = os.fspath(model), os.fspath(data)
-    if batch_size < 1 or batches < 0:
-        raise UserError(f"--batch-size {batch_size} must be >= 1 and --batches {batches} >= 0")
     if source_kind(data) in ("embedded", "tfds"):
         raise UserError(
             f"--data {data} is a corpus, not prepared records: prepare it first with the model's "
