@@ -35,13 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.core.model import BertConfig, BertModel, last_token_positions
+from bert_jax.encode_settings import DEFAULT_MAX_SEQ_LENGTH, EncodeSettings
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError, user_path
 
-POOLS = ("cls", "last", "mean", "none")
 PAIR_SEPARATOR = " ||| "
-DEFAULT_MAX_SEQ_LENGTH = 128
 # Rows are padded to a multiple of this many tokens (up to max_seq_length): the compiled shape
 # stays fixed while short inputs do not pay for max_seq_length.
 _LENGTH_MULTIPLE = 8
@@ -70,22 +69,8 @@ def read_texts(path: str | os.PathLike) -> list[tuple[str, str | None]]:
     return examples
 
 
-def parse_layers(spec: str | int | Sequence[int]) -> tuple[int, ...]:
-    """`-1`, `"-1"` or `"-4,-3,-2,-1"` -> a tuple of layer indices."""
-    if isinstance(spec, int):
-        return (spec,)
-    if isinstance(spec, str):
-        try:
-            return tuple(int(part) for part in spec.split(",") if part.strip())
-        except ValueError as err:
-            raise UserError(f"--layer {spec!r}: expected integers such as -1 or -4,-3") from err
-    return tuple(int(x) for x in spec)
-
-
 def _check_layers(layers: tuple[int, ...], config: BertConfig) -> None:
     count = config.num_hidden_layers + 1
-    if not layers:
-        raise UserError("no layer given")
     bad = [layer for layer in layers if not -count <= layer < count]
     if bad:
         raise UserError(
@@ -114,11 +99,10 @@ def _features(params, input_ids, input_mask, segment_ids, *, config, pool, layer
 
 
 def _pool_for(config: BertConfig, pool: str | None, where: str = "the model") -> str:
-    """`pool`, checked; None gives the position the model's pooler reads (see module doc)."""
+    """`pool` (one of the declared choices) for this model; None gives the position the model's
+    pooler reads (see module doc)."""
     if pool is None:
         return "last" if config.is_decoder else "cls"
-    if pool not in POOLS:
-        raise UserError(f"pool={pool!r} is not one of {POOLS}")
     if pool == "cls" and config.is_decoder:
         raise UserError(
             f"--pool cls on {where}, a left-to-right model (objective 'ltr'), would give every "
@@ -147,34 +131,33 @@ def _tokenize(tokenizer, examples, max_seq_length: int):
 def encode_texts(
     model: Any,
     texts: Sequence[str | tuple[str, str | None]],
-    *,
-    pool: str | None = None,
-    layers: str | int | Sequence[int] = -1,
-    batch_size: int = 32,
-    max_seq_length: int | None = None,
-    dtype: str | None = None,
+    settings: EncodeSettings | None = None,
+    **options: Any,
 ) -> Features:
     """Features for `texts` (strings or (A, B) pairs) from a loaded `ModelDir` (see module doc).
 
-    `max_seq_length` defaults to 128, or the model's max_position_embeddings when smaller. `dtype`
-    overrides the compute dtype (e.g. "bfloat16"); features are returned as float32.
+    `settings` (default: the declared defaults, encode_settings.py), with `options`
+    (`pool="mean"`, `layers="-2,-1"`, `batch_size=8`: its fields) replacing some of them. An
+    unset `max_seq_length` is DEFAULT_MAX_SEQ_LENGTH, or the model's max_position_embeddings when
+    smaller; `dtype` overrides the compute dtype (e.g. "bfloat16"); features are float32.
     """
-    pool = _pool_for(model.config, pool, model.path)
-    if batch_size < 1:
-        raise UserError(f"batch_size={batch_size} must be positive")
+    settings = dataclasses.replace(settings or EncodeSettings(), **options)
+    pool = _pool_for(model.config, settings.pool, model.path)
+    batch_size = settings.batch_size
     config: BertConfig = model.config.replace(
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
-    if dtype is not None:
-        config = config.replace(dtype=dtype)
+    if settings.dtype is not None:
+        config = config.replace(dtype=settings.dtype)
+    max_seq_length = settings.max_seq_length
     if max_seq_length is None:
         max_seq_length = min(DEFAULT_MAX_SEQ_LENGTH, config.max_position_embeddings)
     if max_seq_length > config.max_position_embeddings:
         raise UserError(
-            f"max_seq_length={max_seq_length} exceeds the model's max_position_embeddings="
+            f"--max-seq-length {max_seq_length} exceeds the model's max_position_embeddings="
             f"{config.max_position_embeddings}"
         )
-    layer_ids = parse_layers(layers)
+    layer_ids = settings.layers
     _check_layers(layer_ids, config)
     if model.params is None:
         raise ValueError(f"{model.path} was loaded without params")
@@ -256,16 +239,19 @@ def encode_file(
     model: str | os.PathLike,
     input_path: str | os.PathLike,
     output_path: str | os.PathLike,
+    settings: EncodeSettings | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """`bert-jax encode`: features of every line of `input_path` saved to `output_path` (.npy).
+    """`bert-jax encode`: features of every line of `input_path` saved to `output_path` (.npy),
+    with `settings` and `options` as `encode_texts` takes them.
 
     With `pool="none"` the token counts go to `lengths_path(output_path)`. Returns a summary.
     """
     from bert_jax.training.load_model import load_model_dir
 
+    settings = dataclasses.replace(settings or EncodeSettings(), **options)
     output_path = os.fspath(output_path)
-    outputs = [output_path] + ([lengths_path(output_path)] if options.get("pool") == "none" else [])
+    outputs = [output_path] + ([lengths_path(output_path)] if settings.pool == "none" else [])
     for path in outputs:  # before anything is read: a refusal costs nothing
         _check_replaceable_npy(path)
     with user_path(input_path, "--input"):
@@ -273,13 +259,13 @@ def encode_file(
     if not examples:
         raise UserError(f"{input_path} holds no lines to encode")
     loaded = load_model_dir(model)
-    result = encode_texts(loaded, examples, **options)
+    result = encode_texts(loaded, examples, settings)
     parent = os.path.dirname(fs.abspath(output_path))
     with user_path(output_path, "--output", writing=True):
         fs.makedirs(parent, exist_ok=True)
         _save_npy(output_path, result.features)
         written = [output_path]
-        if options.get("pool") == "none":
+        if settings.pool == "none":
             _save_npy(lengths_path(output_path), result.lengths)
             written.append(lengths_path(output_path))
     return {

@@ -173,6 +173,27 @@ def test_bad_settings_are_refused_clearly(tiny_model, tmp_path, capsys):
     assert np.load(tmp_path / "feats.bin").shape == (1, 64)
 
 
+def test_settings_are_checked_before_the_model_is_read(tmp_path, capsys):
+    """A value outside its declared range is one line naming its flag, before anything is read;
+    Python callers give the layers as the flag does, and the dtypes are BertConfig's."""
+    from bert_jax.core import bert_config
+    from bert_jax.encode_settings import DTYPES, EncodeSettings
+
+    base = ["encode", "--model", str(tmp_path / "absent"), "--input", "t", "--output", "o.npy"]
+    for flag, value, message in [
+        ("--batch-size", "0", "--batch-size 0 must be >= 1"),
+        ("--max-seq-length", "0", "--max-seq-length 0 must be >= 1"),
+        ("--layer", ",", "--layer names no layer"),
+    ]:
+        faults.assert_user_error(faults.run_cli(capsys, [*base, flag, value]), message)
+    assert (
+        EncodeSettings(layers="-2,-1").layers == (-2, -1) == EncodeSettings(layers=[-2, -1]).layers
+    )
+    assert EncodeSettings().layers == (-1,) and DTYPES == bert_config.DTYPES
+    with pytest.raises(ValueError, match="--pool 'max' is not one of cls, last, mean, none"):
+        EncodeSettings(pool="max")
+
+
 def test_output_replaces_only_npy_files(tiny_model, tmp_path, capsys):
     """OUT is written atomically; an existing OUT that is not a .npy array (a source file, a
     directory) is refused with one line and left as it was; an earlier OUT.npy is replaced."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 
 def add_to(subparsers) -> None:
+    from bert_jax.encode_settings import EncodeSettings
+    from bert_jax.runtime import declarations
+
     parser = subparsers.add_parser(
         "encode",
         help="extract features (the paper's feature-based approach) for lines of text",
@@ -18,51 +21,20 @@ def add_to(subparsers) -> None:
     parser.add_argument(
         "--output", required=True, metavar="OUT.npy", help="the features' .npy file to write"
     )
-    parser.add_argument(
-        "--pool",
-        default=None,
-        choices=["cls", "last", "mean", "none"],
-        help="cls: hidden state at [CLS]; last: at the last real token ([SEP]); mean: average "
-        "over real tokens; none: every token. Default: where the model's pooler reads, cls (last "
-        "for a left-to-right model, where cls is refused)",
-    )
-    parser.add_argument(
-        "--layer",
-        default="-1",
-        help="hidden state to use: 0 = embeddings, i = layer i, -1 = last; several "
-        "(--layer=-4,-3,-2,-1) are concatenated",
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=32, help="fixed batch shape (the last batch is padded)"
-    )
-    parser.add_argument(
-        "--max-seq-length",
-        type=int,
-        default=None,
-        help="truncate longer inputs (default 128, or the model's max_position_embeddings)",
-    )
-    parser.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16"],
-        help="compute dtype (default: the model's)",
-    )
+    # --pool, --layer, --batch-size, --max-seq-length, --dtype: their help, defaults, choices
+    # and checks from the declarations.
+    declarations.add_flags(parser, EncodeSettings)
     parser.set_defaults(run=_run, command_name="encode")
 
 
 def _run(args) -> int:
+    from bert_jax.encode_settings import EncodeSettings
+    from bert_jax.runtime import declarations
+
+    settings = declarations.from_args(EncodeSettings, args)  # refused here, before JAX loads
     from bert_jax.encode import encode_file
 
-    summary = encode_file(
-        args.model,
-        args.input,
-        args.output,
-        pool=args.pool,
-        layers=args.layer,
-        batch_size=args.batch_size,
-        max_seq_length=args.max_seq_length,
-        dtype=args.dtype,
-    )
+    summary = encode_file(args.model, args.input, args.output, settings)
     print(
         f"encoded {summary['texts']} texts with {summary['model']}: features "
         f"{tuple(summary['shape'])} -> {', '.join(summary['written'])}"
