@@ -116,6 +116,26 @@ def test_spec_from_config_follows_the_phase_and_model_overrides():
         bench_spec.spec_from_config(config, packing=True)
 
 
+def test_settings_are_declared_once_and_refused_by_their_flags(capsys):
+    """A spec's defaults are BenchSettings'; a value out of its range is one line naming its
+    flag, from the command line or from a spec built in Python."""
+    from bert_jax.bench.settings import BenchSettings
+    from bert_jax.runtime import declarations
+
+    spec = bench_spec.BenchSpec(tiny_config(), batch_size=2, seq_len=8, max_predictions=2)
+    given = {"seq_len": 8, "batch_size": 2}
+    assert declarations.as_dict(BenchSettings(**given)) == {
+        name: getattr(spec, name) for name in declarations.declarations(BenchSettings)
+    }
+    with pytest.raises(ValueError, match="^--warmup -1 must be >= 0$"):
+        tiny_spec(warmup_steps=-1)
+    with pytest.raises(ValueError, match="^--packing-factor 0.5 must be 0 or >= 1$"):
+        tiny_spec(packing_factor=0.5)
+    argv = ["bench", "--config", "bert:tiny", "--windows", "0"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == "bert-jax bench: error: --windows 0 must be >= 1\n"
+
+
 def test_missing_peer_environment_says_how_to_make_it(capsys, monkeypatch):
     monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
     with pytest.raises(peer.PeerMissingError, match="make bench-peer"):

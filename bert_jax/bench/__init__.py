@@ -27,6 +27,7 @@ bench-peer` makes `.venv-peer`). `spec.peer_differences` lists what differs betw
 The modules, bottom to top (none imports TensorFlow; `spec` reads a ConfigDict by attribute
 only, so ml_collections is not needed either):
 
+    settings  what the command line sets (BenchSettings), each setting declared once
     spec      what one benchmark is (BenchSpec), its JSON form, the FLOPs its step takes
     data      the host batches: synthetic full rows or the embedded corpus, optionally packed
     report    timed windows, per-side results (medians, MFU/HFU), the table and the JSON file

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bert_jax.bench.settings import BenchSettings
 from bert_jax.core.model import BertConfig
-from bert_jax.runtime import hardware
+from bert_jax.runtime import declarations, hardware
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_lib, flops
 
@@ -111,18 +112,20 @@ class OptimizerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class BenchSpec:
-    """One benchmark: model, global batch shape, data, timing windows."""
+    """One benchmark: model, global batch shape, data, timing windows. The settings the command
+    line gives are declared in `BenchSettings` (bench/settings.py): their defaults and checks
+    are read there."""
 
     model: BertConfig
     batch_size: int
     seq_len: int
     max_predictions: int
-    steps: int = 10  # per window
-    windows: int = 5
-    warmup_steps: int = 2
+    steps: int = BenchSettings.steps  # per window
+    windows: int = BenchSettings.windows
+    warmup_steps: int = BenchSettings.warmup_steps
     data: str = "synthetic"
     packing: bool = False
-    packing_factor: float = 0.0  # unpacked rows per packed row; 0: from the data's lengths
+    packing_factor: float = BenchSettings.packing_factor  # unpacked rows per packed row
     max_instances_per_row: int = 16
     tokenizer: str = ""  # for embedded data; "" picks one (see `resolve_tokenizer`)
     seed: int = 0
@@ -131,22 +134,26 @@ class BenchSpec:
     rules: tuple | None = None
     shard_optimizer_state: bool = False  # config.mesh's: ZeRO stage 1
     windowed_einsum: bool = True  # config.mesh's: XLA:TPU's windowed matmuls
-    num_devices: int = 0  # 0: all
+    num_devices: int = BenchSettings.num_devices  # 0: all
     # PRNG implementation for our dropout masks (jax.random.key impl): "" = JAX's default
     # (threefry2x32), "rbg" or "unsafe_rbg" (cheaper to generate, same dropout rates). From a
     # config: its `dropout_rng_impl` (rbg by default), as pretraining uses.
     rng_impl: str = ""
     # The peer's ("" = JAX's default, what a Hugging Face Flax user runs).
     peer_rng_impl: str = ""
-    peak_tflops: float = 0.0  # per chip; 0: the hardware table's, by device kind
+    peak_tflops: float = BenchSettings.peak_tflops  # per chip
 
     def __post_init__(self):
+        # The declared settings' checks, each naming its flag (`--steps 0 must be >= 1`).
+        BenchSettings(
+            **{name: getattr(self, name) for name in declarations.declarations(BenchSettings)}
+        )
         if self.data not in DATA_SOURCES:
             raise UserError(f"data={self.data!r} is not one of {DATA_SOURCES}")
         if self.packing and self.data != "embedded":
             raise UserError("packing needs real lengths: use the embedded corpus (--real-data)")
-        if min(self.batch_size, self.seq_len, self.max_predictions, self.steps, self.windows) < 1:
-            raise UserError("batch, seq_len, max_predictions, steps and windows must be >= 1")
+        if self.max_predictions < 1:  # from the config's phases, not a flag
+            raise UserError(f"max_predictions={self.max_predictions} must be >= 1")
         if self.seq_len > self.model.max_position_embeddings:
             raise UserError(
                 f"seq_len={self.seq_len} exceeds max_position_embeddings="

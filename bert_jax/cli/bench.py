@@ -2,7 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from bert_jax.bench.settings import BenchSettings
 from bert_jax.cli.config_flags import ConfigCommand
+from bert_jax.runtime import declarations
+
+
+def _absl_name(name: str) -> str:
+    """The absl name of `BenchSettings`' setting `name` (`seq_len` -> `max_seq_length`)."""
+    declared = declarations.declarations(BenchSettings)[name]
+    return declarations.flag_name(name, declared)[2:].replace("-", "_")
+
+
+def _settings_flags() -> tuple[tuple[str, str, Any, str], ...]:
+    """`BenchSettings`' flags as `ConfigCommand` declares them: kind, name, default and help
+    (with the range) from the declarations."""
+    found = []
+    for field in declarations.declared_fields(BenchSettings):
+        options = declarations.flag_options(field)
+        kind = {int: "integer", float: "float"}[options["type"]]
+        found.append((kind, _absl_name(field.name), field.default, options["help"]))
+    return tuple(found)
+
+
+def _settings(flag_values) -> BenchSettings:
+    """The declared settings from the parsed flags; a bad value is one line naming its flag."""
+    return BenchSettings(
+        **{
+            name: flag_values[_absl_name(name)].value
+            for name in declarations.declarations(BenchSettings)
+        }
+    )
 
 
 def _run(flag_values) -> int:
@@ -12,19 +43,12 @@ def _run(flag_values) -> int:
 
     spec = spec_lib.spec_from_config(
         flag_values.config,
-        seq_len=flag_values.max_seq_length,
-        batch_size=flag_values.batch_size,
-        steps=flag_values.steps,
-        windows=flag_values.windows,
-        warmup_steps=flag_values.warmup,
+        **declarations.as_dict(_settings(flag_values)),
         data="embedded" if flag_values.real_data or flag_values.packing else "synthetic",
         packing=flag_values.packing,
-        packing_factor=flag_values.packing_factor,
         tokenizer=flag_values.tokenizer or "",
         rng_impl=flag_values.rng_impl,
         peer_rng_impl=flag_values.peer_rng_impl,
-        num_devices=flag_values.devices,
-        peak_tflops=flag_values.peak_tflops,
     )
     report = timing.run(
         spec,
@@ -44,11 +68,7 @@ COMMAND = ConfigCommand(
     "Face's PyTorch BERT (eager and compiled) or Flax BERT: --config configs/bert.py:SIZE "
     "[--peer hf-torch]",
     own_flags=(
-        ("integer", "steps", 10, "timed steps per window"),
-        ("integer", "windows", 5, "timed windows; figures are medians over windows"),
-        ("integer", "warmup", 2, "untimed steps after compiling"),
-        ("integer", "max_seq_length", None, "sequence length (default: phase 1's)"),
-        ("integer", "batch_size", None, "global batch size (default: that phase's)"),
+        *_settings_flags(),
         (
             "string",
             "peer",
@@ -60,7 +80,6 @@ COMMAND = ConfigCommand(
         ("bool", "real_data", False, "instances from the embedded corpus, real lengths"),
         ("bool", "packing", False, "pack several instances per row (implies --real-data)"),
         ("bool", "compare_unpacked", False, "with --packing: also time the rows unpacked"),
-        ("float", "packing_factor", 0.0, "rows read per packed row (0: most, <1% dropped)"),
         (
             "string",
             "tokenizer",
@@ -69,8 +88,6 @@ COMMAND = ConfigCommand(
         ),
         ("string", "rng_impl", "", "our dropout PRNG (default: config.dropout_rng_impl)"),
         ("string", "peer_rng_impl", "", "the peer's dropout PRNG (default threefry2x32)"),
-        ("integer", "devices", 0, "devices to use (default: all; 1 with --peer)"),
-        ("float", "peak_tflops", 0.0, "peak TFLOP/s per chip, for MFU on unlisted chips"),
         ("string", "json", None, "also write the report as JSON to this file (default: none)"),
     ),
     run=_run,
