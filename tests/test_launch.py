@@ -854,3 +854,18 @@ def test_slurm_reads_the_workdir_in_either_spelling(workdir, capsys):
     )
     assert lines[-1] == "# then: sbatch /shared/w/bert-jax.sbatch"
     assert any("record started --workdir /shared/w" in line for line in lines)
+
+
+def test_every_action_builds_the_slice_from_tpuvms_declarations():
+    """An action without a slice flag (`logs` has no --accelerator-type) gets the declared
+    default, as the flag of one that has it does; --name and --zone are required."""
+    from bert_jax.runtime import declarations
+
+    for action in ("create", "logs"):
+        argv = ["launch", "tpu", action, "--name", "bert-base", "--zone", "z"]
+        args = cli.build_parser().parse_args(argv)
+        assert declarations.from_args(tpu.TpuVm, args) == tpu.TpuVm("bert-base", "z")
+    assert tpu.TpuVm("bert-base", "z").accelerator_type == "v4-32"  # the documented default
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args(["launch", "tpu", "logs", "--zone", "z"])
+    assert exit_info.value.code == 2

@@ -26,17 +26,20 @@ def add_to(subparsers) -> None:
 
 
 def _add_tpu(kinds) -> None:
+    from bert_jax.launch.tpu import TpuVm
+    from bert_jax.runtime import declarations
+
+    # The slice's flags, their help and defaults from `TpuVm`'s declarations: the name and the
+    # zone (no default) required by every action, the rest where an action uses them.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--name", required=True, help="TPU VM name")
-    common.add_argument("--zone", required=True, help="e.g. us-central2-b")
-    common.add_argument("--project", default=None, help="default: gcloud's configured project")
-    common.add_argument(
-        "--remote-dir", default="bert-jax", help="directory under each worker's home"
-    )
+    fields = {field.name: field for field in declarations.declared_fields(TpuVm)}
+    for name in ("name", "zone"):
+        options = declarations.flag_options(fields[name])
+        common.add_argument(f"--{name}", dest=name, required=True, **options)
+    declarations.add_flags(common, TpuVm, names=["project", "remote_dir"])
     common.add_argument("--dry-run", action="store_true", help="print the gcloud commands only")
     creating = argparse.ArgumentParser(add_help=False)
-    creating.add_argument("--accelerator-type", default="v4-32", help="TPU slice to create")
-    creating.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM software")
+    declarations.add_flags(creating, TpuVm, names=["accelerator_type", "version"])
     kinds_of_capacity = creating.add_mutually_exclusive_group()
     for kind, text in (
         ("spot", "Spot capacity: preemptible, about a third of the on-demand price"),
@@ -265,22 +268,14 @@ def _one_line_for_cloud_errors(args, action) -> int:
 
 def _tpu_action(args) -> int:
     from bert_jax.launch import Runner, queued, slurm, tpu
+    from bert_jax.runtime import declarations
 
     if hasattr(args, "max_failures"):  # `up`: its supervisor settings, before anything runs
         _policy(args)
+    # A setting whose flag this action lacks is its declared default.
+    vm = declarations.from_args(tpu.TpuVm, args, spot=getattr(args, "capacity", None) == "spot")
     if getattr(args, "settings", None) or getattr(args, "plan", False):
         args.pretrain_args = _with_planned_settings(args)
-
-    # Flags only some actions have fall back to their defaults.
-    vm = tpu.TpuVm(
-        name=args.name,
-        zone=args.zone,
-        project=args.project,
-        accelerator_type=getattr(args, "accelerator_type", "v4-32"),
-        version=getattr(args, "version", "tpu-ubuntu2204-base"),
-        spot=getattr(args, "capacity", None) == "spot",
-        remote_dir=args.remote_dir,
-    )
     runner = Runner(dry_run=args.dry_run)
     qr = None
     if not getattr(args, "no_queued", False) and args.tpu_action in ("up", "create", "delete"):
@@ -353,7 +348,7 @@ def _with_planned_settings(args) -> list[str]:
     from bert_jax.launch import pretrain_args
     from bert_jax.planning import plan
 
-    accelerator = getattr(args, "accelerator_type", None) or "v4-32"
+    accelerator = args.accelerator_type  # `up`, the one action with --settings and --plan
     what, path = "--settings", args.settings
     if args.plan:
         config_args = pretrain_args.config_args(args.pretrain_args)

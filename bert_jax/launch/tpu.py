@@ -35,6 +35,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from bert_jax.launch import LaunchError, Runner, describe
+from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT
 
 SOURCE_ITEMS = ("pyproject.toml", "README.md", "bert_jax", "configs", "launch")
@@ -63,15 +64,24 @@ def default_jax_spec() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TpuVm:
-    """One TPU VM (a single host or a pod slice) and where bert-jax lives on its workers."""
+    """One TPU VM (a single host or a pod slice) and where bert-jax lives on its workers. Each
+    setting is declared once here: `launch tpu`'s flags, their help and the defaults of an
+    action that has no flag for one derive from the declarations (`--name` and `--zone`, which
+    have no default, are required flags; `spot` is set by `--spot`, one of the capacity kinds)."""
 
-    name: str
-    zone: str
-    project: str | None = None
-    accelerator_type: str = "v4-32"
-    version: str = "tpu-ubuntu2204-base"
-    spot: bool = False
-    remote_dir: str = "bert-jax"
+    name: str = setting(
+        "",
+        "TPU VM name: lowercase letters, digits and hyphens, starting with a letter (at most 63 "
+        "characters)",
+    )
+    zone: str = setting("", "the TPU VM's zone, e.g. us-central2-b")
+    project: str | None = setting(
+        None, "Google Cloud project", zero="default: gcloud's configured project"
+    )
+    accelerator_type: str = setting("v4-32", "TPU slice to create")
+    version: str = setting("tpu-ubuntu2204-base", "TPU VM software")
+    spot: bool = setting(False, "Spot capacity (--spot)", flag="")
+    remote_dir: str = setting("bert-jax", "directory under each worker's home")
 
     def __post_init__(self):
         if not _NAME.match(self.name):
