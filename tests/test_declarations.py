@@ -12,15 +12,18 @@ from collections.abc import Callable
 
 import pytest
 
-from bert_jax import cli
+from bert_jax import cli, encode_settings, fill_mask
+from bert_jax.bench import settings as bench_settings
+from bert_jax.cli import bench as bench_cli
 from bert_jax.cli import config_flags
 from bert_jax.cli import plan as plan_cli
 from bert_jax.data.preparation import settings as prepare_settings
 from bert_jax.finetune.tuning import settings as finetune_settings
-from bert_jax.launch import slurm, supervisor
+from bert_jax.launch import slurm, supervisor, tpu
 from bert_jax.planning import candidates as plan_candidates
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import Declaration, setting
+from bert_jax.training import model_eval
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -242,7 +245,8 @@ FAMILIES = {
             lambda: _argparse_options("launch", "tpu", "watch"),
         ),
         _listed(
-            # The slice and how it is asked for (TpuVm, QueuedResource: not declared yet).
+            # The slice (TpuVm: the "launch tpu" family) and how it is asked for
+            # (QueuedResource: not declared yet).
             "--name --zone --project --accelerator-type --version --valid-until-duration",
             "--spot --best-effort --reserved --guaranteed --no-queued",
             # The source the workers install, the job's command and environment (the Job).
@@ -280,6 +284,49 @@ FAMILIES = {
             "--config --topology --prices",  # what to plan, for which slice, at which prices
             "--json --no-json --dry-run --no-dry-run --verbose --no-verbose",  # what it prints
         ),
+    ),
+    "launch tpu": Family(
+        tpu.TpuVm,
+        tuple(
+            (lambda action=action: _argparse_options("launch", "tpu", action))
+            for action in ("create", "setup", "run", "logs", "stop", "delete")
+        ),
+        _listed(
+            "--dry-run",  # an action
+            # How the slice is asked for (QueuedResource: not declared yet; --spot sets spot).
+            "--spot --best-effort --reserved --guaranteed --valid-until-duration --no-queued",
+            "--source --archive --jax-spec --setup-command",  # what setup installs
+            "--env --no-follow --settings --plan",  # the run's environment and its settings
+            "--worker",  # whose log to stream
+        ),
+    ),
+    "encode": Family(
+        encode_settings.EncodeSettings,
+        (lambda: _argparse_options("encode"),),
+        _listed("--model --input --output"),  # what to encode, and where the features go
+    ),
+    "bench": Family(
+        bench_settings.BenchSettings,
+        (lambda: _config_command_options(bench_cli.COMMAND),),
+        _listed(
+            "--config",  # what to time
+            # What is timed beside what: the data, packing, the peers and their PRNGs (not
+            # declared yet).
+            "--real-data --no-real-data --packing --no-packing",
+            "--compare-unpacked --no-compare-unpacked --tokenizer",
+            "--rng-impl --peer --peer-python --peer-rng-impl",
+            "--json",  # where the report also goes
+        ),
+    ),
+    "eval": Family(
+        model_eval.EvalSettings,
+        (lambda: _argparse_options("eval"),),
+        _listed("--model --data", "--json"),  # what to evaluate on what; how it prints
+    ),
+    "fill-mask": Family(
+        fill_mask.FillMaskSettings,
+        (lambda: _argparse_options("fill-mask"),),
+        _listed("--model --input", "--json"),  # what to try on which texts; how it prints
     ),
 }
 
