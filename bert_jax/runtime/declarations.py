@@ -5,9 +5,14 @@ from it (STYLE 21): the command-line flag and its help (`add_flags`), the range 
 the recorded settings a family keeps (`as_dict`; a records manifest, a trial's key, a report's
 protocol block) through the declaration's flags (`records`, `trial`, `step`, `swept`).
 
-The families: `FinetuneSettings` (finetune/tuning/settings.py), `PrepareSettings`
-(data/preparation/settings.py), the pretraining config's sections (training/config_schema.py) and
-the supervisor's policy (launch/). This module imports neither NumPy nor JAX: `--help` reads it.
+Every family, one dataclass each (tests/test_declarations.py walks them all, `FAMILIES`):
+`PrepareSettings` (data/preparation/settings.py), the pretraining config's sections
+(training/config_schema.py, the model's from core/bert_config.py, the data keys from
+`PrepareSettings`), `FinetuneSettings` (finetune/tuning/settings.py), the supervisor's `Policy`,
+`TpuVm` and `SlurmJob` (launch/), plan's `Space` (planning/candidates.py), `BenchSettings`
+(bench/settings.py), `EncodeSettings` (encode_settings.py), `FillMaskSettings` (fill_mask.py) and
+`EvalSettings` (training/model_eval.py). This module imports neither NumPy nor JAX: `--help`
+reads it.
 """
 
 from __future__ import annotations

@@ -206,7 +206,8 @@ def _prepared(
         f"data: {source} at length {phase.max_seq_length}, prepared once into "
         f"{config.data.cache_dir or os.path.join(workdir, 'data')} and reused from there"
     )
-    # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else 5.
+    # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else data
+    # prepare's declared default.
     dupe = int(config.data.dupe_factor)
     return prepare_cached(
         source,
@@ -217,7 +218,7 @@ def _prepared(
             masked_lm_prob=float(config.data.masked_lm_prob),
             short_seq_prob=float(config.data.short_seq_prob),
             random_next_prob=float(config.data.random_next_prob),
-            dupe_factor=dupe if dupe >= 0 else (1 if dynamic else 5),
+            dupe_factor=dupe if dupe >= 0 else (1 if dynamic else PrepareSettings.dupe_factor),
             seed=seed,
             whole_word_mask=bool(config.data.whole_word_mask),
             num_workers=int(config.data.num_workers),
