@@ -8,14 +8,12 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 
+from bert_jax.core.dtypes import DTYPES
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import UserError
 
 POOLS = ("cls", "last", "mean", "none")
-# BertConfig's compute dtypes (core/bert_config.py imports JAX; tests/test_encode.py holds the
-# two equal).
-DTYPES = ("float32", "bfloat16")
 DEFAULT_MAX_SEQ_LENGTH = 128
 
 

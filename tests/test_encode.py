@@ -189,7 +189,7 @@ def test_settings_are_checked_before_the_model_is_read(tmp_path, capsys):
     assert (
         EncodeSettings(layers="-2,-1").layers == (-2, -1) == EncodeSettings(layers=[-2, -1]).layers
     )
-    assert EncodeSettings().layers == (-1,) and DTYPES == bert_config.DTYPES
+    assert EncodeSettings().layers == (-1,) and DTYPES is bert_config.DTYPES
     with pytest.raises(ValueError, match="--pool 'max' is not one of cls, last, mean, none"):
         EncodeSettings(pool="max")
 

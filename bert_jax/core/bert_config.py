@@ -16,6 +16,7 @@ from typing import Any
 import jax
 
 from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS
+from bert_jax.core.dtypes import DTYPES
 from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import UserError
 
@@ -32,10 +33,6 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn", "pallas")
-# The compute and parameter dtypes the model supports (README: bfloat16 / float32). Other
-# spellings ('bf16', 'fp32') are refused naming these, so that config.json and the model
-# directory say each dtype one way.
-DTYPES = ("float32", "bfloat16")
 # What pretraining trains (docs/ablations.md): "mlm+nsp" the paper's masked LM + next sentence
 # prediction; "mlm" masked LM only (RoBERTa's "no NSP"); "ltr" a left-to-right LM (causal
 # attention, every position predicts the next token; the paper's Table 5 "LTR & No NSP").

@@ -10,13 +10,13 @@ import math
 import shlex
 from collections.abc import Sequence
 
+from bert_jax.core.dtypes import DTYPES
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import UserError
 
 GIB = 1024**3
 MESH_KINDS = ("dp", "fsdp", "dp_fsdp", "fsdp_tp")
-DTYPES = ("float32", "bfloat16")
 MESH_NAMES = {
     "dp": "data parallel",
     "fsdp": "fsdp",
