@@ -3,20 +3,27 @@ Spark, or Beam's FnApiRunner on this machine), writing the records the local pat
 
 The pipeline runs the local path's own functions (``groups.py``), so both write the same bytes::
 
-    Create(splits) -> Reshuffle -> read a split: one (group, its documents) element per group it
-      feeds (the documents pickled as one blob, as the local path spills them) ---> GroupByKey
-      -> a group's documents in key order -> process_group -> write_group (part-NNNNN.tfrecord)
-      -> one final step: the completion mark stats-0-of-1.json (with the counts of every group)
+    Create(splits, reshuffled) -> read a split: one ((held_out, group), its documents) element
+      per group it feeds (the documents pickled as one blob, as the local path spills them)
+      ---> GroupByKey -> a group's documents in key order -> process_group -> write_group
+      (part-NNNNN.tfrecord, or heldout/part-NNNNN.tfrecord)
+      -> one final step: the completion marks stats-0-of-1.json (with the counts of every group)
 
-Held-out documents (``groups.route_documents``) leave the read as a side output; the few that
-the floor adds (``groups.floor_documents``, from every split's ``Routing``, a side input) leave
-their training group when it is written. Both go through a GroupByKey of their own into the
-held-out groups, written into ``heldout/`` (``layout.heldout_dir``) before the final step.
+Held-out documents (``groups.route_documents``) are keyed to their held-out group as they are
+read, and go through the same GroupByKey as the training groups: held-out and training groups
+are written side by side, in one stage. The few documents that the floor adds
+(``groups.floor_documents``) are chosen from every split's lowest-ranked training documents,
+which each read sends on the side with their text (``_lowest_candidates`` combines them, keeping
+no more than the floor can take). The choice, with its documents, is a side input of the writing
+step: a training group leaves them out, their held-out group takes them in (the first split
+sends every held-out group an empty element, so that each is a key of the GroupByKey).
 
 A document is never an element of its own: per-element costs (coders, the shuffle's keys) are
 paid per split and group, and a worker holds one split while reading, one group while writing.
-No step imports TensorFlow (``tfrecord.write_records`` frames records itself), so a worker starts
-in about the time it takes to import Beam.
+No step imports TensorFlow (``tfrecord.write_records`` frames records itself), and only the
+writing step carries the tokenizer, so a worker starts in about the time it takes to import
+Beam; on this machine the FnApiRunner's worker processes start before the pipeline is built,
+and end without the interpreter's teardown (``beam_workers.py``).
 
 Before the pipeline starts, this process checks the inputs and the output directory and writes
 ``prepare_config.json`` and ``tokenizer/`` (``prepare.check_run``, ``prepare.start_run``); the
@@ -38,6 +45,8 @@ own (``INSTALL_HINT``).
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import json
 import logging
 import os
@@ -48,11 +57,12 @@ import tempfile
 import time
 import traceback
 
-from bert_jax.data.preparation import beam_watch
+from bert_jax.data.layout import HELDOUT_MIN_DOCUMENTS
+from bert_jax.data.preparation import beam_watch, beam_workers
 from bert_jax.data.preparation import groups as groups_lib
 from bert_jax.data.preparation import stage as prepare_lib
 from bert_jax.data.records import manifest
-from bert_jax.data.sources import documents as sources_lib
+from bert_jax.data.sources import corpus_stats as sources_lib
 from bert_jax.data.sources import splits as splits_lib
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
@@ -79,18 +89,14 @@ def import_beam():
 
 
 def pipeline_options(beam_args: list[str]):
-    """Beam's own options from ``beam_args`` (``--runner=DataflowRunner --project ...``) and the
-    runner to run them with: Beam's choice where ``--runner`` is given, else the FnApiRunner
-    (the DirectRunner would first try to download the Prism runner)."""
+    """Beam's own options from ``beam_args`` (``--runner=DataflowRunner --project ...``), and
+    whether they leave the runner to us: the FnApiRunner where no ``--runner`` is given (the
+    DirectRunner would first try to download the Prism runner)."""
     import_beam()
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     options = PipelineOptions(list(beam_args))
-    if options.view_as(StandardOptions).runner:
-        return options, None
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-    return options, FnApiRunner()
+    return options, not options.view_as(StandardOptions).runner
 
 
 def _marked(error: UserError) -> RuntimeError:
@@ -108,10 +114,12 @@ def _user_error_in(error: BaseException) -> str | None:
 
 # The steps below carry no type hints: Beam would read them as its own (as strings, here).
 def _read_split(indexed_split, seed, num_groups, reader_options, heldout):
-    """A split -> ``(group, blob)``, one per group it feeds: the group's documents of this split,
-    ``[(key, document), ...]`` pickled as the local path spills them; on the side, its held-out
-    documents so (``heldout``: ``groups.route_documents``), its CorpusStats (``stats``) and its
-    ``groups.Routing`` (``routing``)."""
+    """A split -> ``((held_out, group), blob)``, one per group it feeds (the first split: one
+    for every held-out group too): the group's documents of this split, ``[(key, document),
+    ...]`` pickled as the local path spills them (a held-out document in its held-out group:
+    ``groups.route_documents``); on the side, its CorpusStats (``stats``) and its
+    ``groups.Routing`` with the candidates' documents (``candidates``: ``(documents, held,
+    [(rank, key, group, document), ...])``)."""
     beam = import_beam()
     index, split = indexed_split
     stats = sources_lib.CorpusStats()
@@ -124,32 +132,67 @@ def _read_split(indexed_split, seed, num_groups, reader_options, heldout):
             by_group.setdefault((held, group), []).append(keyed)
     except UserError as err:
         raise _marked(err) from None
-    for held, group in sorted(by_group):
-        blob = pickle.dumps(by_group.pop((held, group)), protocol=pickle.HIGHEST_PROTOCOL)
-        yield beam.pvalue.TaggedOutput("heldout", (group, blob)) if held else (group, blob)
-    yield beam.pvalue.TaggedOutput("routing", routing.as_tuple())
+    wanted: dict[int, set] = {}
+    for _, key, group in routing.candidates:
+        wanted.setdefault(group, set()).add(key)
+    texts = {
+        key: document
+        for group, keys in wanted.items()
+        for key, document in by_group[(False, group)]
+        if key in keys
+    }
+    candidates = [(rank, key, group, texts[key]) for rank, key, group in routing.candidates]
+    yield beam.pvalue.TaggedOutput("candidates", (routing.documents, routing.held, candidates))
+    if heldout is not None and index == 0:  # every held-out group a key: the floor may fill it
+        for group in range(heldout.num_groups):
+            by_group.setdefault((True, group), [])
+    for where in sorted(by_group):
+        yield where, pickle.dumps(by_group.pop(where), protocol=pickle.HIGHEST_PROTOCOL)
     beam_watch.count("documents", stats.documents)
     beam_watch.count("input_bytes", splits_lib.split_bytes(split))
     yield beam.pvalue.TaggedOutput("stats", (index, stats.as_dict()))
 
 
-def _write_group(group_blobs, output_dir, tokenizer, recorded, finished, floor=None):
+def _lowest_candidates(routings):
+    """Splits' ``_read_split`` candidates -> one: the counts summed, and the lowest-ranked
+    ``HELDOUT_MIN_DOCUMENTS`` candidates, all that the floor may take. Beam applies it to its
+    own results too (in each worker, then across them), so a worker sends no more than these."""
+    documents, held, candidates = 0, 0, []
+    for split_documents, split_held, split_candidates in routings:
+        documents += split_documents
+        held += split_held
+        candidates.extend(split_candidates)
+    lowest = heapq.nsmallest(HELDOUT_MIN_DOCUMENTS, candidates, key=lambda c: c[:2])
+    return documents, held, lowest
+
+
+def _floor(merged, heldout):
+    """The combined candidates -> ``(documents held out by share, {key: (held-out group,
+    document)})``: the floor's choice (``groups.floor_documents``), with its documents."""
+    documents, held, candidates = merged
+    floor = groups_lib.floor_documents([(documents, held, candidates)], heldout)
+    return held, {key: (floor[key], document) for _, key, _, document in candidates if key in floor}
+
+
+def _write_group(group_blobs, targets, tokenizer, floor):
     """One group's documents (a blob per split that fed it) -> its shard (or the shard an
-    earlier run finished) -> its counts. The documents the held-out floor takes (``floor``:
-    key -> held-out group) go on the side (``heldout``), even from a group written before."""
-    group, blobs = group_blobs
-    if floor:
-        beam = import_beam()
-        keyed = [item for blob in blobs for item in pickle.loads(blob)]
-        for item in keyed:
-            if item[0] in floor:
-                yield beam.pvalue.TaggedOutput("heldout", (floor[item[0]], pickle.dumps([item])))
-        keyed = [item for item in keyed if item[0] not in floor]
+    earlier run finished) -> ``((held_out, group), its counts)``. ``targets[held_out]``: the
+    records' ``(directory, recorded settings, groups finished before)``; ``floor``: ``_floor``'s
+    choice, whose documents leave their training group for their held-out group. A held-out
+    group left with no document has no shard, as on the local path."""
+    (held, group), blobs = group_blobs
+    output_dir, recorded, finished = targets[held]
     if group in finished:  # written by an earlier run of this job: kept as it is
-        yield group, None
+        yield (held, group), None
         return
-    if not floor:
-        keyed = [item for blob in blobs for item in pickle.loads(blob)]
+    keyed = [item for blob in blobs for item in pickle.loads(blob)]
+    chosen = floor[1]
+    if held:
+        keyed += [(key, document) for key, (to, document) in chosen.items() if to == group]
+        if not keyed:
+            return
+    elif chosen:
+        keyed = [item for item in keyed if item[0] not in chosen]
     groups_lib.init_worker(tokenizer)
     try:
         counts, serialized = groups_lib.process_group(
@@ -158,10 +201,10 @@ def _write_group(group_blobs, output_dir, tokenizer, recorded, finished, floor=N
         groups_lib.write_group(output_dir, group, counts, serialized)
     except UserError as err:
         raise _marked(err) from None
-    held = "heldout_" if recorded.get("heldout") else ""  # the held-out records' own counters
-    beam_watch.count(f"{held}groups", 1)
-    beam_watch.count(f"{held}instances", counts.get("instances", 0))
-    yield group, counts
+    counter = "heldout_" if held else ""  # the held-out records' own counters
+    beam_watch.count(f"{counter}groups", 1)
+    beam_watch.count(f"{counter}instances", counts.get("instances", 0))
+    yield (held, group), counts
 
 
 def _tally(group_counts):
@@ -183,15 +226,18 @@ def _tally(group_counts):
     return instance_stats, parts, written, skipped
 
 
-def _finish(_, checked, settings, started, group_counts, split_stats, held_counts, routings, floor):
+def _finish(_, checked, settings, started, group_counts, split_stats, floor):
     """The final step: every group's counts and every split's stats -> the completion marks."""
     try:
         corpus_stats = sources_lib.CorpusStats()
         for _, stats in sorted(split_stats, key=lambda item: item[0]):  # in split order
             corpus_stats.merge(sources_lib.CorpusStats(**stats))
-        held_out = sum(routing[1] for routing in routings) + len(floor)
-        prepare_lib.check_enough_documents(checked, corpus_stats, held_out)
-        instance_stats, parts, written, skipped = _tally(group_counts)
+        held_by_share, chosen = floor
+        prepare_lib.check_enough_documents(checked, corpus_stats, held_by_share + len(chosen))
+        by_records: dict[bool, list] = {False: [], True: []}
+        for (held, group), counts in group_counts:
+            by_records[held].append((group, counts))
+        instance_stats, parts, written, skipped = _tally(by_records[False])
         result = prepare_lib.PrepareResult(
             output_dir=checked.output_dir,
             files=[os.path.join(checked.output_dir, groups_lib.part_name(g)) for g in parts],
@@ -204,7 +250,7 @@ def _finish(_, checked, settings, started, group_counts, split_stats, held_count
         )
         held_parts = None
         if checked.heldout is not None:
-            result.heldout_stats, held_parts, _, _ = _tally(held_counts)
+            result.heldout_stats, held_parts, _, _ = _tally(by_records[True])
             result.heldout_dir = checked.heldout.output_dir if held_parts else None
         prepare_lib.finish_run(
             result, settings, checked, parts, everyone_done=True, heldout_parts=held_parts
@@ -217,7 +263,7 @@ def _finish(_, checked, settings, started, group_counts, split_stats, held_count
 def describe(checked, beam_args: list[str]) -> str:
     """What ``--dry-run`` prints: the splits, the groups and Beam's options; nothing is run."""
     try:
-        options, runner = pipeline_options(beam_args)
+        options, ours = pipeline_options(beam_args)
     except UserError:  # no Beam here: the options as given (the job's machine needs Beam)
         given = " ".join(beam_args) or "(none)"
         return (
@@ -226,72 +272,51 @@ def describe(checked, beam_args: list[str]) -> str:
         )
     shown = options.get_all_options(drop_default=True)
     given = " ".join(f"--{key}={value}" for key, value in sorted(shown.items())) or "(none)"
-    chosen = "; runner: FnApiRunner (no --runner given)" if runner is not None else ""
+    chosen = "; runner: FnApiRunner (no --runner given)" if ours else ""
     return f"{prepare_lib.describe_run(checked)}\npipeline options: {given}{chosen}"
 
 
 def build(pipeline, checked, settings, finished: frozenset[int], started: float):
     """The preparation's transforms on ``pipeline`` (its last step writes the completion mark)."""
     beam = import_beam()
-    indexed = list(enumerate(checked.splits))
     held = checked.heldout
     rule = None if held is None else held.rule
     read = (
         pipeline
-        | "Splits" >> beam.Create(indexed)
-        | "Spread" >> beam.Reshuffle()
+        | "Splits" >> beam.Create(list(enumerate(checked.splits)))  # reshuffled: spread out
         | "Read"
         >> beam.FlatMap(
             _read_split, settings.seed, checked.num_groups, checked.reader_options, rule
-        ).with_outputs("stats", "heldout", "routing", main="documents")
+        ).with_outputs("stats", "candidates", main="documents")
     )
     floor = (
-        read.routing
-        | "Routings" >> beam.combiners.ToList()
-        | "Floor" >> beam.Map(groups_lib.floor_documents, rule)
+        read.candidates
+        | "Candidates" >> beam.CombineGlobally(_lowest_candidates).without_defaults()
+        | "Floor" >> beam.Map(_floor, rule)
     )
-    written = (
+    targets = {False: (checked.output_dir, checked.recorded, finished)}
+    if held is not None:
+        held_finished = prepare_lib.finished_groups(held.output_dir)
+        targets[True] = (held.output_dir, held.recorded, held_finished)
+    counts = (
         read.documents
         | "Group" >> beam.GroupByKey()
         | "Write"
-        >> beam.FlatMap(
-            _write_group,
-            checked.output_dir,
-            checked.tokenizer,
-            checked.recorded,
-            finished,
-            beam.pvalue.AsSingleton(floor),
-        ).with_outputs("heldout", main="counts")
+        >> beam.FlatMap(_write_group, targets, checked.tokenizer, beam.pvalue.AsSingleton(floor))
     )
-    counts = written.counts
-    held_counts = pipeline | "NoHeldout" >> beam.Create([])
-    if held is not None:
-        held_counts = (
-            (read.heldout, written.heldout)
-            | "Heldout" >> beam.Flatten()
-            | "GroupHeldout" >> beam.GroupByKey()
-            | "WriteHeldout"
-            >> beam.FlatMap(
-                _write_group,
-                held.output_dir,
-                checked.tokenizer,
-                held.recorded,
-                prepare_lib.finished_groups(held.output_dir),
-            )
-        )
+    # The final step needs no tokenizer: each step's arguments are pickled (and compressed).
+    light = dataclasses.replace(checked, tokenizer=None)
     return (
         pipeline
         | "Once" >> beam.Create([None])
         | "Finish"
         >> beam.FlatMap(
             _finish,
-            checked,
+            light,
             settings,
             started,
             beam.pvalue.AsList(counts),
             beam.pvalue.AsList(read.stats),
-            beam.pvalue.AsList(held_counts),
-            beam.pvalue.AsList(read.routing),
             beam.pvalue.AsSingleton(floor),
         )
     )
@@ -321,18 +346,39 @@ def prepare_with_beam(
     handlers = logging.getLogger().handlers or [logging.lastResort]
     for handler in handlers:
         handler.addFilter(hide)
+    # The FnApiRunner's worker processes start first, to import Beam while this process does.
+    count, shown = beam_workers.planned(beam_args)
+    workers_log = None  # what they print, kept where the job fails with a bug
+    if count and not shown:
+        workers_log = os.path.join(tempfile.mkdtemp(prefix="bert-jax-beam-"), "workers.log")
+    standbys = beam_workers.Standbys(count, workers_log) if count else None
+    failed = True
     try:
-        return _run(sources, tokenizer, output_dir, settings, beam_args, output_what, started, hide)
+        job = (sources, tokenizer, output_dir, settings, beam_args, output_what, started)
+        result = _run(*job, hide, standbys)
+        failed = False
+        return result
+    except UserError:
+        failed = False  # one line says it all
+        raise
     finally:
+        if standbys is not None:
+            standbys.close()
         for handler in handlers:
             handler.removeFilter(hide)
+        if workers_log is not None:
+            if failed and os.path.exists(workers_log):
+                logger.error("Beam's worker processes' output: %s", workers_log)
+            else:
+                shutil.rmtree(os.path.dirname(workers_log), ignore_errors=True)
 
 
-def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, started, hide):
-    """``prepare_with_beam``'s job, with Beam's log lines going through ``hide``."""
+def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, started, hide, standbys):
+    """``prepare_with_beam``'s job, with Beam's log lines going through ``hide`` and, on the
+    FnApiRunner, ``standbys`` (None: none) as its worker processes."""
     beam = import_beam()  # before the inputs are read for their identity
     checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
-    options, runner = pipeline_options(beam_args)
+    options, ours = pipeline_options(beam_args)
     level = beam_watch.beam_log_level(options)
     if level is not None:
         hide.level = level
@@ -347,12 +393,8 @@ def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, start
         checked.num_groups,
         f", {len(finished)} written before (kept)" if finished else "",
     )
-    workers_log = None
-    if runner is not None and level is None:
-        workers_log = os.path.join(tempfile.mkdtemp(prefix="bert-jax-beam-"), "workers.log")
-        runner = beam_watch.quiet_workers(options, workers_log) or runner
+    runner = beam_workers.local_runner(options, standbys) if ours else None
     watch = beam_watch.ShardWatch(checked.output_dir, todo)
-    failed = True
     try:
         pipeline = beam.Pipeline(runner=runner, options=options)
         build(pipeline, checked, settings, finished, started)
@@ -364,17 +406,10 @@ def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, start
             line = _user_error_in(err)
             if line is None:
                 raise
-            failed = False  # one line says it all
             raise UserError(line) from None
-        failed = False
     finally:
         if watch.is_alive():
             watch.stop()
-        if workers_log is not None:
-            if failed and os.path.exists(workers_log):  # a bug: what the workers said is kept
-                logger.error("Beam's worker processes' output: %s", workers_log)
-            else:
-                shutil.rmtree(os.path.dirname(workers_log), ignore_errors=True)
     counters = beam_watch.job_counters(job)
     logger.debug("Beam counters: %s", ", ".join(f"{k} {v}" for k, v in sorted(counters.items())))
     return _read_result(checked)

@@ -3,8 +3,8 @@ lines, from the shards that appear in the output directory (``ShardWatch``, what
 workers on other machines included); Beam's counters ``COUNTERS`` (``count`` in a step,
 ``job_counters`` at the end; Dataflow's console lists them under the job's custom counters);
 Beam's own log lines hidden below ``LOG_LEVEL_OPTION``'s level, ERROR unless it is given
-(``HideBeam`` in this process, ``quiet_workers`` for the FnApiRunner's worker processes, whose
-output goes to a file).
+(``HideBeam`` in this process; the FnApiRunner's worker processes write theirs to a file:
+``beam_pipeline._local_runner``).
 
 Beam is imported inside the functions that need it.
 """
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
-import sys
 import threading
 
 from bert_jax.data.preparation import groups as groups_lib
@@ -50,27 +48,6 @@ def beam_log_level(options) -> int | None:
             f"--{LOG_LEVEL_OPTION}={given}: not a log level (DEBUG, INFO, WARNING, ERROR)"
         )
     return level
-
-
-def quiet_workers(options, log_path: str):
-    """An FnApiRunner whose worker processes (``--direct_running_mode=multi_processing``) write
-    their output to ``log_path`` instead of this terminal; None where it runs no processes.
-    The FnApiRunner starts ``direct_num_workers`` processes of its default environment: the
-    command Beam itself would run, with its stderr sent to the file."""
-    from apache_beam.options.pipeline_options import DirectOptions
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    from apache_beam.transforms.environments import SubprocessSDKEnvironment
-
-    direct = options.view_as(DirectOptions)
-    if direct.direct_running_mode != "multi_processing":
-        return None
-    command = (
-        f"{shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main "
-        f"2>>{shlex.quote(log_path)}"
-    )
-    # In "multi_processing" the runner would replace this environment with its own command.
-    direct.direct_running_mode = "in_memory"
-    return FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(command))
 
 
 class HideBeam(logging.Filter):
