@@ -2,38 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from bert_jax.bench.settings import BenchSettings
-from bert_jax.cli.config_flags import ConfigCommand
+from bert_jax.cli.config_flags import ConfigCommand, declared_flags, declared_values
 from bert_jax.runtime import declarations
-
-
-def _absl_name(name: str) -> str:
-    """The absl name of `BenchSettings`' setting `name` (`seq_len` -> `max_seq_length`)."""
-    declared = declarations.declarations(BenchSettings)[name]
-    return declarations.flag_name(name, declared)[2:].replace("-", "_")
-
-
-def _settings_flags() -> tuple[tuple[str, str, Any, str], ...]:
-    """`BenchSettings`' flags as `ConfigCommand` declares them: kind, name, default and help
-    (with the range) from the declarations."""
-    found = []
-    for field in declarations.declared_fields(BenchSettings):
-        options = declarations.flag_options(field)
-        kind = {int: "integer", float: "float"}[options["type"]]
-        found.append((kind, _absl_name(field.name), field.default, options["help"]))
-    return tuple(found)
-
-
-def _settings(flag_values) -> BenchSettings:
-    """The declared settings from the parsed flags; a bad value is one line naming its flag."""
-    return BenchSettings(
-        **{
-            name: flag_values[_absl_name(name)].value
-            for name in declarations.declarations(BenchSettings)
-        }
-    )
 
 
 def _run(flag_values) -> int:
@@ -43,7 +14,7 @@ def _run(flag_values) -> int:
 
     spec = spec_lib.spec_from_config(
         flag_values.config,
-        **declarations.as_dict(_settings(flag_values)),
+        **declarations.as_dict(BenchSettings(**declared_values(BenchSettings, flag_values))),
         data="embedded" if flag_values.real_data or flag_values.packing else "synthetic",
         packing=flag_values.packing,
         tokenizer=flag_values.tokenizer or "",
@@ -68,7 +39,7 @@ COMMAND = ConfigCommand(
     "Face's PyTorch BERT (eager and compiled) or Flax BERT: --config configs/bert.py:SIZE "
     "[--peer hf-torch]",
     own_flags=(
-        *_settings_flags(),
+        *declared_flags(BenchSettings),
         (
             "string",
             "peer",

@@ -21,6 +21,7 @@ from typing import Any
 
 from bert_jax import configs
 from bert_jax.cli.parser import HelpFormatter, Parser, default_text, unknown_flag_message
+from bert_jax.runtime import declarations
 from bert_jax.runtime.errors import UserError
 
 # The help lists our flags under this heading (as it did when the CLI was one module).
@@ -57,6 +58,41 @@ class ConfigCommand:
             print(self.settings_help(flag_values.config))
             return 0
         return self.run(flag_values)
+
+
+def declared_flags(cls: type) -> tuple[tuple[str, str, Any, str], ...]:
+    """The flags of a declared settings family (runtime/declarations.py) as `ConfigCommand`
+    takes them: kind, absl name, default and help with its range. A number is an absl number;
+    anything else (a list, a size) is its shown text, read back by `declared_values`."""
+    found = []
+    for field in declarations.declared_fields(cls):
+        declared = field.metadata["declaration"]
+        options = declarations.flag_options(field)
+        default = field.default
+        kind = {int: "integer", float: "float"}.get(options.get("type"), "string")
+        if kind == "string" and default is not None:
+            default = (declared.show or declarations.shown)(default)
+        found.append((kind, _absl_name(field.name, declared), default, options["help"]))
+    return tuple(found)
+
+
+def declared_values(cls: type, flag_values) -> dict[str, Any]:
+    """A declared family's settings from the parsed flags of `declared_flags` (a text read by
+    its declaration's `parse`; a bad word is one line naming its flag)."""
+    values = {}
+    for name, declared in declarations.declarations(cls).items():
+        value = flag_values[_absl_name(name, declared)].value
+        if declared.parse is not None and isinstance(value, str):
+            try:
+                value = declared.parse(value)
+            except ValueError as err:
+                raise UserError(f"{declarations.flag_name(name, declared)}: {err}") from None
+        values[name] = value
+    return values
+
+
+def _absl_name(name: str, declared) -> str:
+    return declarations.flag_name(name, declared)[2:].replace("-", "_")
 
 
 @contextlib.contextmanager

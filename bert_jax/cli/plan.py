@@ -4,46 +4,10 @@ TPU slice (mesh, dtype, windowed einsums, ZeRO 1, remat, accumulation), their fl
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from bert_jax.cli.config_flags import ConfigCommand
+from bert_jax.cli.config_flags import ConfigCommand, declared_flags, declared_values
 from bert_jax.planning.candidates import Space
-from bert_jax.runtime import declarations
 from bert_jax.runtime.errors import UserError
-
-
-def _space_flags() -> tuple[tuple[str, str, Any, str], ...]:
-    """The search space's flags, as `ConfigCommand` declares them, from `Space`'s declarations:
-    a list as its comma-separated text, read back by the declaration's `parse`."""
-    found = []
-    for field in declarations.declared_fields(Space):
-        declared = field.metadata["declaration"]
-        kind = {int: "integer", float: "float"}.get(type(field.default), "string")
-        default = field.default
-        if kind == "string":
-            default = (declared.show or declarations.shown)(default)
-        help_text = declarations.flag_options(field)["help"]
-        found.append((kind, _absl_name(field.name, declared), default, help_text))
-    return tuple(found)
-
-
-def _absl_name(name: str, declared) -> str:
-    return declarations.flag_name(name, declared)[2:].replace("-", "_")
-
-
-def _space(flag_values) -> dict[str, Any]:
-    """The search space's settings from the parsed flags (a list's text parsed; a bad word is
-    one line naming its flag)."""
-    space = {}
-    for name, declared in declarations.declarations(Space).items():
-        value = flag_values[_absl_name(name, declared)].value
-        if declared.parse is not None:
-            try:
-                value = declared.parse(value)
-            except ValueError as err:
-                raise UserError(f"{declarations.flag_name(name, declared)}: {err}") from None
-        space[name] = value
-    return space
 
 
 def _run(flag_values) -> int:
@@ -54,7 +18,7 @@ def _run(flag_values) -> int:
         raise UserError("--topology is required (e.g. v5p-16, v5litepod-16, v5p:2x2x2)")
     target = topology.parse(flag_values.topology)
     prices = plan.load_prices(flag_values.prices)
-    space = {**_space(flag_values), "prices": prices}
+    space = {**declared_values(Space, flag_values), "prices": prices}
     if flag_values.dry_run:
         print(plan.describe_search(flag_values.config, target, **space))
         return 0
@@ -98,7 +62,7 @@ COMMAND = ConfigCommand(
             "Cloud TPU slice (required): v4-8, v5p-128, v5litepod-16, v6e-64, or a topology such "
             "as v5p:2x2x2",
         ),
-        *_space_flags(),
+        *declared_flags(Space),
         (
             "string",
             "prices",
