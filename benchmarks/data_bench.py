@@ -172,13 +172,16 @@ def bench_against_reference(work_dir: str, dupe_factors: list[int], repeats: int
 
 def _tokenizers(work_dir: str) -> dict:
     from bert_jax.data.tokenizers.load_or_train import load_tokenizer, train_tokenizer
+    from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
 
     found = {}
     vocab = _minilm_vocab()
     if vocab is not None:
         found["wordpiece-30522"] = load_tokenizer(vocab)
     found["sentencepiece-4000"] = train_tokenizer(
-        ["embedded:train"], 4000, os.path.join(work_dir, "spm"), lowercase=True
+        ["embedded:train"],
+        os.path.join(work_dir, "spm"),
+        TokenizerTrainSettings(vocab_size=4000, lowercase=True),
     )
     return found
 

@@ -104,3 +104,45 @@ def test_a_size_below_the_corpus_characters_says_the_smallest(tmp_path, capsys):
     assert match and f"--vocab-size 30 is less than {corpus} needs" in error, error
     assert not (tmp_path / "tok").exists()
     assert cli.main([*argv, "--vocab-size", match.group(2)]) == 0  # the smallest it supports
+
+
+def test_a_setting_out_of_its_range_is_refused_before_anything_is_read(tmp_path, capsys):
+    """The declared ranges (data/tokenizers/train_settings.py) are checked first: the missing
+    input is not what the error names."""
+    missing = str(tmp_path / "missing.txt")
+    argv = ["tokenizer", "train", "--input", missing, "--output", str(tmp_path / "tok")]
+    for given, error in [
+        (["--vocab-size", "5"], "--vocab-size 5 must be >= 6"),
+        (["--vocab-size", "40", "--character-coverage", "0.5"], "--character-coverage 0.5 "),
+        (["--vocab-size", "40", "--input-sentence-size", "50"], "--input-sentence-size 50 "),
+    ]:
+        assert cli.main([*argv, *given]) == 2
+        assert capsys.readouterr().err.startswith(f"bert-jax tokenizer train: error: {error}")
+    assert not (tmp_path / "tok").exists()
+
+
+def test_the_settings_of_a_run_that_trains_its_own_name_its_config_key():
+    from bert_jax.data.tokenizers.interface import SPECIAL_TOKENS
+    from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
+    from bert_jax.runtime import declarations
+    from bert_jax.runtime.errors import UserError
+
+    # The smallest size: the special tokens and one piece of text.
+    smallest = declarations.declarations(TokenizerTrainSettings)["vocab_size"].low
+    assert smallest == len(SPECIAL_TOKENS) + 1
+    try:
+        TokenizerTrainSettings(3).check("config.data.tokenizer_vocab_size")
+    except UserError as err:
+        assert str(err) == "config.data.tokenizer_vocab_size 3 must be >= 6"
+    else:
+        raise AssertionError("a size of 3 was accepted")
+
+
+def test_a_sample_of_the_sentences_is_said_and_zero_takes_them_all(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"{s} ({i})\n" for i in range(30) for s in SENTENCES))
+    argv = ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "60"]
+    for size, said in (("101", "(a sample of 101 of them)"), ("0", "on 120 sentences, ")):
+        output = str(tmp_path / f"tok{size}")
+        assert cli.main([*argv, "--output", output, "--input-sentence-size", size]) == 0
+        assert said in _lines(capsys)[1]

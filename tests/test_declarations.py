@@ -18,6 +18,7 @@ from bert_jax.cli import bench as bench_cli
 from bert_jax.cli import config_flags
 from bert_jax.cli import plan as plan_cli
 from bert_jax.data.preparation import settings as prepare_settings
+from bert_jax.data.tokenizers import train_settings as tokenizer_settings
 from bert_jax.finetune.tuning import settings as finetune_settings
 from bert_jax.launch import slurm, supervisor, tpu
 from bert_jax.planning import candidates as plan_candidates
@@ -276,6 +277,11 @@ FAMILIES = {
             # Flags of an earlier way past one machine, refused in one line naming --runner beam.
             "--shard-index --num-shards --merge",
         ),
+    ),
+    "tokenizer train": Family(
+        tokenizer_settings.TokenizerTrainSettings,
+        (lambda: _argparse_options("tokenizer", "train"),),
+        _listed("--input --output", "--tfds-data-dir"),  # what to train on, where; tfds's cache
     ),
     "plan's search space": Family(
         plan_candidates.Space,

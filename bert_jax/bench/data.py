@@ -49,6 +49,7 @@ def resolve_tokenizer(name: str, vocab_size: int):
     (30,522 entries, as BERT-Base); else a 4,000-piece SentencePiece model trained on the
     embedded corpus (in a temporary directory)."""
     from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
+    from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
 
     if name:
         return tokenizer_lib.load_tokenizer(name)
@@ -62,9 +63,8 @@ def resolve_tokenizer(name: str, vocab_size: int):
     except (ImportError, FileNotFoundError):
         pass
     work = tempfile.mkdtemp(prefix="bert_jax_bench_tokenizer_")
-    return tokenizer_lib.train_tokenizer(
-        ["embedded:train"], min(4000, vocab_size), os.path.join(work, "spm"), lowercase=True
-    )
+    settings = TokenizerTrainSettings(min(4000, vocab_size), lowercase=True)
+    return tokenizer_lib.train_tokenizer(["embedded:train"], os.path.join(work, "spm"), settings)
 
 
 def embedded_data(spec: BenchSpec) -> BenchData:

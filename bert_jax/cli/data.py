@@ -11,6 +11,9 @@ def add_to(subparsers) -> None:
 
 
 def _add_tokenizer(subparsers) -> None:
+    from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
+    from bert_jax.runtime import declarations
+
     parser = subparsers.add_parser("tokenizer", help="train a SentencePiece tokenizer")
     actions = parser.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
     train = actions.add_parser(
@@ -26,31 +29,21 @@ def _add_tokenizer(subparsers) -> None:
         help="text files (one sentence per line), .jsonl, .parquet, Wikipedia XML dumps (.bz2), "
         "tfds:NAME[/CONFIG][:SPLIT] or embedded",
     )
+    # The training's flags, help, defaults and ranges from `TokenizerTrainSettings`; the size
+    # (no default) is required.
+    (size,) = (
+        f for f in declarations.declared_fields(TokenizerTrainSettings) if f.name == "vocab_size"
+    )
     train.add_argument(
-        "--vocab-size", type=int, required=True, help="pieces, the five special tokens included"
+        "--vocab-size", dest="vocab_size", required=True, **declarations.flag_options(size)
     )
     train.add_argument(
         "--output", required=True, metavar="DIR", help="tokenizer directory to write"
     )
-    train.add_argument("--lowercase", action="store_true", help="fold case (uncased model)")
-    train.add_argument(
-        "--model-type",
-        default="unigram",
-        choices=["unigram", "bpe"],
-        help="SentencePiece's algorithm",
-    )
-    train.add_argument(
-        "--character-coverage",
-        type=float,
-        default=0.9995,
-        help="share of the corpus's characters the vocabulary covers (rarer ones become [UNK])",
-    )
-    train.add_argument(
-        "--input-sentence-size",
-        type=int,
-        default=2_000_000,
-        help="sample at most this many sentences (bounds memory on large corpora)",
-    )
+    others = [
+        name for name in declarations.declarations(TokenizerTrainSettings) if name != "vocab_size"
+    ]
+    declarations.add_flags(train, TokenizerTrainSettings, names=others)
     train.add_argument(
         "--tfds-data-dir",
         default=None,
@@ -61,16 +54,14 @@ def _add_tokenizer(subparsers) -> None:
 
 def _train_tokenizer(args) -> int:
     from bert_jax.data.tokenizers.load_or_train import train_tokenizer
+    from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
+    from bert_jax.runtime import declarations
 
     tokenizer = train_tokenizer(
         args.input,
-        args.vocab_size,
         args.output,
-        lowercase=args.lowercase,
+        declarations.from_args(TokenizerTrainSettings, args),
         tfds_data_dir=args.tfds_data_dir,
-        model_type=args.model_type,
-        character_coverage=args.character_coverage,
-        input_sentence_size=args.input_sentence_size,
         log=lambda line: print(f"tokenizer train: {line}", flush=True),
     )
     print(f"wrote {tokenizer!r} to {args.output}")

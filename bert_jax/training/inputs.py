@@ -118,6 +118,7 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str, console=lambda 
     """The run's tokenizer (tokenizer_choice), trained into `<workdir>/tokenizer` when the choice
     is to train one (`console` says so), so that restarts reuse it."""
     from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
+    from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
 
     choice = tokenizer_choice(config, phases, workdir)
     if choice.path:
@@ -131,9 +132,8 @@ def resolve_tokenizer(config, phases: list[Phase], workdir: str, console=lambda 
         )
         tokenizer_lib.train_tokenizer(
             [choice.corpus],
-            vocab_size,
             own,
-            lowercase=bool(config.data.lowercase),
+            TokenizerTrainSettings(vocab_size, lowercase=bool(config.data.lowercase)),
             size_setting="config.data.tokenizer_vocab_size",
         )
     distributed.sync_hosts("tokenizer")

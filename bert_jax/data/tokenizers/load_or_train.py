@@ -9,7 +9,7 @@ Public API:
   ``.model`` file, a WordPiece ``vocab.txt`` or a Hugging Face ``tokenizer.json``.
   ``lowercase=None`` reads the setting from the directory's JSON, else infers it for a
   ``vocab.txt`` (an uncased Google vocabulary holds no upper-case word pieces).
-- ``train_tokenizer(sources, vocab_size, output_dir, lowercase=False, ...)``: the one path from a
+- ``train_tokenizer(sources, output_dir, settings, ...)``: the one path from a
   corpus (text files, JSONL, ``tfds:``, ``embedded``) to a SentencePiece model
   (``bert-jax tokenizer train``, the pretraining run without a tokenizer, the bench);
   ``train_sentencepiece`` on one-sentence-per-line text files.
@@ -40,8 +40,9 @@ from bert_jax.data.tokenizers.sentencepiece import (
     created_output_dir,
     train_sentencepiece,
 )
+from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
 from bert_jax.data.tokenizers.wordpiece import HF_TOKENIZER_JSON, WordPieceTokenizer, read_json
-from bert_jax.runtime import fs
+from bert_jax.runtime import declarations, fs
 from bert_jax.runtime.errors import UserError, user_path
 
 
@@ -125,26 +126,27 @@ def _load_tokenizer(path: str, lowercase: bool | None) -> Tokenizer:
 
 def train_tokenizer(
     sources: Sequence[str | os.PathLike],
-    vocab_size: int,
     output_dir: str | os.PathLike,
-    lowercase: bool = False,
+    settings: TokenizerTrainSettings,
     tfds_data_dir: str | None = None,
     log: Callable[[str], None] | None = None,
     size_setting: str = "--vocab-size",
-    **sentencepiece_options,
 ) -> SentencePieceTokenizer:
-    """``train_sentencepiece`` over any corpus source (``bert-jax tokenizer train``).
+    """``train_sentencepiece`` over any corpus source with ``settings`` (``bert-jax tokenizer
+    train``; a pretraining run without a tokenizer; the bench).
 
     Plain text files are handed to SentencePiece as they are (one sentence per line); JSONL,
     ``tfds:`` and ``embedded`` sources are first read with the corpus reader (which counts and
     skips bad input) into a temporary one-sentence-per-line file. ``log`` receives progress
     lines: what is read (every few seconds while a reader works), then the training's start and
     end. A failure names ``sources`` (never the temporary file) and ``size_setting`` (what set
-    ``vocab_size``), and leaves no output directory that this call created.
+    ``vocab_size``), and leaves no output directory that this call created. A setting out of
+    its range is refused before anything is read.
     """
     from bert_jax.data.records import manifest
     from bert_jax.data.sources import kinds as sources_lib
 
+    settings.check(size_setting)
     named = _listed([os.fspath(s) for s in sources])
     resolved = sources_lib.expand_sources(list(sources))
     manifest.check_text_inputs(resolved)  # binary or non-UTF-8 files: refused, nothing written
@@ -156,11 +158,14 @@ def train_tokenizer(
     plain = [s for s in resolved if is_plain(s)]
     others = [s for s in resolved if not is_plain(s)]
     say = log or (lambda line: None)
-    options = dict(log=log, inputs_named=named, size_setting=size_setting, **sentencepiece_options)
+    # The settings' names are train_sentencepiece's arguments.
+    options = dict(
+        declarations.as_dict(settings), log=log, inputs_named=named, size_setting=size_setting
+    )
     if plain:
         say(f"reading {len(plain)} text file(s) as they are: {_listed(plain)}")
     if not others:
-        return train_sentencepiece(plain, vocab_size, output_dir, lowercase, **options)
+        return train_sentencepiece(plain, output_dir=output_dir, **options)
     output_dir = os.fspath(output_dir)
     with created_output_dir(output_dir):
         with tempfile.NamedTemporaryFile(
@@ -179,9 +184,7 @@ def train_tokenizer(
                 os.remove(sentences_path)
                 raise
         try:
-            return train_sentencepiece(
-                [*plain, sentences_path], vocab_size, output_dir, lowercase, **options
-            )
+            return train_sentencepiece([*plain, sentences_path], output_dir=output_dir, **options)
         finally:
             os.remove(sentences_path)
 

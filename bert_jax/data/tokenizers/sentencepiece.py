@@ -27,6 +27,7 @@ from bert_jax.data.tokenizers.interface import (
     Tokenizer,
     special_token_pattern,
 )
+from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError, user_path
 from bert_jax.runtime.outputs import write_bytes_atomic
@@ -154,10 +155,10 @@ def train_sentencepiece(
     input_files: Sequence[str | os.PathLike],
     vocab_size: int,
     output_dir: str | os.PathLike,
-    lowercase: bool = False,
-    model_type: str = "unigram",
-    character_coverage: float = 0.9995,
-    input_sentence_size: int = 2_000_000,
+    lowercase: bool = TokenizerTrainSettings.lowercase,
+    model_type: str = TokenizerTrainSettings.model_type,
+    character_coverage: float = TokenizerTrainSettings.character_coverage,
+    input_sentence_size: int = TokenizerTrainSettings.input_sentence_size,
     seed_sentencepiece_size: int = 1_000_000,
     num_threads: int | None = None,
     max_sentence_length: int = 16384,
@@ -171,7 +172,8 @@ def train_sentencepiece(
     [SEP] and [MASK] are control symbols, so no text can ever encode to them. ``lowercase`` folds
     case inside the model (``nmt_nfkc_cf``) and in Python, so loaders that ignore our JSON still
     lower-case. Blank lines (document breaks) are skipped by SentencePiece. Sentences beyond
-    ``input_sentence_size`` are sampled away, which bounds memory on huge corpora. ``log``
+    ``input_sentence_size`` (0: none) are sampled away, which bounds memory on huge corpora. The
+    settings' defaults and ranges are ``TokenizerTrainSettings``' (train_settings.py). ``log``
     receives progress lines: the sentences counted in the inputs, the start and end of training.
 
     A corpus too small for ``vocab_size`` (a unigram model finds fewer pieces in it; only the
@@ -181,8 +183,9 @@ def train_sentencepiece(
     """
     import sentencepiece as spm
 
-    if vocab_size < len(SPECIAL_TOKENS) + 1:
-        raise UserError(f"{size_setting} {vocab_size} is too small; it must exceed 5")
+    TokenizerTrainSettings(
+        vocab_size, lowercase, model_type, character_coverage, input_sentence_size
+    ).check(size_setting)
     files = [os.fspath(f) for f in input_files]
     if not files:
         raise UserError("no input files to train the tokenizer on")
@@ -207,7 +210,7 @@ def train_sentencepiece(
             sentences = sum(count_sentences(f) for f in files)
             sampled = (
                 f" (a sample of {input_sentence_size:,} of them)"
-                if sentences > input_sentence_size
+                if 0 < input_sentence_size < sentences
                 else ""
             )
             log(
