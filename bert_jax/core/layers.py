@@ -1,6 +1,11 @@
 """The network's building blocks under logical axis names: initializers, LayerNorm, `Dense` over
 several axes, `Embed` tables and `BertEmbeddings` (word + position + token type, LayerNorm,
-dropout)."""
+dropout).
+
+Every family's encoder builds on them (BERT's `model.py`, ModernBERT's `modernbert.py`): a
+config here is any of the families' configs, read for `initializer_range`, `dtype`,
+`param_dtype` and `hidden_size` (and a truncation, `initializer_cutoff_factor`, where a family
+declares one)."""
 
 from __future__ import annotations
 
@@ -18,10 +23,20 @@ Array = jax.Array
 
 
 def initializer(
-    config: BertConfig, axes: tuple[str | None, ...], used_rows: int | None = None
+    config: Any,
+    axes: tuple[str | None, ...],
+    used_rows: int | None = None,
+    std: float | None = None,
 ) -> Callable:
-    """Normal(initializer_range); rows from `used_rows` on (a table's padding) are zero."""
-    normal = nn.initializers.normal(config.initializer_range)
+    """Normal(std, default initializer_range), cut at +-cutoff x std where the config declares
+    an `initializer_cutoff_factor` (ModernBERT's, as its PyTorch `trunc_normal_` draws); rows
+    from `used_rows` on (a table's padding) are zero."""
+    std = config.initializer_range if std is None else std
+    cutoff = getattr(config, "initializer_cutoff_factor", None)
+    if cutoff is None:
+        normal = nn.initializers.normal(std)
+    else:  # jax scales the truncated standard normal by stddev: PyTorch's trunc_normal_(a, b)
+        normal = nn.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff)
     if used_rows is None:
         return nn.with_logical_partitioning(normal, axes)
 
@@ -36,9 +51,13 @@ def zeros(axes: tuple[str | None, ...]) -> Callable:
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+def layer_norm(
+    config: Any, name: str, *, epsilon: float | None = None, use_bias: bool = True
+) -> nn.LayerNorm:
+    """LayerNorm over `embed` (epsilon: default the config's `layer_norm_eps`)."""
     return nn.LayerNorm(
-        epsilon=config.layer_norm_eps,
+        epsilon=config.layer_norm_eps if epsilon is None else epsilon,
+        use_bias=use_bias,
         # Two-pass variance, as PyTorch and TF compute it (the fast E[x^2] - E[x]^2 form loses
         # ~1e-5 of precision on real checkpoints).
         use_fast_variance=False,
@@ -55,13 +74,16 @@ class Dense(nn.Module):
 
     The kernel is created in its final shape ([*in, *out]) with logical axis names, so sharding
     rules and constraints see the real rank (Flax's DenseGeneral initializes a flattened kernel,
-    which clashes with logical constraints in scope during `apply`).
+    which clashes with logical constraints in scope during `apply`). `use_bias` False: no bias
+    parameter; `init_std`: the kernel's initializer std when not the config's.
     """
 
     features: tuple[int, ...]
     kernel_axes: tuple[str | None, ...]
     num_input_axes: int
-    config: BertConfig
+    config: Any
+    use_bias: bool = True
+    init_std: float | None = None
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -70,28 +92,33 @@ class Dense(nn.Module):
         in_shape = x.shape[-n_in:]
         kernel = self.param(
             "kernel",
-            initializer(cfg, self.kernel_axes),
+            initializer(cfg, self.kernel_axes, std=self.init_std),
             (*in_shape, *self.features),
             cfg.param_dtype,
         )
-        bias_axes = self.kernel_axes[n_in:]
-        bias = self.param("bias", zeros(bias_axes), self.features, cfg.param_dtype)
         x = jnp.asarray(x, cfg.dtype)
         contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
         y = jax.lax.dot_general(x, jnp.asarray(kernel, cfg.dtype), (contract, ((), ())))
+        if not self.use_bias:
+            return y
+        bias_axes = self.kernel_axes[n_in:]
+        bias = self.param("bias", zeros(bias_axes), self.features, cfg.param_dtype)
         bias = jnp.asarray(bias, cfg.dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
         return y + bias
 
 
 def dense(
-    config: BertConfig,
+    config: Any,
     features: int | tuple[int, ...],
     kernel_axes: tuple[str | None, ...],
     name: str,
     num_input_axes: int = 1,
+    *,
+    use_bias: bool = True,
+    init_std: float | None = None,
 ) -> Dense:
     features = (features,) if isinstance(features, int) else tuple(features)
-    return Dense(features, kernel_axes, num_input_axes, config, name=name)
+    return Dense(features, kernel_axes, num_input_axes, config, use_bias, init_std, name=name)
 
 
 def gathered_table(table: Array, rows_axis: str | None) -> Array:
@@ -124,7 +151,7 @@ class Embed(nn.Module):
 
     num_embeddings: int
     rows_axis: str | None
-    config: BertConfig
+    config: Any
     lookup: str = "gather"
     used_rows: int | None = None
 

@@ -21,8 +21,8 @@ Parameter tree (Flax names; `convert/` maps them to Hugging Face and Google TF1 
     seq_relationship/{kernel [D,2], bias [2]}
 
 The config is `bert_config.py`, the building blocks (initializers, Dense, Embed, the
-embeddings) `layers.py`, the fused attention kernel `attention.py`; this file is the forward
-pass from attention up, read against the paper's section 3.
+embeddings) `layers.py`, attention by its configured implementation `attend.py`; this file is
+the forward pass from attention up, read against the paper's section 3.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.core import attention as attention_lib
+from bert_jax.core.attend import attend
 from bert_jax.core.bert_config import ACTIVATIONS, REMAT_POLICIES, BertConfig
-from bert_jax.core.dropout import Dropout, hash_key_words
+from bert_jax.core.dropout import Dropout
 from bert_jax.core.layers import (
     BertEmbeddings,
     dense,
@@ -43,7 +43,6 @@ from bert_jax.core.layers import (
     layer_norm,
     zeros,
 )
-from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 DType = Any
@@ -112,62 +111,17 @@ class BertSelfAttention(nn.Module):
         key = dense(cfg, (heads, head_dim), qkv_axes, "key")(hidden)
         value = dense(cfg, (heads, head_dim), qkv_axes, "value")(hidden)
 
-        dropout_active = not deterministic and cfg.attention_probs_dropout_prob > 0.0
-        impl = cfg.attention_impl
-        if impl == "auto":
-            impl = "xla" if dropout_active else "dot_product"
-        mode = attention_lib.pallas_mode() if impl == "pallas" else None
-        if impl == "pallas" and mode is None:
-            attention_lib.log_fallback_once(jax.default_backend())
-            impl = "xla"
-        if impl == "pallas" and dropout_active and cfg.dropout_impl != "hash":
-            raise UserError(
-                "attention_impl='pallas' computes attention dropout with the hash "
-                f"(dropout_impl='hash'), not {cfg.dropout_impl!r}"
-            )
-        if impl == "pallas":
-            rate = cfg.attention_probs_dropout_prob if dropout_active else 0.0
-            # Named as the einsum path's Dropout, so it draws the same key: same dropped elements.
-            words = hash_key_words(Dropout(rate, name="Dropout_0").key()) if rate else None
-            context = attention_lib.flash_attention(
-                query,
-                key,
-                value,
-                mask_Bx1xQxK,
-                dropout_rate=rate,
-                dropout_words=words,
-                interpret=mode == "interpret",
-            )
-        elif impl in ("dot_product", "cudnn"):
-            if dropout_active:
-                raise UserError(
-                    f"attention_impl={cfg.attention_impl!r} cannot apply attention-probability "
-                    f"dropout (attention_probs_dropout_prob={cfg.attention_probs_dropout_prob}); "
-                    "use 'auto', 'xla' or 'pallas', or set the dropout to 0"
-                )
-            if impl == "cudnn":
-                # cuDNN takes the mask as a bias of the full [batch, 1, q, k] shape.
-                mask_Bx1xQxK = jnp.broadcast_to(
-                    mask_Bx1xQxK,
-                    (mask_Bx1xQxK.shape[0], 1, query.shape[1], key.shape[1]),
-                )
-            context = jax.nn.dot_product_attention(
-                query,
-                key,
-                value,
-                mask=mask_Bx1xQxK,
-                implementation="cudnn" if impl == "cudnn" else "xla",
-            )
-        else:
-            logits_BxHxQxK = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
-            logits_BxHxQxK = logits_BxHxQxK / jnp.sqrt(jnp.float32(head_dim))
-            big_neg = jnp.finfo(jnp.float32).min
-            logits_BxHxQxK = jnp.where(mask_Bx1xQxK, logits_BxHxQxK, big_neg)
-            probs = jax.nn.softmax(logits_BxHxQxK, axis=-1).astype(cfg.dtype)
-            probs = Dropout(cfg.attention_probs_dropout_prob, cfg.dropout_impl)(
-                probs, deterministic=deterministic
-            )
-            context = jnp.einsum("bhqk,bkhd->bqhd", probs, value)
+        context = attend(
+            query,
+            key,
+            value,
+            mask_Bx1xQxK,
+            impl=cfg.attention_impl,
+            dropout_rate=cfg.attention_probs_dropout_prob,
+            dropout_impl=cfg.dropout_impl,
+            deterministic=deterministic,
+            dtype=cfg.dtype,
+        )
         # A subset of positions is not a `length` axis: it stays whole wherever `length` goes.
         length = "length" if query_hidden is None else None
         context = nn.with_logical_constraint(context, ("batch", length, "heads", "kv"))
@@ -350,16 +304,27 @@ class BertMLMHead(nn.Module):
         output_bias = self.param(
             "output_bias", zeros(("vocab",)), (cfg.padded_vocab_size,), cfg.param_dtype
         )
-        bias = output_bias.astype(jnp.float32)
-        if cfg.padded_vocab_size != cfg.vocab_size:
-            # The padding rows' columns get the lowest float added: exp() of them is 0, so a
-            # softmax over all columns is the unpadded one and its gradient there is exactly 0
-            # (to the padding rows and bias entries). An added constant has no backward op of
-            # its own; a select added a pass over the logits' gradient (seen in XLA:CPU's HLO).
-            real = jnp.arange(cfg.padded_vocab_size) < cfg.vocab_size
-            bias = bias + jnp.where(real, 0.0, jnp.finfo(jnp.float32).min)
-        logits = logits.astype(jnp.float32) + bias[None, None, :]
+        logits = logits.astype(jnp.float32) + vocab_bias(output_bias, cfg)[None, None, :]
         return nn.with_logical_constraint(logits, ("batch", None, "vocab"))
+
+
+def vocab_bias(output_bias: Array | None, config: Any) -> Array:
+    """The float32 bias an MLM decoder adds to its [.., padded_vocab_size] logits: its own
+    (None: zeros), plus the lowest float at the vocabulary padding's columns.
+
+    exp() of those columns is 0, so a softmax over all columns is the unpadded one and its
+    gradient there is exactly 0 (to the padding rows and bias entries). An added constant has
+    no backward op of its own; a select added a pass over the logits' gradient (seen in
+    XLA:CPU's HLO)."""
+    padded = config.padded_vocab_size
+    if output_bias is None:
+        bias = jnp.zeros((padded,), jnp.float32)
+    else:
+        bias = output_bias.astype(jnp.float32)
+    if padded != config.vocab_size:
+        real = jnp.arange(padded) < config.vocab_size
+        bias = bias + jnp.where(real, 0.0, jnp.finfo(jnp.float32).min)
+    return bias
 
 
 class BertForPreTraining(nn.Module):

@@ -32,6 +32,8 @@ import optax
 
 from bert_jax.core import losses, partitioning
 from bert_jax.core.model import BertConfig, BertForPreTraining
+from bert_jax.core.modernbert import ModernBertForMaskedLM
+from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
@@ -249,6 +251,14 @@ def update(
     return new_state, metrics
 
 
+def pretraining_model(config: BertConfig | ModernBertConfig) -> nn.Module:
+    """The model a config's family pretrains: BertForPreTraining, or ModernBertForMaskedLM
+    (masked LM only: its config's `objective` is "mlm"). Both take `model_inputs(batch)`."""
+    if isinstance(config, ModernBertConfig):
+        return ModernBertForMaskedLM(config)
+    return BertForPreTraining(config)
+
+
 def pretraining_loss(batch: Batch, *, model: BertForPreTraining) -> LossFn:
     """MLM + NSP loss of a (micro-)batch of `batch`, each divided by `batch`'s total weight.
 
@@ -406,7 +416,7 @@ class ShardedTrainer(ShardedSteps):
 
     def __init__(
         self,
-        config: BertConfig,
+        config: BertConfig | ModernBertConfig,
         tx: optax.GradientTransformation,
         mesh: jax.sharding.Mesh,
         rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
@@ -416,7 +426,7 @@ class ShardedTrainer(ShardedSteps):
         windowed_einsum: bool = True,
     ):
         self.config = config
-        self.model = BertForPreTraining(config)
+        self.model = pretraining_model(config)
         self.tx = tx
         self.schedule = schedule
         init = functools.partial(init_state, model=self.model, tx=tx)
