@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
+from bert_jax.data.tokenizers.hf_bpe import HfBpeTokenizer, is_bpe_json
 from bert_jax.data.tokenizers.interface import CONFIG_NAME, SPM_NAME, VOCAB_NAME, Tokenizer
 from bert_jax.data.tokenizers.sentencepiece import (
     SentencePieceTokenizer,
@@ -63,7 +64,8 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> To
     (anything with a ``tokenizer/`` subdirectory) means that subdirectory. A directory is read in
     this order: our ``bert_jax_tokenizer.json``; else ``spiece.model`` or a single ``*.model``;
     else ``vocab.txt`` with Hugging Face's ``tokenizer_config.json`` (``do_lower_case``); else
-    Hugging Face's ``tokenizer.json`` (a BERT WordPiece model and its lowercase setting).
+    Hugging Face's ``tokenizer.json`` (a BERT WordPiece model and its lowercase setting, or a BPE
+    model such as ModernBERT's: ``hf_bpe.HfBpeTokenizer``).
     """
     with user_path(path, "tokenizer"):
         return _load_tokenizer(os.fspath(path), lowercase)
@@ -85,6 +87,8 @@ def _load_tokenizer(path: str, lowercase: bool | None) -> Tokenizer:
                 return SentencePieceTokenizer.from_file(os.path.join(path, SPM_NAME), lower)
             if kind == "wordpiece":
                 return WordPieceTokenizer.from_file(os.path.join(path, VOCAB_NAME), lower)
+            if kind == HfBpeTokenizer.kind:
+                return HfBpeTokenizer.from_file(os.path.join(path, HF_TOKENIZER_JSON), lowercase)
             raise UserError(f"{config_path}: unknown tokenizer type {kind!r}")
         models = sorted(f for f in fs.listdir(path) if f.endswith(".model"))
         if SPM_NAME in models:
@@ -105,6 +109,8 @@ def _load_tokenizer(path: str, lowercase: bool | None) -> Tokenizer:
             return WordPieceTokenizer.from_file(vocab_path, lowercase)
         hf_json = os.path.join(path, HF_TOKENIZER_JSON)
         if fs.exists(hf_json):
+            if is_bpe_json(hf_json):
+                return HfBpeTokenizer.from_file(hf_json, lowercase)
             return WordPieceTokenizer.from_hf_json(hf_json, lowercase)
         raise UserError(
             f"{path} holds no tokenizer: expected {CONFIG_NAME}, a SentencePiece .model file, "
@@ -115,6 +121,8 @@ def _load_tokenizer(path: str, lowercase: bool | None) -> Tokenizer:
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_file(path, bool(lowercase))
     if path.endswith(".json"):
+        if is_bpe_json(path):
+            return HfBpeTokenizer.from_file(path, lowercase)
         return WordPieceTokenizer.from_hf_json(path, lowercase)
     with fs.open(path, "rb") as f:
         head = f.read(64)
