@@ -1,22 +1,22 @@
 """Fine-tuning side by side (not a test): bert-jax and Hugging Face PyTorch on the same task files,
 model and seeds, and the spread of the dev score over the seeds.
 
-Both stacks run through bert-jax's own task code (`finetune.runs.one_task.run_task`, what
-`bert-jax finetune` runs: the readers of the official formats, the features, the batches and their
-order, the learning rate of each step, the dev scoring and the result files). For the "bert-jax"
-stack the steps are bert-jax's (JAX, `--optimizer`, default adamw-hf); for the "transformers" stack
+Both stacks run through bert-jax's own task code (`finetune.runs.one_task.run_task`, what `bert-jax
+finetune` runs: the readers of the official formats, the features, the batches and their order, the
+dev scoring and the result files). For the "bert-jax" stack the steps and their learning rates are
+bert-jax's (JAX, `--optimizer`, default adamw-hf, and `--decay-from`); for the "transformers" stack
 the train and predict steps are those of the `transformers` model of the task (BertFor...
 SequenceClassification, MultipleChoice, QuestionAnswering, TokenClassification) with the same
-starting encoder weights, trained as Hugging Face's Trainer does (torch AdamW in its two
-parameter groups, eps 1e-8, `clip_grad_norm_`). Each stack initialises the task head and draws
-dropout with its own generator under the seed. The task directory is any `bert-jax finetune`
-reads: GLUE TSV (glue/NAME), SQuAD JSON (squad/v1.1, squad/v2.0), CoNLL-2003 (conll2003) or the
-SWAG CSV files (swag).
+starting encoder weights, trained as Hugging Face's Trainer does (torch AdamW in its two parameter
+groups, eps 1e-8, `clip_grad_norm_`, the linear schedule after a ceil(10%) warmup). Each stack
+initialises the task head and draws dropout with its own generator under the seed. The task
+directory is any `bert-jax finetune` reads: GLUE TSV (glue/NAME), SQuAD JSON (squad/v1.1,
+squad/v2.0), CoNLL-2003 (conll2003) or the SWAG CSV files (swag).
 
     .venv/bin/python benchmarks/finetune_side_by_side.py --model MODEL --task glue/SST-2 \
         --data DIR --workdir OUT [--seeds 0 1 2] [--learning-rate 2e-5] [--epochs 3] \
         [--batch-size 32] [--max-seq-length 128] [--dropout 0.1] [--optimizer adamw-hf] \
-        [--stacks both] [--same-head] [--dropout-impl hash|prng]
+        [--decay-from warmup-end|step-0] [--stacks both] [--same-head] [--dropout-impl hash|prng]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-synthetic-sst2 DIR \
         [--train-size 400] [--dev-size 200]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-prose-swag DIR [--train-size N]
@@ -246,7 +246,9 @@ def run_seed(encoder, stack: str, args, seed: int) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "eval_batch_size": args.batch_size,
         "max_seq_length": args.max_seq_length,
-        "optimizer": args.optimizer,
+        # transformers' stack runs the Trainer's schedule whatever bert-jax's recipe is.
+        "optimizer": "adamw-hf" if stack == "transformers" else args.optimizer,
+        "decay_from": None if stack == "transformers" else args.decay_from,
         "dropout": args.dropout,
         "log_every": args.log_every,
         "mesh_shape": (1, 1, 1) if stack == "transformers" else None,
@@ -426,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dropout", type=float, default=None)
     parser.add_argument("--optimizer", default="adamw-hf", help="bert-jax's: adamw-hf or bert")
     parser.add_argument(
+        "--decay-from",
+        default=None,
+        help="bert-jax's (with --optimizer bert): warmup-end or step-0",
+    )
+    parser.add_argument(
         "--dropout-impl", default=None, help="bert-jax's dropout masks: hash or prng (the model's)"
     )
     parser.add_argument("--log-every", type=int, default=50)
@@ -481,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": os.path.abspath(args.data),
         "model": encoder.source,
         "optimizer (bert-jax)": args.optimizer,
+        "decay_from (bert-jax)": args.decay_from or "default",
         "dropout_impl (bert-jax)": encoder.config.dropout_impl,
         "head (bert-jax)": "transformers' draw" if args.same_head else "its own draw",
         "runs": runs,

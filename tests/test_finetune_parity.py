@@ -367,10 +367,18 @@ def test_steps_and_learning_rates_of_a_partial_last_batch_match_the_trainer():
         optimizer.step()
         scheduler.step()
     np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-12)
-    # The project's default recipe takes the same steps, with google-research/bert's schedule.
-    bert = tuning_loop.learning_rates(dataclasses.replace(settings, optimizer="bert"), 189)
+    # The project's default recipe takes the same steps and the same decay from the warmup's end,
+    # after google-research/bert's warmup (int(10%)); with decay_from="step-0", its schedule.
+    bert = dataclasses.replace(settings, optimizer="bert")
+    expected = optim.warmup_decay(2e-5, 18, 189, from_warmup_end=True)(np.arange(189))
+    np.testing.assert_allclose(
+        tuning_loop.learning_rates(bert, 189), np.asarray(expected), rtol=1e-6
+    )
+    original = dataclasses.replace(bert, decay_from="step-0")
     expected = optim.warmup_decay(2e-5, 18, 189)(np.arange(189))
-    np.testing.assert_allclose(bert, np.asarray(expected), rtol=1e-6)
+    np.testing.assert_allclose(
+        tuning_loop.learning_rates(original, 189), np.asarray(expected), rtol=1e-6
+    )
 
 
 def test_an_unknown_optimizer_is_a_user_error_naming_the_setting():
@@ -382,3 +390,6 @@ def test_an_unknown_optimizer_is_a_user_error_naming_the_setting():
     no_correction = dataclasses.replace(SETTINGS, adam_bias_correction=False)
     with pytest.raises(UserError, match="adam_bias_correction=False goes with optimizer='bert'"):
         tuning_loop.run_config(tiny_pretrained(), no_correction, mesh)
+    from_step_0 = dataclasses.replace(SETTINGS, decay_from="step-0")
+    with pytest.raises(UserError, match="decay_from='step-0' goes with optimizer='bert'"):
+        tuning_loop.run_config(tiny_pretrained(), from_step_0, mesh)

@@ -107,6 +107,7 @@ def test_each_declaration_says_its_help_and_range_and_its_default_is_in_range():
         "clip_norm",
         "adam_bias_correction",
         "optimizer",
+        "decay_from",
     )
 
 
@@ -278,6 +279,23 @@ def test_tuners_are_shared_by_trials_that_differ_only_outside_the_step():
         "adam_bias_correction",
         "optimizer",
     }
+
+
+def test_a_bert_trial_saved_before_decay_from_existed_ran_its_decay_from_step_0(tmp_path):
+    """`decay_from` was added with a new default ("warmup-end"); the "bert" runs saved before it
+    decayed from step 0, and are reused only by settings that do."""
+    trial = sweep.trials_for(["MRPC"], [2e-5], [0])[0]
+    directory = tmp_path / "trials" / "MRPC" / "lr=2e-05_seed=0"
+    directory.mkdir(parents=True)
+    before = FinetuneSettings().to_dict()
+    del before["decay_from"]
+    saved = {"settings": before, "model": "/m"}
+    (directory / sweep.RESULT_NAME).write_text(json.dumps(saved), encoding="utf-8")
+    with pytest.raises(UserError, match="decay_from: saved 'step-0', now 'warmup-end'"):
+        sweep.load_finished(trial, str(tmp_path), FinetuneSettings(), "/m")
+    original = FinetuneSettings(decay_from="step-0")
+    assert sweep.load_finished(trial, str(tmp_path), original, "/m") is not None
+    assert sweep.as_run({"optimizer": "adamw-hf"})["decay_from"] == "warmup-end"
 
 
 @pytest.fixture(scope="module")

@@ -69,11 +69,13 @@ def test_run_steps_takes_every_batch_of_every_epoch_with_the_recipe_rates_and_re
     assert all(re.fullmatch(pattern, line) for line in progress), progress
 
 
-def test_the_hugging_face_recipe_differs_in_warmup_and_decay_only():
+def test_the_recipes_differ_in_warmup_rounding_and_where_the_decay_starts():
     settings = loop.FinetuneSettings(learning_rate=1.0, warmup_proportion=0.1)
     ours = tuning_loop.learning_rates(settings, 25)
+    original = tuning_loop.learning_rates(dataclasses.replace(settings, decay_from="step-0"), 25)
     hf = tuning_loop.learning_rates(dataclasses.replace(settings, optimizer="adamw-hf"), 25)
     assert tuning_loop.warmup_steps("bert", 0.1, 25) == 2
     assert tuning_loop.warmup_steps("adamw-hf", 0.1, 25) == 3
-    np.testing.assert_allclose(ours[:3], [0.0, 0.5, 1 - 2 / 25])  # decay measured from step 0
+    np.testing.assert_allclose(ours[:4], [0.0, 0.5, 1.0, 22 / 23])  # the peak, then the decay
+    np.testing.assert_allclose(original[:3], [0.0, 0.5, 1 - 2 / 25])  # google-research/bert's
     np.testing.assert_allclose(hf[:5], [0.0, 1 / 3, 2 / 3, 1.0, 21 / 22])  # from the warmup's end

@@ -147,6 +147,16 @@ def load_finished(
     return load_matching(os.path.join(trial.directory(workdir), RESULT_NAME), settings, model)
 
 
+def as_run(saved_settings: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's settings with those added since filled in as the run ran them: the declared
+    default (e.g. the optimizer: "bert"), except `decay_from`, whose default changed when it was
+    added: "bert" runs saved before it decayed from step 0."""
+    ran = {**DEFAULTS, **saved_settings}
+    if "decay_from" not in saved_settings and ran["optimizer"] == "bert":
+        ran["decay_from"] = "step-0"
+    return ran
+
+
 def load_matching(path: str, settings: FinetuneSettings, model: str) -> dict[str, Any] | None:
     """A finished run's `result.json` at `path` (None when absent); a UserError when it was run
     with other settings or another model (shared by every resumable fine-tuning run)."""
@@ -155,9 +165,7 @@ def load_matching(path: str, settings: FinetuneSettings, model: str) -> dict[str
     with fs.open(path, encoding="utf-8") as f:
         record = json.load(f)
     want = settings.to_dict()
-    # A setting added since the run was saved ran as its declared default does (e.g. the
-    # optimizer: "bert").
-    saved = {**DEFAULTS, **record["settings"]}
+    saved = as_run(record["settings"])
     differ = [
         f"{key}: saved {saved.get(key)!r}, now {want[key]!r}"
         for key in TRIAL_SETTINGS  # what changes a run's result (each setting's declaration)

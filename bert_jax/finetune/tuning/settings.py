@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # The values of the `optimizer` setting. "bert": BERT AdamW (eps 1e-6, bias correction as
 # `adam_bias_correction` says) with google-research/bert's warmup (int(proportion * steps)) and
-# linear decay measured from step 0. "adamw-hf": Hugging Face's Trainer: torch AdamW (eps 1e-8,
+# linear decay as `decay_from` says. "adamw-hf": Hugging Face's Trainer: torch AdamW (eps 1e-8,
 # bias correction) with `get_linear_schedule_with_warmup` (ceil(proportion * steps) warmup steps,
 # decay from the warmup's end) and `clip_grad_norm_`. Both skip weight decay on biases and
 # LayerNorm parameters. (`tuning.tuning_loop` builds them.)
@@ -89,12 +89,24 @@ class FinetuneSettings:
     )
     optimizer: str = setting(
         "bert",
-        "bert: BERT AdamW, eps 1e-6, the original's warmup and decay; adamw-hf: Hugging Face "
+        "bert: BERT AdamW, eps 1e-6, the original's warmup rounding; adamw-hf: Hugging Face "
         "Trainer's torch AdamW, eps 1e-8, linear decay after the warmup",
         choices=OPTIMIZERS,
         trial=True,
         step=True,
         metavar="NAME",
+    )
+    # google-research/bert's polynomial_decay measures the decay from step 0, so after a 10%
+    # warmup the rate drops to 90% of the stated peak and never runs at it; on short runs that
+    # lower area costs accuracy (docs/finetuning.md has the measured figures).
+    decay_from: str = setting(
+        "warmup-end",
+        "where the linear decay to 0 starts: warmup-end (the rate reaches the peak learning "
+        "rate, then decays, as transformers' schedule does) or step-0 (google-research/bert's: "
+        "after a 0.1 warmup the rate is 0.9 of the peak; optimizer bert only)",
+        choices=("warmup-end", "step-0"),
+        trial=True,
+        metavar="START",
     )
     eval_every_epoch: bool = setting(False, "also evaluate on dev after every epoch")
     mesh_shape: tuple[int, int, int] = setting(

@@ -49,7 +49,7 @@ def make_optimizer(
     clipping and bias correction, and a unit schedule (the step scales it by the learning rate).
     `pad_token_id`: "adamw-hf" leaves that word-embedding row untrained, as `transformers`' BERT
     does (it matters where the loss reads padding positions: SQuAD's softmax over the window)."""
-    check_optimizer(settings.optimizer, settings.adam_bias_correction)
+    check_optimizer(settings)
     if settings.optimizer == "adamw-hf":
         return optim.torch_adamw(
             unit_schedule,
@@ -65,14 +65,21 @@ def make_optimizer(
     )
 
 
-def check_optimizer(name: str, adam_bias_correction: bool) -> None:
-    """The one check across two settings (each alone is checked by its declaration)."""
+def check_optimizer(settings: FinetuneSettings) -> None:
+    """The checks across settings (each alone is checked by its declaration): "adamw-hf" is
+    transformers' recipe whole, so the original code's variants go with "bert" only."""
+    name = settings.optimizer
     if name not in OPTIMIZERS:
         raise UserError(f"optimizer={name!r} is not one of {', '.join(OPTIMIZERS)}")
-    if name == "adamw-hf" and not adam_bias_correction:
+    if name == "adamw-hf" and not settings.adam_bias_correction:
         raise UserError(
             "optimizer='adamw-hf' is torch's AdamW, which always corrects the bias; "
             "adam_bias_correction=False goes with optimizer='bert'"
+        )
+    if name == "adamw-hf" and settings.decay_from != "warmup-end":
+        raise UserError(
+            "optimizer='adamw-hf' is transformers' schedule, which decays from the warmup's end; "
+            f"decay_from={settings.decay_from!r} goes with optimizer='bert'"
         )
 
 
@@ -85,15 +92,15 @@ def warmup_steps(name: str, warmup_proportion: float, num_steps: int) -> int:
 
 
 def learning_rates(settings: FinetuneSettings, num_steps: int) -> np.ndarray:
-    """The learning rate of every step of a run, [num_steps] float32, by the recipe's schedule."""
-    name = settings.optimizer
-    warmup = warmup_steps(name, settings.warmup_proportion, num_steps)
-    if name == "adamw-hf":
-        schedule = optim.warmup_decay(
-            settings.learning_rate, warmup, num_steps, from_warmup_end=True
-        )
-    else:
-        schedule = optim.warmup_decay(settings.learning_rate, warmup, num_steps)
+    """The learning rate of every step of a run, [num_steps] float32: a linear warmup over the
+    recipe's warmup steps, then a linear decay to 0 measured as `settings.decay_from` says."""
+    warmup = warmup_steps(settings.optimizer, settings.warmup_proportion, num_steps)
+    schedule = optim.warmup_decay(
+        settings.learning_rate,
+        warmup,
+        num_steps,
+        from_warmup_end=settings.decay_from == "warmup-end",
+    )
     return np.asarray(schedule(jnp.arange(num_steps)), np.float32)
 
 
@@ -101,7 +108,7 @@ def run_config(encoder: Any, settings: FinetuneSettings, mesh: jax.sharding.Mesh
     """The checks every fine-tuning run makes before compiling (a known optimizer, batches that
     divide the mesh, a sequence the model holds, a vocabulary the embeddings hold); the encoder's
     config with the run's dropout."""
-    check_optimizer(settings.optimizer, settings.adam_bias_correction)
+    check_optimizer(settings)
     partitioning.check_batch_divisible(settings.batch_size, mesh, "batch_size")
     partitioning.check_batch_divisible(settings.eval_batch_size, mesh, "eval_batch_size")
     if settings.max_seq_length > encoder.config.max_position_embeddings:
