@@ -22,7 +22,8 @@ def add_to(subparsers) -> None:
         required=True,
         metavar=("{tf1,hf,bert-jax}", "SRC"),
         help="source format and path: a Google checkpoint dir (bert_model.ckpt.*, "
-        "bert_config.json, vocab.txt), a Hugging Face dir, or a bert-jax model dir / workdir",
+        "bert_config.json, vocab.txt), a Hugging Face dir (BERT or ModernBERT), or a bert-jax "
+        "model dir / workdir",
     )
     parser.add_argument(
         "--to",
@@ -63,6 +64,7 @@ def add_to(subparsers) -> None:
 
 
 def _run(args) -> int:
+    from bert_jax.convert import hf_modernbert
     from bert_jax.convert.between_formats import SOURCE_FORMATS, TARGET_FORMATS, convert
     from bert_jax.training import load_model
 
@@ -71,6 +73,8 @@ def _run(args) -> int:
         raise UserError(f"--from {src_format!r}: use {SOURCE_FORMATS}")
     if dst_format not in TARGET_FORMATS:
         raise UserError(f"--to {dst_format!r}: use {TARGET_FORMATS}")
+    if hf_modernbert.is_modernbert(src_format, src):  # config.json's model_type: the family
+        convert = hf_modernbert.convert
     report = convert(
         src_format,
         src,

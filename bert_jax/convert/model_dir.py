@@ -2,14 +2,19 @@
 
 Layout (self-describing: nothing else is needed to load it):
 
-    config.json    BertConfig fields under their Hugging Face names (vocab_size, hidden_size,
-                   num_hidden_layers, hidden_act, ...) plus a "bert_jax" block: format name and
-                   version, whether the MLM/NSP heads are present, the tokenizer's kind and case
-                   setting, and free-form `extra` (e.g. where a conversion came from).
+    config.json    the config's fields under their Hugging Face names (vocab_size, hidden_size,
+                   num_hidden_layers, hidden_act, ...), the family as `model_type` ("bert":
+                   BertConfig; "modernbert": ModernBertConfig), plus a "bert_jax" block:
+                   format name and version, whether the MLM/NSP heads are present, the
+                   tokenizer's kind and case setting, and free-form `extra` (e.g. where a
+                   conversion came from).
     params/        Orbax (StandardCheckpointer) save of the params: the full BertForPreTraining
-                   tree {"bert", "predictions", "seq_relationship"}, or encoder-only {"bert"}.
-    tokenizer/     optional; written by `Tokenizer.save` (vocab.txt or spiece.model, plus
-                   bert_jax_tokenizer.json with the lowercase flag), read by `load_tokenizer`.
+                   tree {"bert", "predictions", "seq_relationship"}, or encoder-only {"bert"}
+                   (ModernBERT: ModernBertForMaskedLM's {"model", "head", "decoder_bias"}, or
+                   {"model"}).
+    tokenizer/     optional; written by `Tokenizer.save` (vocab.txt, spiece.model or a BPE
+                   tokenizer.json, plus bert_jax_tokenizer.json with the kind and lowercase
+                   flag), read by `load_tokenizer`.
 
 Writes are atomic: everything goes into a hidden sibling directory that is renamed into place at
 the end, so a failed save or conversion leaves nothing at the destination. An existing
@@ -33,9 +38,10 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.convert import mapping
+from bert_jax.convert import mapping, modernbert_names
 from bert_jax.convert.strict import check_params
 from bert_jax.core.model import BertConfig
+from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.runtime import checkpoint_health, fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
@@ -46,6 +52,9 @@ CONFIG_NAME = "config.json"
 PARAMS_DIR = "params"
 TOKENIZER_DIR = "tokenizer"
 WORKDIR_MODEL_SUBDIR = "model"
+# config.json's `model_type` -> the family's config class (transformers' names).
+FAMILIES: dict[str, type] = {"bert": BertConfig, "modernbert": ModernBertConfig}
+ModelConfig = BertConfig | ModernBertConfig
 
 
 class ModelDirError(UserError):
@@ -57,7 +66,7 @@ class ModelDir:
     """A loaded model directory. `params` is None when loaded with `load_params=False`."""
 
     path: str
-    config: BertConfig
+    config: ModelConfig
     params: dict[str, Any] | None
     has_heads: bool
     info: dict[str, Any]  # the "bert_jax" block of config.json
@@ -131,10 +140,15 @@ def _unbox(params: Mapping[str, Any]) -> dict[str, Any]:
     return unfreeze(nn.meta.unbox(params))
 
 
-def config_dict(config: BertConfig, has_heads: bool, tokenizer: Any, extra: Any) -> dict:
+def model_type(config: ModelConfig) -> str:
+    """The family of `config`, as config.json's `model_type` names it."""
+    return next(name for name, cls in FAMILIES.items() if isinstance(config, cls))
+
+
+def config_dict(config: ModelConfig, has_heads: bool, tokenizer: Any, extra: Any) -> dict:
     """The contents of a model directory's config.json."""
     values = config.to_dict()
-    values["model_type"] = "bert"
+    values["model_type"] = model_type(config)
     values["bert_jax"] = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -150,7 +164,7 @@ def config_dict(config: BertConfig, has_heads: bool, tokenizer: Any, extra: Any)
 
 def save_model_dir(
     path: str | os.PathLike,
-    config: BertConfig,
+    config: ModelConfig,
     params: Mapping[str, Any],
     tokenizer: Any = None,
     *,
@@ -172,7 +186,8 @@ def save_model_dir(
     process.
     """
     params = _unbox(params)
-    has_heads = check_params(params, config, "params to save")
+    checks = modernbert_names.check_params if model_type(config) == "modernbert" else check_params
+    has_heads = checks(params, config, "params to save")
     tokenizer = _as_tokenizer(tokenizer)
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise ModelDirError(
@@ -254,8 +269,9 @@ def resolve(path: str | os.PathLike) -> str:
     )
 
 
-def read_config(path: str | os.PathLike) -> tuple[BertConfig, dict[str, Any]]:
-    """A model directory's BertConfig and its "bert_jax" block, without reading the params."""
+def read_config(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
+    """A model directory's config (its family's class, by `model_type`; "bert" when absent) and
+    its "bert_jax" block, without reading the params."""
     directory = resolve(path)
     values = read_json(os.path.join(directory, CONFIG_NAME))
     info = values.pop("bert_jax")
@@ -266,14 +282,21 @@ def read_config(path: str | os.PathLike) -> tuple[BertConfig, dict[str, Any]]:
             f"{directory} uses model-directory format version {info['format_version']}; this "
             f"bert-jax reads up to version {FORMAT_VERSION} (upgrade bert-jax)"
         )
+    family = values.get("model_type", "bert")
+    if family not in FAMILIES:
+        raise ModelDirError(
+            f"{directory}/{CONFIG_NAME}: model_type {family!r} is not one of {', '.join(FAMILIES)}"
+        )
     try:
-        config = BertConfig.from_dict(values)
+        config = FAMILIES[family].from_dict(values)
     except (TypeError, ValueError) as err:
         raise ModelDirError(f"{directory}/{CONFIG_NAME}: {err}") from err
     return config, info
 
 
-def expected_tree(config: BertConfig, has_heads: bool) -> dict[str, Any]:
+def expected_tree(config: ModelConfig, has_heads: bool) -> dict[str, Any]:
+    if model_type(config) == "modernbert":
+        return modernbert_names.expected_tree(config, has_heads)
     tree: dict[str, Any] = {}
     for entry in mapping.entries(config, with_heads=has_heads):
         mapping.set_path(tree, entry.path, mapping.expected_shape(entry, config))
@@ -389,14 +412,17 @@ def _check_stored(stored: dict, expected: dict, directory: str) -> dict[str, Any
     )
 
 
-def param_shardings(config: BertConfig, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
-    """NamedShardings for the full BertForPreTraining param tree on `mesh` (the model's logical
-    axes mapped through `rules`, default `partitioning.DEFAULT_RULES`); checks divisibility."""
+def param_shardings(config: ModelConfig, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
+    """NamedShardings for the full param tree (BertForPreTraining's, or ModernBertForMaskedLM's)
+    on `mesh` (the model's logical axes mapped through `rules`, default
+    `partitioning.DEFAULT_RULES`); checks divisibility."""
     from bert_jax.core import partitioning, trainer
     from bert_jax.core.model import BertForPreTraining
+    from bert_jax.core.modernbert import ModernBertForMaskedLM
 
     rules = partitioning.DEFAULT_RULES if rules is None else rules
-    model = BertForPreTraining(config)
+    family = ModernBertForMaskedLM if model_type(config) == "modernbert" else BertForPreTraining
+    model = family(config)
     batch = trainer.dummy_batch(1, 8, 2)
     abstract = jax.eval_shape(
         lambda: model.init(jax.random.key(0), **trainer.model_inputs(batch), deterministic=True)
