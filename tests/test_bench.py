@@ -100,20 +100,28 @@ def test_synthetic_batches_are_full_rows_and_cpu_has_no_mfu():
 def test_spec_from_config_follows_the_phase_and_model_overrides():
     from ml_collections import config_flags  # noqa: F401 (the config path needs it anyway)
 
+    from bert_jax.bench.settings import BenchSettings
     from bert_jax.training import config_lib
 
     config = config_lib.pretraining_config("base")
     config.model.attention_impl = "dot_product"
     config.mesh.shard_optimizer_state, config.mesh.windowed_einsum = True, False
-    spec = bench_spec.spec_from_config(config, seq_len=512, batch_size=4)
+    spec = bench_spec.spec_from_config(config, BenchSettings(seq_len=512, batch_size=4))
     assert spec.shard_optimizer_state and not spec.windowed_einsum  # the step the run compiles
     assert (spec.seq_len, spec.max_predictions, spec.batch_size) == (512, 80, 4)
     assert spec.model.attention_impl == "dot_product" and spec.model.hidden_size == 768
     assert bench_spec.spec_from_config(config).max_predictions == 20
-    assert bench_spec.spec_from_config(config, seq_len=256).max_predictions == 40
+    assert bench_spec.spec_from_config(config, BenchSettings(seq_len=256)).max_predictions == 40
     assert bench_spec.spec_from_json(bench_spec.spec_to_json(spec)) == spec
+    assert (spec.data, spec.rng_impl) == ("synthetic", config.dropout_rng_impl)
+    # --packing implies real data; the tokenizer is the command line's, else the config's.
+    packed = bench_spec.spec_from_config(config, BenchSettings(packing=True, rng_impl="rbg"))
+    assert (packed.data, packed.packing, packed.rng_impl) == ("embedded", True, "rbg")
+    assert packed.tokenizer == config.data.tokenizer
+    real = bench_spec.spec_from_config(config, BenchSettings(real_data=True, tokenizer="tok"))
+    assert (real.data, real.packing, real.tokenizer) == ("embedded", False, "tok")
     with pytest.raises(ValueError, match="packing needs real lengths"):
-        bench_spec.spec_from_config(config, packing=True)
+        tiny_spec(packing=True)
 
 
 def test_settings_are_declared_once_and_refused_by_their_flags(capsys):
@@ -124,9 +132,13 @@ def test_settings_are_declared_once_and_refused_by_their_flags(capsys):
 
     spec = bench_spec.BenchSpec(tiny_config(), batch_size=2, seq_len=8, max_predictions=2)
     given = {"seq_len": 8, "batch_size": 2}
-    assert declarations.as_dict(BenchSettings(**given)) == {
-        name: getattr(spec, name) for name in declarations.declarations(BenchSettings)
+    declared = declarations.as_dict(BenchSettings(**given))
+    assert {name: declared[name] for name in bench_spec.SPEC_SETTINGS} == {
+        name: getattr(spec, name) for name in bench_spec.SPEC_SETTINGS
     }
+    # The others are what is timed beside ours (`timing.run`'s arguments) and the data.
+    others = set(declared) - set(bench_spec.SPEC_SETTINGS)
+    assert others == {"real_data", "peer", "peer_python", "compare_unpacked"}
     with pytest.raises(ValueError, match="^--warmup -1 must be >= 0$"):
         tiny_spec(warmup_steps=-1)
     with pytest.raises(ValueError, match="^--packing-factor 0.5 must be 0 or >= 1$"):

@@ -314,15 +314,7 @@ FAMILIES = {
     "bench": Family(
         bench_settings.BenchSettings,
         (lambda: _config_command_options(bench_cli.COMMAND),),
-        _listed(
-            "--config",  # what to time
-            # What is timed beside what: the data, packing, the peers and their PRNGs (not
-            # declared yet).
-            "--real-data --no-real-data --packing --no-packing",
-            "--compare-unpacked --no-compare-unpacked --tokenizer",
-            "--rng-impl --peer --peer-python --peer-rng-impl",
-            "--json",  # where the report also goes
-        ),
+        _listed("--config", "--json"),  # what to time; where the report also goes
     ),
     "eval": Family(
         model_eval.EvalSettings,

@@ -13,9 +13,10 @@ from bert_jax.runtime.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class BenchSettings:
-    """What the command line sets of a benchmark, by `BenchSpec`'s names (the flags may differ:
-    `--max-seq-length` sets `seq_len`). What is timed beside what (data, packing, peers and their
-    PRNGs) is not declared yet."""
+    """What the command line sets of a benchmark. The settings of the spec have `BenchSpec`'s
+    names (the flags may differ: `--max-seq-length` sets `seq_len`); `real_data` becomes the
+    spec's `data` (`spec_from_config`); `peer`, `peer_python` and `compare_unpacked` say what
+    is timed beside it (`timing.run`)."""
 
     seq_len: int | None = setting(
         None, "sequence length", low=1, flag="max-seq-length", zero="default: phase 1's"
@@ -40,6 +41,25 @@ class BenchSettings:
         low=0.0,
         zero="0: the hardware table's, by device kind",
     )
+
+    # The data: real instances or full synthetic rows, packed or not.
+    real_data: bool = setting(False, "instances from the embedded corpus, real lengths")
+    packing: bool = setting(False, "pack several instances per row (implies --real-data)")
+    tokenizer: str = setting(
+        "", "tokenizer for --real-data", zero="default: the embedded corpus's, see bench/data.py"
+    )
+    # Our dropout PRNG and the peer's (jax.random key implementations).
+    rng_impl: str = setting("", "our dropout PRNG", zero="default: config.dropout_rng_impl")
+    peer_rng_impl: str = setting("", "the peer's dropout PRNG", zero="default threefry2x32")
+    # What is timed beside ours.
+    peer: str = setting(
+        "",
+        "also time peers in the same run: hf-torch (PyTorch, eager and compiled; or "
+        "hf-torch-eager, hf-torch-compiled), hf-flax; several comma-separated",
+        zero="default: none",
+    )
+    peer_python: str = setting("", "hf-flax's Python", zero="default: .venv-peer/bin/python")
+    compare_unpacked: bool = setting(False, "with --packing: also time the rows unpacked")
 
     def __post_init__(self):
         for problem in declarations.problems(self):

@@ -123,11 +123,13 @@ class BenchSpec:
     steps: int = BenchSettings.steps  # per window
     windows: int = BenchSettings.windows
     warmup_steps: int = BenchSettings.warmup_steps
-    data: str = "synthetic"
-    packing: bool = False
+    data: str = "synthetic"  # from BenchSettings.real_data (and packing): see spec_from_config
+    packing: bool = BenchSettings.packing
     packing_factor: float = BenchSettings.packing_factor  # unpacked rows per packed row
     max_instances_per_row: int = 16
-    tokenizer: str = ""  # for embedded data; "" picks one (see `resolve_tokenizer`)
+    tokenizer: str = (
+        BenchSettings.tokenizer
+    )  # for embedded data; "" picks one (`resolve_tokenizer`)
     seed: int = 0
     optimizer: OptimizerSpec = OptimizerSpec()
     mesh_shape: tuple[int, ...] = (-1, 1, 1)
@@ -138,16 +140,14 @@ class BenchSpec:
     # PRNG implementation for our dropout masks (jax.random.key impl): "" = JAX's default
     # (threefry2x32), "rbg" or "unsafe_rbg" (cheaper to generate, same dropout rates). From a
     # config: its `dropout_rng_impl` (rbg by default), as pretraining uses.
-    rng_impl: str = ""
+    rng_impl: str = BenchSettings.rng_impl
     # The peer's ("" = JAX's default, what a Hugging Face Flax user runs).
-    peer_rng_impl: str = ""
+    peer_rng_impl: str = BenchSettings.peer_rng_impl
     peak_tflops: float = BenchSettings.peak_tflops  # per chip
 
     def __post_init__(self):
         # The declared settings' checks, each naming its flag (`--steps 0 must be >= 1`).
-        BenchSettings(
-            **{name: getattr(self, name) for name in declarations.declarations(BenchSettings)}
-        )
+        BenchSettings(**{name: getattr(self, name) for name in SPEC_SETTINGS})
         if self.data not in DATA_SOURCES:
             raise UserError(f"data={self.data!r} is not one of {DATA_SOURCES}")
         if self.packing and self.data != "embedded":
@@ -161,18 +161,26 @@ class BenchSpec:
             )
 
 
-def spec_from_config(
-    config: Any,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    **overrides: Any,
-) -> BenchSpec:
-    """A BenchSpec from a pretraining ConfigDict (`configs/bert.py:SIZE`).
+# The declared settings that are BenchSpec's own, by name; the others say what is timed beside
+# it (`timing.run`'s arguments) or become its `data` (`real_data`).
+SPEC_SETTINGS = tuple(
+    name
+    for name in declarations.declarations(BenchSettings)
+    if name in {field.name for field in dataclasses.fields(BenchSpec)}
+)
+
+
+def spec_from_config(config: Any, settings: BenchSettings | None = None) -> BenchSpec:
+    """A BenchSpec from a pretraining ConfigDict (`configs/bert.py:SIZE`) and the command line's
+    `settings` (None: their declared defaults).
 
     The sequence length defaults to phase 1's; predictions come from the phase with that length
-    (else phase 1's share of positions); the batch defaults to that phase's global batch.
+    (else phase 1's share of positions); the batch defaults to that phase's global batch. Real
+    data (`real_data`, or `packing`, which needs it) is the embedded corpus, tokenized by
+    `settings.tokenizer`, else the config's tokenizer, else `resolve_tokenizer`'s choice.
     """
+    settings = settings or BenchSettings()
+    seq_len, batch_size = settings.seq_len, settings.batch_size
     phases = [config[key] for key in ("phase1", "phase2") if key in config]
     length = int(seq_len or phases[0].max_seq_length)
     phase = next((p for p in phases if int(p.max_seq_length) == length), None)
@@ -210,13 +218,13 @@ def spec_from_config(
         shard_optimizer_state=bool(config.mesh.get("shard_optimizer_state", False)),
         windowed_einsum=bool(config.mesh.get("windowed_einsum", True)),
     )
+    given = declarations.as_dict(settings)
+    values.update({name: given[name] for name in SPEC_SETTINGS if name not in values})
     # Our dropout PRNG is the pretraining config's unless the command line names one.
-    values["rng_impl"] = str(config.get("dropout_rng_impl", "") or "")
-    if not overrides.get("rng_impl"):
-        overrides.pop("rng_impl", None)
-    if overrides.get("data") == "embedded" and not overrides.get("tokenizer"):
-        overrides["tokenizer"] = str(config.data.get("tokenizer", "") or "")
-    values.update(overrides)
+    values["rng_impl"] = settings.rng_impl or str(config.get("dropout_rng_impl", "") or "")
+    if settings.real_data or settings.packing:
+        values["data"] = "embedded"
+        values["tokenizer"] = settings.tokenizer or str(config.data.get("tokenizer", "") or "")
     return BenchSpec(**values)
 
 

@@ -62,11 +62,16 @@ class ConfigCommand:
 
 def declared_flags(cls: type) -> tuple[tuple[str, str, Any, str], ...]:
     """The flags of a declared settings family (runtime/declarations.py) as `ConfigCommand`
-    takes them: kind, absl name, default and help with its range. A number is an absl number;
+    takes them: kind, absl name, default and help with its range. A number is an absl number,
+    a boolean an absl boolean (`--NAME`/`--no-NAME`; the help says "on" as for every boolean);
     anything else (a list, a size) is its shown text, read back by `declared_values`."""
     found = []
     for field in declarations.declared_fields(cls):
         declared = field.metadata["declaration"]
+        if isinstance(field.default, bool):
+            options = declarations.flag_options(field, default_help="")
+            found.append(("bool", _absl_name(field.name, declared), field.default, options["help"]))
+            continue
         options = declarations.flag_options(field)
         default = field.default
         kind = {int: "integer", float: "float"}.get(options.get("type"), "string")
