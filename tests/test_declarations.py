@@ -20,7 +20,7 @@ from bert_jax.cli import plan as plan_cli
 from bert_jax.data.preparation import settings as prepare_settings
 from bert_jax.data.tokenizers import train_settings as tokenizer_settings
 from bert_jax.finetune.tuning import settings as finetune_settings
-from bert_jax.launch import slurm, supervisor, tpu
+from bert_jax.launch import queued, slurm, supervisor, tpu
 from bert_jax.planning import candidates as plan_candidates
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import Declaration, setting
@@ -246,8 +246,8 @@ FAMILIES = {
             lambda: _argparse_options("launch", "tpu", "watch"),
         ),
         _listed(
-            # The slice (TpuVm: the "launch tpu" family) and how it is asked for
-            # (QueuedResource: not declared yet).
+            # The slice and how it is asked for (the "launch tpu" and "launch tpu capacity"
+            # families).
             "--name --zone --project --accelerator-type --version --valid-until-duration",
             "--spot --best-effort --reserved --guaranteed --no-queued",
             # The source the workers install, the job's command and environment (the Job).
@@ -299,12 +299,25 @@ FAMILIES = {
         ),
         _listed(
             "--dry-run",  # an action
-            # How the slice is asked for (QueuedResource: not declared yet; --spot sets spot).
+            # How the slice is asked for (the "launch tpu capacity" family; --spot sets spot).
             "--spot --best-effort --reserved --guaranteed --valid-until-duration --no-queued",
             "--source --archive --jax-spec --setup-command",  # what setup installs
             "--env --no-follow --settings --plan",  # the run's environment and its settings
             "--worker",  # whose log to stream
         ),
+    ),
+    "launch tpu capacity": Family(
+        queued.Capacity,
+        (
+            lambda: _argparse_options("launch", "tpu", "create"),
+            lambda: _argparse_options("launch", "tpu", "delete"),
+        ),
+        _listed(
+            "--name --zone --project --remote-dir --accelerator-type --version",  # the slice
+            "--dry-run",  # an action
+        ),
+        # A switch per capacity kind, not one flag for the kind.
+        lambda: {f"--{kind}" for kind in queued.SWITCHES},
     ),
     "encode": Family(
         encode_settings.EncodeSettings,

@@ -237,6 +237,9 @@ def test_queued_resource_waits_until_active_with_a_progress_line():
         queued.wait_until_active(qr, Runner(out=io.StringIO(), run=fake_run), poll_seconds=0)
     with pytest.raises(LaunchError, match="duration"):
         queued.QueuedResource(qr.vm, "spot", "six hours")
+    # The kinds are Capacity's declared choices (the switches and on-demand).
+    with pytest.raises(LaunchError, match="^capacity 'cheap' is not one of on-demand, spot, "):
+        queued.QueuedResource(qr.vm, "cheap")
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ def add_to(subparsers) -> None:
 
 
 def _add_tpu(kinds) -> None:
+    from bert_jax.launch.queued import SWITCHES, Capacity
     from bert_jax.launch.tpu import TpuVm
     from bert_jax.runtime import declarations
 
@@ -40,27 +41,14 @@ def _add_tpu(kinds) -> None:
     common.add_argument("--dry-run", action="store_true", help="print the gcloud commands only")
     creating = argparse.ArgumentParser(add_help=False)
     declarations.add_flags(creating, TpuVm, names=["accelerator_type", "version"])
+    # How the slice is asked for, from `Capacity`'s declarations: a switch per capacity kind
+    # (none: on-demand), then the request's limit and the way without a queued resource.
     kinds_of_capacity = creating.add_mutually_exclusive_group()
-    for kind, text in (
-        ("spot", "Spot capacity: preemptible, about a third of the on-demand price"),
-        ("best-effort", "best-effort capacity (the alpha API's preemptible kind)"),
-        ("reserved", "the project's reserved capacity"),
-        ("guaranteed", "guaranteed capacity"),
-    ):
+    for kind, text in SWITCHES.items():
         kinds_of_capacity.add_argument(
-            f"--{kind}", dest="capacity", action="store_const", const=kind, help=text
+            f"--{kind}", dest="kind", action="store_const", const=kind, help=text
         )
-    creating.add_argument(
-        "--valid-until-duration",
-        default=None,
-        metavar="DURATION",
-        help="give up the queued request after this long (e.g. 6h)",
-    )
-    creating.add_argument(
-        "--no-queued",
-        action="store_true",
-        help="create the TPU VM directly (`tpu-vm create`) instead of through a queued resource",
-    )
+    declarations.add_flags(creating, Capacity, names=["valid_until_duration", "no_queued"])
     installing = argparse.ArgumentParser(add_help=False)
     installing.add_argument(
         "--source", default=None, help="bert-jax checkout to copy (default: this one)"
@@ -107,9 +95,7 @@ def _add_tpu(kinds) -> None:
     viewing = argparse.ArgumentParser(add_help=False)
     viewing.add_argument("--worker", type=int, default=0, help="whose log to stream")
     deleting = argparse.ArgumentParser(add_help=False)
-    deleting.add_argument(
-        "--no-queued", action="store_true", help="a TPU VM created with --no-queued"
-    )
+    declarations.add_flags(deleting, Capacity, names=["no_queued"])
     watching = _watching_flags()
     starting_watch = argparse.ArgumentParser(add_help=False)
     starting_watch.add_argument(
@@ -273,17 +259,14 @@ def _tpu_action(args) -> int:
     if hasattr(args, "max_failures"):  # `up`: its supervisor settings, before anything runs
         _policy(args)
     # A setting whose flag this action lacks is its declared default.
-    vm = declarations.from_args(tpu.TpuVm, args, spot=getattr(args, "capacity", None) == "spot")
+    capacity = declarations.from_args(queued.Capacity, args)
+    vm = declarations.from_args(tpu.TpuVm, args, spot=capacity.kind == "spot")
     if getattr(args, "settings", None) or getattr(args, "plan", False):
         args.pretrain_args = _with_planned_settings(args)
     runner = Runner(dry_run=args.dry_run)
     qr = None
-    if not getattr(args, "no_queued", False) and args.tpu_action in ("up", "create", "delete"):
-        qr = queued.QueuedResource(
-            vm,
-            getattr(args, "capacity", None) or "on-demand",
-            getattr(args, "valid_until_duration", None),
-        )
+    if not capacity.no_queued and args.tpu_action in ("up", "create", "delete"):
+        qr = queued.QueuedResource(vm, capacity.kind, capacity.valid_until_duration)
     watch = getattr(args, "watch", False)
     workdir = slurm.workdir_in(getattr(args, "pretrain_args", ()))
     if watch and workdir is None:
@@ -310,9 +293,9 @@ def _tpu_action(args) -> int:
         )
         return 0
     if watch:
-        _save_job(args, vm, workdir)
+        _save_job(args, vm, capacity, workdir)
     elif args.tpu_action == "up" and workdir is not None and not args.dry_run:
-        _save_job_if_reachable(args, vm, workdir)
+        _save_job_if_reachable(args, vm, capacity, workdir)
     if watch:
         if not args.skip_preflight:
             tpu.preflight(vm, runner, args.pretrain_args, args.source or tpu.default_source_dir())
@@ -376,7 +359,7 @@ def _with_planned_settings(args) -> list[str]:
     return [*args.pretrain_args, *added]
 
 
-def _save_job_if_reachable(args, vm, workdir: str) -> None:
+def _save_job_if_reachable(args, vm, capacity, workdir: str) -> None:
     """Without --watch: keep the job in a gs:// workdir too, so that `launch tpu watch` can take
     over later; a path only the workers see (a FUSE mount) is left alone."""
     from bert_jax.runtime import fs
@@ -385,25 +368,24 @@ def _save_job_if_reachable(args, vm, workdir: str) -> None:
     if not fs.is_remote(workdir):
         return
     try:
-        _save_job(args, vm, workdir)
+        _save_job(args, vm, capacity, workdir)
     except (UserError, OSError) as err:
         print(f"# not written: {workdir}/launch/job.json ({err}); `launch tpu watch` needs it")
 
 
-def _save_job(args, vm, workdir: str) -> None:
+def _save_job(args, vm, capacity, workdir: str) -> None:
     """WORKDIR/launch/job.json and src.tar.gz: what `launch tpu watch` restarts from."""
     import os
     import tempfile
 
     from bert_jax.launch import tpu, workdir_state
 
-    capacity = None if args.no_queued else (args.capacity or "on-demand")
     job = workdir_state.Job(
         vm=vm,
         workdir=workdir,
         pretrain_args=tuple(args.pretrain_args),
-        capacity=capacity,
-        valid_until_duration=args.valid_until_duration,
+        capacity=None if capacity.no_queued else capacity.kind,
+        valid_until_duration=capacity.valid_until_duration,
         env=tuple(tpu.parse_env(args.env).items()),
         jax_spec=args.jax_spec or tpu.default_jax_spec(),
         setup_commands=tuple(args.setup_command),

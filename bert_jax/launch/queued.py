@@ -22,8 +22,18 @@ from collections.abc import Callable
 
 from bert_jax.launch import ApiError, CommandFailed, LaunchError, Runner, describe
 from bert_jax.launch.tpu import TpuVm
+from bert_jax.runtime import declarations
+from bert_jax.runtime.declarations import setting
 
-CAPACITY = ("on-demand", "spot", "best-effort", "reserved", "guaranteed")
+# The capacity kinds other than on-demand (the default), each a switch of `launch tpu` and
+# gcloud's flag of the same name.
+SWITCHES = {
+    "spot": "Spot capacity: preemptible, about a third of the on-demand price",
+    "best-effort": "best-effort capacity (the alpha API's preemptible kind)",
+    "reserved": "the project's reserved capacity",
+    "guaranteed": "guaranteed capacity",
+}
+CAPACITY = ("on-demand", *SWITCHES)
 WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING")
 LOST = ("SUSPENDED", "FAILED")  # the slice is gone: delete, then create again
 # gcloud's duration format, e.g. 6h, 90m, 1d, 1h30m.
@@ -41,21 +51,45 @@ def api_error_backoff(poll_seconds: float, failures: int) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class QueuedResource:
-    """The queued resource that brings `vm` (its node id) to life; it carries the VM's name."""
+class Capacity:
+    """How `launch tpu` asks for its slice, each setting declared once here: the flags of
+    `create`, `up` and `delete`, their help, defaults and checks derive from the declarations.
+    `kind` has no flag of its own but a switch per kind (`SWITCHES`: `--spot`, ...)."""
 
-    vm: TpuVm
-    capacity: str = "on-demand"
-    valid_until_duration: str | None = None
+    kind: str = setting("on-demand", "capacity kind (a switch each)", choices=CAPACITY, flag="")
+    valid_until_duration: str | None = setting(
+        None, "give up the queued request after this long (e.g. 6h)", metavar="DURATION"
+    )
+    no_queued: bool = setting(
+        False,
+        "no queued resource: create the TPU VM directly (`tpu-vm create`); with delete, a TPU "
+        "VM created so",
+    )
 
     def __post_init__(self):
-        if self.capacity not in CAPACITY:
-            raise LaunchError(f"capacity {self.capacity!r}: use one of {', '.join(CAPACITY)}")
+        def name_of(name: str) -> str:  # the kind has switches, not a flag
+            return "capacity" if name == "kind" else declarations.flag_name(name)
+
+        for problem in declarations.problems(self, name_of=name_of):
+            raise LaunchError(problem)
         if self.valid_until_duration is not None and not _DURATION.match(self.valid_until_duration):
             raise LaunchError(
                 f"--valid-until-duration {self.valid_until_duration!r}: use a duration such as "
                 "6h, 90m or 1d"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class QueuedResource:
+    """The queued resource that brings `vm` (its node id) to life; it carries the VM's name. Its
+    capacity's defaults and checks are `Capacity`'s."""
+
+    vm: TpuVm
+    capacity: str = Capacity.kind
+    valid_until_duration: str | None = Capacity.valid_until_duration
+
+    def __post_init__(self):
+        Capacity(self.capacity, self.valid_until_duration)
 
     @property
     def name(self) -> str:
