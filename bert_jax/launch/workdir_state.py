@@ -34,7 +34,7 @@ class Job:
     vm: tpu.TpuVm
     workdir: str
     pretrain_args: tuple[str, ...]
-    capacity: str | None = "on-demand"  # None: a TPU VM created directly (--no-queued)
+    capacity: str | None = queued.Capacity.kind  # None: a TPU VM created directly (--no-queued)
     valid_until_duration: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     jax_spec: str = "jax[tpu]"

@@ -6,13 +6,14 @@ the recorded settings a family keeps (`as_dict`; a records manifest, a trial's k
 protocol block) through the declaration's flags (`records`, `trial`, `step`, `swept`).
 
 Every family, one dataclass each (tests/test_declarations.py walks them all, `FAMILIES`):
-`PrepareSettings` (data/preparation/settings.py), the pretraining config's sections
+`PrepareSettings` (data/preparation/settings.py), `TokenizerTrainSettings`
+(data/tokenizers/train_settings.py), the pretraining config's sections
 (training/config_schema.py, the model's from core/bert_config.py, the data keys from
 `PrepareSettings`), `FinetuneSettings` (finetune/tuning/settings.py), the supervisor's `Policy`,
-`TpuVm` and `SlurmJob` (launch/), plan's `Space` (planning/candidates.py), `BenchSettings`
-(bench/settings.py), `EncodeSettings` (encode_settings.py), `FillMaskSettings` (fill_mask.py) and
-`EvalSettings` (training/model_eval.py). This module imports neither NumPy nor JAX: `--help`
-reads it.
+`TpuVm`, `Capacity` and `SlurmJob` (launch/), plan's `Space` (planning/candidates.py),
+`BenchSettings` (bench/settings.py), `EncodeSettings` (encode_settings.py), `FillMaskSettings`
+(fill_mask.py) and `EvalSettings` (training/model_eval.py). This module imports neither NumPy
+nor JAX: `--help` reads it.
 """
 
 from __future__ import annotations
