@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data.sources import embedded as corpus
+from bert_jax.data.tokenizers.hf_bpe import HfBpeTokenizer
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.data.tokenizers.wordpiece import WordPieceTokenizer
 from bert_jax.runtime.errors import UserError
@@ -105,7 +106,9 @@ def test_hugging_face_tokenizer_json_loads_as_its_vocab_txt(tmp_path, real_sente
     spec["model"] = {"type": "BPE", "vocab": {}, "merges": []}
     (saved / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     with pytest.raises(ValueError, match="a 'BPE' tokenizer model; only BERT's WordPiece"):
-        load_tokenizer(saved / "tokenizer.json")
+        WordPieceTokenizer.from_hf_json(str(saved / "tokenizer.json"))
+    # A BPE tokenizer.json with BERT's special tokens is ModernBERT's kind, read as such.
+    assert isinstance(load_tokenizer(saved / "tokenizer.json"), HfBpeTokenizer)
     os.remove(saved / "tokenizer.json")
     with pytest.raises(UserError, match="vocab.txt or tokenizer.json"):
         load_tokenizer(saved)
