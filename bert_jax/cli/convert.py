@@ -64,7 +64,6 @@ def add_to(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from bert_jax.convert import hf_modernbert
     from bert_jax.convert.between_formats import SOURCE_FORMATS, TARGET_FORMATS, convert
     from bert_jax.training import load_model
 
@@ -73,9 +72,7 @@ def _run(args) -> int:
         raise UserError(f"--from {src_format!r}: use {SOURCE_FORMATS}")
     if dst_format not in TARGET_FORMATS:
         raise UserError(f"--to {dst_format!r}: use {TARGET_FORMATS}")
-    if hf_modernbert.is_modernbert(src_format, src):  # config.json's model_type: the family
-        convert = hf_modernbert.convert
-    report = convert(
+    report = convert(  # a ModernBERT source (config.json's model_type) converts as that family
         src_format,
         src,
         dst_format,

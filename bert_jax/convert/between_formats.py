@@ -4,7 +4,8 @@ Sources: "tf1" (Google's checkpoint directory), "hf" (a Hugging Face BERT direct
 (a model directory; a pretraining workdir too with the loader that reads one, which `bert-jax
 convert` passes: `training.load_model.load_model_dir`). Targets: "bert-jax" (a model directory)
 and "hf" (config.json + model.safetensors + tokenizer files, loadable by transformers'
-`BertForPreTraining.from_pretrained`, or `BertModel` for an encoder-only model).
+`BertForPreTraining.from_pretrained`, or `BertModel` for an encoder-only model). A ModernBERT
+source, "hf" or "bert-jax" (config.json's model_type), converts through `hf_modernbert.convert`.
 
 Everything is read and checked before anything is written, and the destination is written
 atomically: a refused conversion leaves nothing at `dst`. `overwrite` replaces only an earlier
@@ -178,9 +179,27 @@ def convert(
     the source's padding (none for Google and Hugging Face checkpoints). `load_model_dir`: how a
     "bert-jax" source is read (see `load_source`).
 
+    A ModernBERT source (config.json's model_type, `hf_modernbert.is_modernbert`) goes to
+    `hf_modernbert.convert`, which keeps the same promises for that family.
+
     Raises `ConversionError` (naming the tensor or setting) before writing anything when the
     source does not convert exactly; `FileExistsError` when `dst` exists and not `overwrite`.
     """
+    from bert_jax.convert import hf_modernbert  # it imports this module's export marker
+
+    if hf_modernbert.is_modernbert(src_format, src):
+        return hf_modernbert.convert(
+            src_format,
+            src,
+            dst_format,
+            dst,
+            drop_heads=drop_heads,
+            tokenizer=tokenizer,
+            lowercase=lowercase,
+            overwrite=overwrite,
+            vocab_pad_multiple=vocab_pad_multiple,
+            load_model_dir=load_model_dir,
+        )
     if dst_format not in TARGET_FORMATS:
         raise UserError(f"unknown target format {dst_format!r}; expected one of {TARGET_FORMATS}")
     if vocab_pad_multiple is not None and dst_format != "bert-jax":

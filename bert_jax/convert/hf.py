@@ -305,7 +305,9 @@ class HFCheckpoint:
     read: Callable[[str], np.ndarray]
 
 
-def _load_torch_bin(path: str) -> dict[str, Any]:
+def load_torch_bin(path: str) -> dict[str, Any]:
+    """A pytorch_model.bin's state dict (tensors only: `torch.load(weights_only=True)`), or a
+    ConversionError naming the file."""
     try:
         import torch
     except ImportError as err:
@@ -334,7 +336,9 @@ def _load_torch_bin(path: str) -> dict[str, Any]:
     return dict(loaded)
 
 
-def _weight_files(path: str) -> list[str]:
+def weight_files(path: str) -> list[str]:
+    """A transformers directory's weight files: model.safetensors, else pytorch_model.bin, each
+    whole or sharded by its index.json (every family's reader starts here)."""
     for single, index in (
         (SAFETENSORS_NAME, f"{SAFETENSORS_NAME}.index.json"),
         (PYTORCH_NAME, f"{PYTORCH_NAME}.index.json"),
@@ -370,7 +374,7 @@ def read_hf_dir(path: str | os.PathLike) -> HFCheckpoint:
         raise ConversionError(f"{path} has no config.json")
     with fs.open(config_path, encoding="utf-8") as f:
         config = json.load(f)
-    files = _weight_files(path)
+    files = weight_files(path)
     shapes: dict[str, tuple[int, ...]] = {}
     readers: dict[str, Callable[[], np.ndarray]] = {}
     for file in files:
@@ -379,7 +383,7 @@ def read_hf_dir(path: str | os.PathLike) -> HFCheckpoint:
             file_shapes = st.shapes
             read_one: Callable[[str], np.ndarray] = st.read
         else:
-            state = _load_torch_bin(file)
+            state = load_torch_bin(file)
             file_shapes = {key: tuple(value.shape) for key, value in state.items()}
             read_one = lambda key, state=state: to_numpy(state[key])  # noqa: E731
         # strip_prefix keeps the order of its input, so canonical names pair up with keys.

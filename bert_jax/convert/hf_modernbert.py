@@ -210,12 +210,12 @@ def _open_weights(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str]
     """Every tensor's shape in a transformers directory's weight files, and a reader of one."""
     shapes: dict[str, tuple[int, ...]] = {}
     readers: dict[str, Callable[[], np.ndarray]] = {}
-    for file in hf._weight_files(path):
+    for file in hf.weight_files(path):
         if file.endswith(".safetensors"):
             st = read_safetensors(file)
             file_shapes, read_one = st.shapes, st.read
         else:
-            state = hf._load_torch_bin(file)
+            state = hf.load_torch_bin(file)
             file_shapes = {key: tuple(value.shape) for key, value in state.items()}
             read_one = lambda key, state=state: hf.to_numpy(state[key])  # noqa: E731
         for key, shape in file_shapes.items():
@@ -256,7 +256,7 @@ def params_from_hf_dir(
             return "head dropped on request (encoder-only output)"
         return None
 
-    origin = f"transformers checkpoint {', '.join(hf._weight_files(path))}"
+    origin = f"transformers checkpoint {', '.join(hf.weight_files(path))}"
     try:
         params = modernbert_names.import_params(
             shapes, read, config, with_heads=with_heads, ignore=ignore, report=report, origin=origin
