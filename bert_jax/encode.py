@@ -19,6 +19,11 @@ and reduced:
 `layers` index the hidden states as Hugging Face's `hidden_states` does: 0 is the embedding output,
 i the output of layer i, -1 the last layer. Several layers are concatenated along the feature axis
 (D' = len(layers) * hidden), as in the paper's "concat last four hidden" row of Table 7.
+
+A ModernBERT model encodes the same way (its tokenizer's [CLS] and [SEP]; a pair's second text is
+told apart by [SEP] alone, ModernBERT having no segment embeddings); its last hidden state is the
+one after the final norm, as transformers' `ModernBertModel` gives it (`last_hidden_state`, and
+the last of `hidden_states`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.core.model import BertConfig, BertModel, last_token_positions
+from bert_jax.core.modernbert import ModernBertModel
+from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.encode_settings import DEFAULT_MAX_SEQ_LENGTH, EncodeSettings
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
@@ -79,14 +86,31 @@ def _check_layers(layers: tuple[int, ...], config: BertConfig) -> None:
         )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "pool", "layers"))
-def _features(params, input_ids, input_mask, segment_ids, *, config, pool, layers):
+def _encoder_params(params: dict[str, Any], config: BertConfig | ModernBertConfig) -> Any:
+    """The encoder's subtree of a model directory's params (BERT's without its pooler)."""
+    if isinstance(config, ModernBertConfig):
+        return params["model"]
+    return {k: v for k, v in params["bert"].items() if k != "pooler"}
+
+
+def _hidden_states(params, input_ids, input_mask, segment_ids, config) -> tuple[jax.Array, ...]:
+    """The embeddings' output, then each layer's (the last as the model's sequence output)."""
+    if isinstance(config, ModernBertConfig):
+        outputs = ModernBertModel(config).apply(
+            {"params": params}, input_ids, input_mask, deterministic=True
+        )
+        # The last layer's state after the final norm, as transformers' ModernBertModel gives it.
+        return (*outputs["hidden_states"][:-1], outputs["sequence_output"])
     outputs = BertModel(config, add_pooler=False).apply(
         {"params": params}, input_ids, input_mask, segment_ids, deterministic=True
     )
-    hidden = jnp.concatenate(
-        [outputs["hidden_states"][layer].astype(jnp.float32) for layer in layers], axis=-1
-    )
+    return outputs["hidden_states"]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "pool", "layers"))
+def _features(params, input_ids, input_mask, segment_ids, *, config, pool, layers):
+    states = _hidden_states(params, input_ids, input_mask, segment_ids, config)
+    hidden = jnp.concatenate([states[layer].astype(jnp.float32) for layer in layers], axis=-1)
     mask = input_mask.astype(jnp.float32)[..., None]
     if pool == "cls":
         return hidden[:, 0]
@@ -144,9 +168,9 @@ def encode_texts(
     settings = dataclasses.replace(settings or EncodeSettings(), **options)
     pool = _pool_for(model.config, settings.pool, model.path)
     batch_size = settings.batch_size
-    config: BertConfig = model.config.replace(
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-    )
+    config = model.config
+    if isinstance(config, BertConfig):
+        config = config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if settings.dtype is not None:
         config = config.replace(dtype=settings.dtype)
     max_seq_length = settings.max_seq_length
@@ -167,7 +191,7 @@ def encode_texts(
     longest = int(lengths.max()) if len(rows) else 1
     seq_len = min(max_seq_length, -(-longest // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE)
     # The pooler is not needed for features; leave it on the host.
-    encoder = {k: v for k, v in model.params["bert"].items() if k != "pooler"}
+    encoder = _encoder_params(model.params, config)
     device = jax.devices()[0]
     encoder = jax.device_put(encoder, device)
 

@@ -18,6 +18,10 @@ model's vocabulary, computed in float32. The same model exported with `bert-jax 
 gives the same token ids, in the same order, with the same probabilities in transformers
 (tests/test_fill_mask.py).
 
+A ModernBERT model fills masks the same way, with its own tokenizer's [CLS], [SEP] and [MASK]
+(its tokenizer.json may strip the space before a [MASK], as ModernBERT's does) and its tied
+masked-LM head; `convert --to hf` of it gives the same ids and probabilities in transformers.
+
 A text without [MASK], a text longer than the model's positions, a model without its masked-LM
 head (an encoder-only export) and a left-to-right model (its head predicts the next token) are
 refused in one line.
@@ -40,6 +44,7 @@ if TYPE_CHECKING:  # the command's parser reads this module's defaults without i
     import numpy as np
 
     from bert_jax.core.model import BertConfig
+    from bert_jax.core.modernbert_config import ModernBertConfig
 
 STDIN = "-"  # --input - reads the texts from standard input
 # Rows are padded to a multiple of this many tokens, and the [MASK] positions of a batch to a
@@ -139,7 +144,7 @@ def fill_mask(
     return _predict(loaded, texts, rows, top_k, settings.batch_size)
 
 
-def check_model(config: BertConfig, has_heads: bool, where: str) -> None:
+def check_model(config: BertConfig | ModernBertConfig, has_heads: bool, where: str) -> None:
     """Refuses a model whose head cannot fill a [MASK], naming it and why."""
     if not has_heads:
         raise UserError(
@@ -155,7 +160,10 @@ def check_model(config: BertConfig, has_heads: bool, where: str) -> None:
 
 
 def encode_texts(
-    tokenizer: Any, texts: Sequence[str], names: Sequence[str], config: BertConfig
+    tokenizer: Any,
+    texts: Sequence[str],
+    names: Sequence[str],
+    config: BertConfig | ModernBertConfig,
 ) -> list[list[int]]:
     """`[CLS] text [SEP]` ids for each text; a text without [MASK] or longer than the model's
     positions is refused, named by `names`."""
@@ -184,11 +192,12 @@ def _top_candidates():
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.core.model import BertForPreTraining
+    from bert_jax.core.trainer import pretraining_model
 
     @functools.partial(jax.jit, static_argnames=("config", "top_k"))
     def top_candidates(params, input_ids, input_mask, masked_lm_positions, *, config, top_k):
-        outputs = BertForPreTraining(config).apply(
+        # The family's pretraining model: BERT's MLM and NSP heads, or ModernBERT's MLM head.
+        outputs = pretraining_model(config).apply(
             {"params": params},
             input_ids,
             input_mask,
@@ -206,10 +215,13 @@ def _predict(loaded, texts, rows, top_k: int, batch_size: int) -> list[FilledTex
     import jax
     import numpy as np
 
-    # Dropout off; float32 compute, whatever the model trained in: scores to compare, not speed.
-    config: BertConfig = loaded.config.replace(
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, dtype="float32"
-    )
+    from bert_jax.core.model import BertConfig
+
+    # Float32 compute, whatever the model trained in: scores to compare, not speed (dropout is
+    # off in the deterministic forward; BERT's rates are zeroed too, as its other readers do).
+    config = loaded.config.replace(dtype="float32")
+    if isinstance(config, BertConfig):
+        config = config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     tokenizer = loaded.tokenizer
     device = jax.devices()[0]
     params = jax.device_put(loaded.params, device)

@@ -74,7 +74,6 @@ def evaluate_model(
     import jax
 
     from bert_jax.core import trainer
-    from bert_jax.core.model import BertForPreTraining
     from bert_jax.data import layout, objectives
     from bert_jax.data.sources.kinds import source_kind
     from bert_jax.data.tokenizers.load_or_train import check_prepared_with
@@ -111,7 +110,7 @@ def evaluate_model(
     total = _count_records(data)
     if batches:
         total = min(total, batches * batch_size)
-    module = BertForPreTraining(config)
+    module = trainer.pretraining_model(config)  # BERT's, or ModernBERT's masked-LM model
     step = jax.jit(lambda params, batch: trainer.eval_step(params, batch, model=module))
     progress = _Progress(total, console)
     sums = heldout_eval.EvalSums(config.vocab_size, config.objective)
