@@ -3,6 +3,7 @@ checkpoint curve (`curve.py`) call. The task comes from `tasks.registry`; its fa
 run trains it: a sentence task `sweep.run_single`, SQuAD and CoNLL-2003
 `squad_and_conll.run_token_task`, CoNLL-2003 with `features` `conll_features.run_feature_ner`,
 SWAG `swag.run_swag`; each with the task's registered recipe, then the overrides that are not None.
+A ModernBERT model fine-tunes on the sentence tasks (its own head) and is refused for the others.
 
 A workdir that holds a finished run of the same task, settings and model is reused (its
 result.json returned with `reused` set), as `bert-jax glue` reuses its trials; `overwrite` trains
@@ -69,6 +70,7 @@ def run_task(
     import jax
 
     given, task = task, get_task(task, options)
+    model = _modernbert_encoder(model, task)
     settings = run_settings.task_settings(task, overrides)
     writer = jax.process_index() == 0
     with finetune_workdir.one_writer(workdir, writer=writer):
@@ -120,6 +122,35 @@ def finished_run(
         return sweep.load_matching(path, settings, source)
     except UserError as err:
         raise UserError(f"{err} (or --overwrite to replace it)") from None
+
+
+def _modernbert_encoder(model: str | PretrainedEncoder, task: Task) -> str | PretrainedEncoder:
+    """A ModernBERT MODEL loaded as the encoder a sentence task fine-tunes (the model directory's
+    `model` subtree; `load_pretrained` reads BERT's), or refused in one line for another task;
+    any other model as it was given."""
+    from bert_jax.core.modernbert_config import ModernBertConfig
+    from bert_jax.training import load_model
+
+    if not isinstance(model, str):
+        config = model.config
+    else:
+        try:
+            config = load_model.load_model_dir(model, load_params=False).config
+        except UserError:
+            return model  # the run names what is wrong with it, in its own order
+    if not isinstance(config, ModernBertConfig):
+        return model
+    if task.family != SENTENCE:
+        where = model if isinstance(model, str) else model.source
+        raise UserError(
+            f"--model {where} is a ModernBERT model: it fine-tunes on the sentence tasks (GLUE) "
+            f"with its classifier head; {task.name} fine-tunes BERT models only"
+        )
+    if not isinstance(model, str):
+        return model
+    loaded = load_model.load_model_dir(model)
+    source = fs.abspath(model)  # as a BERT run records its model
+    return PretrainedEncoder(loaded.config, loaded.params["model"], loaded.tokenizer, source)
 
 
 def _run(model, task: Task, data, workdir, settings, options: TaskOptions, log) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The sentence-task fine-tuning loop: a classifier (or regressor) on the pooled [CLS], one task,
-one setting (learning rate, seed), on the device mesh.
+one setting (learning rate, seed), on the device mesh. A ModernBERT encoder gets its own head
+(`heads/modernbert_pooled.py`: CLS or mean pooling, dense, activation, norm, classifier).
 
 The paper's recipe: BERT AdamW (weight decay 0.01, not on LayerNorm and biases; clipping at global
 norm 1.0), linear warmup over the first 10% of steps then linear decay to 0, dropout 0.1, batch 32,
@@ -29,6 +30,8 @@ import numpy as np
 
 from bert_jax.core import partitioning, trainer
 from bert_jax.core.model import BertConfig
+from bert_jax.core.modernbert_config import ModernBertConfig
+from bert_jax.finetune.heads import modernbert_pooled
 from bert_jax.finetune.heads.pooled import BertForSequenceClassification, ClassifierHead, head_loss
 from bert_jax.finetune.tasks import glue_metrics
 from bert_jax.finetune.tasks.glue import SentenceTask
@@ -86,7 +89,7 @@ class FineTuner(HeadTuner):
 
     def __init__(
         self,
-        config: BertConfig,
+        config: BertConfig | ModernBertConfig,
         num_labels: int,
         mesh: jax.sharding.Mesh,
         settings: FinetuneSettings,
@@ -95,10 +98,15 @@ class FineTuner(HeadTuner):
         self.config = config
         self.num_labels = num_labels
         self.regression = num_labels == 1
-        model = BertForSequenceClassification(config, num_labels, settings.dropout)
+        if isinstance(config, ModernBertConfig):  # its own head (its rates set by model_config)
+            model = modernbert_pooled.ModernBertForSequenceClassification(config, num_labels)
+            head = modernbert_pooled.ModernBertClassifierHead(config, num_labels)
+        else:
+            model = BertForSequenceClassification(config, num_labels, settings.dropout)
+            head = ClassifierHead(config, num_labels, settings.dropout)
         super().__init__(
             model,
-            ClassifierHead(config, num_labels, settings.dropout),
+            head,
             jnp.zeros((1, config.hidden_size), jnp.float32),  # the pooled [CLS]
             classifier_loss(model, self.regression),
             predict_step,
@@ -109,7 +117,7 @@ class FineTuner(HeadTuner):
 
 
 def fine_tuner(
-    config: BertConfig,
+    config: BertConfig | ModernBertConfig,
     num_labels: int,
     mesh: jax.sharding.Mesh,
     settings: FinetuneSettings | None = None,
@@ -222,6 +230,21 @@ def selection_score(task: SentenceTask, dev_metrics: Mapping[str, Mapping[str, f
     return float(np.mean([glue_metrics.paper_score(task, m) for m in dev_metrics.values()]))
 
 
+def model_config(
+    encoder: PretrainedEncoder, settings: FinetuneSettings, mesh: jax.sharding.Mesh
+) -> BertConfig | ModernBertConfig:
+    """`tuning_loop.run_config` for either family: its checks (which read a config's vocabulary
+    and positions alone), then the encoder's config with the run's dropout."""
+    config = encoder.config
+    if not isinstance(config, ModernBertConfig):
+        return tuning_loop.run_config(encoder, settings, mesh)
+    positions = BertConfig(
+        vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings
+    )
+    tuning_loop.run_config(dataclasses.replace(encoder, config=positions), settings, mesh)
+    return modernbert_pooled.with_dropout(config, settings.dropout)
+
+
 def make_mesh(settings: FinetuneSettings) -> jax.sharding.Mesh:
     return partitioning.make_mesh(settings.mesh_shape)
 
@@ -239,7 +262,7 @@ def finetune(
     log = log or logger.info
     task = data.task
     mesh = mesh if mesh is not None else make_mesh(settings)
-    config = tuning_loop.run_config(encoder, settings, mesh)
+    config = model_config(encoder, settings, mesh)
     tuner = fine_tuner(config, task.num_outputs, mesh, settings, rules)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)

@@ -1,0 +1,89 @@
+"""ModernBERT's sequence head, as transformers' `ModernBertForSequenceClassification` has it: the
+final hidden states pooled (the first token's, or the mean over real tokens, by the config's
+`classifier_pooling`), then the head's dense, activation and norm, dropout, and the classifier.
+
+`ModernBertForSequenceClassification` keeps the tree fine-tuning's `HeadTuner` expects: the
+encoder (a model directory's `model` subtree, `core/modernbert.ModernBertModel`) under `bert/`, the
+head under `classifier/` (`head/{dense,norm}` and `output/{kernel,bias}`, transformers'
+`head.dense`, `head.norm` and `classifier`). `num_labels=1` is regression. ModernBERT has no
+segment embeddings: a pair's second text is told apart by [SEP] alone.
+
+`--dropout` (`FinetuneSettings.dropout`) sets every dropout ModernBERT has, as it sets BERT's
+hidden and attention dropout: after the embeddings, of the attention, of the GeGLU, and before the
+classifier (`with_dropout`).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.core.layers import Dense
+from bert_jax.core.modernbert import ModernBertModel, ModernBertPredictionHead
+from bert_jax.core.modernbert_config import ModernBertConfig
+
+Array = jax.Array
+
+
+def with_dropout(config: ModernBertConfig, rate: float) -> ModernBertConfig:
+    """`config` with every dropout rate at `rate` (a fine-tuning run's `dropout`)."""
+    return config.replace(
+        embedding_dropout=rate, attention_dropout=rate, mlp_dropout=rate, classifier_dropout=rate
+    )
+
+
+def pool(hidden_BxLxD: Array, input_mask_BxL: Array, pooling: str) -> Array:
+    """The first token's state ("cls"), or the mean over the real tokens ("mean")."""
+    if pooling == "cls":
+        return hidden_BxLxD[:, 0]
+    mask = input_mask_BxL.astype(hidden_BxLxD.dtype)[..., None]
+    return jnp.sum(hidden_BxLxD * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+
+
+class ModernBertClassifierHead(nn.Module):
+    """From the pooled state: dense, activation, norm (`head`), dropout, the classifier
+    (`output`, with a bias as transformers' nn.Linear has), float32 [batch, num_labels]."""
+
+    config: ModernBertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, pooled_BxD: Array, deterministic: bool = True) -> Array:
+        cfg = self.config
+        hidden = ModernBertPredictionHead(cfg, name="head")(pooled_BxD)
+        hidden = nn.Dropout(rate=cfg.classifier_dropout)(hidden, deterministic=deterministic)
+        logits = Dense(
+            features=(self.num_labels,),
+            kernel_axes=("embed", None),
+            num_input_axes=1,
+            config=cfg,
+            name="output",
+        )(hidden)
+        return logits.astype(jnp.float32)
+
+
+class ModernBertForSequenceClassification(nn.Module):
+    """ModernBERT, its pooled final state, `ModernBertClassifierHead`: float32 logits
+    [batch, num_labels]. `segment_ids` is taken, as every sentence task's batch has it, and not
+    read."""
+
+    config: ModernBertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array,
+        segment_ids: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        del segment_ids
+        cfg = self.config
+        outputs = ModernBertModel(cfg, name="bert")(
+            input_ids, input_mask, deterministic=deterministic
+        )
+        pooled = pool(outputs["sequence_output"], input_mask, cfg.classifier_pooling)
+        head = ModernBertClassifierHead(cfg, self.num_labels, name="classifier")
+        return head(pooled, deterministic=deterministic)
