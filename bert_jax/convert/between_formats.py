@@ -24,8 +24,8 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.convert import mapping, model_dir
-from bert_jax.convert.hf import HF_DIR_FILES
+from bert_jax.convert import hf_modernbert, mapping, model_dir
+from bert_jax.convert.hf import HF_EXPORT_KIND, HF_EXPORT_MARKER
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.core.model import BertConfig
 from bert_jax.runtime import fs
@@ -34,19 +34,6 @@ from bert_jax.runtime.errors import UserError
 
 SOURCE_FORMATS = ("tf1", "hf", "bert-jax")
 TARGET_FORMATS = ("bert-jax", "hf")
-# Written into every Hugging Face export: the mark that lets `--overwrite` replace it later.
-HF_EXPORT_MARKER = "bert_jax_export.json"
-_HF_EXPORT_FILES = (
-    *HF_DIR_FILES,
-    HF_EXPORT_MARKER,
-)
-HF_EXPORT_KIND = files.OutputKind(
-    name="Hugging Face export",
-    marker=HF_EXPORT_MARKER,
-    is_own=lambda path: fs.isfile(os.path.join(path, HF_EXPORT_MARKER)),
-    holds=lambda name: name in _HF_EXPORT_FILES,
-    marker_file=HF_EXPORT_MARKER,
-)
 
 
 @dataclasses.dataclass
@@ -185,8 +172,6 @@ def convert(
     Raises `ConversionError` (naming the tensor or setting) before writing anything when the
     source does not convert exactly; `FileExistsError` when `dst` exists and not `overwrite`.
     """
-    from bert_jax.convert import hf_modernbert  # it imports this module's export marker
-
     if hf_modernbert.is_modernbert(src_format, src):
         return hf_modernbert.convert(
             src_format,

@@ -30,6 +30,7 @@ from bert_jax.convert.strict import ConversionError, ConversionReport
 from bert_jax.core.model import BertConfig
 from bert_jax.data.tokenizers.interface import CONFIG_NAME, SPM_NAME, VOCAB_NAME
 from bert_jax.runtime import fs
+from bert_jax.runtime.outputs import OutputKind
 
 __all__ = [
     "ConversionError",
@@ -56,6 +57,16 @@ HF_DIR_FILES = (
     "special_tokens_map.json",
 )
 PYTORCH_NAME = "pytorch_model.bin"
+# Written into every Hugging Face export (either family's): the mark that lets `--overwrite`
+# replace it later.
+HF_EXPORT_MARKER = "bert_jax_export.json"
+HF_EXPORT_KIND = OutputKind(
+    name="Hugging Face export",
+    marker=HF_EXPORT_MARKER,
+    is_own=lambda path: fs.isfile(os.path.join(path, HF_EXPORT_MARKER)),
+    holds=lambda name: name in (*HF_DIR_FILES, HF_EXPORT_MARKER),
+    marker_file=HF_EXPORT_MARKER,
+)
 
 # Keys a Hugging Face state dict may carry that hold no weights of their own: the decoder is tied
 # to the word embeddings (and its bias to cls.predictions.bias); the rest are buffers.

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from bert_jax.convert import hf, model_dir, modernbert_names
-from bert_jax.convert.between_formats import HF_EXPORT_KIND, HF_EXPORT_MARKER
+from bert_jax.convert.hf import HF_EXPORT_KIND, HF_EXPORT_MARKER
 from bert_jax.convert.mapping import get_path, set_path
 from bert_jax.convert.safetensors import read_safetensors, write_safetensors
 from bert_jax.convert.strict import ConversionError, ConversionReport
