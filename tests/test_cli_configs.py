@@ -53,7 +53,7 @@ def test_an_unknown_config_is_one_line_naming_the_packaged_ones(tmp_path, monkey
         configs.resolve("configs/bert.py:tiny")
     assert str(error.value) == (
         "--config configs/bert.py:tiny: no such file (the configs that ship with bert-jax are "
-        "named without a path: bert:SIZE, demo)"
+        "named without a path: bert:SIZE, demo, modernbert:SIZE)"
     )
     with pytest.raises(UserError, match=r"^--config nope\.py: no such file$"):
         configs.resolve("nope.py")

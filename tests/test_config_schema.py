@@ -1,8 +1,9 @@
 """config_schema: every key of the pretraining config is declared once, and the config, its
 checks and `--config-help` come from the declarations.
 
-The walk: for every size, each leaf key of the config has a declaration and each declaration is
-a key; a distinctive declared default is not written again under bert_jax/training or the
+The walk: for every size of each family (BERT's, and ModernBERT's from its config file), each
+leaf key of the config has a declaration and each declaration of that family is a key; a
+distinctive declared default is not written again under bert_jax/training or the
 configs; a value outside a declared range or closed set is refused naming `config.KEY`.
 """
 
@@ -16,7 +17,9 @@ import pathlib
 import pytest
 
 from bert_jax import cli
+from bert_jax.configs import modernbert as modernbert_configs
 from bert_jax.core.bert_config import BertConfig
+from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.runtime import declarations
 from bert_jax.runtime.errors import UserError
@@ -26,25 +29,52 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DECLARED = list(config_schema.keys())
 
 
-@pytest.mark.parametrize("size", list(config_lib.SIZES))
-def test_every_key_of_every_size_is_declared_and_every_declaration_is_a_key(size):
-    keys = [key for key, _ in config_lib.flat_settings(config_lib.pretraining_config(size))]
-    assert sorted(keys) == sorted(DECLARED)
+SIZES = [("bert", size) for size in config_lib.SIZES]
+SIZES += [("modernbert", size) for size in config_lib.MODERNBERT_SIZES]
+
+
+def _config(family: str, size: str):
+    """A size's config as users get it: bert:SIZE, or modernbert:SIZE (its recipe's file)."""
+    if family == "modernbert":
+        return modernbert_configs.get_config(size)
+    return config_lib.pretraining_config(size)
+
+
+@pytest.mark.parametrize("family,size", SIZES)
+def test_every_key_of_every_size_is_declared_and_every_declaration_is_a_key(family, size):
+    config = _config(family, size)
+    keys = [key for key, _ in config_lib.flat_settings(config)]
+    assert sorted(keys) == sorted(config_schema.keys(family))
     assert len(set(DECLARED)) == len(DECLARED)
+    assert config.model.family == family
+    config_checks.check_values(config, config_lib.split_phases(config))
+
+
+def test_every_declaration_is_a_key_of_some_family():
+    """The model section is both families' settings, `family` choosing; the rest is shared."""
+    families = config_schema.FAMILIES
+    assert set(families) == {"bert", "modernbert"}
+    held = set().union(*(config_schema.keys(family) for family in families))
+    assert held == set(DECLARED)
+    bert, modern = (set(config_schema.keys(family)) for family in families)
+    both = {key.removeprefix("model.") for key in bert & modern if key.startswith("model.")}
+    assert {"family", "hidden_size", "vocab_size", "dtype", "remat"} <= both
+    assert "model.hidden_act" in bert - modern
+    assert "model.global_rope_theta" in modern - bert
 
 
 def test_a_size_overrides_declared_keys_only():
     """The size's shapes and the CPU sizes' changes override settings, they add none."""
     assert set(config_lib.CPU_TRIAL) <= set(DECLARED)
-    for size in config_lib.SIZES:
-        shapes = config_lib.model_config(size).to_dict()
+    for family, size in SIZES:
+        shapes = config_lib.model_config(size, family).to_dict()
         assert {f"model.{name}" for name in shapes} <= set(DECLARED)
 
 
 def test_the_recipe_is_the_declared_defaults_at_base():
     """`base` changes nothing but the size: the shapes it sets are BertConfig's defaults."""
     config = config_lib.pretraining_config("base")
-    for key in DECLARED:
+    for key in config_schema.keys("bert"):
         assert config_schema.setting_value(config, key) == config_schema.default(key), key
     second = config_schema.SECOND_PHASE
     assert config.phase1.fraction + config.phase2.fraction == 1.0
@@ -52,18 +82,21 @@ def test_the_recipe_is_the_declared_defaults_at_base():
 
 
 def test_model_and_shared_data_settings_are_their_owners_declarations():
-    """The model section is BertConfig's declarations (but the two the recipe sets its own
-    way); the data settings `data prepare` shares are PrepareSettings' declarations."""
-    model = declarations.declarations(BertConfig)
-    own = {"vocab_size", "vocab_pad_multiple"}
-    for name, declared in declarations.declarations(config_schema.ModelSection).items():
+    """The model section is BertConfig's declarations, then ModernBertConfig's for the names BERT
+    has not (but the three the recipe sets its own way); the data settings `data prepare`
+    shares are PrepareSettings' declarations."""
+    bert = declarations.declarations(BertConfig)
+    modern = declarations.declarations(ModernBertConfig)
+    section = declarations.declarations(config_schema.ModelSection)
+    own = {"family", "vocab_size", "vocab_pad_multiple"}
+    for name, declared in section.items():
         if name not in own:
-            assert declared is model[name], name
-            assert config_schema.default(f"model.{name}") == getattr(BertConfig, name)
-    assert set(model) - set(declarations.declarations(config_schema.ModelSection)) == {
-        "pad_token_id",
-        "objective",
-    }
+            owner, cls = (bert, BertConfig) if name in bert else (modern, ModernBertConfig)
+            assert declared is owner[name], name
+            assert config_schema.default(f"model.{name}") == getattr(cls, name)
+    ids = {"pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id"}
+    assert set(bert) - set(section) == {"pad_token_id", "objective"}
+    assert set(modern) - set(section) == ids  # the tokenizer's
     prepare = declarations.declarations(PrepareSettings)
     shared = [
         "masked_lm_prob",
@@ -100,14 +133,27 @@ def _distinctive(key: str, value) -> bool:
     return isinstance(value, str) and config_schema.declaration(key).choices is not None
 
 
+def _config_key(target: ast.AST) -> str | None:
+    """The dotted key `config.optimizer.b2 = ...` assigns (`optimizer.b2`), else None."""
+    parts = []
+    while isinstance(target, ast.Attribute):
+        parts.insert(0, target.attr)
+        target = target.value
+    is_config = isinstance(target, ast.Name) and target.id == "config" and parts
+    return ".".join(parts) if is_config else None
+
+
 def _written_values(tree: ast.AST):
-    """(constant, line) for every literal the code writes as a value: assigned (a variable, a
-    dict's value, a keyword argument), a parameter's default, or the fallback of `.get(k, v)`.
-    A comparison (`== "per_phase"`) acts on a value; it does not write one."""
+    """(constant, line, key) for every literal the code writes as a value: assigned (a variable,
+    a dict's value, a keyword argument), a parameter's default, or the fallback of `.get(k, v)`;
+    `key` is the config key an assignment `config.KEY = value` writes (else None). A comparison
+    (`== "per_phase"`) acts on a value; it does not write one."""
     for node in ast.walk(tree):
-        values = []
+        values, key = [], None
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             values.append(node.value)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            key = _config_key(targets[0]) if len(targets) == 1 else None
         elif isinstance(node, ast.Dict):
             values += node.values
         elif isinstance(node, ast.keyword) and node.arg not in _TOLERANCES:
@@ -119,9 +165,9 @@ def _written_values(tree: ast.AST):
         for value in values:
             if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
                 if isinstance(value.operand, ast.Constant):
-                    yield -value.operand.value, value.lineno
+                    yield -value.operand.value, value.lineno, key
             elif isinstance(value, ast.Constant):
-                yield value.value, value.lineno
+                yield value.value, value.lineno, key
 
 
 def test_the_walk_finds_a_written_value_and_not_a_compared_one():
@@ -130,7 +176,7 @@ def test_the_walk_finds_a_written_value_and_not_a_compared_one():
         "def f(decay='linear', steps=-10_000): return {'eps': 1e-6}\n"
         "if decay == 'cosine' and math.isclose(x, 1, abs_tol=1e-12): g(warmup=10_000)\n"
     )
-    found = [value for value, _ in _written_values(ast.parse(code))]
+    found = [value for value, _, _ in _written_values(ast.parse(code))]
     assert sorted(map(str, found)) == sorted(map(str, [0.999, "linear", -10_000, 1e-6, 10_000]))
 
 
@@ -151,10 +197,20 @@ def test_no_distinctive_default_is_written_again():
     copies = [
         f"{path.relative_to(ROOT)}:{line}: {value!r} is config.{distinctive[type(value), value]}'s"
         for path in files
-        for value, line in _written_values(ast.parse(path.read_text(encoding="utf-8")))
-        if not isinstance(value, bool) and (type(value), value) in distinctive
+        for value, line, key in _written_values(ast.parse(path.read_text(encoding="utf-8")))
+        if not isinstance(value, bool)
+        and (type(value), value) in distinctive
+        and _copies(key, value)
     ]
     assert copies == []
+
+
+def _copies(key: str | None, value) -> bool:
+    """Whether writing `value` copies a default: anywhere but into a config key of another
+    default (ModernBERT's weight decay 1e-5 is not its norm's epsilon)."""
+    if key is None or key not in DECLARED:
+        return True
+    return config_schema.default(key) == value
 
 
 def _outside(declared: declarations.Declaration, kind: type):

@@ -32,8 +32,31 @@ def test_cosine_decay_is_optaxs_cosine_after_the_same_warmup():
     ours = optim.warmup_decay(peak, warmup, total, end, decay="cosine", from_warmup_end=True)
     reference = optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total, end)
     np.testing.assert_allclose(ours(steps), reference(steps), rtol=2e-5, atol=1e-10)
-    with pytest.raises(ValueError, match="optimizer.decay='step' is not one of 'linear', 'cosine'"):
+    with pytest.raises(
+        ValueError, match="optimizer.decay='step' is not one of 'linear', 'cosine', 'wsd'"
+    ):
         optim.warmup_decay(peak, warmup, total, decay="step")
+
+
+def test_warmup_stable_decay_holds_the_peak_then_decays_as_one_minus_sqrt():
+    """ModernBERT's trapezoid: 10 warmup steps, the peak to step 80, then 1 - sqrt over the last
+    20% down to the end rate at step 100 (and after)."""
+    peak, end = 1e-3, 1e-5
+    schedule = optim.warmup_decay(peak, 10, 100, end, decay="wsd", decay_fraction=0.2)
+    steps = (0, 5, 10, 11, 50, 80, 85, 95, 99, 100, 120)
+    values = [float(schedule(s)) for s in steps]
+    drop = peak - end
+    expected = [0.0, 5e-4, peak, peak, peak, peak]
+    expected += [end + drop * (1 - np.sqrt(p)) for p in (0.25, 0.75, 0.95, 1.0, 1.0)]
+    np.testing.assert_allclose(values, expected, rtol=1e-6, atol=1e-12)
+    # No decay share: the peak to the end; a decay longer than the run starts after the warmup.
+    flat = optim.warmup_decay(peak, 10, 100, end, decay="wsd", decay_fraction=0.0)
+    assert [float(flat(s)) for s in (10, 99, 100)] == pytest.approx([peak] * 3)
+    whole = optim.warmup_decay(peak, 10, 100, 0.0, decay="wsd", decay_fraction=1.0)
+    assert float(whole(10)) == pytest.approx(peak)
+    assert float(whole(55)) == pytest.approx(peak * (1 - np.sqrt(0.5)), rel=1e-6)
+    with pytest.raises(ValueError, match="optimizer.decay_fraction=1.5 must be in"):
+        optim.warmup_decay(peak, 10, 100, decay="wsd", decay_fraction=1.5)
 
 
 def test_hugging_faces_linear_schedule_decays_from_the_warmups_end():

@@ -410,11 +410,13 @@ def _setting_names(node) -> list[str] | None:
 def _unknown_file_setting(config) -> str | None:
     """A config file that misspells a key (`config.optimizer.learnig_rate = 1e-3`) adds a setting
     that nothing reads (overrides cannot: the config is locked). Names the first such key, with
-    the closest setting of the recipe (config_lib.pretraining_config; model: BertConfig fields)."""
+    the closest setting of the recipe (config_lib.pretraining_config; model: BertConfig fields,
+    and every family's declared settings: config_checks names one of another family)."""
     from bert_jax.core.model import BertConfig
-    from bert_jax.training import config_lib
+    from bert_jax.training import config_lib, config_schema
 
     known = set(_flat_keys(config_lib.pretraining_config("base").to_dict()))
+    known.update(config_schema.keys())
     known.update(f"model.{field.name}" for field in dataclasses.fields(BertConfig))
     for key in _flat_keys(config.to_dict()):
         if key not in known:

@@ -1,11 +1,13 @@
 """The configs that ship with bert-jax, named without a path.
 
-`--config bert:base` (or `bert:tiny`, `demo`, `paper/table5_no_nsp`, `paper/table8:0_20_80`)
-reads the file of that name under `bert_jax/configs/` (`.py` may be added) with the argument
-after the colon, wherever bert-jax is installed; a file path (`configs/bert.py:base`,
-`my_run.py`) is read as a file. `configs/` in a checkout holds thin files that load these.
+`--config bert:base` (or `bert:tiny`, `modernbert:base`, `demo`, `paper/table5_no_nsp`,
+`paper/table8:0_20_80`) reads the file of that name under `bert_jax/configs/` (`.py` may be
+added) with the argument after the colon, wherever bert-jax is installed; a file path
+(`configs/bert.py:base`, `my_run.py`) is read as a file. `configs/` in a checkout holds thin
+files that load these.
 
 bert.py    the paper's recipe at each size (`bert:SIZE`; base and large are the paper's runs)
+modernbert.py  ModernBERT's recipe at each size (`modernbert:SIZE`; base and large published)
 demo.py    `make demo`: BERT-Tiny on the embedded corpus in minutes on a CPU
 paper/     the paper's experiments (Tables 5, 6 and 8), each a few settings over bert.py's
 """
@@ -52,7 +54,8 @@ def resolve(spec: str, flag: str = "--config") -> str:
     # configs/bert.py or configs/paper/table8.py outside a checkout
     shipped = [name for name in names() if path.removesuffix(".py").endswith(f"/{name}")]
     if shipped and "/" not in shipped[0]:
-        top = ", ".join(f"{n}:SIZE" if n == "bert" else n for n in names() if "/" not in n)
+        sized = ("bert", "modernbert")  # get_config(SIZE)
+        top = ", ".join(f"{n}:SIZE" if n in sized else n for n in names() if "/" not in n)
         hint = f" (the configs that ship with bert-jax are named without a path: {top})"
     elif shipped:
         hint = f" (it ships with bert-jax, named without a path: {flag} {shipped[0]}{sep}{arg})"

@@ -23,8 +23,10 @@ Schedule = Callable[[jax.Array], jax.Array]
 
 # The shapes of the learning rate's decay after the warmup (config `optimizer.decay`; the config
 # checks refuse others up front): "linear", the paper's (google-research/bert's polynomial decay of
-# power 1), or "cosine" (half a cosine period from the peak down to the end rate).
-DECAYS = ("linear", "cosine")
+# power 1), "cosine" (half a cosine period from the peak down to the end rate), or "wsd" (warmup-
+# stable-decay, ModernBERT's trapezoid: the peak held, then a 1-sqrt decay over the last
+# `decay_fraction` of the steps).
+DECAYS = ("linear", "cosine", "wsd")
 DEFAULT_DECAY = "linear"
 
 
@@ -36,6 +38,7 @@ def warmup_decay(
     *,
     decay: str = DEFAULT_DECAY,
     from_warmup_end: bool = False,
+    decay_fraction: float = 0.0,
 ) -> Schedule:
     """Linear warmup from 0 to `peak_lr`, then a `decay`-shaped decay to `end_lr` at `total_steps`.
 
@@ -45,11 +48,21 @@ def warmup_decay(
     transformers' `get_linear_schedule_with_warmup` (Hugging Face's fine-tuning recipe). The rate
     is `end + (peak - end) * left` for "linear", `end + (peak - end) * (1 - cos(pi * left)) / 2`
     for "cosine"; during the warmup, `peak * step / warmup`.
+
+    "wsd" (ModernBERT's trapezoid) holds `peak_lr` after the warmup until the last
+    `decay_fraction` of `total_steps`, then decays as `end + (peak - end) * (1 - sqrt(p))`, p the
+    share of the decay done (0 at its first step, 1 at `total_steps`). The 1-sqrt shape is the
+    one ModernBERT trained with: Hägele et al. (2024) found it beat a linear cool-down of the
+    same length, and it keeps the rate high longer before the drop. The decay never starts
+    inside the warmup; `decay_fraction` 0 holds the peak to the end.
     """
     if total_steps <= 0:
         raise UserError(f"total_steps must be positive, got {total_steps}")
     if decay not in DECAYS:
         raise UserError(f"optimizer.decay={decay!r} is not one of {', '.join(map(repr, DECAYS))}")
+
+    if decay == "wsd":
+        return _warmup_stable_decay(peak_lr, warmup_steps, total_steps, end_lr, decay_fraction)
 
     def schedule(step: jax.Array) -> jax.Array:
         step = jnp.asarray(step, jnp.float32)
@@ -65,6 +78,28 @@ def warmup_decay(
         if warmup_steps <= 0:
             return decayed
         return jnp.where(step < warmup_steps, warm, decayed)
+
+    return schedule
+
+
+def _warmup_stable_decay(
+    peak_lr: float, warmup_steps: int, total_steps: int, end_lr: float, decay_fraction: float
+) -> Schedule:
+    """warmup_decay's "wsd": warmup, the peak held, a 1-sqrt decay over the last steps."""
+    if not 0.0 <= decay_fraction <= 1.0:
+        raise UserError(f"optimizer.decay_fraction={decay_fraction} must be in [0, 1]")
+    decay_start = max(float(warmup_steps), total_steps * (1.0 - decay_fraction))
+    decay_steps = total_steps - decay_start
+
+    def schedule(step: jax.Array) -> jax.Array:
+        step = jnp.asarray(step, jnp.float32)
+        done = jnp.clip((step - decay_start) / max(decay_steps, 1e-9), 0.0, 1.0)
+        stable = end_lr + (peak_lr - end_lr) * (1.0 - jnp.sqrt(done))
+        if decay_steps <= 0:
+            stable = jnp.full_like(step, peak_lr)
+        if warmup_steps <= 0:
+            return stable
+        return jnp.where(step < warmup_steps, peak_lr * step / warmup_steps, stable)
 
     return schedule
 
@@ -227,10 +262,11 @@ def phased_schedule(
     phase_steps: Sequence[int],
     end_lr: float = 0.0,
     decay: str = DEFAULT_DECAY,
+    decay_fraction: float = 0.0,
 ) -> Schedule:
     """Warmup + decay restarted at every phase boundary (NVIDIA's two-phase LAMB recipe)."""
     schedules = [
-        warmup_decay(lr, warm, steps, end_lr, decay=decay)
+        warmup_decay(lr, warm, steps, end_lr, decay=decay, decay_fraction=decay_fraction)
         for lr, warm, steps in zip(peak_lrs, warmups, phase_steps)
     ]
     starts = np.cumsum([0, *phase_steps[:-1]]).tolist()
@@ -258,10 +294,12 @@ def from_config(
     `optimizer.schedule` is "whole_run" (one warmup, one decay over all phases, as the paper)
     or "per_phase" (each phase warms up and decays on its own; a phase config may set its own
     `learning_rate` / `warmup_steps`, where -1 or absent means the optimizer's);
-    `optimizer.decay` the decay's shape (DECAYS; absent: the paper's linear one).
+    `optimizer.decay` the decay's shape (DECAYS; absent: the paper's linear one) and, for "wsd",
+    `optimizer.decay_fraction` the share of the steps it decays over (absent: none).
     """
     total = int(sum(phase_steps))
     decay = str(opt_config.get("decay", DEFAULT_DECAY))
+    decay_fraction = float(opt_config.get("decay_fraction", 0.0))
     if opt_config.schedule == "whole_run":
         schedule = warmup_decay(
             opt_config.learning_rate,
@@ -269,6 +307,7 @@ def from_config(
             total,
             opt_config.end_learning_rate,
             decay=decay,
+            decay_fraction=decay_fraction,
         )
     elif opt_config.schedule == "per_phase":
 
@@ -283,6 +322,7 @@ def from_config(
             phase_steps,
             opt_config.end_learning_rate,
             decay,
+            decay_fraction,
         )
     else:
         raise UserError(f"optimizer.schedule={opt_config.schedule!r} is not one of {SCHEDULES}")

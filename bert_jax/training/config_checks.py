@@ -108,6 +108,18 @@ def check_choices(config) -> None:
     if closed:
         raise UserError(closed[0])
     model = config.model
+    family = config_lib.family_of(config)
+    others = sorted(set(model.keys()) - set(config_schema.family_fields(family)))
+    if others:
+        raise UserError(
+            f"config.model.{others[0]} is not a setting of config.model.family={family!r} "
+            "(start from that family's config: --config bert:SIZE or modernbert:SIZE)"
+        )
+    if family == "modernbert" and config_lib.objective(config) != "mlm":
+        raise UserError(
+            f"config.objective={config_lib.objective(config)!r}: a ModernBERT model (config."
+            "model.family='modernbert') pretrains with masked LM alone; set config.objective=mlm"
+        )
     dropout = model.get("attention_probs_dropout_prob", 0.0)
     if model.get("attention_impl") in _NO_ATTENTION_DROPOUT and dropout > 0:
         raise UserError(

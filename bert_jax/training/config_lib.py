@@ -32,7 +32,9 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
+from bert_jax.core import modernbert_config
 from bert_jax.core.model import BertConfig
+from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.data import objectives
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_schema
@@ -67,6 +69,20 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "medium": (8, 512, 8),
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
+}
+# ModernBERT's sizes (config.model.family "modernbert"): base and large are the published models
+# (core/modernbert_config.py), tiny the CPU size: BERT-Tiny's shapes with a GeGLU 1.5 x hidden
+# wide (base's ratio) and a sliding-window layer after the global one.
+MODERNBERT_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "intermediate_size": 192,
+        "global_attn_every_n_layers": 2,
+        "local_attention": 64,
+    },
+    **modernbert_config.SIZES,
 }
 # Sizes meant for a CPU trial (docs/pretraining.md): the paper's recipe with CPU_TRIAL on top.
 CPU_SIZES = ("tiny", "mini", "small")
@@ -103,18 +119,42 @@ def _shapes(size: str) -> dict[str, int]:
     }
 
 
-def model_config(size: str) -> ml_collections.ConfigDict:
-    """config.model of a size preset: the declared model settings with the size's shapes."""
-    return ml_collections.ConfigDict({**config_schema.section_defaults("model"), **_shapes(size)})
+def model_config(size: str, family: str | None = None) -> ml_collections.ConfigDict:
+    """config.model of a size preset of `family` (None: the declared default, BERT): the declared
+    settings of that family with the size's shapes. A ModernBERT size takes its published
+    config's values (ModernBertConfig.size) where the section's declaration is BERT's."""
+    family = family or config_schema.default("model.family")
+    declared = config_schema.section_defaults("model")
+    names = config_schema.family_fields(family)
+    values = {name: declared[name] for name in names}
+    values["family"] = family
+    if family == "modernbert":
+        if size not in MODERNBERT_SIZES:
+            raise UserError(
+                f"unknown ModernBERT size {size!r}; choose one of {sorted(MODERNBERT_SIZES)}"
+            )
+        preset = ModernBertConfig(**MODERNBERT_SIZES[size])
+        own = ("family", "vocab_size", "vocab_pad_multiple")  # the recipe's own declarations
+        values.update({name: getattr(preset, name) for name in names if name not in own})
+    else:
+        values.update(_shapes(size))
+    return ml_collections.ConfigDict(values)
 
 
-def pretraining_config(size: str | None = None) -> ml_collections.ConfigDict:
-    """The paper's recipe for one model size (None: the declared default size): every declared
-    setting (config_schema.py), then the size's shapes and, for a CPU size, CPU_TRIAL."""
+def family_of(config: ml_collections.ConfigDict) -> str:
+    """`config.model.family` (configs written before the setting: the declared default, BERT)."""
+    return str(config.model.get("family", config_schema.default("model.family")))
+
+
+def pretraining_config(size: str | None = None, family: str | None = None):
+    """The paper's recipe for one model size of `family` (None: the declared defaults, BERT at
+    base): every declared setting (config_schema.py), the family's model section with the
+    size's shapes and, for a CPU size, CPU_TRIAL. ModernBERT's own recipe goes on top of this
+    in bert_jax/configs/modernbert.py."""
     size = size or config_schema.default("size")
     config = ml_collections.ConfigDict(config_schema.defaults_tree())
     config.size = size
-    config.model = model_config(size)
+    config.model = model_config(size, family)
     if size in CPU_SIZES:
         for key, value in CPU_TRIAL.items():
             _set(config, key, value)
@@ -182,23 +222,40 @@ def warmup_warning(config: ml_collections.ConfigDict, phases: list[Phase]) -> st
     )
 
 
-def preset_vocab_size(size: str | None) -> int:
+def preset_vocab_size(size: str | None, family: str | None = None) -> int:
     """A size's vocabulary where no tokenizer is at hand: the 4,000 pieces the CPU sizes train,
-    else the paper's 30522."""
-    return CPU_VOCAB_SIZE if size in CPU_SIZES else PAPER_VOCAB_SIZE
+    else the paper's 30522 (ModernBERT's published 50368 for a ModernBERT size)."""
+    if size in CPU_SIZES:
+        return CPU_VOCAB_SIZE
+    return ModernBertConfig.vocab_size if family == "modernbert" else PAPER_VOCAB_SIZE
 
 
 def vocab_size(config: ml_collections.ConfigDict) -> int:
     """The model's vocabulary: `config.model.vocab_size` when set (> 0); while it follows the
     tokenizer (0) and no tokenizer has been resolved, the size's (preset_vocab_size)."""
     own = int(config.model.vocab_size)
-    return own if own != FOLLOW_TOKENIZER else preset_vocab_size(config.get("size"))
+    if own != FOLLOW_TOKENIZER:
+        return own
+    return preset_vocab_size(config.get("size"), family_of(config))
 
 
-def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
-    """The frozen model config: the ConfigDict stops at the model's door."""
+def bert_config(config: ml_collections.ConfigDict, tokenizer=None) -> BertConfig | ModernBertConfig:
+    """The frozen model config of the config's family (BertConfig, or ModernBertConfig): the
+    ConfigDict stops at the model's door. A ModernBERT config takes its special-token ids from
+    `tokenizer` (they are written into its export); without one they stay the published ones."""
     model = {**config.model.to_dict(), "vocab_size": vocab_size(config)}
-    return BertConfig(**model, objective=objective(config))
+    model.pop("family", None)
+    if family_of(config) != "modernbert":
+        return BertConfig(**model, objective=objective(config))
+    if tokenizer is not None:
+        model.update(
+            pad_token_id=tokenizer.pad_id,
+            bos_token_id=tokenizer.cls_id,
+            eos_token_id=tokenizer.sep_id,
+            cls_token_id=tokenizer.cls_id,
+            sep_token_id=tokenizer.sep_id,
+        )
+    return ModernBertConfig(**model)
 
 
 def objective(config: ml_collections.ConfigDict) -> str:
@@ -287,7 +344,11 @@ def _check_phase_data(config: ml_collections.ConfigDict, specs) -> None:
     it names no data while another phase names its own: it would train on data nobody chose."""
     own = [key for key, spec in specs if spec.get("data", "") and float(spec.fraction) > 0]
     bare = [key for key, spec in specs if not spec.get("data", "") and float(spec.fraction) > 0]
-    default = pretraining_config(config.size).data.source if config.get("size") in SIZES else ""
+    family = family_of(config)
+    sizes = MODERNBERT_SIZES if family == "modernbert" else SIZES
+    default = (
+        pretraining_config(config.size, family).data.source if config.get("size") in sizes else ""
+    )
     if own and bare and config.data.source and config.data.source == default:
         raise UserError(
             f"config.{own[0]}.data={config[own[0]].data} is set but config.{bare[0]}.data is "
@@ -316,7 +377,9 @@ def adopt_model_identity(
     value (returned as "config.model.F: old -> new"); one set otherwise (a config file's value
     other than the preset's, or a --config.model.F override listed in `explicit`, even when equal
     to the preset's) is refused with UserError naming both values."""
-    preset = model_config(config.size) if config.get("size") in SIZES else {}
+    family = family_of(config)
+    sizes = MODERNBERT_SIZES if family == "modernbert" else SIZES
+    preset = model_config(config.size, family) if config.get("size") in sizes else {}
     explicit = set(explicit)
     adopted, conflicts = [], []
     for field in IDENTITY_FIELDS:
@@ -340,14 +403,14 @@ def adopt_model_identity(
 
 
 def count_parameters(model_config) -> int:
-    """Parameters of BertForPreTraining, not counting vocabulary padding rows."""
+    """Parameters of the pretraining model (BertForPreTraining, ModernBertForMaskedLM), not
+    counting vocabulary padding rows."""
     import flax.linen as nn
 
-    from bert_jax.core.model import BertForPreTraining
-    from bert_jax.core.trainer import dummy_batch, model_inputs
+    from bert_jax.core.trainer import dummy_batch, model_inputs, pretraining_model
 
     shapes = jax.eval_shape(
-        lambda: BertForPreTraining(model_config.replace(vocab_pad_multiple=1)).init(
+        lambda: pretraining_model(model_config.replace(vocab_pad_multiple=1)).init(
             jax.random.key(0), **model_inputs(dummy_batch(1, 8, 2))
         )
     )

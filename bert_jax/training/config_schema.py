@@ -5,7 +5,8 @@ The config (`config_lib.pretraining_config`) is built from these declarations, t
 shapes and the CPU sizes' changes override some of them; the range and choice checks
 (`problems`, read by config_checks), the `--config-help` listing (`listing`) and the walking
 test come from them too. Defaults owned elsewhere are read, never written again: the model's
-from `BertConfig`'s declarations (core/bert_config.py), the data settings that `data prepare`
+from its family's declarations (`BertConfig`'s, `ModernBertConfig`'s; `model.family` picks which
+of them a config holds), the data settings that `data prepare`
 shares from `PrepareSettings`' (data/preparation/settings.py), the masking and pairing defaults
 from data/objectives.py, the optimizer's closed sets from core/optim.py.
 
@@ -22,6 +23,7 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
+from bert_jax.convert import model_dir
 from bert_jax.core import optim, partitioning
 from bert_jax.core.bert_config import BertConfig
 from bert_jax.core.trainer import DROPOUT_RNG_IMPLS
@@ -80,10 +82,26 @@ class RunSection:
     export_model: bool = setting(True, "export a model directory (<workdir>/model) at the end")
 
 
+# The model families a run pretrains (config.model.family), each by its config class: the model
+# directory's own table (config.json's model_type names them the same way).
+FAMILIES: dict[str, type] = model_dir.FAMILIES
+# Not settings of the run: the model's special-token ids are the tokenizer's; its objective is
+# config.objective (the run's).
+_NOT_SETTINGS = ("objective", "pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id")
+_NOT_SETTINGS += ("sep_token_id",)
+
+
 def _model_section() -> type:
-    """The `model` section: BertConfig's declared fields, with the pretraining recipe's own
+    """The `model` section: the family, then every family's declared fields (BertConfig's first:
+    a name both families have is BertConfig's declaration), with the pretraining recipe's own
     declaration where it differs from the model's, less those the config does not set."""
     own = {
+        "family": setting(
+            "bert",
+            "the model pretrained: bert (the paper's) or modernbert (docs/modernbert.md); "
+            "config.model then holds that family's settings",
+            choices=tuple(FAMILIES),
+        ),
         "vocab_size": setting(
             FOLLOW_TOKENIZER,
             "rows of the word-embedding table; 0: the tokenizer's (a value above 0 is honoured "
@@ -95,19 +113,29 @@ def _model_section() -> type:
             128, "word-embedding rows padded to a multiple of this (1: none)", low=1
         ),
     }
-    # pad_token_id: the tokenizer's; objective: config.objective (the run's, not the model's).
-    skipped = ("pad_token_id", "objective")
-    fields = [
-        (f.name, f.type, own.get(f.name, dataclasses.field(default=f.default, metadata=f.metadata)))
-        for f in declared_fields(BertConfig)
-        if f.name not in skipped
-    ]
+    fields = [("family", str, own["family"])]
+    for family in FAMILIES.values():
+        for f in declared_fields(family):
+            if f.name in _NOT_SETTINGS or f.name in {name for name, _, _ in fields}:
+                continue
+            declared = dataclasses.field(default=f.default, metadata=f.metadata)
+            fields.append((f.name, f.type, own.get(f.name, declared)))
     return dataclasses.make_dataclass(
         "ModelSection",
         fields,
         frozen=True,
-        namespace={"__doc__": "config.model: BertConfig's settings (core/bert_config.py)."},
+        namespace={
+            "__doc__": "config.model: the family's settings (core/bert_config.py, "
+            "core/modernbert_config.py)."
+        },
     )
+
+
+def family_fields(family: str) -> tuple[str, ...]:
+    """The names of config.model's settings a config of `family` holds: `family` and the
+    family's own declared fields (model.family chooses; the rest belong to the other one)."""
+    names = {f.name for f in declared_fields(FAMILIES[family])}
+    return tuple(n for n in declarations(ModelSection) if n == "family" or n in names)
 
 
 ModelSection = _model_section()
@@ -153,8 +181,17 @@ class OptimizerSection:
     )
     decay: str = setting(
         optim.DEFAULT_DECAY,
-        "the decay's shape after the warmup: linear (the paper's) or cosine",
+        "the decay's shape after the warmup: linear (the paper's), cosine, or wsd (warmup-"
+        "stable-decay, ModernBERT's trapezoid: the peak held, then a 1-sqrt decay over the last "
+        "optimizer.decay_fraction of the steps)",
         choices=optim.DECAYS,
+    )
+    decay_fraction: float = setting(
+        0.1,
+        "with decay wsd: the share of the steps (each phase's with schedule per_phase) the "
+        "rate decays over at the end",
+        low=0.0,
+        high=1.0,
     )
 
 
@@ -341,10 +378,13 @@ def defaults_tree() -> dict[str, Any]:
     return tree
 
 
-def keys() -> Iterator[str]:
-    """Every declared key, dotted (`total_steps`, `phase1.batch_size`), in SECTIONS' order."""
+def keys(family: str | None = None) -> Iterator[str]:
+    """Every declared key, dotted (`total_steps`, `phase1.batch_size`), in SECTIONS' order; with
+    `family`, those a config of that model family holds (family_fields)."""
     for section, cls in SECTIONS.items():
         for name in declarations(cls):
+            if section == "model" and family is not None and name not in family_fields(family):
+                continue
             yield f"{section}.{name}" if section else name
 
 

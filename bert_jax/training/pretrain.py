@@ -124,7 +124,8 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     if warning:
         console(f"bert-jax pretrain: {warning}")
     phases, mesh, tokenizer = _prepare_workdir(config, workdir, is_main, console)
-    model_config = config_lib.bert_config(config)  # the vocabulary is the tokenizer's by now
+    # The vocabulary is the tokenizer's by now (a ModernBERT model takes its special ids too).
+    model_config = config_lib.bert_config(config, tokenizer)
     evals = eval_choice.eval_choices(config, phases)
     total = phases[-1].end
     optimizer, phase_specs = config_lib.resolved_optimizer(config, phases)
