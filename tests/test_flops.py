@@ -61,3 +61,25 @@ def test_peak_flops_by_device_kind():
     assert flops.peak_flops_per_chip("TPU v4") == 275e12
     assert flops.peak_flops_per_chip("NVIDIA H100 80GB HBM3") == 989e12
     assert flops.peak_flops_per_chip("cpu") is None
+
+
+def test_modernbert_flops_per_token_is_the_hand_count():
+    """ModernBERT's formula against a count by hand: base's shapes at length 1024, 22 layers of
+    which 8 global (every third from the first) and 14 with the 128-token window."""
+    from bert_jax.core.modernbert_config import ModernBertConfig
+
+    config = ModernBertConfig()  # base: d 768, GeGLU 1152, vocab 50368
+    d, f, s, vocab, share = 768, 1152, 1024, 50368, 0.3
+    dense = 22 * 6 * (4 * d * d + 3 * d * f)  # Wqkv, Wo; GeGLU's Wi (two wide) and Wo
+    # A sliding-window query sees the 64 positions on each side: 129 keys, fewer near the edges
+    # (the first and last 64 positions lose 64 - i keys each: 64 * 65 / 2 per edge).
+    local = (s * 129 - 2 * (64 * 65 // 2)) / s
+    attention = 12 * d * (8 * s + 14 * local)
+    head = 6 * share * (d * d + d * vocab)
+    assert flops.flops_per_token(config, s, share) == pytest.approx(dense + attention + head)
+    # Every layer global: the attention term is BERT's, 12 L s d.
+    every = config.replace(global_attn_every_n_layers=1)
+    expected = dense + 12 * 22 * s * d + head
+    assert flops.flops_per_token(every, s, share) == pytest.approx(expected)
+    # A row no longer than half the window: every key is in it.
+    assert flops.window_keys(50, 128) == 50

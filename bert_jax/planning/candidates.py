@@ -219,7 +219,7 @@ class Plan:
     accelerator_type: str
     chips: int
     hbm_bytes: int
-    model: str
+    model: str  # config_lib.model_label: "BERT 12/768/12", "ModernBERT 22/768/12"
     candidates: list[Candidate]
     schedule: list[PhaseSchedule]
     total_seconds: float | None
@@ -258,7 +258,7 @@ def mesh_name(c: Candidate) -> str:
 
 def format_plan(result: Plan) -> str:
     lines = [
-        f"plan: BERT {result.model} on {result.accelerator_type} ({result.target}, "
+        f"plan: {result.model} on {result.accelerator_type} ({result.target}, "
         f"{result.chips} chips, {result.hbm_bytes / GIB:g} GiB HBM each); times are estimates of "
         "XLA's TPU cost model, not measurements",
         "| phase | stage | setting | batch/replica | accum | peak GiB/chip | fits | est. step ms | "

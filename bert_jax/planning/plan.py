@@ -114,7 +114,7 @@ def plan(
         accelerator_type=target.accelerator_type,
         chips=target.chips,
         hbm_bytes=target.hbm_bytes,
-        model=f"{model.num_hidden_layers}/{model.hidden_size}/{model.num_attention_heads}",
+        model=config_lib.model_label(model),
         candidates=candidates,
         schedule=schedule,
         total_seconds=total,
@@ -204,8 +204,8 @@ def describe_search(
     meshes = ", ".join(f"{kind} {shape}" for kind, shape in kinds)
     first = space.dtypes[0]
     lines = [
-        f"plan (dry run, nothing compiled): BERT {model.num_hidden_layers}/{model.hidden_size}/"
-        f"{model.num_attention_heads} on {target.accelerator_type} ({target.topology}: "
+        f"plan (dry run, nothing compiled): {config_lib.model_label(model)} on "
+        f"{target.accelerator_type} ({target.topology}: "
         f"{target.chips} chips, {target.hbm_bytes / GIB:.0f} GiB HBM each)",
         "phases: "
         + "; ".join(

@@ -402,6 +402,13 @@ def adopt_model_identity(
     return adopted
 
 
+def model_label(model_config) -> str:
+    """The model in a few words: its family and layers/hidden/heads ("ModernBERT 22/768/12")."""
+    family = "ModernBERT" if isinstance(model_config, ModernBertConfig) else "BERT"
+    shape = (model_config.num_hidden_layers, model_config.hidden_size)
+    return f"{family} {shape[0]}/{shape[1]}/{model_config.num_attention_heads}"
+
+
 def count_parameters(model_config) -> int:
     """Parameters of the pretraining model (BertForPreTraining, ModernBertForMaskedLM), not
     counting vocabulary padding rows."""
