@@ -224,6 +224,18 @@ def test_bad_input_is_the_local_paths_one_line(tmp_path, capsys):
         assert not (tmp_path / f"beam-{bad.name}" / "stats-0-of-1.json").exists()
 
 
+def test_a_user_error_in_a_step_run_in_this_process_is_one_line(tmp_path, capsys, caplog):
+    """Beam's default, its worker in this process: a step's user error is the command's one line,
+    without the failed step's traceback that Beam logs."""
+    text = tmp_path / "one.txt"
+    text.write_text("One sentence.\n", encoding="utf-8")
+    capsys.readouterr()
+    code = cli.main(_argv([str(text)], tmp_path / "out", "--runner", "beam"))
+    shown = capsys.readouterr()
+    assert code == 2 and "hold 1 usable document" in shown.err.splitlines()[-1]
+    assert "Traceback" not in shown.out + shown.err + caplog.text, caplog.text
+
+
 def test_from_a_bucket_into_a_bucket(corpora, tmp_path, capsys):
     """gs:// in and gs:// out (Cloud Storage emulator): two Beam workers read the inputs' splits
     from the bucket and write the shards, completion mark and tokenizer into it; the records

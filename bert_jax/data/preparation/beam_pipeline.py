@@ -73,8 +73,6 @@ INSTALL_HINT = (
     "in a checkout, in a virtual environment of its own: pip install -e '.[beam]' "
     "(or make test-beam, which builds .venv-beam)"
 )
-# A user error raised in a worker crosses the runner as text: this mark finds its line again.
-_USER_ERROR_MARK = "[bert-jax user error] "
 
 
 def import_beam():
@@ -100,13 +98,13 @@ def pipeline_options(beam_args: list[str]):
 
 
 def _marked(error: UserError) -> RuntimeError:
-    return RuntimeError(_USER_ERROR_MARK + str(error).replace("\n", " "))
+    return RuntimeError(beam_watch.USER_ERROR_MARK + str(error).replace("\n", " "))
 
 
 def _user_error_in(error: BaseException) -> str | None:
     """The one line of a UserError that a worker raised, found in what the runner reports."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    match = re.search(re.escape(_USER_ERROR_MARK) + r"([^\n]*)", text)
+    match = re.search(re.escape(beam_watch.USER_ERROR_MARK) + r"([^\n]*)", text)
     if match is None:
         return None
     return re.sub(r"""['"]?\s*\[while running.*$""", "", match.group(1)).rstrip(" '\"")

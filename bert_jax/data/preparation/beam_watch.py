@@ -30,6 +30,8 @@ COUNTERS = (
     "heldout_groups",
     "heldout_instances",
 )
+# A user error raised in a step crosses the runner as text: this mark finds its line again.
+USER_ERROR_MARK = "[bert-jax user error] "
 # Beam's own option for its log level; without it Beam's lines below ERROR are hidden.
 LOG_LEVEL_OPTION = "default_sdk_harness_log_level"
 # How often the launching machine looks for new shards (a bucket's listing costs a request).
@@ -52,7 +54,8 @@ def beam_log_level(options) -> int | None:
 
 class HideBeam(logging.Filter):
     """Drops Beam's own records below ``level`` (whatever logger its code used, the root logger
-    included); keeps a Dataflow job's state and console link."""
+    included), and its report of a step that failed with a user error (``USER_ERROR_MARK``:
+    the command says that one line itself); keeps a Dataflow job's state and console link."""
 
     _BEAM_DIR = f"{os.sep}apache_beam{os.sep}"
 
@@ -61,9 +64,11 @@ class HideBeam(logging.Filter):
         self.level = level
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= self.level or record.name.startswith("apache_beam.runners.dataflow"):
+        if record.name.startswith("apache_beam.runners.dataflow"):
             return True
-        return not (record.name.startswith("apache_beam") or self._BEAM_DIR in record.pathname)
+        if not (record.name.startswith("apache_beam") or self._BEAM_DIR in record.pathname):
+            return True
+        return record.levelno >= self.level and USER_ERROR_MARK not in record.getMessage()
 
 
 class ShardWatch(threading.Thread):
