@@ -235,7 +235,10 @@ RANGED = [
 CLOSED = [key for key in DECLARED if config_schema.declaration(key).choices is not None]
 
 
-def _tiny():
+def _tiny(key: str = ""):
+    """bert:tiny, or modernbert:tiny for a key only ModernBERT's config holds."""
+    if key and key not in set(config_schema.keys("bert")):
+        return modernbert_configs.get_config("tiny")
     return config_lib.pretraining_config("tiny")
 
 
@@ -248,7 +251,7 @@ def _set(config, key: str, value) -> None:
 
 @pytest.mark.parametrize("key", RANGED)
 def test_a_value_outside_its_declared_range_is_refused_naming_its_key(key):
-    config = _tiny()
+    config = _tiny(key)
     phases = config_lib.split_phases(config)
     value = _outside(config_schema.declaration(key), type(config_schema.default(key)))
     _set(config, key, value)
@@ -258,10 +261,10 @@ def test_a_value_outside_its_declared_range_is_refused_naming_its_key(key):
 
 @pytest.mark.parametrize("key", CLOSED)
 def test_a_value_outside_its_closed_set_is_refused_naming_its_key(key):
-    config = _tiny()
+    config = _tiny(key)
     _set(config, key, "no-such-value")
     with pytest.raises(UserError, match=f"^config\\.{key}='no-such-value' is not one of"):
-        config_checks.check_values(config, config_lib.split_phases(_tiny()))
+        config_checks.check_values(config, config_lib.split_phases(_tiny(key)))
 
 
 def test_a_not_set_value_beside_a_range_is_allowed():
@@ -304,3 +307,15 @@ def test_declared_floats_are_finite_and_defaults_in_range():
         assert not (isinstance(value, float) and math.isinf(value)), key
     for cls in set(config_schema.SECTIONS.values()):
         assert dataclasses.is_dataclass(cls) and declarations.undeclared(cls) == []
+
+
+def test_a_setting_of_the_other_family_is_refused_naming_it():
+    config = config_lib.pretraining_config("tiny")
+    config.model.global_rope_theta = 1e4
+    with pytest.raises(UserError, match="^config.model.global_rope_theta is not a setting of"):
+        config_checks.check_values(config, config_lib.split_phases(config))
+    modern = modernbert_configs.get_config("tiny")
+    modern.objective = "mlm+nsp"
+    modern.data.instance_format = "sentence_pairs"
+    with pytest.raises(UserError, match="^config.objective='mlm\\+nsp': a ModernBERT model"):
+        config_checks.check_values(modern, config_lib.split_phases(modern))

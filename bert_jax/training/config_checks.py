@@ -205,6 +205,9 @@ def run_outline(config, phases: list[Phase], workdir: str = "") -> list[str]:
     optimizer, specs = config_lib.resolved_optimizer(config, phases)
     total = phases[-1].end
     decay = optimizer.get("decay", optim.DEFAULT_DECAY)
+    if decay == "wsd":
+        share = float(optimizer.get("decay_fraction", 0.0))
+        decay = f"the peak held until the last {share:.1%} of the steps, then a 1-sqrt"
     if optimizer.schedule == "per_phase":
         warmup = ", ".join(f"{p.name} {s.warmup_steps}" for p, s in zip(phases, specs))
         schedule = f"each phase warms up ({warmup} steps) and decays ({decay}) to "
