@@ -207,7 +207,7 @@ def spec_from_config(config: Any, settings: BenchSettings | None = None) -> Benc
     rules = tuple((str(name), _tuple(axes)) for name, axes in config.mesh.rules)
     values = dict(
         # The vocabulary that follows the tokenizer (0) is the size's: bench has no tokenizer.
-        model=BertConfig(**{**config.model.to_dict(), "vocab_size": config_lib.vocab_size(config)}),
+        model=config_lib.bert_config(config),
         batch_size=int(batch_size or (phase or phases[0]).batch_size),
         seq_len=length,
         max_predictions=predictions,
