@@ -359,16 +359,23 @@ def clip_by_global_norm_torch(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
+# The token-embedding tables whose [PAD] row transformers never trains: BERT's word embeddings,
+# ModernBERT's token embeddings (the tied decoder reads the same table).
+TOKEN_EMBEDDING_TABLES = ("word_embeddings", "tok_embeddings")
+
+
 def no_gradient_to_embedding_row(row: int) -> optax.GradientTransformation:
-    """Zeroes the gradient of one row of the word embeddings (`.../word_embeddings/embedding`),
-    as `torch.nn.Embedding(padding_idx=row)` never gives that row one."""
+    """Zeroes the gradient of one row of the token embeddings (`.../word_embeddings/embedding`,
+    ModernBERT's `.../tok_embeddings/embedding`), as `torch.nn.Embedding(padding_idx=row)` never
+    gives that row one."""
 
     def update(updates, state, params=None):
         del params
 
         def zero_row(path, g):
             names = [getattr(key, "key", None) for key in path[-2:]]
-            return g.at[row].set(0) if names == ["word_embeddings", "embedding"] else g
+            table = names[0] if names[-1:] == ["embedding"] and len(names) == 2 else None
+            return g.at[row].set(0) if table in TOKEN_EMBEDDING_TABLES else g
 
         return jax.tree_util.tree_map_with_path(zero_row, updates), state
 

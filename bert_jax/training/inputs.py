@@ -41,8 +41,14 @@ def adopt_init_from(config, explicit: Iterable[str] = ()) -> list[str]:
         theirs = run.get("objective", objectives.DEFAULT_OBJECTIVE)
         tokenizer_dir = os.path.join(path, "tokenizer")
     else:
-        model = model_dir.read_config(path)[0].to_dict()
-        theirs = model["objective"]
+        loaded = model_dir.read_config(path)[0]
+        family = "modernbert" if type(loaded).__name__ == "ModernBertConfig" else "bert"
+        if family != config_lib.family_of(config):
+            raise UserError(
+                f"config.init_from={path} is a {family} model; this run pretrains "
+                f"{config_lib.family_of(config)} (config.model.family)"
+            )
+        model, theirs = loaded.to_dict(), loaded.objective
         tokenizer_dir = os.path.join(model_dir.resolve(path), model_dir.TOKENIZER_DIR)
     source = f"config.init_from={path}"
     objectives.check_model(source, theirs, config_lib.objective(config))

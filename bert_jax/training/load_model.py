@@ -20,6 +20,7 @@ from bert_jax.convert import model_dir as model_format
 from bert_jax.convert.model_dir import (
     CONFIG_NAME,
     FORMAT_NAME,
+    TOKENIZER_DIR,
     ModelDir,
     ModelDirError,
     expected_tree,
@@ -67,7 +68,14 @@ def load_workdir_checkpoint(
 
     workdir = fs.abspath(os.fspath(workdir))
     run_config = ml_collections.ConfigDict(read_json(os.path.join(workdir, CONFIG_NAME)))
-    config = config_lib.bert_config(run_config)
+    tokenizer = None
+    own_tokenizer = os.path.join(workdir, TOKENIZER_DIR)
+    if config_lib.family_of(run_config) == "modernbert" and fs.isdir(own_tokenizer):
+        # The special-token ids are the run's tokenizer's, as the run gave its model.
+        from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+
+        tokenizer = load_tokenizer(own_tokenizer)
+    config = config_lib.bert_config(run_config, tokenizer)
     checkpoints = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
     retained, params = checkpoints.all_steps(), None
     if step is not None and step not in retained:
@@ -99,6 +107,8 @@ def load_workdir_checkpoint(
         raise ModelDirError(f"{workdir} has no checkpoint yet and no exported model/")
     info = {"format": FORMAT_NAME, "source": "checkpoint", "step": step}
     loaded = ModelDir(workdir, config, params, True, info)
+    if tokenizer is not None:
+        loaded._tokenizer = tokenizer  # noqa: SLF001 (already loaded: kept, not read again)
     if load_tokenizer and loaded.has_tokenizer:
         loaded.tokenizer  # noqa: B018 (loads and caches)
     return loaded

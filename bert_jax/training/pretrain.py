@@ -428,13 +428,32 @@ def _evaluate_and_log(trainer, state, batches, step: int, writer, console) -> di
 
 
 def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str) -> TrainState:
-    """Params from a model directory on top of a fresh state (optimizer and step fresh)."""
+    """Params from a model directory of the run's family on top of a fresh state (optimizer and
+    step fresh)."""
+    from bert_jax.convert import modernbert_names
+    from bert_jax.core.modernbert_config import ModernBertConfig
+
     loaded = load_model.load_model_dir(path)
+
+    def family(model_config) -> str:
+        return "modernbert" if isinstance(model_config, ModernBertConfig) else "bert"
+
+    theirs, ours = family(loaded.config), family(trainer.config)
+    if theirs != ours:
+        raise UserError(
+            f"config.init_from={path} is a {theirs} model; this run pretrains {ours} "
+            f"(config.model.family)"
+        )
     objectives.check_model(
         f"config.init_from={path}", loaded.config.objective, trainer.config.objective
     )
     shape_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
-    shape_fields += ("intermediate_size", "max_position_embeddings", "type_vocab_size")
+    shape_fields += ("intermediate_size",)
+    if ours == "modernbert":  # rotary positions: no table; the biases shape the tree
+        shape_fields += ("norm_bias", "attention_bias", "mlp_bias", "decoder_bias")
+        shape_fields += ("classifier_bias",)
+    else:
+        shape_fields += ("max_position_embeddings", "type_vocab_size")
     mismatched = [
         f"{f}: {getattr(loaded.config, f)} there, {getattr(trainer.config, f)} here"
         for f in shape_fields
@@ -445,14 +464,25 @@ def _state_from_model_dir(trainer: ShardedTrainer, state: TrainState, path: str)
             f"config.init_from={path} does not match config.model ({'; '.join(mismatched)})"
         )
     params = jax.tree.map(np.asarray, jax.device_get(state.params))
-    # The vocabulary padding may differ (e.g. a converted Google checkpoint has none).
-    incoming = mapping.repad_vocab(loaded.params, trainer.config)
-    params["bert"] = incoming["bert"]
-    if "predictions" in incoming:
-        params["predictions"] = incoming["predictions"]
-        params["seq_relationship"] = incoming["seq_relationship"]
+    if ours == "modernbert":
+        # The vocabulary rows as this run pads them (the directory's padding may differ).
+        incoming = mapping._copy_dicts(loaded.params)  # noqa: SLF001
+        for entry in modernbert_names.entries(trainer.config, with_heads="head" in incoming):
+            if entry.path[-1] in ("embedding", "decoder_bias"):
+                value = np.asarray(mapping.get_path(incoming, entry.path))
+                value = mapping._with_rows(value, trainer.config)  # noqa: SLF001
+                mapping.set_path(incoming, entry.path, value)
+        params["model"] = incoming["model"]
+        heads = ("head", "decoder_bias")
     else:
-        log.warning("%s has no pretraining heads; MLM/NSP heads start from scratch", path)
+        # The vocabulary padding may differ (e.g. a converted Google checkpoint has none).
+        incoming = mapping.repad_vocab(loaded.params, trainer.config)
+        params["bert"] = incoming["bert"]
+        heads = ("predictions", "seq_relationship")
+    if heads[0] in incoming:
+        params.update({name: incoming[name] for name in heads if name in incoming})
+    else:
+        log.warning("%s has no pretraining heads; they start from scratch", path)
     params = jax.device_put(params, trainer.state_shardings.params)
     return state.replace(params=params)
 

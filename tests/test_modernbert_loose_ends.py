@@ -1,0 +1,77 @@
+"""A ModernBERT pretraining workdir and model directory where BERT's were read: the workdir's
+checkpoint read as a model keeps the run's special-token ids, config.init_from starts a run of
+the same family (and refuses the other), and adamw-hf leaves the [PAD] row of ModernBERT's
+token embeddings untrained, as transformers does."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.configs import bert as bert_configs
+from bert_jax.core import optim
+from bert_jax.core.modernbert_config import ModernBertConfig
+from bert_jax.core.trainer import pretraining_model
+from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import load_model, pretrain
+from tests.test_modernbert_pretrain import reference, small_config  # noqa: F401
+from tests.test_pretrain import losses_by_step, shared_dirs  # noqa: F401
+
+
+def test_the_workdirs_checkpoint_keeps_the_runs_special_ids(reference):  # noqa: F811
+    workdir, _ = reference
+    loaded = load_model.load_workdir_checkpoint(workdir, load_params=False)
+    tokenizer = load_tokenizer(f"{workdir}/tokenizer")
+    config = loaded.config
+    assert isinstance(config, ModernBertConfig)
+    assert (config.pad_token_id, config.cls_token_id, config.sep_token_id) == (
+        tokenizer.pad_id,
+        tokenizer.cls_id,
+        tokenizer.sep_id,
+    )
+    assert config == load_model.load_model_dir(f"{workdir}/model", load_params=False).config
+
+
+def test_init_from_a_modernbert_model_and_a_family_mismatch(reference, shared_dirs, tmp_path):  # noqa: F811
+    workdir, _ = reference
+    model = f"{workdir}/model"
+    exported = load_model.load_model_dir(model).params
+    config = small_config(shared_dirs, total_steps=1, init_from=model)
+    result = pretrain.pretrain(config, str(tmp_path / "from_model"))
+    assert result.final_step == 1
+    # The first step's loss is the trained model's: below the fresh model's on the same batch.
+    assert result.last_train["loss"] < losses_by_step(workdir)[1] - 0.05
+    assert exported["model"]["embeddings"]["tok_embeddings"]["embedding"].shape[0] >= 1000
+
+    bert_config = bert_configs.get_config("tiny")
+    bert_config.init_from = model
+    bert_config.data.tokenizer = shared_dirs["tokenizer"]
+    with pytest.raises(UserError, match=r"config\.init_from=.* is a modernbert model; this run"):
+        pretrain.pretrain(bert_config, str(tmp_path / "bert_from_modernbert"))
+
+
+def test_adamw_hf_leaves_modernberts_pad_row_untrained():
+    config = ModernBertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        pad_token_id=0,
+        vocab_pad_multiple=8,
+    )
+    model = pretraining_model(config)
+    ids = jnp.array([[2, 5, 0, 7]], jnp.int32)
+    params = nn.unbox(model.init(jax.random.key(0), ids, jnp.ones_like(ids))["params"])
+    grads = jax.tree.map(jnp.ones_like, params)
+    tx = optim.torch_adamw(lambda _: 1e-3, padding_row=config.pad_token_id)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    table = np.asarray(updates["model"]["embeddings"]["tok_embeddings"]["embedding"])
+    pad_row = np.asarray(params["model"]["embeddings"]["tok_embeddings"]["embedding"])[0]
+    # The [PAD] row moves by the decoupled weight decay alone (no gradient step); others by both.
+    np.testing.assert_allclose(table[0], -1e-3 * 0.01 * pad_row, rtol=1e-5, atol=1e-12)
+    assert np.abs(table[1:]).min() > 1e-4
