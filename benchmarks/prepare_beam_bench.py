@@ -1,9 +1,11 @@
 """`data prepare` on the local path beside Apache Beam's FnApiRunner, with the same number of
-processes, on the same text and settings (the records are the same: tests/test_data_beam.py).
-Prints the table of docs/dataflow.md: runner, processes, input MB, wall s, CPU s, words per
-CPU second and each Beam line's ratio to the local line of its size and processes.
+processes, on the same text and settings. Prints the table of docs/dataflow.md: runner,
+processes, input MB, wall s, CPU s, words per CPU second and each Beam line's ratio to the local
+line of its size and processes; then the machine's load average over the runs, for the table's
+caption. Every Beam run's records are checked to be the local run's, byte for byte.
 
     python benchmarks/prepare_beam_bench.py [--sizes 24,240] [--processes 1,2] [--runs 3]
+    python benchmarks/prepare_beam_bench.py --sizes 24 --runs 5   # the 24 MB lines alone
 
 Each run is a fresh `bert-jax data prepare` process: the local ones with .venv's Python, the
 Beam ones with .venv-beam's (`make test-beam` builds it), one process (`--num-workers 1`;
@@ -15,12 +17,15 @@ spread over the processes). Wall time includes each command's start-up
 (Beam's import and its worker processes' start) and depends on what else the machine runs; the
 CPU seconds of the command and all its processes vary much less, so each line gives both, as the
 median of `--runs` runs taken in turns (local, Beam, local, ...), so that a change of load hits
-both alike.
+both alike; a Beam line's ratios are the medians of its runs' ratios to the local run just
+before. Run it with nothing else on the machine; where that cannot be, say the load
+that it printed beside the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -66,7 +71,9 @@ def write_corpus(path: str, megabytes: float) -> int:
 
 
 def run_once(python: str, argv: list[str]) -> tuple[float, float]:
-    """One command: its wall and CPU seconds."""
+    """One command: its wall and CPU seconds (the machine's load average, before it, is kept in
+    ``LOADS``)."""
+    LOADS.append(os.getloadavg()[0])
     started = time.perf_counter()
     done = subprocess.run(
         [python, "-c", _CHILD, *argv], capture_output=True, text=True, cwd=REPO, check=False
@@ -76,6 +83,24 @@ def run_once(python: str, argv: list[str]) -> tuple[float, float]:
     if not found or found[0]["code"] != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
     return wall, found[0]["cpu"]
+
+
+LOADS: list[float] = []
+
+
+def records_digest(output: str) -> dict[str, str]:
+    """What must be the same whichever runner wrote ``output``: every shard and its counts (the
+    held-out records' too), by name, as SHA-256."""
+    digests = {}
+    for root, _, names in os.walk(output):
+        for name in names:
+            if name.startswith("part-"):
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    digests[os.path.relpath(path, output)] = hashlib.file_digest(
+                        f, "sha256"
+                    ).hexdigest()
+    return digests
 
 
 def main() -> None:
@@ -126,12 +151,17 @@ def main() -> None:
                 }
                 measured: dict[str, list[tuple[float, float]]] = {name: [] for name in lines}
                 for _ in range(args.runs):
+                    digests = {}
                     for name, (python, extra) in lines.items():
                         output = os.path.join(work, "out")
                         shutil.rmtree(output, ignore_errors=True)
-                        cut = extra.index("--") if "--" in extra else len(extra)
-                        argv = [*common, "--output", output, *extra[:cut], *extra[cut:]]
+                        argv = [*common, "--output", output, *extra]
                         measured[name].append(run_once(python, argv))
+                        digests[name] = records_digest(output)
+                    if len({json.dumps(d, sort_keys=True) for d in digests.values()}) != 1:
+                        raise SystemExit(
+                            f"{megabytes:g} MB, {count} process(es): the records differ"
+                        )
                 medians = {
                     name: (
                         statistics.median(w for w, _ in runs),
@@ -139,18 +169,20 @@ def main() -> None:
                     )
                     for name, runs in measured.items()
                 }
-                local_wall, local_cpu = medians["local"]
                 for name, (wall, cpu) in medians.items():
-                    ratios = (
-                        f"{wall / local_wall:.2f} | {cpu / local_cpu:.2f}"
-                        if name != "local"
-                        else "1 | 1"
+                    pairs = list(zip(measured["local"], measured[name]))
+                    ratios = " | ".join(
+                        f"{statistics.median(b[k] / a[k] for a, b in pairs):.2f}" for k in (0, 1)
                     )
                     print(
                         f"| {name} | {count} | {megabytes:g} | {wall:.1f} | {cpu:.1f} | "
                         f"{words / cpu:,.0f} | {ratios} |",
                         flush=True,
                     )
+        print(
+            f"\nLoad average (1 min) before each run: {min(LOADS):.1f} to {max(LOADS):.1f}, median "
+            f"{statistics.median(LOADS):.1f}, on {os.cpu_count()} cores."
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
