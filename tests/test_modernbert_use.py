@@ -142,9 +142,8 @@ def test_eval_equals_transformers_mlm_loss_on_records_of_its_tokenizer(dirs, tmp
         correct += float(((picked.argmax(-1) == batch["masked_lm_ids"]) * weights).sum())
         weight += float(weights.sum())
     assert result["examples"] > 4 and weight > 0
-    print(
-        f"eval: {result['examples']} records, MLM loss diff {result['mlm_loss'] - loss_sum / weight:.1e}"
-    )
+    diff = result["mlm_loss"] - loss_sum / weight
+    print(f"eval: {result['examples']} records, MLM loss diff {diff:.1e}")
     assert abs(result["mlm_loss"] - loss_sum / weight) <= 1e-5
     assert abs(result["mlm_perplexity"] - np.exp(loss_sum / weight)) <= 1e-3
     assert result["mlm_accuracy"] == pytest.approx(correct / weight, abs=1e-9)
