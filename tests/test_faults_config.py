@@ -329,11 +329,10 @@ def test_a_value_outside_its_closed_set_is_refused_by_the_dry_run_and_the_run_al
 def test_every_allowed_value_is_one_the_run_accepts():
     """config_checks.CHOICES is what the model, the optimizer and the keys take: no value the
     dry run lets through is refused later."""
+    from bert_jax.configs import modernbert
     from bert_jax.core import optim
     from bert_jax.core.model import BertConfig
     from bert_jax.core.trainer import init_and_dropout_keys
-
-    from bert_jax.configs import modernbert
 
     choices = config_checks.CHOICES
     config = config_lib.pretraining_config("tiny")
