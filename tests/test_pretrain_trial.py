@@ -164,5 +164,6 @@ def test_the_decay_shape_is_a_checked_setting_the_dry_run_states(capsys):
     assert cli.main([*TRIAL, "--config.optimizer.decay=step", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == (
-        "bert-jax pretrain: error: config.optimizer.decay='step' is not one of 'linear', 'cosine', 'wsd'"
+        "bert-jax pretrain: error: config.optimizer.decay='step' is not one of "
+        "'linear', 'cosine', 'wsd'"
     ), err
