@@ -146,6 +146,11 @@ def test_settings_are_declared_once_and_refused_by_their_flags(capsys):
     argv = ["bench", "--config", "bert:tiny", "--windows", "0"]
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == "bert-jax bench: error: --windows 0 must be >= 1\n"
+    # A PRNG name is checked before JAX sees it (JAX's own error is a traceback).
+    assert cli.main(["bench", "--config", "bert:tiny", "--rng-impl", "philox"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bert-jax bench: error: --rng-impl 'philox' is not '' or one of ")
+    assert err.count("\n") == 1 and "unsafe_rbg" in err
 
 
 def test_missing_peer_environment_says_how_to_make_it(capsys, monkeypatch):

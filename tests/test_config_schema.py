@@ -21,6 +21,7 @@ from bert_jax.configs import modernbert as modernbert_configs
 from bert_jax.core.bert_config import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.data.preparation.settings import PrepareSettings
+from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
 from bert_jax.runtime import declarations
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_checks, config_lib, config_schema
@@ -113,6 +114,9 @@ def test_model_and_shared_data_settings_are_their_owners_declarations():
     for name in shared:
         assert config_schema.declaration(f"data.{name}") is prepare[name], name
         assert config_schema.default(f"data.{name}") == declarations.defaults(PrepareSettings)[name]
+    # The vocabulary a run trains has the tokenizer trainer's floor, not one of its own.
+    trainer = declarations.declarations(TokenizerTrainSettings)["vocab_size"]
+    assert config_schema.declaration("data.tokenizer_vocab_size").low == trainer.low
 
 
 # Not a setting's default: a tolerance of a float comparison.

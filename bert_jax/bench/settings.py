@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from bert_jax.core.prng_impls import DROPOUT_RNG_IMPLS
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import UserError
@@ -49,8 +50,20 @@ class BenchSettings:
         "", "tokenizer for --real-data", zero="default: the embedded corpus's, see bench/data.py"
     )
     # Our dropout PRNG and the peer's (jax.random key implementations).
-    rng_impl: str = setting("", "our dropout PRNG", zero="default: config.dropout_rng_impl")
-    peer_rng_impl: str = setting("", "the peer's dropout PRNG", zero="default threefry2x32")
+    rng_impl: str = setting(
+        "",
+        "our dropout PRNG",
+        choices=DROPOUT_RNG_IMPLS,
+        also=("",),
+        zero="default: config.dropout_rng_impl",
+    )
+    peer_rng_impl: str = setting(
+        "",
+        "the peer's dropout PRNG",
+        choices=DROPOUT_RNG_IMPLS,
+        also=("",),
+        zero="default threefry2x32",
+    )
     # What is timed beside ours.
     peer: str = setting(
         "",

@@ -34,6 +34,7 @@ from bert_jax.core import losses, partitioning
 from bert_jax.core.model import BertConfig, BertForPreTraining
 from bert_jax.core.modernbert import ModernBertForMaskedLM
 from bert_jax.core.modernbert_config import ModernBertConfig
+from bert_jax.core.prng_impls import DROPOUT_RNG_IMPLS
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
@@ -308,9 +309,6 @@ def train_step(
     if schedule is not None:
         metrics["learning_rate"] = schedule(state.step)
     return new_state, metrics
-
-
-DROPOUT_RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 def init_and_dropout_keys(seed: int, dropout_rng_impl: str = "threefry2x32") -> tuple[Array, Array]:

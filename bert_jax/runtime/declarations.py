@@ -64,7 +64,9 @@ class Declaration:
         """`> 0`, `in [0, 1)`, `-1 or >= 0`, `one of bert, adamw-hf`, or '' (unbounded)."""
         bounded = self._bounds_text()
         if self.also and bounded:
-            return " or ".join([*(f"{x:g}" for x in self.also), bounded])
+            # A string meaning "not set" ("") is quoted, or it would not show.
+            also = (repr(x) if isinstance(x, str) else shown(x) for x in self.also)
+            return " or ".join([*also, bounded])
         return bounded
 
     def _bounds_text(self) -> str:

@@ -26,9 +26,10 @@ from typing import Any
 from bert_jax.convert import model_dir
 from bert_jax.core import optim, partitioning
 from bert_jax.core.bert_config import BertConfig
-from bert_jax.core.trainer import DROPOUT_RNG_IMPLS
+from bert_jax.core.prng_impls import DROPOUT_RNG_IMPLS
 from bert_jax.data import objectives
 from bert_jax.data.preparation.settings import PrepareSettings
+from bert_jax.data.tokenizers.train_settings import TokenizerTrainSettings
 from bert_jax.runtime.declarations import Declaration, declarations, declared_fields, setting
 
 # config.model.vocab_size's default at every size: the model's vocabulary is the run's
@@ -267,7 +268,9 @@ class DataSection:
         "next to prepared records, else a SentencePiece model trained on the corpus)",
     )
     tokenizer_vocab_size: int = setting(
-        CPU_VOCAB_SIZE, "pieces of the SentencePiece model a run trains when it has none", low=1
+        CPU_VOCAB_SIZE,
+        "pieces of the SentencePiece model a run trains when it has none",
+        low=declarations(TokenizerTrainSettings)["vocab_size"].low,  # the trainer's own floor
     )
     lowercase: bool = setting(True, "the tokenizer a run trains lowercases")
     dynamic_masking: bool = setting(True, "masks drawn anew each epoch in the pipeline")
