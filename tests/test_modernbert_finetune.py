@@ -62,7 +62,8 @@ def test_token_tasks_refuse_a_modernbert_model_in_one_line(dirs, tmp_path, capsy
     assert cli.main([*argv, "--workdir", str(tmp_path / "squad")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert f"--model {ours} is a ModernBERT model" in err and "sentence tasks (GLUE)" in err
+    assert f"--model {ours} is a ModernBERT model: it fine-tunes on the GLUE tasks" in err
+    assert "squad/v1.1 fine-tunes BERT models only" in err
 
 
 def _hf_named(params: dict, config) -> dict[str, np.ndarray]:

@@ -3,7 +3,8 @@ checkpoint curve (`curve.py`) call. The task comes from `tasks.registry`; its fa
 run trains it: a sentence task `sweep.run_single`, SQuAD and CoNLL-2003
 `squad_and_conll.run_token_task`, CoNLL-2003 with `features` `conll_features.run_feature_ner`,
 SWAG `swag.run_swag`; each with the task's registered recipe, then the overrides that are not None.
-A ModernBERT model fine-tunes on the sentence tasks (its own head) and is refused for the others.
+Every run loads either family's model directory (`settings.load_pretrained`); a ModernBERT model
+is refused in one line for a family it has no head for (`MODERNBERT_FAMILIES`).
 
 A workdir that holds a finished run of the same task, settings and model is reused (its
 result.json returned with `reused` set), as `bert-jax glue` reuses its trials; `overwrite` trains
@@ -28,6 +29,9 @@ from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
 RESULT_NAME = "result.json"  # the done marker of every task's run
+# The task families a ModernBERT model fine-tunes on (with its own heads, heads/modernbert_*.py);
+# it is refused in one line for the others.
+MODERNBERT_FAMILIES = frozenset({SENTENCE})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +74,7 @@ def run_task(
     import jax
 
     given, task = task, get_task(task, options)
-    model = _modernbert_encoder(model, task)
+    check_family(model, task)
     settings = run_settings.task_settings(task, overrides)
     writer = jax.process_index() == 0
     with finetune_workdir.one_writer(workdir, writer=writer):
@@ -124,10 +128,11 @@ def finished_run(
         raise UserError(f"{err} (or --overwrite to replace it)") from None
 
 
-def _modernbert_encoder(model: str | PretrainedEncoder, task: Task) -> str | PretrainedEncoder:
-    """A ModernBERT MODEL loaded as the encoder a sentence task fine-tunes (the model directory's
-    `model` subtree; `load_pretrained` reads BERT's), or refused in one line for another task;
-    any other model as it was given."""
+def check_family(model: str | PretrainedEncoder, task: Task) -> None:
+    """A ModernBERT MODEL refused in one line for a task outside `MODERNBERT_FAMILIES` (read from
+    its config alone); any other model passes (a bad one is named by the run, in its order)."""
+    if task.family in MODERNBERT_FAMILIES:
+        return
     from bert_jax.core.modernbert_config import ModernBertConfig
     from bert_jax.training import load_model
 
@@ -137,20 +142,16 @@ def _modernbert_encoder(model: str | PretrainedEncoder, task: Task) -> str | Pre
         try:
             config = load_model.load_model_dir(model, load_params=False).config
         except UserError:
-            return model  # the run names what is wrong with it, in its own order
-    if not isinstance(config, ModernBertConfig):
-        return model
-    if task.family != SENTENCE:
+            return
+    if isinstance(config, ModernBertConfig):
         where = model if isinstance(model, str) else model.source
+        tasks = registry.all_tasks()
+        named = [t.name for t in tasks if t.family in MODERNBERT_FAMILIES - {SENTENCE}]
+        kinds = ", ".join(["the GLUE tasks", *dict.fromkeys(named)])  # conll2003 is two tasks
         raise UserError(
-            f"--model {where} is a ModernBERT model: it fine-tunes on the sentence tasks (GLUE) "
-            f"with its classifier head; {task.name} fine-tunes BERT models only"
+            f"--model {where} is a ModernBERT model: it fine-tunes on {kinds}; "
+            f"{task.name}{' --features' * task.feature_based} fine-tunes BERT models only"
         )
-    if not isinstance(model, str):
-        return model
-    loaded = load_model.load_model_dir(model)
-    source = fs.abspath(model)  # as a BERT run records its model
-    return PretrainedEncoder(loaded.config, loaded.params["model"], loaded.tokenizer, source)
 
 
 def _run(model, task: Task, data, workdir, settings, options: TaskOptions, log) -> dict[str, Any]:

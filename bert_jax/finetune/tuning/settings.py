@@ -1,5 +1,6 @@
 """What a fine-tuning run is given: its settings (`FinetuneSettings`, each task's recipe over
-them) and the pretrained encoder it starts from (`PretrainedEncoder`, `load_pretrained`).
+them) and the pretrained encoder it starts from (`PretrainedEncoder`, `load_pretrained`: a BERT
+or ModernBERT model directory's encoder).
 
 Every setting is declared once, as a field of `FinetuneSettings` made by `setting(...)`: its
 default, help, allowed range or choices, and what it shapes (a trial's result, the compiled step,
@@ -22,6 +23,7 @@ from bert_jax.runtime.errors import UserError
 
 if TYPE_CHECKING:
     from bert_jax.core.model import BertConfig
+    from bert_jax.core.modernbert_config import ModernBertConfig
 
 # The values of the `optimizer` setting. "bert": BERT AdamW (eps 1e-6, bias correction as
 # `adam_bias_correction` says) with google-research/bert's warmup (int(proportion * steps)) and
@@ -180,25 +182,33 @@ def swept_option(name: str) -> str:
     return f"{name}s"
 
 
+# Where each family's encoder lies in a model directory's params (config.json's `model_type` ->
+# the subtree): what fine-tuning starts from, the pretraining heads beside it left behind.
+ENCODER_SUBTREES = {"bert": "bert", "modernbert": "model"}
+
+
 @dataclasses.dataclass(frozen=True)
 class PretrainedEncoder:
-    """What fine-tuning needs from a model directory: config, the `bert` params and tokenizer."""
+    """What fine-tuning needs from a model directory: config, the encoder's params (BERT's `bert`
+    subtree, ModernBERT's `model`: `ENCODER_SUBTREES`) and tokenizer."""
 
-    config: BertConfig
+    config: BertConfig | ModernBertConfig
     bert_params: Any
     tokenizer: Any
     source: str = ""
 
     @classmethod
     def from_model_dir(cls, model_dir: Any) -> PretrainedEncoder:
-        """From `load_model.load_model_dir(...)`'s ModelDir (params hold a `bert` subtree)."""
-        params = model_dir.params
-        if "bert" not in params:
+        """From `load_model.load_model_dir(...)`'s ModelDir of either family."""
+        from bert_jax.convert.model_dir import model_type
+
+        params, key = model_dir.params, ENCODER_SUBTREES[model_type(model_dir.config)]
+        if key not in params:
             raise UserError(
-                f"model directory {model_dir.path} has no 'bert' parameters "
+                f"model directory {model_dir.path} has no {key!r} parameters "
                 f"(top-level keys: {sorted(params)})"
             )
-        return cls(model_dir.config, params["bert"], model_dir.tokenizer, str(model_dir.path))
+        return cls(model_dir.config, params[key], model_dir.tokenizer, str(model_dir.path))
 
 
 def load_pretrained(path: str) -> PretrainedEncoder:
