@@ -147,7 +147,10 @@ class OptimizerSection:
     """config.optimizer: the paper's Adam with weight decay, warmup, decay and clipping."""
 
     name: str = setting(
-        "adamw", "adamw (the paper's), or lamb for large batches", choices=optim.OPTIMIZERS
+        "adamw",
+        "adamw (the paper's), lamb for large batches, or stableadamw (ModernBERT's: AdamW with "
+        "each tensor's step divided by max(1, RMS(g^2 / v)))",
+        choices=optim.OPTIMIZERS,
     )
     learning_rate: float = setting(1e-4, "peak learning rate", low=0.0)
     end_learning_rate: float = setting(0.0, "the rate the decay ends at", low=0.0)
@@ -169,6 +172,11 @@ class OptimizerSection:
         low=0.0,
         high=1.0,
         high_open=True,
+    )
+    decouple_lr: bool = setting(
+        False,
+        "weight decay scaled by the rate's share of its peak, not by the rate (optimi's "
+        "decouple_lr, ModernBERT's): each step decays by lr / peak x weight_decay",
     )
     clip_norm: float = setting(1.0, "gradient clipping at this global norm (0: none)", low=0.0)
     bias_correction: bool = setting(
