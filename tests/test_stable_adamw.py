@@ -143,3 +143,15 @@ def test_decouple_lr_divides_the_decay_by_the_peak_for_every_optimizer():
     share = float(schedule(0)) / opt_config.learning_rate
     np.testing.assert_allclose(updates["layer"]["kernel"], -share * 0.01, rtol=1e-6)
     np.testing.assert_array_equal(updates["layer"]["bias"], 0.0)
+
+
+@pytest.mark.parametrize("size, peak", [("base", 8e-4), ("large", 5e-4)])
+def test_modernbert_recipes_train_with_the_papers_stable_adamw(size, peak):
+    """modernbert:base and :large: StableAdamW with ModernBERT's betas, eps and weight decay
+    decoupled from the rate, no gradient clipping (the update clipping takes its place)."""
+    from bert_jax.configs import modernbert
+
+    optimizer = modernbert.get_config(size).optimizer
+    assert (optimizer.name, optimizer.learning_rate) == ("stableadamw", peak)
+    assert (optimizer.b1, optimizer.b2, optimizer.eps) == (0.9, 0.98, 1e-6)
+    assert (optimizer.weight_decay, optimizer.decouple_lr, optimizer.clip_norm) == (1e-5, True, 0)

@@ -11,12 +11,19 @@ as Warner et al. (2024) describe, as far as one config holds it:
 - phase 1 at length 1024, then a context extension at 8192 for the last 15% of the steps, with
   the same tokens per step (4,608 x 1024 = 576 x 8192, about 4.7M): 1.7T then 0.3T tokens in
   425,000 steps;
-- AdamW (b2 0.98, weight decay 1e-5) at a peak of 8e-4 (base) or 5e-4 (large) after a warmup
-  of about 3B tokens (640 steps), held (the trapezoid, optimizer.decay wsd) and decayed as
+- StableAdamW (optimizer.name stableadamw: AdamW with each tensor's step divided by
+  max(1, RMS(g^2 / v_hat)); the paper's training settings, where its update clipping replaces
+  gradient clipping, so optimizer.clip_norm is 0) with betas (0.9, 0.98), eps 1e-6 and weight
+  decay 1e-5 (the reference recipe, ModernBERT's yamls/modernbert/modernbert-base-pretrain.yaml),
+  the decay decoupled from the rate (optimizer.decouple_lr: that yaml's `decoupled_stableadamw`
+  builds optimi's StableAdamW with decouple_lr=True) and skipping norms and biases (its
+  filter_bias_norm_wd);
+- a peak rate of 8e-4 (base) or 5e-4 (large) (the paper's training settings) after a warmup of
+  about 3B tokens (640 steps), held (the trapezoid, optimizer.decay wsd) and decayed as
   1 - sqrt over the last 2.5% of the steps (ModernBERT's 50B tokens).
-What it does not reproduce: StableAdamW, the batch-size warmup, the global rotary base raised for
-the extension only (here it is the published model's 160,000 throughout) and the extension's
-lower rate (one schedule runs over both phases).
+What it does not reproduce: the batch-size warmup, the global rotary base raised for the extension
+only (here it is the published model's 160,000 throughout), the extension's lower rate (one
+schedule runs over both phases) and large's restart at a rate of 5e-5.
 
 tiny trains on the embedded corpus on a CPU (config_lib.CPU_TRIAL: batches of 32 and 8, a warmup
 of 10% of the run, lr 1e-3) at lengths 128 then 256, 400 steps, its SentencePiece vocabulary
@@ -59,6 +66,9 @@ def get_config(size: str | None = None):
     config.optimizer.learning_rate = PEAK_RATE[size]
     config.optimizer.warmup_steps = 640
     config.optimizer.decay_fraction = 0.025
-    config.optimizer.b2 = 0.98
+    config.optimizer.name = "stableadamw"
+    config.optimizer.b1, config.optimizer.b2, config.optimizer.eps = 0.9, 0.98, 1e-6
     config.optimizer.weight_decay = 1e-5
+    config.optimizer.decouple_lr = True
+    config.optimizer.clip_norm = 0.0
     return config
