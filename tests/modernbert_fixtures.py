@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 
 import tokenizers
 import torch
@@ -48,9 +49,10 @@ CONFIG = ModernBertConfig(
 )
 
 
-def bpe_tokenizer_json(vocab_size: int) -> str:
-    """A byte-level BPE tokenizer.json as ModernBERT's is: its five special tokens (ids 0-4, in
-    SPECIALS' order), [MASK] stripping the space before it, a [CLS] $A [SEP] template."""
+def bpe_tokenizer_json(vocab_size: int, text: Sequence[str] = TEXT) -> str:
+    """A byte-level BPE tokenizer.json as ModernBERT's is, trained on `text`: its five special
+    tokens (ids 0-4, in SPECIALS' order), [MASK] stripping the space before it, a [CLS] $A [SEP]
+    template."""
     from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -61,7 +63,7 @@ def bpe_tokenizer_json(vocab_size: int) -> str:
         special_tokens=SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(TEXT * 20, train)
+    tokenizer.train_from_iterator(list(text) * 20, train)
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B [SEP]",

@@ -5,7 +5,9 @@ The file is kept as it was read: ids are exactly what transformers' fast tokeniz
 file gives (without the [CLS]/[SEP] its post-processor adds: the interface's `encode` adds no
 special tokens). BERT's five special tokens ([PAD], [UNK], [CLS], [SEP], [MASK]) must be in it,
 as ModernBERT's are. Case is the file's: `lowercase` says whether its normalizer lower-cases,
-and cannot be changed from outside.
+and cannot be changed from outside. The token tasks read it as running text: `encode_with_spans`
+(SQuAD: each token's characters) and `encode_words` (CoNLL-2003: a word after the first with its
+space mark).
 """
 
 from __future__ import annotations
@@ -126,6 +128,38 @@ class HfBpeTokenizer(Tokenizer):
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         rust = self._rust if allow_special else self._plain
         return list(rust.encode(text, add_special_tokens=False).ids)
+
+    def encode_with_spans(self, text: str) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """`encode(text, allow_special=False)`'s ids and each one's characters [start, end) in
+        `text`, from the library's offsets (transformers' `return_offsets_mapping`), less the
+        whitespace a token's space or newline mark stands for: a word's first token starts at
+        the word, and a token of whitespace alone is empty where the next word begins. Tokens
+        of one character's bytes (non-ASCII cut by byte-level BPE) each span that character."""
+        encoding = self._plain.encode(text, add_special_tokens=False)
+        starts, ends = [], []
+        for start, end in encoding.offsets:
+            while start < end and text[start].isspace():
+                start += 1
+            starts.append(start)
+            ends.append(end)
+        return list(encoding.ids), np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Each word's ids as the text of the words joined by single spaces has them (a word
+        after the first with its space mark, as in running text, where byte-level BPE
+        tokenizes " word" unlike "word"): each token goes to the word its first character is
+        in; a word no token starts in (a tokenizer whose tokens cross spaces) has none."""
+        starts, text = [], ""
+        for word in words:
+            text += " " if starts else ""
+            starts.append(len(text))
+            text += word
+        ids, token_starts, _ = self.encode_with_spans(text)
+        owners = np.searchsorted(np.asarray(starts, np.int64), token_starts, side="right") - 1
+        grouped: list[list[int]] = [[] for _ in words]
+        for token_id, owner in zip(ids, owners, strict=True):
+            grouped[max(int(owner), 0)].append(token_id)
+        return grouped
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         encoded = self._plain.encode_batch(list(texts), add_special_tokens=False)

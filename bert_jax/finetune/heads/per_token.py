@@ -5,6 +5,11 @@ as is) followed by dropout and one dense layer under `classifier/output/` applie
 [batch, length, num_outputs] float32 logits. For SQuAD `num_outputs` is 2 (start and end logits;
 the original run_squad has no dropout before this layer, so its rate is 0 there); for NER it is the
 number of tags.
+
+`ModernBertForTokenOutputs` is the same for a ModernBERT encoder, as transformers'
+`ModernBertForQuestionAnswering` and `ModernBertForTokenClassification` have it: the encoder under
+`bert/`, then at every position `modernbert_pooled.ModernBertClassifierHead` (dense, activation,
+norm, dropout at the config's `classifier_dropout`, the classifier) under `classifier/`.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.core.model import BertConfig, BertModel
+from bert_jax.core.modernbert import ModernBertModel
+from bert_jax.core.modernbert_config import ModernBertConfig
+from bert_jax.finetune.heads.modernbert_pooled import ModernBertClassifierHead
 from bert_jax.finetune.heads.pooled import ClassifierHead
 
 Array = jax.Array
@@ -39,6 +47,30 @@ class BertForTokenOutputs(nn.Module):
             input_ids, input_mask, segment_ids, deterministic=deterministic
         )
         head = ClassifierHead(self.config, self.num_outputs, self.head_dropout, name="classifier")
+        return head(outputs["sequence_output"], deterministic=deterministic)
+
+
+class ModernBertForTokenOutputs(nn.Module):
+    """ModernBERT + a `ModernBertClassifierHead` at every position; float32 logits [batch,
+    length, num_outputs]. `segment_ids` is taken, as every token task's batch has it, and not
+    read: ModernBERT tells a question from its context by [SEP] alone."""
+
+    config: ModernBertConfig
+    num_outputs: int
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array,
+        segment_ids: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        del segment_ids
+        outputs = ModernBertModel(self.config, name="bert")(
+            input_ids, input_mask, deterministic=deterministic
+        )
+        head = ModernBertClassifierHead(self.config, self.num_outputs, name="classifier")
         return head(outputs["sequence_output"], deterministic=deterministic)
 
 

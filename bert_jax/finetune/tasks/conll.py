@@ -15,10 +15,12 @@ read as conlleval reads them (`chunks`): a chunk starts at B- (or S-), at I-/E- 
 another type, and ends before anything that does not continue it, so IOB1, IOB2 and even invalid
 predicted sequences (I- after O) are scored the same way as the official conlleval script.
 
-Features. Each word is cut into sub-tokens; the first sub-token of each word carries its label, the
-others are ignored (weight 0), as the paper does. A sentence longer than the window is cut at word
-boundaries into several windows. With `document_context`, the rest of a window is filled with the
-sub-tokens around the sentence in its document (half before, half after), unlabelled.
+Features. Each word is cut into sub-tokens (`word_subtokens`: with byte-level BPE, as in its
+sentence's text, a word after the first with its space mark); the first sub-token of each word
+carries its label, the others are ignored (weight 0), as the paper does. A sentence longer than
+the window is cut at word boundaries into several windows. With `document_context`, the rest of
+a window is filled with the sub-tokens around the sentence in its document (half before, half
+after), unlabelled.
 """
 
 from __future__ import annotations
@@ -333,6 +335,15 @@ class NerFeatures:
         return len(self.words)
 
 
+def word_subtokens(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:
+    """Each word's sub-tokens as its sentence has them: a word alone for WordPiece and
+    SentencePiece (which cut at spaces anyway); for byte-level BPE the sentence's text, where a
+    word after the first carries its space mark (`HfBpeTokenizer.encode_words`)."""
+    if getattr(tokenizer, "kind", "") == "bpe":
+        return tokenizer.encode_words(words)
+    return [tokenizer.encode(word, allow_special=False) for word in words]
+
+
 def build_features(
     sentences: Sequence[Sentence],
     tokenizer: Any,
@@ -354,8 +365,8 @@ def build_features(
         word_starts: dict[tuple[int, int], int] = {}  # (sentence, word) -> its first sub-token
         word_ends: dict[tuple[int, int], int] = {}
         for s in members:
-            for w, word in enumerate(sentences[s].words):
-                pieces = tokenizer.encode(word, allow_special=False) or [tokenizer.unk_id]
+            for w, pieces in enumerate(word_subtokens(tokenizer, sentences[s].words)):
+                pieces = pieces or [tokenizer.unk_id]
                 word_starts[(s, w)] = len(flat)
                 flat += pieces
                 word_ends[(s, w)] = len(flat)

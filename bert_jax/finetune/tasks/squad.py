@@ -14,7 +14,10 @@ and for a WordPiece tokenizer also at each punctuation mark and CJK character, e
 BERT's basic tokenizer cuts, so the ids equal those of the whole text. Each piece's sub-tokens get
 character spans inside it (from the lengths of their surface strings when those add up to the
 piece, else the whole piece's span). An answer is then a slice of the original context: its case,
-accents and whitespace as written. This works for WordPiece and SentencePiece alike.
+accents and whitespace as written. This works for WordPiece and SentencePiece alike. A byte-level
+BPE tokenizer (ModernBERT's) reads the whole context at once, as transformers' fast tokenizer does
+(a word inside a sentence with its space mark), its spans from the library's offsets
+(`HfBpeTokenizer.encode_with_spans`).
 
 Features (run_squad's): `[CLS] question [SEP] window [SEP]`, the question cut to `max_query_length`
 sub-tokens, windows of the context's sub-tokens every `doc_stride`; a sub-token seen in several
@@ -266,6 +269,8 @@ def pieces(text: str, split_punctuation: bool) -> list[tuple[int, int]]:
 
 def subtokens(tokenizer: Any, text: str) -> tuple[list[int], np.ndarray, np.ndarray]:
     """The text's sub-token ids and each one's character span [start, end) in `text`."""
+    if getattr(tokenizer, "kind", "") == "bpe":
+        return tokenizer.encode_with_spans(text)
     wordpiece = getattr(tokenizer, "kind", "") == "wordpiece"
     ids: list[int] = []
     starts: list[int] = []

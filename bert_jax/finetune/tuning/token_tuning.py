@@ -4,9 +4,10 @@ The recipe and the machinery are GLUE's: `FinetuneSettings`, the shared step loo
 (`tuning_loop.run_steps`: BERT AdamW with a unit schedule, the learning rate passed in per step,
 warmup over the first 10% then linear decay) and `head_tuner.HeadTuner` (shardings, global batches,
 a donated state, the encoder placed from the model directory and a fresh head initialised on its
-own). What differs is the model (`per_token.BertForTokenOutputs`), the loss (`span_loss` or
-`token_loss`) and what prediction returns (logits at every position, handed to the task's own
-post-processing).
+own). What differs is the model (`per_token.BertForTokenOutputs`, or for a ModernBERT encoder
+`per_token.ModernBertForTokenOutputs`, transformers' ModernBertForQuestionAnswering and
+ModernBertForTokenClassification), the loss (`span_loss` or `token_loss`) and what prediction
+returns (logits at every position, handed to the task's own post-processing).
 
 A run is deterministic given its seed (head initialisation, shuffling, dropout).
 """
@@ -24,11 +25,19 @@ import numpy as np
 
 from bert_jax.core import partitioning, trainer
 from bert_jax.core.model import BertConfig
-from bert_jax.finetune.heads.per_token import BertForTokenOutputs, span_loss, token_loss
+from bert_jax.core.modernbert_config import ModernBertConfig
+from bert_jax.finetune.heads.modernbert_pooled import ModernBertClassifierHead
+from bert_jax.finetune.heads.per_token import (
+    BertForTokenOutputs,
+    ModernBertForTokenOutputs,
+    span_loss,
+    token_loss,
+)
 from bert_jax.finetune.heads.pooled import ClassifierHead
 from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.batches import host_rows
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.sentence_tuning import model_config
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
 Array = jax.Array
@@ -39,7 +48,10 @@ MODEL_KEYS = ("input_ids", "input_mask", "segment_ids")
 TARGET_KEYS = {SPAN: ("start_positions", "end_positions"), TAGS: ("labels", "label_weights")}
 
 
-def head_loss_fn(model: BertForTokenOutputs, kind: str) -> trainer.LossFn:
+TokenModel = BertForTokenOutputs | ModernBertForTokenOutputs
+
+
+def head_loss_fn(model: TokenModel, kind: str) -> trainer.LossFn:
     """`trainer.update`'s loss: the head's loss averaged over the batch's weight; aux are sums."""
 
     def loss_fn(params, batch, dropout_rng):
@@ -63,17 +75,18 @@ def head_loss_fn(model: BertForTokenOutputs, kind: str) -> trainer.LossFn:
     return loss_fn
 
 
-def _predict(params: Any, batch: Mapping[str, Array], *, model: BertForTokenOutputs) -> Array:
+def _predict(params: Any, batch: Mapping[str, Array], *, model: TokenModel) -> Array:
     return model.apply({"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True)
 
 
 class TokenTuner(HeadTuner):
-    """`BertForTokenOutputs`, its loss, optimizer, mesh and rules, compiled once (see
-    `token_tuner` for a cached instance)."""
+    """`BertForTokenOutputs` (or `ModernBertForTokenOutputs`, whose head dropout is its config's
+    `classifier_dropout`, set here to `head_dropout`), its loss, optimizer, mesh and rules,
+    compiled once (see `token_tuner` for a cached instance)."""
 
     def __init__(
         self,
-        config: BertConfig,
+        config: BertConfig | ModernBertConfig,
         num_outputs: int,
         kind: str,
         mesh: jax.sharding.Mesh,
@@ -83,10 +96,16 @@ class TokenTuner(HeadTuner):
         if kind not in TARGET_KEYS:
             raise ValueError(f"unknown head kind {kind!r}; one of {sorted(TARGET_KEYS)}")
         self.kind = kind
-        model = BertForTokenOutputs(config, num_outputs, head_dropout)
+        if isinstance(config, ModernBertConfig):
+            config = config.replace(classifier_dropout=head_dropout)
+            model = ModernBertForTokenOutputs(config, num_outputs)
+            head = ModernBertClassifierHead(config, num_outputs)
+        else:
+            model = BertForTokenOutputs(config, num_outputs, head_dropout)
+            head = ClassifierHead(config, num_outputs, head_dropout)
         super().__init__(
             model,
-            ClassifierHead(config, num_outputs, head_dropout),
+            head,
             jnp.zeros((1, 1, config.hidden_size), jnp.float32),  # every token's output
             head_loss_fn(model, kind),
             _predict,
@@ -96,7 +115,7 @@ class TokenTuner(HeadTuner):
 
 
 def token_tuner(
-    config: BertConfig,
+    config: BertConfig | ModernBertConfig,
     num_outputs: int,
     kind: str,
     mesh: jax.sharding.Mesh,
@@ -165,7 +184,7 @@ def train_and_evaluate(
     one of `settings.mesh_shape` over every device."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
-    config = tuning_loop.run_config(encoder, settings, mesh)
+    config = model_config(encoder, settings, mesh)
     tuner = token_tuner(config, num_outputs, kind, mesh, head_dropout, settings)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
