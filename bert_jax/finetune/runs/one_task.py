@@ -22,16 +22,24 @@ from typing import Any
 from bert_jax.finetune.runs import squad_and_conll as token_tasks
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import registry
-from bert_jax.finetune.tasks.task import CHOICES, FROZEN_TAGS, SENTENCE, Task, name_key
+from bert_jax.finetune.tasks.task import (
+    CHOICES,
+    FROZEN_TAGS,
+    SENTENCE,
+    SPANS,
+    TAGS,
+    Task,
+    name_key,
+)
 from bert_jax.finetune.tuning import settings as run_settings
 from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
 RESULT_NAME = "result.json"  # the done marker of every task's run
-# The task families a ModernBERT model fine-tunes on (with its own heads, heads/modernbert_*.py);
-# it is refused in one line for the others.
-MODERNBERT_FAMILIES = frozenset({SENTENCE})
+# The task families a ModernBERT model fine-tunes on (with its own heads: heads/modernbert_*.py,
+# per_token.ModernBertForTokenOutputs); it is refused in one line for the others.
+MODERNBERT_FAMILIES = frozenset({SENTENCE, SPANS, TAGS})
 
 
 @dataclasses.dataclass(frozen=True)
