@@ -1,12 +1,14 @@
-"""ModernBERT's sequence head, as transformers' `ModernBertForSequenceClassification` has it: the
-final hidden states pooled (the first token's, or the mean over real tokens, by the config's
-`classifier_pooling`), then the head's dense, activation and norm, dropout, and the classifier.
+"""ModernBERT's pooled heads, as transformers' `ModernBertForSequenceClassification` and
+`ModernBertForMultipleChoice` have them: the final hidden states pooled (the first token's, or the
+mean over real tokens, by the config's `classifier_pooling`), then the head's dense, activation and
+norm, dropout, and the classifier (one output per choice for multiple choice, softmax over them).
 
 `ModernBertForSequenceClassification` keeps the tree fine-tuning's `HeadTuner` expects: the
 encoder (a model directory's `model` subtree, `core/modernbert.ModernBertModel`) under `bert/`, the
 head under `classifier/` (`head/{dense,norm}` and `output/{kernel,bias}`, transformers'
-`head.dense`, `head.norm` and `classifier`). `num_labels=1` is regression. ModernBERT has no
-segment embeddings: a pair's second text is told apart by [SEP] alone.
+`head.dense`, `head.norm` and `classifier`). `num_labels=1` is regression.
+`ModernBertForMultipleChoice` is the same model and tree with one output, run on every choice
+(SWAG). ModernBERT has no segment embeddings: a pair's second text is told apart by [SEP] alone.
 
 `--dropout` (`FinetuneSettings.dropout`) sets every dropout ModernBERT has, as it sets BERT's
 hidden and attention dropout: after the embeddings, of the attention, of the GeGLU, and before the
@@ -87,3 +89,28 @@ class ModernBertForSequenceClassification(nn.Module):
         pooled = pool(outputs["sequence_output"], input_mask, cfg.classifier_pooling)
         head = ModernBertClassifierHead(cfg, self.num_labels, name="classifier")
         return head(pooled, deterministic=deterministic)
+
+
+class ModernBertForMultipleChoice(ModernBertForSequenceClassification):
+    """`ModernBertForSequenceClassification` with one output, on each choice: inputs
+    [batch, choices, length], float32 scores [batch, choices] (softmax over the choices).
+
+    transformers' CLS pooling here takes each row's first real token; our rows are padded on
+    the right, where that is the first token, as `pool` takes it."""
+
+    num_labels: int = 1
+
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array,
+        segment_ids: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        length = input_ids.shape[-1]
+        scores = super().__call__(
+            input_ids.reshape(-1, length),
+            input_mask.reshape(-1, length),
+            deterministic=deterministic,
+        )
+        return scores.reshape(input_ids.shape[:-1])

@@ -1,9 +1,11 @@
 """`bert-jax finetune --task swag`: the paper's SWAG recipe on the official CSV files.
 
 The model is `pooled.BertForMultipleChoice` (one score per choice from its pooled [CLS], softmax
-over the four), trained with GLUE's machinery (`head_tuner.HeadTuner`, `tuning_loop.run_steps`: BERT
-AdamW, warmup over 10% then linear decay) and the paper's recipe: 3 epochs, lr 2e-5, batch 16,
-max_seq_length 128 (the paper gives no length; 128 holds nearly every SWAG choice).
+over the four), or for a ModernBERT model `modernbert_pooled.ModernBertForMultipleChoice` (its
+pooling and head, one score per choice), trained with GLUE's machinery (`head_tuner.HeadTuner`,
+`tuning_loop.run_steps`: BERT AdamW, warmup over 10% then linear decay) and the paper's recipe:
+3 epochs, lr 2e-5, batch 16, max_seq_length 128 (the paper gives no length; 128 holds nearly
+every SWAG choice).
 
 Writes into the workdir: `result.json` (dev accuracy in percent, settings, history),
 `dev_predictions.csv` and `test_predictions.csv` (`id,prediction,score0..score3`: the row's
@@ -22,12 +24,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.core import partitioning, trainer
 from bert_jax.core.model import BertConfig
+from bert_jax.core.modernbert_config import ModernBertConfig
+from bert_jax.finetune.heads import modernbert_pooled
 from bert_jax.finetune.heads.pooled import (
     BertForMultipleChoice,
     ClassifierHead,
@@ -39,6 +44,7 @@ from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.tasks import glue_metrics, swag
 from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.sentence_tuning import model_config
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.finetune.tuning.token_tuning import MODEL_KEYS, gather_rows, predict_logits
@@ -57,7 +63,7 @@ def task_settings(overrides: Mapping[str, Any]) -> FinetuneSettings:
     return settings_for(swag.TASKS[0], overrides)
 
 
-def choice_loss(model: BertForMultipleChoice) -> trainer.LossFn:
+def choice_loss(model: nn.Module) -> trainer.LossFn:
     """Cross-entropy over the choices, averaged over the batch's rows of nonzero weight."""
 
     def loss_fn(params, batch, dropout_rng):
@@ -73,19 +79,29 @@ def choice_loss(model: BertForMultipleChoice) -> trainer.LossFn:
     return loss_fn
 
 
-def _predict(params: Any, batch: Mapping[str, Array], *, model: BertForMultipleChoice) -> Array:
+def _predict(params: Any, batch: Mapping[str, Array], *, model: nn.Module) -> Array:
     return model.apply({"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True)
 
 
 class ChoiceTuner(HeadTuner):
-    """`BertForMultipleChoice`, its loss and optimizer on a mesh, compiled once."""
+    """The family's multiple-choice model, its loss and optimizer on a mesh, compiled once."""
 
-    def __init__(self, config: BertConfig, mesh: jax.sharding.Mesh, settings: FinetuneSettings):
-        model = BertForMultipleChoice(config, settings.dropout)
+    def __init__(
+        self,
+        config: BertConfig | ModernBertConfig,
+        mesh: jax.sharding.Mesh,
+        settings: FinetuneSettings,
+    ):
+        if isinstance(config, ModernBertConfig):  # its own head (its rates set by model_config)
+            model = modernbert_pooled.ModernBertForMultipleChoice(config)
+            head = modernbert_pooled.ModernBertClassifierHead(config, 1)
+        else:
+            model = BertForMultipleChoice(config, settings.dropout)
+            head = ClassifierHead(config, 1, settings.dropout)
         super().__init__(
             model,
-            ClassifierHead(config, 1, settings.dropout),
-            jnp.zeros((1, config.hidden_size), jnp.float32),  # a choice's pooled [CLS]
+            head,
+            jnp.zeros((1, config.hidden_size), jnp.float32),  # a choice's pooled state
             choice_loss(model),
             _predict,
             mesh,
@@ -179,7 +195,7 @@ def train_and_predict(
     """The run on read splits: result.json's figures and the prediction files' text."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
-    config = tuning_loop.run_config(encoder, settings, mesh)
+    config = model_config(encoder, settings, mesh)
     tuner = choice_tuner(config, mesh, settings)
     arrays = {
         name: swag.build_features(examples, encoder.tokenizer, settings.max_seq_length)

@@ -39,7 +39,7 @@ from bert_jax.runtime.errors import UserError
 RESULT_NAME = "result.json"  # the done marker of every task's run
 # The task families a ModernBERT model fine-tunes on (with its own heads: heads/modernbert_*.py,
 # per_token.ModernBertForTokenOutputs); it is refused in one line for the others.
-MODERNBERT_FAMILIES = frozenset({SENTENCE, SPANS, TAGS})
+MODERNBERT_FAMILIES = frozenset({SENTENCE, SPANS, TAGS, CHOICES})
 
 
 @dataclasses.dataclass(frozen=True)
