@@ -7,6 +7,7 @@ Trainer's recipe (`optimizer="adamw-hf"`, dropout off); `bert-jax finetune --tas
 
 from __future__ import annotations
 
+import json
 import re
 
 import jax
@@ -15,6 +16,7 @@ import pytest
 import torch
 import transformers
 
+from bert_jax import cli
 from bert_jax.convert import hf_modernbert
 from bert_jax.data.tokenizers.hf_bpe import HfBpeTokenizer
 from bert_jax.finetune.tasks import conll as ner
@@ -36,6 +38,8 @@ from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an aut
     train_reference,
 )
 from tests.test_modernbert_finetune import _hf_named
+from tests.test_ner import _synthetic_conll as synthetic_conll
+from tests.test_squad import synthetic_squad
 
 LOSS_RTOL = 1e-5
 
@@ -289,3 +293,53 @@ def test_tag_steps_equal_transformers_token_classification(dirs):
         },
     )
     _compare("CoNLL tags", results)
+
+
+# ------------------------------------------------------------------------------------------------
+# As a user runs them
+# ------------------------------------------------------------------------------------------------
+
+SMALL_FLAGS = ["--batch-size", "8", "--eval-batch-size", "8", "--epochs", "1"]
+SMALL_FLAGS += ["--learning-rate", "1e-3"]
+
+
+def test_squad_fine_tunes_from_a_modernbert_model(dirs, tmp_path, capsys):
+    _, ours, _ = dirs
+    data = tmp_path / "squad"
+    data.mkdir()
+    for split, count, seed in (("train", 16, 1), ("dev", 8, 2)):
+        payload, _ = synthetic_squad(count, seed)
+        (data / f"{split}-v1.1.json").write_text(json.dumps(payload), encoding="utf-8")
+    workdir = tmp_path / "run"
+    argv = ["finetune", "--model", str(ours), "--task", "squad/v1.1", "--data", str(data)]
+    argv += ["--workdir", str(workdir), "--max-seq-length", "40", "--doc-stride", "16"]
+    assert cli.main([*argv, "--max-query-length", "12", *SMALL_FLAGS]) == 0
+    assert "squad/v1.1 dev: exact_match" in capsys.readouterr().out
+    result = json.loads((workdir / "result.json").read_text())
+    assert result["model"] == str(ours) and result["skipped_train_answers"] == 0
+    assert result["num_train_features"] > 16  # contexts longer than a window: several each
+    assert np.isfinite(result["train_loss"]) and set(result["dev_metrics"]) == {"exact_match", "f1"}
+    examples, _ = squad.read_json(str(data / "dev-v1.1.json"))
+    predictions = json.loads((workdir / "predictions.json").read_text())
+    assert set(predictions) == {e.qid for e in examples}
+    assert all(predictions[e.qid] in e.context for e in examples)  # the context's characters
+
+
+def test_conll_fine_tunes_from_a_modernbert_model(dirs, tmp_path, capsys):
+    _, ours, _ = dirs
+    data = tmp_path / "conll"
+    data.mkdir()
+    vocabulary = list(dict.fromkeys(re.findall(r"[a-zé]{4,}", " ".join(CORPUS).lower())))
+    for name, count, seed in (("train.txt", 24, 1), ("valid.txt", 8, 2)):
+        synthetic_conll(data / name, count, seed, (vocabulary * 2)[:40])
+    workdir = tmp_path / "run"
+    argv = ["finetune", "--model", str(ours), "--task", "conll2003", "--data", str(data)]
+    assert cli.main([*argv, "--workdir", str(workdir), "--max-seq-length", "32", *SMALL_FLAGS]) == 0
+    assert "conll2003 dev: precision" in capsys.readouterr().out
+    result = json.loads((workdir / "result.json").read_text())
+    assert result["model"] == str(ours) and np.isfinite(result["train_loss"])
+    assert result["labels"] == ["O", "B-LOC", "B-PER", "I-PER"]
+    blocks = (workdir / "dev_predictions.txt").read_text().strip().split("\n\n")
+    assert len(blocks) == 8 and all(
+        len(line.split()) == 3 for b in blocks for line in b.split("\n")
+    )
