@@ -55,13 +55,23 @@ def prediction_notes(record: Mapping[str, Any]) -> list[str]:
                 which = f"{which} is {majority!r}"
             notes.append(f"{report_name}: every dev prediction is {single!r} ({which})")
         else:
-            notes.append(f"{report_name}: every dev prediction is {single:g} (a constant)")
+            notes.append(f"{report_name}: every dev prediction {_collapsed(spread)}")
     for split, spread in (summary.get("test") or {}).items():
         single = spread.get("single")
         if single is not None:
-            shown = repr(single) if isinstance(single, str) else f"{single:g} (a constant)"
-            notes.append(f"{record['task']} {split}: every prediction is {shown}")
+            shown = f"is {single!r}" if isinstance(single, str) else _collapsed(spread)
+            notes.append(f"{record['task']} {split}: every prediction {shown}")
     return notes
+
+
+def _collapsed(spread: Mapping[str, Any]) -> str:
+    """A collapsed regressor's predictions: nearly, not exactly, one value, so they may still
+    rank the pairs (and correlate) while saying nothing about the scores' scale."""
+    share = f"{glue_metrics.COLLAPSED_SPREAD:.0%}"
+    return (
+        f"is about {spread['single']:g} (standard deviation {spread.get('std', 0.0):.2g}, under "
+        f"{share} of the training scores')"
+    )
 
 
 def baseline_scores(best: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
