@@ -6,9 +6,10 @@ Each layer is pre-LayerNorm: `x + attn(norm(x))`, then `x + mlp(norm(x))` (layer
 embeddings' norm directly, as transformers' ModernBERT does); the feed-forward is a GeGLU
 (`act(x Wi_in) * (x Wi_gate)`, then Wo); queries and keys turn by rotary positions, with base
 `global_rope_theta` in global layers and `local_rope_theta` in sliding-window ones, where a token
-sees the tokens `local_attention // 2` positions away or less. Biases exist only as the config
-says. Packed rows are as BERT's (`packed_segment_ids` keep attention within an instance,
-`position_ids` restart at each instance); padding keys are hidden by `input_mask`.
+sees the tokens `local_attention // 2` positions away or less (on long rows computed in blocks:
+`local_attention.py`). Biases exist only as the config says. Packed rows are as BERT's
+(`packed_segment_ids` keep attention within an instance, `position_ids` restart at each
+instance); padding keys are hidden by `input_mask`.
 
 Parameter tree (Flax names; `convert/modernbert_names.py` maps them to transformers'
 ModernBertForMaskedLM; "(bias)": only where the config has biases):
@@ -31,6 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.core import local_attention
 from bert_jax.core.attend import attend
 from bert_jax.core.bert_config import ACTIVATIONS, REMAT_POLICIES
 from bert_jax.core.dropout import Dropout
@@ -64,7 +66,8 @@ def rotate(x_BxLxHxK: Array, cos: Array, sin: Array) -> Array:
 
 def sliding_window(mask_Bx1xQxK: Array, length: int, window: int) -> Array:
     """`mask` where also |q - k| <= window // 2 (row positions: within a packed instance they
-    differ as the instance's positions do)."""
+    differ as the instance's positions do). The masked full matrix: rows long enough for
+    `local_attention.use_bands` take `local_attention.band_mask`, the same mask in blocks."""
     index = jnp.arange(length, dtype=jnp.int32)
     near = jnp.abs(index[:, None] - index[None, :]) <= window // 2
     return jnp.logical_and(mask_Bx1xQxK, near[None, None, :, :])
@@ -77,7 +80,12 @@ class ModernBertAttention(nn.Module):
 
     @nn.compact
     def __call__(
-        self, hidden: Array, mask_Bx1xQxK: Array, cos: Array, sin: Array, deterministic: bool
+        self,
+        hidden: Array,
+        mask_Bx1xQxK: Array | local_attention.BandMask,
+        cos: Array,
+        sin: Array,
+        deterministic: bool,
     ) -> Array:
         cfg = self.config
         heads, head_dim = cfg.num_attention_heads, cfg.head_dim
@@ -92,7 +100,9 @@ class ModernBertAttention(nn.Module):
             nn.with_logical_constraint(qkv[:, :, i], ("batch", "length", "heads", "kv"))
             for i in range(3)
         )
-        context = attend(
+        # A sliding-window layer's band mask says its attention computes in blocks.
+        banded = isinstance(mask_Bx1xQxK, local_attention.BandMask)
+        context = (local_attention.attend_in_bands if banded else attend)(
             rotate(query, cos, sin),
             rotate(key, cos, sin),
             value,
@@ -153,7 +163,12 @@ class ModernBertLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, hidden: Array, mask_Bx1xQxK: Array, cos: Array, sin: Array, deterministic: bool
+        self,
+        hidden: Array,
+        mask_Bx1xQxK: Array | local_attention.BandMask,
+        cos: Array,
+        sin: Array,
+        deterministic: bool,
     ) -> Array:
         cfg = self.config
         # Layer 0's input is the embeddings' norm already (transformers: an Identity there).
@@ -211,7 +226,12 @@ class ModernBertModel(nn.Module):
             GLOBAL: (global_mask, *rotary_angles(position_ids, cfg.head_dim, cfg.global_rope_theta))
         }
         if SLIDING in cfg.layer_types:
-            local_mask = sliding_window(global_mask, length, cfg.local_attention)
+            if local_attention.use_bands(length, cfg.local_attention):
+                local_mask = local_attention.band_mask(
+                    input_mask, packed_segment_ids, cfg.local_attention
+                )
+            else:
+                local_mask = sliding_window(global_mask, length, cfg.local_attention)
             local_angles = rotary_angles(position_ids, cfg.head_dim, cfg.local_rope_theta)
             by_type[SLIDING] = (local_mask, *local_angles)
         layer_class = ModernBertLayer

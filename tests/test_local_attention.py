@@ -1,0 +1,258 @@
+"""Sliding-window attention in blocks (core/local_attention.py) against the masked full matrix.
+
+With dropout off, outputs and gradients equal `attend` under `modernbert.sliding_window`'s mask
+to float32 rounding, for lengths that are not a multiple of the block, padding, packed rows of
+2-3 instances and windows wider than some instances; a ModernBERT model with banded
+sliding-window layers equals the same model on the full path and transformers' model; dropout
+stays exact-rate in blocks; the mesh shards the blocked path as it shards the full one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bert_jax.convert import hf_modernbert, modernbert_names
+from bert_jax.core import local_attention, optim, partitioning, trainer
+from bert_jax.core.attend import attend
+from bert_jax.core.model import attention_mask
+from bert_jax.core.modernbert import ModernBertForMaskedLM, sliding_window
+from bert_jax.core.modernbert_config import ModernBertConfig
+
+SETTINGS = dict(impl="xla", dropout_rate=0.0, dropout_impl="hash", deterministic=True)
+
+
+class InModule(nn.Module):
+    """`attend` draws its dropout as a submodule: run `fn` inside a module."""
+
+    fn: Callable
+
+    @nn.compact
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def _rows(rng, length: int, instances: list[list[int]]):
+    """input_mask and packed segment ids [B, length]: row b holds instances of those lengths
+    (ids 1, 2, ...), then padding (id 0)."""
+    mask = np.zeros((len(instances), length), np.int32)
+    segments = np.zeros_like(mask)
+    for row, lengths in enumerate(instances):
+        start = 0
+        for i, n in enumerate(lengths):
+            mask[row, start : start + n] = 1
+            segments[row, start : start + n] = i + 1
+            start += n
+    return jnp.asarray(mask), jnp.asarray(segments)
+
+
+def _both(length, window, instances, packed, dtype="float32", seed=0):
+    """(banded, full) functions of (q, k, v) and the random q, k, v [B, L, 2, 4]."""
+    rng = np.random.default_rng(seed)
+    input_mask, segments = _rows(rng, length, instances)
+    segments = segments if packed else None
+    qkv = [
+        jnp.asarray(rng.normal(size=(len(instances), length, 2, 4)), jnp.float32) for _ in range(3)
+    ]
+    full_mask = sliding_window(attention_mask(input_mask, segments), length, window)
+    band = local_attention.band_mask(input_mask, segments, window)
+    settings = SETTINGS | {"dtype": dtype}
+
+    def banded(q, k, v):
+        return InModule(lambda *a: local_attention.attend_in_bands(*a, band, **settings)).apply(
+            {}, q, k, v
+        )
+
+    def full(q, k, v):
+        return InModule(lambda *a: attend(*a, full_mask, **settings)).apply({}, q, k, v)
+
+    # Queries that see some key: every real one (it sees itself); padding may see none.
+    seen = np.asarray(jnp.any(full_mask, axis=-1))[:, 0]
+    if seen.shape[1] == 1:
+        seen = np.broadcast_to(seen, (len(instances), length))
+    return banded, full, qkv, seen, np.asarray(input_mask)
+
+
+CASES = {
+    # length, window, instances per row, packed
+    "one_block_tail": (29, 6, [[29], [17]], False),  # 29 = 4 blocks of 6 + 5; a padded row
+    "odd_window": (23, 5, [[23], [20]], False),
+    "packed": (31, 6, [[10, 4, 9], [3, 20]], True),  # instances shorter than the window too
+    "wide_window": (40, 10, [[12, 2, 20], [40]], True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_outputs_and_gradients_equal_the_masked_full_matrix(name):
+    length, window, instances, packed = CASES[name]
+    banded, full, qkv, seen, real = _both(length, window, instances, packed)
+    out_banded, out_full = jax.jit(banded)(*qkv), jax.jit(full)(*qkv)
+    assert out_banded.shape == out_full.shape
+    diff = np.abs(np.asarray(out_banded) - np.asarray(out_full))
+    assert diff[seen].max() <= 2e-6, diff[seen].max()
+
+    # A loss over the real positions (what a model reads): gradients for q, k and v.
+    weights = jnp.asarray(
+        np.random.default_rng(1).normal(size=out_full.shape) * real[:, :, None, None]
+    )
+
+    def loss(fn):
+        return jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * weights), argnums=(0, 1, 2)))
+
+    for g_banded, g_full in zip(loss(banded)(*qkv), loss(full)(*qkv)):
+        assert np.abs(np.asarray(g_banded) - np.asarray(g_full)).max() <= 2e-6
+
+
+def test_the_rule_bands_rows_of_four_windows_or_more():
+    assert not local_attention.use_bands(8191, 2048)
+    assert local_attention.use_bands(8192, 2048)
+    assert local_attention.use_bands(8192, 128) and not local_attention.use_bands(128, 128)
+
+
+@pytest.mark.parametrize("dropout_impl", ["hash", "prng"])
+def test_dropout_in_blocks_keeps_its_rate(dropout_impl):
+    """Dropout on the blocked probabilities: each kept probability scaled by 1 / (1 - rate),
+    the outputs' mean unchanged in expectation (v = 1 everywhere: every output row sums its
+    dropped-and-scaled probabilities)."""
+    length, window, rate = 96, 8, 0.25
+    input_mask, _ = _rows(None, length, [[length]] * 2)
+    band = local_attention.band_mask(input_mask, None, window)
+    query = jnp.zeros((2, length, 2, 4))  # uniform probabilities over the window
+    value = jnp.ones((2, length, 2, 4))
+    settings = dict(impl="xla", dropout_rate=rate, dropout_impl=dropout_impl, deterministic=False)
+
+    banded = InModule(
+        lambda *a: local_attention.attend_in_bands(*a, band, dtype="float32", **settings)
+    )
+    out = banded.apply({}, query, query, value, rngs={"dropout": jax.random.key(0)})
+    sums = np.asarray(out)[:, window:-window, :, 0]  # rows whose window lies inside the row
+    # Each is (kept of window + 1) / (window + 1) / (1 - rate): mean 1 over many rows.
+    assert abs(sums.mean() - 1.0) < 0.05
+    assert np.all(sums < 1.0 / (1 - rate) + 1e-5)
+    assert len(np.unique(np.round(sums, 5))) > 3  # elements dropped, not whole rows
+
+
+TINY = ModernBertConfig(
+    vocab_size=300,
+    hidden_size=32,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=3,
+    bos_token_id=1,
+    eos_token_id=2,
+    cls_token_id=1,
+    sep_token_id=2,
+    global_attn_every_n_layers=2,  # a global layer, then a sliding-window one
+    local_attention=6,
+    attention_impl="xla",
+)
+
+
+def _inputs(length, packed):
+    rng = np.random.default_rng(2)
+    input_mask, segments = _rows(rng, length, [[12, 5, 13], [length - 3]])
+    positions = np.zeros((2, length), np.int32)
+    for row in range(2):
+        ids = np.asarray(segments[row])
+        for s in np.unique(ids[ids > 0]):
+            where = np.flatnonzero(ids == s)
+            positions[row, where] = np.arange(len(where))
+    ids = np.where(np.asarray(input_mask) == 1, rng.integers(5, 300, (2, length)), 3)
+    inputs = {"input_ids": jnp.asarray(ids, jnp.int32), "input_mask": input_mask}
+    if packed:
+        inputs |= {"packed_segment_ids": segments, "position_ids": jnp.asarray(positions)}
+    return inputs
+
+
+def test_model_with_banded_layers_equals_the_full_path(monkeypatch):
+    """ModernBertForMaskedLM at length 31 >= 4 x 6 (banded; rematerialized, so the band mask
+    passes through nn.remat) against the same model forced onto the masked full matrix: logits
+    and parameter gradients over real positions."""
+    config = TINY.replace(remat="full")
+    inputs = _inputs(31, packed=True)
+    assert local_attention.use_bands(31, config.local_attention)
+    module = ModernBertForMaskedLM(config)
+    params = module.init(jax.random.key(0), **inputs)["params"]
+    real = inputs["input_mask"][:, :, None]
+
+    def loss(params):
+        logits = module.apply({"params": params}, **inputs)["mlm_logits"]
+        return jnp.sum(jnp.where(real, jnp.tanh(logits), 0.0)), logits
+
+    (_, banded_logits), banded_grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    monkeypatch.setattr(local_attention, "use_bands", lambda length, window: False)
+    (_, full_logits), full_grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    real = np.asarray(inputs["input_mask"], bool)
+    assert np.abs(np.asarray(banded_logits) - np.asarray(full_logits))[real].max() <= 1e-5
+    for a, b in zip(jax.tree.leaves(banded_grads), jax.tree.leaves(full_grads)):
+        # float32 rounding of sums over the batch: relative to the gradient's scale
+        scale = max(1.0, float(np.abs(np.asarray(b)).max()))
+        assert np.abs(np.asarray(a) - np.asarray(b)).max() <= 1e-6 * scale
+
+
+def test_banded_model_equals_transformers():
+    """The banded model against transformers' ModernBertForMaskedLM (eager, full-matrix sliding
+    window) at every real position of a padded row."""
+    config = TINY
+    length = 29
+    hf_config = transformers.ModernBertConfig(
+        **hf_modernbert.hf_config_from(config), attn_implementation="eager"
+    )
+    torch.manual_seed(0)
+    model = transformers.ModernBertForMaskedLM(hf_config).eval()
+    state = {name: value.detach().numpy() for name, value in model.state_dict().items()}
+    params = modernbert_names.import_params(
+        {name: value.shape for name, value in state.items()},
+        state.__getitem__,
+        config,
+        with_heads=True,
+        ignore=lambda name: "tied" if name in modernbert_names.TIED else None,
+    )
+    inputs = _inputs(length, packed=False)
+    ours = ModernBertForMaskedLM(config).apply({"params": params}, **inputs)["mlm_logits"]
+    with torch.no_grad():
+        theirs = model(
+            input_ids=torch.tensor(np.asarray(inputs["input_ids"])).long(),
+            attention_mask=torch.tensor(np.asarray(inputs["input_mask"])),
+        ).logits.numpy()
+    real = np.asarray(inputs["input_mask"], bool)
+    assert np.abs(np.asarray(ours) - theirs)[real].max() <= 1e-5
+
+
+def test_sharded_training_step_with_banded_layers():
+    """On the 8-device mesh (data 2, fsdp 2, tensor 2) the banded model's sharded train step
+    gives the unsharded forward's loss, on packed rows."""
+    config = TINY.replace(attention_impl="auto")
+    length = 31
+    inputs = {k: np.concatenate([np.asarray(v)] * 2) for k, v in _inputs(length, True).items()}
+    rng = np.random.default_rng(4)
+    batch = inputs | {
+        "segment_ids": np.zeros((4, length), np.int32),
+        "masked_lm_positions": np.tile(np.arange(length, dtype=np.int32), (4, 1)),
+        "masked_lm_ids": rng.integers(5, 300, (4, length)).astype(np.int32),
+        "masked_lm_weights": inputs["input_mask"].astype(np.float32),
+        "next_sentence_labels": np.zeros((4,), np.int32),
+    }
+    schedule = optim.warmup_decay(1e-2, warmup_steps=0, total_steps=10)
+    mesh = partitioning.make_mesh((2, 2, 2))
+    sharded = trainer.ShardedTrainer(config, optim.bert_adamw(schedule), mesh, schedule=schedule)
+    state = sharded.init(jax.random.key(0))
+    sums = trainer.compute_sums(
+        jax.device_get(nn.meta.unbox(state.params)),
+        {k: jnp.asarray(v) for k, v in batch.items()},
+        sharded.model,
+        deterministic=True,
+    )
+    state, metrics = sharded.train_step(state, sharded.global_batch(batch), jax.random.key(1))
+    metrics = jax.device_get(metrics)
+    expected = float(sums["mlm_loss_sum"]) / float(sums["mlm_weight"])
+    assert abs(float(metrics["mlm_loss_sum"]) / float(metrics["mlm_weight"]) - expected) <= 1e-5
