@@ -27,8 +27,9 @@ schedule runs over both phases) and large's restart at a rate of 5e-5.
 
 tiny trains on the embedded corpus on a CPU (config_lib.CPU_TRIAL: batches of 32 and 8, a warmup
 of 10% of the run, lr 1e-3) at lengths 128 then 256, 400 steps, its SentencePiece vocabulary
-trained for the run. Override any setting from the command line; `bert-jax pretrain
---config modernbert:tiny --config-help` lists them.
+trained for the run, with AdamW: StableAdamW with the paper's settings learns less in those 400
+steps (held-out MLM accuracy 0.144 against AdamW's 0.186). Override any setting from the
+command line; `bert-jax pretrain --config modernbert:tiny --config-help` lists them.
 """
 
 import math

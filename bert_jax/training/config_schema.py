@@ -148,8 +148,7 @@ class OptimizerSection:
 
     name: str = setting(
         "adamw",
-        "adamw (the paper's), lamb for large batches, or stableadamw (ModernBERT's: AdamW with "
-        "each tensor's step divided by max(1, RMS(g^2 / v)))",
+        "adamw (the paper's), lamb for large batches, or stableadamw (ModernBERT's StableAdamW)",
         choices=optim.OPTIMIZERS,
     )
     learning_rate: float = setting(1e-4, "peak learning rate", low=0.0)
@@ -175,8 +174,7 @@ class OptimizerSection:
     )
     decouple_lr: bool = setting(
         False,
-        "weight decay scaled by the rate's share of its peak, not by the rate (optimi's "
-        "decouple_lr, ModernBERT's): each step decays by lr / peak x weight_decay",
+        "the weight decay scaled by lr / peak (optimi's decouple_lr, ModernBERT's), not by lr",
     )
     clip_norm: float = setting(1.0, "gradient clipping at this global norm (0: none)", low=0.0)
     bias_correction: bool = setting(
