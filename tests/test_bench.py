@@ -124,6 +124,19 @@ def test_spec_from_config_follows_the_phase_and_model_overrides():
         tiny_spec(packing=True)
 
 
+def test_an_optimizer_the_peers_do_not_run_is_refused_saying_how_to_time_the_model():
+    """modernbert:base trains with StableAdamW; the peers run AdamW, so bench says which
+    override times the model rather than comparing two different updates."""
+    from bert_jax.configs import modernbert
+    from bert_jax.runtime.errors import UserError
+
+    config = modernbert.get_config("base")
+    with pytest.raises(UserError, match=r"'stableadamw': add --config.optimizer.name=adamw "):
+        bench_spec.spec_from_config(config)
+    config.optimizer.name = "adamw"
+    assert bench_spec.spec_from_config(config).model.num_hidden_layers == 22
+
+
 def test_settings_are_declared_once_and_refused_by_their_flags(capsys):
     """A spec's defaults are BenchSettings'; a value out of its range is one line naming its
     flag, from the command line or from a spec built in Python."""

@@ -232,7 +232,11 @@ def spec_from_config(config: Any, settings: BenchSettings | None = None) -> Benc
         bias_correction=bool(opt.get("bias_correction", True)),
     )
     if str(opt.name) != "adamw":
-        raise UserError(f"bench times BERT AdamW; config.optimizer.name={opt.name!r}")
+        # The peers run AdamW; timing another optimizer beside them would compare two updates.
+        raise UserError(
+            f"bench times AdamW beside its peers, not config.optimizer.name={opt.name!r}: "
+            "add --config.optimizer.name=adamw to time this model"
+        )
     rules = tuple((str(name), _tuple(axes)) for name, axes in config.mesh.rules)
     real_data = bool(settings.real_data or settings.packing)
     tokenizer_name = settings.tokenizer or str(config.data.get("tokenizer", "") or "")
