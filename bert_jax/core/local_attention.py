@@ -11,13 +11,14 @@ masks the full [q, k] matrix: the key is a real token (`input_mask`), of the que
 batch of B x N short rows, so every attention implementation (einsums, XLA or cuDNN fused, the
 Pallas kernel) and both dropout implementations work on them unchanged.
 
-Equal to the masked full matrix to float32 rounding, with two differences that nothing reads:
-- a query that sees no key at all (a padding position farther than h from every real token of
-  its instance) averages the values of its band, where the full matrix averages the whole row;
-  such a position is padding and no real position attends to it.
-- dropout draws its mask over the blocked [B*N, H, C, 2C] probabilities: with `hash` the element
-  coordinates are not those of the full [B, H, L, L] matrix, so the dropped set differs from the
-  full path's (it is still exact-rate and the same on any mesh); with `prng` it is another draw.
+Equal to the masked full matrix to float32 rounding at every position, padding included: a
+query that sees no key at all (a padding position farther than h from every real token of its
+instance) takes, as there, the average of the whole row's values (its scores are all equally
+masked), not of its band's. One difference: dropout draws its mask over the blocked
+[B*N, H, C, 2C] probabilities, so with `hash` the element coordinates are not those of the full
+[B, H, L, L] matrix and the dropped set differs from the full path's (still exact-rate and the
+same on any mesh); with `prng` it is another draw. The full path stays `attend` under
+`modernbert.sliding_window`'s mask, which tests compare against with dropout off.
 
 `use_bands(length, window)` is the one rule for when the blocks are used; `modernbert.py` asks
 it once per model call.
@@ -136,5 +137,10 @@ def attend_in_bands(
         **attend_settings,
     )
     context = context.reshape(batch, num_blocks, block, heads, head_dim)
+    # A query that sees nothing: the full matrix's softmax over equally masked scores, the row's
+    # mean value (padding positions that, e.g., SQuAD's loss reads).
+    row_mean = jnp.mean(value_BxLxHxK.astype(jnp.float32), axis=1).astype(context.dtype)
+    sees = jnp.any(band.keep_BxNx1xCxW[:, :, 0], axis=-1)[:, :, :, None, None]
+    context = jnp.where(sees, context, row_mean[:, None, None, :, :])
     context = nn.with_logical_constraint(context, axes)
     return context.reshape(batch, num_blocks * block, heads, head_dim)[:, :length]
