@@ -4,8 +4,8 @@ With dropout off, outputs and gradients equal `attend` under `modernbert.sliding
 to float32 rounding at every position (padding that sees no key too), for lengths that are not
 a multiple of the block, padding, packed rows of 2-3 instances and windows wider than some
 instances; a ModernBERT model with banded sliding-window layers equals the same model on the
-full path and transformers' model; dropout stays exact-rate in blocks; the mesh shards the
-blocked path as it shards the full one.
+full path and transformers' model; dropout stays exact-rate in blocks, and the fused kernel
+drops there what the einsums drop; the mesh shards the blocked path as it shards the full one.
 """
 
 from __future__ import annotations
@@ -133,6 +133,32 @@ def test_dropout_in_blocks_keeps_its_rate(dropout_impl):
     assert abs(sums.mean() - 1.0) < 0.05
     assert np.all(sums < 1.0 / (1 - rate) + 1e-5)
     assert len(np.unique(np.round(sums, 5))) > 3  # elements dropped, not whole rows
+
+
+def test_fused_kernel_in_blocks_drops_what_the_einsums_drop(monkeypatch):
+    """attention_impl="pallas" (Pallas' interpreter here) on the blocks, with hash dropout on,
+    gives the einsum path's blocked result: the same key, the same blocked coordinates."""
+    from bert_jax.core import attention
+
+    length, window = 26, 6
+    input_mask, segments = _rows(None, length, [[9, 12], [20]])
+    band = local_attention.band_mask(input_mask, segments, window)
+    rng = np.random.default_rng(5)
+    qkv = [jnp.asarray(rng.normal(size=(2, length, 2, 8)), jnp.float32) for _ in range(3)]
+    settings = dict(dropout_rate=0.2, dropout_impl="hash", deterministic=False, dtype="float32")
+
+    def run(impl):
+        module = InModule(
+            lambda *a: local_attention.attend_in_bands(*a, band, impl=impl, **settings)
+        )
+        return np.asarray(module.apply({}, *qkv, rngs={"dropout": jax.random.key(1)}))
+
+    einsums = run("xla")
+    settings["deterministic"] = True
+    assert np.abs(run("xla") - einsums).max() > 0.1  # something was dropped
+    settings["deterministic"] = False
+    monkeypatch.setattr(attention, "force_interpret", True)
+    assert np.abs(run("pallas") - einsums).max() <= 1e-5
 
 
 TINY = ModernBertConfig(
