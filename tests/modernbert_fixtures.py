@@ -12,7 +12,7 @@ import tokenizers
 import torch
 import transformers
 
-from bert_jax.convert import hf_modernbert
+from bert_jax.convert import hf_modernbert, modernbert_names
 from bert_jax.convert.between_formats import convert
 from bert_jax.core.modernbert_config import ModernBertConfig
 
@@ -24,13 +24,13 @@ TEXT = [
     "A sliding window keeps attention near, and every third layer looks at everything.",
     "The lazy dog sleeps while the fox reads the news of the day.",
 ]
-# Two global layers around a sliding-window one (a 6-token window), every bias on but the
-# decoder's: the pieces ModernBERT-base has, at a size that compiles in a second.
-CONFIG = ModernBertConfig(
-    vocab_size=320,
+# The smallest ModernBERT shape the tests build models of: 32 wide, 2 heads, BERT's special ids
+# of the test tokenizer (SPECIALS).
+TINY = dict(
+    vocab_size=300,
     hidden_size=32,
     intermediate_size=40,
-    num_hidden_layers=3,
+    num_hidden_layers=2,
     num_attention_heads=2,
     max_position_embeddings=64,
     pad_token_id=3,
@@ -38,6 +38,11 @@ CONFIG = ModernBertConfig(
     eos_token_id=2,
     cls_token_id=1,
     sep_token_id=2,
+)
+# Two global layers around a sliding-window one (a 6-token window), every bias on but the
+# decoder's: the pieces ModernBERT-base has, at a size that compiles in a second.
+CONFIG = ModernBertConfig(
+    **{**TINY, "vocab_size": 320, "num_hidden_layers": 3},
     global_attn_every_n_layers=2,
     local_attention=6,
     global_rope_theta=1000.0,
@@ -88,6 +93,19 @@ def hf_masked_lm(
         for param in model.parameters():
             param.add_(0.05 * torch.randn_like(param))
     return model
+
+
+def params_from_hf(model: torch.nn.Module, config: ModernBertConfig) -> dict:
+    """A transformers ModernBertForMaskedLM's weights as our parameter tree (the decoder's tied
+    copy of the embeddings left out), through the converter's name map."""
+    state = {name: value.detach().numpy() for name, value in model.state_dict().items()}
+    return modernbert_names.import_params(
+        {name: value.shape for name, value in state.items()},
+        state.__getitem__,
+        config,
+        with_heads=True,
+        ignore=lambda name: "tied" if name in modernbert_names.TIED else None,
+    )
 
 
 def fast_tokenizer(path: str | os.PathLike) -> transformers.PreTrainedTokenizerFast:

@@ -18,14 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-import transformers
 
-from bert_jax.convert import hf_modernbert, modernbert_names
 from bert_jax.core import local_attention, optim, partitioning, trainer
 from bert_jax.core.attend import attend
 from bert_jax.core.model import attention_mask
 from bert_jax.core.modernbert import ModernBertForMaskedLM, sliding_window
 from bert_jax.core.modernbert_config import ModernBertConfig
+from tests.modernbert_fixtures import TINY as TINY_VALUES
+from tests.modernbert_fixtures import hf_masked_lm, params_from_hf
 
 SETTINGS = dict(impl="xla", dropout_rate=0.0, dropout_impl="hash", deterministic=True)
 
@@ -162,17 +162,7 @@ def test_fused_kernel_in_blocks_drops_what_the_einsums_drop(monkeypatch):
 
 
 TINY = ModernBertConfig(
-    vocab_size=300,
-    hidden_size=32,
-    intermediate_size=40,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    max_position_embeddings=64,
-    pad_token_id=3,
-    bos_token_id=1,
-    eos_token_id=2,
-    cls_token_id=1,
-    sep_token_id=2,
+    **TINY_VALUES,
     global_attn_every_n_layers=2,  # a global layer, then a sliding-window one
     local_attention=6,
     attention_impl="xla",
@@ -225,19 +215,8 @@ def test_banded_model_equals_transformers():
     window) at every real position of a padded row."""
     config = TINY
     length = 29
-    hf_config = transformers.ModernBertConfig(
-        **hf_modernbert.hf_config_from(config), attn_implementation="eager"
-    )
-    torch.manual_seed(0)
-    model = transformers.ModernBertForMaskedLM(hf_config).eval()
-    state = {name: value.detach().numpy() for name, value in model.state_dict().items()}
-    params = modernbert_names.import_params(
-        {name: value.shape for name, value in state.items()},
-        state.__getitem__,
-        config,
-        with_heads=True,
-        ignore=lambda name: "tied" if name in modernbert_names.TIED else None,
-    )
+    model = hf_masked_lm(config, seed=0)
+    params = params_from_hf(model, config)
     inputs = _inputs(length, packed=False)
     ours = ModernBertForMaskedLM(config).apply({"params": params}, **inputs)["mlm_logits"]
     with torch.no_grad():

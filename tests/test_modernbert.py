@@ -33,21 +33,9 @@ from bert_jax.data.tokenizers.hf_bpe import HfBpeTokenizer
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime.declarations import undeclared
 from bert_jax.runtime.errors import UserError
+from tests.modernbert_fixtures import TINY, hf_masked_lm, params_from_hf
 
 TOLERANCE = 1e-5
-TINY = dict(
-    vocab_size=300,
-    hidden_size=32,
-    intermediate_size=40,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    max_position_embeddings=64,
-    pad_token_id=3,
-    bos_token_id=1,
-    eos_token_id=2,
-    cls_token_id=1,
-    sep_token_id=2,
-)
 CASES = {
     # Global attention in every layer, no biases (ModernBERT's default), a padded vocabulary.
     "global_only": ModernBertConfig(**TINY, global_attn_every_n_layers=1, vocab_pad_multiple=16),
@@ -70,41 +58,17 @@ CASES = {
 LENGTH = 19  # odd, and longer than the sliding window
 
 
-def _hf_model(config: ModernBertConfig, seed: int) -> transformers.ModernBertForMaskedLM:
-    """A random transformers model of `config`'s shape (its config.json through our export),
-    every weight moved off its initial value (norms off 1, biases off 0)."""
-    values = hf_modernbert.hf_config_from(config)
-    hf_config = transformers.ModernBertConfig(**values, attn_implementation="eager")
-    torch.manual_seed(seed)
-    model = transformers.ModernBertForMaskedLM(hf_config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.05 * torch.randn_like(param))
-    return model
-
-
-def _params(model: torch.nn.Module, config: ModernBertConfig) -> dict:
-    state = {name: value.detach().numpy() for name, value in model.state_dict().items()}
-    return modernbert_names.import_params(
-        {name: value.shape for name, value in state.items()},
-        state.__getitem__,
-        config,
-        with_heads=True,
-        ignore=lambda name: "tied" if name in modernbert_names.TIED else None,
-    )
-
-
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request):
     config = CASES[request.param]
-    model = _hf_model(config, seed=len(request.param))
+    model = hf_masked_lm(config, seed=len(request.param))
     module = ModernBertForMaskedLM(config)
 
     def forward(params, batch):  # the trainer's sums and the model's outputs, one program
         sums = trainer.compute_sums(params, batch, module, deterministic=True)
         return sums | module.apply({"params": params}, **trainer.model_inputs(batch))
 
-    return request.param, config, model, _params(model, config), jax.jit(forward)
+    return request.param, config, model, params_from_hf(model, config), jax.jit(forward)
 
 
 def _batch(rng, lengths, config, predictions=5, **packed):
@@ -265,7 +229,7 @@ def _bpe_tokenizer_json(vocab_size: int) -> str:
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     config = CASES["global_only"].replace(vocab_pad_multiple=1)
-    model = _hf_model(config, seed=7)
+    model = hf_masked_lm(config, seed=7)
     path = tmp_path_factory.mktemp("modernbert") / "hf"
     model.save_pretrained(path)
     fast = transformers.PreTrainedTokenizerFast(
