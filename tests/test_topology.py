@@ -356,3 +356,20 @@ def test_the_cost_models_cycles_are_summed_by_where_they_are_spent():
         "gradient norm, metrics": {"forward": 0, "backward": 0, "other": 3},
         "collectives": {"forward": 0, "backward": 0, "other": 2},
     }
+
+
+@pytest.mark.tpu_compile
+def test_modernbert_compiles_for_a_tpu_with_its_banded_phase(capsys):
+    """`pretrain --compile-only` on ModernBERT's tiny recipe: phase 1 (128 tokens, window 64)
+    attends through the masked full matrix, phase 2 (256 tokens, 4 windows) in bands; both
+    compile for 4 v5e chips and fit."""
+    argv = ["pretrain", "--config", "modernbert:tiny", "--compile-only", "--topology", "v5e:2x2"]
+    argv += ["--config.mesh.shape=(4,1,1)", "--config.model.vocab_size=512"]
+    argv += ["--config.phase1.batch_size=16", "--config.phase2.batch_size=16"]
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "compile check: v5litepod-4 (topology v5e:2x2: 4 chips" in out
+    assert "phase1: global batch 16 x seq 128" in out
+    assert "phase2: global batch 16 x seq 256" in out
+    assert "verdict: fits" in out
