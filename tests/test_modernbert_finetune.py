@@ -178,7 +178,7 @@ def test_steps_equal_transformers_sequence_classification(dirs, num_labels, pool
         loaded.params["model"],
         loaded.tokenizer,
     )
-    config = loop.model_config(encoder, SETTINGS, one_device_mesh())
+    config = tuning_loop.run_config(encoder, SETTINGS, one_device_mesh())
     assert config == with_dropout(encoder.config, 0.0)
     rng = np.random.default_rng(num_labels)
     rows = _modernbert_rows(rng, (NUM_EXAMPLES,), config.vocab_size)
@@ -202,7 +202,7 @@ def test_steps_equal_transformers_sequence_classification(dirs, num_labels, pool
 def test_swag_steps_equal_transformers_multiple_choice(dirs):
     _, ours, _ = dirs
     encoder = PretrainedEncoder.from_model_dir(load_model_dir(ours))  # the one loader
-    config = loop.model_config(encoder, SETTINGS, one_device_mesh())
+    config = tuning_loop.run_config(encoder, SETTINGS, one_device_mesh())
     rng = np.random.default_rng(4)
     arrays = _modernbert_rows(rng, (NUM_EXAMPLES, swag.NUM_CHOICES), config.vocab_size)
     arrays["labels"] = rng.integers(0, swag.NUM_CHOICES, NUM_EXAMPLES).astype(np.int32)

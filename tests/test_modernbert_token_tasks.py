@@ -22,8 +22,8 @@ from bert_jax.data.tokenizers.hf_bpe import HfBpeTokenizer
 from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tasks import squad, squad_answers
 from bert_jax.finetune.tasks.squad import SquadExample
-from bert_jax.finetune.tuning import sentence_tuning, tuning_loop
 from bert_jax.finetune.tuning import token_tuning as token_loop
+from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.training.load_model import load_model_dir
 from tests.modernbert_fixtures import CONFIG, SPECIALS, bpe_tokenizer_json, modernbert_dirs
@@ -185,7 +185,7 @@ def _train_both(dirs, kind, num_outputs, arrays, reference_class, to_targets):
     loaded = load_model_dir(ours)
     encoder = PretrainedEncoder(loaded.config, loaded.params["model"], loaded.tokenizer)
     mesh = one_device_mesh()
-    config = sentence_tuning.model_config(encoder, SETTINGS, mesh)
+    config = tuning_loop.run_config(encoder, SETTINGS, mesh)
     tuner = token_loop.token_tuner(config, num_outputs, kind, mesh, 0.0, SETTINGS)
     state = tuner.init(jax.random.key(0), encoder.bert_params)
     before = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.params))

@@ -44,7 +44,6 @@ from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.tasks import glue_metrics, swag
 from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
-from bert_jax.finetune.tuning.sentence_tuning import model_config
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.finetune.tuning.token_tuning import MODEL_KEYS, gather_rows, predict_logits
@@ -92,7 +91,7 @@ class ChoiceTuner(HeadTuner):
         mesh: jax.sharding.Mesh,
         settings: FinetuneSettings,
     ):
-        if isinstance(config, ModernBertConfig):  # its own head (its rates set by model_config)
+        if isinstance(config, ModernBertConfig):  # its own head (its rates set by run_config)
             model = modernbert_pooled.ModernBertForMultipleChoice(config)
             head = modernbert_pooled.ModernBertClassifierHead(config, 1)
         else:
@@ -195,7 +194,7 @@ def train_and_predict(
     """The run on read splits: result.json's figures and the prediction files' text."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
-    config = model_config(encoder, settings, mesh)
+    config = tuning_loop.run_config(encoder, settings, mesh)
     tuner = choice_tuner(config, mesh, settings)
     arrays = {
         name: swag.build_features(examples, encoder.tokenizer, settings.max_seq_length)

@@ -98,7 +98,7 @@ class FineTuner(HeadTuner):
         self.config = config
         self.num_labels = num_labels
         self.regression = num_labels == 1
-        if isinstance(config, ModernBertConfig):  # its own head (its rates set by model_config)
+        if isinstance(config, ModernBertConfig):  # its own head (its rates set by run_config)
             model = modernbert_pooled.ModernBertForSequenceClassification(config, num_labels)
             head = modernbert_pooled.ModernBertClassifierHead(config, num_labels)
         else:
@@ -230,21 +230,6 @@ def selection_score(task: SentenceTask, dev_metrics: Mapping[str, Mapping[str, f
     return float(np.mean([glue_metrics.paper_score(task, m) for m in dev_metrics.values()]))
 
 
-def model_config(
-    encoder: PretrainedEncoder, settings: FinetuneSettings, mesh: jax.sharding.Mesh
-) -> BertConfig | ModernBertConfig:
-    """`tuning_loop.run_config` for either family: its checks (which read a config's vocabulary
-    and positions alone), then the encoder's config with the run's dropout."""
-    config = encoder.config
-    if not isinstance(config, ModernBertConfig):
-        return tuning_loop.run_config(encoder, settings, mesh)
-    positions = BertConfig(
-        vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings
-    )
-    tuning_loop.run_config(dataclasses.replace(encoder, config=positions), settings, mesh)
-    return modernbert_pooled.with_dropout(config, settings.dropout)
-
-
 def make_mesh(settings: FinetuneSettings) -> jax.sharding.Mesh:
     return partitioning.make_mesh(settings.mesh_shape)
 
@@ -262,7 +247,7 @@ def finetune(
     log = log or logger.info
     task = data.task
     mesh = mesh if mesh is not None else make_mesh(settings)
-    config = model_config(encoder, settings, mesh)
+    config = tuning_loop.run_config(encoder, settings, mesh)
     tuner = fine_tuner(config, task.num_outputs, mesh, settings, rules)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)

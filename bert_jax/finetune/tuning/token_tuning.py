@@ -37,7 +37,6 @@ from bert_jax.finetune.heads.pooled import ClassifierHead
 from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.batches import host_rows
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
-from bert_jax.finetune.tuning.sentence_tuning import model_config
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
 Array = jax.Array
@@ -184,7 +183,7 @@ def train_and_evaluate(
     one of `settings.mesh_shape` over every device."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
-    config = model_config(encoder, settings, mesh)
+    config = tuning_loop.run_config(encoder, settings, mesh)
     tuner = token_tuner(config, num_outputs, kind, mesh, head_dropout, settings)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)

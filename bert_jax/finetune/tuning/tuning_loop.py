@@ -25,7 +25,9 @@ import optax
 
 from bert_jax.core import optim, partitioning
 from bert_jax.core.model import BertConfig
+from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.core.trainer import TrainState
+from bert_jax.finetune.heads import modernbert_pooled
 from bert_jax.finetune.tuning.batches import (
     epoch_end_steps,
     host_rows,
@@ -104,20 +106,25 @@ def learning_rates(settings: FinetuneSettings, num_steps: int) -> np.ndarray:
     return np.asarray(schedule(jnp.arange(num_steps)), np.float32)
 
 
-def run_config(encoder: Any, settings: FinetuneSettings, mesh: jax.sharding.Mesh) -> BertConfig:
+def run_config(
+    encoder: Any, settings: FinetuneSettings, mesh: jax.sharding.Mesh
+) -> BertConfig | ModernBertConfig:
     """The checks every fine-tuning run makes before compiling (a known optimizer, batches that
     divide the mesh, a sequence the model holds, a vocabulary the embeddings hold); the encoder's
-    config with the run's dropout."""
+    config, of either family, with every dropout rate at the run's `dropout`."""
     check_optimizer(settings)
     partitioning.check_batch_divisible(settings.batch_size, mesh, "batch_size")
     partitioning.check_batch_divisible(settings.eval_batch_size, mesh, "eval_batch_size")
-    if settings.max_seq_length > encoder.config.max_position_embeddings:
+    config = encoder.config  # both families name the two sizes as transformers does
+    if settings.max_seq_length > config.max_position_embeddings:
         raise UserError(
             f"max_seq_length={settings.max_seq_length} exceeds the model's "
-            f"max_position_embeddings={encoder.config.max_position_embeddings}"
+            f"max_position_embeddings={config.max_position_embeddings}"
         )
-    encoder.tokenizer.check_vocab_size(encoder.config.vocab_size)
-    return encoder.config.replace(
+    encoder.tokenizer.check_vocab_size(config.vocab_size)
+    if isinstance(config, ModernBertConfig):
+        return modernbert_pooled.with_dropout(config, settings.dropout)
+    return config.replace(
         hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout
     )
 
