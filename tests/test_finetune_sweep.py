@@ -109,6 +109,8 @@ def test_sweep_runs_every_task_writes_reports_and_resumes(model_dir, tmp_path):
         sum(summary["columns"][c] for c in metrics.PAPER_COLUMNS) / 9
     )
     assert summary["glue_average"] is not None
+    # The model is named with its family and shape, read from its config (no weights here).
+    assert results["protocol"]["model_label"].startswith("BERT ")
 
     # results.csv: one row per trial and dev evaluation (MNLI has two).
     with open(workdir / "results.csv", encoding="utf-8") as f:
@@ -119,6 +121,7 @@ def test_sweep_runs_every_task_writes_reports_and_resumes(model_dir, tmp_path):
 
     # results.md: the paper's Table 1 layout with its two rows beside ours.
     table = (workdir / "results.md").read_text(encoding="utf-8")
+    assert table.startswith(f"# GLUE results: {results['protocol']['model']} (BERT ")
     assert "| System | MNLI-m/mm | QQP | QNLI | SST-2 | CoLA | STS-B | MRPC | RTE | Average |" in (
         table
     )

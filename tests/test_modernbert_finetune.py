@@ -74,7 +74,10 @@ def test_the_glue_sweep_runs_a_modernbert_model(dirs, tmp_path, capsys):
     assert results["protocol"]["model"] == str(ours) and set(results["tasks"]) == {"RTE", "MRPC"}
     assert all(np.isfinite(t["selected"]["selection_score"]) for t in results["tasks"].values())
     table = (workdir / "results.md").read_text()
-    assert f"# GLUE results: {ours}" in table and "| Ours (dev, selected trial) |" in table
+    assert (
+        f"# GLUE results: {ours} (ModernBERT 3/32/2)" in table
+        and "| Ours (dev, selected trial) |" in table
+    )
     # The paper's BERT rows stand beside ours as a reference; no other line names BERT.
     assert all("(paper, test)" in line for line in table.splitlines() if "BERT-" in line)
 

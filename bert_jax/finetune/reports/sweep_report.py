@@ -298,7 +298,7 @@ def results_markdown(
     seeds = protocol["seeds"]
     lrs = ", ".join(f"{lr:g}" for lr in protocol["learning_rates"])
     lines = [
-        f"# GLUE results: {protocol['model']}",
+        f"# GLUE results: {protocol['model']} ({protocol.get('model_label', 'model')})",
         "",
         f"Ours: **dev** set; per task the best of learning rates {{{lrs}}} x seeds "
         f"{list(seeds)} on dev; batch {protocol['batch_size']}, epochs {protocol['epochs']:g}, "
@@ -390,6 +390,7 @@ def write_reports(
     best: Mapping[str, Mapping[str, Any]],
     *,
     model: str,
+    model_label: str,
     data: str,
     learning_rates: Sequence[float],
     seeds: Sequence[int],
@@ -402,6 +403,7 @@ def write_reports(
     ran = {**settings.to_dict(), **{k: v for k, v in ran_settings(records).items() if v != []}}
     protocol = {
         "model": model,
+        "model_label": model_label,
         "data": data,
         "learning_rates": [float(lr) for lr in learning_rates],
         "seeds": [int(s) for s in seeds],

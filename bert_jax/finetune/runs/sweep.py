@@ -54,6 +54,7 @@ from bert_jax.finetune.tuning.tuning_loop import figures
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
+from bert_jax.training import config_lib, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -426,6 +427,10 @@ def run_sweep(
             on_trial_end(record)
 
     best = select_best(records)
+    if encoder is None:  # every trial finished earlier: the config alone, no weights
+        config = load_model.load_model_dir(model_source, load_params=False).config
+    else:
+        config = encoder.config
     if not is_writer():
         return SweepOutcome(records=records, ran=ran, reused=reused, best=best, written=[])
     written = copy_submission(best, workdir)
@@ -434,6 +439,7 @@ def run_sweep(
         records,
         best,
         model=model_source,
+        model_label=config_lib.model_label(config),
         data=data,
         learning_rates=learning_rates,
         seeds=seeds,
