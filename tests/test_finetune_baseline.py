@@ -129,6 +129,9 @@ def test_a_degenerate_model_is_flagged_in_every_report(model_dir, tmp_path, caps
     # The printed summary: the selected trial of each task, and how many trials.
     assert f"RTE: the selected trial (RTE/lr=5e-05_seed=0) predicts one class: {note}" in out
     assert "STS-B: every dev prediction is about 2 (standard deviation 0, under 1% of the" in out
+    # A regressor is not said to predict a class.
+    assert "STS-B: the selected trial (STS-B/lr=5e-05_seed=0) predicts about one score: " in out
+    assert "(STS-B/lr=5e-05_seed=0) predicts one class" not in out
     assert "2 of 2 trials predict a single class on dev or test" in out
 
     results = json.loads((workdir / "results.json").read_text(encoding="utf-8"))
@@ -194,3 +197,6 @@ def test_a_swag_run_that_picks_one_ending_is_flagged_in_its_report():
     assert "| this run | 30.0 |" in report
     assert "| majority class (dev: ending2 for every example) | 30.0 |" in report
     assert "every dev prediction is 'ending2' (the majority class)" in report
+    assert "**This model predicts one class**, whatever its score" in report
+    stsb = {"prediction_summary": {"dev": {"STS-B": {"mean": 2.5, "std": 0.001, "single": 2.5}}}}
+    assert references.collapse_phrase(stsb) == "predicts about one score"

@@ -241,8 +241,8 @@ def _run_glue(args) -> int:
         notes = references.prediction_notes(record)
         if notes:
             print(
-                f"{task_name}: the selected trial ({record['trial']}) predicts one class: "
-                + "; ".join(notes)
+                f"{task_name}: the selected trial ({record['trial']}) "
+                f"{references.collapse_phrase(record)}: " + "; ".join(notes)
             )
     flagged = [r["trial"] for r in outcome.records if references.prediction_notes(r)]
     if flagged:

@@ -64,6 +64,20 @@ def prediction_notes(record: Mapping[str, Any]) -> list[str]:
     return notes
 
 
+def collapse_phrase(record: Mapping[str, Any]) -> str:
+    """What a flagged run does, in words that fit its head: a classifier "predicts one class", a
+    regressor (STS-B, whose flagged predictions are numbers) "predicts about one score"."""
+    summary = record.get("prediction_summary") or {}
+    singles = [
+        spread.get("single")
+        for split in ("dev", "test")
+        for spread in (summary.get(split) or {}).values()
+    ]
+    if any(isinstance(single, str) for single in singles):
+        return "predicts one class"
+    return "predicts about one score"
+
+
 def _collapsed(spread: Mapping[str, Any]) -> str:
     """A collapsed regressor's predictions: nearly, not exactly, one value, so they may still
     rank the pairs (and correlate) while saying nothing about the scores' scale."""

@@ -91,7 +91,8 @@ def results_markdown(result: Mapping[str, Any]) -> str:
     if notes:
         lines += [
             "",
-            "**This model predicts a single class**, whatever its score: " + "; ".join(notes),
+            f"**This model {references.collapse_phrase(result)}**, whatever its score: "
+            + "; ".join(notes),
         ]
     return "\n".join(lines) + "\n"
 
