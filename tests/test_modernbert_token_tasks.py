@@ -10,14 +10,11 @@ from __future__ import annotations
 import json
 import re
 
-import jax
 import numpy as np
 import pytest
-import torch
 import transformers
 
 from bert_jax import cli
-from bert_jax.convert import hf_modernbert
 from bert_jax.data.tokenizers.hf_bpe import HfBpeTokenizer
 from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tasks import squad, squad_answers
@@ -29,19 +26,14 @@ from bert_jax.training.load_model import load_model_dir
 from tests.modernbert_fixtures import CONFIG, SPECIALS, bpe_tokenizer_json, modernbert_dirs
 from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an autouse fixture)
     NUM_EXAMPLES,
-    PARAM_ATOL,
     SEQ_LEN,
     SETTINGS,
-    Recorder,
     one_device_mesh,
     one_torch_thread,
-    train_reference,
 )
-from tests.test_modernbert_finetune import _hf_named
+from tests.test_modernbert_finetune import _steps_equal
 from tests.test_ner import _synthetic_conll as synthetic_conll
 from tests.test_squad import synthetic_squad
-
-LOSS_RTOL = 1e-5
 
 # Real text with what byte-level BPE cuts apart: punctuation inside and around words, accents
 # (two bytes), CJK (three), an emoji (four), a double space and a newline.
@@ -178,38 +170,16 @@ def _modernbert_rows(rng: np.random.Generator, min_length: int) -> dict[str, np.
     return rows
 
 
-def _train_both(dirs, kind, num_outputs, arrays, reference_class, to_targets):
-    """20 steps of ours and of transformers' `reference_class` from the same weights: (our
-    losses, its losses, our params before and after, its state dict after)."""
+def _token_steps_equal(dirs, name, kind, num_outputs, arrays, reference_class, to_targets, **kw):
+    """`_steps_equal` for a per-token head: 20 steps of ours and of transformers'
+    `reference_class` from the same weights, the losses and final params compared."""
     _, ours, _ = dirs
     loaded = load_model_dir(ours)
     encoder = PretrainedEncoder(loaded.config, loaded.params["model"], loaded.tokenizer)
     mesh = one_device_mesh()
     config = tuning_loop.run_config(encoder, SETTINGS, mesh)
     tuner = token_loop.token_tuner(config, num_outputs, kind, mesh, 0.0, SETTINGS)
-    state = tuner.init(jax.random.key(0), encoder.bert_params)
-    before = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.params))
-    recorder = Recorder(tuner)
     inputs = {key: arrays[key] for key in (*token_loop.MODEL_KEYS, *token_loop.TARGET_KEYS[kind])}
-    trained = tuning_loop.run_steps(
-        recorder,
-        state,
-        jax.random.key(1),
-        SETTINGS,
-        NUM_EXAMPLES,
-        lambda rows: token_loop.gather_rows(inputs, rows),
-        evaluate=lambda params: {},
-        log=lambda line: None,
-    )
-    assert trained.num_steps == len(recorder.batches) == 20
-    after = jax.tree.map(np.asarray, jax.device_get(trained.state.params))
-    values = hf_modernbert.hf_config_from(config, with_heads=True)
-    hf_config = transformers.ModernBertConfig(
-        **values, num_labels=num_outputs, attn_implementation="eager"
-    )
-    reference = reference_class(hf_config)
-    state_dict = {k: torch.from_numpy(np.array(v)) for k, v in _hf_named(before, config).items()}
-    reference.load_state_dict(state_dict, strict=True)
 
     def to_inputs(batch):
         mask = batch["input_mask"].astype(np.int64)
@@ -217,31 +187,16 @@ def _train_both(dirs, kind, num_outputs, arrays, reference_class, to_targets):
             to_targets(batch)
         )
 
-    ref_losses = train_reference(reference, recorder.batches, to_inputs)
-    ours_losses = np.asarray(jax.device_get(recorder.losses), np.float64)
-    ref_state = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
-    return (
-        ours_losses,
-        np.asarray(ref_losses),
-        _hf_named(before, config),
-        _hf_named(after, config),
-        ref_state,
+    _steps_equal(
+        name,
+        tuner,
+        encoder,
+        lambda rows: token_loop.gather_rows(inputs, rows),
+        reference_class,
+        to_inputs,
+        num_labels=num_outputs,
+        **kw,
     )
-
-
-def _compare(name, results, ignore=()):
-    ours_losses, ref_losses, start, after, ref_state = results
-    relative = np.abs(ours_losses - ref_losses) / np.abs(ref_losses)
-    keys = [key for key in after if key not in ignore]
-    param_diff = max(float(np.abs(after[k] - ref_state[k]).max()) for k in keys)
-    moved = max(float(np.abs(after[k] - start[k]).max()) for k in keys)
-    print(
-        f"ModernBERT {name}: {len(relative)} steps, loss max relative diff {relative.max():.2e}; "
-        f"params max abs diff {param_diff:.2e} (moved {moved:.2e})"
-    )
-    assert moved > 100 * PARAM_ATOL
-    assert relative.max() < LOSS_RTOL
-    assert param_diff < PARAM_ATOL
 
 
 def test_span_steps_equal_transformers_question_answering(dirs):
@@ -257,8 +212,9 @@ def test_span_steps_equal_transformers_question_answering(dirs):
     arrays["start_positions"] = starts
     ends = np.minimum(starts + rng.integers(0, 3, NUM_EXAMPLES), lengths - 1)
     arrays["end_positions"] = ends.astype(np.int32)
-    results = _train_both(
+    _token_steps_equal(
         dirs,
+        "SQuAD spans",
         token_loop.SPAN,
         2,
         arrays,
@@ -267,10 +223,10 @@ def test_span_steps_equal_transformers_question_answering(dirs):
             "start_positions": batch["start_positions"].astype(np.int64),
             "end_positions": batch["end_positions"].astype(np.int64),
         },
+        # The classifier's bias and the head norm's bias shift every position's logit alike: no
+        # gradient in a softmax over positions, but for rounding noise that Adam scales up.
+        ignore=("classifier.bias", "head.norm.bias"),
     )
-    # The classifier's bias and the head norm's bias shift every position's logit alike: no
-    # gradient in a softmax over positions, but for rounding noise that Adam scales up.
-    _compare("SQuAD spans", results, ignore=("classifier.bias", "head.norm.bias"))
 
 
 def test_tag_steps_equal_transformers_token_classification(dirs):
@@ -282,8 +238,9 @@ def test_tag_steps_equal_transformers_token_classification(dirs):
     inner[:, 0] = False
     inner[np.arange(NUM_EXAMPLES), arrays["input_mask"].sum(axis=1) - 1] = False
     arrays["label_weights"] = (inner & (rng.uniform(size=inner.shape) < 0.7)).astype(np.float32)
-    results = _train_both(
+    _token_steps_equal(
         dirs,
+        "CoNLL tags",
         token_loop.TAGS,
         num_tags,
         arrays,
@@ -292,7 +249,6 @@ def test_tag_steps_equal_transformers_token_classification(dirs):
             "labels": np.where(batch["label_weights"] > 0, batch["labels"], -100).astype(np.int64)
         },
     )
-    _compare("CoNLL tags", results)
 
 
 # ------------------------------------------------------------------------------------------------
