@@ -16,22 +16,24 @@ squad/v2.0), CoNLL-2003 (conll2003) or the SWAG CSV files (swag).
     .venv/bin/python benchmarks/finetune_side_by_side.py --model MODEL --task glue/SST-2 \
         --data DIR --workdir OUT [--seeds 0 1 2] [--learning-rate 2e-5] [--epochs 3] \
         [--batch-size 32] [--max-seq-length 128] [--dropout 0.1] [--optimizer adamw-hf] \
-        [--decay-from warmup-end|step-0] [--stacks both] [--same-head] [--dropout-impl hash|prng]
+        [--decay-from warmup-end|step-0] [--stacks both] [--same-head [transformers|bert-jax]] \
+        [--dropout-impl hash|prng]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-synthetic-sst2 DIR \
         [--train-size 400] [--dev-size 200]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-prose-swag DIR [--train-size N]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-prose-pairs DIR [--train-size N]
 
-MODEL is a bert-jax model directory (`bert-jax convert --from hf ... --to bert-jax MODEL` makes
-one from a Hugging Face checkpoint). Runs land in OUT/<stack>/seed=N (a finished one is reused);
-the summary (each stack's mean, std and range, and a paired test over the seeds) is printed and
-written to OUT/side_by_side.json. `--same-head` starts bert-jax from transformers' initial head of
-each seed, so that the stacks differ only in their dropout masks; `--dropout-impl` picks bert-jax's
-masks. The prose sets come from the embedded corpus (real prose shipped with Python): multiple
-choice in SWAG's files and next-sentence pairs in RTE's, train and dev from different documents.
-Sets where the model learns (docs/finetuning.md: 256 multiple-choice rows, 512 pairs, 512
-negation sentences) spread over 1-2 points a seed; on smaller ones a run's score is its seed's
-lottery (5-13 points), and eight seeds cannot tell the stacks apart within a point.
+MODEL is a bert-jax model directory (`bert-jax convert --from hf ... --to bert-jax MODEL` makes one
+from a Hugging Face checkpoint). Runs land in OUT/<stack>/seed=N (a finished one is reused); the
+summary (each stack's mean, std and range, and a paired test over the seeds) is printed and written
+to OUT/side_by_side.json. `--same-head` starts bert-jax from transformers' initial head of each
+seed, so that the stacks differ only in their dropout masks (`--same-head bert-jax`: the reverse,
+transformers from bert-jax's head); `--dropout-impl` picks bert-jax's masks. The prose sets come
+from the embedded corpus (real prose shipped with Python): multiple choice in SWAG's files and
+next-sentence pairs in RTE's, train and dev from different documents. Sets where the model learns
+(docs/finetuning.md: 256 multiple-choice rows, 512 pairs, 512 negation sentences) spread over 1-2
+points a seed; on smaller ones a run's score is its seed's lottery (5-13 points), and eight seeds
+cannot tell the stacks apart within a point.
 """
 
 from __future__ import annotations
@@ -66,9 +68,20 @@ class TorchTuner:
     tuners (`init`, `global_batch`, `train_step`, `predict`), so `steps.run_steps` and the tasks'
     prediction code drive it as they drive bert-jax's."""
 
-    def __init__(self, kind: str, config, num_outputs: int, weight_decay: float, clip_norm: float):
+    def __init__(
+        self,
+        kind: str,
+        config,
+        num_outputs: int,
+        weight_decay: float,
+        clip_norm: float,
+        head_source=None,
+    ):
         self.kind, self.config, self.num_outputs = kind, config, num_outputs
         self.weight_decay, self.clip_norm = weight_decay, clip_norm
+        # bert-jax's tuner of the same task, whose initial head this one starts from (None: its
+        # own draw under the seed; `--same-head bert-jax`).
+        self.head_source = head_source
 
     def _model(self):
         import transformers
@@ -91,6 +104,7 @@ class TorchTuner:
         return transformers.BertForTokenClassification(config)
 
     def init(self, rng, bert_params) -> TorchState:
+        import jax
         import torch
         import transformers
 
@@ -103,6 +117,12 @@ class TorchTuner:
             {key: torch.from_numpy(np.array(value)) for key, value in encoder.items()}, strict=False
         )
         assert all(not key.startswith("bert.") for key in missing), missing
+        if self.head_source is not None:
+            drawn = self.head_source.init(rng, bert_params).params["classifier"]["output"]
+            kernel, bias = (np.asarray(jax.device_get(drawn[k])) for k in ("kernel", "bias"))
+            with torch.no_grad():
+                model.classifier.weight.copy_(torch.from_numpy(kernel.reshape(-1, bias.size).T))
+                model.classifier.bias.copy_(torch.from_numpy(bias))
         decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
         named = list(model.named_parameters())
         defaults = {f.name: f.default for f in dataclasses.fields(transformers.TrainingArguments)}
@@ -216,20 +236,34 @@ def start_from_transformers_heads() -> None:
     HeadTuner.init = init
 
 
-def use_transformers_steps() -> None:
-    """Puts `TorchTuner` where bert-jax's task code builds its tuners (GLUE, SWAG, SQuAD, NER)."""
+def use_transformers_steps(heads_from_bert_jax: bool = False) -> None:
+    """Puts `TorchTuner` where bert-jax's task code builds its tuners (GLUE, SWAG, SQuAD, NER);
+    with `heads_from_bert_jax` (sentence classification and multiple choice) each starts from
+    the head bert-jax's tuner draws under the seed, the reverse of `start_from_transformers_heads`
+    (whether a seed's score follows its head draw whichever stack trains it)."""
     from bert_jax.finetune.runs import multiple_choice as swag_task
     from bert_jax.finetune.tuning import sentence_tuning as loop
     from bert_jax.finetune.tuning import token_tuning as token_loop
 
-    def glue(config, num_labels, mesh, settings, *_):
-        return TorchTuner("glue", config, num_labels, settings.weight_decay, settings.clip_norm)
+    bert_jax_glue, bert_jax_choices = loop.fine_tuner, swag_task.choice_tuner
+
+    def glue(config, num_labels, mesh, settings, *rest):
+        source = bert_jax_glue(config, num_labels, mesh, settings, *rest)
+        return TorchTuner(
+            "glue",
+            config,
+            num_labels,
+            settings.weight_decay,
+            settings.clip_norm,
+            source if heads_from_bert_jax else None,
+        )
 
     def tokens(config, num_outputs, kind, mesh, head_dropout, settings):
         return TorchTuner(kind, config, num_outputs, settings.weight_decay, settings.clip_norm)
 
     def choices(config, mesh, settings):
-        return TorchTuner("swag", config, 4, settings.weight_decay, settings.clip_norm)
+        source = bert_jax_choices(config, mesh, settings) if heads_from_bert_jax else None
+        return TorchTuner("swag", config, 4, settings.weight_decay, settings.clip_norm, source)
 
     loop.fine_tuner, token_loop.token_tuner, swag_task.choice_tuner = glue, tokens, choices
 
@@ -441,9 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument(
         "--same-head",
-        action="store_true",
-        help="bert-jax starts from transformers' initial head of each seed (then only the "
-        "dropout masks differ)",
+        nargs="?",
+        const="transformers",
+        choices=STACKS,
+        default=None,
+        help="both stacks start from one stack's initial head of each seed (then only the "
+        "dropout masks differ): transformers' (the default) or bert-jax's; sentence "
+        "classification and multiple choice",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--write-synthetic-sst2", metavar="DIR", default=None)
@@ -480,13 +518,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.dropout_impl:
         config = encoder.config.replace(dropout_impl=args.dropout_impl)
         encoder = dataclasses.replace(encoder, config=config)
-    if args.same_head:
+    if args.same_head == "transformers":
         start_from_transformers_heads()
     stacks = STACKS if args.stacks == "both" else (args.stacks,)
     runs: dict[str, list[dict[str, Any]]] = {}
     for stack in stacks:
         if stack == "transformers":
-            use_transformers_steps()  # from here on, every run's steps are torch's
+            # From here on, every run's steps are torch's.
+            use_transformers_steps(heads_from_bert_jax=args.same_head == "bert-jax")
         runs[stack] = [run_seed(encoder, stack, args, seed) for seed in args.seeds]
     summary = {
         "task": args.task,
@@ -495,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         "optimizer (bert-jax)": args.optimizer,
         "decay_from (bert-jax)": args.decay_from or "default",
         "dropout_impl (bert-jax)": encoder.config.dropout_impl,
-        "head (bert-jax)": "transformers' draw" if args.same_head else "its own draw",
+        "head": f"{args.same_head}'s draw" if args.same_head else "each stack's own draw",
         "runs": runs,
         "spread": {stack: spread([r["score"] for r in rows]) for stack, rows in runs.items()},
         "paired": paired(runs),
