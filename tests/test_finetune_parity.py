@@ -393,3 +393,43 @@ def test_an_unknown_optimizer_is_a_user_error_naming_the_setting():
     from_step_0 = dataclasses.replace(SETTINGS, decay_from="step-0")
     with pytest.raises(UserError, match="decay_from='step-0' goes with optimizer='bert'"):
         tuning_loop.run_config(tiny_pretrained(), from_step_0, mesh)
+
+
+@pytest.mark.parametrize("kind", ["glue", "swag"])
+def test_the_initial_head_is_drawn_as_transformers_draws_it(kind):
+    """The head a seed starts from: bert-jax's draws and transformers' `_init_weights` (normal at
+    initializer_range, bias 0) come from one distribution, pooled over 40 seeds a side; the
+    truncated normal an older bert-jax drew (std 0.88 x 0.02) is told apart by the same test."""
+    from scipy import stats
+
+    encoder, config = encoder_config()
+    if kind == "glue":
+        tuner = loop.fine_tuner(config, 3, one_device_mesh(), SETTINGS)  # the parity test's
+        reference_class = transformers.BertForSequenceClassification
+    else:
+        tuner = swag_task.choice_tuner(config, one_device_mesh(), SETTINGS)
+        reference_class = transformers.BertForMultipleChoice
+    reference_config = hf_config(config)
+    reference_config.num_labels = 3
+    reference_config.initializer_range = config.initializer_range
+    ours, theirs = [], []
+    for seed in range(40):
+        head = jax.device_get(tuner.init(jax.random.key(seed), encoder.bert_params).params)
+        head = head["classifier"]["output"]
+        assert not np.any(head["bias"])
+        ours.append(np.ravel(head["kernel"]))
+        torch.manual_seed(seed)
+        model = reference_class(reference_config)
+        assert not model.classifier.bias.detach().numpy().any()
+        theirs.append(model.classifier.weight.detach().numpy().ravel())
+    ours, theirs = np.concatenate(ours), np.concatenate(theirs)
+    assert ours.size == theirs.size >= 2000
+    assert abs(ours.std() / config.initializer_range - 1) < 0.05
+    assert stats.ks_2samp(ours, theirs).pvalue > 0.01
+    assert stats.levene(ours, theirs).pvalue > 0.01
+    tail = np.mean(np.abs(ours) > 2 * config.initializer_range)  # a normal's: 4.55%
+    assert 0.035 < tail < 0.056
+    truncated = stats.truncnorm.rvs(
+        -2, 2, scale=config.initializer_range, size=ours.size, random_state=0
+    )
+    assert stats.levene(truncated, theirs).pvalue < 0.01
