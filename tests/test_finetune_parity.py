@@ -94,9 +94,10 @@ class Recorder:
         return state, metrics
 
 
-def train_ours(tuner, rows_batch) -> tuple[Recorder, dict, dict]:
-    """20 steps of `run_steps`; (the recorder, the params before, the params after) on the host."""
-    encoder = tiny_pretrained()
+def train_ours(tuner, rows_batch, encoder=None) -> tuple[Recorder, dict, dict]:
+    """20 steps of `run_steps` from `encoder` (default: the tiny BERT); (the recorder, the params
+    before, the params after) on the host."""
+    encoder = encoder or tiny_pretrained()
     state = tuner.init(jax.random.key(0), encoder.bert_params)
     before = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.params))
     recorder = Recorder(tuner)

@@ -33,10 +33,10 @@ from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an aut
     NUM_EXAMPLES,
     PARAM_ATOL,
     SETTINGS,
-    Recorder,
     one_device_mesh,
     one_torch_thread,
     token_rows,
+    train_ours,
     train_reference,
 )
 from tests.test_finetune_sweep import SMALL_FLAGS
@@ -126,20 +126,7 @@ def _steps_equal(name, tuner, encoder, rows_batch, reference_class, to_inputs, i
     """20 steps of ours (`run_steps`) and of `reference_class` (transformers, the same starting
     weights, the Trainer's recipe) on the same batches: the losses and final params agree."""
     config = tuner.model.config
-    state = tuner.init(jax.random.key(0), encoder.bert_params)
-    before = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.params))
-    recorder = Recorder(tuner)
-    trained = tuning_loop.run_steps(
-        recorder,
-        state,
-        jax.random.key(1),
-        SETTINGS,
-        NUM_EXAMPLES,
-        rows_batch,
-        evaluate=lambda params: {},
-        log=lambda line: None,
-    )
-    after = jax.tree.map(np.asarray, jax.device_get(trained.state.params))
+    recorder, before, after = train_ours(tuner, rows_batch, encoder)
 
     values = hf_modernbert.hf_config_from(config, with_heads=True)
     hf_config = transformers.ModernBertConfig(**values, **hf, attn_implementation="eager")
@@ -160,7 +147,7 @@ def _steps_equal(name, tuner, encoder, rows_batch, reference_class, to_inputs, i
         f"{relative.max():.2e} (abs {absolute.max():.2e}); params max abs diff "
         f"{param_diff:.2e} (moved {moved:.2e})"
     )
-    assert trained.num_steps == 20 and moved > 100 * PARAM_ATOL
+    assert moved > 100 * PARAM_ATOL
     # Relative, but absolute under a loss of 1: the last step's single row can score an MSE near
     # 0.01, where float32 rounding alone is 1e-5 of it.
     scale = np.maximum(np.abs(np.asarray(ref_losses)), 1.0)
