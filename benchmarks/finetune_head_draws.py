@@ -1,0 +1,198 @@
+"""Fine-tuning's initial heads (not a test): how each stack's generator draws the classifier head a
+seed starts from, and how much of a side-by-side run's dev score that draw explains.
+
+A binary sentence task's head starts as two random vectors; on the training set their logit
+difference is a random projection of the pooled [CLS] outputs. Its *alignment* is the AUC of that
+projection against the train labels: 0.5 points nowhere, below 0.5 the head starts pointing
+against the labels and has to turn round within the run. For seeds 0..N-1 this draws bert-jax's
+head (the tuner's init under the run's init key) and transformers' (`BertForSequenceClassification`
+under the torch seed `finetune_side_by_side.py` gives it) and prints both distributions of the
+alignment with two tests of "one distribution" (Kolmogorov-Smirnov, Levene).
+
+Given side-by-side workdirs (`--runs OUT ...`, each made by `finetune_side_by_side.py` on the same
+task, data and length), it fits every run's dev score by its stack and its head's alignment
+(least squares on the alignment below 0.5 and its square: only a start against the labels costs)
+and prints the stack's coefficient, bert-jax's difference from transformers with the draw held
+equal, beside the raw difference of the means.
+
+    .venv/bin/python benchmarks/finetune_head_draws.py --model MODEL --task glue/SST-2 \
+        --data DIR --max-seq-length 32 [--draws 600] [--runs OUT [OUT ...]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import finetune_side_by_side as side_by_side  # noqa: E402 (the benchmark beside this one)
+
+
+def pooled_train(encoder, task, data: str, max_seq_length: int):
+    """The pooled [CLS] outputs of the train split (dropout off) and its labels."""
+    import jax
+
+    from bert_jax.core.model import BertModel
+    from bert_jax.finetune.tuning import batches
+
+    split = batches.load_task_data(data, task, encoder.tokenizer, max_seq_length).train
+    model = BertModel(encoder.config)
+    rows = split.features
+
+    @jax.jit
+    def pooled(params, ids, mask, segments):
+        out = model.apply({"params": params}, ids, mask, segments, deterministic=True)
+        return out["pooled_output"]
+
+    outputs = pooled(
+        encoder.bert_params, rows["input_ids"], rows["input_mask"], rows["segment_ids"]
+    )
+    return np.asarray(outputs, np.float64), np.asarray(split.labels)
+
+
+def alignment(pooled: np.ndarray, labels: np.ndarray, kernel_Dx2: np.ndarray) -> float:
+    """The AUC of the head's initial logit difference against the labels (ties count half)."""
+    from scipy import stats
+
+    z = pooled @ (kernel_Dx2[:, 1] - kernel_Dx2[:, 0])
+    positive, negative = z[labels == 1], z[labels == 0]
+    u = stats.mannwhitneyu(positive, negative).statistic
+    return float(u / (positive.size * negative.size))
+
+
+def draw_heads(encoder, draws: int) -> dict[str, dict[int, np.ndarray]]:
+    """Each stack's initial head kernel [D, 2] for seeds 0..draws-1, under the init key (and its
+    torch seed) that `one_task.run_task` gives the tuner."""
+    import jax
+    import torch
+
+    from bert_jax.core import partitioning
+    from bert_jax.finetune.tuning import sentence_tuning, tuning_loop
+
+    settings = sentence_tuning.FinetuneSettings(mesh_shape=(1, 1, 1))
+    mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    config = tuning_loop.run_config(encoder, settings, mesh)
+    tuner = sentence_tuning.fine_tuner(config, 2, mesh, settings)
+    reference = side_by_side.TorchTuner("glue", config, 2, 0.0, 0.0)
+    heads: dict[str, dict[int, np.ndarray]] = {stack: {} for stack in side_by_side.STACKS}
+    for seed in range(draws):
+        init_rng, _ = jax.random.split(jax.random.key(seed))
+        params = tuner.init(init_rng, encoder.bert_params).params
+        heads["bert-jax"][seed] = np.asarray(params["classifier"]["output"]["kernel"], np.float64)
+        torch.manual_seed(side_by_side.torch_seed(init_rng))
+        weight = reference._model().classifier.weight.detach().numpy()
+        heads["transformers"][seed] = weight.T.astype(np.float64)
+    return heads
+
+
+def read_runs(workdirs: list[str]) -> list[tuple[str, str, int, float]]:
+    """(stack, whose head it started from, seed, dev score) of every finished run in the
+    side-by-side workdirs, the head read from each workdir's side_by_side.json."""
+    from bert_jax.finetune.runs import one_task
+
+    runs = []
+    for workdir in workdirs:
+        with open(os.path.join(workdir, "side_by_side.json"), encoding="utf-8") as f:
+            summary = json.load(f)
+        shared = summary.get("head") or summary.get("head (bert-jax)", "")
+        for stack in side_by_side.STACKS:
+            head = stack
+            if shared.startswith("transformers'") and stack == "bert-jax":
+                head = "transformers"
+            if shared.startswith("bert-jax's") and stack == "transformers":
+                head = "bert-jax"
+            directory = os.path.join(workdir, stack)
+            for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+                path = os.path.join(directory, name, "result.json")
+                if name.startswith("seed=") and os.path.exists(path):
+                    with open(path, encoding="utf-8") as f:
+                        score = one_task.dev_score(json.load(f))[1]
+                    runs.append((stack, head, int(name.split("=")[1]), score))
+    return runs
+
+
+def least_squares(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Coefficients, their standard errors and R^2."""
+    beta = np.linalg.lstsq(X, y, rcond=None)[0]
+    residual = y - X @ beta
+    variance = residual @ residual / (len(y) - X.shape[1])
+    errors = np.sqrt(np.diag(variance * np.linalg.inv(X.T @ X)))
+    r2 = 1 - residual @ residual / np.sum((y - y.mean()) ** 2)
+    return beta, errors, float(r2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a bert-jax model directory")
+    parser.add_argument("--task", required=True, help="a binary GLUE task: glue/NAME")
+    parser.add_argument("--data", required=True, help="the task's directory (GLUE TSV)")
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--draws", type=int, default=600, help="seeds 0..N-1 a stack")
+    parser.add_argument("--runs", nargs="*", default=[], help="finetune_side_by_side workdirs")
+    args = parser.parse_args(argv)
+
+    from scipy import stats
+
+    from bert_jax.finetune.tasks import glue
+    from bert_jax.finetune.tuning.settings import load_pretrained
+
+    task = glue.get_task(args.task.removeprefix("glue/"))
+    if task.is_regression or len(task.labels) != 2:
+        parser.error(f"--task {args.task}: a binary classification task is needed")
+    encoder = load_pretrained(args.model)
+    pooled, labels = pooled_train(encoder, task, args.data, args.max_seq_length)
+    needed = max([seed for _, _, seed, _ in read_runs(args.runs)], default=-1) + 1
+    heads = draw_heads(encoder, max(args.draws, needed))
+    aligned = {
+        stack: {seed: alignment(pooled, labels, k) for seed, k in drawn.items()}
+        for stack, drawn in heads.items()
+    }
+    draws = {stack: np.array([aligned[stack][s] for s in range(args.draws)]) for stack in aligned}
+    print(
+        f"{args.task} train ({len(labels)} rows): the initial head's alignment (AUC), "
+        f"seeds 0-{args.draws - 1}"
+    )
+    for stack, values in draws.items():
+        print(
+            f"  {stack:13s} mean {values.mean():.4f} std {values.std(ddof=1):.4f}; "
+            f"below 0.42: {np.mean(values < 0.42):.1%}, below 0.46: {np.mean(values < 0.46):.1%}"
+        )
+    a, b = draws["bert-jax"], draws["transformers"]
+    print(
+        f"  one distribution? Kolmogorov-Smirnov p {stats.ks_2samp(a, b).pvalue:.2f}, "
+        f"Levene p {stats.levene(a, b).pvalue:.2f}"
+    )
+    runs = read_runs(args.runs)
+    if not runs:
+        return 0
+    y = np.array([score for *_, score in runs])
+    ours = np.array([stack == "bert-jax" for stack, *_ in runs], np.float64)
+    below = np.array([min(aligned[head][seed] - 0.5, 0.0) for _, head, seed, _ in runs])
+    X = np.c_[np.ones_like(y), ours, below, below**2]
+    beta, errors, r2 = least_squares(X, y)
+    raw, raw_errors, _ = least_squares(X[:, :2], y)
+    print(f"{len(runs)} runs in {len(args.runs)} workdirs: dev score by stack and head alignment")
+    print(f"  bert-jax - transformers, raw: {raw[1]:+.2f} (se {raw_errors[1]:.2f})")
+    print(
+        f"  bert-jax - transformers, the head's alignment held equal: {beta[1]:+.2f} "
+        f"(se {errors[1]:.2f}, p {2 * stats.t.sf(abs(beta[1] / errors[1]), len(y) - 4):.2f}); "
+        f"the alignment explains R^2 {r2:.2f}"
+    )
+    for low, high in ((0.0, 0.42), (0.42, 0.46), (0.46, 1.0)):
+        for stack in side_by_side.STACKS:
+            rows = [s for st, h, seed, s in runs if st == stack and low <= aligned[h][seed] < high]
+            if rows:
+                print(
+                    f"  alignment [{low:.2f}, {high:.2f}) {stack:13s} {len(rows):3d} runs, "
+                    f"mean {np.mean(rows):.2f}, below 95: {sum(r < 95 for r in rows)}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
