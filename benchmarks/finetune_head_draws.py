@@ -99,13 +99,11 @@ def read_runs(workdirs: list[str]) -> list[tuple[str, str, int, float]]:
     for workdir in workdirs:
         with open(os.path.join(workdir, "side_by_side.json"), encoding="utf-8") as f:
             summary = json.load(f)
-        shared = summary.get("head") or summary.get("head (bert-jax)", "")
+        shared = summary.get("head", "own")
+        if "head (bert-jax)" in summary:  # before `--same-head bert-jax`
+            shared = "transformers" if summary["head (bert-jax)"] == "transformers' draw" else "own"
         for stack in side_by_side.STACKS:
-            head = stack
-            if shared.startswith("transformers'") and stack == "bert-jax":
-                head = "transformers"
-            if shared.startswith("bert-jax's") and stack == "transformers":
-                head = "bert-jax"
+            head = stack if shared == "own" else shared
             directory = os.path.join(workdir, stack)
             for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
                 path = os.path.join(directory, name, "result.json")

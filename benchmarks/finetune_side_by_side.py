@@ -534,7 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         "optimizer (bert-jax)": args.optimizer,
         "decay_from (bert-jax)": args.decay_from or "default",
         "dropout_impl (bert-jax)": encoder.config.dropout_impl,
-        "head": f"{args.same_head}'s draw" if args.same_head else "each stack's own draw",
+        # Whose initial head both stacks start from: "transformers", "bert-jax" or "own" (each
+        # stack its own draw).
+        "head": args.same_head or "own",
         "runs": runs,
         "spread": {stack: spread([r["score"] for r in rows]) for stack, rows in runs.items()},
         "paired": paired(runs),
