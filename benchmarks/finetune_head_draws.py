@@ -94,9 +94,12 @@ def read_runs(workdirs: list[str]) -> list[tuple[str, str, int, float]]:
     """(stack, whose head it started from, seed, dev score) of every finished run in the
     side-by-side workdirs, the head read from each workdir's side_by_side.json."""
     from bert_jax.finetune.runs import one_task
+    from bert_jax.runtime.errors import UserError
 
     runs = []
     for workdir in workdirs:
+        if not os.path.exists(os.path.join(workdir, "side_by_side.json")):
+            raise UserError(f"--runs {workdir}: no side_by_side.json (finetune_side_by_side.py)")
         with open(os.path.join(workdir, "side_by_side.json"), encoding="utf-8") as f:
             summary = json.load(f)
         shared = summary.get("head", "own")
@@ -138,13 +141,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from bert_jax.finetune.tasks import glue
     from bert_jax.finetune.tuning.settings import load_pretrained
+    from bert_jax.runtime.errors import UserError
 
-    task = glue.get_task(args.task.removeprefix("glue/"))
-    if task.is_regression or len(task.labels) != 2:
-        parser.error(f"--task {args.task}: a binary classification task is needed")
-    encoder = load_pretrained(args.model)
-    pooled, labels = pooled_train(encoder, task, args.data, args.max_seq_length)
-    needed = max([seed for _, _, seed, _ in read_runs(args.runs)], default=-1) + 1
+    try:
+        task = glue.get_task(args.task)
+        if task.is_regression or len(task.labels) != 2:
+            raise UserError(f"--task {args.task}: a binary classification task is needed")
+        runs = read_runs(args.runs)
+        encoder = load_pretrained(args.model)
+        pooled, labels = pooled_train(encoder, task, args.data, args.max_seq_length)
+    except UserError as error:
+        parser.error(str(error))
+    needed = max([seed for _, _, seed, _ in runs], default=-1) + 1
     heads = draw_heads(encoder, max(args.draws, needed))
     aligned = {
         stack: {seed: alignment(pooled, labels, k) for seed, k in drawn.items()}
@@ -165,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         f"  one distribution? Kolmogorov-Smirnov p {stats.ks_2samp(a, b).pvalue:.2f}, "
         f"Levene p {stats.levene(a, b).pvalue:.2f}"
     )
-    runs = read_runs(args.runs)
     if not runs:
         return 0
     y = np.array([score for *_, score in runs])

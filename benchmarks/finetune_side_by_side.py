@@ -248,14 +248,11 @@ def use_transformers_steps(heads_from_bert_jax: bool = False) -> None:
     bert_jax_glue, bert_jax_choices = loop.fine_tuner, swag_task.choice_tuner
 
     def glue(config, num_labels, mesh, settings, *rest):
-        source = bert_jax_glue(config, num_labels, mesh, settings, *rest)
+        source = None
+        if heads_from_bert_jax:
+            source = bert_jax_glue(config, num_labels, mesh, settings, *rest)
         return TorchTuner(
-            "glue",
-            config,
-            num_labels,
-            settings.weight_decay,
-            settings.clip_norm,
-            source if heads_from_bert_jax else None,
+            "glue", config, num_labels, settings.weight_decay, settings.clip_norm, source
         )
 
     def tokens(config, num_outputs, kind, mesh, head_dropout, settings):

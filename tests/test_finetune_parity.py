@@ -404,15 +404,15 @@ def test_the_initial_head_is_drawn_as_transformers_draws_it(kind):
     from scipy import stats
 
     encoder, config = encoder_config()
+    reference_config = hf_config(config)
+    reference_config.initializer_range = config.initializer_range
     if kind == "glue":
         tuner = loop.fine_tuner(config, 3, one_device_mesh(), SETTINGS)  # the parity test's
         reference_class = transformers.BertForSequenceClassification
+        reference_config.num_labels = 3
     else:
         tuner = swag_task.choice_tuner(config, one_device_mesh(), SETTINGS)
         reference_class = transformers.BertForMultipleChoice
-    reference_config = hf_config(config)
-    reference_config.num_labels = 3
-    reference_config.initializer_range = config.initializer_range
     ours, theirs = [], []
     for seed in range(40):
         head = jax.device_get(tuner.init(jax.random.key(seed), encoder.bert_params).params)
