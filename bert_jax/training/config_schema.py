@@ -13,6 +13,10 @@ from data/objectives.py, the optimizer's closed sets from core/optim.py.
 Sections: `RunSection` (the top level), `model`, `optimizer`, `phase1`/`phase2` (one
 `PhaseSection` used twice: phase 2 is the paper's second phase, `SECOND_PHASE`), `data`,
 `eval`, `checkpoint`, `mesh`.
+
+Why this file is long: it is the one table of every pretraining setting, section by section;
+the config builder, its checks and `--config-help` walk it whole, and a setting's declaration
+belongs beside its section's others.
 """
 
 from __future__ import annotations
