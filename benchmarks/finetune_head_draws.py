@@ -179,15 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     ours = np.array([stack == "bert-jax" for stack, *_ in runs], np.float64)
     below = np.array([min(aligned[head][seed] - 0.5, 0.0) for _, head, seed, _ in runs])
     X = np.c_[np.ones_like(y), ours, below, below**2]
-    beta, errors, r2 = least_squares(X, y)
-    raw, raw_errors, _ = least_squares(X[:, :2], y)
     print(f"{len(runs)} runs in {len(args.runs)} workdirs: dev score by stack and head alignment")
-    print(f"  bert-jax - transformers, raw: {raw[1]:+.2f} (se {raw_errors[1]:.2f})")
-    print(
-        f"  bert-jax - transformers, the head's alignment held equal: {beta[1]:+.2f} "
-        f"(se {errors[1]:.2f}, p {2 * stats.t.sf(abs(beta[1] / errors[1]), len(y) - 4):.2f}); "
-        f"the alignment explains R^2 {r2:.2f}"
-    )
+    # The fit needs both stacks, heads on both sides of 0.5 and runs to spare over its 4 terms.
+    if len(y) > X.shape[1] + 1 and np.linalg.matrix_rank(X) == X.shape[1]:
+        beta, errors, r2 = least_squares(X, y)
+        raw, raw_errors, _ = least_squares(X[:, :2], y)
+        p = 2 * stats.t.sf(abs(beta[1] / errors[1]), len(y) - X.shape[1])
+        print(f"  bert-jax - transformers, raw: {raw[1]:+.2f} (se {raw_errors[1]:.2f})")
+        print(
+            f"  bert-jax - transformers, the head's alignment held equal: {beta[1]:+.2f} "
+            f"(se {errors[1]:.2f}, p {p:.2f}); the alignment explains R^2 {r2:.2f}"
+        )
+    else:
+        print(
+            "  no fit: it needs runs of both stacks, heads that start against the labels and "
+            "more runs than its 4 terms (run more seeds)"
+        )
     for low, high in ((0.0, 0.42), (0.42, 0.46), (0.46, 1.0)):
         for stack in side_by_side.STACKS:
             rows = [s for st, h, seed, s in runs if st == stack and low <= aligned[h][seed] < high]
