@@ -15,8 +15,12 @@ task, data and length), it fits every run's dev score by its stack and its head'
 and prints the stack's coefficient, bert-jax's difference from transformers with the draw held
 equal, beside the raw difference of the means.
 
+Given seeds (`--seeds 64 65 ...`), it names each stack's seeds among them whose head starts
+against the labels (AUC below 0.42), before any of them is run: which stack's seeds spread wider
+on a range of seeds is mostly which stack drew more of those heads there.
+
     .venv/bin/python benchmarks/finetune_head_draws.py --model MODEL --task glue/SST-2 \
-        --data DIR --max-seq-length 32 [--draws 600] [--runs OUT [OUT ...]]
+        --data DIR --max-seq-length 32 [--draws 600] [--runs OUT [OUT ...]] [--seeds S ...]
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import finetune_side_by_side as side_by_side  # noqa: E402 (the benchmark beside this one)
+
+# Below this AUC a head starts against the labels: the low seeds of both stacks start there.
+AGAINST = 0.42
 
 
 def pooled_train(encoder, task, data: str, max_seq_length: int):
@@ -135,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--draws", type=int, default=600, help="seeds 0..N-1 a stack")
     parser.add_argument("--runs", nargs="*", default=[], help="finetune_side_by_side workdirs")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="*",
+        default=[],
+        help=f"name the seeds among these that start against the labels (AUC below {AGAINST})",
+    )
     args = parser.parse_args(argv)
 
     from scipy import stats
@@ -144,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     from bert_jax.runtime.errors import UserError
 
     try:
+        if args.draws < 2:
+            raise UserError(f"--draws {args.draws}: at least 2 seeds a stack")
+        if any(seed < 0 for seed in args.seeds):
+            raise UserError(f"--seeds: a seed is 0 or more, not {min(args.seeds)}")
         task = glue.get_task(args.task)
         if task.is_regression or len(task.labels) != 2:
             raise UserError(f"--task {args.task}: a binary classification task is needed")
@@ -152,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         pooled, labels = pooled_train(encoder, task, args.data, args.max_seq_length)
     except UserError as error:
         parser.error(str(error))
-    needed = max([seed for _, _, seed, _ in runs], default=-1) + 1
+    needed = max([seed for _, _, seed, _ in runs] + args.seeds, default=-1) + 1
     heads = draw_heads(encoder, max(args.draws, needed))
     aligned = {
         stack: {seed: alignment(pooled, labels, k) for seed, k in drawn.items()}
@@ -166,13 +184,19 @@ def main(argv: list[str] | None = None) -> int:
     for stack, values in draws.items():
         print(
             f"  {stack:13s} mean {values.mean():.4f} std {values.std(ddof=1):.4f}; "
-            f"below 0.42: {np.mean(values < 0.42):.1%}, below 0.46: {np.mean(values < 0.46):.1%}"
+            f"below {AGAINST}: {np.mean(values < AGAINST):.1%}, "
+            f"below 0.46: {np.mean(values < 0.46):.1%}"
         )
     a, b = draws["bert-jax"], draws["transformers"]
     print(
         f"  one distribution? Kolmogorov-Smirnov p {stats.ks_2samp(a, b).pvalue:.2f}, "
         f"Levene p {stats.levene(a, b).pvalue:.2f}"
     )
+    if args.seeds:
+        print(f"  of the {len(args.seeds)} seeds given, those whose head starts against the labels")
+        for stack in side_by_side.STACKS:
+            against = [seed for seed in args.seeds if aligned[stack][seed] < AGAINST]
+            print(f"  {stack:13s} {len(against)}: {' '.join(map(str, against)) or '-'}")
     if not runs:
         return 0
     y = np.array([score for *_, score in runs])
@@ -195,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             "  no fit: it needs runs of both stacks, heads that start against the labels and "
             "more runs than its 4 terms (run more seeds)"
         )
-    for low, high in ((0.0, 0.42), (0.42, 0.46), (0.46, 1.0)):
+    for low, high in ((0.0, AGAINST), (AGAINST, 0.46), (0.46, 1.0)):
         for stack in side_by_side.STACKS:
             rows = [s for st, h, seed, s in runs if st == stack and low <= aligned[h][seed] < high]
             if rows:

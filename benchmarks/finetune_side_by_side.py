@@ -319,8 +319,10 @@ def spread(scores: list[float]) -> dict[str, float]:
 
 
 def paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
-    """bert-jax minus transformers on the seeds both ran: the mean difference and two paired
-    tests of "no difference" (Wilcoxon signed-rank, t-test), or None with one stack."""
+    """bert-jax minus transformers on the seeds both ran: the mean difference, two paired tests
+    of "no difference" (Wilcoxon signed-rank, t-test) and Levene's test of "the same spread"
+    (centred on the median, robust to the few low seeds that make a spread), or None with one
+    stack."""
     if set(runs) != set(STACKS):
         return None
     from scipy import stats
@@ -335,6 +337,7 @@ def paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
         "mean_difference": float(np.mean(a - b)),
         "wilcoxon_p": float(stats.wilcoxon(a, b).pvalue),
         "ttest_rel_p": float(stats.ttest_rel(a, b).pvalue),
+        "levene_p": float(stats.levene(a, b).pvalue) if np.ptp(a) + np.ptp(b) > 0 else 1.0,
     }
 
 
@@ -554,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     if test and "wilcoxon_p" in test:
         print(
             f"  bert-jax - transformers: {test['mean_difference']:+.2f} over {test['seeds']} "
-            f"seeds (Wilcoxon p {test['wilcoxon_p']:.3f}, paired t p {test['ttest_rel_p']:.3f})"
+            f"seeds (Wilcoxon p {test['wilcoxon_p']:.3f}, paired t p {test['ttest_rel_p']:.3f}); "
+            f"the same spread? Levene p {test['levene_p']:.3f}"
         )
     return 0
 
