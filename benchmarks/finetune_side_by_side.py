@@ -28,9 +28,10 @@ from a Hugging Face checkpoint). Runs land in OUT/<stack>/seed=N (a finished one
 summary (each stack's mean, std and range, and a paired test over the seeds) is printed and written
 to OUT/side_by_side.json. `--same-head` starts bert-jax from transformers' initial head of each
 seed, so that the stacks differ only in their dropout masks (`--same-head bert-jax`: the reverse,
-transformers from bert-jax's head); `--dropout-impl` picks bert-jax's masks. The prose sets come
-from the embedded corpus (real prose shipped with Python): multiple choice in SWAG's files and
-next-sentence pairs in RTE's, train and dev from different documents. Sets where the model learns
+transformers from bert-jax's head); `--dropout-impl` picks bert-jax's masks (fine-tuning's
+setting: prng, or hash). The prose sets come from the embedded corpus (real prose shipped with
+Python): multiple choice in SWAG's files and next-sentence pairs in RTE's, train and dev from
+different documents. Sets where the model learns
 (docs/finetuning.md: 256 multiple-choice rows, 512 pairs, 512 negation sentences) spread over 1-2
 points a seed; on smaller ones a run's score is its seed's lottery (5-13 points), and eight seeds
 cannot tell the stacks apart within a point.
@@ -284,6 +285,7 @@ def run_seed(encoder, stack: str, args, seed: int) -> dict[str, Any]:
         "optimizer": "adamw-hf" if stack == "transformers" else args.optimizer,
         "decay_from": None if stack == "transformers" else args.decay_from,
         "dropout": args.dropout,
+        "dropout_impl": None if stack == "transformers" else args.dropout_impl,
         "log_every": args.log_every,
         "mesh_shape": (1, 1, 1) if stack == "transformers" else None,
     }
@@ -470,7 +472,9 @@ def main(argv: list[str] | None = None) -> int:
         help="bert-jax's (with --optimizer bert): warmup-end or step-0",
     )
     parser.add_argument(
-        "--dropout-impl", default=None, help="bert-jax's dropout masks: hash or prng (the model's)"
+        "--dropout-impl",
+        default=None,
+        help="bert-jax's dropout masks: prng or hash (default: fine-tuning's, prng)",
     )
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument(
@@ -510,14 +514,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bert_jax.finetune.tuning.settings import load_pretrained
+    from bert_jax.finetune.tuning.settings import declaration, load_pretrained
 
     if args.threads:
         torch.set_num_threads(args.threads)
     encoder = load_pretrained(args.model)
-    if args.dropout_impl:
-        config = encoder.config.replace(dropout_impl=args.dropout_impl)
-        encoder = dataclasses.replace(encoder, config=config)
     if args.same_head == "transformers":
         start_from_transformers_heads()
     stacks = STACKS if args.stacks == "both" else (args.stacks,)
@@ -533,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": encoder.source,
         "optimizer (bert-jax)": args.optimizer,
         "decay_from (bert-jax)": args.decay_from or "default",
-        "dropout_impl (bert-jax)": encoder.config.dropout_impl,
+        "dropout_impl (bert-jax)": args.dropout_impl or declaration("dropout_impl").default,
         # Whose initial head both stacks start from: "transformers", "bert-jax" or "own" (each
         # stack its own draw).
         "head": args.same_head or "own",

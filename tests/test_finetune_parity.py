@@ -396,6 +396,28 @@ def test_an_unknown_optimizer_is_a_user_error_naming_the_setting():
         tuning_loop.run_config(tiny_pretrained(), from_step_0, mesh)
 
 
+def test_the_runs_masks_come_from_its_dropout_impl_whatever_the_model_says(monkeypatch):
+    """Fine-tuning draws Flax's masks unless told otherwise, from a model pretrained with the
+    hash; a model whose attention is the fused kernel (it drops with the hash) refuses prng
+    masks where the kernel runs, naming the flag, and takes the hash."""
+    from bert_jax.core import attention
+
+    mesh = one_device_mesh()
+    encoder = tiny_pretrained()
+    assert encoder.config.dropout_impl == "hash"
+    dropped = dataclasses.replace(SETTINGS, dropout=0.1)
+    assert tuning_loop.run_config(encoder, dropped, mesh).dropout_impl == "prng"
+    hashed = dataclasses.replace(dropped, dropout_impl="hash")
+    assert tuning_loop.run_config(encoder, hashed, mesh).dropout_impl == "hash"
+    fused = dataclasses.replace(encoder, config=encoder.config.replace(attention_impl="pallas"))
+    assert tuning_loop.run_config(fused, dropped, mesh).dropout_impl == "prng"  # no kernel here
+    monkeypatch.setattr(attention, "pallas_mode", lambda: "compiled")
+    with pytest.raises(UserError, match=r"dropout_impl='prng' \(--dropout-impl\).*pallas"):
+        tuning_loop.run_config(fused, dropped, mesh)
+    assert tuning_loop.run_config(fused, hashed, mesh).dropout_impl == "hash"
+    assert tuning_loop.run_config(fused, SETTINGS, mesh).attention_impl == "pallas"  # dropout 0
+
+
 @pytest.mark.parametrize("kind", ["glue", "swag"])
 def test_the_initial_head_is_drawn_as_transformers_draws_it(kind):
     """The head a seed starts from: bert-jax's draws and transformers' `_init_weights` (normal at

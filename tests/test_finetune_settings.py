@@ -104,6 +104,7 @@ def test_each_declaration_says_its_help_and_range_and_its_default_is_in_range():
         "warmup_proportion",
         "weight_decay",
         "dropout",
+        "dropout_impl",
         "clip_norm",
         "adam_bias_correction",
         "optimizer",
@@ -275,6 +276,7 @@ def test_tuners_are_shared_by_trials_that_differ_only_outside_the_step():
     assert step_names == {
         "weight_decay",
         "dropout",
+        "dropout_impl",
         "clip_norm",
         "adam_bias_correction",
         "optimizer",
@@ -296,6 +298,22 @@ def test_a_bert_trial_saved_before_decay_from_existed_ran_its_decay_from_step_0(
     original = FinetuneSettings(decay_from="step-0")
     assert sweep.load_finished(trial, str(tmp_path), original, "/m") is not None
     assert sweep.as_run({"optimizer": "adamw-hf"})["decay_from"] == "warmup-end"
+
+
+def test_a_trial_saved_before_dropout_impl_existed_drew_the_hash_masks(tmp_path):
+    """`dropout_impl` was added with prng as its default; the runs saved before it drew the
+    model's masks, the hash, and are reused only by settings that do."""
+    trial = sweep.trials_for(["MRPC"], [2e-5], [0])[0]
+    directory = tmp_path / "trials" / "MRPC" / "lr=2e-05_seed=0"
+    directory.mkdir(parents=True)
+    before = FinetuneSettings().to_dict()
+    del before["dropout_impl"]
+    saved = {"settings": before, "model": "/m"}
+    (directory / sweep.RESULT_NAME).write_text(json.dumps(saved), encoding="utf-8")
+    with pytest.raises(UserError, match="dropout_impl: saved 'hash', now 'prng'"):
+        sweep.load_finished(trial, str(tmp_path), FinetuneSettings(), "/m")
+    hashed = FinetuneSettings(dropout_impl="hash")
+    assert sweep.load_finished(trial, str(tmp_path), hashed, "/m") is not None
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from typing import Any
 
 import jax
 
-from bert_jax.core.dropout import DROPOUT_IMPLEMENTATIONS
 from bert_jax.core.dtypes import DTYPES
+from bert_jax.core.prng_impls import DROPOUT_IMPLEMENTATIONS
 from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import UserError
 

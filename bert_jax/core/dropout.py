@@ -26,11 +26,11 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from bert_jax.core.prng_impls import DROPOUT_IMPLEMENTATIONS
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
 
-DROPOUT_IMPLEMENTATIONS = ("hash", "prng")
 _WORD = 2**32
 
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax.core import optim, partitioning
+from bert_jax.core import attention, optim, partitioning
 from bert_jax.core.model import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.core.trainer import TrainState
@@ -111,7 +111,8 @@ def run_config(
 ) -> BertConfig | ModernBertConfig:
     """The checks every fine-tuning run makes before compiling (a known optimizer, batches that
     divide the mesh, a sequence the model holds, a vocabulary the embeddings hold); the encoder's
-    config, of either family, with every dropout rate at the run's `dropout`."""
+    config, of either family, with every dropout rate at the run's `dropout` and its masks from
+    the run's `dropout_impl`."""
     check_optimizer(settings)
     partitioning.check_batch_divisible(settings.batch_size, mesh, "batch_size")
     partitioning.check_batch_divisible(settings.eval_batch_size, mesh, "eval_batch_size")
@@ -122,11 +123,24 @@ def run_config(
             f"max_position_embeddings={config.max_position_embeddings}"
         )
     encoder.tokenizer.check_vocab_size(config.vocab_size)
+    if (
+        config.attention_impl == "pallas"
+        and settings.dropout_impl != "hash"
+        and settings.dropout > 0.0
+        and attention.pallas_mode() is not None
+    ):
+        raise UserError(
+            f"dropout_impl={settings.dropout_impl!r} (--dropout-impl): the model's "
+            "attention_impl='pallas' draws attention dropout with the hash; fine-tune with "
+            "--dropout-impl hash"
+        )
     if isinstance(config, ModernBertConfig):
-        return modernbert_pooled.with_dropout(config, settings.dropout)
-    return config.replace(
-        hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout
-    )
+        config = modernbert_pooled.with_dropout(config, settings.dropout)
+    else:
+        config = config.replace(
+            hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout
+        )
+    return config.replace(dropout_impl=settings.dropout_impl)
 
 
 class Tuner(Protocol):
