@@ -29,7 +29,7 @@ summary (each stack's mean, std and range, and a paired test over the seeds) is 
 to OUT/side_by_side.json. `--same-head` starts bert-jax from transformers' initial head of each
 seed, so that the stacks differ only in their dropout masks (`--same-head bert-jax`: the reverse,
 transformers from bert-jax's head); `--dropout-impl` picks bert-jax's masks (fine-tuning's
-setting: prng, or hash). The prose sets come from the embedded corpus (real prose shipped with
+setting: hash, or prng). The prose sets come from the embedded corpus (real prose shipped with
 Python): multiple choice in SWAG's files and next-sentence pairs in RTE's, train and dev from
 different documents. Sets where the model learns
 (docs/finetuning.md: 256 multiple-choice rows, 512 pairs, 512 negation sentences) spread over 1-2
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dropout-impl",
         default=None,
-        help="bert-jax's dropout masks: prng or hash (default: fine-tuning's, prng)",
+        help="bert-jax's dropout masks: hash or prng (default: fine-tuning's, hash)",
     )
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument(

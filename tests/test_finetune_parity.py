@@ -397,25 +397,29 @@ def test_an_unknown_optimizer_is_a_user_error_naming_the_setting():
 
 
 def test_the_runs_masks_come_from_its_dropout_impl_whatever_the_model_says(monkeypatch):
-    """Fine-tuning draws Flax's masks unless told otherwise, from a model pretrained with the
-    hash; a model whose attention is the fused kernel (it drops with the hash) refuses prng
-    masks where the kernel runs, naming the flag, and takes the hash."""
+    """Fine-tuning draws the masks its `dropout_impl` says (the hash by default), whatever the
+    model was pretrained with; a model whose attention is the fused kernel (it drops with the
+    hash) refuses prng masks where the kernel runs, naming the flag."""
     from bert_jax.core import attention
 
     mesh = one_device_mesh()
     encoder = tiny_pretrained()
-    assert encoder.config.dropout_impl == "hash"
     dropped = dataclasses.replace(SETTINGS, dropout=0.1)
-    assert tuning_loop.run_config(encoder, dropped, mesh).dropout_impl == "prng"
-    hashed = dataclasses.replace(dropped, dropout_impl="hash")
-    assert tuning_loop.run_config(encoder, hashed, mesh).dropout_impl == "hash"
+    assert tuning_loop.run_config(encoder, dropped, mesh).dropout_impl == "hash"
+    flax_masks = dataclasses.replace(dropped, dropout_impl="prng")
+    assert tuning_loop.run_config(encoder, flax_masks, mesh).dropout_impl == "prng"
+    pretrained_prng = dataclasses.replace(
+        encoder, config=encoder.config.replace(dropout_impl="prng")
+    )
+    assert tuning_loop.run_config(pretrained_prng, dropped, mesh).dropout_impl == "hash"
     fused = dataclasses.replace(encoder, config=encoder.config.replace(attention_impl="pallas"))
-    assert tuning_loop.run_config(fused, dropped, mesh).dropout_impl == "prng"  # no kernel here
+    assert tuning_loop.run_config(fused, flax_masks, mesh).dropout_impl == "prng"  # no kernel here
     monkeypatch.setattr(attention, "pallas_mode", lambda: "compiled")
     with pytest.raises(UserError, match=r"dropout_impl='prng' \(--dropout-impl\).*pallas"):
-        tuning_loop.run_config(fused, dropped, mesh)
-    assert tuning_loop.run_config(fused, hashed, mesh).dropout_impl == "hash"
-    assert tuning_loop.run_config(fused, SETTINGS, mesh).attention_impl == "pallas"  # dropout 0
+        tuning_loop.run_config(fused, flax_masks, mesh)
+    assert tuning_loop.run_config(fused, dropped, mesh).dropout_impl == "hash"
+    undropped = dataclasses.replace(flax_masks, dropout=0.0)
+    assert tuning_loop.run_config(fused, undropped, mesh).attention_impl == "pallas"
 
 
 @pytest.mark.parametrize("kind", ["glue", "swag"])

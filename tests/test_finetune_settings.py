@@ -301,8 +301,8 @@ def test_a_bert_trial_saved_before_decay_from_existed_ran_its_decay_from_step_0(
 
 
 def test_a_trial_saved_before_dropout_impl_existed_drew_the_hash_masks(tmp_path):
-    """`dropout_impl` was added with prng as its default; the runs saved before it drew the
-    model's masks, the hash, and are reused only by settings that do."""
+    """`dropout_impl` was added with the hash as its default, the masks the runs saved before it
+    drew: they are reused by default, and not by runs with prng masks."""
     trial = sweep.trials_for(["MRPC"], [2e-5], [0])[0]
     directory = tmp_path / "trials" / "MRPC" / "lr=2e-05_seed=0"
     directory.mkdir(parents=True)
@@ -310,10 +310,9 @@ def test_a_trial_saved_before_dropout_impl_existed_drew_the_hash_masks(tmp_path)
     del before["dropout_impl"]
     saved = {"settings": before, "model": "/m"}
     (directory / sweep.RESULT_NAME).write_text(json.dumps(saved), encoding="utf-8")
+    assert sweep.load_finished(trial, str(tmp_path), FinetuneSettings(), "/m") is not None
     with pytest.raises(UserError, match="dropout_impl: saved 'hash', now 'prng'"):
-        sweep.load_finished(trial, str(tmp_path), FinetuneSettings(), "/m")
-    hashed = FinetuneSettings(dropout_impl="hash")
-    assert sweep.load_finished(trial, str(tmp_path), hashed, "/m") is not None
+        sweep.load_finished(trial, str(tmp_path), FinetuneSettings(dropout_impl="prng"), "/m")
 
 
 @pytest.fixture(scope="module")

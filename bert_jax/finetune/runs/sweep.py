@@ -150,14 +150,11 @@ def load_finished(
 
 def as_run(saved_settings: dict[str, Any]) -> dict[str, Any]:
     """A saved run's settings with those added since filled in as the run ran them: the declared
-    default (e.g. the optimizer: "bert"), except those whose default changed when they were
-    added: "bert" runs saved before `decay_from` decayed from step 0, and runs saved before
-    `dropout_impl` drew the model's masks, the hash (pretraining's default)."""
+    default (e.g. the optimizer: "bert"), except `decay_from`, whose default changed when it was
+    added: "bert" runs saved before it decayed from step 0."""
     ran = {**DEFAULTS, **saved_settings}
     if "decay_from" not in saved_settings and ran["optimizer"] == "bert":
         ran["decay_from"] = "step-0"
-    if "dropout_impl" not in saved_settings:
-        ran["dropout_impl"] = "hash"
     return ran
 
 
