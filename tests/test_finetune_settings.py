@@ -283,16 +283,23 @@ def test_tuners_are_shared_by_trials_that_differ_only_outside_the_step():
     }
 
 
-def test_a_bert_trial_saved_before_decay_from_existed_ran_its_decay_from_step_0(tmp_path):
-    """`decay_from` was added with a new default ("warmup-end"); the "bert" runs saved before it
-    decayed from step 0, and are reused only by settings that do."""
+def _trial_saved_without(tmp_path, name: str):
+    """An MRPC trial finished under tmp_path with the default settings less `name`, as runs
+    saved before that setting existed."""
     trial = sweep.trials_for(["MRPC"], [2e-5], [0])[0]
     directory = tmp_path / "trials" / "MRPC" / "lr=2e-05_seed=0"
     directory.mkdir(parents=True)
     before = FinetuneSettings().to_dict()
-    del before["decay_from"]
+    del before[name]
     saved = {"settings": before, "model": "/m"}
     (directory / sweep.RESULT_NAME).write_text(json.dumps(saved), encoding="utf-8")
+    return trial
+
+
+def test_a_bert_trial_saved_before_decay_from_existed_ran_its_decay_from_step_0(tmp_path):
+    """`decay_from` was added with a new default ("warmup-end"); the "bert" runs saved before it
+    decayed from step 0, and are reused only by settings that do."""
+    trial = _trial_saved_without(tmp_path, "decay_from")
     with pytest.raises(UserError, match="decay_from: saved 'step-0', now 'warmup-end'"):
         sweep.load_finished(trial, str(tmp_path), FinetuneSettings(), "/m")
     original = FinetuneSettings(decay_from="step-0")
@@ -303,13 +310,7 @@ def test_a_bert_trial_saved_before_decay_from_existed_ran_its_decay_from_step_0(
 def test_a_trial_saved_before_dropout_impl_existed_drew_the_hash_masks(tmp_path):
     """`dropout_impl` was added with the hash as its default, the masks the runs saved before it
     drew: they are reused by default, and not by runs with prng masks."""
-    trial = sweep.trials_for(["MRPC"], [2e-5], [0])[0]
-    directory = tmp_path / "trials" / "MRPC" / "lr=2e-05_seed=0"
-    directory.mkdir(parents=True)
-    before = FinetuneSettings().to_dict()
-    del before["dropout_impl"]
-    saved = {"settings": before, "model": "/m"}
-    (directory / sweep.RESULT_NAME).write_text(json.dumps(saved), encoding="utf-8")
+    trial = _trial_saved_without(tmp_path, "dropout_impl")
     assert sweep.load_finished(trial, str(tmp_path), FinetuneSettings(), "/m") is not None
     with pytest.raises(UserError, match="dropout_impl: saved 'hash', now 'prng'"):
         sweep.load_finished(trial, str(tmp_path), FinetuneSettings(dropout_impl="prng"), "/m")
