@@ -322,9 +322,11 @@ def spread(scores: list[float]) -> dict[str, float]:
 
 def paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
     """bert-jax minus transformers on the seeds both ran: the mean difference, two paired tests
-    of "no difference" (Wilcoxon signed-rank, t-test) and Levene's test of "the same spread"
-    (centred on the median, robust to the few low seeds that make a spread), or None with one
-    stack."""
+    of "no difference" (Wilcoxon signed-rank, t-test) and two of "the same spread": Levene's
+    (centred on the median, robust to the few low seeds that make a spread; for runs from each
+    stack's own heads, independent draws) and Pitman-Morgan's (for runs from the same heads,
+    whose scores move together: the spreads are equal exactly when the pairs' sums and
+    differences are uncorrelated), or None with one stack."""
     if set(runs) != set(STACKS):
         return None
     from scipy import stats
@@ -340,6 +342,11 @@ def paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
         "wilcoxon_p": float(stats.wilcoxon(a, b).pvalue),
         "ttest_rel_p": float(stats.ttest_rel(a, b).pvalue),
         "levene_p": float(stats.levene(a, b).pvalue) if np.ptp(a) + np.ptp(b) > 0 else 1.0,
+        "pitman_morgan_p": (
+            float(stats.pearsonr(a + b, a - b).pvalue)
+            if len(seeds) > 2 and np.ptp(a + b) > 0 and np.ptp(a - b) > 0
+            else 1.0
+        ),
     }
 
 
@@ -514,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bert_jax.finetune.tuning.settings import declaration, load_pretrained
+    from bert_jax.finetune.tuning.settings import DEFAULTS, load_pretrained
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -534,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": encoder.source,
         "optimizer (bert-jax)": args.optimizer,
         "decay_from (bert-jax)": args.decay_from or "default",
-        "dropout_impl (bert-jax)": args.dropout_impl or declaration("dropout_impl").default,
+        "dropout_impl (bert-jax)": args.dropout_impl or DEFAULTS["dropout_impl"],
         # Whose initial head both stacks start from: "transformers", "bert-jax" or "own" (each
         # stack its own draw).
         "head": args.same_head or "own",
@@ -560,6 +567,11 @@ def main(argv: list[str] | None = None) -> int:
             f"  bert-jax - transformers: {test['mean_difference']:+.2f} over {test['seeds']} "
             f"seeds (Wilcoxon p {test['wilcoxon_p']:.3f}, paired t p {test['ttest_rel_p']:.3f}); "
             f"the same spread? Levene p {test['levene_p']:.3f}"
+            + (
+                f", Pitman-Morgan p {test['pitman_morgan_p']:.3f} (same heads)"
+                if summary["head"] != "own"
+                else ""
+            )
         )
     return 0
 
