@@ -17,7 +17,7 @@ squad/v2.0), CoNLL-2003 (conll2003) or the SWAG CSV files (swag).
         --data DIR --workdir OUT [--seeds 0 1 2] [--learning-rate 2e-5] [--epochs 3] \
         [--batch-size 32] [--max-seq-length 128] [--dropout 0.1] [--optimizer adamw-hf] \
         [--decay-from warmup-end|step-0] [--stacks both] [--same-head [transformers|bert-jax]] \
-        [--dropout-impl hash|prng]
+        [--dropout-impl hash|prng] [--adam-epsilon EPS]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-synthetic-sst2 DIR \
         [--train-size 400] [--dev-size 200]
     .venv/bin/python benchmarks/finetune_side_by_side.py --write-prose-swag DIR [--train-size N]
@@ -29,7 +29,8 @@ summary (each stack's mean, std and range, and a paired test over the seeds) is 
 to OUT/side_by_side.json. `--same-head` starts bert-jax from transformers' initial head of each
 seed, so that the stacks differ only in their dropout masks (`--same-head bert-jax`: the reverse,
 transformers from bert-jax's head); `--dropout-impl` picks bert-jax's masks (fine-tuning's
-setting: hash, or prng). The prose sets come from the embedded corpus (real prose shipped with
+setting: hash, or prng) and `--adam-epsilon` its Adam's epsilon (fine-tuning's setting, 1e-8;
+1e-6 is the original code's). The prose sets come from the embedded corpus (real prose shipped with
 Python): multiple choice in SWAG's files and next-sentence pairs in RTE's, train and dev from
 different documents. Sets where the model learns
 (docs/finetuning.md: 256 multiple-choice rows, 512 pairs, 512 negation sentences) spread over 1-2
@@ -286,6 +287,7 @@ def run_seed(encoder, stack: str, args, seed: int) -> dict[str, Any]:
         "decay_from": None if stack == "transformers" else args.decay_from,
         "dropout": args.dropout,
         "dropout_impl": None if stack == "transformers" else args.dropout_impl,
+        "adam_epsilon": None if stack == "transformers" else args.adam_epsilon,
         "log_every": args.log_every,
         "mesh_shape": (1, 1, 1) if stack == "transformers" else None,
     }
@@ -483,6 +485,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="bert-jax's dropout masks: hash or prng (default: fine-tuning's, hash)",
     )
+    parser.add_argument(
+        "--adam-epsilon",
+        type=float,
+        default=None,
+        help="bert-jax's Adam epsilon (default: fine-tuning's, 1e-8; the original code's: 1e-6)",
+    )
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument(
         "--same-head",
@@ -542,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         "optimizer (bert-jax)": args.optimizer,
         "decay_from (bert-jax)": args.decay_from or "default",
         "dropout_impl (bert-jax)": args.dropout_impl or DEFAULTS["dropout_impl"],
+        "adam_epsilon (bert-jax)": args.adam_epsilon or DEFAULTS["adam_epsilon"],
         # Whose initial head both stacks start from: "transformers", "bert-jax" or "own" (each
         # stack its own draw).
         "head": args.same_head or "own",

@@ -24,6 +24,7 @@ from bert_jax.finetune.tuning import batches as features
 from bert_jax.finetune.tuning import sentence_tuning as loop
 from bert_jax.finetune.tuning import token_tuning as token_loop
 from bert_jax.finetune.tuning import tuning_loop
+from bert_jax.finetune.tuning.settings import OPTIMIZERS
 from bert_jax.runtime.errors import UserError
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import hf_config
@@ -380,6 +381,30 @@ def test_steps_and_learning_rates_of_a_partial_last_batch_match_the_trainer():
     np.testing.assert_allclose(
         tuning_loop.learning_rates(original, 189), np.asarray(expected), rtol=1e-6
     )
+
+
+@pytest.mark.parametrize("eps", [1e-8, 1e-6])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_either_recipe_takes_adams_epsilon_from_the_setting(optimizer, eps):
+    """Gradients near epsilon take steps that turn on it: two steps of either recipe's optimizer
+    equal torch's AdamW with the setting's epsilon (rate 1, no decay or clipping)."""
+    settings = dataclasses.replace(
+        SETTINGS, optimizer=optimizer, adam_epsilon=eps, weight_decay=0.0, clip_norm=0.0
+    )
+    tx = tuning_loop.make_optimizer(settings)
+    params = {"w": np.ones(4, np.float32)}
+    grads = [np.array([1e-7, 3e-7, 1e-6, 1e-5], np.float32), np.array([2e-7, 0, 1e-6, -1e-5])]
+    state, ours = tx.init(params), []
+    for g in grads:
+        update, state = tx.update({"w": g.astype(np.float32)}, state, params)
+        ours.append(np.asarray(update["w"]))
+    parameter = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    reference = torch.optim.AdamW([parameter], lr=1.0, eps=eps, weight_decay=0.0)
+    for g, step in zip(grads, ours):
+        before = parameter.detach().clone()
+        parameter.grad = torch.tensor(g, dtype=torch.float64)
+        reference.step()
+        np.testing.assert_allclose(step, (parameter.detach() - before).numpy(), rtol=1e-4)
 
 
 def test_an_unknown_optimizer_is_a_user_error_naming_the_setting():

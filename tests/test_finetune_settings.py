@@ -107,6 +107,7 @@ def test_each_declaration_says_its_help_and_range_and_its_default_is_in_range():
         "dropout_impl",
         "clip_norm",
         "adam_bias_correction",
+        "adam_epsilon",
         "optimizer",
         "decay_from",
     )
@@ -279,6 +280,7 @@ def test_tuners_are_shared_by_trials_that_differ_only_outside_the_step():
         "dropout_impl",
         "clip_norm",
         "adam_bias_correction",
+        "adam_epsilon",
         "optimizer",
     }
 
@@ -305,6 +307,18 @@ def test_a_bert_trial_saved_before_decay_from_existed_ran_its_decay_from_step_0(
     original = FinetuneSettings(decay_from="step-0")
     assert sweep.load_finished(trial, str(tmp_path), original, "/m") is not None
     assert sweep.as_run({"optimizer": "adamw-hf"})["decay_from"] == "warmup-end"
+
+
+def test_a_bert_trial_saved_before_adam_epsilon_existed_ran_the_original_codes(tmp_path):
+    """`adam_epsilon` was added with torch's 1e-8 as its default; the "bert" runs saved before it
+    ran the original code's 1e-6, and are reused only by settings that do ("adamw-hf" runs ran
+    torch's)."""
+    trial = _trial_saved_without(tmp_path, "adam_epsilon")
+    with pytest.raises(UserError, match="adam_epsilon: saved 1e-06, now 1e-08"):
+        sweep.load_finished(trial, str(tmp_path), FinetuneSettings(), "/m")
+    original = FinetuneSettings(adam_epsilon=1e-6)
+    assert sweep.load_finished(trial, str(tmp_path), original, "/m") is not None
+    assert sweep.as_run({"optimizer": "adamw-hf"})["adam_epsilon"] == 1e-8
 
 
 def test_a_trial_saved_before_dropout_impl_existed_drew_the_hash_masks(tmp_path):

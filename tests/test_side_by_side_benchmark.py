@@ -30,6 +30,7 @@ def test_a_run_without_optional_flags_writes_its_summary_with_the_defaults(tmp_p
     # Unset, bert-jax's recipe flags report fine-tuning's own defaults.
     assert summary["optimizer (bert-jax)"] == "adamw-hf"
     assert summary["dropout_impl (bert-jax)"] == "hash"
+    assert summary["adam_epsilon (bert-jax)"] == 1e-8
     assert summary["head"] == "own" and summary["paired"] is None
     (run,) = summary["runs"]["bert-jax"]
     assert run["seed"] == 0 and 0.0 <= run["score"] <= 100.0 and run["steps"] >= 1

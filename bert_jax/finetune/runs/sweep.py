@@ -150,11 +150,15 @@ def load_finished(
 
 def as_run(saved_settings: dict[str, Any]) -> dict[str, Any]:
     """A saved run's settings with those added since filled in as the run ran them: the declared
-    default (e.g. the optimizer: "bert"), except `decay_from`, whose default changed when it was
-    added: "bert" runs saved before it decayed from step 0."""
+    default (e.g. the optimizer: "bert"), except where a setting was added with a default other
+    than what ran before it: "bert" runs saved before `decay_from` decayed from step 0, and
+    before `adam_epsilon` used the original code's epsilon, 1e-6 ("adamw-hf" runs, torch's
+    1e-8)."""
     ran = {**DEFAULTS, **saved_settings}
     if "decay_from" not in saved_settings and ran["optimizer"] == "bert":
         ran["decay_from"] = "step-0"
+    if "adam_epsilon" not in saved_settings and ran["optimizer"] == "bert":
+        ran["adam_epsilon"] = 1e-6
     return ran
 
 

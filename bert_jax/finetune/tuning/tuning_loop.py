@@ -55,12 +55,14 @@ def make_optimizer(
     if settings.optimizer == "adamw-hf":
         return optim.torch_adamw(
             unit_schedule,
+            eps=settings.adam_epsilon,
             weight_decay=settings.weight_decay,
             clip_norm=settings.clip_norm or None,
             padding_row=pad_token_id,
         )
     return optim.bert_adamw(
         unit_schedule,
+        eps=settings.adam_epsilon,
         weight_decay=settings.weight_decay,
         clip_norm=settings.clip_norm or None,
         bias_correction=settings.adam_bias_correction,
