@@ -146,11 +146,15 @@ def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float):
     return optax.GradientTransformation(init, update)
 
 
+# Adam's epsilon in google-research/bert's AdamWeightDecayOptimizer (and the paper's pretraining).
+BERT_EPSILON = 1e-6
+
+
 def bert_adamw(
     schedule: Schedule,
     b1: float = 0.9,
     b2: float = 0.999,
-    eps: float = 1e-6,
+    eps: float = BERT_EPSILON,
     weight_decay: float = 0.01,
     clip_norm: float | None = 1.0,
     bias_correction: bool = True,
@@ -215,7 +219,7 @@ def bert_adamw_chain(
     schedule: Schedule,
     b1: float = 0.9,
     b2: float = 0.999,
-    eps: float = 1e-6,
+    eps: float = BERT_EPSILON,
     weight_decay: float = 0.01,
     clip_norm: float | None = 1.0,
     bias_correction: bool = True,

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 
+from bert_jax.core import optim
 from bert_jax.finetune.reports import references
 from bert_jax.finetune.reports import sweep_report as report
 from bert_jax.finetune.runs import workdir as finetune_workdir
@@ -150,15 +151,12 @@ def load_finished(
 
 def as_run(saved_settings: dict[str, Any]) -> dict[str, Any]:
     """A saved run's settings with those added since filled in as the run ran them: the declared
-    default (e.g. the optimizer: "bert"), except where a setting was added with a default other
-    than what ran before it: "bert" runs saved before `decay_from` decayed from step 0, and
-    before `adam_epsilon` used the original code's epsilon, 1e-6 ("adamw-hf" runs, torch's
-    1e-8)."""
+    default, except that "bert" runs saved before `decay_from` decayed from step 0, and before
+    `adam_epsilon` ran the original code's 1e-6 ("adamw-hf" runs ran torch's, the default)."""
     ran = {**DEFAULTS, **saved_settings}
-    if "decay_from" not in saved_settings and ran["optimizer"] == "bert":
-        ran["decay_from"] = "step-0"
-    if "adam_epsilon" not in saved_settings and ran["optimizer"] == "bert":
-        ran["adam_epsilon"] = 1e-6
+    before = {"decay_from": "step-0", "adam_epsilon": optim.BERT_EPSILON}
+    if ran["optimizer"] == "bert":
+        ran.update({k: v for k, v in before.items() if k not in saved_settings})
     return ran
 
 
