@@ -19,6 +19,13 @@ Given seeds (`--seeds 64 65 ...`), it names each stack's seeds among them whose 
 against the labels (AUC below 0.42), before any of them is run: which stack's seeds spread wider
 on a range of seeds is mostly which stack drew more of those heads there.
 
+So the spread over a range of seeds is a noisy measure of a stack's spread. With the runs from each
+stack's own heads it also estimates each stack's mean and spread over all the heads it draws
+(seeds 0..N-1): a mixture of its runs from heads against the labels, in the proportion its
+generator draws them, and its runs from the others (stratified sampling). Run every seed whose head
+starts against the labels in a range (`--seeds` names them) and a range of seeds for the rest; it
+prints bert-jax's difference in mean and its ratio of spreads with 95% bootstrap intervals.
+
     .venv/bin/python benchmarks/finetune_head_draws.py --model MODEL --task glue/SST-2 \
         --data DIR --max-seq-length 32 [--draws 600] [--runs OUT [OUT ...]] [--seeds S ...]
 """
@@ -124,6 +131,51 @@ def read_runs(workdirs: list[str]) -> list[tuple[str, str, int, float]]:
     return runs
 
 
+def over_draws(
+    rate: float, against: np.ndarray, along: np.ndarray, ddof: int = 1
+) -> tuple[float, float]:
+    """Mean and standard deviation of the dev score over a stack's head draws, a fraction `rate`
+    of which start against the labels: the mixture of the two strata's scores."""
+    m_against, m_along = float(np.mean(against)), float(np.mean(along))
+    variance = (
+        rate * np.var(against, ddof=ddof)
+        + (1 - rate) * np.var(along, ddof=ddof)
+        + rate * (1 - rate) * (m_along - m_against) ** 2
+    )
+    return rate * m_against + (1 - rate) * m_along, float(np.sqrt(variance))
+
+
+def compare_over_draws(
+    strata: dict[str, tuple[int, int, np.ndarray, np.ndarray]], samples: int = 10_000, seed: int = 0
+) -> dict[str, float]:
+    """bert-jax's difference from transformers in `over_draws`'s mean, and the ratio of their
+    spreads, each with a 95% bootstrap interval. `strata[stack]` is (heads drawn, of them against
+    the labels, scores from those, scores from the others); a bootstrap sample redraws the count
+    against the labels (binomial) and each stratum's scores."""
+    point = {
+        stack: over_draws(n_against / n, a, b) for stack, (n, n_against, a, b) in strata.items()
+    }
+    rng = np.random.default_rng(seed)
+    drawn = {}
+    for stack, (n, n_against, a, b) in strata.items():
+        rates = rng.binomial(n, n_against / n, samples) / n
+        ia, ib = (
+            rng.integers(0, len(a), (samples, len(a))),
+            rng.integers(0, len(b), (samples, len(b))),
+        )
+        drawn[stack] = np.array([over_draws(r, a[i], b[j]) for r, i, j in zip(rates, ia, ib)])
+    ours, theirs = (drawn[stack] for stack in side_by_side.STACKS)
+    difference, ratio = ours[:, 0] - theirs[:, 0], ours[:, 1] / theirs[:, 1]
+    (mean_ours, sd_ours), (mean_theirs, sd_theirs) = (point[s] for s in side_by_side.STACKS)
+    return {
+        "mean_difference": mean_ours - mean_theirs,
+        "mean_difference_95": tuple(np.percentile(difference, [2.5, 97.5])),
+        "spread_ratio": sd_ours / sd_theirs,
+        "spread_ratio_95": tuple(np.percentile(ratio, [2.5, 97.5])),
+        "p_wider": float(np.mean(ratio > 1)),
+    }
+
+
 def least_squares(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """Coefficients, their standard errors and R^2."""
     beta = np.linalg.lstsq(X, y, rcond=None)[0]
@@ -227,7 +279,39 @@ def main(argv: list[str] | None = None) -> int:
                     f"  alignment [{low:.2f}, {high:.2f}) {stack:13s} {len(rows):3d} runs, "
                     f"mean {np.mean(rows):.2f}, below 95: {sum(r < 95 for r in rows)}"
                 )
+    print_over_draws(runs, aligned, args.draws)
     return 0
+
+
+def print_over_draws(runs, aligned, draws: int) -> None:
+    """Each stack's mean and spread over its head draws, seeds 0..draws-1 (`over_draws`), from
+    its runs from its own heads among them (one per seed), where each stratum has two or more."""
+    strata = {}
+    for stack in side_by_side.STACKS:
+        own = {seed: s for st, head, seed, s in runs if st == stack == head and seed < draws}
+        against = np.array([s for seed, s in own.items() if aligned[stack][seed] < AGAINST])
+        along = np.array([s for seed, s in own.items() if aligned[stack][seed] >= AGAINST])
+        n_against = sum(aligned[stack][seed] < AGAINST for seed in range(draws))
+        if len(against) < 2 or len(along) < 2 or n_against == 0:
+            print(
+                f"  {stack} over its draws: no estimate (runs from its own heads: {len(against)} "
+                f"against the labels, {len(along)} others; two of each are needed)"
+            )
+            return
+        strata[stack] = (draws, n_against, against, along)
+        mean, sd = over_draws(n_against / draws, against, along)
+        print(
+            f"  {stack} over its draws (seeds 0-{draws - 1}): {n_against / draws:.1%} against the "
+            f"labels, {len(against)} runs from them (mean {against.mean():.2f}), "
+            f"{len(along)} from the others (mean {along.mean():.2f}): mean {mean:.2f}, std {sd:.2f}"
+        )
+    test = compare_over_draws(strata)
+    print(
+        f"  bert-jax - transformers over their draws: mean {test['mean_difference']:+.2f} "
+        f"(95% {test['mean_difference_95'][0]:+.2f} to {test['mean_difference_95'][1]:+.2f}), "
+        f"std ratio {test['spread_ratio']:.2f} (95% {test['spread_ratio_95'][0]:.2f} to "
+        f"{test['spread_ratio_95'][1]:.2f}; wider in {test['p_wider']:.0%} of the resamples)"
+    )
 
 
 if __name__ == "__main__":
