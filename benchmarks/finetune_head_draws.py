@@ -131,18 +131,17 @@ def read_runs(workdirs: list[str]) -> list[tuple[str, str, int, float]]:
     return runs
 
 
-def over_draws(
-    rate: float, against: np.ndarray, along: np.ndarray, ddof: int = 1
-) -> tuple[float, float]:
+def over_draws(rate, against: np.ndarray, along: np.ndarray, ddof: int = 1):
     """Mean and standard deviation of the dev score over a stack's head draws, a fraction `rate`
-    of which start against the labels: the mixture of the two strata's scores."""
-    m_against, m_along = float(np.mean(against)), float(np.mean(along))
+    of which start against the labels: the mixture of the two strata's scores (each stratum's
+    scores along the last axis, so that a batch of resamples is one call)."""
+    m_against, m_along = np.mean(against, axis=-1), np.mean(along, axis=-1)
     variance = (
-        rate * np.var(against, ddof=ddof)
-        + (1 - rate) * np.var(along, ddof=ddof)
+        rate * np.var(against, ddof=ddof, axis=-1)
+        + (1 - rate) * np.var(along, ddof=ddof, axis=-1)
         + rate * (1 - rate) * (m_along - m_against) ** 2
     )
-    return rate * m_against + (1 - rate) * m_along, float(np.sqrt(variance))
+    return rate * m_against + (1 - rate) * m_along, np.sqrt(variance)
 
 
 def compare_over_draws(
@@ -159,18 +158,16 @@ def compare_over_draws(
     drawn = {}
     for stack, (n, n_against, a, b) in strata.items():
         rates = rng.binomial(n, n_against / n, samples) / n
-        ia, ib = (
-            rng.integers(0, len(a), (samples, len(a))),
-            rng.integers(0, len(b), (samples, len(b))),
-        )
-        drawn[stack] = np.array([over_draws(r, a[i], b[j]) for r, i, j in zip(rates, ia, ib)])
-    ours, theirs = (drawn[stack] for stack in side_by_side.STACKS)
-    difference, ratio = ours[:, 0] - theirs[:, 0], ours[:, 1] / theirs[:, 1]
+        resampled_a = a[rng.integers(0, len(a), (samples, len(a)))]
+        resampled_b = b[rng.integers(0, len(b), (samples, len(b)))]
+        drawn[stack] = over_draws(rates, resampled_a, resampled_b)
+    (mean_ours, sd_ours), (mean_theirs, sd_theirs) = (drawn[s] for s in side_by_side.STACKS)
+    difference, ratio = mean_ours - mean_theirs, sd_ours / sd_theirs
     (mean_ours, sd_ours), (mean_theirs, sd_theirs) = (point[s] for s in side_by_side.STACKS)
     return {
-        "mean_difference": mean_ours - mean_theirs,
+        "mean_difference": float(mean_ours - mean_theirs),
         "mean_difference_95": tuple(np.percentile(difference, [2.5, 97.5])),
-        "spread_ratio": sd_ours / sd_theirs,
+        "spread_ratio": float(sd_ours / sd_theirs),
         "spread_ratio_95": tuple(np.percentile(ratio, [2.5, 97.5])),
         "p_wider": float(np.mean(ratio > 1)),
     }

@@ -54,6 +54,15 @@ def test_the_paired_spread_test_sees_what_levenes_misses_when_scores_move_togeth
     assert test["swap_spread_p"] < 0.01  # paired: the doubling is plain
     assert test["levene_p"] > 0.01  # as independent draws, 12 of each hardly show it
 
+    # Two stacks as spread out, each with its own noise around the head: over 200 such
+    # comparisons the test says "different" about as often as its 5% level allows.
+    rejected = 0
+    for _ in range(200):
+        head = rng.normal(95.0, 2.0, size=12)
+        ours, theirs = (head + rng.normal(0.0, 0.5, size=12) for _ in side_by_side.STACKS)
+        rejected += side_by_side.paired(_runs(ours, theirs))["swap_spread_p"] < 0.05
+    assert 2 <= rejected <= 20, rejected
+
 
 def test_the_paired_spread_test_holds_its_level_on_scores_piled_at_the_ceiling():
     # Two stacks as spread out around each head, heavy-tailed and capped at 100 as dev accuracies
