@@ -38,6 +38,11 @@ NAME = "bert-sim"
 TOTAL_STEPS = 40
 EVERY = 4  # checkpoint every 4 steps
 RUN_TIMEOUT = 600
+STALL_TIMEOUT = 15  # the chaos run's --stall-timeout
+# A wedged worker (SIGSTOP) makes JAX's coordination service abort the others (exit 134) between
+# half and all of the heartbeat timeout later (15 to 28 s at 30 s, measured). The supervisor must
+# see the hang first, as a stall: past STALL_TIMEOUT plus a poll that takes seconds under load.
+HEARTBEAT_TIMEOUT = 6 * STALL_TIMEOUT
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +100,7 @@ def pretrain_args(cloud, workdir: str, **overrides) -> list[str]:
     }
     flags = [f"--config.{key}={value}" for key, value in values.items()]
     return ["--config", "configs/bert.py:tiny", "--workdir", workdir, "--heartbeat-timeout",
-            "30", *flags]  # fmt: skip
+            str(HEARTBEAT_TIMEOUT), *flags]  # fmt: skip
 
 
 def start_supervisor(cloud, workdir: str, *watch_flags, **overrides) -> subprocess.Popen:
@@ -268,7 +273,7 @@ def test_two_preemptions_a_hang_and_a_failure_end_with_the_same_model(cloud, uni
     workdir = f"{BUCKET}/chaos"
     plan = [(6, "preempt"), (14, "hang"), (22, "crash"), (30, "preempt")]
     started = time.monotonic()
-    supervisor = start_supervisor(cloud, workdir, "--stall-timeout", "15")
+    supervisor = start_supervisor(cloud, workdir, "--stall-timeout", str(STALL_TIMEOUT))
     chaos = Chaos(cloud, workdir, plan)
     try:
         code, output = finish(supervisor)
@@ -301,8 +306,8 @@ def test_two_preemptions_a_hang_and_a_failure_end_with_the_same_model(cloud, uni
     assert failed["last_lines"], "the failure's log lines are kept"
     stalled = next(r for r in rows if r["event"] == "stalled")
     assert "no new step" in stalled["reason"]
-    # Caught within the stall timeout (15 s) of the last step, plus a heartbeat and a poll.
-    assert stalled["time"] - stalled["step_time"] < 15 + 5
+    # Caught within the stall timeout of the last step, plus a heartbeat and a poll.
+    assert stalled["time"] - stalled["step_time"] < STALL_TIMEOUT + 5
     # The same model, to the last bit.
     params = exported_params(workdir)
     gap = max(float(np.max(np.abs(a - b))) for a, b in zip(params, uninterrupted["params"]))
