@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=None, help="also write the numbers as JSON here")
     args = parser.parse_args(argv)
 
+    from bert_jax.runtime import topology
+
+    topology.quiet_runtime_without_chips()  # libtpu without a TPU chip: no warnings
+
     import jax
 
     from bert_jax.data.tokenizers.pair_encoding import encode_pairs

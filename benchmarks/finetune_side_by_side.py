@@ -532,6 +532,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-size", type=int, default=400, help="rows of a written train split")
     parser.add_argument("--dev-size", type=int, default=200, help="rows of a written dev split")
     args = parser.parse_args(argv)
+
+    from bert_jax.runtime import topology
+
+    topology.quiet_runtime_without_chips()  # libtpu without a TPU chip: no warnings
     if args.write_synthetic_sst2:
         write_synthetic_sst2(args.write_synthetic_sst2, args.train_size, args.dev_size)
         print(f"wrote {args.write_synthetic_sst2}/SST-2/train.tsv and dev.tsv")

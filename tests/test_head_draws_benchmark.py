@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -81,3 +82,31 @@ def test_the_estimate_uses_each_stacks_own_heads_and_says_when_a_stratum_is_miss
         "no estimate (runs from its own heads: 1 against the labels, 8 others"
         in capsys.readouterr().out
     )
+
+
+def test_a_stack_whose_scores_do_not_vary_gets_a_difference_of_spreads_not_a_ratio(capsys):
+    # The 512-row negation set: every transformers run at 100, bert-jax's one sentence short once.
+    aligned = {
+        stack: {s: 0.3 if s < 3 else 0.6 for s in range(12)}
+        for stack in ("bert-jax", "transformers")
+    }
+    runs = [(stack, stack, s, 100.0) for stack in aligned for s in range(12)]
+    runs[1] = ("bert-jax", "bert-jax", 1, 99.61)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by a spread of 0
+        head_draws.print_over_draws(runs, aligned, 12)
+        test = head_draws.compare_over_draws(
+            {"bert-jax": (12, 3, np.array([100.0, 99.61, 100.0]), np.full(9, 100.0)),
+             "transformers": (12, 3, np.full(3, 100.0), np.full(9, 100.0))},
+            samples=500,
+        )  # fmt: skip
+    out = capsys.readouterr().out
+    assert "no ratio: transformers' scores do not vary" in out
+    assert test["spread_ratio"] is None and test["spread_ratio_95"] is None
+    mean, sd = head_draws.over_draws(0.25, np.array([100.0, 99.61, 100.0]), np.full(9, 100.0))
+    assert test["spread_difference"] == pytest.approx(sd)
+    assert f"std {sd:+.2f}" in out
+    # A resample without the short run has no spread on either side; one with it, some.
+    low, high = test["spread_difference_95"]
+    assert low == 0.0 and high > sd / 2
+    assert 0.0 < test["p_wider"] < 1.0
