@@ -163,15 +163,15 @@ def compare_over_draws(
         resampled_b = b[rng.integers(0, len(b), (samples, len(b)))]
         drawn[stack] = over_draws(rates, resampled_a, resampled_b)
     (mean_ours, sd_ours), (mean_theirs, sd_theirs) = (drawn[s] for s in side_by_side.STACKS)
-    resampled = {"mean": mean_ours - mean_theirs, "spread": sd_ours - sd_theirs}
+    mean_difference, spread_difference = mean_ours - mean_theirs, sd_ours - sd_theirs
     p_wider = float(np.mean(sd_ours > sd_theirs))
     ratio = sd_ours / sd_theirs if np.all(sd_theirs > 0) else None
     (mean_ours, sd_ours), (mean_theirs, sd_theirs) = (point[s] for s in side_by_side.STACKS)
     return {
         "mean_difference": float(mean_ours - mean_theirs),
-        "mean_difference_95": tuple(np.percentile(resampled["mean"], [2.5, 97.5])),
+        "mean_difference_95": tuple(np.percentile(mean_difference, [2.5, 97.5])),
         "spread_difference": float(sd_ours - sd_theirs),
-        "spread_difference_95": tuple(np.percentile(resampled["spread"], [2.5, 97.5])),
+        "spread_difference_95": tuple(np.percentile(spread_difference, [2.5, 97.5])),
         "spread_ratio": None if ratio is None else float(sd_ours / sd_theirs),
         "spread_ratio_95": None if ratio is None else tuple(np.percentile(ratio, [2.5, 97.5])),
         "p_wider": p_wider,

@@ -39,9 +39,9 @@ TOTAL_STEPS = 40
 EVERY = 4  # checkpoint every 4 steps
 RUN_TIMEOUT = 600
 STALL_TIMEOUT = 15  # the chaos run's --stall-timeout
-# A wedged worker (SIGSTOP) makes JAX's coordination service abort the others (exit 134) between
-# half and all of the heartbeat timeout later (15 to 28 s at 30 s, measured). The supervisor must
-# see the hang first, as a stall: past STALL_TIMEOUT plus a poll that takes seconds under load.
+# A wedged worker (SIGSTOP) makes JAX's coordination service abort the others (exit 134) as soon
+# as half the heartbeat timeout later (bert_jax/runtime/distributed.py). The supervisor must see
+# the hang first, as a stall: past STALL_TIMEOUT plus a poll that takes seconds under load.
 HEARTBEAT_TIMEOUT = 6 * STALL_TIMEOUT
 
 
