@@ -273,7 +273,7 @@ def test_launch_errors_name_the_action(capsys):
 
 
 def test_a_user_error_raised_by_the_library_is_one_line(capsys, monkeypatch):
-    from bert_jax import encode
+    from bert_jax.inference import encode
 
     def refuse(*args, **kwargs):
         raise UserError("--input texts.txt: line 3 is empty")
@@ -284,7 +284,7 @@ def test_a_user_error_raised_by_the_library_is_one_line(capsys, monkeypatch):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
-    from bert_jax import encode
+    from bert_jax.inference import encode
     from bert_jax.training import config_checks
 
     def bug(*args, **kwargs):
@@ -317,7 +317,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
 def test_anything_but_a_user_error_is_a_bug(monkeypatch, bug):
     """A plain ValueError, KeyError or OSError from inside a command is a bug: it propagates
     (the console script prints its traceback and exits 1), it is never a one-line exit 2."""
-    from bert_jax import encode
+    from bert_jax.inference import encode
 
     def fail(*args, **kwargs):
         raise bug
@@ -346,7 +346,7 @@ def _user_error_classes() -> list[type[UserError]]:
 
 
 def test_every_user_error_class_is_one_line_and_exit_2(capsys, monkeypatch):
-    from bert_jax import encode
+    from bert_jax.inference import encode
 
     classes = _user_error_classes()
     names = {cls.__name__ for cls in classes}
@@ -377,7 +377,7 @@ def test_every_user_error_class_is_one_line_and_exit_2(capsys, monkeypatch):
 
 
 def test_debug_env_prints_the_user_errors_traceback(capsys, monkeypatch):
-    from bert_jax import encode
+    from bert_jax.inference import encode
 
     def refuse(*args, **kwargs):
         raise UserError("--input texts.txt: line 3 is empty")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from bert_jax import cli, encode_settings, fill_mask
+from bert_jax import cli
 from bert_jax.bench import settings as bench_settings
 from bert_jax.cli import bench as bench_cli
 from bert_jax.cli import config_flags
@@ -20,6 +20,7 @@ from bert_jax.cli import plan as plan_cli
 from bert_jax.data.preparation import settings as prepare_settings
 from bert_jax.data.tokenizers import train_settings as tokenizer_settings
 from bert_jax.finetune.tuning import settings as finetune_settings
+from bert_jax.inference import encode_settings, fill_mask
 from bert_jax.launch import queued, slurm, supervisor, tpu
 from bert_jax.planning import candidates as plan_candidates
 from bert_jax.runtime import declarations

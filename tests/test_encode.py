@@ -9,10 +9,10 @@ import torch
 import transformers
 
 from bert_jax import cli
-from bert_jax import encode as encode_lib
 from bert_jax.convert.between_formats import convert
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.core.model import BertModel
+from bert_jax.inference import encode as encode_lib
 from bert_jax.training.load_model import load_model_dir
 from tests import faults
 from tests.convert_fixtures import random_params, write_vocab
@@ -177,7 +177,7 @@ def test_settings_are_checked_before_the_model_is_read(tmp_path, capsys):
     """A value outside its declared range is one line naming its flag, before anything is read;
     Python callers give the layers as the flag does, and the dtypes are BertConfig's."""
     from bert_jax.core import bert_config
-    from bert_jax.encode_settings import DTYPES, EncodeSettings
+    from bert_jax.inference.encode_settings import DTYPES, EncodeSettings
 
     base = ["encode", "--model", str(tmp_path / "absent"), "--input", "t", "--output", "o.npy"]
     for flag, value, message in [

@@ -16,7 +16,7 @@ from bert_jax.convert.between_formats import convert
 from bert_jax.convert.model_dir import load_model_dir, save_model_dir
 from bert_jax.data.sources import embedded as corpus
 from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
-from bert_jax.fill_mask import fill_mask
+from bert_jax.inference.fill_mask import fill_mask
 from tests.convert_fixtures import random_params
 from tests.helpers import minilm_dir, tiny_config
 

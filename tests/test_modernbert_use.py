@@ -15,8 +15,8 @@ import transformers
 
 from bert_jax import cli
 from bert_jax.data.records.tfrecord import read_records
-from bert_jax.encode import encode_texts
-from bert_jax.fill_mask import fill_mask
+from bert_jax.inference.encode import encode_texts
+from bert_jax.inference.fill_mask import fill_mask
 from bert_jax.training.load_model import load_model_dir
 from tests.modernbert_fixtures import TEXT, fast_tokenizer, modernbert_dirs
 

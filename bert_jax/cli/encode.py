@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def add_to(subparsers) -> None:
-    from bert_jax.encode_settings import EncodeSettings
+    from bert_jax.inference.encode_settings import EncodeSettings
     from bert_jax.runtime import declarations
 
     parser = subparsers.add_parser(
@@ -28,11 +28,11 @@ def add_to(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from bert_jax.encode_settings import EncodeSettings
+    from bert_jax.inference.encode_settings import EncodeSettings
     from bert_jax.runtime import declarations
 
     settings = declarations.from_args(EncodeSettings, args)  # refused here, before JAX loads
-    from bert_jax.encode import encode_file
+    from bert_jax.inference.encode import encode_file
 
     summary = encode_file(args.model, args.input, args.output, settings)
     print(

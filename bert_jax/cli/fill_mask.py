@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def add_to(subparsers) -> None:
-    from bert_jax import fill_mask
+    from bert_jax.inference import fill_mask
     from bert_jax.runtime import declarations
 
     parser = subparsers.add_parser(
@@ -13,7 +13,7 @@ def add_to(subparsers) -> None:
         description="Each text becomes [CLS] text [SEP] with the model's tokenizer; every [MASK] "
         "in it gets the top-k tokens of the masked-LM head with their probabilities, as "
         "transformers' fill-mask pipeline gives them for the model exported with `bert-jax "
-        "convert --to hf`. Python: bert_jax.fill_mask.fill_mask(model, texts, top_k=5).",
+        "convert --to hf`. Python: bert_jax.inference.fill_mask.fill_mask(model, texts, top_k=5).",
     )
     parser.add_argument("--model", required=True, metavar="MODEL", help="model dir or workdir")
     parser.add_argument(
@@ -42,7 +42,7 @@ def add_to(subparsers) -> None:
 def _run(args) -> int:
     import json
 
-    from bert_jax import fill_mask
+    from bert_jax.inference import fill_mask
     from bert_jax.runtime import declarations
     from bert_jax.runtime.errors import UserError
 

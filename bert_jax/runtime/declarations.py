@@ -11,9 +11,9 @@ Every family, one dataclass each (tests/test_declarations.py walks them all, `FA
 (training/config_schema.py, the model's from core/bert_config.py, the data keys from
 `PrepareSettings`), `FinetuneSettings` (finetune/tuning/settings.py), the supervisor's `Policy`,
 `TpuVm`, `Capacity` and `SlurmJob` (launch/), plan's `Space` (planning/candidates.py),
-`BenchSettings` (bench/settings.py), `EncodeSettings` (encode_settings.py), `FillMaskSettings`
-(fill_mask.py) and `EvalSettings` (training/model_eval.py). This module imports neither NumPy
-nor JAX: `--help` reads it.
+`BenchSettings` (bench/settings.py), `EncodeSettings` (inference/encode_settings.py),
+`FillMaskSettings` (inference/fill_mask.py) and `EvalSettings` (training/model_eval.py). This module
+imports neither NumPy nor JAX: `--help` reads it.
 """
 
 from __future__ import annotations

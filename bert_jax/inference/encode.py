@@ -42,7 +42,7 @@ import numpy as np
 from bert_jax.core.model import BertConfig, BertModel, last_token_positions
 from bert_jax.core.modernbert import ModernBertModel
 from bert_jax.core.modernbert_config import ModernBertConfig
-from bert_jax.encode_settings import DEFAULT_MAX_SEQ_LENGTH, EncodeSettings
+from bert_jax.inference.encode_settings import DEFAULT_MAX_SEQ_LENGTH, EncodeSettings
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError, user_path

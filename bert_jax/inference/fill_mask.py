@@ -2,7 +2,7 @@
 
 The Python entry point is `fill_mask(model, texts, top_k=5)`:
 
-    from bert_jax.fill_mask import fill_mask
+    from bert_jax.inference.fill_mask import fill_mask
 
     for result in fill_mask("runs/tiny/model", ["The capital of France is [MASK]."]):
         for mask in result.masks:
