@@ -324,7 +324,7 @@ def test_two_preemptions_a_hang_and_a_failure_end_with_the_same_model(cloud, uni
         assert accounting.badput[cause] > 0, cause
     assert accounting.redone_steps == sum(r["step"] - (r["checkpoint"] or 0) for r in ends)
     assert accounting.productive + sum(accounting.badput.values()) == pytest.approx(accounting.wall)
-    for name in events.CAUSE_NAMES.values():
+    for name in events.CAUSES.values():
         assert name in text
     logs = fs.listdir(f"{workdir}/launch/logs")
     assert {f"attempt-{a}-process-{p}.log" for a in range(1, 6) for p in (0, 1)} <= set(logs)

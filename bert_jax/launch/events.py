@@ -3,31 +3,17 @@
 One JSON row per event, written by the supervisor (or a SLURM job script): `time` (UNIX seconds),
 `event`, `attempt`, `step` (the highest step the hosts reported), `checkpoint` (the latest
 checkpoint step in the workdir) and what the event adds (`state`, `exit_status`, `reason`,
-`last_lines`, ...). Events:
-
-  queued      capacity asked for (a queued resource created, a TPU VM created)
-  active      the slice is there (queued resource ACTIVE / VM READY)
-  started     the job started on every host (`attempt` numbers the starts)
-  running     its first step is done (start-up over: install, compile, restore)
-  preempted   the slice was taken back (SUSPENDED / FAILED resource, PREEMPTED / TERMINATED VM,
-              or the job stopped by SIGTERM with status 143)
-  stalled     no new step for the stall timeout (or start-up took too long): the job was killed
-  failed      the job exited non-zero on a healthy slice
-  restarted   the same command started again (after a failure or a stall, same slice)
-  finished    the exported model exists
-  gave-up     a budget ran out, or the job's status says retrying cannot help (2, 4)
-  deleted     the slice was deleted (after finishing, unless --keep)
-  watching / stopped-watching   a supervisor attached (`policy`: its settings, as
-              `supervisor.Policy.to_dict` writes them) / detached (`reason` when cloud commands
-              failed too often in a row)
-  cloud-errors  several polls in a row ended by a failed cloud command (an API error, not the
-              service's NOT_FOUND): `count`, `error`; nothing was done on them
+`last_lines`, ...). The events, what each means and what its consumers read of it (the badput
+cause after it, whether it is a restart's cause, whether it ends a run of steps, ...) are one
+table: `EVENTS` below. Every consumer (the accounting here, the supervisor's watcher, `launch
+slurm record`) reads it; `EventLog.append` refuses a name it does not hold.
 
 Goodput is productive step time over the wall time since the first event; the rest (badput) is
 split into waiting for capacity, start-up (install + compile + restore, until the first step),
 steps lost to restarts (steps after the last checkpoint, redone) and stalls (the time a hung job
 burnt before it was killed); `other` is what is left (tear-down, polling), so that the parts add
-up to the wall time. Times of steps come from the hosts' heartbeats (clocks kept by NTP).
+up to the wall time (`CAUSES`). Times of steps come from the hosts' heartbeats (clocks kept by
+NTP).
 """
 
 from __future__ import annotations
@@ -40,19 +26,156 @@ from collections.abc import Iterable, Sequence
 
 from bert_jax.runtime import fs
 
-CAUSES = ("capacity", "startup", "lost", "stall", "other")
-CAUSE_NAMES = {
+# The parts of the badput, each with how `launch ... status` names it.
+CAUSES = {
     "capacity": "waiting for capacity",
     "startup": "start-up (install, compile, restore)",
     "lost": "steps lost to restarts (redone after the last checkpoint)",
     "stall": "stalls",
     "other": "other (tear-down, polling)",
 }
-RESTART_CAUSES = ("preempted", "stalled", "failed")
+RUNNING = "running"  # the mode between a `running` row and the row that ends the run
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One kind of events.jsonl row: its `name` (as written), what it means, and what the
+    consumers read of it."""
+
+    name: str
+    meaning: str
+    # The badput cause (a key of CAUSES) that the time after it counts to until the next row;
+    # RUNNING for `running`; None: the time goes on as before it (watching, deleted, ...).
+    after: str | None = None
+    restart_cause: bool = False  # a cause of a restart: counted by cause, spent from a budget
+    ends_run: bool = False  # ends a run of steps (the steps after the checkpoint are lost)
+    final: bool = False  # the run is over: the wall time ends here (tear-down is not the run's)
+    starts_attempt: bool = False  # a start of the job: the attempts are these rows counted
+    # What it says of the slice: "asked" (capacity asked for), "ready", "lost"; None: nothing.
+    slice: str | None = None
+    ends_watching: bool = False  # no supervisor watches the run after it
+    job_script: bool = False  # a job script may record it (`launch slurm record EVENT`)
+
+
+EVENTS = {
+    event.name: event
+    for event in (
+        Event(
+            "queued",
+            "capacity asked for (a queued resource created, a TPU VM created)",
+            after="capacity",
+            slice="asked",
+        ),
+        Event(
+            "active",
+            "the slice is there (queued resource ACTIVE / VM READY)",
+            after="startup",
+            slice="ready",
+        ),
+        Event(
+            "started",
+            "the job started on every host (`attempt` numbers the starts)",
+            after="startup",
+            starts_attempt=True,
+            job_script=True,
+        ),
+        Event(
+            "running",
+            "its first step is done (start-up over: install, compile, restore)",
+            after=RUNNING,
+        ),
+        Event(
+            "preempted",
+            "the slice was taken back (SUSPENDED / FAILED resource, PREEMPTED / TERMINATED VM, "
+            "or the job stopped by SIGTERM with status 143)",
+            after="capacity",
+            restart_cause=True,
+            ends_run=True,
+            slice="lost",
+            job_script=True,
+        ),
+        Event(
+            "stalled",
+            "no new step for the stall timeout (or start-up took too long): the job was killed",
+            after="startup",
+            restart_cause=True,
+            ends_run=True,
+            job_script=True,
+        ),
+        Event(
+            "failed",
+            "the job exited non-zero on a healthy slice",
+            after="startup",
+            restart_cause=True,
+            ends_run=True,
+            job_script=True,
+        ),
+        Event(
+            "restarted",
+            "the same command started again (after a failure or a stall, same slice)",
+            after="startup",
+            starts_attempt=True,
+        ),
+        Event(
+            "finished",
+            "the exported model exists",
+            after="other",
+            ends_run=True,
+            final=True,
+            ends_watching=True,
+            job_script=True,
+        ),
+        Event(
+            "gave-up",
+            "a budget ran out, or the job's status says retrying cannot help (2, 4)",
+            after="other",
+            ends_run=True,
+            final=True,
+            ends_watching=True,
+        ),
+        Event("deleted", "the slice was deleted (after finishing, unless --keep)"),
+        Event(
+            "watching",
+            "a supervisor attached (`policy`: its settings, as `supervisor.Policy.to_dict` "
+            "writes them)",
+        ),
+        Event(
+            "stopped-watching",
+            "the supervisor detached (`reason` when cloud commands failed too often in a row)",
+            ends_watching=True,
+        ),
+        Event(
+            "cloud-errors",
+            "several polls in a row ended by a failed cloud command (an API error, not the "
+            "service's NOT_FOUND): `count`, `error`; nothing was done on them",
+        ),
+    )
+}
+
+
+def named(**attributes) -> tuple[str, ...]:
+    """The names of the events whose attributes have the given values (`restart_cause=True`),
+    in the table's order."""
+    return tuple(
+        name
+        for name, event in EVENTS.items()
+        if all(getattr(event, key) == value for key, value in attributes.items())
+    )
+
+
+# A row of a kind this version does not know (written by a newer one): it changes nothing.
+NOT_KNOWN = Event("", "not an event of this version")
+
+
+def kind(row: dict) -> Event:
+    """The table's entry for a row's event (NOT_KNOWN for a name it does not hold)."""
+    return EVENTS.get(row["event"], NOT_KNOWN)
+
+
+RESTART_CAUSES = named(restart_cause=True)
+STARTS = named(starts_attempt=True)
 TIME_DIGITS = 3  # a row's `time` is kept to the millisecond
 TIME_RESOLUTION = 10.0**-TIME_DIGITS
-# Rows after which a lost slice's `preempted` row no longer says "deleted, not asked for again".
-_CAPACITY_OR_JOB = ("queued", "active", "started", "restarted")
 
 
 def path(workdir: str) -> str:
@@ -69,6 +192,8 @@ class EventLog:
         self.rows = read(workdir)
 
     def append(self, event: str, **fields) -> dict:
+        if event not in EVENTS:  # a bug: every kind of row is one of the table's
+            raise ValueError(f"event {event!r} is not one of events.EVENTS")
         row = {"time": round(self._clock(), TIME_DIGITS), "event": event, **fields}
         self.rows.append(row)
         fs.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -77,7 +202,7 @@ class EventLog:
 
     @property
     def attempt(self) -> int:
-        return sum(1 for r in self.rows if r["event"] in ("started", "restarted"))
+        return attempts(self.rows)
 
 
 def read(workdir: str) -> list[dict]:
@@ -94,8 +219,13 @@ def read(workdir: str) -> list[dict]:
     return rows
 
 
+def attempts(rows: Iterable[dict]) -> int:
+    """How many times the job was started (the rows that start an attempt)."""
+    return sum(1 for r in rows if r["event"] in STARTS)
+
+
 def counts(rows: Iterable[dict]) -> dict[str, int]:
-    """Restarts by cause: how many times each of preempted / stalled / failed happened."""
+    """Restarts by cause: how many times each of RESTART_CAUSES happened."""
     found = {cause: 0 for cause in RESTART_CAUSES}
     for row in rows:
         if row["event"] in found:
@@ -110,9 +240,12 @@ def lost_at(rows: Sequence[dict]) -> float | None:
     once: its slice was not lost.)"""
     lost = None
     for row in rows:
-        if row["event"] == "preempted":
+        event = EVENTS.get(row["event"])
+        if event is None:
+            continue
+        if event.slice == "lost":
             lost = row["time"]
-        elif row["event"] in _CAPACITY_OR_JOB:
+        elif event.slice is not None or event.starts_attempt:
             lost = None
     return lost
 
@@ -127,20 +260,6 @@ class Accounting:
     @property
     def goodput(self) -> float:
         return self.productive / self.wall if self.wall > 0 else 0.0
-
-
-# Which part of the badput the time after each event belongs to, until the next event.
-_MODE_AFTER = {
-    "queued": "capacity",
-    "preempted": "capacity",
-    "active": "startup",
-    "started": "startup",
-    "restarted": "startup",
-    "stalled": "startup",
-    "failed": "startup",
-    "running": "running",
-}
-_ENDS_A_RUN = ("preempted", "stalled", "failed", "finished", "gave-up")
 
 
 def account(
@@ -158,7 +277,7 @@ def account(
     rows = sorted(rows, key=lambda r: r["time"])
     if not rows:
         return result
-    ends = [r["time"] for r in rows if r["event"] in ("finished", "gave-up")]
+    ends = [r["time"] for r in rows if kind(r).final]
     if ends:  # the wall time ends with the run (tear-down after it is not the run's)
         rows = [r for r in rows if r["time"] <= ends[-1]]
     if ends:
@@ -169,22 +288,20 @@ def account(
     mode, since, run = "other", rows[0]["time"], None
     for row in [*rows, {**(current or {}), "time": end, "event": "now"}]:
         t = row["time"]
-        if mode == "running":
-            if row["event"] not in (*_ENDS_A_RUN, "now"):
+        if mode == RUNNING:
+            if row["event"] != "now" and not kind(row).ends_run:
                 continue  # a row inside a run (e.g. watching): the run goes on
             _close_run(result, run, row, t)
         else:
-            if row["event"] == "running":  # start-up ended with the first step, seen later
+            if kind(row).after == RUNNING:  # start-up ended with the first step, seen later
                 t = min(max(float(row.get("step_time", t)), since), t)
             result.badput[mode] += max(0.0, t - since)
         if row["event"] == "now":
             break
-        if row["event"] == "running":
+        if kind(row).after == RUNNING:
             run = {"start": t, "step": int(row.get("step", 0))}
-            mode = "running"
-        else:
-            # Rows that change nothing (watching, deleted, ...) leave the mode as it was.
-            mode = _MODE_AFTER.get(row["event"], "other" if row["event"] in _ENDS_A_RUN else mode)
+        # Rows that change nothing (watching, deleted, ...) leave the mode as it was.
+        mode = kind(row).after or mode
         since = row["time"]
     accounted = result.productive + sum(result.badput.values())
     result.badput["other"] += max(0.0, result.wall - accounted)
@@ -275,9 +392,7 @@ def describe(
         lines.append("badput:")
         for cause in CAUSES:
             share = 100 * accounting.badput[cause] / accounting.wall
-            lines.append(
-                f"  {CAUSE_NAMES[cause]}: {share:.1f}% ({_duration(accounting.badput[cause])})"
-            )
+            lines.append(f"  {CAUSES[cause]}: {share:.1f}% ({_duration(accounting.badput[cause])})")
         if accounting.redone_steps:
             lines.append(f"steps redone after restarts: {accounting.redone_steps}")
     return "\n".join(lines)

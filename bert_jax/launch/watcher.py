@@ -134,7 +134,7 @@ class Watcher:
             if self._progress is None or self._progress[0] != attempt or step > self._progress[1]:
                 self._progress = (attempt, step, now)
             since_progress = now - self._progress[2]
-        starts = [r for r in self.log.rows if r["event"] in ("started", "restarted")]
+        starts = [r for r in self.log.rows if r["event"] in events.STARTS]
         counts = events.counts(self.log.rows)
         lost = events.lost_at(self.log.rows)
         obs = Observation(
@@ -158,8 +158,9 @@ class Watcher:
     def _note_milestones(self, obs: Observation, beats: list[dict]) -> None:
         """`active` when the slice is first seen ready, `running` at an attempt's first step."""
         rows = self.log.rows
-        capacity = [r for r in rows if r["event"] in ("queued", "active", "preempted")]
-        if obs.node_state == "READY" and capacity and capacity[-1]["event"] != "active":
+        said = [events.kind(r).slice for r in rows if events.kind(r).slice]
+        last_said = said[-1] if said else None
+        if obs.node_state == "READY" and last_said not in (None, "ready"):
             self.log.append("active", attempt=self.log.attempt)
             self.say(f"slice {self.vm.name} is ready")
         attempt = self.log.attempt
@@ -339,7 +340,7 @@ class Watcher:
         for row in self.log.rows:
             if row["event"] == "watching":
                 last = row
-            elif row["event"] in ("stopped-watching", "finished", "gave-up"):
+            elif events.kind(row).ends_watching:
                 last = None
         if last is None or last.get("pid") == os.getpid():
             return

@@ -146,7 +146,7 @@ def status_text(workdir: str, runner: Runner | None = None) -> str:
     check_workdir(workdir)
     rows = events.read(workdir)
     beats = heartbeat.read_all(workdir)
-    attempt = sum(1 for r in rows if r["event"] in ("started", "restarted"))
+    attempt = events.attempts(rows)
     beats = [h for h in beats if h.get("attempt") == attempt] or beats
     slice_state = None
     if runner is not None and fs.exists(job_path(workdir)):
@@ -174,7 +174,7 @@ def record_event(
     """An event written by a job script (SLURM): `started` numbers the attempt; an ending event
     (finished, preempted, failed) takes step, checkpoint and, before it, the attempt's `running`
     row from the hosts' heartbeats, so that goodput is counted as under `launch tpu watch`."""
-    known = ("started", "finished", "preempted", "failed", "stalled")
+    known = events.named(job_script=True)
     if event not in known:
         raise LaunchError(f"event {event!r}: use one of {', '.join(known)}")
     log = events.EventLog(workdir)
