@@ -173,7 +173,7 @@ def test_a_pair_task_in_one_module_runs_and_is_reported(pair_task, tmp_path):
     with open(workdir / "results.json", encoding="utf-8") as f:
         results = json.load(f)
     selected = results["tasks"]["tiny-paraphrase"]["selected"]
-    assert selected["dev_metrics"] == outcome.best["tiny-paraphrase"]["dev_metrics"]
+    assert selected["dev_metrics"] == outcome.selected["tiny-paraphrase"]["dev_metrics"]
     assert results["summary"]["glue_task_scores"]["tiny-paraphrase"] == pytest.approx(
         sum(selected["dev_metrics"]["tiny-paraphrase"].values()) / 2
     )

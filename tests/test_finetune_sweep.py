@@ -247,5 +247,5 @@ def test_best_on_dev_prefers_the_earlier_trial_on_ties():
         {"task": "RTE", "trial": "RTE/c", "selection_score": 70.0},
         {"task": "CoLA", "trial": "CoLA/a", "selection_score": -5.0},
     ]
-    best = sweep.select_best(records)
-    assert best["RTE"]["trial"] == "RTE/b" and best["CoLA"]["trial"] == "CoLA/a"
+    selected = sweep.select_trials(records)
+    assert selected["RTE"]["trial"] == "RTE/b" and selected["CoLA"]["trial"] == "CoLA/a"

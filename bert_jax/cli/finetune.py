@@ -237,7 +237,7 @@ def _run_glue(args) -> int:
         f"{len(outcome.ran)} trials run, {len(outcome.reused)} finished earlier; "
         f"reports in {args.workdir}/results.md"
     )
-    for task_name, record in outcome.best.items():
+    for task_name, record in outcome.selected.items():
         notes = references.prediction_notes(record)
         if notes:
             print(

@@ -16,6 +16,22 @@ Layout (self-describing: nothing else is needed to load it):
                    tokenizer.json, plus bert_jax_tokenizer.json with the kind and lowercase
                    flag), read by `load_tokenizer`.
 
+A fine-tuned model directory (what `bert-jax finetune` writes into `<workdir>/model/`) is this
+format with a task head: its params are the fine-tuning state's tree, the encoder under "bert"
+and the head under "classifier" in both families (`task_heads`: the shapes of each head kind);
+config.json adds transformers' own fields for the head's class (`architectures`, e.g.
+["BertForSequenceClassification"], `num_labels`, `id2label`/`label2id` with string keys of ints,
+`problem_type` "regression" or "single_label_classification" where the class reads it), and the
+"bert_jax" block a `task` entry:
+
+    {"name": the registry's task name, "head": a `task_heads.HEADS` kind (classification,
+     regression, multiple_choice, span, tags), "labels": [the label or tag names, index order;
+     [] for regression, multiple choice and spans], "max_seq_length": N, "settings": the run's
+     FinetuneSettings, "options": the task's own (SQuAD's windows and answers)}
+
+`has_pretraining_heads` is false there. `ModelDir.task` is that entry (None for a pretrained
+model); the encoder loads from it as from any model directory (`ModelDir.encoder_params`).
+
 Writes are atomic: everything goes into a hidden sibling directory that is renamed into place at
 the end, so a failed save or conversion leaves nothing at the destination. An existing
 destination is replaced only when it is a model directory itself (`outputs.check_replaceable`).
@@ -24,6 +40,10 @@ destination is replaced only when it is a model directory itself (`outputs.check
 (`<workdir>/model/`). A workdir still without it is read from its latest checkpoint by
 `bert_jax.training.load_model.load_model_dir`, the loader the commands use: reading a checkpoint
 needs the run's config and the checkpoint layout, which live in training/.
+
+Why this file is long: it is the format's one owner, both ways (the layout, its checks against
+the config, a pretrained and a fine-tuned tree, Orbax save and restore onto a mesh); split, the
+writer and reader would each restate the layout.
 """
 
 from __future__ import annotations
@@ -38,7 +58,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.convert import mapping, modernbert_names
+from bert_jax.convert import mapping, modernbert_names, task_heads
 from bert_jax.convert.strict import check_params
 from bert_jax.core.model import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
@@ -54,6 +74,9 @@ TOKENIZER_DIR = "tokenizer"
 WORKDIR_MODEL_SUBDIR = "model"
 # config.json's `model_type` -> the family's config class (transformers' names).
 FAMILIES: dict[str, type] = {"bert": BertConfig, "modernbert": ModernBertConfig}
+# Where each family's encoder lies in a (pretrained) model directory's params.
+ENCODER_SUBTREES = {"bert": "bert", "modernbert": "model"}
+TASK_KEY = "task"  # the "bert_jax" block's entry of a fine-tuned model (its task head)
 ModelConfig = BertConfig | ModernBertConfig
 
 
@@ -98,6 +121,29 @@ class ModelDir:
     @property
     def extra(self) -> dict[str, Any]:
         return dict(self.info.get("extra") or {})
+
+    @property
+    def task(self) -> dict[str, Any] | None:
+        """A fine-tuned model's task entry (see the module docstring); None for any other."""
+        return self.info.get(TASK_KEY)
+
+    @property
+    def encoder_key(self) -> str:
+        """Where the encoder's params lie: a fine-tuned model's "bert" (both families), else the
+        family's own (BERT's "bert", ModernBERT's "model")."""
+        if self.task is not None:
+            return task_heads.ENCODER_KEY
+        return ENCODER_SUBTREES[model_type(self.config)]
+
+    @property
+    def encoder_params(self) -> Any:
+        """The encoder's subtree of the params (BERT's with its pooler)."""
+        if self.params is None or self.encoder_key not in self.params:
+            raise ModelDirError(
+                f"model directory {self.path} has no {self.encoder_key!r} parameters"
+                + ("" if self.params is None else f" (top-level keys: {sorted(self.params)})")
+            )
+        return self.params[self.encoder_key]
 
 
 # --- The model directory as an output (runtime.outputs holds the one replacement rule) ---
@@ -145,10 +191,14 @@ def model_type(config: ModelConfig) -> str:
     return next(name for name, cls in FAMILIES.items() if isinstance(config, cls))
 
 
-def config_dict(config: ModelConfig, has_heads: bool, tokenizer: Any, extra: Any) -> dict:
-    """The contents of a model directory's config.json."""
+def config_dict(
+    config: ModelConfig, has_heads: bool, tokenizer: Any, extra: Any, task: Any = None
+) -> dict:
+    """The contents of a model directory's config.json (a fine-tuned one's with `task`)."""
     values = config.to_dict()
     values["model_type"] = model_type(config)
+    if task is not None:
+        values.update(task_heads.transformers_fields(values["model_type"], task))
     values["bert_jax"] = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -159,6 +209,8 @@ def config_dict(config: ModelConfig, has_heads: bool, tokenizer: Any, extra: Any
         else {"path": TOKENIZER_DIR, "type": tokenizer.kind, "lowercase": tokenizer.lowercase},
         "extra": dict(extra or {}),
     }
+    if task is not None:
+        values["bert_jax"][TASK_KEY] = dict(task)
     return values
 
 
@@ -171,6 +223,7 @@ def save_model_dir(
     extra: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     what: str = "model directory",
+    task: Mapping[str, Any] | None = None,
 ) -> str:
     """Writes a model directory at `path` (atomically) and returns its absolute path.
 
@@ -179,22 +232,30 @@ def save_model_dir(
     `params`: the BertForPreTraining tree or an encoder-only {"bert": ...} tree, as NumPy or
     (possibly sharded, possibly boxed) jax arrays; it is checked against `config` first, naming any
     missing, extra or mis-shaped parameter. `tokenizer`: a `Tokenizer`, a path `load_tokenizer`
-    accepts, or None. `extra`: JSON-serializable notes stored in config.json.
+    accepts, or None. `extra`: JSON-serializable notes stored in config.json. `task`: a
+    fine-tuned model's task entry (the module docstring); `params` is then the fine-tuning
+    state's tree {"bert": encoder, "classifier": head}, checked against the head's kind.
 
     Written by the calling process alone (no cross-host barriers): in a multi-host job, gather
     the params to host-local arrays (`multihost_utils.process_allgather`) and call this from one
     process.
     """
     params = _unbox(params)
-    checks = modernbert_names.check_params if model_type(config) == "modernbert" else check_params
-    has_heads = checks(params, config, "params to save")
+    if task is not None:
+        task = check_task(task, "the task to save")
+        _check_finetuned(params, config, task)
+        has_heads = False
+    else:
+        family = model_type(config)
+        checks = modernbert_names.check_params if family == "modernbert" else check_params
+        has_heads = checks(params, config, "params to save")
     tokenizer = _as_tokenizer(tokenizer)
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise ModelDirError(
             f"the tokenizer has {tokenizer.vocab_size} entries but the model's vocab_size is "
             f"{config.vocab_size}: ids past the embedding table would be produced"
         )
-    payload = config_dict(config, has_heads, tokenizer, extra)
+    payload = config_dict(config, has_heads, tokenizer, extra, task)
     json.dumps(payload)  # fail on non-serializable `extra` before writing anything
     with files.atomic_output_dir(path, MODEL_DIR_KIND, overwrite, what=what) as tmp:
         with _checkpointer(process_local=True) as checkpointer:
@@ -282,6 +343,8 @@ def read_config(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
             f"{directory} uses model-directory format version {info['format_version']}; this "
             f"bert-jax reads up to version {FORMAT_VERSION} (upgrade bert-jax)"
         )
+    if info.get(TASK_KEY) is not None:
+        info[TASK_KEY] = check_task(info[TASK_KEY], f"{directory}/{CONFIG_NAME}")
     family = values.get("model_type", "bert")
     if family not in FAMILIES:
         raise ModelDirError(
@@ -294,13 +357,62 @@ def read_config(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
     return config, info
 
 
-def expected_tree(config: ModelConfig, has_heads: bool) -> dict[str, Any]:
+def expected_tree(
+    config: ModelConfig, has_heads: bool, task: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The params' shapes (nested dict of tuples): the pretraining tree (with or without its
+    heads), or with `task` a fine-tuned model's {"bert": encoder, "classifier": head}."""
+    if task is not None:
+        encoder = expected_tree(config, has_heads=False)
+        return {
+            task_heads.ENCODER_KEY: encoder[ENCODER_SUBTREES[model_type(config)]],
+            task_heads.HEAD_KEY: task_heads.head_tree(config, task["head"], task["labels"]),
+        }
     if model_type(config) == "modernbert":
         return modernbert_names.expected_tree(config, has_heads)
     tree: dict[str, Any] = {}
     for entry in mapping.entries(config, with_heads=has_heads):
         mapping.set_path(tree, entry.path, mapping.expected_shape(entry, config))
     return tree
+
+
+def check_task(task: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A fine-tuned model's task entry, checked: a known head kind, its labels a list of names,
+    a name and a sequence length; a ModelDirError naming `where` otherwise."""
+    task = dict(task)
+    problems = []
+    if task.get("head") not in task_heads.HEADS:
+        problems.append(f"head {task.get('head')!r} is not one of {', '.join(task_heads.HEADS)}")
+    labels = task.get("labels")
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        problems.append(f"labels {labels!r} is not a list of names")
+    if not isinstance(task.get("name"), str):
+        problems.append("it has no task name")
+    if not isinstance(task.get("max_seq_length"), int):
+        problems.append("it has no max_seq_length")
+    if problems:
+        raise ModelDirError(f"{where}: the fine-tuned task entry is damaged: {'; '.join(problems)}")
+    return task
+
+
+def _check_finetuned(params: Mapping[str, Any], config: ModelConfig, task: Mapping) -> None:
+    want = traverse_util.flatten_dict(expected_tree(config, False, task), sep="/")
+    found = {
+        path: tuple(np.shape(leaf))
+        for path, leaf in traverse_util.flatten_dict(dict(params), sep="/").items()
+    }
+    problems = [f"missing parameter {p} {s}" for p, s in want.items() if p not in found]
+    problems += [
+        f"parameter {p} has shape {found[p]} but the config needs {s}"
+        for p, s in want.items()
+        if p in found and found[p] != tuple(s)
+    ]
+    problems += [f"unexpected parameter {p} {s}" for p, s in found.items() if p not in want]
+    if problems:
+        raise ModelDirError(
+            f"the fine-tuned params to save do not match the {task['head']} head's tree "
+            f"({len(problems)} problem(s)): " + "; ".join(problems[:5])
+        )
 
 
 def _checkpointer(process_local: bool):
@@ -376,7 +488,7 @@ def load_model_dir(
         params_dir = os.path.join(directory, info.get("params", PARAMS_DIR))
         if not fs.isdir(params_dir):
             raise ModelDirError(f"{directory} has no {PARAMS_DIR}/ directory (incomplete copy?)")
-        expected = expected_tree(config, has_heads)
+        expected = expected_tree(config, has_heads, info.get(TASK_KEY))
         stored = _stored_tree(params_dir)
         dtypes = _check_stored(stored, expected, directory)
         shardings = _select_shardings(sharding, expected)

@@ -39,6 +39,7 @@ from bert_jax.finetune.heads.pooled import (
     classification_loss,
 )
 from bert_jax.finetune.reports import run_report
+from bert_jax.finetune.runs import finetuned_model
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.tasks import glue_metrics, swag
@@ -160,12 +161,19 @@ def run_swag(
         _write_reports(fs.abspath(workdir), finished)
         return finished
     encoder = load_pretrained(model) if isinstance(model, str) else model
-    result, outputs = train_and_predict(encoder, splits, settings, log, mesh)
+    trained: dict[str, Any] = {}
+    result, outputs = train_and_predict(encoder, splits, settings, log, mesh, trained.update)
     result.update(
         model=model_name,
         data=data,
         finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
+    if finetuned_model.keeps(settings, selected=True):  # before result.json, the done marker
+        workdir = finetune_workdir.open_workdir(
+            workdir, "finetune", writer=jax.process_index() == 0
+        )
+        entry = finetuned_model.task_entry(swag.TASK_NAME, "multiple_choice", [], settings)
+        finetuned_model.save(workdir, encoder, trained["params"], entry)
     if jax.process_index() == 0:
         workdir = finetune_workdir.open_workdir(workdir, "finetune")
         for name, text in outputs.items():
@@ -190,8 +198,10 @@ def train_and_predict(
     settings: FinetuneSettings,
     log: Callable[[str], None],
     mesh: jax.sharding.Mesh | None = None,
+    on_trained: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The run on read splits: result.json's figures and the prediction files' text."""
+    """The run on read splits: result.json's figures and the prediction files' text;
+    `on_trained`, when given, receives {"params": the trained params} (the model to keep)."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
     config = tuning_loop.run_config(encoder, settings, mesh)
@@ -222,6 +232,8 @@ def train_and_predict(
         log,
         name=swag.TASK_NAME,
     )
+    if on_trained is not None:
+        on_trained({"params": trained.state.params})
     outputs = {"dev_predictions.csv": predictions_csv(splits["dev"], kept["dev"])}
     dev_labels = arrays["dev"]["labels"]
     majority = glue_metrics.class_summary(dev_labels, ENDINGS)

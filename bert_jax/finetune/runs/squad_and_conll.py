@@ -26,6 +26,7 @@ from typing import Any
 import jax
 
 from bert_jax.finetune.reports import run_report
+from bert_jax.finetune.runs import finetuned_model
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tasks import registry, squad, squad_answers
@@ -101,10 +102,13 @@ def run_token_task(
         splits = tuple(ner.read_split(data, split) for split in ("train", "dev", "test"))
     finetune_workdir.check_workdir(workdir)
     encoder = load_pretrained(model) if isinstance(model, str) else model
+    trained: dict[str, Any] = {}
     if version is not None:
-        result, outputs = _run_squad(encoder, version, splits, settings, options, log, mesh)
+        result, outputs = _run_squad(
+            encoder, version, splits, settings, options, log, mesh, trained.update
+        )
     else:
-        result, outputs = _run_ner(encoder, splits, settings, options, log, mesh)
+        result, outputs = _run_ner(encoder, splits, settings, options, log, mesh, trained.update)
     result.update(
         model=fs.abspath(model) if isinstance(model, str) else encoder.source,
         data=data,
@@ -112,6 +116,10 @@ def run_token_task(
         options=dataclasses.asdict(options),
         finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
+    if finetuned_model.keeps(settings, selected=True):  # before result.json, the done marker
+        workdir = finetune_workdir.open_workdir(workdir, "finetune", writer=_is_writer())
+        entry = token_task_entry(task, result, settings, options)
+        finetuned_model.save(workdir, encoder, trained["params"], entry)
     if _is_writer():
         workdir = finetune_workdir.open_workdir(workdir, "finetune")
         for name, text in outputs.items():
@@ -122,6 +130,24 @@ def run_token_task(
         run_report.plot_history(os.path.join(workdir, "plots", plot_name), result)
         files.write_json_atomic(os.path.join(workdir, "result.json"), result)
     return result
+
+
+def token_task_entry(
+    task: Task, result: Mapping[str, Any], settings: FinetuneSettings, options: SpanOptions
+) -> dict[str, Any]:
+    """The fine-tuned model directory's task entry (model_dir's docstring): SQuAD's span head
+    with its windows and answers' options; CoNLL-2003's tags (as trained: IOB2 unless the
+    training files used IOBES) and whether the data's files write them in IOB1."""
+    if task.family == SPANS:
+        spans = dataclasses.asdict(options)
+        kept = ("doc_stride", "max_query_length", "n_best_size", "max_answer_length")
+        kept += ("null_score_diff_threshold",)
+        return finetuned_model.task_entry(
+            result["task"], "span", [], settings, {key: spans[key] for key in kept}
+        )
+    return finetuned_model.task_entry(
+        result["task"], "tags", result["labels"], settings, {"iob1": result["iob1"]}
+    )
 
 
 def _json_text(payload: Any) -> str:
@@ -138,7 +164,7 @@ def _read_squad(version, data, options):
     return squad.read_json(train_path)[0], squad.read_json(dev_path)[0]
 
 
-def _run_squad(encoder, version, splits, settings, options, log, mesh):
+def _run_squad(encoder, version, splits, settings, options, log, mesh, on_trained=None):
     train, dev = splits
     windows = dict(
         tokenizer=encoder.tokenizer,
@@ -182,6 +208,7 @@ def _run_squad(encoder, version, splits, settings, options, log, mesh):
         head_dropout=0.0,
         log=log,
         mesh=mesh,
+        on_trained=on_trained,
     )
     run.pop("final_logits")
     found = answers(run.pop("logits"))
@@ -200,7 +227,7 @@ def _run_squad(encoder, version, splits, settings, options, log, mesh):
     return run, outputs
 
 
-def _run_ner(encoder, splits, settings, options, log, mesh):
+def _run_ner(encoder, splits, settings, options, log, mesh, on_trained=None):
     train, dev, test = splits
     labels = ner.label_list(train)
     iob1 = ner.uses_iob1(train)
@@ -230,6 +257,7 @@ def _run_ner(encoder, splits, settings, options, log, mesh):
         log=log,
         final_arrays={} if test_features is None else {"test": test_features.arrays},
         mesh=mesh,
+        on_trained=on_trained,
     )
     _, dev_predicted = score(dev, dev_features, run.pop("logits"))
     outputs = {"dev_predictions.txt": ner.conll_text(dev, dev_predicted)}
@@ -237,5 +265,7 @@ def _run_ner(encoder, splits, settings, options, log, mesh):
     if test is not None:
         run["test_metrics"], test_predicted = score(test, test_features, final_logits["test"])
         outputs["test_predictions.txt"] = ner.conll_text(test, test_predicted)
-    run.update(task=ner.TASK_NAME, labels=list(labels), num_train_examples=len(train))
+    run.update(
+        task=ner.TASK_NAME, labels=list(labels), num_train_examples=len(train), iob1=bool(iob1)
+    )
     return run, outputs

@@ -4,15 +4,22 @@ Workdir layout:
 
     trials/<TASK>/lr=<LR>_seed=<SEED>/result.json    one finished trial (written last, atomically)
     trials/<TASK>/lr=<LR>_seed=<SEED>/<FILE>.tsv     its test predictions, GLUE-server format
-    submission/<FILE>.tsv                            the best-on-dev trial's predictions per task
+    trials/<TASK>/lr=<LR>_seed=<SEED>/model/         the selected trial's fine-tuned model
+                                                     (`--keep-models`: finetuned_model.py)
+    submission/<FILE>.tsv                            the selected trial's predictions per task
     results.json, results.csv, results.md, plots/<TASK>.png     (see report.py)
 
 A trial counts as done when its `result.json` exists; an interrupted sweep, run again with the same
 arguments, skips those and runs the rest. A `result.json` written with different training settings
 (epochs, batch size, sequence length, model, ...) is an error rather than silently mixed in.
 
-Best-on-dev selection: per task, the trial with the highest dev score in the paper's metric (MNLI:
-the mean of matched and mismatched accuracy); ties go to the earlier trial in sweep order.
+Why this file is long: it holds the sweep's whole protocol, each piece short and read in order:
+trials and their directories, reuse of finished ones, the run of one (`finetune` is one trial),
+selection and the kept models, the submission copy and the sweep's options.
+
+Selection (best on dev): per task, the selected trial is the one with the highest dev score in the
+paper's metric (MNLI: the mean of matched and mismatched accuracy); ties go to the earlier trial
+in sweep order.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import jax
 from bert_jax.core import optim
 from bert_jax.finetune.reports import references
 from bert_jax.finetune.reports import sweep_report as report
+from bert_jax.finetune.runs import finetuned_model
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import registry
 from bert_jax.finetune.tasks.glue import (
@@ -87,8 +95,9 @@ class SweepOutcome:
     records: list[dict[str, Any]]
     ran: list[str]
     reused: list[str]
-    best: dict[str, dict[str, Any]]
+    selected: dict[str, dict[str, Any]]  # by task, the selected trial's record
     written: list[str]
+    models: dict[str, str | None] = dataclasses.field(default_factory=dict)  # by task
 
 
 def trials_for(
@@ -200,16 +209,27 @@ def run_trial(
     mesh: Any,
     run_id: str,
     log: Callable[[str], None],
+    selected: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune one trial, write its test predictions, then its result.json (the done marker).
+    """Fine-tune one trial, write its test predictions and its model (as `--keep-models` says;
+    `selected`: the task's selected trial before this one, None for the first or a single run),
+    then its result.json (the done marker).
 
     `model` names the pretrained model in the record (what a resumed sweep compares).
     """
     trial_settings = dataclasses.replace(
         settings, learning_rate=trial.learning_rate, seed=trial.seed
     )
-    result = finetune(encoder, task_data, trial_settings, mesh=mesh, log=log)
+    trained: dict[str, Any] = {}
+    result = finetune(
+        encoder, task_data, trial_settings, mesh=mesh, log=log, on_trained=trained.update
+    )
     record = trial_record(trial, result, model, data, run_id)
+    now_selected = selected is None or record["selection_score"] > selected["selection_score"]
+    if finetuned_model.keeps(settings, now_selected):
+        finetuned_model.save(
+            directory, encoder, trained["params"], sentence_task_entry(trial.task, trial_settings)
+        )
     if is_writer():
         fs.makedirs(directory, exist_ok=True)
         for split, (guids, predictions) in result.test_predictions.items():
@@ -260,22 +280,56 @@ def run_single(
     )
 
 
-def select_best(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per task, the record with the highest selection score (the earliest one on ties)."""
-    best: dict[str, dict[str, Any]] = {}
+def sentence_task_entry(task: SentenceTask, settings: FinetuneSettings) -> dict[str, Any]:
+    """The fine-tuned model directory's task entry of a sentence task (model_dir's docstring):
+    a classifier over its labels, or STS-B's regressor; `pair` says which texts it reads."""
+    head = "regression" if task.is_regression else "classification"
+    labels = [] if task.is_regression else list(task.labels or ())
+    return finetuned_model.task_entry(task.name, head, labels, settings, pair=task.is_pair)
+
+
+def select_trials(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task, the selected trial's record: the highest selection score (the earliest on
+    ties)."""
+    selected: dict[str, dict[str, Any]] = {}
     for record in records:
-        current = best.get(record["task"])
+        current = selected.get(record["task"])
         if current is None or record["selection_score"] > current["selection_score"]:
-            best[record["task"]] = record
-    return best
+            selected[record["task"]] = record
+    return selected
 
 
-def copy_submission(best: dict[str, dict[str, Any]], workdir: str) -> list[str]:
+def trial_directory(record: dict[str, Any], workdir: str) -> str:
+    """Where a trial's record, predictions and model lie."""
+    trial = Trial(get_task(record["task"]), record["learning_rate"], record["seed"])
+    return trial.directory(workdir)
+
+
+def keep_selected_models(
+    selected: dict[str, dict[str, Any]],
+    records: Sequence[dict[str, Any]],
+    workdir: str,
+    settings: FinetuneSettings,
+) -> dict[str, str | None]:
+    """Each task's selected trial's model directory (None where it kept none: a trial run with
+    `--keep-models none`); under "selected", the other trials' models are removed."""
+    models: dict[str, str | None] = {}
+    for task_name, record in selected.items():
+        keep = trial_directory(record, workdir)
+        if settings.keep_models == "selected":
+            others = [trial_directory(r, workdir) for r in records if r["task"] == task_name]
+            finetuned_model.prune(others, keep)
+        path = os.path.join(keep, finetuned_model.MODEL_SUBDIR)
+        models[task_name] = path if fs.exists(os.path.join(path, "config.json")) else None
+    return models
+
+
+def copy_submission(selected: dict[str, dict[str, Any]], workdir: str) -> list[str]:
     """Copy each task's selected trial's prediction files into `workdir/submission/`."""
     target = os.path.join(workdir, SUBMISSION_DIR)
     fs.makedirs(target, exist_ok=True)
     written = []
-    for task_name, record in best.items():
+    for task_name, record in selected.items():
         source = Trial(get_task(task_name), record["learning_rate"], record["seed"]).directory(
             workdir
         )
@@ -366,7 +420,8 @@ def run_sweep(
     on_trial_end: Callable[[dict[str, Any]], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> SweepOutcome:
-    """Run (or resume) the sweep in `workdir`, then select best-on-dev and write every report.
+    """Run (or resume) the sweep in `workdir`, then select each task's trial (best on dev),
+    keep its model (`settings.keep_models`) and write every report.
 
     `model`: a model directory / pretraining workdir path, or an already loaded encoder.
     `tasks` defaults to the paper's nine (`registry.sweep_order()`); `on_trial_end` is called
@@ -407,6 +462,7 @@ def run_sweep(
                 data, trial.task, encoder.tokenizer, settings.max_seq_length, test_splits
             )
         log(f"{trial.name}: running")
+        selected_before = select_trials(records).get(trial.task.name)
         record = run_trial(
             trial,
             encoder,
@@ -418,6 +474,7 @@ def run_sweep(
             mesh,
             run_id,
             log,
+            selected=selected_before,
         )
         shown = figures(record["dev_metrics"], trial.task.name)
         log(f"{trial.name}: dev {shown} ({record['seconds']:.1f}s)")
@@ -428,18 +485,28 @@ def run_sweep(
         if on_trial_end is not None:
             on_trial_end(record)
 
-    best = select_best(records)
+    selected = select_trials(records)
+    models = keep_selected_models(selected, records, workdir, settings)
+    for task_name, path in models.items():
+        if path is not None:
+            log(f"{task_name}: the selected trial's model is {path}")
+        elif settings.keep_models != "none":
+            log(
+                f"{task_name}: the selected trial ({selected[task_name]['trial']}) kept no "
+                "model (it ran with --keep-models none); delete its result.json and run the "
+                "sweep again to train it once more"
+            )
     if encoder is None:  # every trial finished earlier: the config alone, no weights
         config = load_model.load_model_dir(model_source, load_params=False).config
     else:
         config = encoder.config
     if not is_writer():
-        return SweepOutcome(records=records, ran=ran, reused=reused, best=best, written=[])
-    written = copy_submission(best, workdir)
+        return SweepOutcome(records, ran, reused, selected, written=[], models=models)
+    written = copy_submission(selected, workdir)
     written += report.write_reports(
         workdir,
         records,
-        best,
+        selected,
         model=model_source,
         model_label=config_lib.model_label(config),
         data=data,
@@ -447,4 +514,4 @@ def run_sweep(
         seeds=seeds,
         settings=settings,
     )
-    return SweepOutcome(records=records, ran=ran, reused=reused, best=best, written=written)
+    return SweepOutcome(records, ran, reused, selected, written=written, models=models)

@@ -1,7 +1,7 @@
 """The fine-tuning workdir as an output: its marker, what it holds, and the check before writing.
 
 `bert-jax finetune` and `bert-jax glue` write their results (result.json, the GLUE-server TSVs,
-trials/, submission/, results.*, plots/; SQuAD's predictions.json, null_odds.json,
+model/, trials/, submission/, results.*, plots/; SQuAD's predictions.json, null_odds.json,
 nbest_predictions.json; CoNLL-2003's dev/test_predictions.txt; SWAG's dev/test_predictions.csv;
 the checkpoint curve's steps/ and curve.*) into `--workdir`, replacing earlier ones of the same
 name. So they write only into a directory that is new, empty or already theirs (it carries
@@ -35,6 +35,7 @@ _NAMES = (
     "results.csv",
     "results.md",
     "plots",
+    "model",  # the fine-tuned model (finetuned_model.py)
     # SQuAD and CoNLL-2003 (squad_and_conll.py)
     "predictions.json",
     "null_odds.json",

@@ -241,8 +241,10 @@ def finetune(
     mesh: jax.sharding.Mesh | None = None,
     rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
     log: Callable[[str], None] | None = None,
+    on_trained: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> FinetuneResult:
-    """Fine-tune `encoder` + a fresh head on `data.train`; evaluate on dev; predict test splits."""
+    """Fine-tune `encoder` + a fresh head on `data.train`; evaluate on dev; predict test splits.
+    `on_trained`, when given, receives {"params": the trained params} (the model to keep)."""
     started = time.time()
     log = log or logger.info
     task = data.task
@@ -264,6 +266,8 @@ def finetune(
         name=task.name,
     )
     state, dev_metrics = trained.state, trained.dev
+    if on_trained is not None:
+        on_trained({"params": state.params})
     train_labels = data.train.labels
     summaries: dict[str, dict[str, Any]] = {"dev": {}, "test": {}}
     baseline = {}

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 # `adam_epsilon` and skip weight decay on biases and LayerNorm parameters. (`tuning.tuning_loop`
 # builds them.)
 OPTIMIZERS = ("bert", "adamw-hf")
+# The values of the `keep_models` setting: which fine-tuned model directories a run keeps
+# (runs/finetuned_model.py writes them).
+KEEP_MODELS = ("selected", "all", "none")
 
 
 def _mesh_shape(text: str) -> tuple[int, int, int]:
@@ -146,6 +149,13 @@ class FinetuneSettings:
         metavar="DATA,FSDP,TENSOR",
     )
     log_every: int = setting(100, "steps between progress lines", low=1)
+    keep_models: str = setting(
+        "selected",
+        "the fine-tuned model directories kept: selected (finetune: the run's, in DIR/model; "
+        "glue: each task's selected trial's), all (glue: every trial's), none",
+        choices=KEEP_MODELS,
+        metavar="WHICH",
+    )
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -210,15 +220,11 @@ def swept_option(name: str) -> str:
     return f"{name}s"
 
 
-# Where each family's encoder lies in a model directory's params (config.json's `model_type` ->
-# the subtree): what fine-tuning starts from, the pretraining heads beside it left behind.
-ENCODER_SUBTREES = {"bert": "bert", "modernbert": "model"}
-
-
 @dataclasses.dataclass(frozen=True)
 class PretrainedEncoder:
     """What fine-tuning needs from a model directory: config, the encoder's params (BERT's `bert`
-    subtree, ModernBERT's `model`: `ENCODER_SUBTREES`) and tokenizer."""
+    subtree, ModernBERT's `model`, a fine-tuned model's `bert`: `ModelDir.encoder_params`) and
+    tokenizer."""
 
     config: BertConfig | ModernBertConfig
     bert_params: Any
@@ -228,15 +234,8 @@ class PretrainedEncoder:
     @classmethod
     def from_model_dir(cls, model_dir: Any) -> PretrainedEncoder:
         """From `load_model.load_model_dir(...)`'s ModelDir of either family."""
-        from bert_jax.convert.model_dir import model_type
-
-        params, key = model_dir.params, ENCODER_SUBTREES[model_type(model_dir.config)]
-        if key not in params:
-            raise UserError(
-                f"model directory {model_dir.path} has no {key!r} parameters "
-                f"(top-level keys: {sorted(params)})"
-            )
-        return cls(model_dir.config, params[key], model_dir.tokenizer, str(model_dir.path))
+        encoder = model_dir.encoder_params
+        return cls(model_dir.config, encoder, model_dir.tokenizer, str(model_dir.path))
 
 
 def load_pretrained(path: str) -> PretrainedEncoder:

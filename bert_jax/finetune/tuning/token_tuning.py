@@ -175,12 +175,14 @@ def train_and_evaluate(
     log: Callable[[str], None],
     final_arrays: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    on_trained: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune on `train_arrays`; `evaluate(logits of eval_arrays)` at the end (and after every
     epoch with `settings.eval_every_epoch`). Returns the last metrics, history and run figures;
     `logits` holds the final eval logits for the caller's output files, `final_logits` those of
     each of `final_arrays` (e.g. a test split), predicted once at the end. `mesh` defaults to
-    one of `settings.mesh_shape` over every device."""
+    one of `settings.mesh_shape` over every device. `on_trained`, when given, receives
+    {"params": the trained params} (the model to keep)."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
     config = tuning_loop.run_config(encoder, settings, mesh)
@@ -206,6 +208,8 @@ def train_and_evaluate(
         log,
     )
     state = trained.state
+    if on_trained is not None:
+        on_trained({"params": state.params})
     final_logits = {
         name: predict_logits(tuner, state.params, arrays, settings.eval_batch_size)
         for name, arrays in (final_arrays or {}).items()
