@@ -1,16 +1,28 @@
 """Families of names kept as one table each (STYLE 22), walked the way tests/test_declarations.py
 walks settings: the supervisor's events (launch/events.py EVENTS) with their badput cause, restart
-and run-ending attributes, and the consumers that read them."""
+and run-ending attributes, and the consumers that read them; and the families a declaration's
+attribute marks: the model's identity (BertConfig `identity`), data preparation's reader options
+(PrepareSettings `reader`), the records settings recorded after the first manifest (`before`),
+and the choices and ranges BertConfig checks."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import pathlib
 import re
 
 import pytest
 
+from bert_jax.core.bert_config import BertConfig
+from bert_jax.data.preparation.settings import RECORDS_SETTINGS, PrepareSettings
+from bert_jax.data.records import manifest
+from bert_jax.data.sources import splits
 from bert_jax.launch import LaunchError, events, slurm, workdir_state
+from bert_jax.runtime import declarations
+from bert_jax.runtime.errors import UserError
+from bert_jax.training import config_lib, config_schema
 
 LAUNCH = pathlib.Path(events.__file__).parent
 
@@ -88,3 +100,101 @@ def test_a_job_script_records_only_what_record_event_takes(tmp_path):
     assert recorded and recorded <= set(events.named(job_script=True))
     with pytest.raises(LaunchError, match="use one of started, preempted"):
         workdir_state.record_event(str(tmp_path), "running")
+
+
+# --- the model's identity --------------------------------------------------------------------
+
+
+def test_the_identity_fields_are_declared_model_settings_hugging_face_names_too():
+    from transformers import BertConfig as HuggingFaceBertConfig
+
+    assert set(config_lib.IDENTITY_FIELDS) == {
+        "vocab_size",
+        "hidden_act",
+        "layer_norm_eps",
+        "type_vocab_size",
+        "max_position_embeddings",
+    }
+    model_keys = config_schema.family_fields("bert")
+    theirs = HuggingFaceBertConfig()
+    for name in config_lib.IDENTITY_FIELDS:
+        assert name in declarations.declarations(BertConfig) and name in model_keys, name
+        assert hasattr(theirs, name), name  # a model directory's config.json holds it
+
+
+# --- data preparation's reader options -------------------------------------------------------
+
+
+def test_the_reader_options_are_prepare_settings_and_read_splits_keywords():
+    settings = PrepareSettings()
+    options = settings.reader_options()
+    assert set(options) == splits.reader_option_names()
+    keywords = inspect.signature(splits.read_split).parameters
+    by_keyword = {
+        (name if declared.reader is True else declared.reader): name
+        for name, declared in declarations.declarations(PrepareSettings).items()
+        if declared.reader
+    }
+    for keyword, value in options.items():
+        # The reader's own default is the declared one (no second default drifts).
+        assert keywords[keyword].default == value == getattr(settings, by_keyword[keyword])
+    changed = dataclasses.replace(settings, splitter="regex", strict=True, text_field="body")
+    assert {k: changed.reader_options()[k] for k in ("splitter_name", "strict", "text_field")} == {
+        "splitter_name": "regex",
+        "strict": True,
+        "text_field": "body",
+    }
+    with pytest.raises(TypeError, match="unexpected options"):
+        splits.cut_splits([], splitter=True)
+
+
+# --- records settings recorded after the first manifest --------------------------------------
+
+
+def test_a_setting_recorded_later_says_what_earlier_records_had():
+    before = declarations.before_recorded(PrepareSettings)
+    assert before and set(before) <= set(RECORDS_SETTINGS)
+    for name, value in before.items():
+        declared = declarations.declarations(PrepareSettings)[name]
+        assert declared.allows(value), f"{name}: {value!r} is outside its declaration"
+    # The manifest's table is the declarations' and the text extraction's version (derived).
+    assert manifest.BEFORE_RECORDED == {**before, manifest.EXTRACTION_KEY: 1}
+    # Every entry is still one a run records (none stale).
+    assert set(manifest.BEFORE_RECORDED) <= {*PrepareSettings().recorded(), manifest.EXTRACTION_KEY}
+    # What records made before then had: the regex splitter, no held-out share, the paper's mix.
+    assert before["splitter"] == "regex" and before["heldout_share"] == 0.0
+    assert (before["mask_share"], before["same_share"], before["random_share"]) == (0.8, 0.1, 0.1)
+
+
+def test_an_old_manifest_reads_with_what_its_records_had():
+    old = manifest.Manifest.from_json({"max_seq_length": 128, "seed": 1, "inputs": []})
+    for name, value in manifest.BEFORE_RECORDED.items():
+        assert old.settings[name] == value, name
+    assert old.settings["seed"] == 1 and old.inputs == ()
+    new = manifest.Manifest.from_json({"splitter": "syntok 1.4.4", "heldout_share": 0.01})
+    assert new.settings["splitter"] == "syntok 1.4.4" and new.settings["heldout_share"] == 0.01
+
+
+# --- BertConfig's checks are its declarations' -----------------------------------------------
+
+
+def _outside(declared: declarations.Declaration):
+    """A value the declaration refuses, or None where it allows every value."""
+    if declared.choices is not None:
+        return "not-a-choice"
+    if declared.low is not None:
+        return declared.low if declared.low_open else declared.low - 1
+    if declared.high is not None:
+        return declared.high if declared.high_open else declared.high + 1
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(declarations.declarations(BertConfig)))
+def test_bert_config_refuses_what_a_declaration_refuses(name):
+    declared = declarations.declarations(BertConfig)[name]
+    value = _outside(declared)
+    if value is None:
+        BertConfig(**{name: declarations.defaults(BertConfig)[name]})
+        return
+    with pytest.raises(UserError, match=rf"\b{name} {value!r} (is not one of|must be)"):
+        BertConfig(**{name: value})

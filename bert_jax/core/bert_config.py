@@ -17,7 +17,7 @@ import jax
 
 from bert_jax.core.dtypes import DTYPES
 from bert_jax.core.prng_impls import DROPOUT_IMPLEMENTATIONS
-from bert_jax.runtime.declarations import setting
+from bert_jax.runtime.declarations import problems, setting
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
@@ -51,10 +51,15 @@ REMAT_POLICIES = {
 class BertConfig:
     """Model hyperparameters. Field names follow Hugging Face's `BertConfig` where one exists.
 
-    Each field is declared (runtime/declarations.py: default, help, range or choices): the
-    pretraining config's `model` section is these declarations (training/config_schema.py)."""
+    Each field is declared (runtime/declarations.py: default, help, range or choices, checked
+    on construction): the pretraining config's `model` section is these declarations
+    (training/config_schema.py). `identity=True` marks the architecture beyond the size
+    preset's shapes, which a model directory a run starts from fixes
+    (config_lib.adopt_model_identity)."""
 
-    vocab_size: int = setting(30522, "rows of the word-embedding table (the vocabulary)", low=1)
+    vocab_size: int = setting(
+        30522, "rows of the word-embedding table (the vocabulary)", low=1, identity=True
+    )
     hidden_size: int = setting(768, "width of every layer", low=1)
     num_hidden_layers: int = setting(12, "encoder layers", low=1)
     num_attention_heads: int = setting(12, "attention heads (they divide hidden_size)", low=1)
@@ -64,6 +69,7 @@ class BertConfig:
         "the feed-forward activation: gelu (exact, erf), gelu_new or gelu_tanh (the tanh "
         "approximation Google's original code calls gelu), relu",
         choices=tuple(ACTIVATIONS),
+        identity=True,
     )
     hidden_dropout_prob: float = setting(
         0.1, "dropout after the embeddings and each sub-layer", low=0.0, high=1.0, high_open=True
@@ -71,12 +77,16 @@ class BertConfig:
     attention_probs_dropout_prob: float = setting(
         0.1, "dropout of the attention probabilities", low=0.0, high=1.0, high_open=True
     )
-    max_position_embeddings: int = setting(512, "positions the model can hold", low=1)
-    type_vocab_size: int = setting(2, "segment ids (token types)", low=1)
+    max_position_embeddings: int = setting(
+        512, "positions the model can hold", low=1, identity=True
+    )
+    type_vocab_size: int = setting(2, "segment ids (token types)", low=1, identity=True)
     initializer_range: float = setting(
         0.02, "standard deviation of the truncated-normal initializer", low=0.0, low_open=True
     )
-    layer_norm_eps: float = setting(1e-12, "LayerNorm's epsilon", low=0.0, low_open=True)
+    layer_norm_eps: float = setting(
+        1e-12, "LayerNorm's epsilon", low=0.0, low_open=True, identity=True
+    )
     pad_token_id: int = setting(0, "the [PAD] id", low=0)
     # Compute dtype of activations and matmuls ("bfloat16" for mixed precision); parameters stay
     # in `param_dtype` (float32 master weights). Softmax and LayerNorm statistics run in float32.
@@ -144,37 +154,22 @@ class BertConfig:
     )
 
     def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise UserError(f"objective={self.objective!r} is not one of {OBJECTIVES}")
-        if (
-            isinstance(self.vocab_pad_multiple, bool)
-            or not isinstance(self.vocab_pad_multiple, int)
-            or self.vocab_pad_multiple < 1
+        # The declared choices and ranges (hidden_act's help says which gelu is Google's).
+        found = problems(self, name_of=lambda name: name)
+        if isinstance(self.vocab_pad_multiple, bool) or not isinstance(
+            self.vocab_pad_multiple, int
         ):
-            raise UserError(
+            found.append(
                 f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be a positive integer "
                 "(1: no padding)"
             )
-        if self.hidden_size % self.num_attention_heads:
-            raise UserError(
+        if self.num_attention_heads >= 1 and self.hidden_size % self.num_attention_heads:
+            found.append(
                 f"hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}"
             )
-        if self.hidden_act not in ACTIVATIONS:
-            raise UserError(
-                f"hidden_act={self.hidden_act!r} is not one of {sorted(ACTIVATIONS)} "
-                "(Google's original 'gelu' is the tanh approximation: use 'gelu_new')"
-            )
-        if self.dropout_impl not in DROPOUT_IMPLEMENTATIONS:
-            raise UserError(
-                f"dropout_impl={self.dropout_impl!r} is not one of {DROPOUT_IMPLEMENTATIONS}"
-            )
-        if self.remat not in REMAT_POLICIES:
-            raise UserError(f"remat={self.remat!r} is not one of {tuple(REMAT_POLICIES)}")
-        if self.attention_impl not in ATTENTION_IMPLEMENTATIONS:
-            raise UserError(
-                f"attention_impl={self.attention_impl!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
-            )
+        if found:
+            raise UserError("BertConfig: " + "; ".join(found))
 
     @property
     def padded_vocab_size(self) -> int:

@@ -54,8 +54,8 @@ SHORT_SEQ_PROB = 0.1
 # recorded used: BEFORE_RECORDED) is the default.
 PAPER_RANDOM_NEXT_PROB = 0.5
 RANDOM_NEXT_PROB = PAPER_RANDOM_NEXT_PROB
-# What `data prepare` records about the objective (manifest.BEFORE_RECORDED), with the value of
-# records prepared before it did.
+# What `data prepare` records about the objective, with the value of records prepared before it
+# did (PrepareSettings' declarations read it as their `before`; manifest.BEFORE_RECORDED).
 BEFORE_RECORDED = {
     "objective": DEFAULT_OBJECTIVE,
     "instance_format": "sentence_pairs",

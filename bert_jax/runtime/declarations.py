@@ -25,6 +25,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 
+class _FromTheStart:
+    """`Declaration.before`'s default: the setting was recorded from the first manifest on."""
+
+    def __repr__(self) -> str:
+        return "FROM_THE_START"
+
+
+FROM_THE_START: Any = _FromTheStart()
+
+
 @dataclasses.dataclass(frozen=True)
 class Declaration:
     """What a setting's field says about it, beside its name, type and default.
@@ -35,7 +45,11 @@ class Declaration:
     `records` (the prepared records: a data setting in the records' manifest and the cache key),
     `trial` (what a fine-tuning run computes: a finished run is reused only with the same value),
     `step` (the compiled train step), `swept` (`bert-jax glue` sweeps it; these values by
-    default).
+    default), `identity` (the model's identity beyond its size: a model directory a run starts
+    from fixes it). `before`: for a `records` setting the manifest gained later, the value of
+    the records prepared before it was recorded (their manifest reads as it; FROM_THE_START:
+    recorded since the first manifest). `reader`: a reader option (`data prepare` hands it to
+    the readers: True under the field's name, a string under that keyword).
     `parse`/`metavar`: how a flag's text becomes the value; `show`: how help and checks write a
     value, when not as `shown` does (a duration as `1h`); `flag`: the flag's name when it is not
     the field's (`--split-bytes` for `split_bytes`), "" for a setting without a flag; `zero`:
@@ -53,6 +67,9 @@ class Declaration:
     trial: bool = False
     step: bool = False
     swept: tuple[Any, ...] | None = None
+    identity: bool = False
+    before: Any = FROM_THE_START
+    reader: bool | str = False
     parse: Callable[[str], Any] | None = None
     metavar: str | None = None
     show: Callable[[Any], str] | None = None
@@ -119,6 +136,24 @@ def declarations(cls: type) -> dict[str, Declaration]:
 def defaults(cls: type) -> dict[str, Any]:
     """name -> declared default for every declared field of `cls`."""
     return {f.name: f.default for f in declared_fields(cls)}
+
+
+def marked(cls: type, attribute: str) -> tuple[str, ...]:
+    """The names of `cls`'s declared settings whose declaration sets `attribute` (`records`,
+    `identity`, ...), in order."""
+    return tuple(
+        name for name, declared in declarations(cls).items() if getattr(declared, attribute)
+    )
+
+
+def before_recorded(cls: type) -> dict[str, Any]:
+    """name -> the value records made before the setting was recorded had, for every declared
+    setting of `cls` recorded later than the first manifest (`Declaration.before`)."""
+    return {
+        name: declared.before
+        for name, declared in declarations(cls).items()
+        if declared.before is not FROM_THE_START
+    }
 
 
 def undeclared(cls: type) -> list[str]:

@@ -36,6 +36,7 @@ from bert_jax.core import modernbert_config
 from bert_jax.core.model import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.data import objectives
+from bert_jax.runtime import declarations
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_schema
 from bert_jax.training.config_schema import (
@@ -47,14 +48,8 @@ from bert_jax.training.config_schema import (
 log = logging.getLogger("bert_jax")
 
 # The model's architecture beyond the size preset's shapes: a model directory that a run starts
-# from (config.init_from) fixes them (adopt_model_identity).
-IDENTITY_FIELDS = (
-    "vocab_size",
-    "hidden_act",
-    "layer_norm_eps",
-    "type_vocab_size",
-    "max_position_embeddings",
-)
+# from (config.init_from) fixes them (adopt_model_identity); BertConfig's declarations mark them.
+IDENTITY_FIELDS = declarations.marked(BertConfig, "identity")
 _SAME_ACTIVATION = {"gelu_tanh": "gelu_new"}  # two names of one function (bert_config.ACTIVATIONS)
 # The position embeddings of every size preset: the bound for records prepared without a model.
 PRESET_MAX_POSITIONS = config_schema.default("model.max_position_embeddings")

@@ -1,7 +1,8 @@
 """What `bert-jax data prepare` is asked to do: `PrepareSettings`, every setting declared once.
 
 Each field is made by `setting(default, help, ...)` (runtime/declarations.py): its default, help,
-allowed range or choices, and `records=True` where it shapes the records. Everything else reads
+allowed range or choices, `records=True` where it shapes the records (`before=`: what records
+made before it was recorded had), and `reader=True` for the readers' options. Everything else reads
 the declaration: `data prepare`'s flags and their help (`declarations.add_flags`, cli/data.py),
 the settings from the flags (`declarations.from_args`), the range checks (`check`:
 `declarations.problems` plus the checks across settings), the settings `prepare_config.json`
@@ -82,6 +83,7 @@ class PrepareSettings:
         low=0.0,
         high=1.0,
         records=True,
+        before=objectives.BEFORE_RECORDED["random_next_prob"],
     )
     # The command line's default, which users see: five passes, each masked anew. A library
     # caller that wants one pass says dupe_factor=1 (a pretraining run with dynamic masking does).
@@ -95,12 +97,14 @@ class PrepareSettings:
         "LM, unmasked); pretrain refuses records of another objective",
         choices=objectives.OBJECTIVES,
         records=True,
+        before=objectives.BEFORE_RECORDED["objective"],
     )
     instance_format: str = setting(
         "",
         "sentence_pairs (NSP's), doc_sentences or full_sentences (RoBERTa's, no NSP)",
         zero="default: sentence_pairs for mlm+nsp, else full_sentences",
         records=True,
+        before=objectives.BEFORE_RECORDED["instance_format"],
         metavar="FORMAT",
     )
     mask_share: float = setting(
@@ -109,6 +113,7 @@ class PrepareSettings:
         low=0.0,
         high=1.0,
         records=True,
+        before=objectives.BEFORE_RECORDED["mask_share"],
     )
     same_share: float = setting(
         objectives.DEFAULT_SHARES["same_share"],
@@ -116,6 +121,7 @@ class PrepareSettings:
         low=0.0,
         high=1.0,
         records=True,
+        before=objectives.BEFORE_RECORDED["same_share"],
     )
     random_share: float = setting(
         objectives.DEFAULT_SHARES["random_share"],
@@ -123,6 +129,7 @@ class PrepareSettings:
         low=0.0,
         high=1.0,
         records=True,
+        before=objectives.BEFORE_RECORDED["random_share"],
     )
     num_workers: int = setting(
         1,
@@ -163,6 +170,7 @@ class PrepareSettings:
         high=0.5,
         zero="0: none",
         records=True,
+        before=0.0,  # every document in the training records
     )
     documents_per_shard: int = setting(
         0,
@@ -171,18 +179,24 @@ class PrepareSettings:
         low=0,
     )
     tfds_data_dir: str | None = setting(
-        None, "where TFDS keeps its data sets (tfds: inputs; default: TFDS's own)", metavar="DIR"
+        None,
+        "where TFDS keeps its data sets (tfds: inputs; default: TFDS's own)",
+        metavar="DIR",
+        reader=True,
     )
     text_field: str = setting(
         DEFAULT_TEXT_FIELD,
         "JSONL / Parquet / TFDS field with the text",
         records=True,
+        before="text",  # the field records made before it was recorded were read from
         metavar="NAME",
+        reader=True,
     )
     sentence_split: bool = setting(
         False,
         "split the lines of text files into sentences (for a paragraph per line)",
         records=True,
+        reader=True,
     )
     splitter: str = setting(
         DEFAULT_SPLITTER,
@@ -190,11 +204,16 @@ class PrepareSettings:
         "chosen on benchmarks/sentence_split_eval.py; regex is the rules of earlier versions",
         choices=SPLITTERS,
         records=True,
+        before="regex",  # what records made before the splitter was recorded were cut with
+        reader="splitter_name",  # the readers' keyword
     )
     max_line_bytes: int = setting(
-        DEFAULT_MAX_LINE_BYTES, "longer lines are skipped (counted as long_lines)", low=1
+        DEFAULT_MAX_LINE_BYTES,
+        "longer lines are skipped (counted as long_lines)",
+        low=1,
+        reader=True,
     )
-    strict: bool = setting(False, "stop at the first bad line instead of skipping it")
+    strict: bool = setting(False, "stop at the first bad line instead of skipping it", reader=True)
     overwrite: bool = setting(False, "rewrite the shards in --output")
 
     def check(self) -> None:
@@ -235,9 +254,14 @@ class PrepareSettings:
         values["splitter"] = splitter_identity(self.splitter)
         return values
 
+    def reader_options(self) -> dict[str, Any]:
+        """The reader options (declared `reader`), under the readers' keywords: what
+        `splits.cut_splits` and `splits.read_split` take beside the split."""
+        return {
+            (name if declared.reader is True else declared.reader): getattr(self, name)
+            for name, declared in declarations.declarations(type(self)).items()
+            if declared.reader
+        }
 
-RECORDS_SETTINGS = tuple(
-    name
-    for name, declared in declarations.declarations(PrepareSettings).items()
-    if declared.records
-)
+
+RECORDS_SETTINGS = declarations.marked(PrepareSettings, "records")

@@ -178,14 +178,7 @@ def check_run(
         [sources] if isinstance(sources, (str, os.PathLike)) else sources
     )
     inputs = manifest.input_identity(sources)  # refuses binary / non-UTF-8 files, writes nothing
-    reader_options = {
-        "tfds_data_dir": settings.tfds_data_dir,
-        "text_field": settings.text_field,
-        "max_line_bytes": settings.max_line_bytes,
-        "strict": settings.strict,
-        "sentence_split": settings.sentence_split,
-        "splitter_name": settings.splitter,
-    }
+    reader_options = settings.reader_options()  # the declared `reader` settings
     logger.info(
         "cutting %d input(s) into splits of about %s", len(sources), _size(settings.split_bytes)
     )

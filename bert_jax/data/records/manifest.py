@@ -39,7 +39,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from bert_jax.data import objectives
 from bert_jax.data.layout import (
     CONFIG_FILE,
     HELDOUT_SUBDIR,
@@ -47,8 +46,9 @@ from bert_jax.data.layout import (
     TOKENIZER_SUBDIR,
     read_prepare_config,
 )
+from bert_jax.data.preparation.settings import PrepareSettings
 from bert_jax.data.sources.text_check import InputError, TextCheck
-from bert_jax.runtime import fs
+from bert_jax.runtime import declarations, fs
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError, user_path
 
@@ -56,19 +56,17 @@ INPUTS_KEY = "inputs"
 MERGED_KEY = "merged_shards"
 # Recorded, not compared: the tokenizer's fingerprint, compared, says the same and more.
 _NOT_COMPARED = ("vocab_size",)
-# Settings recorded later than the first manifest, with the value every earlier prepare used: a
-# directory prepared before then compares as what it is (the regex splitter), not as None. A
-# setting the records' manifest gains says here what records made before it had.
-BEFORE_RECORDED = {
-    "splitter": "regex",
-    "text_field": "text",
-    "text_extraction": 1,
-    "heldout_share": 0.0,  # every document in the training records
-    **objectives.BEFORE_RECORDED,  # the objective, its format, MASK/SAME/RND, NSP's random next
-}
 EXTRACTION_KEY = "text_extraction"
+# Entries recorded later than the first manifest, with the value every earlier prepare used: a
+# directory prepared before then compares as what it is (the regex splitter), not as None. A
+# records setting the manifest gains says so on its declaration (`before=`, in
+# PrepareSettings); the text extraction's version (derived, not a setting) is the one other.
+BEFORE_RECORDED = {
+    **declarations.before_recorded(PrepareSettings),
+    EXTRACTION_KEY: 1,
+}
 FORMAT_KEY = "format_version"
-# What each records format groups documents by (prepare.FORMAT_VERSION), for check_format's line.
+# What each records format groups documents by (stage.FORMAT_VERSION), for check_format's line.
 _FORMATS = {
     1: "consecutive documents (--documents-per-shard)",
     2: "a hash of each document's key (--num-groups)",
@@ -76,7 +74,7 @@ _FORMATS = {
 _CHUNK = 1 << 20
 _STATS_RE = re.compile(r"^stats-(\d+)-of-(\d+)\.json$")
 # A shard and its counts, a completion mark, and the folder where a run spills documents by
-# group (prepare._spill_dir; left behind only by a killed run).
+# group (local_runner._spill_dir; left behind only by a killed run).
 _OWN_NAME_RE = re.compile(
     r"^(part-\d+\.(tfrecord|json)|stats-\d+-of-\d+\.json|\.spill-\d+-of-\d+-.+)$"
 )
@@ -296,7 +294,7 @@ def check_extraction(
 
 def check_format(previous: Manifest, wanted: Manifest, output_dir: str, rerun: str = "") -> None:
     """Refuses (SettingsChangedError, one line) records of another format (``format_version``,
-    ``prepare.FORMAT_VERSION``): their documents are grouped otherwise, so a resumed or merged
+    ``stage.FORMAT_VERSION``): their documents are grouped otherwise, so a resumed or merged
     directory would hold some documents twice and others not at all."""
     made, now = previous.settings.get(FORMAT_KEY), wanted.settings.get(FORMAT_KEY)
     if made != now:

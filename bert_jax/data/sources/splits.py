@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import inspect
 import io
 import os
 import re
@@ -89,10 +90,14 @@ _PROBE_BLOCK = 1 << 10  # the first block a probe reads; each next one twice as 
 _BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]{0,16}\n")
 
 DocKey = tuple[int, ...]
-# ``read_split``'s options besides ``byte_count``: ``cut_splits`` takes them too.
-_READER_OPTIONS = frozenset(
-    ("tfds_data_dir", "text_field", "max_line_bytes", "strict", "sentence_split", "splitter_name")
-)
+
+
+def reader_option_names() -> frozenset[str]:
+    """``read_split``'s options besides ``byte_count`` and ``check_text``, from its signature:
+    ``cut_splits`` takes them too (``PrepareSettings.reader_options`` gives their values)."""
+    parameters = inspect.signature(read_split).parameters.values()
+    named = {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return frozenset(named - {"byte_count", "check_text"})
 
 
 @dataclass(frozen=True, order=True)
@@ -255,7 +260,7 @@ def cut_splits(
     accepted so that callers pass one set; only ``max_line_bytes`` matters here. Its requests
     (sizes, footers, probes) run ``CUT_THREADS`` at a time: in a bucket each one waits for
     the network, and a large corpus asks thousands."""
-    unknown = set(reader_options) - _READER_OPTIONS
+    unknown = set(reader_options) - reader_option_names()
     if unknown:
         raise TypeError(f"cut_splits() got unexpected options {sorted(unknown)}")
     if target_bytes < 1:
