@@ -12,7 +12,8 @@ def add_to(subparsers) -> None:
         help="evaluate a model on held-out prepared records: MLM accuracy, perplexity, NSP",
         description="Prints MLM accuracy (beside the most-frequent-token baseline), MLM "
         "perplexity = exp(mean masked-token loss; next-token loss for an 'ltr' model) and, for "
-        "an 'mlm+nsp' model, NSP accuracy, over the records' own masking.",
+        "an 'mlm+nsp' model, NSP accuracy (beside the majority label's share, and whether the "
+        "model predicts one class), over the records' own masking.",
     )
     parser.add_argument("--model", required=True, metavar="MODEL", help="model dir or workdir")
     parser.add_argument(

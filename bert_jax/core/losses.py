@@ -38,7 +38,9 @@ def masked_lm(
 def next_sentence(
     nsp_logits_Bx2: Array, next_sentence_labels_B: Array, weights_B: Array | None = None
 ) -> dict[str, Array]:
-    """Cross-entropy and accuracy of next-sentence prediction (label 1 = B is random)."""
+    """Cross-entropy and accuracy of next-sentence prediction (label 1 = B is random), with the
+    weighted counts of label 1 and of predicted 1 (the majority baseline and whether the model
+    predicts one class: training/heldout_eval.py)."""
     logits = nsp_logits_Bx2.astype(jnp.float32)
     labels = next_sentence_labels_B.astype(jnp.int32)
     if weights_B is None:
@@ -46,18 +48,23 @@ def next_sentence(
     weights = weights_B.astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    predicted = jnp.argmax(logits, axis=-1)
+    correct = (predicted == labels).astype(jnp.float32)
     return {
         "nsp_loss_sum": jnp.sum(nll * weights),
         "nsp_correct_sum": jnp.sum(correct * weights),
         "nsp_weight": jnp.sum(weights),
+        "nsp_random_next_label_sum": jnp.sum((labels == 1).astype(jnp.float32) * weights),
+        "nsp_random_next_predicted_sum": jnp.sum((predicted == 1).astype(jnp.float32) * weights),
     }
 
 
 def no_next_sentence() -> dict[str, Array]:
     """The NSP sums of an objective without NSP: zero weight, so no NSP loss and no metrics."""
     zero = jnp.zeros((), jnp.float32)
-    return {"nsp_loss_sum": zero, "nsp_correct_sum": zero, "nsp_weight": zero}
+    keys = ("nsp_loss_sum", "nsp_correct_sum", "nsp_weight")
+    keys += ("nsp_random_next_label_sum", "nsp_random_next_predicted_sum")
+    return dict.fromkeys(keys, zero)
 
 
 def next_token_targets(input_ids_BxL: Array, input_mask_BxL: Array) -> tuple[Array, Array, Array]:

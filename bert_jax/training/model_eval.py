@@ -3,7 +3,8 @@
 Reports what the pretraining eval does (training/heldout_eval.py): MLM accuracy next to the
 always-the-most-frequent-token baseline, MLM perplexity = exp(mean masked-token loss) (the
 paper's Table 6 "LM (ppl)"; for the left-to-right objective, of the mean next-token loss), and
-NSP accuracy where the model's objective has NSP. The records' own (static) masking is used, so
+NSP accuracy where the model's objective has NSP, beside its majority baseline and whether the
+model predicts one class. The records' own (static) masking is used, so
 a result is reproducible; every record counts once (the last batch is filled with rows of zero
 weight). Records prepared for another objective or with another tokenizer than the model's, and
 token ids beyond the model's vocabulary, are refused in one line.
@@ -233,5 +234,13 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"mlm_perplexity: {result['mlm_perplexity']:.4f}",
     ]
     if "nsp_accuracy" in result:
+        from bert_jax.training import heldout_eval
+
         lines.append(f"nsp_accuracy: {result['nsp_accuracy']:.4f}")
+        lines.append(
+            f"nsp_baseline_accuracy: {result['nsp_baseline_accuracy']:.4f} (always "
+            f'"{result["nsp_baseline_class"]}", the majority label)'
+        )
+        flag = heldout_eval.one_class_words(result)
+        lines.append(f"nsp_one_class: {'yes (' + flag + ')' if flag else 'no'}")
     return lines

@@ -2,7 +2,8 @@
 
 Four panels over the steps: the training loss (total, MLM, NSP) with the held-out loss, MLM
 accuracy (training, held-out, and the held-out most-frequent-token baseline), NSP accuracy
-(training, held-out, chance 0.5) and the learning rate. Only what the run measured is drawn: a
+(training, held-out, the held-out majority-label baseline, a cross where the model predicts one
+class) and the learning rate. Only what the run measured is drawn: a
 run without evaluation has no held-out lines or baseline in the plot or its legends. The loop
 writes it at each evaluation and at the end; matplotlib's Agg canvas needs no display.
 """
@@ -68,7 +69,12 @@ def draw(train: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]],
     if any("nsp_accuracy" in r for r in [*train, *evals]):
         line(nsp, train, "nsp_accuracy", label="train")
         line(nsp, evals, "nsp_accuracy", "o-", label="held-out")
-        nsp.axhline(0.5, color="black", linestyle="--", label="chance")
+        line(nsp, evals, "nsp_baseline_accuracy", "k--", label="majority label (held-out)")
+        one_class = [r for r in evals if r.get("nsp_one_class")]
+        if one_class:  # accuracy that is only the predicted label's share
+            nsp.plot(*_series(one_class, "nsp_accuracy"), "rx", ms=10, label="predicts one class")
+        if not any("nsp_baseline_accuracy" in r for r in evals):  # rows from before the baseline
+            nsp.axhline(0.5, color="black", linestyle=":", label="chance")
         nsp.set_title("NSP accuracy")
     else:
         nsp.set_axis_off()

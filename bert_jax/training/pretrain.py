@@ -246,11 +246,8 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
         console(f"exported model directory {model_path}")
     checkpointer.close()
     if last_eval:
-        nsp = (
-            f"; NSP accuracy {last_eval['nsp_accuracy']:.4f} (chance 0.5)"
-            if "nsp_accuracy" in last_eval
-            else ""
-        )
+        nsp = heldout_eval.nsp_words(last_eval)
+        nsp = f"; {nsp}" if nsp else ""
         console(
             f"final eval: MLM accuracy {last_eval['mlm_accuracy']:.4f} vs "
             f"{last_eval['mlm_baseline_accuracy']:.4f} for always predicting the most frequent "
@@ -422,11 +419,11 @@ def _evaluate_and_log(trainer, state, batches, step: int, writer, console) -> di
         trainer.config.objective,
     )
     writer.write(step, result, kind="eval")
-    nsp = f", nsp accuracy {result['nsp_accuracy']:.4f}" if "nsp_accuracy" in result else ""
+    nsp = heldout_eval.nsp_words(result)
     console(
         f"eval step {step}: mlm accuracy {result['mlm_accuracy']:.4f} (most "
         f"frequent token {result['mlm_baseline_accuracy']:.4f}), mlm perplexity "
-        f"{result['mlm_perplexity']:.2f}{nsp}, loss {result['loss']:.4f}"
+        f"{result['mlm_perplexity']:.2f}, loss {result['loss']:.4f}" + (f"; {nsp}" if nsp else "")
     )
     return result
 
