@@ -1,4 +1,4 @@
-"""config_lib: the paper's defaults, the phase split, validation, describe and parameter counts."""
+"""config_lib: the paper's defaults, the phase split, validation, the dry-run outline, counts."""
 
 from __future__ import annotations
 
@@ -180,9 +180,9 @@ def test_base_and_large_configs_follow_the_paper(capsys):
         assert "steps 900000..999999 (100000), seq 512, 80 predictions" in out
 
 
-def test_describe_lists_every_setting_as_an_override_in_key_order():
+def test_the_dry_run_outline_lists_every_setting_as_an_override_in_key_order():
     config = config_lib.pretraining_config("tiny")
-    text = config_checks.describe(config)
+    text = config_checks.dry_run_outline(config)
     lines = text.splitlines()
     settings = [line.strip().split(" = ")[0] for line in lines[1 : lines.index("phases:")]]
     assert settings == sorted(settings, key=lambda key: key.split("."))

@@ -167,8 +167,8 @@ def test_docs_paper_runs_every_experiment():
 
 def test_the_dry_run_says_where_the_lm_head_runs():
     """LTR puts the vocabulary projection at every position (more FLOPs per token); MLM gathers."""
-    ltr = config_checks.describe(_module("paper/table5_ltr").get_config())
-    mlm = config_checks.describe(_module("paper/table5_no_nsp").get_config())
+    ltr = config_checks.dry_run_outline(_module("paper/table5_ltr").get_config())
+    mlm = config_checks.dry_run_outline(_module("paper/table5_no_nsp").get_config())
     flops = re.compile(r"seq 128, .*?([\d.]+) GFLOP/token \(([^)]*)\)")
     (ltr_flops, ltr_head), (mlm_flops, mlm_head) = (
         flops.search(ltr).groups(),

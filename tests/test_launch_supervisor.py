@@ -235,7 +235,7 @@ def test_goodput_and_badput_by_cause():
     assert result.badput["lost"] == pytest.approx((5 + 6) + 2 + (1 + 5))
     total = result.productive + sum(result.badput.values())
     assert total == pytest.approx(result.wall)
-    text = events.describe(DONE_WHEN_ROWS, [], checkpoint=100, model_exported=True, now=400.0)
+    text = events.status_report(DONE_WHEN_ROWS, [], checkpoint=100, model_exported=True, now=400.0)
     assert "restarts by cause: preempted 1, stalled 1, failed 1" in text
     assert "goodput: 24.9%" in text
     assert "waiting for capacity: 33.8%" in text
@@ -259,7 +259,7 @@ def test_status_of_a_run_in_progress_has_an_eta(tmp_path):
     assert events.read(str(tmp_path)) == log.rows and log.attempt == 1
     beats = [{"step": 40, "total_steps": 100, "step_time": 95.0, "seconds_per_step": 2.0,
               "attempt": 1}]  # fmt: skip
-    text = events.describe(log.rows, beats, slice_state="ACTIVE", checkpoint=30, now=100.0)
+    text = events.status_report(log.rows, beats, slice_state="ACTIVE", checkpoint=30, now=100.0)
     assert "slice: ACTIVE" in text
     assert "step: 40 of 100 (reported 0m05s ago), 2 s/step, ETA 2m00s" in text
     assert "latest checkpoint: step 30" in text

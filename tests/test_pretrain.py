@@ -300,3 +300,47 @@ def test_the_run_draws_its_curves(uninterrupted):
     workdir = uninterrupted[0]
     with open(os.path.join(workdir, "plots", "pretraining.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_finished_run_is_not_resumed_on_another_schedule(uninterrupted, shared_dirs, tmp_path):
+    """A copy of the finished 12-step run (11 steps at 32, 1 at 64) rerun with total_steps=18
+    would be back in phase 1 (round(0.9 x 18) = 16) with the learning rate jumping from the end
+    of its decay: refused in one line naming the change and both ways on, before anything is
+    compiled or written, in its workdir as through config.resume_from. Rerun with its own
+    schedule, the copy resumes (at its end: nothing to do)."""
+    import shutil
+
+    from bert_jax.runtime.errors import UserError
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(uninterrupted[0], copy, ignore=shutil.ignore_patterns("tensorboard"))
+    with open(os.path.join(copy, "config.json"), encoding="utf-8") as f:
+        recorded = f.read()
+    checkpoints = sorted(os.listdir(os.path.join(copy, "checkpoints")))
+    schedule = optim.warmup_decay(1e-3, 3, 12)
+    extended = optim.warmup_decay(1e-3, 3, 18)
+    with pytest.raises(UserError) as refused:
+        pretrain.pretrain(small_config(shared_dirs, total_steps=18), copy)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"--workdir {copy} was trained to step 12 on another schedule")
+    assert "config.total_steps=18 here, 12 there" in message
+    assert "phases 0-10 at seq 32, 11-11 at seq 64 would become 0-15 at seq 32, 16-17" in message
+    assert "step 13 would run in phase 1 (seq 32), not phase 2 (seq 64)" in message
+    old, new = float(schedule(11)), float(extended(12))
+    assert f"the learning rate would go from {old:.2e} (step 12) to {new:.2e} (step 13)" in message
+    assert "resume with its own schedule (--config.total_steps=12)" in message
+    assert f"start another --workdir with --config.init_from={copy} (its params only" in message
+    with open(os.path.join(copy, "config.json"), encoding="utf-8") as f:
+        assert f.read() == recorded  # nothing written
+    assert sorted(os.listdir(os.path.join(copy, "checkpoints"))) == checkpoints
+
+    # The same through config.resume_from, into a new workdir.
+    with pytest.raises(
+        UserError, match=r"^config.resume_from=.* was trained to step 12 on another"
+    ):
+        config = small_config(shared_dirs, total_steps=18, resume_from=copy)
+        pretrain.pretrain(config, str(tmp_path / "other"))
+
+    # With its own schedule the copy resumes where it ended.
+    assert pretrain.pretrain(small_config(shared_dirs), copy).final_step == 12

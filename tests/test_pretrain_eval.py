@@ -59,7 +59,7 @@ def _config(source: str = "embedded", **overrides):
 
 def _outline(config) -> list[str]:
     """The dry run's evaluation lines: the one after the intervals line, and those under it."""
-    lines = config_checks.describe(config).split("\n")
+    lines = config_checks.dry_run_outline(config).split("\n")
     start = next(i for i, line in enumerate(lines) if "a metrics line every" in line) + 1
     block = [lines[start]]
     block += [line for line in lines[start + 1 :] if line.startswith("    ")]
@@ -268,14 +268,15 @@ def test_a_set_vocabulary_is_honoured_and_said(records):
     config = _config(records["full"], **{"model.vocab_size": 3500})
     phases = config_lib.split_phases(config)
     assert str(inputs.vocab_choice(config, phases)) == "vocab 3500 (set)"
-    assert "parameters: " in config_checks.describe(config)
+    assert "parameters: " in config_checks.dry_run_outline(config)
     follows = _config(records["full"])
     assert (
         str(inputs.vocab_choice(follows, phases)) == f"vocab {SPM_VOCAB_SIZE} (from the tokenizer)"
     )
     # The dry run counts the parameters of the vocabulary the run will have.
     model = config_lib.bert_config(follows).replace(vocab_size=SPM_VOCAB_SIZE)
-    assert f"parameters: {config_lib.count_parameters(model):,}" in config_checks.describe(follows)
+    outline = config_checks.dry_run_outline(follows)
+    assert f"parameters: {config_lib.count_parameters(model):,}" in outline
 
 
 def test_a_compile_check_compiles_the_vocabulary_of_the_run(records):

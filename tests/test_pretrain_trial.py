@@ -71,7 +71,7 @@ def test_a_warmup_as_long_as_the_run_is_a_warning_in_the_dry_run_and_the_run(cap
     warning = config_lib.warmup_warning(config, config_lib.split_phases(config))
     assert warning.startswith("warning: warmup 10000 >= config.total_steps=60: the learning rate ")
     assert "config.optimizer.warmup_fraction" in warning
-    assert warning in config_checks.describe(config)
+    assert warning in config_checks.dry_run_outline(config)
 
 
 def test_the_dry_run_says_what_the_trial_will_do(capsys):

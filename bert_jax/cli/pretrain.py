@@ -23,7 +23,7 @@ def _run(flag_values) -> int:
         print(f"bert-jax pretrain: {change}")
     if flag_values.dry_run:
         # Checks the values first; a workdir's kept tokenizer is the one a restart would use.
-        described = config_checks.describe(config, flag_values.workdir or "")
+        described = config_checks.dry_run_outline(config, flag_values.workdir or "")
         _check_mesh(config)
         print(described)
         return 0

@@ -11,7 +11,7 @@ Errors: what the user must change (a setting, a missing `gcloud`) is a `LaunchEr
 the API itself; its own message is printed above ours) is a `CommandFailed`: one line too, but
 exit status 1, since retrying later may succeed where 2 says "change something first".
 
-A describe (`describe`) tells three answers apart: a state, the service's NOT_FOUND (the thing is
+A describe (`cloud_state`) tells three answers apart: a state, the service's NOT_FOUND (the thing is
 absent: None) and anything else (an `ApiError`: an expired auth token, 429/5xx, a dropped
 connection). Only NOT_FOUND may lead to a create; an ApiError leaves the state unknown.
 
@@ -163,7 +163,7 @@ class Runner:
         return result.returncode, result.stdout or "", result.stderr or ""
 
 
-def describe(runner: Runner, argv: Sequence[str], what: str) -> str | None:
+def cloud_state(runner: Runner, argv: Sequence[str], what: str) -> str | None:
     """The state a `gcloud ... describe --format=value(...)` prints (upper case); None only when
     the service answers NOT_FOUND. Any other failure, or an answer without a state, is an
     ApiError naming `what` and gcloud's error line: the caller must not act on it."""

@@ -343,7 +343,7 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-def describe(
+def status_report(
     rows: Sequence[dict],
     heartbeats: Sequence[dict],
     *,

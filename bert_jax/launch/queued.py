@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bert_jax.launch import ApiError, CommandFailed, LaunchError, Runner, describe
+from bert_jax.launch import ApiError, CommandFailed, LaunchError, Runner, cloud_state
 from bert_jax.launch.tpu import TpuVm
 from bert_jax.runtime import declarations
 from bert_jax.runtime.declarations import setting
@@ -124,13 +124,13 @@ class QueuedResource:
 def state(qr: QueuedResource, runner: Runner) -> str | None:
     """The queued resource's state (ACTIVE, SUSPENDED, ...); None when the service says
     NOT_FOUND. Any other failure of the describe is an ApiError (the state is unknown)."""
-    return describe(runner, qr.describe_command(), f"queued resource {qr.name}")
+    return cloud_state(runner, qr.describe_command(), f"queued resource {qr.name}")
 
 
 def node_state(vm: TpuVm, runner: Runner) -> str | None:
     """The TPU VM's state (READY, PREEMPTED, ...); None when the service says NOT_FOUND. Any
     other failure of the describe is an ApiError (the state is unknown)."""
-    return describe(runner, vm.describe_command(), f"TPU VM {vm.name}")
+    return cloud_state(runner, vm.describe_command(), f"TPU VM {vm.name}")
 
 
 def create(qr: QueuedResource, runner: Runner) -> None:

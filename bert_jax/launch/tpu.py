@@ -34,7 +34,7 @@ import sys
 import tarfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from bert_jax.launch import LaunchError, Runner, describe
+from bert_jax.launch import LaunchError, Runner, cloud_state
 from bert_jax.runtime.declarations import setting
 from bert_jax.runtime.errors import EXIT_DOES_NOT_FIT
 
@@ -263,7 +263,7 @@ def create(vm: TpuVm, runner: Runner) -> None:
         return
     # Only the service's NOT_FOUND leads to a create; a describe that fails otherwise stops here
     # (an ApiError, exit status 1) rather than create a second VM of the same name.
-    current = describe(runner, vm.describe_command(), f"TPU VM {vm.name}")
+    current = cloud_state(runner, vm.describe_command(), f"TPU VM {vm.name}")
     if current is not None:
         runner.note(f"reusing TPU VM {vm.name} in {vm.zone} ({current})")
         return

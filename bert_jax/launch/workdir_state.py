@@ -128,9 +128,9 @@ def _slice_state(job: Job, runner: Runner) -> str:
     not NOT_FOUND) is `unknown`, with gcloud's error, never `absent`."""
     failed: list[ApiError] = []
 
-    def shown(describe) -> str:
+    def shown(state_of) -> str:
         try:
-            return describe() or "absent"
+            return state_of() or "absent"
         except ApiError as err:
             failed.append(err)
             return "unknown (API error)"
@@ -155,7 +155,7 @@ def status_text(workdir: str, runner: Runner | None = None) -> str:
             slice_state = _slice_state(job, runner)
         except LaunchError:
             slice_state = "unknown (gcloud not available here)"
-    text = events.describe(
+    text = events.status_report(
         rows,
         beats,
         slice_state=slice_state,

@@ -1,8 +1,8 @@
 """A pretraining config's checks, each failing before anything compiles and naming its setting.
 
 `check_values` needs no devices (`pretrain --dry-run`, `plan`, `--compile-only` run it); `validate`
-adds what depends on the mesh, the input shards and the tokenizer; `describe` is what `--dry-run`
-prints once the checks pass.
+adds what depends on the mesh, the input shards and the tokenizer; `dry_run_outline` is what
+`--dry-run` prints once the checks pass.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def check_values(config, phases: list[Phase]) -> None:
             )
 
 
-def describe(config: ml_collections.ConfigDict, workdir: str = "") -> str:
+def dry_run_outline(config: ml_collections.ConfigDict, workdir: str = "") -> str:
     """The resolved config, phase split, parameter count and FLOPs per token (for --dry-run),
     with the vocabulary the run will have (inputs.vocab_choice; `workdir`: where a tokenizer
     an earlier run trained is kept)."""

@@ -322,6 +322,7 @@ def _prepare_workdir(config, workdir: str, is_main: bool, console=lambda *a: Non
     tokenizer = inputs.resolve_tokenizer(config, phases, workdir, console)
     inputs.follow_tokenizer(config, tokenizer)  # config.model.vocab_size=0: the tokenizer's
     workdir_lib.check_same_model(workdir, config)  # before config.json is written anew
+    workdir_lib.check_workdir_schedule(workdir, config)  # likewise
     config_checks.validate(config, phases, mesh, tokenizer)
     named = [(f"config.{p.name} data", p.source) for p in phases]
     check_prepared_with(tokenizer, named + _eval_sources(config, phases), "the run's tokenizer")
@@ -384,6 +385,14 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
                 problem,
                 step,
             )
+        theirs = _run_config(config.resume_from)
+        if theirs is not None:  # its phases and learning rate go on as they were
+            hint = (
+                f"start with --config.init_from={config.resume_from} instead (its params only: "
+                "the optimizer, the step and the schedule start anew)"
+            )
+            where = f"config.resume_from={config.resume_from}"
+            workdir_lib.check_same_schedule(theirs, where, int(step), config, hint)
         origin = f"config.resume_from={config.resume_from} step {int(state.step)}"
         return state, phase, position, origin
     state = trainer.init(init_rng)
@@ -393,16 +402,23 @@ def _restore_or_init(config, trainer: ShardedTrainer, checkpointer, init_rng):
     return state, None, None, f"config.init_from={config.init_from} (params only)"
 
 
-def _check_run_objective(path: str, objective: str) -> None:
-    """Refuses config.resume_from of a run (its workdir's config.json) with another objective."""
+def _run_config(path: str) -> dict | None:
+    """The config.json of the run whose checkpoints `path` (config.resume_from) holds, if any."""
     directory = checkpointing.find_checkpoint_dir(path)
     for candidate in (path, os.path.dirname(os.path.normpath(directory))):
         run_config = os.path.join(candidate, load_model.CONFIG_NAME)
         if fs.exists(run_config):
             with fs.open(run_config, encoding="utf-8") as f:
-                theirs = json.load(f).get("objective", objectives.DEFAULT_OBJECTIVE)
-            objectives.check_model(f"config.resume_from={path}", theirs, objective)
-            return
+                return json.load(f)
+    return None
+
+
+def _check_run_objective(path: str, objective: str) -> None:
+    """Refuses config.resume_from of a run (its workdir's config.json) with another objective."""
+    theirs = _run_config(path)
+    if theirs is not None:
+        objective_there = theirs.get("objective", objectives.DEFAULT_OBJECTIVE)
+        objectives.check_model(f"config.resume_from={path}", objective_there, objective)
 
 
 def _save_checkpoint(checkpointer, step: int, state, phase: Phase, iterator, mesh) -> None:

@@ -1,5 +1,7 @@
 """The pretraining workdir's keeping: one writer (a lock file naming the run that holds it: host,
-pid, start time) and the removal of what a killed run left half-written.
+pid, start time), the removal of what a killed run left half-written, and the refusal to resume
+its checkpoints as another model (`check_same_model`) or on another schedule
+(`check_same_schedule`: other phases or another learning-rate curve).
 
 `pretrain` takes the lock (process 0 of a job) before it writes anything in its workdir and lets
 it go when it ends, however it ends (finished, preempted, an exception). The file is created with
@@ -233,3 +235,120 @@ def check_same_model(workdir: str, config) -> None:
             f"from {stored_path}): use another --workdir for this model, or run with the "
             "workdir's model settings to resume it"
         )
+
+
+def check_workdir_schedule(workdir: str, config) -> None:
+    """Refuses to resume the checkpoints in `workdir` on another schedule than the one they were
+    trained on (`check_same_schedule`; its config.json says which, read before it is rewritten)."""
+    stored_path = os.path.join(workdir, "config.json")
+    checkpoints = os.path.join(workdir, "checkpoints")
+    if not fs.isfile(stored_path) or not fs.isdir(checkpoints):
+        return
+    steps = [int(name) for name in fs.listdir(checkpoints) if name.isdigit()]
+    if not steps:
+        return
+    try:
+        stored = json.loads(fs.read_text(stored_path))
+    except ValueError:  # unreadable: the restore itself reports what it finds
+        return
+    hint = (
+        f"start another --workdir with --config.init_from={workdir} (its params only: the "
+        "optimizer, the step and the schedule start anew)"
+    )
+    check_same_schedule(stored, f"--workdir {workdir}", max(steps), config, hint)
+
+
+def check_same_schedule(stored: dict, where: str, step: int, config, fix_hint: str) -> None:
+    """Refuses to resume at `step` a run whose checkpoints were trained on another schedule.
+
+    `stored` is the config.json of the run that saved them (`where` names it). The schedule is
+    what `step` decides: each phase's steps and shapes, and the learning rate at every step. A
+    resume with another one would go on in another phase (a finished 400-step run rerun with
+    total_steps=600 is back at seq 128 until step 540) with the rate jumping. Nothing is refused
+    where nothing would train (`step` at or past the new end). `fix_hint` says how to train the
+    model further on a new schedule. One line, naming what changed, from what to what.
+    """
+    import ml_collections
+    import numpy as np
+
+    from bert_jax.core import optim
+    from bert_jax.training import config_lib
+
+    try:
+        theirs = ml_collections.ConfigDict(stored)
+        old_phases = config_lib.split_phases(theirs)
+        old_optimizer, old_specs = config_lib.resolved_optimizer(theirs, old_phases)
+    except (KeyError, AttributeError, TypeError, ValueError, UserError):
+        return  # a config.json of another layout: nothing to compare against
+    new_phases = config_lib.split_phases(config)
+    if step >= new_phases[-1].end:
+        return
+    new_optimizer, new_specs = config_lib.resolved_optimizer(config, new_phases)
+
+    def shape(phases):
+        return [
+            (p.start, p.end, p.max_seq_length, p.max_predictions_per_seq, p.batch_size)
+            for p in phases
+        ]
+
+    total = max(old_phases[-1].end, new_phases[-1].end)
+    steps = np.arange(total)
+    _, old_rate = optim.from_config(old_optimizer, [p.steps for p in old_phases], old_specs)
+    _, new_rate = optim.from_config(new_optimizer, [p.steps for p in new_phases], new_specs)
+    old_lr, new_lr = np.asarray(old_rate(steps)), np.asarray(new_rate(steps))
+    if shape(old_phases) == shape(new_phases) and np.allclose(old_lr, new_lr, rtol=1e-6):
+        return
+    differences = _schedule_differences(stored, config.to_dict())
+    changed = [
+        f"config.{key}={_shown(here)} here, {_shown(there)} there"
+        for key, there, here in differences
+    ]
+    old_at, new_at = config_lib.phase_at(old_phases, step), config_lib.phase_at(new_phases, step)
+    effects = [
+        f"phases {_phases_text(old_phases)} would become {_phases_text(new_phases)}"
+        if shape(old_phases) != shape(new_phases)
+        else ""
+    ]
+    if (old_at.index, old_at.max_seq_length) != (new_at.index, new_at.max_seq_length):
+        effects.append(
+            f"step {step + 1} would run in phase {new_at.index + 1} (seq "
+            f"{new_at.max_seq_length}), not phase {old_at.index + 1} (seq "
+            f"{old_at.max_seq_length})"
+        )
+    last = old_lr[min(step, old_phases[-1].end) - 1] if step else old_lr[0]
+    effects.append(
+        f"the learning rate would go from {last:.2e} (step {step}) to {new_lr[step]:.2e} "
+        f"(step {step + 1})"
+    )
+    fixes = [f"--config.{key}={_shown(there)}" for key, there, _ in differences]
+    raise UserError(
+        f"{where} was trained to step {step} on another schedule "
+        f"({'; '.join(changed) or 'the learning-rate settings differ'}): resuming would change it "
+        f"silently ({'; '.join(e for e in effects if e)}). To go on with the run, resume with its "
+        f"own schedule ({' '.join(fixes) or 'its config.json'}); to train the model further on "
+        f"a new schedule, {fix_hint}"
+    )
+
+
+def _schedule_differences(stored: dict, here: dict) -> list[tuple[str, object, object]]:
+    """(key, there, here) of the schedule's settings that differ: total_steps, the optimizer's
+    and each phase's (their data aside)."""
+    from bert_jax.training import config_lib
+
+    differ = []
+    if stored.get("total_steps") != here.get("total_steps"):
+        differ.append(("total_steps", stored.get("total_steps"), here.get("total_steps")))
+    for section in ("optimizer", *config_lib.PHASE_KEYS):
+        theirs, ours = stored.get(section) or {}, here.get(section) or {}
+        for key in sorted(set(theirs) | set(ours)):
+            if key != "data" and theirs.get(key) != ours.get(key):
+                differ.append((f"{section}.{key}", theirs.get(key), ours.get(key)))
+    return differ
+
+
+def _shown(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _phases_text(phases) -> str:
+    return ", ".join(f"{p.start}-{p.end - 1} at seq {p.max_seq_length}" for p in phases)

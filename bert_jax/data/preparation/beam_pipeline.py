@@ -258,7 +258,7 @@ def _finish(_, checked, settings, started, group_counts, split_stats, floor):
     return []
 
 
-def describe(checked, beam_args: list[str]) -> str:
+def describe_beam_run(checked, beam_args: list[str]) -> str:
     """What ``--dry-run`` prints: the splits, the groups and Beam's options; nothing is run."""
     try:
         options, ours = pipeline_options(beam_args)
@@ -333,11 +333,11 @@ def prepare_with_beam(
     """``data prepare --runner beam``: the records of ``prepare.prepare_records`` written by a
     Beam pipeline run with ``beam_args``. Returns the PrepareResult where the runner waits for
     the job (the FnApiRunner, or Dataflow without ``--no_wait``), else None; with ``dry_run``,
-    the text of ``describe`` (nothing is written or run)."""
+    the text of ``describe_beam_run`` (nothing is written or run)."""
     started = time.time()
     if dry_run:
         checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
-        return describe(checked, beam_args)
+        return describe_beam_run(checked, beam_args)
     # Beam logs as it is imported (to the root logger): hidden from the start, until its option
     # says otherwise.
     hide = beam_watch.HideBeam(logging.ERROR)

@@ -24,7 +24,7 @@ def is_data_loss(error: BaseException) -> bool:
     return type(error).__name__ == "DataLossError"
 
 
-def describe(error: BaseException) -> str:
+def data_loss_message(error: BaseException) -> str:
     """TensorFlow's DataLossError message without its op and function names."""
     message = str(error).split("}}", 1)[-1].split("[Op:", 1)[0].strip(" '")
     return message.split("' failed", 1)[0]
@@ -45,7 +45,7 @@ def _intact_records(path: str) -> tuple[int, str | None]:
         except Exception as err:
             if not is_data_loss(err):
                 raise
-            return count, describe(err)
+            return count, data_loss_message(err)
         count += 1
 
 
@@ -80,5 +80,5 @@ def first_record(files: Sequence[str], skip_corrupt: bool) -> tuple[str, bytes |
             if not is_data_loss(err):
                 raise
             if not skip_corrupt:
-                raise corrupt_error(path, 0, describe(err)) from None
+                raise corrupt_error(path, 0, data_loss_message(err)) from None
     return files[0], None
