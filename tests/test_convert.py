@@ -265,7 +265,7 @@ def test_vocab_padding_on_import_keeps_parity_and_is_dropped_on_export(hf_setup,
             np.testing.assert_array_equal(exported.read(key), value.numpy(), err_msg=key)
 
     code, _, stderr = _run_cli(capsys, *argv[:-1], tmp_path / "bad", "--vocab-pad-multiple", 0)
-    assert code != 0 and "vocab_pad_multiple=0" in stderr
+    assert code != 0 and re.search("vocab_pad_multiple[ =]0", stderr), stderr
     _assert_nothing_written(tmp_path / "bad")
     code, _, stderr = _run_cli(
         capsys,
@@ -557,19 +557,21 @@ def test_sentencepiece_tokenizer_is_exported_for_transformers(tmp_path):
     config = tiny_config(num_hidden_layers=1)
     params = random_params(config)
     save_model_dir(tmp_path / "model", config, {"bert": params["bert"]}, tokenizer=spm)
-    report = convert("bert-jax", tmp_path / "model", "hf", tmp_path / "hf")
-    assert any("SentencePiece tokenizer written as spiece.model" in n for n in report.notes)
+    convert("bert-jax", tmp_path / "model", "hf", tmp_path / "hf")
     # What an export holds is what `--overwrite` may replace: every file is a listed one.
     assert set(os.listdir(tmp_path / "hf")) <= {*HF_DIR_FILES, HF_EXPORT_MARKER}
-    assert {"spiece.model", "tokenizer_config.json", "bert_jax_tokenizer.json"} <= set(
-        os.listdir(tmp_path / "hf")
-    )
+    assert {
+        "spiece.model",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "bert_jax_tokenizer.json",
+    } <= set(os.listdir(tmp_path / "hf"))
     reloaded = load_tokenizer(tmp_path / "hf")
-    albert = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     for sentence in REAL_SENTENCES[:3]:
         ids = [spm.cls_id, *spm.encode(sentence), spm.sep_id]
         assert [spm.cls_id, *reloaded.encode(sentence), spm.sep_id] == ids
-        assert albert(sentence)["input_ids"] == ids
+        assert theirs(sentence)["input_ids"] == ids
 
 
 def test_safetensors_io_matches_the_safetensors_library(tmp_path):

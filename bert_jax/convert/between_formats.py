@@ -237,12 +237,6 @@ def convert(
                 os.path.join(tmp, HF_EXPORT_MARKER),
                 {"written_by": "bert-jax convert", "from": src_format, "source": report.source},
             )
-        if loaded.tokenizer is not None and loaded.tokenizer.kind == "sentencepiece":
-            report.notes.append(
-                "SentencePiece tokenizer written as spiece.model with an AlbertTokenizer "
-                "tokenizer_config.json (ALBERT's text clean-up differs slightly; bert-jax's "
-                "bert_jax_tokenizer.json is written too)"
-            )
         if not report.has_heads:
             report.notes.append("written as a BertModel checkpoint (no pretraining heads)")
     return report

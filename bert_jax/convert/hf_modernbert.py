@@ -38,6 +38,8 @@ from bert_jax.runtime.declarations import declared_fields
 from bert_jax.runtime.errors import UserError
 
 MODEL_TYPE = "modernbert"
+# What ModernBERT's forward takes (no token types): its tokenizer returns these alone.
+MODEL_INPUT_NAMES = ("input_ids", "attention_mask")
 # Settings config.json spells its own way (layer_types, rope_parameters): read apart.
 _DERIVED = ("global_attn_every_n_layers", "global_rope_theta", "local_rope_theta")
 _HF_ACTIVATION_ALIASES = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
@@ -288,7 +290,9 @@ def write_hf_dir(
     if tokenizer is None:
         return written
     if tokenizer.kind != HfBpeTokenizer.kind:
-        return written + hf.write_hf_tokenizer(path, tokenizer, config)
+        return written + hf.write_hf_tokenizer(
+            path, tokenizer, config.max_position_embeddings, MODEL_INPUT_NAMES
+        )
     tokenizer.save(path)
     special = dict(
         zip(
@@ -302,7 +306,7 @@ def write_hf_dir(
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": config.max_position_embeddings,
-        "model_input_names": ["input_ids", "attention_mask"],
+        "model_input_names": list(MODEL_INPUT_NAMES),
         **special,
     }
     for name, payload in (
