@@ -123,7 +123,7 @@ def test_dry_run_prints_the_splits_and_options_and_runs_nothing(corpora, tmp_pat
     capsys.readouterr()
     assert cli.main([*argv, "--runner=DataflowRunner", "--project=p", "--region=r"]) == 0
     out = capsys.readouterr().out
-    assert "parquet" in out and "into 3 group(s)" in out and out.count("  parquet ") > 1
+    assert "parquet" in out and "into 3 training group(s)" in out and out.count("  parquet ") > 1
     assert "--runner=DataflowRunner" in out and "--project=p" in out and "--region=r" in out
     assert not output.exists()
 
@@ -324,9 +324,10 @@ def test_a_run_shows_bert_jax_progress_and_hides_beams_lines(corpora, tmp_path):
     option --default_sdk_harness_log_level=INFO shows them."""
     shown = _run_beam_command(corpora, tmp_path / "quiet", *TWO_PROCESSES)
     lines = shown.splitlines()
-    assert any("Beam job: " in line and "into 3 group(s)" in line for line in lines), shown
+    layout = "into 3 training group(s) and 1 held-out group(s)"  # written side by side
+    assert any("Beam job: " in line and layout in line for line in lines), shown
     progress = [line for line in lines if "groups written " in line]
-    assert progress and re.search(r"groups written 3/3 \([0-9.]+/s, ETA ", progress[-1]), shown
+    assert progress and re.search(r"groups written 4/4 \([0-9.]+/s, ETA ", progress[-1]), shown
     assert any(line.startswith("wrote 3 shard(s)") for line in lines), shown
     beams = [
         line
@@ -339,4 +340,4 @@ def test_a_run_shows_bert_jax_progress_and_hides_beams_lines(corpora, tmp_path):
     asked = _run_beam_command(
         corpora, tmp_path / "verbose", *TWO_PROCESSES, "--default_sdk_harness_log_level=INFO"
     )
-    assert "apache_beam" in asked and "groups written 3/3" in asked
+    assert "apache_beam" in asked and "groups written 4/4" in asked

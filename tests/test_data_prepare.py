@@ -323,10 +323,13 @@ def test_progress_from_the_start_and_a_summary_whose_rates_add_up(tmp_path, caps
     progress, summary = lines[:-1], lines[-1]
     assert all(line.startswith("data prepare: ") for line in progress), lines
     assert "cutting 1 input(s) into splits" in progress[0]
-    assert "1 split(s) into 3 group(s)" in progress[1]
+    assert (
+        "1 split(s) of 1 input(s) into 3 training group(s) and 1 held-out group(s)" in progress[1]
+    )
     assert "reading 1 split(s) with 2 worker(s), holding out 1.0% of the documents" in progress[2]
     assert re.search(r"splits read 1/1 \([0-9.]+/s, ETA 0m00s\)", progress[3])
-    assert re.search(r"groups written 4/4 \([0-9.]+/s, ETA 0m00s\)", progress[-1])  # 3 + held out
+    assert "writing 4 group(s), a shard each: 3 training, 1 held-out" in progress[5]
+    assert re.search(r"groups written 4/4 \([0-9.]+/s, ETA 0m00s\)", progress[-1])
     found = re.search(r": (\d+) instances from .* (\d+) instances/s over ([0-9.]+)s wall", summary)
     instances, rate, wall = int(found[1]), int(found[2]), float(found[3])
     # The wall seconds are printed to 0.1 s: the rate lies between what those bounds give.
@@ -340,7 +343,8 @@ def test_the_dry_run_prints_the_splits_and_groups_and_writes_nothing(tmp_path, c
     capsys.readouterr()
     assert cli.main([*_prepare_args(output), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert f"into {NUM_GROUPS} group(s)" in out and "embedded embedded:eval" in out
+    assert f"into {NUM_GROUPS} training group(s) and 1 held-out" in out
+    assert "embedded embedded:eval" in out
     # The settings the records would be made with, by their flags.
     assert "records made with --max-seq-length 64, " in out and "--random-next-prob 0.5" in out
     assert not output.exists()

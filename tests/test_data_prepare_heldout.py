@@ -98,7 +98,8 @@ def test_heldout_documents_are_never_in_the_training_records(corpus, tmp_path):
     # Nearly every document is found somewhere (a few are too short or repeated to be sure of).
     assert len(in_training | in_heldout) >= 0.8 * len(documents)
     assert len(in_heldout) <= held.documents
-    assert f"Held out {held.documents} documents ({held.instances} instances" in result.summary()
+    assert f"Held out {held.documents} of {len(documents)} documents" in result.summary()
+    assert f"; {held.instances} instances in {held.groups} held-out group(s)" in result.summary()
 
     # heldout/ is a records directory as any other: manifest, tokenizer, completion mark.
     held_dir = heldout_dir(output)
@@ -108,7 +109,14 @@ def test_heldout_documents_are_never_in_the_training_records(corpus, tmp_path):
     assert config["heldout"] is True and config["heldout_share"] == 0.2
     assert manifest.read(str(output)).settings["heldout_share"] == 0.2
     stats = json.loads((output / "stats-0-of-1.json").read_text())
-    assert stats["heldout"] == {"documents": held.documents, "instances": held.instances}
+    of_corpus = result.heldout_count.as_dict()
+    assert of_corpus["documents"] == len(documents)
+    assert of_corpus["by_share"] + of_corpus["by_floor"] == held.documents
+    assert stats["heldout"] == {
+        "documents": held.documents,
+        "instances": held.instances,
+        "of_corpus": of_corpus,
+    }
     # The training records' readers see only their own shards.
     assert all(os.path.dirname(f) == str(output) for f in result.files)
 
@@ -185,3 +193,57 @@ def test_records_prepared_before_heldout_read_and_resume_as_before(corpus, tmp_p
     again = prepare_records([path], embedded_spm_dir(), output, settings)
     assert (again.groups_written, again.groups_skipped) == (0, 3)
     assert not os.path.exists(heldout_dir(output))
+
+
+def test_the_command_says_what_it_held_out_and_the_groups_it_wrote(tmp_path, capsys):
+    """`bert-jax data prepare` on 97 documents of prose with the default share (1%): its lines
+    give the held-out count it wrote (the floor's 9, a tenth of 97, not 1% of them) and why, and
+    one count of groups, training and held-out apart, that the records directories bear out."""
+    import logging
+    import re
+
+    documents = sources.embedded_documents("train")[:97]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join("\n".join(d) for d in documents) + "\n", encoding="utf-8")
+    output = tmp_path / "out"
+    argv = [
+        "data", "prepare", "--input", str(path), "--tokenizer", embedded_spm_dir(),
+        "--output", str(output), "--max-seq-length", str(LENGTH), "--max-predictions-per-seq",
+        str(SLOTS), "--dupe-factor", "1", "--num-workers", "1",
+    ]  # fmt: skip
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = []  # the command's own logging setup, as a fresh process has it
+    capsys.readouterr()
+    try:
+        assert cli.main(argv) == 0
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers, root.level = handlers, level
+    out = capsys.readouterr().out
+    stats = json.loads((output / "stats-0-of-1.json").read_text())
+    held_stats = json.loads((output / "heldout" / "stats-0-of-1.json").read_text())
+    held = held_stats["instances"]["documents"]
+    assert stats["corpus"]["documents"] == len(documents) == 97
+    assert held == 97 // 10  # the floor: at most one in ten of a corpus under 1000 documents
+
+    found = re.search(
+        r"held out (\d+) of (\d+) documents: (\d+) by the 1\.0% share \(--heldout-share\), "
+        r"(\d+) more to reach the floor of (\d+) \(at least 100 documents, at most one in 10\)",
+        out,
+    )
+    assert found, out
+    total, corpus, by_share, by_floor, floor = map(int, found.groups())
+    assert (total, corpus, floor) == (held, 97, held) and by_share + by_floor == held
+    assert f"Held out {held} of 97 documents: {by_share} by the 1.0% share" in out
+
+    # One count of groups, from the layout to the last progress line, as the directories hold.
+    training = manifest.read(str(output)).settings["num_groups"]
+    held_groups = manifest.read(heldout_dir(output)).settings["num_groups"]
+    shards = [len(list(d.glob("part-*.tfrecord"))) for d in (output, output / "heldout")]
+    assert shards == [training, held_groups] == [1, 1]
+    assert f"into {training} training group(s) and {held_groups} held-out group(s)" in out
+    assert f"writing {sum(shards)} group(s), a shard each: 1 training, 1 held-out" in out
+    assert f"groups written {sum(shards)}/{sum(shards)} " in out
+    assert "holding out 1.0% of the documents (at least 100 documents, at most one in 10)" in out

@@ -267,3 +267,19 @@ def test_a_declared_default_is_not_written_again_in_the_data_code():
     assert not copies, "declared in PrepareSettings (or its owner), written again:\n" + "\n".join(
         copies
     )
+
+
+def test_the_pages_give_the_declared_dupe_factor_or_one_pass():
+    """README's and the manual's `data prepare` commands agree with --dupe-factor's declaration
+    (and so with --help): one that gives it gives the declared default, or 1 (one pass: records
+    to evaluate on, or for a run that masks anew)."""
+    from tests.test_docs_commands import COMMANDS
+
+    declared = DEFAULTS["dupe_factor"]
+    given = []
+    for command in COMMANDS:
+        argv = list(command.argv)
+        if argv[:2] == ["data", "prepare"] and "--dupe-factor" in argv:
+            given.append((command.name, int(argv[argv.index("--dupe-factor") + 1])))
+    assert given  # the pages show the flag
+    assert [g for g in given if g[1] not in (declared, 1)] == [], f"declared: {declared}"

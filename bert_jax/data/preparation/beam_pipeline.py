@@ -165,11 +165,12 @@ def _lowest_candidates(routings):
 
 
 def _floor(merged, heldout):
-    """The combined candidates -> ``(documents held out by share, {key: (held-out group,
-    document)})``: the floor's choice (``groups.floor_documents``), with its documents."""
+    """The combined candidates -> ``(documents, documents held out by share, {key: (held-out
+    group, document)})``: the floor's choice (``groups.floor_documents``), with its documents."""
     documents, held, candidates = merged
     floor = groups_lib.floor_documents([(documents, held, candidates)], heldout)
-    return held, {key: (floor[key], document) for _, key, _, document in candidates if key in floor}
+    chosen = {key: (floor[key], document) for _, key, _, document in candidates if key in floor}
+    return documents, held, chosen
 
 
 def _write_group(group_blobs, targets, tokenizer, floor):
@@ -184,7 +185,7 @@ def _write_group(group_blobs, targets, tokenizer, floor):
         yield (held, group), None
         return
     keyed = [item for blob in blobs for item in pickle.loads(blob)]
-    chosen = floor[1]
+    chosen = floor[2]
     if held:
         keyed += [(key, document) for key, (to, document) in chosen.items() if to == group]
         if not keyed:
@@ -230,7 +231,7 @@ def _finish(_, checked, settings, started, group_counts, split_stats, floor):
         corpus_stats = sources_lib.CorpusStats()
         for _, stats in sorted(split_stats, key=lambda item: item[0]):  # in split order
             corpus_stats.merge(sources_lib.CorpusStats(**stats))
-        held_by_share, chosen = floor
+        documents, held_by_share, chosen = floor
         prepare_lib.check_enough_documents(checked, corpus_stats, held_by_share + len(chosen))
         by_records: dict[bool, list] = {False: [], True: []}
         for (held, group), counts in group_counts:
@@ -249,6 +250,7 @@ def _finish(_, checked, settings, started, group_counts, split_stats, floor):
         held_parts = None
         if checked.heldout is not None:
             result.heldout_stats, held_parts, _, _ = _tally(by_records[True])
+            result.heldout_count = groups_lib.HeldoutCount(documents, held_by_share, len(chosen))
             result.heldout_dir = checked.heldout.output_dir if held_parts else None
         prepare_lib.finish_run(
             result, settings, checked, parts, everyone_done=True, heldout_parts=held_parts
@@ -382,17 +384,20 @@ def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, start
         hide.level = level
     prepare_lib.start_run(checked, settings)
     finished = prepare_lib.finished_groups(checked.output_dir)
-    todo = frozenset(range(checked.num_groups)) - finished
-    size = checked.input_bytes()
+    todo = {checked.output_dir: frozenset(range(checked.num_groups)) - finished}
+    kept = len(finished)
+    if checked.heldout is not None:  # its groups are written beside the training groups
+        held_dir = checked.heldout.output_dir
+        held_finished = prepare_lib.finished_groups(held_dir)
+        todo[held_dir] = frozenset(range(checked.heldout.rule.num_groups)) - held_finished
+        kept += len(held_finished)
     logger.info(
-        "Beam job: %d split(s)%s into %d group(s)%s",
-        len(checked.splits),
-        f" ({prepare_lib._size(size)})" if size else "",
-        checked.num_groups,
-        f", {len(finished)} written before (kept)" if finished else "",
+        "Beam job: %s%s",
+        prepare_lib.layout_words(checked),
+        f"; {kept} written before (kept)" if kept else "",
     )
     runner = beam_workers.local_runner(options, standbys) if ours else None
-    watch = beam_watch.ShardWatch(checked.output_dir, todo)
+    watch = beam_watch.ShardWatch(todo)
     try:
         pipeline = beam.Pipeline(runner=runner, options=options)
         build(pipeline, checked, settings, finished, started)
@@ -422,6 +427,7 @@ def _read_result(checked):
         stats = json.load(f)
     instance_stats = groups_lib.InstanceStats(**stats["instances"])
     corpus = dict(stats["corpus"])
+    held_count = stats.get("heldout", {}).get("of_corpus")
     return prepare_lib.PrepareResult(
         output_dir=checked.output_dir,
         files=[os.path.join(checked.output_dir, groups_lib.part_name(g)) for g in stats["parts"]],
@@ -432,4 +438,5 @@ def _read_result(checked):
         wall_seconds=stats["wall_seconds"],
         settings=checked.recorded,
         **prepare_lib.read_heldout(checked),
+        heldout_count=None if held_count is None else groups_lib.HeldoutCount(**held_count),
     )

@@ -72,25 +72,30 @@ class HideBeam(logging.Filter):
 
 
 class ShardWatch(threading.Thread):
-    """Progress lines while a job runs: the groups in ``todo`` whose shard has appeared in the
-    output directory, counted by this process, so they come whatever the runner (workers on
-    other machines included), in the local path's format."""
+    """Progress lines while a job runs: the groups in ``todo`` (``{records directory: its
+    groups}``: the training records' and the held-out records') whose shard has appeared,
+    counted by this process, so they come whatever the runner (workers on other machines
+    included), in the local path's format."""
 
-    def __init__(self, output_dir: str, todo: frozenset[int]):
+    def __init__(self, todo: dict[str, frozenset[int]]):
         super().__init__(name="bert-jax-shard-watch", daemon=True)
-        self.output_dir, self.todo = output_dir, todo
-        self.seen: set[int] = set()
-        self.rate = prepare_lib._Rate("groups written", len(todo), every=max(1, len(todo) // 20))
-        remote = "remote" if fs.is_remote(output_dir) else "local"
+        self.todo = todo
+        self.seen: set[tuple[str, int]] = set()
+        total = sum(len(groups) for groups in todo.values())
+        self.rate = prepare_lib._Rate("groups written", total, every=max(1, total // 20))
+        remote = "remote" if any(fs.is_remote(d) for d in todo) else "local"
         self.poll_seconds = _POLL_SECONDS[remote]
         self.stopped = threading.Event()
 
     def poll(self) -> None:
-        try:
-            parts = groups_lib.existing_parts(self.output_dir)
-        except Exception:  # a listing that failed: the next one will tell
-            return
-        new = {g for g, suffixes in parts.items() if "tfrecord" in suffixes} & self.todo
+        new = set()
+        for directory, groups in self.todo.items():
+            try:
+                parts = groups_lib.existing_parts(directory)
+            except Exception:  # a listing that failed (or no heldout/ yet): the next one will tell
+                continue
+            written = {g for g, suffixes in parts.items() if "tfrecord" in suffixes} & groups
+            new |= {(directory, g) for g in written}
         new -= self.seen
         if new:
             self.seen |= new

@@ -206,11 +206,51 @@ def floor_documents(routings: Iterable[tuple], heldout: Heldout | None) -> dict[
         documents += split_documents
         held += split_held
         candidates.extend(tuple(c[:2]) for c in split_candidates)
-    floor = min(HELDOUT_MIN_DOCUMENTS, documents // HELDOUT_FLOOR_CAP)
-    if floor < 2:  # one document alone makes no sentence pair: the floor would only lose it
-        floor = 0
-    chosen = heapq.nsmallest(max(0, floor - held), candidates)
+    chosen = heapq.nsmallest(max(0, floor_size(documents) - held), candidates)
     return {tuple(key): heldout.group(tuple(key)) for _, key in chosen}
+
+
+def floor_size(documents: int) -> int:
+    """How many documents the floor wants held out of ``documents``: ``HELDOUT_MIN_DOCUMENTS``,
+    at most one in ``HELDOUT_FLOOR_CAP``; none below two (one document alone makes no sentence
+    pair: the floor would only lose it)."""
+    floor = min(HELDOUT_MIN_DOCUMENTS, documents // HELDOUT_FLOOR_CAP)
+    return floor if floor >= 2 else 0
+
+
+FLOOR_WORDS = f"at least {HELDOUT_MIN_DOCUMENTS} documents, at most one in {HELDOUT_FLOOR_CAP}"
+
+
+@dataclass(frozen=True)
+class HeldoutCount:
+    """How many of the corpus's ``documents`` were held out, and why: ``by_share`` by their hash
+    (``Heldout.holds``), ``by_floor`` more to reach the floor (``floor_documents``)."""
+
+    documents: int
+    by_share: int
+    by_floor: int
+
+    @property
+    def held_out(self) -> int:
+        return self.by_share + self.by_floor
+
+    def words(self, share: float) -> str:
+        """ "9 of 97 documents: 0 by the 1.0% share (--heldout-share), 9 more to reach the floor
+        of 9 (at least 100 documents, at most one in 10)" and the like."""
+        counted = f"{self.held_out} of {self.documents} documents"
+        shared = f"the {share:.1%} share (--heldout-share)"
+        floor = floor_size(self.documents)
+        if self.by_floor:
+            return (
+                f"{counted}: {self.by_share} by {shared}, {self.by_floor} more to reach the floor "
+                f"of {floor} ({FLOOR_WORDS})"
+            )
+        if floor:
+            return f"{counted}, by {shared}, above the floor of {floor} ({FLOOR_WORDS})"
+        return f"{counted}, by {shared}: too few documents for a floor ({FLOOR_WORDS})"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def sorted_documents(keyed: Iterable[tuple[tuple[int, ...], list[str]]]) -> list[list[str]]:

@@ -47,6 +47,7 @@ from bert_jax.data.preparation.stage import (
     check_run,
     finish_run,
     finished_groups,
+    layout_words,
     start_run,
 )
 from bert_jax.data.records import tfrecord as records_lib
@@ -179,10 +180,11 @@ def _run_local(
     todo: list[tuple[bool, int]],
     progress: dict[bool, _Progress],
     corpus_stats: sources_lib.CorpusStats,
-) -> int:
+) -> groups_lib.HeldoutCount | None:
     """Every split read once (map: documents spilled by group), then every group in ``todo``
     (``(held_out, group)``) made into its shard (reduce), in this process or in ``num_workers``
-    workers; ``progress[held_out]`` writes it. Returns how many documents were held out."""
+    workers; ``progress[held_out]`` writes it. Returns how many documents were held out, and
+    why (None: none asked for)."""
     spill = _spill_dir(checked, settings)
     held = checked.heldout
     train_todo = frozenset(g for h, g in todo if not h)
@@ -222,7 +224,9 @@ def _run_local(
             "reading %d split(s) with %d worker(s)%s",
             len(tasks),
             settings.num_workers,
-            "" if held is None else f", holding out {held.rule.share:.1%} of the documents",
+            ""
+            if held is None
+            else f", holding out {held.rule.share:.1%} of the documents ({groups_lib.FLOOR_WORDS})",
         )
         reading = _Rate("splits read", len(tasks), every=max(1, len(tasks) // 20))
         for task, (stats, index, routing) in zip(tasks, spilled):
@@ -234,6 +238,14 @@ def _run_local(
             reading.tick()
         # The floor's documents: out of their training group, into their held-out group.
         floor = groups_lib.floor_documents(routings, None if held is None else held.rule)
+        count = None
+        if held is not None:
+            count = groups_lib.HeldoutCount(
+                documents=sum(routing[0] for routing in routings),
+                by_share=sum(routing[1] for routing in routings),
+                by_floor=len(floor),
+            )
+            logger.info("held out %s", count.words(held.rule.share))
         dropped: dict[int, set] = {}
         picked: dict[int, list] = {}
         for task, index, (_, _, candidates) in zip(tasks, indexes, routings):
@@ -253,6 +265,7 @@ def _run_local(
             return group, pieces[where], checked.recorded, frozenset(dropped.get(group, ()))
 
         work = [w for w in todo if w in pieces or (w[0] and w[1] in picked)]
+        logger.info("%s", _writing_words(work, todo, progress))
         rate = _Rate("groups written", len(work), every=max(1, len(work) // 20))
         for each in progress.values():
             each.rate = rate
@@ -270,12 +283,30 @@ def _run_local(
             while in_flight:
                 (in_heldout, group), result = in_flight.popleft()
                 progress[in_heldout].finished(group, *result.get())
-        return sum(routing[1] for routing in routings) + len(floor)
+        return count
     finally:
         if pool is not None:
             pool.terminate()
             pool.join()
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def _writing_words(
+    work: list[tuple[bool, int]], todo: list[tuple[bool, int]], progress: dict[bool, _Progress]
+) -> str:
+    """What the reduce is about to write: "writing 2 group(s), a shard each: 1 training, 1
+    held-out", with the groups finished before and those that no document went to."""
+    training = sum(1 for in_heldout, _ in work if not in_heldout)
+    kinds = f"{training} training" + (
+        f", {len(work) - training} held-out" if len(progress) > 1 else ""
+    )
+    kept = sum(each.groups_skipped for each in progress.values())
+    empty = len(todo) - len(work)
+    return (
+        f"writing {len(work)} group(s), a shard each: {kinds}"
+        + (f"; {kept} finished before (kept)" if kept else "")
+        + (f"; {empty} with no document (no shard)" if empty else "")
+    )
 
 
 def prepare_records(
@@ -324,8 +355,9 @@ def _prepare_started(
             else:
                 todo.append((in_heldout, group))
     corpus_stats = sources_lib.CorpusStats()
-    held_out = _run_local(checked, settings, todo, progress, corpus_stats)
-    check_enough_documents(checked, corpus_stats, held_out)
+    logger.info("%s", layout_words(checked))
+    held_count = _run_local(checked, settings, todo, progress, corpus_stats)
+    check_enough_documents(checked, corpus_stats, 0 if held_count is None else held_count.held_out)
     trained = progress[False]
     result = PrepareResult(
         output_dir=checked.output_dir,
@@ -343,5 +375,6 @@ def _prepare_started(
         held_parts = progress[True].parts
         result.heldout_dir = checked.heldout.output_dir if held_parts else None
         result.heldout_stats = progress[True].instance_stats
+        result.heldout_count = held_count
     finish_run(result, settings, checked, trained.parts, heldout_parts=held_parts)
     return result

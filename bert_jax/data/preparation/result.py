@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bert_jax.data.preparation.groups import InstanceStats
+from bert_jax.data.preparation.groups import HeldoutCount, InstanceStats
 from bert_jax.data.sources import corpus_stats as sources_lib
 
 
@@ -24,6 +24,9 @@ class PrepareResult:
     # and what went into them.
     heldout_dir: str | None = None
     heldout_stats: InstanceStats | None = None
+    # How many of the corpus's documents were held out, and why (None: not known, as of records
+    # an earlier version wrote).
+    heldout_count: HeldoutCount | None = None
 
     @property
     def instances_per_worker_second(self) -> float:
@@ -68,7 +71,10 @@ class PrepareResult:
             return " Held out no documents (too few for a share of them: --heldout-share)."
         if not held.instances:
             return f" Held-out records: {self.heldout_dir}, finished before."
+        documents = f"{held.documents} documents"
+        if self.heldout_count is not None:  # of how many, and why
+            documents = self.heldout_count.words(self.settings["heldout_share"])
         return (
-            f" Held out {held.documents} documents ({held.instances} instances, from "
-            f"{held.groups} group(s)) in {self.heldout_dir}."
+            f" Held out {documents}; {held.instances} instances in {held.groups} held-out "
+            f"group(s), in {self.heldout_dir}."
         )

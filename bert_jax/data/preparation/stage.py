@@ -186,13 +186,6 @@ def check_run(
     num_groups = settings.num_groups or groups_lib.derive_num_groups(
         sum(_input_bytes(split, settings.tfds_data_dir) for split in splits), settings.group_bytes
     )
-    size = sum(splits_lib.split_bytes(split) for split in splits)
-    logger.info(
-        "%d split(s)%s into %d group(s) (a shard each)",
-        len(splits),
-        f" of {_size(size)}" if size else "",
-        num_groups,
-    )
     output_dir = fs.abspath(os.fspath(output_dir))
     recorded = _recorded_settings(settings, tokenizer, sources, num_groups)
     wanted = manifest.Manifest(recorded, tuple(inputs))
@@ -240,6 +233,22 @@ def _input_bytes(split, tfds_data_dir: str | None) -> int:
         return 0
 
 
+def layout_words(checked: CheckedRun) -> str:
+    """The run's splits and groups, as a run's progress and ``--dry-run`` say them: "1 split(s)
+    of 310.3 KiB into 1 training group(s) and 1 held-out group(s), a shard each"."""
+    size = checked.input_bytes()
+    held = (
+        ""
+        if checked.heldout is None
+        else f" and {checked.heldout.rule.num_groups} held-out group(s)"
+    )
+    return (
+        f"{len(checked.splits)} split(s) of {len(checked.sources)} input(s)"
+        f"{f', {_size(size)},' if size else ''} into {checked.num_groups} training group(s)"
+        f"{held}, a shard each"
+    )
+
+
 def describe_run(checked: CheckedRun) -> str:
     """What ``--dry-run`` prints: the splits and the groups, and the settings the records are
     made with (their declarations say which); nothing is read past the cutting."""
@@ -250,9 +259,7 @@ def describe_run(checked: CheckedRun) -> str:
         if name in RECORDS_SETTINGS
     )
     lines = [
-        f"{len(checked.splits)} split(s) of {len(checked.sources)} input(s), "
-        f"{checked.input_bytes()} bytes, into {checked.num_groups} group(s) (a shard each) in "
-        f"{checked.output_dir}",
+        f"{layout_words(checked)}, in {checked.output_dir}",
         f"records made with {made}",
     ]
     for split in checked.splits:
@@ -373,4 +380,6 @@ def _write_stats(
     }
     if held is not None and not heldout:
         counts["heldout"] = {"documents": held.documents, "instances": held.instances}
+        if result.heldout_count is not None:  # of the corpus's documents, and why
+            counts["heldout"]["of_corpus"] = result.heldout_count.as_dict()
     write_json_atomic(os.path.join(directory, manifest.COMPLETION_MARK), counts)
