@@ -20,7 +20,7 @@ from bert_jax.cli import plan as plan_cli
 from bert_jax.data.preparation import settings as prepare_settings
 from bert_jax.data.tokenizers import train_settings as tokenizer_settings
 from bert_jax.finetune.tuning import settings as finetune_settings
-from bert_jax.inference import encode_settings, fill_mask
+from bert_jax.inference import encode_settings, fill_mask, predict
 from bert_jax.launch import queued, slurm, supervisor, tpu
 from bert_jax.planning import candidates as plan_candidates
 from bert_jax.runtime import declarations
@@ -339,6 +339,11 @@ FAMILIES = {
         fill_mask.FillMaskSettings,
         (lambda: _argparse_options("fill-mask"),),
         _listed("--model --input", "--json"),  # what to try on which texts; how it prints
+    ),
+    "predict": Family(
+        predict.PredictSettings,
+        (lambda: _argparse_options("predict"),),
+        _listed("--model --input --output"),  # which model on which rows, and where they go
     ),
 }
 

@@ -28,6 +28,7 @@ from bert_jax.cli import (
     finetune,
     launch,
     plan,
+    predict,
     pretrain,
 )
 from bert_jax.cli.parser import Parser
@@ -35,7 +36,19 @@ from bert_jax.runtime import errors, topology
 
 # `bert-jax --help` lists the commands in this order (data: tokenizer, data; finetune:
 # finetune, glue).
-_FAMILIES = (data, pretrain, evaluate, plan, convert, encode, fill_mask, finetune, bench, launch)
+_FAMILIES = (
+    data,
+    pretrain,
+    evaluate,
+    plan,
+    convert,
+    encode,
+    fill_mask,
+    finetune,
+    predict,
+    bench,
+    launch,
+)
 # Their arguments go to absl (config_flags) instead of argparse.
 _CONFIG_COMMANDS: dict[str, config_flags.ConfigCommand] = {
     command.name: command for command in (pretrain.COMMAND, plan.COMMAND, bench.COMMAND)

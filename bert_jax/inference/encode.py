@@ -86,11 +86,12 @@ def _check_layers(layers: tuple[int, ...], config: BertConfig) -> None:
         )
 
 
-def _encoder_params(params: dict[str, Any], config: BertConfig | ModernBertConfig) -> Any:
-    """The encoder's subtree of a model directory's params (BERT's without its pooler)."""
-    if isinstance(config, ModernBertConfig):
-        return params["model"]
-    return {k: v for k, v in params["bert"].items() if k != "pooler"}
+def _encoder_params(model: Any) -> Any:
+    """The encoder's subtree of a model directory's params (`ModelDir.encoder_params`: a
+    fine-tuned model's too; BERT's without its pooler)."""
+    if isinstance(model.config, ModernBertConfig):
+        return model.encoder_params
+    return {k: v for k, v in model.encoder_params.items() if k != "pooler"}
 
 
 def _hidden_states(params, input_ids, input_mask, segment_ids, config) -> tuple[jax.Array, ...]:
@@ -191,7 +192,7 @@ def encode_texts(
     longest = int(lengths.max()) if len(rows) else 1
     seq_len = min(max_seq_length, -(-longest // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE)
     # The pooler is not needed for features; leave it on the host.
-    encoder = _encoder_params(model.params, config)
+    encoder = _encoder_params(model)
     device = jax.devices()[0]
     encoder = jax.device_put(encoder, device)
 

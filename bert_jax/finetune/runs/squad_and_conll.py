@@ -142,8 +142,9 @@ def token_task_entry(
         spans = dataclasses.asdict(options)
         kept = ("doc_stride", "max_query_length", "n_best_size", "max_answer_length")
         kept += ("null_score_diff_threshold",)
+        kept_options = {key: spans[key] for key in kept}
         return finetuned_model.task_entry(
-            result["task"], "span", [], settings, {key: spans[key] for key in kept}
+            result["task"], "span", [], settings, {**kept_options, "version": task.version}
         )
     return finetuned_model.task_entry(
         result["task"], "tags", result["labels"], settings, {"iob1": result["iob1"]}
