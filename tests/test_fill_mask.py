@@ -5,7 +5,12 @@ SentencePiece one (a tokenizer trained here); and bad input refused in one line.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -195,3 +200,35 @@ def test_a_pretraining_workdir_is_read_from_its_latest_checkpoint(sentencepiece_
     _check_same(ours, _reference(tmp_path / "hf", TEXTS[:2]))
     assert fill_mask(load_model(workdir), TEXTS[:2]) == ours
     assert fill_mask(str(workdir), []) == []
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="libtpu (jax[tpu]) is not installed"
+)
+def test_the_python_api_prints_nothing_of_libtpu_without_a_chip(sentencepiece_model):
+    """A program that imports JAX and the library, then calls fill_mask and encode_texts (on a
+    model its own loader read), on a host with libtpu and no TPU chip: as quiet as the CLI (no
+    `E0000 ... unexpected worker hostname` from libtpu on stderr)."""
+    model, _ = sentencepiece_model
+    script = textwrap.dedent(
+        f"""
+        import jax
+        from bert_jax.convert.model_dir import load_model_dir
+        from bert_jax.inference.encode import encode_texts
+        from bert_jax.inference.fill_mask import fill_mask
+
+        print(fill_mask({str(model)!r}, ["the [MASK] of it"])[0].masks[0].candidates[0].token_id)
+        loaded = load_model_dir({str(model)!r}, load_tokenizer=True)
+        print(encode_texts(loaded, ["the end of it"]).features.shape)
+        print(jax.devices()[0].platform)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_PLATFORMS", "TPU_"))}
+    env.pop("BERT_JAX_SET_JAX_PLATFORMS", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "cpu"
+    for noise in ("libtpu", "TPU", "E0000", "INVALID_ARGUMENT"):
+        assert noise not in proc.stderr, proc.stderr[-3000:]

@@ -43,7 +43,7 @@ from bert_jax.core.model import BertConfig, BertModel, last_token_positions
 from bert_jax.core.modernbert import ModernBertModel
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.inference.encode_settings import DEFAULT_MAX_SEQ_LENGTH, EncodeSettings
-from bert_jax.runtime import fs
+from bert_jax.runtime import fs, topology
 from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError, user_path
 
@@ -166,6 +166,7 @@ def encode_texts(
     unset `max_seq_length` is DEFAULT_MAX_SEQ_LENGTH, or the model's max_position_embeddings when
     smaller; `dtype` overrides the compute dtype (e.g. "bfloat16"); features are float32.
     """
+    topology.quiet_library_runtime()  # before JAX starts its backends: no libtpu noise
     settings = dataclasses.replace(settings or EncodeSettings(), **options)
     pool = _pool_for(model.config, settings.pool, model.path)
     batch_size = settings.batch_size

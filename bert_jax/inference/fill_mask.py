@@ -119,8 +119,10 @@ def fill_mask(
     fields) replacing some of them. `names` say where each text came from in a refusal
     ("notes.txt line 3"; default "text 1", "text 2", ...).
     """
+    from bert_jax.runtime import topology
     from bert_jax.training.load_model import load_model_dir
 
+    topology.quiet_library_runtime()  # before JAX starts its backends: no libtpu noise
     settings = dataclasses.replace(settings or FillMaskSettings(), **options)
     names = list(names) if names is not None else [f"text {i + 1}" for i in range(len(texts))]
     if isinstance(model, (str, os.PathLike)):

@@ -22,6 +22,7 @@ import importlib.util
 import math
 import os
 import re
+import sys
 from collections.abc import Iterator
 
 from bert_jax.runtime import hardware
@@ -160,6 +161,25 @@ def quiet_runtime_without_chips() -> None:
 
 
 _PLATFORMS_SET = "BERT_JAX_SET_JAX_PLATFORMS"  # JAX_PLATFORMS was bert-jax's choice, not yours
+
+
+def quiet_library_runtime() -> None:
+    """`quiet_runtime_without_chips` for the Python API (`fill_mask`, `encode_texts`,
+    `load_model_dir`), called before they first touch a device. The CLI applies the rule before
+    JAX is imported; a program may have imported JAX already, which read JAX_PLATFORMS then, so
+    the platform is also set in JAX's config while its backends have not started (libtpu would
+    otherwise print `E0000 ... unexpected worker hostname` and more on a host without a chip).
+    Once they have started, nothing changes: the program asked JAX for devices first."""
+    quiet_runtime_without_chips()
+    if os.environ.get(_PLATFORMS_SET) != "cpu" or os.environ.get("JAX_PLATFORMS") != "cpu":
+        return
+    jax = sys.modules.get("jax")
+    if jax is None:  # JAX reads the environment when it is imported
+        return
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized() and not jax.config.jax_platforms:
+        jax.config.update("jax_platforms", "cpu")
 
 
 def compile_environment() -> dict[str, str | None]:

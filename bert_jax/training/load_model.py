@@ -27,7 +27,7 @@ from bert_jax.convert.model_dir import (
     is_unexported_workdir,
     read_json,
 )
-from bert_jax.runtime import checkpoint_health, fs
+from bert_jax.runtime import checkpoint_health, fs, topology
 
 
 def load_model_dir(
@@ -40,6 +40,7 @@ def load_model_dir(
     """Loads MODEL: a model directory (`bert_jax.convert.model_dir.load_model_dir`, whose
     docstring says what `sharding` takes), or a pretraining workdir, through its exported model
     or, while it has none, its latest checkpoint (`load_workdir_checkpoint`)."""
+    topology.quiet_library_runtime()  # before the params meet a device: no libtpu noise
     if is_unexported_workdir(path):
         return load_workdir_checkpoint(
             path, sharding=sharding, load_params=load_params, load_tokenizer=load_tokenizer
