@@ -13,7 +13,7 @@ Stages timed (CPU seconds of this one process, median of ``--trials``):
 1. ``read``: bz2 + XML (mwxml), the pages' raw text;
 2. ``strip``: + mwparserfromhell, the articles' running text (``wikipedia.iter_articles``);
 3. ``split``: + sentence splitting with each ``--splitters`` (``sources.read_documents``);
-then the whole read in ``--workers`` processes (wall clock: a multistream dump's chunks of
+then the whole read in ``--workers`` processes (wall clock: a multistream dump's splits of
 streams are read, stripped and split by the workers).
 
     .venv/bin/python benchmarks/wikipedia_bench.py [--pages 2000] [--json OUT]

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from bert_jax import cli
-from bert_jax.data.sources import parquet
+from bert_jax.data.sources import documents, parquet, splits
 from bert_jax.data.sources import wikipedia_dump as wikipedia
 from bert_jax.data.sources.documents import read_documents
 from bert_jax.runtime.errors import UserError
@@ -153,10 +153,10 @@ def test_prose_split_in_worker_processes_gives_the_same_documents(tmp_path, dump
     assert parallel_stats.as_dict() == serial_stats.as_dict()
 
 
-def test_a_multistream_dump_is_read_in_chunks_of_whole_streams(tmp_path, dump_files):
-    """Workers read a multistream dump's chunks apart: the same documents, in the same order, as
-    one process reading it whole; a dump in one stream, or in streams cut mid-page, is read
-    whole."""
+def test_a_multistream_dump_is_read_in_chunks_of_whole_streams(tmp_path, dump_files, monkeypatch):
+    """Workers read a multistream dump's splits (runs of whole streams) apart: the same documents,
+    in the same order, as one process reading it whole; a dump in one stream, or in streams cut
+    mid-page, is read whole."""
     xml = wikipedia_dump_xml(repeat=12)
     per_page, cut_anywhere = tmp_path / "per-page.xml.bz2", tmp_path / "pbzip2.xml.bz2"
     write_stream_per_page_bz2(per_page, xml)
@@ -170,8 +170,9 @@ def test_a_multistream_dump_is_read_in_chunks_of_whole_streams(tmp_path, dump_fi
     single.write_bytes(bz2.compress(xml.encode()))
     assert wikipedia.multistream_header(str(single)) is None
 
-    chunks = list(wikipedia.iter_chunks(str(per_page), size=400))
-    assert len(chunks) > 10 and b"".join(chunks) == per_page.read_bytes()
+    data = per_page.read_bytes()
+    chunks = [data[s.start : s.stop] for s in splits.cut_splits([per_page], target_bytes=400)]
+    assert len(chunks) > 10 and b"".join(chunks) == data
     assert all(chunk.startswith(b"BZh9") for chunk in chunks)
     pages = [p for c in chunks for p in wikipedia.chunk_candidates(str(per_page), header, c)]
     assert (
@@ -181,6 +182,7 @@ def test_a_multistream_dump_is_read_in_chunks_of_whole_streams(tmp_path, dump_fi
 
     serial = read_documents([single])
     assert serial[0] == EXPECTED * 12 and serial[1].skipped_pages == 5 * 12
+    monkeypatch.setattr(documents, "WORKER_SPLIT_BYTES", 400)  # many splits, two workers
     for dump in (per_page, cut_anywhere):
         parallel = read_documents([dump], num_workers=2)
         assert parallel[0] == serial[0]

@@ -19,7 +19,6 @@ def test_importing_data_modules_does_not_import_tensorflow_or_jax():
         "tokenizers.load_or_train",
         "sources.kinds",
         "sources.readers",
-        "sources.prose_pool",
         "sources.documents",
         "masking.settings",
         "masking.static_sequence",

@@ -1,9 +1,9 @@
 """Corpora as documents (lists of sentences).
 
 - ``kinds``: ``source_kind`` (what a path or name is), ``corpus_format``, ``expand_sources``.
-- ``documents``: ``read_documents`` / ``iter_documents``, a corpus's documents from any source.
-- ``readers``: every format's reader (lines, text, JSONL, Parquet, Wikipedia pages, TFDS).
-- ``prose_pool``: prose cut into sentences in worker processes, in input order.
+- ``documents``: ``read_documents`` / ``iter_documents``, a corpus's documents from any source
+  (read through ``splits.read_split``, in one process or several).
+- ``readers``: the formats' reading pieces (lines, text, JSONL, TFDS) that ``splits`` uses.
 - ``corpus_stats``: ``CorpusStats``, what reading counted and skipped.
 - ``embedded``: the corpus that ships with Python, for runs without data.
 - ``parquet``: Parquet files, one row a document, streamed by row group.

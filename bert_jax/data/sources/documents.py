@@ -3,11 +3,11 @@
 Public API:
 
 - ``read_documents(sources, **options) -> (list[Document], CorpusStats)`` and the streaming
-  ``iter_documents(sources, stats, **options)``. What a source is read as is ``kinds.py``'s one
-  decision (``corpus_format``); the readers are ``readers.py``'s, the worker pool that cuts prose
-  into sentences ``prose_pool.py``'s, the counts ``corpus_stats.py``'s. A source is
-- ``read_documents(sources, **options) -> (list[Document], CorpusStats)`` and the streaming
-  ``iter_documents(sources, stats, **options)``. A source is
+  ``iter_documents(sources, stats, **options)``: every source read through ``splits.py``'s
+  ``read_split``, the one reader of documents (``data prepare`` reads the same splits in its
+  workers), so that what is kept, skipped and counted (``CorpusStats``, ``corpus_stats.py``) is
+  decided in one place. What a source is read as is ``kinds.py``'s one decision
+  (``corpus_format``); the format readers are ``readers.py``'s. A source is
     * a path, directory or glob of text files in the original format (one sentence per line, a
       blank line between documents); ``.gz`` files are read transparently;
     * a ``.jsonl`` (or ``.jsonl.gz``) file with one JSON object per line holding a ``text`` field,
@@ -15,15 +15,13 @@ Public API:
     * a ``.parquet`` file, one row = one document: its ``text_field`` column, split into sentences
       (``parquet.py``: streamed a batch of rows at a time);
     * a Wikipedia XML dump (``.xml.bz2`` or ``.xml``), one article = one document, its running
-      text split into sentences, paragraph by paragraph (``wikipedia.py``: streamed a page at a
-      time, or, with workers, a multistream dump in chunks of whole bz2 streams that the workers
-      read; redirects, disambiguation and non-article pages are counted in ``skipped_pages``);
+      text split into sentences, paragraph by paragraph (``wikipedia_dump.py``: streamed a page
+      at a time; redirects, disambiguation and non-article pages are counted in
+      ``skipped_pages``);
     * ``tfds:NAME[/CONFIG][:SPLIT]`` (split defaults to "train"), read offline from
       ``tfds_data_dir`` (or TFDS's default data dir) — it must already be prepared;
     * ``embedded[:train|eval|all]`` (``embedded.embedded_documents``).
 - ``TEXT_EXTRACTION_VERSION``: how this version turns prose into sentences (recorded).
-- The same inputs cut into splits that workers read apart, each byte once, with the same
-  documents and counts: ``splits.py`` (it reads through the same readers).
 
 Bad input is handled and counted in ``CorpusStats`` rather than crashing hours into a run:
 bytes that are not UTF-8 are dropped from their line (``invalid_utf8_lines``), empty files are
@@ -39,22 +37,15 @@ file are always a ``UserError`` naming it (``bert-jax`` prints one line and exit
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 
 from bert_jax.data.sentences import DEFAULT_SPLITTER, splitter
+from bert_jax.data.sources import splits
 from bert_jax.data.sources.corpus_stats import CorpusStats
-from bert_jax.data.sources.embedded import Document, embedded_documents
-from bert_jax.data.sources.kinds import corpus_format, expand_sources
-from bert_jax.data.sources.prose_pool import _PROSE, _DocumentMaker, _dump_documents
-from bert_jax.data.sources.readers import (
-    DEFAULT_MAX_LINE_BYTES,
-    DEFAULT_TEXT_FIELD,
-    _iter_jsonl_file,
-    _iter_parquet_file,
-    _iter_text_file,
-    _iter_tfds,
-)
+from bert_jax.data.sources.embedded import Document
 
 # How this version turns prose into sentences (wikitext stripping and sentence splitting), recorded
 # as ``text_extraction`` beside the splitter in prepared data: records made by another version
@@ -63,82 +54,63 @@ from bert_jax.data.sources.readers import (
 # become "donot" with syntok), and wikitext is stripped without markup left or prose lost.
 TEXT_EXTRACTION_VERSION = 2
 
+# A source read in one process is one split (no probes); read by workers, it is cut into splits of
+# about this many bytes (a multistream dump at its bz2 streams), each read by one worker.
+WORKER_SPLIT_BYTES = 1 << 20
+_WHOLE = 1 << 62
+
 
 def iter_documents(
     sources: Sequence[str | os.PathLike] | str,
     stats: CorpusStats | None = None,
     *,
-    tfds_data_dir: str | None = None,
-    text_field: str = DEFAULT_TEXT_FIELD,
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-    strict: bool = False,
-    sentence_split: bool = False,
-    splitter_name: str = DEFAULT_SPLITTER,
     num_workers: int = 1,
+    **reader_options,
 ) -> Iterator[Document]:
     """Stream documents from ``sources`` in order, counting into ``stats`` (see module docstring).
 
-    Prose (JSONL, Parquet, TFDS, Wikipedia) is cut into sentences by the splitter
-    ``splitter_name`` (``sentences.SPLITTERS``). ``sentence_split=True`` also splits the lines of
-    original-format text files (for files that hold a paragraph per line); by default each line
-    is one sentence, as in the original format. With ``num_workers`` > 1 the prose of JSONL,
-    Parquet and Wikipedia files is split (and wikitext stripped) in that many processes, while
-    this one reads; the documents and their order are the same.
+    ``reader_options`` are ``splits.read_split``'s (``splits.reader_option_names()``):
+    ``tfds_data_dir``, ``text_field``, ``max_line_bytes``, ``strict``, ``sentence_split`` (also
+    split the lines of original-format text files, for files that hold a paragraph per line; by
+    default each line is one sentence) and ``splitter_name`` (``sentences.SPLITTERS``: how prose
+    is cut into sentences). With ``num_workers`` > 1 the sources are cut into splits of about
+    ``WORKER_SPLIT_BYTES`` (``splits.cut_splits``) read in that many processes; the documents,
+    their order and the counts are the same (a bad line in a split that starts inside a text or
+    JSONL file is named by its byte offset, its line number unknown there).
     """
     stats = CorpusStats() if stats is None else stats
-    split = splitter(splitter_name)  # an unknown name fails here, before anything is read
-    maker = _DocumentMaker(splitter_name, num_workers)
-    try:
-        for source in expand_sources(sources):
-            for document in _source_documents(
-                source,
-                stats,
-                maker,
-                split,
-                tfds_data_dir,
-                text_field,
-                max_line_bytes,
-                strict,
-                sentence_split,
-            ):
-                if document is None:
-                    stats.skipped_pages += 1  # a disambiguation page
-                elif not document:
-                    stats.empty_documents += 1
-                else:
-                    stats.add_document(document)
-                    yield document
-    finally:
-        maker.close()
+    # An unknown splitter fails here, before anything is read (or any process started).
+    splitter(reader_options.get("splitter_name", DEFAULT_SPLITTER))
+    target = WORKER_SPLIT_BYTES if num_workers > 1 else _WHOLE
+    pieces = splits.cut_splits(sources, target_bytes=target, **reader_options)
+    if num_workers <= 1:
+        for piece in pieces:
+            for _, document in splits.read_split(piece, stats, **reader_options):
+                yield document
+        return
+    # spawn, not fork: the caller may hold TensorFlow or JAX threads. At most two splits per
+    # worker in flight; their counts merged in split order, as one process counts them.
+    with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
+        in_flight: deque = deque()
+        for piece in pieces:
+            in_flight.append(pool.apply_async(_read_whole_split, (piece, reader_options)))
+            while len(in_flight) >= 2 * num_workers:
+                yield from _merged(in_flight.popleft().get(), stats)
+        while in_flight:
+            yield from _merged(in_flight.popleft().get(), stats)
 
 
-def _source_documents(
-    source: str,
-    stats: CorpusStats,
-    maker: _DocumentMaker,
-    split: Callable[[str], list[str]],
-    tfds_data_dir: str | None,
-    text_field: str,
-    max_line_bytes: int,
-    strict: bool,
-    sentence_split: bool,
-) -> Iterator[Document | None]:
-    """The documents of one source (``[]``: an empty one; ``None``: a page that is no article)."""
-    kind = corpus_format(source)
-    if kind == "tfds":
-        return _iter_tfds(source, stats, tfds_data_dir, text_field, strict, split)
-    stats.files += 1
-    if kind == "embedded":
-        _, _, embedded_split = source.partition(":")
-        return iter(embedded_documents(embedded_split or "train"))
-    if kind == "jsonl":
-        prose = _iter_jsonl_file(source, stats, max_line_bytes, strict, text_field)
-        return maker.documents(_PROSE, prose)
-    if kind == "parquet":
-        return maker.documents(_PROSE, _iter_parquet_file(source, stats, strict, text_field))
-    if kind == "wikipedia":
-        return _dump_documents(source, stats, maker)
-    return _iter_text_file(source, stats, max_line_bytes, strict, split if sentence_split else None)
+def _read_whole_split(piece: splits.Split, reader_options: dict):
+    """(documents, counts) of one split, in a worker process."""
+    stats = CorpusStats()
+    documents = [document for _, document in splits.read_split(piece, stats, **reader_options)]
+    return documents, stats
+
+
+def _merged(result: tuple[list[Document], CorpusStats], stats: CorpusStats):
+    documents, split_stats = result
+    stats.merge(split_stats)
+    yield from documents
 
 
 def read_documents(
@@ -148,7 +120,7 @@ def read_documents(
     """All documents from ``sources`` in memory, plus what was counted on the way.
 
     ``options`` are those of ``iter_documents``. For corpora larger than memory use
-    ``iter_documents`` (``prepare_records`` does).
+    ``iter_documents`` (the tokenizer's training does).
     """
     stats = CorpusStats()
     documents = list(iter_documents(sources, stats, **options))

@@ -3,14 +3,12 @@
 Public API:
 
 - ``is_parquet(path)``: by name, the sources ``sources`` hands here.
-- ``iter_texts(path, text_field) -> Iterator[(row, str | None)]``: the ``text_field`` column of
-  every row in file order (``None`` for a null), streamed. The column holds text: string,
-  large_string, string_view or a dictionary of them (pandas' ``category``).
 - ``read_metadata(stream)``: the footer of the Parquet file open as ``stream`` (a seekable
   ``fs.RangeFile``), reading exactly the footer; ``row_group_texts(path, stream, metadata,
   text_field, first, stop)``: (row group, row in it, row in the file, text) of the row groups
   ``[first, stop)`` only, reading only their chunks of the one column (``splits`` cuts a file
-  into such runs of row groups).
+  into such runs of row groups; ``None`` for a null). The column holds text: string,
+  large_string, string_view or a dictionary of them (pandas' ``category``).
 
 The file is read through ``bert_jax.runtime.fs`` (local or ``gs://``) with pyarrow, one batch of
 ``BATCH_ROWS`` rows of the one column at a time, so memory is bounded by a row group's column
@@ -22,8 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from bert_jax.runtime import fs
-from bert_jax.runtime.errors import UserError, user_path
+from bert_jax.runtime.errors import UserError
 
 BATCH_ROWS = 256
 
@@ -72,33 +69,13 @@ def _unreadable(path: str, err: Exception) -> UserError:
     return UserError(f"--input {path}: not a readable Parquet file ({_reason(err)})")
 
 
-def iter_texts(path: str, text_field: str) -> Iterator[tuple[int, str | None]]:
-    """(row number from 1, the row's text or None) for every row of the Parquet file ``path``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    with user_path(path, "--input"):
-        stream = fs.open(path, "rb")
-    with stream:
-        try:
-            parquet = pq.ParquetFile(stream)
-            _check_column(path, parquet.schema_arrow, text_field)
-            row = 0
-            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[text_field]):
-                for value in batch.column(0).to_pylist():  # a dictionary's values, decoded
-                    row += 1
-                    yield row, value if isinstance(value, str) else None
-        except (pa.ArrowException, OSError) as err:
-            raise _unreadable(path, err) from err
-
-
 _FOOTER_TAIL = 8  # the footer's length (4 bytes, little-endian) and the magic "PAR1"
 
 
 def read_metadata(path: str, stream):
     """The ``FileMetaData`` of the Parquet file ``path`` open as the seekable ``stream``, read
-    with two exact reads (the tail, then the footer). A file that is no Parquet is the same
-    ``UserError`` as ``iter_texts`` gives."""
+    with two exact reads (the tail, then the footer). A file that is no Parquet is a
+    ``UserError`` naming it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -1,7 +1,7 @@
-"""The readers of every corpus format: a file's lines (bad bytes dropped, over-long lines skipped
-without being held whole), original-format text as documents, JSONL and Parquet texts,
-Wikipedia pages, TFDS examples; bad input counted in ``CorpusStats`` or, with ``strict``, a
-``UserError`` naming the file and line. ``documents.py`` and ``splits.py`` read through them.
+"""The pieces of the corpus formats' readers that ``splits.read_split`` (the one reader of
+documents) puts together: a file's lines (bad bytes dropped, over-long lines skipped without
+being held whole), original-format text as documents, JSONL texts, TFDS examples; bad input
+counted in ``CorpusStats`` or, with ``strict``, a ``UserError`` naming the file and line.
 """
 
 from __future__ import annotations
@@ -10,25 +10,15 @@ import json
 from collections.abc import Callable, Iterator
 from typing import IO
 
-from bert_jax.data.sources import parquet
-from bert_jax.data.sources import wikipedia_dump as wikipedia
 from bert_jax.data.sources.corpus_stats import CorpusStats
 from bert_jax.data.sources.embedded import Document
 from bert_jax.data.sources.kinds import parse_tfds_source
-from bert_jax.runtime import fs
-from bert_jax.runtime.errors import UserError, user_path
+from bert_jax.runtime.errors import UserError
 
 # `data prepare --max-line-bytes`: longer lines are skipped (counted as long_lines).
 DEFAULT_MAX_LINE_BYTES = 200_000
 # `data prepare --text-field`: the field (JSONL, TFDS) or column (Parquet) that holds the text.
 DEFAULT_TEXT_FIELD = "text"
-
-
-def _open_binary(path: str) -> IO[bytes]:
-    with user_path(path, "input"):
-        if path.endswith(".gz"):
-            return fs.open_gzip(path)
-        return fs.open(path, "rb")
 
 
 def _where(path: str, lineno: int, offset: int, numbered: bool) -> str:
@@ -82,14 +72,6 @@ def _lines(
         yield lineno, line_offset, text
 
 
-def _iter_lines(
-    path: str, stats: CorpusStats, max_line_bytes: int, strict: bool
-) -> Iterator[tuple[int, int, str]]:
-    """``_lines`` of the whole file ``path``."""
-    with _open_binary(path) as f:
-        yield from _lines(f, path, stats, max_line_bytes, strict)
-
-
 def _noting_empty(lines: Iterator, stats: CorpusStats, path: str) -> Iterator:
     """``lines`` passed on; an empty file noted in ``stats`` once they end."""
     empty = True
@@ -134,18 +116,6 @@ def _text_documents(
         yield first, document
 
 
-def _iter_text_file(
-    path: str,
-    stats: CorpusStats,
-    max_line_bytes: int,
-    strict: bool,
-    split: Callable[[str], list[str]] | None,
-) -> Iterator[Document]:
-    lines = _noting_empty(_iter_lines(path, stats, max_line_bytes, strict), stats, path)
-    for _, document in _text_documents(lines, stats, split):
-        yield document
-
-
 def _jsonl_texts(
     lines: Iterator[tuple[int, int, str]],
     path: str,
@@ -177,44 +147,6 @@ def _jsonl_texts(
             stats.note("bad_records", where)
             continue
         yield offset, text
-
-
-def _iter_jsonl_file(
-    path: str,
-    stats: CorpusStats,
-    max_line_bytes: int,
-    strict: bool,
-    text_field: str,
-) -> Iterator[str]:
-    lines = _noting_empty(_iter_lines(path, stats, max_line_bytes, strict), stats, path)
-    for _, text in _jsonl_texts(lines, path, stats, strict, text_field):
-        yield text
-
-
-def _iter_parquet_file(
-    path: str, stats: CorpusStats, strict: bool, text_field: str
-) -> Iterator[str]:
-    any_row = False
-    for row, text in parquet.iter_texts(path, text_field):
-        any_row = True
-        if text is None:
-            if strict:
-                raise UserError(f"{path}: row {row}: no string in column {text_field!r}")
-            stats.note("bad_records", f"{path}: row {row}")
-            continue
-        yield text
-    if not any_row:
-        stats.note("empty_files", path)
-
-
-def _iter_wikipedia_dump(path: str, stats: CorpusStats) -> Iterator[tuple[str, str]]:
-    counts = wikipedia.Counts()
-    try:
-        yield from wikipedia.iter_candidates(path, counts)
-    finally:
-        stats.skipped_pages += counts.skipped_pages
-    if counts.pages == 0:
-        stats.note("empty_files", path)
 
 
 def _iter_tfds(

@@ -1,6 +1,9 @@
 """Inputs cut into splits that a runner can read apart: every input byte read once, by one split.
 
-Public API (``preparation/local_runner.py``'s pool and the Beam pipeline both read through it):
+The one reader of documents: ``preparation/local_runner.py``'s pool, the Beam pipeline and
+``documents.iter_documents`` (a source read whole is one split) all read through ``read_split``.
+
+Public API:
 
 - ``Split(source_index, source, kind, start, stop)``: one piece of one input. ``source_index`` is
   the source's position in ``sources.expand_sources(sources)``, ``source`` that expanded source,
@@ -23,13 +26,13 @@ Public API (``preparation/local_runner.py``'s pool and the Beam pipeline both re
 - ``read_split(split, stats, *, byte_count=None, **reader_options) -> Iterator[(DocKey,
   Document)]``: the documents of exactly this split, in file order, with their keys. The
   documents, their sentences and the ``CorpusStats`` counts (summed over a source's splits with
-  ``CorpusStats.merge``, in split order) are those ``sources.iter_documents`` gives for the
-  source. Only real documents are yielded: empty documents and pages that are no articles are
-  counted in ``stats`` here, as ``iter_documents`` counts them. ``reader_options``: the options
-  of ``iter_documents`` that apply (``text_field``, ``max_line_bytes``, ``strict``,
-  ``sentence_split``, ``splitter_name``, ``tfds_data_dir``). It reads only the split's bytes
-  (or row groups) through ``bert_jax.runtime.fs``, so ``gs://`` works, and runs no processes:
-  the caller runs splits in parallel.
+  ``CorpusStats.merge``, in split order) are the same however the source was cut, into one
+  split or many. Only real documents are yielded: empty documents and pages that are no
+  articles are counted in ``stats`` (``_counted``: the one place that decides what is kept).
+  ``reader_options`` (``reader_option_names()``): ``text_field``, ``max_line_bytes``,
+  ``strict``, ``sentence_split``, ``splitter_name``, ``tfds_data_dir``. It reads only the
+  split's bytes (or row groups) through ``bert_jax.runtime.fs``, so ``gs://`` works, and runs
+  no processes: the caller runs splits in parallel.
 - ``DocKey``: a tuple of ints, unique in the corpus, sortable into input order and the same
   however the source was cut: text and JSONL ``(source_index, byte offset of the document's
   first line)``; Parquet ``(source_index, row group, row in it)``; a multistream dump
@@ -42,9 +45,9 @@ Public API (``preparation/local_runner.py``'s pool and the Beam pipeline both re
   Parquet input, every chunk of the text column once) and ``extra`` (anything else: cutting's
   probes, a Parquet split's footer, a later dump split's first stream, which holds the header).
 
-Bad input is what ``iter_documents`` says, in one line: a split that starts inside a text or
+Bad input is what ``documents.py`` says, in one line: a split that starts inside a text or
 JSONL file does not know its line numbers, so it names the line by its byte offset (``FILE: line
-at byte N``); the first split of a file names it ``FILE:LINE`` as ``iter_documents`` does.
+at byte N``); the first split of a file (a file read whole) names it ``FILE:LINE``.
 
 Why this file is long: each kind's cut and its read of one split must agree on where a
 document starts; keeping both halves of every kind side by side is what keeps them agreeing.
@@ -327,8 +330,8 @@ def _parquet_metadata(path: str):
 
 
 def _counted(stats: CorpusStats, items: Iterator[tuple[DocKey, Document | None]]):
-    """Real documents passed on; empty ones and pages that are no article counted, as
-    ``iter_documents`` counts them."""
+    """Real documents passed on; empty ones and pages that are no article counted (what every
+    reader of documents keeps and counts is decided here)."""
     for key, document in items:
         if document is None:
             stats.skipped_pages += 1

@@ -5,18 +5,17 @@ Public API:
 - ``is_wikipedia_dump(path)``: by name (``.xml``, ``.bz2``), the sources ``sources`` hands here.
 - ``iter_articles(path) -> Iterator[(title, text)]``: the articles of a dump, streamed; ``text``
   holds one paragraph per line. It is ``iter_candidates`` (reading: bz2, XML, namespace and
-  redirect; cheap) then ``article_text`` (parsing the wikitext: the costly part, which
-  ``sources`` runs in worker processes).
+  redirect; cheap) then ``article_text`` (parsing the wikitext: the costly part).
 - The stripping alone (``wikitext_to_paragraphs``) and the markup that stripped text must not
   hold (``markup_leftovers``) are wikitext.py's.
-- ``multistream_header``, ``iter_chunks``, ``chunk_candidates``: a multistream dump read apart;
-  ``probe_head``, ``first_stream_header``, ``next_stream_start`` and ``iter_streams``: the same
-  by byte ranges of whole streams (``splits``).
+- ``multistream_header``, ``chunk_candidates``, ``probe_head``, ``first_stream_header``,
+  ``next_stream_start`` and ``iter_streams``: a multistream dump read apart, by byte ranges of
+  whole streams (``splits``).
   Wikimedia's ``*-multistream*.xml*.bz2`` files are bz2 streams of 100 whole pages each (the
-  first holds the header): cut at stream starts into chunks of about ``CHUNK_BYTES``, each chunk
-  is decompressed and parsed by a worker under the dump's header, so a dump's reading runs in
-  ``--num-workers`` processes too, in input order (``sources``). A dump in one stream, or in
-  streams cut mid-page (pbzip2), is read whole in one process.
+  first holds the header): cut at stream starts, each range of streams is decompressed and
+  parsed under the dump's header, so a dump's reading runs in ``--num-workers`` processes too,
+  in input order (``splits``). A dump in one stream, or in streams cut mid-page (pbzip2), is
+  read whole in one process.
 
 Pages are streamed with ``mwxml`` (one page in memory at a time; ``.bz2`` decompressed on the
 fly, stream after stream, a damaged stream anywhere an error rather than the end of the file as
@@ -191,11 +190,11 @@ def iter_candidates(
         yield candidate
 
 
-# --- A multistream dump read in parallel: chunks of whole bz2 streams, each parsed by a worker ---
+# --- A multistream dump read apart: ranges of whole bz2 streams, each parsed on its own ---
 
 # Where a bz2 stream starts: "BZh", the block size, the first block's magic (48 bits).
 _STREAM_START = re.compile(rb"BZh[1-9]1AY&SY")
-CHUNK_BYTES = 1 << 20  # compressed bytes per chunk: about 10 streams of enwiki's 100 pages
+CHUNK_BYTES = 1 << 20  # compressed bytes read at a time: about 10 streams of enwiki's 100 pages
 _PROBE_BYTES = 8 << 20
 _PROBE_STREAMS = 4
 
@@ -226,24 +225,6 @@ def multistream_header(path: str, head: bytes | None = None) -> bytes | None:
         if text and not (text.startswith(b"<page>") and text.endswith(b"</page>")):
             return None
     return header + b"</siteinfo>\n"
-
-
-def iter_chunks(path: str, size: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """The compressed bytes of ``path`` in chunks of whole bz2 streams, about ``size`` each (a
-    stream longer than that is one chunk); joined they are the file."""
-    with user_path(path, "--input"):
-        raw = fs.open(path, "rb")
-    with raw:
-        buffer = b""
-        while block := raw.read(size):
-            searched = max(1, len(buffer) - 9)  # a start may straddle the blocks
-            buffer += block
-            starts = [m.start() for m in _STREAM_START.finditer(buffer, searched)]
-            if starts:  # up to the last stream that began: every stream before it is whole
-                yield buffer[: starts[-1]]
-                buffer = buffer[starts[-1] :]
-        if buffer:
-            yield buffer
 
 
 def probe_head(stream: IO[bytes], block: int = 1 << 10) -> bytes:
