@@ -26,7 +26,7 @@ class BenchData:
 
 
 def synthetic_data(spec: BenchSpec, count: int = 4) -> BenchData:
-    """Full-length random rows (`pipeline.synthetic_batch`; no TensorFlow is imported)."""
+    """Full-length random rows (`tf_data.synthetic_batch`; no TensorFlow is imported)."""
     from bert_jax.data.pipeline.tf_data import synthetic_batch
 
     batches = [

@@ -254,7 +254,8 @@ def _run_glue(args) -> int:
 
 
 def _one_writer(workdir: str, command: str):
-    """The workdir's lock while the command works (`finetune.workdir.one_writer`; process 0)."""
+    """The workdir's lock while the command works (`finetune.runs.workdir.one_writer`; on
+    process 0)."""
     import jax
 
     from bert_jax.finetune.runs import workdir as finetune_workdir

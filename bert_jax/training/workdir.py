@@ -159,7 +159,7 @@ def lock(workdir: str, is_main: bool) -> WorkdirLock:
     return lock
 
 
-# What `model_dir.atomic_output_dir` names an export in progress / the export it replaces.
+# What `outputs.atomic_output_dir` names an export in progress / the export it replaces.
 _EXPORT_LEFTOVER = re.compile(r"^\.model\.(tmp|old)-[0-9a-f]{8}$")
 
 

@@ -14,11 +14,11 @@ Public API:
   document.
 - ``create_instances(documents, masking, max_seq_length, short_seq_prob, dupe_factor=1, seed=0,
   shuffle=True, random_next_prob) -> list[Instance]``: every document, ``dupe_factor`` times,
-  each pass with a fresh masking (``masking.mask_ids``), then shuffled — as the original (the
-  length and shares default to data/objectives.py's).
+  each pass with a fresh masking (``static_sequence.mask_ids``), then shuffled — as the
+  original (the length and shares default to data/objectives.py's).
 - ``create_instance_rows(...same...) -> (batches of InstanceRows, order)``: the same instances
   as batch-format arrays in creation order, and the shuffle (what ``data prepare`` writes).
-- ``mask_tokens(instance, masking, rng)``: ``masking.mask_ids`` on an ``Instance``.
+- ``mask_tokens(instance, masking, rng)``: ``static_sequence.mask_ids`` on an ``Instance``.
 - ``instances_to_arrays(instances, max_seq_length, max_predictions_per_seq) -> dict`` in the
   batch format (fixed shapes, int32/float32; ``next_sentence_labels`` is [N]).
 

@@ -13,8 +13,8 @@ documents (in corpus order), with a [SEP] between two documents' text. Either wa
   objective takes rows unmasked (``mask=False``: no masked_lm slots set, weights 0).
 - ``segment_ids`` are all 0; ``next_sentence_labels`` are 0 (never read: no NSP).
 
-The output is ``instances.create_instance_rows``' (batches of ``InstanceRows``, the shuffle), so
-``data prepare`` writes it the same way.
+The output is ``sentence_pairs.create_instance_rows``' (batches of ``InstanceRows``, the
+shuffle), so ``data prepare`` writes it the same way.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Public API:
 
 - ``mask_rows(input_ids, lengths, masking, rng) -> (masked_ids, masked_lm_positions,
-  masked_lm_ids, num_predictions)``: ``masking.mask_ids`` applied to every row in row order with
-  one ``rng``. The results are identical and ``rng`` is left in the identical state; the
+  masked_lm_ids, num_predictions)``: ``static_sequence.mask_ids`` applied to every row in row
+  order with one ``rng``. The results are identical and ``rng`` is left in the identical state; the
   outputs are padded arrays (positions and ids 0 past ``num_predictions``).
 
 Why it exists: masking a row with ``mask_ids`` is mostly the per-call overhead of NumPy's

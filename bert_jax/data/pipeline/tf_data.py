@@ -7,7 +7,7 @@ Public API::
 
 ``records`` is prepared data: a directory of ``*.tfrecord`` shards, a glob, a file or a list of
 files — ours or written by the original ``create_pretraining_data.py``. A raw corpus is prepared
-first by the caller (``prepare.prepare_cached``); this module never prepares.
+first by the caller (``cached.prepare_cached``); this module never prepares.
 
 ``PretrainIterator`` yields per-host batches in the fixed format: ``input_ids``, ``input_mask``,
 ``segment_ids`` [B, L] int32; ``masked_lm_positions``, ``masked_lm_ids`` [B, P] int32;
@@ -27,9 +27,10 @@ that epoch and skips the consumed batches while they are still serialized string
 masking), so resuming costs a re-read of part of one epoch and the state stays a few bytes
 instead of a shuffle buffer.
 
-Dynamic masking (``dynamic_masking=True``) re-masks every batch (``masking.dynamic_mask_batch``)
-with stateless RNG seeded by ``(seed, epoch, process_index, batch index)``: every epoch sees a new
-masking, and a restored iterator re-creates exactly the same one.
+Dynamic masking (``dynamic_masking=True``) re-masks every batch
+(``dynamic_batch.dynamic_mask_batch``) with stateless RNG seeded by ``(seed, epoch,
+process_index, batch index)``: every epoch sees a new masking, and a restored iterator
+re-creates exactly the same one.
 
 Why this file is long: `PretrainIterator` (about half of it) holds the one resumable position
 (file order, shuffle, masking draws) that every one of its methods reads or advances.

@@ -26,7 +26,7 @@ Beam; on this machine the FnApiRunner's worker processes start before the pipeli
 and end without the interpreter's teardown (``beam_workers.py``).
 
 Before the pipeline starts, this process checks the inputs and the output directory and writes
-``prepare_config.json`` and ``tokenizer/`` (``prepare.check_run``, ``prepare.start_run``); the
+``prepare_config.json`` and ``tokenizer/`` (``stage.check_run``, ``stage.start_run``); the
 final step writes the completion mark, so a job that fails, or is cancelled, leaves none and the
 pipeline refuses the directory until the same command, run again, finishes it (groups already
 written are kept). A group that a runner retries, or runs twice, is written again to the same
@@ -332,7 +332,7 @@ def prepare_with_beam(
     dry_run: bool = False,
     output_what: str = "--output",
 ):
-    """``data prepare --runner beam``: the records of ``prepare.prepare_records`` written by a
+    """``data prepare --runner beam``: the records of ``local_runner.prepare_records`` written by a
     Beam pipeline run with ``beam_args``. Returns the PrepareResult where the runner waits for
     the job (the FnApiRunner, or Dataflow without ``--no_wait``), else None; with ``dry_run``,
     the text of ``describe_beam_run`` (nothing is written or run)."""

@@ -4,7 +4,7 @@ workers on other machines included); Beam's counters ``COUNTERS`` (``count`` in 
 ``job_counters`` at the end; Dataflow's console lists them under the job's custom counters);
 Beam's own log lines hidden below ``LOG_LEVEL_OPTION``'s level, ERROR unless it is given
 (``HideBeam`` in this process; the FnApiRunner's worker processes write theirs to a file:
-``beam_pipeline._local_runner``).
+``beam_workers.Standbys``).
 
 Beam is imported inside the functions that need it.
 """

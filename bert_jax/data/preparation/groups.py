@@ -55,7 +55,7 @@ from bert_jax.runtime.outputs import write_json_atomic
 logger = logging.getLogger(__name__)
 
 _PART_RE = re.compile(r"^part-(\d{5,})\.(tfrecord|json)$")
-# What ``files.temporary_name`` makes of a part's name: left behind only by a killed writer.
+# What ``outputs.temporary_name`` makes of a part's name: left behind only by a killed writer.
 _PART_TEMPORARY_RE = re.compile(
     r"^\.part-\d{5,}\.(tfrecord|json)\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]+"
 )

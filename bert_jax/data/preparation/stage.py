@@ -62,7 +62,7 @@ def _recorded_settings(
 ) -> dict:
     """What ``prepare_config.json`` holds: the settings that shape the records (their
     declarations say so: ``PrepareSettings.recorded``), and what the run derived from its
-    inputs (``settings.DERIVED``)."""
+    inputs (the format, the groups' count, the text extraction, the tokenizer, the sources)."""
     return {
         "format_version": FORMAT_VERSION,
         "num_groups": num_groups,

@@ -8,7 +8,7 @@ generation), so that the run reads every input byte once. ``prepare`` builds it,
 the one already in the output directory (``check_resumable``: unchanged inputs and settings
 resume; a change is refused in one line naming the file or the setting unless ``--overwrite``
 asks for a rebuild) and writes it once per stage (``write``). Records whose text another version
-extracted (``text_extraction``, ``sources.TEXT_EXTRACTION_VERSION``; 1 where it is not recorded)
+extracted (``text_extraction``, ``documents.TEXT_EXTRACTION_VERSION``; 1 where it is not recorded)
 are refused first, by that name (``check_extraction``): they hold other words. On disk it is the
 flat JSON object ``prepare_config.json``, the same keys as ever: ``from_json`` reads every
 earlier version.
@@ -279,7 +279,7 @@ def check_extraction(
     previous: Manifest, wanted: Manifest, output_dir: str, rerun: str = ""
 ) -> None:
     """Refuses (SettingsChangedError, one line) records whose text was extracted by another
-    version of bert-jax (``sources.TEXT_EXTRACTION_VERSION``): they hold other words than this
+    version of bert-jax (``documents.TEXT_EXTRACTION_VERSION``): they hold other words than this
     version would write, and a resumed or merged directory would mix both."""
     made, now = previous.settings.get(EXTRACTION_KEY), wanted.settings.get(EXTRACTION_KEY)
     if made != now:

@@ -226,7 +226,7 @@ def serialize_example(
 
 
 def serialize_arrays(arrays: Mapping[str, np.ndarray]) -> list[bytes]:
-    """Serialize rows of batch-format arrays (``instances.instances_to_arrays``) as Examples.
+    """Serialize rows of batch-format arrays (``sentence_pairs.instances_to_arrays``) as Examples.
 
     No TensorFlow; the bytes are deterministic (map entries in key order), so they never depend
     on the process that made them. All rows are encoded at once with array operations: every

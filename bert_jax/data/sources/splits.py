@@ -6,7 +6,7 @@ The one reader of documents: ``preparation/local_runner.py``'s pool, the Beam pi
 Public API:
 
 - ``Split(source_index, source, kind, start, stop)``: one piece of one input. ``source_index`` is
-  the source's position in ``sources.expand_sources(sources)``, ``source`` that expanded source,
+  the source's position in ``kinds.expand_sources(sources)``, ``source`` that expanded source,
   ``kind`` one of ``KINDS``. ``start``/``stop``: for ``text``, ``jsonl`` and a multistream
   ``wikipedia`` dump the bytes ``[start, stop)`` of the file; for ``parquet`` the row groups
   ``[start, stop)``; a source read whole (``.gz`` files, ``.xml`` and single-stream ``.bz2``

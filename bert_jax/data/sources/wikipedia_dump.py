@@ -65,7 +65,7 @@ def is_wikipedia_dump(path: str) -> bool:
 
 
 class Counts:
-    """What a dump held besides articles (``sources.CorpusStats`` takes them)."""
+    """What a dump held besides articles (``corpus_stats.CorpusStats`` takes them)."""
 
     def __init__(self) -> None:
         self.pages = 0

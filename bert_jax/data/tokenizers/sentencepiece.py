@@ -1,8 +1,8 @@
 """SentencePiece models with BERT's five special pieces: loading, encoding and training.
 
-``train_sentencepiece`` trains on one-sentence-per-line text files (``tokenizer.train_tokenizer``
-is the one path from any corpus source to it). Encoding many sentences is one C++ call
-(``encode_batch``), which is what data preparation uses.
+``train_sentencepiece`` trains on one-sentence-per-line text files
+(``load_or_train.train_tokenizer`` is the one path from any corpus source to it). Encoding many
+sentences is one C++ call (``encode_batch``), which is what data preparation uses.
 """
 
 from __future__ import annotations

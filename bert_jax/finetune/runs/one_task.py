@@ -2,7 +2,8 @@
 checkpoint curve (`curve.py`) call. The task comes from `tasks.registry`; its family says which
 run trains it: a sentence task `sweep.run_single`, SQuAD and CoNLL-2003
 `squad_and_conll.run_token_task`, CoNLL-2003 with `features` `conll_features.run_feature_ner`,
-SWAG `swag.run_swag`; each with the task's registered recipe, then the overrides that are not None.
+SWAG `multiple_choice.run_swag`; each with the task's registered recipe, then the overrides
+that are not None.
 Every run loads either family's model directory (`settings.load_pretrained`); a ModernBERT model
 is refused in one line for a family it has no head for (`MODERNBERT_FAMILIES`).
 
