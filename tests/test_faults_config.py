@@ -204,6 +204,22 @@ def test_a_config_override_typo_is_one_line_with_a_suggestion(capsys, cwd):
 
 
 @pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("optimizer.decouple_lr=maybe", "a boolean setting takes true or false, not 'maybe'"),
+        ("total_steps=abc", "an integer setting takes a whole number, not 'abc'"),
+        ("optimizer.learning_rate=fast", "a number setting takes a number such as 1e-4"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_setting_and_what_it_takes(
+    capsys, cwd, override, expected
+):
+    outcome = _pretrain(capsys, f"--config.{override}")
+    assert_user_error(outcome, f"--config.{override}: {expected}")
+    assert "(" not in outcome.message  # not absl's raw tuple
+
+
+@pytest.mark.parametrize(
     "override, named",
     [
         ("total_steps=-5", "config.total_steps=-5"),

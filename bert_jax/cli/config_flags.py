@@ -138,7 +138,7 @@ def parse(command: ConfigCommand, argv: Sequence[str]):
         with _no_bytecode():
             flag_values([prog, *argv])
     except flags.Error as err:
-        message = _without_traceback(str(err))
+        message = _readable_value_error(_without_traceback(str(err)))
         for name in flag_values:  # absl names its flags with underscores; we document dashes
             if "_" in name and not name.startswith("config."):
                 message = message.replace(f"--{name}", dashed(name))
@@ -333,6 +333,28 @@ def _with_config_spec(argv: list[str], spec: str) -> list[str]:
                 argv[i + 1] = spec
             break
     return argv
+
+
+# absl's and Python's words for a value a typed --config.KEY=VALUE override cannot take, and
+# what the setting accepts (absl's boolean parser: true/false, t/f, 1/0, any case).
+_VALUE_PROBLEMS = (
+    (r"\('Non-boolean argument to boolean flag', .*\)", "a boolean setting takes true or false"),
+    (r"invalid literal for int\(\) with base 10: .*", "an integer setting takes a whole number"),
+    (r"could not convert string to float: .*", "a number setting takes a number such as 1e-4"),
+)
+
+
+def _readable_value_error(message: str) -> str:
+    """absl's "flag --config.KEY=VALUE: ('Non-boolean argument to boolean flag', 'VALUE')" as one
+    line naming the setting, the value and what it accepts; other messages unchanged."""
+    match = re.fullmatch(r"flag (--\S+?)=(.*?): (.*)", message, flags=re.DOTALL)
+    if match is None:
+        return message
+    flag, value, problem = match.groups()
+    for pattern, accepted in _VALUE_PROBLEMS:
+        if re.fullmatch(pattern, problem, flags=re.DOTALL):
+            return f"{flag}={value}: {accepted}, not {value!r}"
+    return message
 
 
 def _without_traceback(message: str) -> str:

@@ -238,10 +238,8 @@ def import_state(
             origin=origin,
         )
     except ConversionError as err:
-        if foreign and not drop_heads:
-            raise ConversionError(
-                f"{err}\n(to convert the encoder alone, drop the heads: --drop-heads)"
-            ) from None
+        if foreign and not drop_heads and strict.encoder_matches(shapes, config, "hf"):
+            raise ConversionError(f"{err}\n{strict.DROP_HEADS_HINT}") from None
         raise
     if report is not None and not with_heads:
         report.notes.append(

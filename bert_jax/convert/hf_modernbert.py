@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import hf, model_dir, modernbert_names
+from bert_jax.convert import hf, model_dir, modernbert_names, strict
 from bert_jax.convert.hf import HF_EXPORT_KIND, HF_EXPORT_MARKER
 from bert_jax.convert.mapping import get_path, set_path
 from bert_jax.convert.safetensors import read_safetensors, write_safetensors
@@ -38,6 +38,14 @@ from bert_jax.runtime.declarations import declared_fields
 from bert_jax.runtime.errors import UserError
 
 MODEL_TYPE = "modernbert"
+# config.json's keys that give the weights' shapes: a directory's config.json must name them.
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
 # What ModernBERT's forward takes (no token types): its tokenizer returns these alone.
 MODEL_INPUT_NAMES = ("input_ids", "attention_mask")
 # Settings config.json spells its own way (layer_types, rope_parameters): read apart.
@@ -239,6 +247,13 @@ def params_from_hf_dir(
     values = read_config_json(path)
     if values is None:
         raise ConversionError(f"{path} has no readable config.json")
+    missing = [key for key in SHAPE_KEYS if key not in values]
+    if missing:  # a default (ModernBERT-base's) would be blamed on whatever reads it next
+        raise ConversionError(
+            f"{os.path.join(path, 'config.json')} has no {missing[0]!r}: the model's shape is "
+            f"read from {', '.join(SHAPE_KEYS)}, which transformers writes into every ModernBERT "
+            "config.json"
+        )
     config = config_from_hf(values)
     shapes, read = _open_weights(path)
     heads = any(not key.startswith("model.") and key not in modernbert_names.TIED for key in shapes)
@@ -264,8 +279,8 @@ def params_from_hf_dir(
             shapes, read, config, with_heads=with_heads, ignore=ignore, report=report, origin=origin
         )
     except ConversionError as err:
-        if heads and not drop_heads:
-            raise ConversionError(f"{err}\n(to convert the encoder alone: --drop-heads)") from None
+        if heads and not drop_heads and modernbert_names.encoder_matches(shapes, config):
+            raise ConversionError(f"{err}\n{strict.DROP_HEADS_HINT}") from None
         raise
     if report is not None and not with_heads:
         report.notes.append(

@@ -151,6 +151,15 @@ def from_bert_jax(entry: Entry, value: np.ndarray, config: ModernBertConfig) -> 
     return value.reshape(entry.hf_shape)
 
 
+def encoder_matches(shapes: Mapping[str, Sequence[int]], config: ModernBertConfig) -> bool:
+    """Whether every encoder tensor is in `shapes` with its shape: what `--drop-heads` would
+    convert (`strict.DROP_HEADS_HINT` is offered only then)."""
+    return all(
+        tuple(int(n) for n in shapes.get(entry.hf, ())) == entry.hf_shape
+        for entry in entries(config, with_heads=False)
+    )
+
+
 def import_params(
     shapes: Mapping[str, Sequence[int]],
     read: Callable[[str], np.ndarray],

@@ -92,6 +92,20 @@ class ConversionReport:
         return "\n".join(lines)
 
 
+# Said after a failed import only where it helps: the heads are the problem, the encoder matches.
+DROP_HEADS_HINT = "(to convert the encoder alone, drop the heads: --drop-heads)"
+
+
+def encoder_matches(shapes: Mapping[str, Sequence[int]], config: BertConfig, source: str) -> bool:
+    """Whether every encoder tensor (with the pooler) is in `shapes` with the shape `config`
+    needs: what `--drop-heads` would convert, so `DROP_HEADS_HINT` is offered only then."""
+    return all(
+        tuple(int(n) for n in shapes.get(mapping.source_name(entry, source), ()))
+        == mapping.source_shape(entry, config, source)
+        for entry in mapping.entries(config, with_heads=False)
+    )
+
+
 def import_params(
     shapes: Mapping[str, Sequence[int]],
     read: Callable[[str], np.ndarray],

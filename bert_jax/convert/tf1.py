@@ -219,10 +219,9 @@ def params_from_tf1(
             origin=f"TF1 checkpoint {checkpoint.prefix}",
         )
     except ConversionError as err:
-        if foreign and not drop_heads:
-            raise ConversionError(
-                f"{err}\n(to convert the encoder alone, drop the heads: --drop-heads)"
-            ) from None
+        config, shapes = checkpoint.config, checkpoint.shapes
+        if foreign and not drop_heads and strict.encoder_matches(shapes, config, "tf1"):
+            raise ConversionError(f"{err}\n{strict.DROP_HEADS_HINT}") from None
         raise
     if report is not None:
         report.notes += checkpoint.notes
