@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.finetune.reports.references import BASELINE_LABEL, METRIC_LABELS, PAPER_ROWS
+from bert_jax.finetune.reports.trial_groups import by_learning_rate
 from bert_jax.finetune.tasks import glue_metrics
 from bert_jax.runtime import outputs
 
@@ -23,7 +24,8 @@ def plot_task(
     records: Sequence[Mapping[str, Any]],
     selected: Mapping[str, Any],
 ) -> None:
-    """Dev score vs learning rate for one task: seeds as points, mean line, min-max band, the
+    """Dev score vs learning rate for one task (its trials in `records`, grouped by
+    `trial_groups.by_learning_rate`): seeds as points, mean line, min-max band, the
     majority-class baseline (dash-dot) and the paper's test scores (dashed, dotted)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -34,14 +36,10 @@ def plot_task(
     metric = glue_metrics.paper_metric(task_name)
     report_names = list(selected["dev_metrics"])
     colors = ("tab:blue", "tab:orange")
+    groups = by_learning_rate(records).get(task_name, {})
+    lrs = np.asarray(sorted(groups))
     for color, report_name in zip(colors, report_names):
-        by_lr: dict[float, list[float]] = {}
-        for record in records:
-            by_lr.setdefault(record["learning_rate"], []).append(
-                record["dev_metrics"][report_name][metric]
-            )
-        lrs = np.asarray(sorted(by_lr))
-        scores = [np.asarray(by_lr[lr]) for lr in lrs]
+        scores = [np.asarray(groups[lr].scores(report_name)) for lr in lrs]
         for lr, values in zip(lrs, scores):
             axes.scatter(np.full(values.shape, lr), values, s=14, color=color, alpha=0.6)
         means = np.asarray([v.mean() for v in scores])

@@ -32,6 +32,7 @@ from bert_jax.finetune.reports.references import (
     prediction_notes,
 )
 from bert_jax.finetune.reports.sweep_plot import plot_task
+from bert_jax.finetune.reports.trial_groups import by_learning_rate
 from bert_jax.finetune.tasks import glue, glue_metrics, registry
 from bert_jax.finetune.tuning.settings import DECLARATIONS, SWEPT
 from bert_jax.runtime import fs, outputs
@@ -68,45 +69,33 @@ def column_scores(best: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
 
 
 def seed_spread(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per task and learning rate: every seed's score (by report name and for selection)."""
-    spread: dict[str, dict[str, dict[str, Any]]] = {}
-    for record in records:
-        entry = spread.setdefault(record["task"], {}).setdefault(
-            f"{record['learning_rate']:g}",
-            {"learning_rate": record["learning_rate"], "seeds": [], "selection": [], "by_eval": {}},
-        )
-        entry["seeds"].append(record["seed"])
-        entry["selection"].append(record["selection_score"])
-        for report_name, values in record["dev_metrics"].items():
-            entry["by_eval"].setdefault(report_name, []).append(
-                glue_metrics.paper_score(record["task"], values)
-            )
-    for by_lr in spread.values():
-        for entry in by_lr.values():
-            values = np.asarray(entry["selection"], np.float64)
-            entry.update(
-                mean=float(values.mean()),
-                std=float(values.std(ddof=1)) if values.size > 1 else 0.0,
-                min=float(values.min()),
-                max=float(values.max()),
-            )
-    return spread
+    """Per task and learning rate (written as `%g`): every seed's score (by report name and for
+    selection) and the selection scores' spread, from `trial_groups.by_learning_rate`."""
+    return {
+        task: {
+            f"{lr:g}": {
+                "learning_rate": lr,
+                "seeds": group.seeds,
+                "selection": group.selection_scores,
+                "by_eval": {name: group.scores(name) for name in group.report_names},
+                **group.spread(),
+            }
+            for lr, group in rates.items()
+        }
+        for task, rates in by_learning_rate(records).items()
+    }
 
 
 def mean_at_selected_lr(
     records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, float]:
     """Per Table 1 column, the mean over seeds at each task's selected learning rate."""
-    means: dict[str, list[float]] = {}
-    for record in records:
-        chosen = best[record["task"]]
-        if record["learning_rate"] != chosen["learning_rate"]:
-            continue
-        for report_name, values in record["dev_metrics"].items():
-            means.setdefault(report_name, []).append(
-                glue_metrics.paper_score(record["task"], values)
-            )
-    return {name: float(np.mean(values)) for name, values in means.items()}
+    means = {}
+    for task, rates in by_learning_rate(records).items():
+        group = rates[best[task]["learning_rate"]]
+        for name in group.report_names:
+            means[name] = float(np.mean(group.scores(name)))
+    return means
 
 
 def summary(
