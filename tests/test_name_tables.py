@@ -102,6 +102,14 @@ def test_a_job_script_records_only_what_record_event_takes(tmp_path):
         workdir_state.record_event(str(tmp_path), "running")
 
 
+def test_launch_slurm_record_names_the_events_it_takes(tmp_path, capsys):
+    from bert_jax import cli
+
+    assert cli.main(["launch", "slurm", "record", "--workdir", str(tmp_path)]) == 2
+    recordable = ", ".join(events.named(job_script=True))
+    assert f"EVENT: one of {recordable})" in capsys.readouterr().err
+
+
 # --- the model's identity --------------------------------------------------------------------
 
 

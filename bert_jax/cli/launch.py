@@ -442,7 +442,7 @@ def _add_slurm(kinds) -> None:
 def _run_slurm(args) -> int:
     import dataclasses
 
-    from bert_jax.launch import Runner, slurm, workdir_state
+    from bert_jax.launch import Runner, events, slurm, workdir_state
     from bert_jax.runtime import declarations
 
     action = args.pretrain_args[:1]
@@ -456,7 +456,8 @@ def _run_slurm(args) -> int:
             print(workdir_state.status_text(args.workdir))
             return 0
         if len(args.pretrain_args) != 2:
-            raise LaunchError("launch slurm record EVENT --workdir W (started, finished, ...)")
+            recordable = ", ".join(events.named(job_script=True))
+            raise LaunchError(f"launch slurm record EVENT --workdir W (EVENT: one of {recordable})")
         if args.dry_run:
             print(f"# would add the event {args.pretrain_args[1]} to {args.workdir}/launch/")
             return 0
