@@ -169,6 +169,23 @@ def test_undeclared_names_a_plain_field():
     assert declarations.defaults(plain) == {"y": 2}
 
 
+def test_marked_settings_and_what_was_recorded_before():
+    marked = dataclasses.make_dataclass(
+        "Marked",
+        [
+            ("width", int, setting(8, "w", identity=True)),
+            ("cut", str, setting("new", "c", records=True, before="old")),
+            ("field", str, setting("text", "f", records=True, reader="field_name")),
+            ("strict", bool, setting(False, "s", reader=True)),
+        ],
+    )
+    assert declarations.marked(marked, "identity") == ("width",)
+    assert declarations.marked(marked, "records") == ("cut", "field")
+    assert declarations.marked(marked, "reader") == ("field", "strict")
+    # Recorded from the first manifest on unless `before` says what earlier records had.
+    assert declarations.before_recorded(marked) == {"cut": "old"}
+
+
 # --- every family ----------------------------------------------------------------------------
 
 
