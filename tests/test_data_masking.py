@@ -122,6 +122,52 @@ def test_a_draw_becomes_mask_random_or_same_alike_on_floats_numpy_and_tensorflow
             np.testing.assert_array_equal(np.asarray(to_random), want_random)
 
 
+def test_every_masking_path_masks_the_count_of_the_one_rule():
+    """``MaskingConfig.num_to_predict`` is google-research/bert's count, ``min(max_predictions,
+    max(1, int(round(n * masked_lm_prob))))``, over the ``n`` candidates (at most ``n``); Python
+    (``mask_ids``), NumPy (``mask_rows``) and TensorFlow (``dynamic_mask_batch``) mask that many.
+    190 and 350 candidates at 0.15 round apart in float32 (28.5 and 52.5 there, just under in
+    float64): a path that computes the count its own way in float32 fails here."""
+    import tensorflow as tf
+
+    from bert_jax.data.masking.dynamic_batch import dynamic_mask_batch
+    from bert_jax.data.masking.static_rows import mask_rows
+    from bert_jax.data.masking.static_sequence import mask_ids
+
+    masking = masking_config(masked_lm_prob=0.15, max_predictions_per_seq=64)
+    candidates = [0, 1, 3, 6, 7, 10, 30, 190, 350, 400]
+    want = [0 if n == 0 else min(64, max(1, int(round(n * 0.15))), n) for n in candidates]
+    assert [masking.num_to_predict(n) for n in candidates] == want
+    assert masking.num_to_predict_table(400)[candidates].tolist() == want
+
+    width = max(candidates) + 2
+    ids = np.full((len(candidates), width), masking.pad_id, dtype=np.int32)
+    ordinary = masking.ordinary_ids
+    for row, n in enumerate(candidates):
+        ids[row, : n + 2] = [
+            masking.cls_id,
+            *ordinary[np.arange(n) % len(ordinary)],
+            masking.sep_id,
+        ]
+    lengths = np.asarray(candidates) + 2
+    python = [
+        len(mask_ids(ids[r, : lengths[r]].tolist(), masking, np.random.default_rng(r))[1])
+        for r in range(len(candidates))
+    ]
+    numpy_counts = mask_rows(ids, lengths, masking, np.random.default_rng(0))[3]
+    slots = masking.max_predictions_per_seq
+    batch = {
+        "input_ids": tf.constant(ids),
+        "input_mask": tf.constant((np.arange(width) < lengths[:, None]).astype(np.int32)),
+        "masked_lm_positions": tf.zeros((len(candidates), slots), tf.int32),
+        "masked_lm_ids": tf.zeros((len(candidates), slots), tf.int32),
+        "masked_lm_weights": tf.zeros((len(candidates), slots), tf.float32),
+    }
+    dynamic = dynamic_mask_batch(batch, tf.constant([1, 2], tf.int64), masking)
+    tf_counts = dynamic["masked_lm_weights"].numpy().sum(axis=1).astype(int)
+    assert python == numpy_counts.tolist() == tf_counts.tolist() == want
+
+
 def _package_files():
     import pathlib
 

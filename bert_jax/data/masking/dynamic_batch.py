@@ -45,10 +45,9 @@ def dynamic_mask_batch(batch: dict, seed, masking: MaskingConfig) -> dict:
     never_mask = tf.constant(masking.never_mask_table)
     candidates = tf.logical_and(input_mask > 0, tf.logical_not(tf.gather(never_mask, input_ids)))
     num_candidates = tf.reduce_sum(tf.cast(candidates, tf.int32), axis=1)
-    wanted = tf.cast(
-        tf.round(tf.cast(num_candidates, tf.float32) * masking.masked_lm_prob), tf.int32
-    )
-    num_to_predict = tf.minimum(tf.minimum(tf.maximum(wanted, 1), num_slots), num_candidates)
+    # The one rule (``MaskingConfig.num_to_predict``), as a table over every count a row can have.
+    rule = tf.constant(masking.num_to_predict_table(seq_length), dtype=tf.int32)
+    num_to_predict = tf.gather(rule, num_candidates)
 
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
     positions = tf.range(seq_length)[None, :]

@@ -5,6 +5,10 @@
 - ``MaskingConfig.outcomes(draws) -> (to_mask, to_random)``: how a uniform draw becomes [MASK],
   a random token or the same token, the one rule of every path (Python floats in
   static_sequence.py, NumPy in static_rows.py, TensorFlow in dynamic_batch.py).
+- ``MaskingConfig.num_to_predict(n)``: how many of a sequence's ``n`` maskable tokens are
+  masked, the one rule of every path; ``num_to_predict_table(max_n)`` is the same rule as an
+  array for the paths that work on arrays (a NumPy index in static_rows.py, a TensorFlow gather
+  in dynamic_batch.py).
 - ``check_shares``: the MASK/SAME/RND shares checked, naming the setting.
 
 The defaults (15%, 20 predictions, the 80/10/10 shares) are data/objectives.py's.
@@ -136,7 +140,20 @@ class MaskingConfig:
         return None if self.word_start_table is None else self.word_start_table.tolist()
 
     def num_to_predict(self, num_candidates: int) -> int:
+        """How many of a sequence's ``num_candidates`` maskable tokens are masked:
+        ``round(num_candidates * masked_lm_prob)`` (in float64, half to even, as Python's
+        ``round``), at least 1, at most ``max_predictions_per_seq`` and ``num_candidates``.
+
+        The one rule, for every masking path: ``mask_ids`` calls it, and the array paths read
+        it through ``num_to_predict_table``."""
         if num_candidates <= 0:
             return 0
         wanted = max(1, int(round(num_candidates * self.masked_lm_prob)))
         return min(self.max_predictions_per_seq, wanted, num_candidates)
+
+    def num_to_predict_table(self, max_candidates: int) -> np.ndarray:
+        """int64 [max_candidates + 1]: ``num_to_predict(n)`` at index ``n``, the rule for array
+        paths (indexed by each row's candidate count in ``mask_rows``, gathered by
+        ``dynamic_mask_batch``)."""
+        counts = [self.num_to_predict(n) for n in range(max_candidates + 1)]
+        return np.asarray(counts, dtype=np.int64)

@@ -144,8 +144,7 @@ def mask_rows(
         for row in range(num_rows):
             _mask_one(input_ids, lengths, row, masking, rng, outputs)
         return outputs
-    wanted = np.maximum(1, np.rint(population * masking.masked_lm_prob).astype(np.int64))
-    picks = np.minimum(np.minimum(wanted, slots), population)
+    picks = masking.num_to_predict_table(width)[population]
     start = 0
     while start < num_rows:
         end = min(start + _WINDOW, num_rows)

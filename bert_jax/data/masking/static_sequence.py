@@ -7,8 +7,9 @@ create_pretraining_data.py does it.
 
 Semantics (Devlin et al. and google-research/bert's create_pretraining_data.py): masking selects
 ``max(1, round(masked_lm_prob * n))`` of the ``n`` non-special tokens (capped by
-``max_predictions_per_seq``); [CLS], [SEP] and [PAD] are never selected. Each selected token
-becomes [MASK] (80%), a random ordinary token (10%) or stays (10%).
+``max_predictions_per_seq``; ``MaskingConfig.num_to_predict``, every path's count); [CLS],
+[SEP] and [PAD] are never selected. Each selected token becomes [MASK] (80%), a random ordinary
+token (10%) or stays (10%).
 
 Deliberate differences from the original, each a fix of a known flaw:
 
