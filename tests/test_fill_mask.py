@@ -70,13 +70,14 @@ def sentencepiece_model(tmp_path_factory):
 
 
 def _reference(hf_dir, texts, top_k=TOP_K):
-    """transformers' fill-mask pipeline: per text, a list (one per [MASK]) of candidates."""
+    """transformers' fill-mask pipeline: per text, a list (one per [MASK]) of candidates (id,
+    score, token_str: the token decoded, what the pipeline shows)."""
     pipe = transformers.pipeline("fill-mask", model=str(hf_dir), top_k=top_k, device="cpu")
     out = []
     for text in texts:
         result = pipe(text)
         per_mask = result if isinstance(result[0], list) else [result]
-        out.append([[(c["token"], c["score"]) for c in mask] for mask in per_mask])
+        out.append([[(c["token"], c["score"], c["token_str"]) for c in mask] for mask in per_mask])
     return out
 
 
@@ -85,10 +86,12 @@ def _check_same(ours, reference):
     for filled, expected in zip(ours, reference):
         assert len(filled.masks) == len(expected), filled.text
         for mask, candidates in zip(filled.masks, expected):
-            assert [c.token_id for c in mask.candidates] == [i for i, _ in candidates]
+            assert [c.token_id for c in mask.candidates] == [i for i, _, _ in candidates]
             np.testing.assert_allclose(
-                [c.score for c in mask.candidates], [s for _, s in candidates], rtol=0, atol=1e-5
+                [c.score for c in mask.candidates], [s for _, s, _ in candidates], rtol=0, atol=1e-5
             )
+            # The words transformers shows ("the"), not the vocabulary's pieces ("▁the").
+            assert [c.token_str for c in mask.candidates] == [t for _, _, t in candidates]
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "sentencepiece"])
@@ -101,6 +104,9 @@ def test_candidates_match_transformers_fill_mask_pipeline(kind, request):
     assert all(a.score >= b.score for a, b in zip(top, top[1:])) and 0 < top[0].score <= 1
     tokenizer = load_model_dir(model, load_params=False).tokenizer
     assert [c.token for c in top] == tokenizer.convert_ids_to_tokens([c.token_id for c in top])
+    if kind == "sentencepiece":  # the raw pieces stay in the result beside the words
+        every = [c for f in ours for m in f.masks for c in m.candidates]
+        assert any(c.token == "\u2581" + c.token_str for c in every)
 
 
 def test_the_command_prints_for_people_and_json_for_scripts(wordpiece_model, tmp_path, capsys):
@@ -115,15 +121,15 @@ def test_the_command_prints_for_people_and_json_for_scripts(wordpiece_model, tmp
     reference = _reference(hf_dir, TEXTS[:2], top_k=3)
     for record, expected in zip(records, reference):
         for mask, candidates in zip(record["masks"], expected, strict=True):
-            assert [p["token_id"] for p in mask["predictions"]] == [i for i, _ in candidates]
-            assert set(mask["predictions"][0]) == {"token_id", "token", "score"}
+            assert [p["token_id"] for p in mask["predictions"]] == [i for i, _, _ in candidates]
+            assert set(mask["predictions"][0]) == {"token_id", "token", "token_str", "score"}
     assert records[0]["masks"][0]["position"] == 6  # [CLS] the capital of france is [MASK]
 
     assert cli.main([*argv, TEXTS[0], TEXTS[1]]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == TEXTS[0] and out[2] == TEXTS[1]
     first = records[0]["masks"][0]["predictions"][0]
-    assert out[1].startswith(f"  [MASK]: {first['token']} {100 * first['score']:.3g}%  ")
+    assert out[1].startswith(f"  [MASK]: {first['token_str']} {100 * first['score']:.3g}%  ")
     assert out[3].startswith("  [MASK] 1: ") and out[4].startswith("  [MASK] 2: ")
     assert len(out) == 5
 

@@ -32,7 +32,8 @@ def add_to(subparsers) -> None:
         "--json",
         action="store_true",
         help="one JSON object per text: text, and for each [MASK] its position and predictions "
-        "(token_id, token, score = probability)",
+        "(token_id, token = the vocabulary entry, token_str = it decoded as text, score = "
+        "probability)",
     )
     # --top-k and --batch-size: their help, defaults and checks from the declarations.
     declarations.add_flags(parser, fill_mask.FillMaskSettings)

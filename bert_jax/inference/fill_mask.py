@@ -6,7 +6,7 @@ The Python entry point is `fill_mask(model, texts, top_k=5)`:
 
     for result in fill_mask("runs/tiny/model", ["The capital of France is [MASK]."]):
         for mask in result.masks:
-            print([(c.token, round(c.score, 3)) for c in mask.candidates])
+            print([(c.token_str, round(c.score, 3)) for c in mask.candidates])
 
 `model` is MODEL as every command takes it (a model directory, or a pretraining workdir: its
 exported model, else its latest checkpoint) or a `ModelDir` already loaded with its params. Each
@@ -14,7 +14,9 @@ text becomes `[CLS] text [SEP]` with the model's own tokenizer, the special toke
 text ("[MASK]", "[SEP]", ...) read as the exported Hugging Face tokenizer reads them; the masked-LM
 head scores every [MASK] from one forward pass (each independently, as transformers'
 `pipeline("fill-mask")` does), and a candidate's `score` is its softmax probability over the
-model's vocabulary, computed in float32. The same model exported with `bert-jax convert --to hf`
+model's vocabulary, computed in float32. A candidate's `token_str` is the token decoded as text
+("the"), as the pipeline's `token_str`; `token` keeps the vocabulary entry ("▁the", "##ing"). The
+command prints `token_str`. The same model exported with `bert-jax convert --to hf`
 gives the same token ids, in the same order, with the same probabilities in transformers
 (tests/test_fill_mask.py).
 
@@ -69,10 +71,11 @@ class FillMaskSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One prediction for a [MASK]: a vocabulary entry and its probability."""
+    """One prediction for a [MASK]: a vocabulary entry, the text it decodes to, its probability."""
 
     token_id: int
     token: str  # the vocabulary entry ("paris", "##ing", "▁paris")
+    token_str: str  # the entry decoded, as transformers' fill-mask pipeline shows it ("paris")
     score: float  # softmax probability over the model's vocabulary
 
 
@@ -257,7 +260,7 @@ def _predict(loaded, texts, rows, top_k: int, batch_size: int) -> list[FilledTex
             for slot, position in enumerate(where):
                 tokens = _tokens(tokenizer, ids[row, slot])
                 candidates = tuple(
-                    Candidate(int(i), token, float(s))
+                    Candidate(int(i), token, _decoded(tokenizer, int(i), token), float(s))
                     for i, token, s in zip(ids[row, slot], tokens, scores[row, slot])
                 )
                 predictions.append(MaskPrediction(position, candidates))
@@ -270,6 +273,12 @@ def _tokens(tokenizer: Any, ids: np.ndarray) -> list[str]:
     padded by hand) can score an id past the tokenizer, shown as "<id N>"."""
     tokens = tokenizer.convert_ids_to_tokens(ids)
     return [t if i < tokenizer.vocab_size else f"<id {i}>" for i, t in zip(ids.tolist(), tokens)]
+
+
+def _decoded(tokenizer: Any, token_id: int, token: str) -> str:
+    """The token as text, as transformers' fill-mask pipeline gives its `token_str`
+    (`tokenizer.decode([id])`: "▁the" is "the"); an id past the tokenizer as `_tokens` shows it."""
+    return tokenizer.decode([token_id]) if token_id < tokenizer.vocab_size else token
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -296,6 +305,6 @@ def format_text(result: FilledText) -> str:
     several = len(result.masks) > 1
     for number, mask in enumerate(result.masks, 1):
         label = f"[MASK] {number}" if several else "[MASK]"
-        shown = "  ".join(f"{c.token} {100 * c.score:.3g}%" for c in mask.candidates)
+        shown = "  ".join(f"{c.token_str} {100 * c.score:.3g}%" for c in mask.candidates)
         lines.append(f"  {label}: {shown}")
     return "\n".join(lines)
