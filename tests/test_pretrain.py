@@ -344,3 +344,14 @@ def test_a_finished_run_is_not_resumed_on_another_schedule(uninterrupted, shared
 
     # With its own schedule the copy resumes where it ended.
     assert pretrain.pretrain(small_config(shared_dirs), copy).final_step == 12
+
+
+def test_the_first_line_says_how_many_steps_a_size_preset_trains():
+    """`--config bert:tiny` without --config.total_steps: a CPU trial of 1,000 steps (not the
+    paper's 1,000,000), said first; base keeps the paper's."""
+    from bert_jax.configs import bert  # what --config bert:SIZE loads
+
+    line = pretrain.opening_line(bert.get_config("tiny"), "W")
+    assert "; 1,000 steps (config.total_steps) in 2 phase(s)," in line
+    base = pretrain.opening_line(bert.get_config("base"), "W")
+    assert "; 1,000,000 steps (config.total_steps) in 2 phase(s)," in base

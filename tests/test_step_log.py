@@ -93,8 +93,8 @@ def test_the_first_steps_and_long_silences_get_progress_lines(tmp_path, monkeypa
     log.flush()
     writer.close()
     assert lines[0] == "step 1/100: phase 1's train step compiled and dispatched in 8.5 s"
-    assert lines[1] == "step 2/100: 2.00 s/step, ETA 3m16s"
-    assert lines[2] == "step 5/100: 2.00 s/step, ETA 3m10s"
+    assert lines[1] == "step 2/100: 0.5 steps/s, ETA 3m16s"
+    assert lines[2] == "step 5/100: 0.5 steps/s, ETA 3m10s"
     assert [line.split("/")[0] for line in lines[3:]] == ["step 8", "step 9", "step 10", "step 11"]
     assert not os.path.exists(writer.jsonl_path)  # progress lines write no metrics rows
     # After a pause (an evaluation) the rate is measured afresh and the silence counts anew.
@@ -108,4 +108,15 @@ def test_the_first_steps_and_long_silences_get_progress_lines(tmp_path, monkeypa
     clock[0] += 20.0
     log.push(15, step_values(1.0, 1.0), phase)
     log.flush()
-    assert lines == ["step 15/100: 9.33 s/step, ETA 13m13s"]  # 28 s over steps 13-15
+    assert lines == ["step 15/100: 0.107 steps/s, ETA 13m13s"]  # 28 s over steps 13-15
+
+
+def test_the_rate_is_in_steps_per_second_whatever_the_speed():
+    """One unit, fast or slow (the lines flipped between steps/s and s/step at 1 s a step)."""
+    lines = [step_log.progress_line(2, 100, seconds, 60.0) for seconds in (0.25, 1.0, 4.0, 30.0)]
+    assert [line.split(": ")[1].split(",")[0] for line in lines] == [
+        "4 steps/s",
+        "1 steps/s",
+        "0.25 steps/s",
+        "0.0333 steps/s",
+    ]

@@ -10,10 +10,11 @@ LayerNorm and biases), 10k warmup steps then linear decay, global-norm clipping 
 batch 256, 1M steps, 90% of them at sequence length 128 (20 predictions) and 10% at 512 (80).
 
 The sizes meant for a CPU (`CPU_SIZES`: tiny, mini, small) change what a laptop cannot afford or a
-short trial needs (`CPU_TRIAL`): the embedded corpus, batches of 32 and 8, a warmup of 10% of the
-run, and log, checkpoint and eval intervals that fit a few hundred steps; tiny also trains at lr
-1e-3. At every size the model's vocabulary is the tokenizer's unless `model.vocab_size` is set
-(`vocab_size`): a run with no tokenizer trains one of `data.tokenizer_vocab_size` pieces.
+short trial needs (`CPU_TRIAL`): 1,000 steps, the embedded corpus, batches of 32 and 8, a warmup
+of 10% of the run, and log, checkpoint and eval intervals that fit a few hundred steps; tiny also
+trains at lr 1e-3. At every size the model's vocabulary is the tokenizer's unless
+`model.vocab_size` is set (`vocab_size`): a run with no tokenizer trains one of
+`data.tokenizer_vocab_size` pieces.
 
 Why this file is long: the sizes, the phase split, the warmup and the model's identity read as one
 recipe; the declarations live in config_schema.py, the checks in config_checks.py.
@@ -82,9 +83,11 @@ MODERNBERT_SIZES: dict[str, dict[str, int]] = {
 # Sizes meant for a CPU trial (docs/pretraining.md): the paper's recipe with CPU_TRIAL on top.
 CPU_SIZES = ("tiny", "mini", "small")
 # What the CPU sizes change in the paper's recipe, as --config.KEY overrides. Set these back
-# (batch 256, warmup_steps 10000, warmup_fraction 0) for the paper's small models. The embedded
+# (total_steps 1000000, batch 256, warmup_steps 10000, warmup_fraction 0) for the paper's small
+# models. The embedded
 # corpus (text that ships with Python) lets them run anywhere.
 CPU_TRIAL: dict[str, Any] = {
+    "total_steps": 1000,  # a trial of minutes, not the paper's 1,000,000 steps
     "data.source": "embedded",
     "phase1.batch_size": 32,
     "phase2.batch_size": 8,

@@ -296,7 +296,7 @@ def opening_line(config, workdir: str) -> str:
     vocab = inputs.vocab_choice(config, phases, workdir)
     return (
         f"bert-jax pretrain: {config.model.num_hidden_layers} layers, hidden "
-        f"{config.model.hidden_size}, {vocab}; {total} steps in "
+        f"{config.model.hidden_size}, {vocab}; {total:,} steps (config.total_steps) in "
         f"{len(phases)} phase(s), lr {config.optimizer.learning_rate:g} after {warmup}; a line "
         f"every {config.log_every_steps} steps, checkpoint every {config.checkpoint.every_steps} "
         f"and at the end, {evaluation}; workdir {workdir}"

@@ -88,13 +88,10 @@ def train_line(step: int, total: int, row: Mapping[str, Any], eta_seconds: float
 
 
 def progress_line(step: int, total: int, seconds_per_step: float, eta_seconds: float) -> str:
-    """A console line between metrics rows: where the run is, its rate and ETA."""
-    rate = (
-        f"{seconds_per_step:.2f} s/step"
-        if seconds_per_step >= 1
-        else f"{1 / max(seconds_per_step, 1e-9):.1f} steps/s"
-    )
-    return f"step {step}/{total}: {rate}, ETA {format_duration(eta_seconds)}"
+    """A console line between metrics rows: where the run is, its rate (in steps/s, as
+    fine-tuning's lines, whatever the speed) and ETA."""
+    rate = 1 / max(seconds_per_step, 1e-9)
+    return f"step {step}/{total}: {rate:.3g} steps/s, ETA {format_duration(eta_seconds)}"
 
 
 def format_duration(seconds: float) -> str:
