@@ -25,7 +25,9 @@ a line, tab-separated, no quoting). Each row's prediction:
 
 Rows are encoded as the run encoded its dev rows (same tokenizer, `max_seq_length`, SQuAD's
 windows), predicted in batches of similar length, each padded to its length bucket
-(`token_tuning.predict_logits`), so a row's prediction equals what the run predicted for it.
+(`token_tuning.predict_logits`), by default as many a batch as the run evaluated, so the run's
+own rows come out as the run predicted them (SQuAD's n best look at every position of a window,
+so a window's bucket can change an answer's probability in the last digits).
 Bad input is one line naming the file and row (a missing field, a wrong column count, a text
 where the model reads pairs, an empty file).
 
@@ -51,6 +53,7 @@ from bert_jax.runtime.errors import UserError, user_path
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 FORMATS = ("auto", "jsonl", "tsv")
+DEFAULT_BATCH_SIZE = 32  # a model whose task entry records no evaluation batch size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +61,12 @@ class PredictSettings:
     """How `predict` runs, each setting declared once: its flags, their help and the checks
     derive from these declarations, and `predict()` takes its defaults from them."""
 
-    batch_size: int = setting(32, "rows per forward pass", low=1)
+    batch_size: int | None = setting(
+        None,
+        "rows per forward pass (default: the run's --eval-batch-size, so the run's own rows are "
+        "batched, padded and predicted as the run did)",
+        low=1,
+    )
     output_format: str = setting(
         "auto",
         "jsonl or tsv; auto: tsv for an --output ending in .tsv, else jsonl",
@@ -463,7 +471,9 @@ def predict(
     started = time.time()
     progress = _Progress(len(rows), settings.progress_every, log)
     predictor = _Predictor(loaded, progress)
-    predicted = HEAD_PREDICTIONS[head](predictor, loaded, rows, settings.batch_size)
+    ran = loaded.task.get("settings") or {}
+    batch_size = settings.batch_size or int(ran.get("eval_batch_size", DEFAULT_BATCH_SIZE))
+    predicted = HEAD_PREDICTIONS[head](predictor, loaded, rows, batch_size)
     seconds = time.time() - started
     shapes = ", ".join("x".join(map(str, shape)) for shape in sorted(predictor.shapes))
     log(
