@@ -55,8 +55,8 @@ def test_the_reports_read_the_one_grouping():
     assert entry["mean"] == 92.0 and entry["std"] == pytest.approx(math.sqrt(7))
     assert spread["MNLI"]["2e-05"]["by_eval"] == {"MNLI-m": [84.0, 86.0], "MNLI-mm": [83.0, 85.0]}
     # The selected rate of SST-2 is 3e-5 (one seed), MNLI's 2e-5 (two): the means over seeds.
-    best = {"SST-2": RECORDS[3], "MNLI": RECORDS[4]}
-    assert sweep_report.mean_at_selected_lr(RECORDS, best) == {
+    selected = {"SST-2": RECORDS[3], "MNLI": RECORDS[4]}
+    assert sweep_report.mean_at_selected_lr(RECORDS, selected) == {
         "SST-2": 89.0,
         "MNLI-m": 85.0,
         "MNLI-mm": 84.0,

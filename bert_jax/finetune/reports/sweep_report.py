@@ -59,10 +59,10 @@ def _ordered_tasks(names: Sequence[str]) -> list[str]:
     return sorted(set(names), key=lambda n: order.index(n) if n in order else 99)
 
 
-def column_scores(best: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+def column_scores(selected: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     """The paper-metric dev score of each selected trial, keyed by Table 1 column (and WNLI)."""
     scores = {}
-    for task_name, record in best.items():
+    for task_name, record in selected.items():
         for report_name, values in record["dev_metrics"].items():
             scores[report_name] = glue_metrics.paper_score(task_name, values)
     return scores
@@ -87,24 +87,24 @@ def seed_spread(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dic
 
 
 def mean_at_selected_lr(
-    records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping[str, Any]]
+    records: Sequence[Mapping[str, Any]], selected: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, float]:
     """Per Table 1 column, the mean over seeds at each task's selected learning rate."""
     means = {}
     for task, rates in by_learning_rate(records).items():
-        group = rates[best[task]["learning_rate"]]
+        group = rates[selected[task]["learning_rate"]]
         for name in group.report_names:
             means[name] = float(np.mean(group.scores(name)))
     return means
 
 
 def summary(
-    records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping[str, Any]]
+    records: Sequence[Mapping[str, Any]], selected: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
-    columns = column_scores(best)
+    columns = column_scores(selected)
     split_metrics = {
         report_name: values
-        for record in best.values()
+        for record in selected.values()
         for report_name, values in record["dev_metrics"].items()
     }
     task_scores = glue_metrics.glue_task_scores(split_metrics)
@@ -117,8 +117,8 @@ def summary(
             task_scores,
             tuple(t.name for t in registry.benchmark_tasks(glue.BENCHMARK) if t.report_columns),
         ),
-        "mean_over_seeds_at_selected_lr": mean_at_selected_lr(records, best),
-        "baseline_columns": baseline_scores(best),
+        "mean_over_seeds_at_selected_lr": mean_at_selected_lr(records, selected),
+        "baseline_columns": baseline_scores(selected),
         "single_prediction": {
             record["trial"]: notes for record in records if (notes := prediction_notes(record))
         },
@@ -136,13 +136,13 @@ def _write_text_atomic(path: str, text: str) -> None:
 
 def results_json(
     records: Sequence[Mapping[str, Any]],
-    best: Mapping[str, Mapping[str, Any]],
+    selected: Mapping[str, Mapping[str, Any]],
     protocol: Mapping[str, Any],
 ) -> dict[str, Any]:
     spread = seed_spread(records)
     tasks = {}
     for task_name in _ordered_tasks([r["task"] for r in records]):
-        chosen = best[task_name]
+        chosen = selected[task_name]
         tasks[task_name] = {
             "selected": {
                 key: chosen[key]
@@ -174,13 +174,15 @@ def results_json(
         }
     return {
         "protocol": dict(protocol),
-        "summary": summary(records, best),
+        "summary": summary(records, selected),
         "tasks": tasks,
         "paper": {"rows": PAPER_ROWS, "note": "GLUE test server, Devlin et al. (2019) Table 1"},
     }
 
 
-def results_csv(records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping[str, Any]]) -> str:
+def results_csv(
+    records: Sequence[Mapping[str, Any]], selected: Mapping[str, Mapping[str, Any]]
+) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(
@@ -201,7 +203,7 @@ def results_csv(records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping
         ]
     )
     for record in records:
-        selected = best[record["task"]]["trial"] == record["trial"]
+        is_selected = selected[record["task"]]["trial"] == record["trial"]
         baseline = record.get("dev_baseline") or {}
         spread = (record.get("prediction_summary") or {}).get("dev") or {}
         for report_name, values in record["dev_metrics"].items():
@@ -213,7 +215,7 @@ def results_csv(records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping
                     report_name,
                     f"{record['learning_rate']:g}",
                     record["seed"],
-                    int(selected),
+                    int(is_selected),
                     f"{glue_metrics.paper_score(record['task'], values):.4f}",
                     f"{glue_metrics.glue_score(record['task'], values):.4f}",
                     *[f"{values[m]:.4f}" if m in values else "" for m in CSV_METRICS],
@@ -256,10 +258,10 @@ def _table_header() -> list[str]:
 
 
 def _single_prediction_lines(
-    records: Sequence[Mapping[str, Any]], best: Mapping[str, Mapping[str, Any]]
+    records: Sequence[Mapping[str, Any]], selected: Mapping[str, Mapping[str, Any]]
 ) -> list[str]:
     """results.md's warning about trials that predict one thing (none: no section)."""
-    chosen = {record["trial"] for record in best.values()}
+    chosen = {record["trial"] for record in selected.values()}
     flagged = [(record, prediction_notes(record)) for record in records]
     flagged = [(record, notes) for record, notes in flagged if notes]
     if not flagged:
@@ -280,10 +282,10 @@ def _single_prediction_lines(
 
 def results_markdown(
     records: Sequence[Mapping[str, Any]],
-    best: Mapping[str, Mapping[str, Any]],
+    selected: Mapping[str, Mapping[str, Any]],
     protocol: Mapping[str, Any],
 ) -> str:
-    stats = summary(records, best)
+    stats = summary(records, selected)
     seeds = protocol["seeds"]
     lrs = ", ".join(f"{lr:g}" for lr in protocol["learning_rates"])
     lines = [
@@ -326,14 +328,14 @@ def results_markdown(
         "row predicts each dev split's most frequent label for every example (STS-B: the train "
         "mean, whose correlations are 0): a score near it has learnt little.",
         "",
-        *_single_prediction_lines(records, best),
+        *_single_prediction_lines(records, selected),
         "## Official GLUE metrics (dev, selected trial)",
         "",
         "| Task | Metrics | Majority class | GLUE score | Selected lr | Seed | Train examples |",
         "|---|---|---|---|---|---|---|",
     ]
-    for task_name in _ordered_tasks(best):
-        record = best[task_name]
+    for task_name in _ordered_tasks(selected):
+        record = selected[task_name]
         shown = "; ".join(
             (f"{report_name}: " if len(record["dev_metrics"]) > 1 else "")
             + ", ".join(f"{METRIC_LABELS[m]} {v:.1f}" for m, v in values.items())
@@ -376,7 +378,7 @@ def results_markdown(
 def write_reports(
     workdir: str,
     records: Sequence[Mapping[str, Any]],
-    best: Mapping[str, Mapping[str, Any]],
+    selected: Mapping[str, Mapping[str, Any]],
     *,
     model: str,
     model_label: str,
@@ -404,18 +406,20 @@ def write_reports(
     }
     written = []
     path = os.path.join(workdir, "results.json")
-    _write_text_atomic(path, json.dumps(results_json(records, best, protocol), indent=2) + "\n")
+    _write_text_atomic(path, json.dumps(results_json(records, selected, protocol), indent=2) + "\n")
     written.append(path)
     path = os.path.join(workdir, "results.csv")
-    _write_text_atomic(path, results_csv(records, best))
+    _write_text_atomic(path, results_csv(records, selected))
     written.append(path)
     path = os.path.join(workdir, "results.md")
-    _write_text_atomic(path, results_markdown(records, best, protocol))
+    _write_text_atomic(path, results_markdown(records, selected, protocol))
     written.append(path)
     plots = os.path.join(workdir, "plots")
     fs.makedirs(plots, exist_ok=True)
-    for task_name in _ordered_tasks(best):
+    for task_name in _ordered_tasks(selected):
         path = os.path.join(plots, f"{glue.get_task(task_name).name}.png")
-        plot_task(path, task_name, [r for r in records if r["task"] == task_name], best[task_name])
+        plot_task(
+            path, task_name, [r for r in records if r["task"] == task_name], selected[task_name]
+        )
         written.append(path)
     return written
