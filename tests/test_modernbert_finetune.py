@@ -40,6 +40,7 @@ from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an aut
     train_reference,
 )
 from tests.test_finetune_sweep import SMALL_FLAGS
+from tests.test_predict import check_predictions
 from tests.test_swag import _synthetic_swag
 
 LOSS_RTOL = 1e-5
@@ -59,6 +60,8 @@ def test_a_glue_task_fine_tunes_from_a_modernbert_model(dirs, tmp_path, capsys):
     result = json.loads((tmp_path / "rte" / "result.json").read_text())
     assert result["model"] == str(ours) and result["num_train_steps"] > 0
     assert np.isfinite(result["train_loss"]) and "RTE" in result["dev_metrics"]
+    # Its model (rte/model/): predict gives the run's predictions again.
+    assert check_predictions(tmp_path / "rte", GLUE_DIR, tmp_path / "predicted") == "classification"
     assert cli.main(argv) == 0  # the finished run is found again, with the same model
     assert "reused" in capsys.readouterr().out
 
@@ -231,3 +234,4 @@ def test_swag_fine_tunes_from_a_modernbert_model(dirs, tmp_path):
     assert json.loads((workdir / "result.json").read_text())["dev_metrics"] == result["dev_metrics"]
     report = (workdir / "results.md").read_text()
     assert all("(paper, dev)" in line for line in report.splitlines() if "BERT-" in line)
+    assert check_predictions(workdir, data, tmp_path / "predicted") == "multiple_choice"

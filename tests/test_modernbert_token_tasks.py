@@ -33,6 +33,7 @@ from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an aut
 )
 from tests.test_modernbert_finetune import _steps_equal
 from tests.test_ner import _synthetic_conll as synthetic_conll
+from tests.test_predict import check_predictions
 from tests.test_squad import synthetic_squad
 
 # Real text with what byte-level BPE cuts apart: punctuation inside and around words, accents
@@ -279,6 +280,7 @@ def test_squad_fine_tunes_from_a_modernbert_model(dirs, tmp_path, capsys):
     predictions = json.loads((workdir / "predictions.json").read_text())
     assert set(predictions) == {e.qid for e in examples}
     assert all(predictions[e.qid] in e.context for e in examples)  # the context's characters
+    assert check_predictions(workdir, data, tmp_path / "predicted") == "span"  # its model
 
 
 def test_conll_fine_tunes_from_a_modernbert_model(dirs, tmp_path, capsys):
@@ -299,3 +301,4 @@ def test_conll_fine_tunes_from_a_modernbert_model(dirs, tmp_path, capsys):
     assert len(blocks) == 8 and all(
         len(line.split()) == 3 for b in blocks for line in b.split("\n")
     )
+    assert check_predictions(workdir, data, tmp_path / "predicted") == "tags"  # its model
