@@ -3,8 +3,9 @@
 Three spellings are pointers:
 - a dotted name in backticks whose first part is a bert_jax module or package
   (``manifest.BEFORE_RECORDED``, `events.EVENTS`, ``bert_jax.data.layout``): some module or
-  package of that name holds the rest (a submodule, or a name its top level defines or imports;
-  a class's attribute after it is not followed);
+  package of that name holds the rest (a submodule, a name its top level defines or imports,
+  or a member of one of its classes: `trainer.abstract_state` for an object of trainer.py's
+  class; what follows that name is not followed);
 - a dotted name in backticks whose first part is no module but whose second is a distinctive
   name (with an underscore or a capital) that a bert_jax module defines
   (``prepare.prepare_cached``: `prepare_cached` is cached.py's now): a pointer at something that
@@ -64,19 +65,42 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 @functools.cache
+def _source(module: str) -> str:
+    return MODULES[module].read_text(encoding="utf-8")
+
+
+@functools.cache
 def _tree(module: str) -> ast.Module:
-    return ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    return ast.parse(_source(module))
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _statements(body: list[ast.stmt], into_definitions: bool = True):
+    """Every statement of `body` and of the blocks inside it (`if`, `try`, `with`, loops; the
+    bodies of functions and classes too unless `into_definitions` is False): far fewer nodes
+    than `ast.walk`, which visits every expression."""
+    for node in body:
+        yield node
+        if isinstance(node, _DEFINITIONS) and not into_definitions:
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(node, field, None)
+            if isinstance(block, list):
+                yield from _statements(block, into_definitions)
 
 
 @functools.cache
 def _top_names(module: str) -> frozenset[str]:
     """What a module's top level defines or imports (inside `if` / `try` too)."""
     names = set()
-    for node in ast.walk(_tree(module)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    for node in _statements(_tree(module).body, into_definitions=False):
+        if isinstance(node, _DEFINITIONS):
             names.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return frozenset(names)
@@ -85,7 +109,7 @@ def _top_names(module: str) -> frozenset[str]:
 def aliases(tree: ast.Module) -> dict[str, str]:
     """alias -> the bert_jax module a module imports under it (`import outputs as files`)."""
     found = {}
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bert_jax"):
             for alias in node.names:
                 if alias.asname and f"{node.module}.{alias.name}" in MODULES:
@@ -118,13 +142,31 @@ def _defined_where() -> dict[str, tuple[str, ...]]:
     return {name: tuple(modules) for name, modules in where.items()}
 
 
+@functools.cache
+def _members(module: str) -> frozenset[str]:
+    """What the classes of a module hold (methods, fields): `spec.peer_rng_impl` is an object
+    of the module's class, spelled as the module."""
+    names = set()
+    for node in _tree(module).body:
+        if isinstance(node, ast.ClassDef):
+            for item in _statements(node.body, into_definitions=False):
+                if isinstance(item, _DEFINITIONS):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    return frozenset(names)
+
+
 def _holds(module: str, rest: list[str]) -> bool:
-    """Whether `module` holds `rest`: submodules, then a name at the top level."""
+    """Whether `module` holds `rest`: submodules, then a name at the top level or a member of
+    one of its classes."""
     for part in rest:
         if f"{module}.{part}" in MODULES:
             module = f"{module}.{part}"
             continue
-        return part in _top_names(module)
+        return part in _top_names(module) or part in _members(module)
     return True
 
 
@@ -161,33 +203,34 @@ def texts(source: str, tree: ast.Module):
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             yield token.start[0], token.string
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if node.body and isinstance(node.body[0], ast.Expr):
-                doc = ast.get_docstring(node, clean=False)
-                if doc:
-                    yield node.body[0].lineno, doc
+    for node in [tree, *(n for n in _statements(tree.body) if isinstance(n, _DEFINITIONS))]:
+        doc = ast.get_docstring(node, clean=False)
+        if doc:
+            yield node.body[0].lineno, doc
 
 
 @functools.cache
-def _repository_files() -> tuple[str, ...]:
-    found = []
+def _repository_files() -> frozenset[str]:
+    """Every file's path in the repository, and each of its tails (`records/manifest.py`,
+    `manifest.py`)."""
+    found = set()
     for folder, folders, names in os.walk(REPO):
         folders[:] = [f for f in folders if not f.startswith(".") and f != "site"]
-        found += [pathlib.Path(folder, n).relative_to(REPO).as_posix() for n in names]
-    return tuple(found)
+        for name in names:
+            parts = pathlib.Path(folder, name).relative_to(REPO).parts
+            found |= {"/".join(parts[i:]) for i in range(len(parts))}
+    return frozenset(found)
 
 
 def _file_exists(name: str) -> bool:
-    if "/" not in name:
-        return any(f.rsplit("/", 1)[-1] == name for f in _repository_files())
-    return any(f == name or f.endswith("/" + name) for f in _repository_files())
+    return name in _repository_files()
 
 
-def gone(source: str) -> list[str]:
-    """`line: pointer (why)` for every pointer of a module's comments and docstrings at nothing."""
+def gone(source: str, tree: ast.Module | None = None) -> list[str]:
+    """`line: pointer (why)` for every pointer of a module's comments and docstrings at nothing
+    (`tree`: the source parsed, where it already is)."""
     found = []
-    tree = ast.parse(source)
+    tree = ast.parse(source) if tree is None else tree
     imported_as = aliases(tree)
     for line, text in texts(source, tree):
         for match in DOTTED.finditer(text):
@@ -204,8 +247,8 @@ def gone(source: str) -> list[str]:
 def test_no_docstring_or_comment_points_at_what_is_gone():
     found = [
         f"{path.relative_to(REPO)}:{entry}"
-        for path in MODULES.values()
-        for entry in gone(path.read_text(encoding="utf-8"))
+        for module, path in MODULES.items()
+        for entry in gone(_source(module), _tree(module))
     ]
     assert not found, "pointers at what does not exist:\n" + "\n".join(found)
 
