@@ -53,3 +53,10 @@ def grows(note, step_mib):
 
 def reads(note, *names):
     return {name: os.environ.get(name) for name in names}
+
+
+def waits(note, seconds):
+    """Says it started, then waits (until the test interrupts its parent)."""
+    note("started")
+    time.sleep(seconds)
+    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN

@@ -142,3 +142,43 @@ def test_a_compiling_child_drops_only_the_jax_platforms_bert_jax_chose(monkeypat
     }
     monkeypatch.delenv("BERT_JAX_SET_JAX_PLATFORMS")  # as the user's own JAX_PLATFORMS=cpu
     assert topology.compile_environment() == {}
+
+
+def test_ctrl_c_stops_the_child_without_its_stack(tmp_path):
+    """Ctrl-C reaches the whole process group: the child ignores it (no KeyboardInterrupt stack
+    of its own), the parent is interrupted, and the child is gone with it."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    assert host_memory.run_watched(children.waits, 0.0, what="waiting")  # SIGINT ignored there
+    started = tmp_path / "started"
+    script = textwrap.dedent(
+        f"""
+        import pathlib
+        from bert_jax.runtime import host_memory
+        from tests import host_memory_children as children
+
+        def note(*_):
+            pathlib.Path({str(started)!r}).write_text("yes")
+
+        try:
+            host_memory.run_watched(children.waits, 120.0, what="waiting", on_note=note)
+        except KeyboardInterrupt:
+            print("interrupted")
+        """
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=repo, start_new_session=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    for _ in range(600):
+        if started.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
+    out, err = proc.communicate(timeout=60)
+    assert out.strip() == "interrupted", err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

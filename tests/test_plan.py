@@ -16,9 +16,9 @@ from bert_jax import cli
 from bert_jax.cli import config_flags
 from bert_jax.cli import plan as plan_cli
 from bert_jax.planning import compile_check, cost_model, plan
-from bert_jax.runtime import host_memory, topology
+from bert_jax.runtime import errors, host_memory, topology
 from bert_jax.runtime.errors import UserError
-from bert_jax.training import config_lib
+from bert_jax.training import config_lib, step_log
 from tests import faults
 from tests.helpers import compile_in_process
 
@@ -352,9 +352,64 @@ def test_a_dry_run_says_the_search_and_compiles_nothing(monkeypatch, capsys, tmp
     for stage in ("stage 2, windowed einsums on", "stage 3, ZeRO 1 on", "stage 4, dtypes float32"):
         assert stage in out
     assert "price: $4.20 per chip-hour" in out
+    expected = plan.search_size(config_lib.pretraining_config("base"), topology.parse("v5p-8"))
+    each, _ = plan.compile_seconds_estimate()
+    total = step_log.format_duration(expected * each)
+    assert (
+        f"search time, an estimate: about {expected} candidate compiles x " in out
+        and f" = about {total}; candidates in the compile cache " in out
+    )
     assert os.listdir(tmp_path) == []
     outcome = faults.run_cli(capsys, [*argv, "--dtypes", "fp8"])  # checked as the search checks
     faults.assert_user_error(outcome, "--dtypes: 'fp8'")
+
+
+def test_the_search_says_candidate_k_of_about_n_with_an_eta(monkeypatch, capsys, base_config):
+    """As README shows it (a Base config on a slice), each compiled candidate is a line on
+    stderr: `candidate k of about N`, the time so far and an ETA; N (search_size, also in the
+    dry run) is not below what the search compiled."""
+    monkeypatch.setattr(compile_check, "check", scripted_check(4.0, 1.0, [], micro_ms=10.0))
+    argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5p-16"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    expected = plan.search_size(base_config, topology.parse("v5p-16"))
+    numbered = [line for line in err if line.startswith("plan: candidate ")]
+    assert numbered[0].startswith(f"plan: candidate 1 of about {expected}, phase1 mesh: ")
+    assert all(" so far, ETA " in line for line in numbered)
+    assert len(numbered) <= expected
+    assert [line.split(" of ")[0] for line in numbered] == [
+        f"plan: candidate {k}" for k in range(1, len(numbered) + 1)
+    ]
+    pruned = [line for line in err if line.startswith("plan: ") and line not in numbered]
+    assert pruned and all("candidate" not in line.split(":")[1] for line in pruned)
+
+
+def test_ctrl_c_during_the_search_is_one_line_saying_how_to_go_on(monkeypatch, capsys, base_config):
+    """Ctrl-C while the third candidate compiles (the search runs the compile in a child that
+    ignores it; the command is interrupted): one line on stderr saying what was done and how
+    to go on, exit 130, no stack."""
+    scripted, calls = scripted_check(4.0, 1.0, []), []
+
+    def interrupted(config, target=None, **kwargs):
+        calls.append(config.mesh.shape)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return scripted(config, target, **kwargs)
+
+    monkeypatch.setattr(compile_check, "check", interrupted)
+    monkeypatch.setenv(compile_check.CACHE_ENV, "/tmp/plan-cache")
+    argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5p-16"]
+    assert cli.main(argv) == errors.EXIT_INTERRUPTED == 130
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    last = captured.err.splitlines()[-1]
+    expected = plan.search_size(base_config, topology.parse("v5p-16"))
+    # The first mesh took two compiles (1 and 2 micro-batches); the second was being compiled.
+    assert last.startswith(f"plan: stopped after 1 of about {expected} candidates (2 compiled, ")
+    assert last.endswith(
+        "kept in the compile cache /tmp/plan-cache: run the same command again to go on; what "
+        "was compiled is read back in seconds"
+    )
 
 
 # --- real compiles for two TPU topologies (libtpu, no chip) ----------------------------------
@@ -450,3 +505,16 @@ def test_flags_from_the_plan_json_round_trip(compiled_plans, tmp_path):
     assert config.grad_accum_steps == winner.accum_steps
     with pytest.raises(UserError, match="no phase 'phase2'; it has phase1"):
         plan.flags_from_plan_json(str(path), "phase2")
+
+
+def test_the_dry_runs_compile_time_is_this_hosts_cached_mean(monkeypatch, tmp_path):
+    """The per-compile figure of the dry run's estimate: the mean of the compiles in this host's
+    compile cache, else the documented typical one."""
+    monkeypatch.setenv(compile_check.CACHE_ENV, str(tmp_path))
+    assert plan.compile_seconds_estimate()[0] == plan.TYPICAL_COMPILE_SECONDS
+    folder = tmp_path / "tpu_compiles"
+    folder.mkdir()
+    for name, entry in (("a", {"compile_seconds": 60.0}), ("b", {"compile_seconds": 120.0})):
+        (folder / f"{name}.json").write_text(json.dumps(entry), encoding="utf-8")
+    (folder / "c.json").write_text(json.dumps({"does_not_fit": "x"}), encoding="utf-8")
+    assert plan.compile_seconds_estimate() == (90.0, f"the mean of the 2 compiles in {folder}")

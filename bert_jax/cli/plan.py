@@ -11,8 +11,8 @@ from bert_jax.runtime.errors import UserError
 
 
 def _run(flag_values) -> int:
-    from bert_jax.planning import candidates, plan
-    from bert_jax.runtime import host_memory, topology
+    from bert_jax.planning import plan
+    from bert_jax.runtime import errors, host_memory, topology
 
     if not flag_values.topology:
         raise UserError("--topology is required (e.g. v5p-16, v5litepod-16, v5p:2x2x2)")
@@ -23,17 +23,16 @@ def _run(flag_values) -> int:
         print(plan.describe_search(flag_values.config, target, **space))
         return 0
 
-    def progress(candidate) -> None:  # a search takes minutes: say what each compile gave
-        what = candidate.note if not candidate.timed else candidates.ms(candidate.step_seconds)
-        print(
-            f"plan: {candidate.phase} {candidate.stage}: {candidate.setting.label()}: {what}",
-            file=sys.stderr,
-            flush=True,
-        )
+    def say(line: str) -> None:  # a search takes minutes: say what each compile gave
+        if flag_values.verbose:
+            print(line, file=sys.stderr, flush=True)
 
-    result = plan.plan(
-        flag_values.config, target, **space, progress=progress if flag_values.verbose else None
-    )
+    progress = plan.SearchProgress(plan.search_size(flag_values.config, target, **space), say)
+    try:
+        result = plan.plan(flag_values.config, target, **space, progress=progress)
+    except KeyboardInterrupt:  # Ctrl-C: what was done and how to go on, not a stack
+        print(progress.stopped_line(), file=sys.stderr, flush=True)
+        return errors.EXIT_INTERRUPTED
     print(result.to_json() if flag_values.json else plan.format_plan(result))
     undecided = [s for s in result.schedule if s.candidate is None and s.undecided]
     if undecided:

@@ -16,6 +16,7 @@ The search itself, by stages, is in `search.py`; the records and their printed f
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import ml_collections
 
 from bert_jax.core.bert_config import REMAT_POLICIES
-from bert_jax.planning import search
+from bert_jax.planning import compile_cache, search
 from bert_jax.planning.candidates import (
     GIB,
     Candidate,
@@ -32,13 +33,29 @@ from bert_jax.planning.candidates import (
     Space,
     fastest,
     format_plan,
+    ms,
 )
 from bert_jax.runtime import hardware
 from bert_jax.runtime.errors import UserError, user_path
 from bert_jax.runtime.topology import TpuTarget
 from bert_jax.training import config_checks, config_lib
+from bert_jax.training.step_log import format_duration
 
-__all__ = ["format_plan", "load_prices", "plan", "flags_from_plan_json", "with_planned_flags"]
+__all__ = [
+    "SearchProgress",
+    "flags_from_plan_json",
+    "format_plan",
+    "load_prices",
+    "plan",
+    "search_size",
+    "with_planned_flags",
+]
+
+# A compile's wall time where this host has none in its compile cache: the mean of the 49
+# compiles behind docs/performance.md's plan table (BERT-Base and Large for v4 to v6e slices,
+# 136 minutes of search on a 2-core host). A one-layer model compiles in seconds; Large at 512
+# with remat in minutes more.
+TYPICAL_COMPILE_SECONDS = 170.0
 
 
 def load_prices(path: str | None) -> dict[str, Any]:
@@ -187,6 +204,81 @@ def with_planned_flags(
     return [*pretrain_args, *added], added
 
 
+def search_size(
+    config: ml_collections.ConfigDict,
+    target: TpuTarget,
+    *,
+    prices: dict[str, Any] | None = None,
+    **space,
+) -> int:
+    """About how many candidates `plan` compiles over `space` (`search.expected_compiles`),
+    checked as `plan` checks them (`prices`, which `plan` also takes, plays no part)."""
+    phases, space = _checked_space(config, target, **space)
+    return search.expected_compiles(target, config, phases, space)
+
+
+def compile_seconds_estimate() -> tuple[float, str]:
+    """(seconds, where the figure comes from) of one compile: the mean of the compiles in this
+    host's compile cache, else TYPICAL_COMPILE_SECONDS."""
+    root = compile_cache.cache_root()
+    seconds = []
+    folder = os.path.join(root, "tpu_compiles") if root else ""
+    if folder and os.path.isdir(folder):
+        for name in os.listdir(folder):
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    value = json.load(f).get("compile_seconds")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(value, (int, float)) and value > 0:
+                seconds.append(float(value))
+    if seconds:
+        return sum(seconds) / len(seconds), f"the mean of the {len(seconds)} compiles in {folder}"
+    return TYPICAL_COMPILE_SECONDS, "a typical BERT-Base or Large compile on a 2-core host"
+
+
+class SearchProgress:
+    """What `plan` says as it searches: each candidate it compiles as `candidate k of about N`
+    with the time so far and an ETA (the mean time of the candidates so far times those left),
+    each pruned one with why; `stopped_line` is what it says when interrupted."""
+
+    def __init__(self, expected: int, say: Callable[[str], None], clock=time.perf_counter):
+        self.expected, self.say, self.clock = expected, say, clock
+        self.start = clock()
+        self.done = self.compiles = 0
+
+    def __call__(self, candidate: Candidate) -> None:
+        what = candidate.note if not candidate.timed else ms(candidate.step_seconds)
+        where = f"{candidate.phase} {candidate.stage}: {candidate.setting.label()}"
+        if not search.searched(candidate):
+            self.say(f"plan: {where}: {what}")
+            return
+        self.done += 1
+        self.compiles += candidate.compiles
+        elapsed = self.clock() - self.start
+        left = max(self.expected - self.done, 0) * elapsed / self.done
+        self.say(
+            f"plan: candidate {self.done} of about {max(self.expected, self.done)}, {where}: "
+            f"{what} ({format_duration(elapsed)} so far, ETA {format_duration(left)})"
+        )
+
+    def stopped_line(self, command: str = "the same command") -> str:
+        """One line for an interrupted search: what was done, and how to go on."""
+        root = compile_cache.cache_root()
+        kept = (
+            f"kept in the compile cache {root}: run {command} again to go on; what was "
+            "compiled is read back in seconds"
+            if root
+            else f"the compile cache is off ({compile_cache.CACHE_ENV} is empty): running "
+            f"{command} again compiles them again"
+        )
+        return (
+            f"plan: stopped after {self.done} of about {max(self.expected, self.done)} "
+            f"candidates ({self.compiles} compiled, {format_duration(self.clock() - self.start)}), "
+            f"{kept}"
+        )
+
+
 def describe_search(
     config: ml_collections.ConfigDict,
     target: TpuTarget,
@@ -238,6 +330,14 @@ def describe_search(
             f"later phases compile only meshes within {space.margin:g}x of the earlier best"
         )
     lines.append(f"price: ${price:.2f} per chip-hour" if price is not None else "price: none known")
+    expected = search.expected_compiles(target, config, phases, space)
+    each, source = compile_seconds_estimate()
+    lines.append(
+        f"search time, an estimate: about {expected} candidate compiles x "
+        f"{format_duration(each)} each ({source}) = about {format_duration(expected * each)}; "
+        "candidates in the compile cache are read back in seconds, a larger model or slice "
+        "compiles for longer"
+    )
     return "\n".join(lines)
 
 

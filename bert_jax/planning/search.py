@@ -79,6 +79,30 @@ def meshes(target: TpuTarget, config: ml_collections.ConfigDict, kinds: Sequence
     return found
 
 
+def expected_compiles(target: TpuTarget, config, phases, space: Space) -> int:
+    """About how many candidates the search compiles (each may compile a few accumulation
+    factors): per phase, stage 1's meshes, stage 2's other windowed-einsum values, stage 3's
+    meshes with a data axis, stage 4's other dtypes and stage 5's other remat policies (each
+    stage at most that many; stages 3 and 5 often fewer), and each later phase's check of the
+    earlier winner. Pruned candidates compile nothing and are not counted."""
+    kinds = meshes(target, config, space.kinds)
+    per_phase = len(kinds)
+    if any(Setting(kind, mesh).gathers_weights for kind, mesh in kinds):
+        per_phase += len(space.windowed) - 1
+    if True in space.zero:
+        per_phase += sum(1 for _, mesh in kinds if mesh[0] > 1)
+    per_phase += len(space.dtypes) - 1
+    configured = str(config.model.get("remat", "none"))
+    per_phase += len([r for r in dict.fromkeys(space.remats) if r != configured])
+    return per_phase * len(phases) + len(phases) - 1
+
+
+def searched(candidate: Candidate) -> bool:
+    """Whether the search lowered (and compiled, or read from the cache) this candidate: not
+    one pruned without trying it."""
+    return not candidate.pruned or bool(candidate.program)
+
+
 def _phase_config(config, phase: config_lib.Phase, setting: Setting, accum: int):
     """The config compiling `phase` alone with `setting` and `accum` micro-batches."""
     single = copy.deepcopy(config)

@@ -28,6 +28,7 @@ EXIT_BUG = 1
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3  # the loss stayed non-finite: running again repeats it; the message says more
 EXIT_DOES_NOT_FIT = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C; the command said what was done and how to go on
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped after saving a checkpoint; run again to resume.
 
 EXIT_STATUSES_HELP = """exit statuses:
@@ -37,6 +38,7 @@ EXIT_STATUSES_HELP = """exit statuses:
   3    pretraining stopped: the loss or gradients stayed non-finite (the message names the last
        good checkpoint; running again unchanged repeats it)
   4    does not fit (compile check: a phase needs more memory than the devices have)
+  130  interrupted by Ctrl-C (`plan` says what it did and how to go on)
   143  stopped by SIGTERM after saving a checkpoint (run the same command again to resume)"""
 
 # Set to 1 to see the traceback of a user error too.

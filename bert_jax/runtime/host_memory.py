@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -117,6 +118,11 @@ def run_watched(
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(send, fn, args), daemon=True)
     saved = dict(os.environ)
+    # Ctrl-C reaches the whole process group: the child ignores it (an ignored signal stays
+    # ignored in the spawned interpreter) and the caller, interrupted, kills it below; without
+    # this the child would print its own KeyboardInterrupt stack.
+    main_thread = threading.current_thread() is threading.main_thread()
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
     try:
         for name, value in (environment or {}).items():
             if value is None:
@@ -127,6 +133,8 @@ def run_watched(
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        if interrupt is not None:
+            signal.signal(signal.SIGINT, interrupt)
     send.close()
     try:
         while True:
