@@ -263,10 +263,10 @@ def test_mismatched_lengths_and_too_little_data_are_clear_errors(records_dir):
     with pytest.raises(ValueError, match="must equal max_predictions_per_seq"):
         PretrainIterator(
             records.list_record_files(str(records_dir)),
-            batch_size=BATCH,
-            max_seq_length=LENGTH,
-            max_predictions_per_seq=SLOTS,
-            masking=masking,
+            PipelineSettings(
+                batch_size=BATCH, max_seq_length=LENGTH, max_predictions_per_seq=SLOTS
+            ),
+            masking,
         )
 
 

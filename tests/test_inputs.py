@@ -92,3 +92,49 @@ def test_eval_batches_per_phase(trained):
     # Fixed seed, static masks: the same held-out batches every time.
     again = inputs.eval_batches(config, phases[1], choice, tokenizer, workdir)
     np.testing.assert_array_equal(again[0]["input_ids"], batches[0]["input_ids"])
+
+
+# For each pipeline setting config.data declares: a value unlike PipelineSettings' default.
+_PIPELINE_VALUES = {
+    "dynamic_masking": True,
+    "whole_word_mask": True,
+    "masked_lm_prob": 0.2,
+    "mask_share": 0.5,
+    "same_share": 0.2,
+    "random_share": 0.3,
+    "shuffle_buffer_size": 7,
+    "skip_corrupt_records": True,
+}
+
+
+def test_every_pipeline_setting_config_data_declares_reaches_the_iterator(trained):
+    """config.data -> PipelineSettings -> make_pretrain_iterator -> PretrainIterator hands one
+    settings object down: every pipeline setting config.data declares, set unlike its default,
+    is what each shard's iterator (and its dynamic masking) reads; one dropped on the way
+    fails here."""
+    import dataclasses
+
+    from bert_jax.data.pipeline.tf_data import PipelineSettings, PretrainIterator
+    from bert_jax.training.config_schema import DataSection
+
+    declared = {f.name for f in dataclasses.fields(DataSection)}
+    shared = {f.name for f in dataclasses.fields(PipelineSettings)} & declared
+    assert set(_PIPELINE_VALUES) == shared  # a new one needs its value above
+    defaults = PipelineSettings(batch_size=1)
+    assert all(getattr(defaults, k) != v for k, v in _PIPELINE_VALUES.items())
+    _, workdir, tokenizer = trained
+    values = {f"data.{k}": v for k, v in _PIPELINE_VALUES.items()}
+    config = run_config(**values, **{"data.shards": 2})
+    phase = config_lib.split_phases(config)[0]
+    sharded = inputs.train_iterator(config, phase, tokenizer, workdir)
+    assert len(sharded.readers) == 2
+    for shard, reader in enumerate(sharded.readers):
+        assert isinstance(reader, PretrainIterator)
+        settings = reader.settings
+        assert {k: getattr(settings, k) for k in _PIPELINE_VALUES} == _PIPELINE_VALUES
+        assert (settings.process_index, settings.process_count) == (shard, 2)
+        assert (settings.max_seq_length, settings.batch_size) == (phase.max_seq_length, 4)
+        masking = reader.masking
+        assert masking.whole_word_mask and masking.masked_lm_prob == 0.2
+        assert (masking.mask_share, masking.random_share) == (0.5, 0.3)
+    assert next(sharded)["input_ids"].shape == (8, phase.max_seq_length)

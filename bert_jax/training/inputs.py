@@ -184,6 +184,23 @@ def follow_tokenizer(config, tokenizer) -> None:
         config.model.vocab_size = int(tokenizer.vocab_size)
 
 
+def settings_from_config(config, settings_type, **decided):
+    """A ``settings_type`` (``PrepareSettings``, ``PipelineSettings``) for this run: each of its
+    fields that config.data declares under the same name (config_schema.DataSection) is that
+    setting's value, handed down by name; `decided`: what the phase, the host or the caller sets
+    (these win). A pipeline or preparation setting that config.data declares reaches the reader
+    with no list to extend."""
+    from bert_jax.training.config_schema import DataSection
+
+    declared = {f.name for f in dataclasses.fields(DataSection)}
+    named = {
+        f.name: config.data[f.name]
+        for f in dataclasses.fields(settings_type)
+        if f.name in declared and f.name in config.data
+    }
+    return settings_type(**{**named, **decided})
+
+
 def _prepared(
     config,
     phase: Phase,
@@ -200,7 +217,6 @@ def _prepared(
     cache (every host the same bytes) and its record files returned. `heldout`: the preparation
     sets data prepare's share of the documents aside (`<prepared>/heldout`), as for a training
     corpus whose held-out records the run evaluates on; an eval corpus keeps all its documents."""
-    from bert_jax.data import sentences
     from bert_jax.data.preparation.cached import prepare_cached
     from bert_jax.data.preparation.settings import PrepareSettings
     from bert_jax.data.sources import kinds as sources
@@ -215,25 +231,22 @@ def _prepared(
     # dupe_factor < 0 means 1 with dynamic masking (re-masked every epoch anyway), else data
     # prepare's declared default.
     dupe = int(config.data.dupe_factor)
+    settings = settings_from_config(
+        config,
+        PrepareSettings,
+        max_seq_length=phase.max_seq_length,
+        max_predictions_per_seq=phase.max_predictions_per_seq,
+        dupe_factor=dupe if dupe >= 0 else (1 if dynamic else PrepareSettings.dupe_factor),
+        seed=seed,
+        objective=config_lib.objective(config),
+        instance_format=config_lib.instance_format(config),
+        **({} if heldout else {"heldout_share": 0.0}),
+        **config_lib.mask_shares(config),  # checked to sum to 1, naming config.data's keys
+    )
     return prepare_cached(
         source,
         tokenizer,
-        PrepareSettings(
-            max_seq_length=phase.max_seq_length,
-            max_predictions_per_seq=phase.max_predictions_per_seq,
-            masked_lm_prob=float(config.data.masked_lm_prob),
-            short_seq_prob=float(config.data.short_seq_prob),
-            random_next_prob=float(config.data.random_next_prob),
-            dupe_factor=dupe if dupe >= 0 else (1 if dynamic else PrepareSettings.dupe_factor),
-            seed=seed,
-            whole_word_mask=bool(config.data.whole_word_mask),
-            num_workers=int(config.data.num_workers),
-            splitter=str(config.data.get("splitter", sentences.DEFAULT_SPLITTER)),
-            objective=config_lib.objective(config),
-            instance_format=config_lib.instance_format(config),
-            **({} if heldout else {"heldout_share": 0.0}),
-            **config_lib.mask_shares(config),
-        ),
+        settings,
         config.data.cache_dir or os.path.join(workdir, "data"),
         write_marker=jax.process_index() == 0,
     )
@@ -248,12 +261,14 @@ def _iterator(
     *,
     batch_size: int,
     seed: int,
-    dynamic: bool,
-    shuffle_buffer: int,
     packing_factor: float = 0.0,
     heldout: bool = False,
     console=lambda *a: None,
+    **decided,
 ):
+    """This host's input shards of `source`, each a reader made from one PipelineSettings
+    (settings_from_config: config.data's pipeline settings by name; `decided`: the caller's
+    own values, e.g. an evaluation's static masking)."""
     from bert_jax.data.pipeline import packing
     from bert_jax.data.pipeline import tf_data as pipeline
 
@@ -265,32 +280,28 @@ def _iterator(
             max_predictions_per_row=phase.max_predictions_per_seq,
             factor=packing_factor,
         )
-
-    objective = config_lib.objective(config)
-    shares = config_lib.mask_shares(config)
+    settings = settings_from_config(
+        config,
+        pipeline.PipelineSettings,
+        batch_size=batch_size,
+        max_seq_length=phase.max_seq_length,
+        max_predictions_per_seq=phase.max_predictions_per_seq,
+        seed=seed,
+        packing=pack,
+        objective=config_lib.objective(config),
+        **config_lib.mask_shares(config),
+        **decided,
+    )
     records = _prepared(
-        config, phase, source, tokenizer, workdir, seed=seed, dynamic=dynamic, heldout=heldout,
-        console=console,
+        config, phase, source, tokenizer, workdir, seed=seed, dynamic=settings.dynamic_masking,
+        heldout=heldout, console=console,
     )  # fmt: skip
 
     def make_reader(shard: int, num_shards: int, shard_batch_size: int):
-        settings = pipeline.PipelineSettings(
-            batch_size=shard_batch_size,
-            max_seq_length=phase.max_seq_length,
-            max_predictions_per_seq=phase.max_predictions_per_seq,
-            seed=seed,
-            process_index=shard,
-            process_count=num_shards,
-            dynamic_masking=dynamic,
-            whole_word_mask=bool(config.data.whole_word_mask),
-            masked_lm_prob=float(config.data.masked_lm_prob),
-            shuffle_buffer_size=shuffle_buffer,
-            packing=pack,
-            skip_corrupt_records=bool(config.data.get("skip_corrupt_records", False)),
-            objective=objective,
-            **shares,
+        shard_settings = dataclasses.replace(
+            settings, batch_size=shard_batch_size, process_index=shard, process_count=num_shards
         )
-        return pipeline.make_pretrain_iterator(records, settings, tokenizer)
+        return pipeline.make_pretrain_iterator(records, shard_settings, tokenizer)
 
     # This host's input shards, concatenated: the global batch depends on config.data.shards only.
     return input_shards.ShardedInput.build(
@@ -347,8 +358,6 @@ def train_iterator(config, phase: Phase, tokenizer, workdir: str, console=lambda
         heldout=sources.source_kind(phase.source) != "embedded",
         batch_size=phase.batch_size,
         seed=_train_seed(config, phase),
-        dynamic=bool(config.data.dynamic_masking),
-        shuffle_buffer=int(config.data.shuffle_buffer_size),
         packing_factor=float(config[phase.name].get("packing_factor", 0.0)),
         console=console,
     )
@@ -386,8 +395,8 @@ def eval_batches(
         workdir,
         batch_size=int(config.eval.batch_size),
         seed=12345,
-        dynamic=False,
-        shuffle_buffer=1,
         console=console,
+        dynamic_masking=False,  # evaluation reads the records' own masks, in order
+        shuffle_buffer_size=1,
     )
     return [next(iterator) for _ in range(choice.batches)]

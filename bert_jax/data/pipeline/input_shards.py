@@ -3,7 +3,8 @@ number of processes.
 
 A run with `num_shards = S` (`config.data.shards`; 0 means one per process) builds each global
 batch of B rows from S readers of B/S rows each; reader `s` reads the `s`-th of S disjoint parts
-of the data (`tf_data.make_pretrain_iterator(process_index=s, process_count=S)`). Process `p` of
+of the data (`tf_data.make_pretrain_iterator` with the run's `PipelineSettings` at
+`process_index=s, process_count=S`). Process `p` of
 P runs readers `p*S/P ... (p+1)*S/P - 1` and passes their rows, in that order, as its part of the
 batch. So the examples of every step, and the data position saved in a checkpoint (one row per
 shard), depend on S only: a job can resume exactly on a different number of hosts, and one

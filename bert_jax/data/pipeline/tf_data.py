@@ -69,7 +69,12 @@ __all__ = ["PipelineSettings", "PretrainIterator", "make_pretrain_iterator", "sy
 
 @dataclasses.dataclass(frozen=True)
 class PipelineSettings:
-    """How to read prepared records: batch shape, this host's part, order and masking."""
+    """How to read prepared records: batch shape, this host's part, order and masking.
+
+    Handed down whole: ``make_pretrain_iterator`` and ``PretrainIterator`` read each field
+    where it is used. A pretraining run fills the fields config.data declares under the same
+    name from it (``training.inputs.settings_from_config``), so a new setting is a field here,
+    its declaration there, and the code that reads it."""
 
     batch_size: int
     max_seq_length: int = objectives.MAX_SEQ_LENGTH
@@ -109,64 +114,58 @@ class PretrainIterator:
     def __init__(
         self,
         files: Sequence[str],
-        *,
-        batch_size: int,
-        max_seq_length: int,
-        max_predictions_per_seq: int,
-        seed: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-        shuffle: bool = True,
-        shuffle_buffer_size: int = 10_000,
+        settings: PipelineSettings,
         masking: MaskingConfig | None = None,
-        num_epochs: int | None = None,
-        shard_by: str = "auto",
+        *,
         cycle_length: int = 8,
         prefetch: int = 2,
-        skip_corrupt_records: bool = False,
     ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if process_count < 1 or not 0 <= process_index < process_count:
-            raise ValueError(
-                f"process_index {process_index} must be in [0, process_count {process_count})"
-            )
-        if shard_by not in ("auto", "files", "records"):
-            raise ValueError(f"shard_by must be auto, files or records, not {shard_by!r}")
-        if masking is not None and masking.max_predictions_per_seq != max_predictions_per_seq:
+        """``settings``: what to read and how (read from it where used, never copied field by
+        field); ``masking``: dynamic masking's, made from ``settings`` and the tokenizer, or
+        None. With ``settings.packing`` a batch is the records of one packed batch."""
+        if settings.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {settings.batch_size}")
+        index, count = settings.process_index, settings.process_count
+        if count < 1 or not 0 <= index < count:
+            raise ValueError(f"process_index {index} must be in [0, process_count {count})")
+        if settings.shard_by not in ("auto", "files", "records"):
+            raise ValueError(f"shard_by must be auto, files or records, not {settings.shard_by!r}")
+        if (
+            masking is not None
+            and masking.max_predictions_per_seq != settings.max_predictions_per_seq
+        ):
             raise ValueError("masking.max_predictions_per_seq must equal max_predictions_per_seq")
+        self.settings = settings
         self.all_files = sorted(os.fspath(f) for f in files)
         if not self.all_files:
             raise UserError("no record files")
+        shard_by = settings.shard_by
         if shard_by == "auto":
-            shard_by = "files" if len(self.all_files) >= process_count else "records"
+            shard_by = "files" if len(self.all_files) >= count else "records"
         self.shard_by = shard_by
         if shard_by == "files":
-            if len(self.all_files) < process_count:
+            if len(self.all_files) < count:
                 raise UserError(
-                    f"{len(self.all_files)} record files cannot be split over {process_count} "
+                    f"{len(self.all_files)} record files cannot be split over {count} "
                     "hosts by file; use shard_by='records'"
                 )
-            self.files = self.all_files[process_index::process_count]
+            self.files = self.all_files[index::count]
         else:
             self.files = list(self.all_files)
-        self.batch_size = batch_size
-        self.max_seq_length = max_seq_length
-        self.max_predictions_per_seq = max_predictions_per_seq
-        self.seed = int(seed)
-        self.process_index = process_index
-        self.process_count = process_count
-        self.shuffle = shuffle
-        self.shuffle_buffer_size = shuffle_buffer_size
+        packing = settings.packing
+        # Records per batch: a packed batch of batch_size rows is made of more of them.
+        self.batch_size = (
+            settings.batch_size
+            if packing is None
+            else packing.instances_per_batch(settings.batch_size)
+        )
         self.masking = masking
-        self.num_epochs = num_epochs
         self.cycle_length = cycle_length
         self.prefetch = prefetch
         self._epoch = 0
         self._batches_in_epoch = 0
         self._batches_total = 0
         self._iterator = None
-        self.skip_corrupt_records = skip_corrupt_records
         # Damaged files met so far -> intact records read from each (`integrity`).
         self.corrupt_files: dict[str, int] = {}
 
@@ -180,14 +179,14 @@ class PretrainIterator:
         description = {
             "files": [os.path.basename(f) for f in self.all_files],
             "batch_size": self.batch_size,
-            "max_seq_length": self.max_seq_length,
-            "max_predictions_per_seq": self.max_predictions_per_seq,
-            "seed": self.seed,
-            "process_index": self.process_index,
-            "process_count": self.process_count,
+            "max_seq_length": self.settings.max_seq_length,
+            "max_predictions_per_seq": self.settings.max_predictions_per_seq,
+            "seed": int(self.settings.seed),
+            "process_index": self.settings.process_index,
+            "process_count": self.settings.process_count,
             "shard_by": self.shard_by,
-            "shuffle": self.shuffle,
-            "shuffle_buffer_size": self.shuffle_buffer_size,
+            "shuffle": self.settings.shuffle,
+            "shuffle_buffer_size": self.settings.shuffle_buffer_size,
             "dynamic_masking": self.masking is not None,
             "whole_word_mask": self.masking is not None and self.masking.whole_word_mask,
         }
@@ -229,9 +228,9 @@ class PretrainIterator:
     def _epoch_dataset(self, epoch: int, skip_batches: int):
         tf = records_lib.import_tensorflow()
         files = list(self.files)
-        if self.shuffle:
+        if self.settings.shuffle:
             # Same permutation on every host: record-level sharding needs a common order.
-            order = np.random.default_rng(_derived_seed(self.seed, epoch, 1)).permutation(
+            order = np.random.default_rng(_derived_seed(self.settings.seed, epoch, 1)).permutation(
                 len(files)
             )
             files = [files[i] for i in order]
@@ -254,13 +253,13 @@ class PretrainIterator:
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )
-        if self.shard_by == "records" and self.process_count > 1:
-            dataset = dataset.shard(self.process_count, self.process_index)
-        if self.shuffle:
+        if self.shard_by == "records" and self.settings.process_count > 1:
+            dataset = dataset.shard(self.settings.process_count, self.settings.process_index)
+        if self.settings.shuffle:
             # Blocks of shuffle_buffer_size records, each permuted by stateless random keys.
             # Not Dataset.shuffle: its order also depends on TensorFlow's global seed, which
             # any code in the process may set, and a resumed run must reproduce the order.
-            block_key = _derived_seed(self.seed, epoch, self.process_index, 2)
+            block_key = _derived_seed(self.settings.seed, epoch, self.settings.process_index, 2)
 
             def permute(block_index, block):
                 seed = tf.stack([tf.constant(block_key, tf.int64), block_index])
@@ -268,7 +267,7 @@ class PretrainIterator:
                 return tf.gather(block, tf.argsort(keys))
 
             dataset = (
-                dataset.batch(self.shuffle_buffer_size)
+                dataset.batch(self.settings.shuffle_buffer_size)
                 .enumerate()
                 .map(records_lib.graph_function(permute))
                 .unbatch()
@@ -276,7 +275,7 @@ class PretrainIterator:
         dataset = dataset.batch(self.batch_size, drop_remainder=True)
         if skip_batches:
             dataset = dataset.skip(skip_batches)
-        length, slots = self.max_seq_length, self.max_predictions_per_seq
+        length, slots = self.settings.max_seq_length, self.settings.max_predictions_per_seq
         dataset = dataset.map(
             records_lib.graph_function(lambda s: records_lib.parse_batch(s, length, slots)),
             num_parallel_calls=tf.data.AUTOTUNE,
@@ -284,7 +283,7 @@ class PretrainIterator:
         )
         if self.masking is not None:
             masking = self.masking
-            epoch_key = _derived_seed(self.seed, epoch, self.process_index, 3)
+            epoch_key = _derived_seed(self.settings.seed, epoch, self.settings.process_index, 3)
 
             def remask(index, batch):
                 seed = tf.stack([tf.constant(epoch_key, tf.int64), tf.cast(index, tf.int64)])
@@ -308,7 +307,7 @@ class PretrainIterator:
         found = integrity.find_corrupt([f for f in self.files if f not in self.corrupt_files])
         if not found:
             raise error
-        if not self.skip_corrupt_records:
+        if not self.settings.skip_corrupt_records:
             path, (index, problem) = next(iter(found.items()))
             raise integrity.corrupt_error(path, index, problem) from None
         for path, (index, problem) in found.items():
@@ -318,7 +317,7 @@ class PretrainIterator:
 
     def __next__(self) -> dict[str, np.ndarray]:
         while True:
-            if self.num_epochs is not None and self._epoch >= self.num_epochs:
+            if self.settings.num_epochs is not None and self._epoch >= self.settings.num_epochs:
                 raise StopIteration
             if self._iterator is None:
                 dataset = self._epoch_dataset(self._epoch, self._batches_in_epoch)
@@ -327,8 +326,9 @@ class PretrainIterator:
                 batch = next(self._iterator)
             except StopIteration:
                 if self._batches_in_epoch == 0:
+                    host = f"{self.settings.process_index} of {self.settings.process_count}"
                     raise UserError(
-                        f"host {self.process_index} of {self.process_count} has fewer than "
+                        f"host {host} has fewer than "
                         f"batch_size={self.batch_size} examples in {len(self.files)} file(s); "
                         "prepare more data or lower the batch size"
                     ) from None
@@ -437,23 +437,8 @@ def make_pretrain_iterator(
     packing = settings.packing
     if packing is not None and packing.max_seq_length != length:
         raise UserError(f"packed rows of {packing.max_seq_length} tokens for records of {length}")
-    batch_size = settings.batch_size
-    iterator = PretrainIterator(
-        files,
-        batch_size=batch_size if packing is None else packing.instances_per_batch(batch_size),
-        max_seq_length=length,
-        max_predictions_per_seq=slots,
-        seed=settings.seed,
-        process_index=settings.process_index,
-        process_count=settings.process_count,
-        shuffle=settings.shuffle,
-        shuffle_buffer_size=settings.shuffle_buffer_size,
-        masking=masking,
-        num_epochs=settings.num_epochs,
-        shard_by=settings.shard_by,
-        skip_corrupt_records=settings.skip_corrupt_records,
-    )
-    return iterator if packing is None else PackedIterator(iterator, batch_size, packing)
+    iterator = PretrainIterator(files, settings, masking)
+    return iterator if packing is None else PackedIterator(iterator, settings.batch_size, packing)
 
 
 def synthetic_batch(
