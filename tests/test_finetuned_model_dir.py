@@ -168,6 +168,7 @@ def test_keep_models_and_prune(tmp_path, encoders):
     assert load_model_dir(kept).task is not None and (tmp_path / "c" / "model").is_dir()
 
 
+@pytest.mark.slow
 def test_the_sweep_keeps_the_selected_trials_model_only(tmp_path, capsys):
     config, params = tiny_encoder()
     model = save_model_dir(tmp_path / "tiny", config, params, fixture_tokenizer())

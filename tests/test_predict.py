@@ -3,13 +3,16 @@ kind (a GLUE single-sentence task, STS-B's regression on pairs, SWAG, SQuAD v1.1
 its model directory read back, and each input kind given as JSONL and as TSV predicted as the run
 predicted its own rows (labels and answers equal, scores to 1e-5). ModernBERT's runs
 (tests/test_modernbert_finetune.py, test_modernbert_token_tasks.py) call the same check,
-`check_predictions`, on theirs. Then bad input: one line naming the file and row, exit 2."""
+`check_predictions`, on theirs; docs/finetuning.md's predict commands run as written on these
+runs. Then bad input: one line naming the file and row, exit 2."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import shlex
+import shutil
 
 import pytest
 
@@ -190,7 +193,43 @@ def _task_data(root, vocabulary: list[str]) -> dict[str, object]:
     return {"swag": swag_dir, "squad/v1.1": squad_dir, "conll2003": conll_dir}
 
 
-def test_each_head_kind_predicts_as_its_run_did(tmp_path, capsys):
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+# The runs docs/finetuning.md's predict commands name, as this test's workdirs.
+DOCS_RUNS = {"runs/sst2": "glue-SST-2", "runs/squad11": "squad-v1.1", "runs/ner": "conll2003"}
+
+
+def docs_predict_commands() -> list[list[str]]:
+    """The `bert-jax predict` commands of docs/finetuning.md's "After fine-tuning" section."""
+    with open(os.path.join(DOCS, "finetuning.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("## After fine-tuning: predict and export", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("bert-jax predict ")]
+    return [shlex.split(line)[1:] for line in lines]
+
+
+def run_docs_commands(tmp_path, monkeypatch) -> None:
+    """Each command as written, in a directory where its --model is the run of that name and
+    its --input the rows predicted from that run (in the file's format)."""
+    commands = docs_predict_commands()
+    assert {argv[argv.index("--model") + 1] for argv in commands} == set(DOCS_RUNS)
+    sandbox = tmp_path / "docs"
+    (sandbox / "runs").mkdir(parents=True)
+    for name, run in DOCS_RUNS.items():
+        (sandbox / name).symlink_to(tmp_path / "runs" / run)
+    monkeypatch.chdir(sandbox)
+    for argv in commands:
+        run = DOCS_RUNS[argv[argv.index("--model") + 1]]
+        given, output = argv[argv.index("--input") + 1], argv[argv.index("--output") + 1]
+        suffix = "jsonl" if given.endswith(".jsonl") else "tsv"
+        rows = sorted((tmp_path / "predicted" / run).glob(f"*/rows.{suffix}"))[0]
+        shutil.copy(rows, sandbox / given)
+        assert cli.main(argv) == 0, argv
+        written = (sandbox / output).read_text().splitlines()
+        assert len(written) == len(rows.read_text().splitlines()), argv
+
+
+@pytest.mark.slow
+def test_each_head_kind_predicts_as_its_run_did(tmp_path, capsys, monkeypatch):
     """One test (the runs are its cost; a fixture shared by several tests could run on several
     workers): each kind fine-tuned, its workdir read by predict."""
     config, params = tiny_encoder()
@@ -214,6 +253,7 @@ def test_each_head_kind_predicts_as_its_run_did(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "predict: 1/3 rows, " in captured.err and " rows/s" in captured.err
     assert captured.out.startswith('{"id": ')  # JSONL on standard output
+    run_docs_commands(tmp_path, monkeypatch)
 
 
 # ------------------------------------------------------------------------------------------------
