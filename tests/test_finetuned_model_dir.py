@@ -166,6 +166,9 @@ def test_keep_models_and_prune(tmp_path, encoders):
         str(tmp_path / "b" / "model")
     ]
     assert load_model_dir(kept).task is not None and (tmp_path / "c" / "model").is_dir()
+    # A run that keeps no model removes the one an earlier run left in its directory.
+    assert finetuned_model.keep(str(tmp_path / "a"), none, True, None, None, {}) is None
+    assert not (tmp_path / "a" / "model").exists()
 
 
 @pytest.mark.slow

@@ -23,7 +23,8 @@ def _add_finetune(subparsers) -> None:
         "finetune",
         help="fine-tune on one GLUE task with one setting (the unit of `bert-jax glue`), or on "
         "SQuAD v1.1/v2.0, CoNLL-2003 NER (fine-tuned or feature-based) or SWAG",
-        description="Writes DIR/result.json (dev metrics, settings, history) and the test-set "
+        description="Writes DIR/result.json (dev metrics, settings, history), the fine-tuned "
+        "model (DIR/model/, which `bert-jax predict` reads; --keep-models) and the test-set "
         "predictions in the GLUE submission format (e.g. DIR/CoLA.tsv). SQuAD: "
         "DIR/predictions.json (and null_odds.json for v2.0) in the official format, the official "
         "EM/F1 in result.json, DIR/results.md; --data is a directory with train-v1.1.json and "
@@ -204,7 +205,9 @@ def _add_glue(subparsers) -> None:
         help="the paper's GLUE protocol: tasks x learning rates x seeds, resumable, with reports",
         description="Each trial is saved as it ends (DIR/trials/TASK/lr=LR_seed=SEED/result.json); "
         "running the same command again resumes. Writes DIR/results.{json,csv,md}, "
-        "DIR/plots/TASK.png and DIR/submission/*.tsv (best-on-dev trial per task).",
+        "DIR/plots/TASK.png and DIR/submission/*.tsv (the selected trial per task: best on dev), "
+        "and keeps the selected trial's fine-tuned model in its directory "
+        "(DIR/trials/TASK/lr=LR_seed=SEED/model/; --keep-models).",
     )
     _add_shared_flags(parser, sweep=True)
     parser.add_argument(

@@ -82,6 +82,23 @@ def keeps(settings: FinetuneSettings, selected: bool) -> bool:
     return settings.keep_models == "all" or (settings.keep_models == "selected" and selected)
 
 
+def keep(
+    directory: str,
+    settings: FinetuneSettings,
+    selected: bool,
+    encoder: PretrainedEncoder,
+    params: Any,
+    task: Mapping[str, Any],
+) -> str | None:
+    """The run's model written into `directory/model/` when `keeps(settings, selected)`; else a
+    model an earlier run left there removed (a directory never holds another run's model). The
+    model's path, or None. Called by every process, before the run's result.json."""
+    if keeps(settings, selected):
+        return save(directory, encoder, params, task)
+    prune([directory], None)
+    return None
+
+
 def prune(directories: Sequence[str], keep: str | None) -> list[str]:
     """Removes the model directory bert-jax wrote in each of `directories` but `keep`; the
     removed paths."""

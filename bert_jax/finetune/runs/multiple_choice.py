@@ -168,12 +168,9 @@ def run_swag(
         data=data,
         finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
-    if finetuned_model.keeps(settings, selected=True):  # before result.json, the done marker
-        workdir = finetune_workdir.open_workdir(
-            workdir, "finetune", writer=jax.process_index() == 0
-        )
-        entry = finetuned_model.task_entry(swag.TASK_NAME, "multiple_choice", [], settings)
-        finetuned_model.save(workdir, encoder, trained["params"], entry)
+    workdir = finetune_workdir.open_workdir(workdir, "finetune", writer=jax.process_index() == 0)
+    entry = finetuned_model.task_entry(swag.TASK_NAME, "multiple_choice", [], settings)
+    finetuned_model.keep(workdir, settings, True, encoder, trained["params"], entry)
     if jax.process_index() == 0:
         workdir = finetune_workdir.open_workdir(workdir, "finetune")
         for name, text in outputs.items():

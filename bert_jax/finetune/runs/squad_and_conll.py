@@ -116,10 +116,9 @@ def run_token_task(
         options=dataclasses.asdict(options),
         finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
-    if finetuned_model.keeps(settings, selected=True):  # before result.json, the done marker
-        workdir = finetune_workdir.open_workdir(workdir, "finetune", writer=_is_writer())
-        entry = token_task_entry(task, result, settings, options)
-        finetuned_model.save(workdir, encoder, trained["params"], entry)
+    workdir = finetune_workdir.open_workdir(workdir, "finetune", writer=_is_writer())
+    entry = token_task_entry(task, result, settings, options)
+    finetuned_model.keep(workdir, settings, True, encoder, trained["params"], entry)
     if _is_writer():
         workdir = finetune_workdir.open_workdir(workdir, "finetune")
         for name, text in outputs.items():

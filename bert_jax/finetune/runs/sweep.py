@@ -226,10 +226,8 @@ def run_trial(
     )
     record = trial_record(trial, result, model, data, run_id)
     now_selected = selected is None or record["selection_score"] > selected["selection_score"]
-    if finetuned_model.keeps(settings, now_selected):
-        finetuned_model.save(
-            directory, encoder, trained["params"], sentence_task_entry(trial.task, trial_settings)
-        )
+    entry = sentence_task_entry(trial.task, trial_settings)
+    finetuned_model.keep(directory, settings, now_selected, encoder, trained["params"], entry)
     if is_writer():
         fs.makedirs(directory, exist_ok=True)
         for split, (guids, predictions) in result.test_predictions.items():
