@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.convert import hf_modernbert, mapping, model_dir
+from bert_jax.convert import hf_finetuned, hf_modernbert, mapping, model_dir
 from bert_jax.convert.hf import HF_EXPORT_KIND, HF_EXPORT_MARKER
 from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
 from bert_jax.core.model import BertConfig
@@ -167,11 +167,29 @@ def convert(
     "bert-jax" source is read (see `load_source`).
 
     A ModernBERT source (config.json's model_type, `hf_modernbert.is_modernbert`) goes to
-    `hf_modernbert.convert`, which keeps the same promises for that family.
+    `hf_modernbert.convert`, a fine-tuned one of either family (a task entry, or a transformers
+    task class: `hf_finetuned.is_finetuned`) to `hf_finetuned.convert`; both keep the same
+    promises.
 
     Raises `ConversionError` (naming the tensor or setting) before writing anything when the
     source does not convert exactly; `FileExistsError` when `dst` exists and not `overwrite`.
     """
+    if hf_finetuned.is_finetuned(src_format, src):
+        if vocab_pad_multiple is not None:
+            raise UserError(
+                "--vocab-pad-multiple applies to pretrained models, not fine-tuned ones"
+            )
+        return hf_finetuned.convert(
+            src_format,
+            src,
+            dst_format,
+            dst,
+            drop_heads=drop_heads,
+            tokenizer=tokenizer,
+            lowercase=lowercase,
+            overwrite=overwrite,
+            load_model_dir=load_model_dir,
+        )
     if hf_modernbert.is_modernbert(src_format, src):
         return hf_modernbert.convert(
             src_format,

@@ -79,7 +79,9 @@ class ModernBertReport(ConversionReport):
                 f"{cfg.num_attention_heads} heads, GeGLU {cfg.intermediate_size}, vocab "
                 f"{cfg.vocab_size}, {attention}"
             )
-        head = "MLM head converted" if self.has_heads else "encoder only (no MLM head)"
+        head = self.task_head or (
+            "MLM head converted" if self.has_heads else "encoder only (no MLM head)"
+        )
         lines.append(f"  heads: {head}")
         lines.append(
             f"  tensors: {self.tensors_read} read, {len(self.used)} used, "
@@ -216,7 +218,7 @@ def is_modernbert(src_format: str, src: str | os.PathLike) -> bool:
     return values is not None and values.get("model_type") == MODEL_TYPE
 
 
-def _open_weights(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], np.ndarray]]:
+def open_weights(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], np.ndarray]]:
     """Every tensor's shape in a transformers directory's weight files, and a reader of one."""
     shapes: dict[str, tuple[int, ...]] = {}
     readers: dict[str, Callable[[], np.ndarray]] = {}
@@ -240,6 +242,18 @@ def _open_weights(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str]
     return shapes, lambda name: np.asarray(readers[name]())
 
 
+def check_shape_keys(values: Mapping[str, Any], path: str) -> None:
+    """A ConversionError naming the directory's config.json and the first of `SHAPE_KEYS` it
+    lacks: a default (ModernBERT-base's) would be blamed on whatever reads it next."""
+    missing = [key for key in SHAPE_KEYS if key not in values]
+    if missing:
+        raise ConversionError(
+            f"{os.path.join(path, 'config.json')} has no {missing[0]!r}: the model's shape is "
+            f"read from {', '.join(SHAPE_KEYS)}, which transformers writes into every ModernBERT "
+            "config.json"
+        )
+
+
 def params_from_hf_dir(
     path: str, *, drop_heads: bool = False, report: ConversionReport | None = None
 ) -> tuple[ModernBertConfig, dict[str, Any]]:
@@ -247,15 +261,9 @@ def params_from_hf_dir(
     values = read_config_json(path)
     if values is None:
         raise ConversionError(f"{path} has no readable config.json")
-    missing = [key for key in SHAPE_KEYS if key not in values]
-    if missing:  # a default (ModernBERT-base's) would be blamed on whatever reads it next
-        raise ConversionError(
-            f"{os.path.join(path, 'config.json')} has no {missing[0]!r}: the model's shape is "
-            f"read from {', '.join(SHAPE_KEYS)}, which transformers writes into every ModernBERT "
-            "config.json"
-        )
+    check_shape_keys(values, path)
     config = config_from_hf(values)
-    shapes, read = _open_weights(path)
+    shapes, read = open_weights(path)
     heads = any(not key.startswith("model.") and key not in modernbert_names.TIED for key in shapes)
     with_heads = heads and not drop_heads
     for copy, original in modernbert_names.TIED.items():
@@ -302,12 +310,19 @@ def write_hf_dir(
         f.write("\n")
     write_safetensors(os.path.join(path, hf.SAFETENSORS_NAME), state, {"format": "pt"})
     written = ["config.json", hf.SAFETENSORS_NAME]
-    if tokenizer is None:
-        return written
+    return written if tokenizer is None else written + write_hf_tokenizer(path, config, tokenizer)
+
+
+def write_hf_tokenizer(path: str, config: ModernBertConfig, tokenizer: Any) -> list[str]:
+    """The tokenizer's files for transformers in `path`; the names written. A BPE tokenizer is
+    written as tokenizer.json with a `PreTrainedTokenizerFast` tokenizer_config.json (what
+    ModernBERT's directory holds); WordPiece and SentencePiece as `hf.write_hf_tokenizer`
+    writes them, without token types."""
     if tokenizer.kind != HfBpeTokenizer.kind:
-        return written + hf.write_hf_tokenizer(
+        return hf.write_hf_tokenizer(
             path, tokenizer, config.max_position_embeddings, MODEL_INPUT_NAMES
         )
+    before = set(fs.listdir(path))
     tokenizer.save(path)
     special = dict(
         zip(
@@ -331,7 +346,7 @@ def write_hf_dir(
         with fs.open(os.path.join(path, name), "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2, sort_keys=True)
             f.write("\n")
-    return written + sorted(name for name in fs.listdir(path) if name not in written)
+    return sorted(name for name in fs.listdir(path) if name not in before)
 
 
 # --- `bert-jax convert` ---

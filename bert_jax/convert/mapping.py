@@ -10,6 +10,10 @@ TF1 variable name, with the layout change between them. Layouts:
 - "qkv_bias": bert-jax bias [heads, head_dim]; HF and TF1 [hidden].
 - "attn_out": bert-jax kernel [heads, head_dim, hidden]; HF [hidden_out, hidden_in]; TF1 [in, out].
 - "nsp"     : bert-jax kernel [hidden, 2]; HF weight [2, hidden]; TF1 output_weights [2, hidden].
+- "task_output": a fine-tuned head's output layer, as "nsp" with one column per output: bert-jax
+              classifier/output/kernel [hidden, outputs]; HF `classifier.weight` (or
+              `qa_outputs.weight`) [outputs, hidden]. `task_entries` lists a fine-tuned model's
+              weights with their names in transformers' BertFor<task> classes.
 
 With `config.vocab_pad_multiple` > 1 the bert-jax word embeddings and MLM output bias hold
 `padded_vocab_size` rows, the checkpoints `vocab_size`: imports append zero rows, exports drop them.
@@ -138,6 +142,37 @@ def entries(config: BertConfig, with_heads: bool = True) -> list[Entry]:
     return table
 
 
+# Each fine-tuned head kind (`task_heads.HEADS`) in transformers' BertFor<task> class: the name of
+# its output layer, and whether the class keeps BertModel's pooler (the heads on the pooled [CLS]
+# do; BertForQuestionAnswering and BertForTokenClassification build BertModel without it).
+TASK_OUTPUTS: dict[str, tuple[str, bool]] = {
+    "classification": ("classifier", True),
+    "regression": ("classifier", True),
+    "multiple_choice": ("classifier", True),
+    "span": ("qa_outputs", False),
+    "tags": ("classifier", False),
+}
+
+
+def task_entries(config: BertConfig, head: str) -> list[Entry]:
+    """Every weight of a fine-tuned model with a `head` kind (the fine-tuning state's tree: the
+    encoder under "bert", the output layer under "classifier/output") that transformers' class
+    holds, with its state-dict name. No TF1 names: Google's fine-tuned checkpoints are not read."""
+    name, pooled = TASK_OUTPUTS[head]
+    table = [e for e in entries(config, with_heads=False) if pooled or e.path[1] != "pooler"]
+    table.append(Entry(("classifier", "output", "kernel"), f"{name}.weight", "", "task_output"))
+    table.append(Entry(("classifier", "output", "bias"), f"{name}.bias", "", "vector"))
+    return table
+
+
+def task_source_shape(entry: Entry, config: BertConfig, outputs: int) -> tuple[int, ...]:
+    """The shape of a `task_entries` entry's tensor in transformers' class (`outputs`: the
+    head's width, `task_heads.HeadKind.num_outputs`)."""
+    if entry.path[0] != "classifier":
+        return source_shape(entry, config, "hf")
+    return (outputs, config.hidden_size) if entry.layout == "task_output" else (outputs,)
+
+
 def expected_shape(entry: Entry, config: BertConfig) -> tuple[int, ...]:
     """The bert-jax shape of `entry`'s parameter."""
     d, h, k = config.hidden_size, config.num_attention_heads, config.head_dim
@@ -222,7 +257,7 @@ def to_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, source: str
         value = value.reshape(h, k)
     elif layout == "attn_out":
         value = value.reshape(h, k, d)
-    elif layout == "nsp":
+    elif layout in ("nsp", "task_output"):
         value = value.T
     if vocab_rows(entry):
         value = _with_rows(value, config)
@@ -247,7 +282,7 @@ def from_bert_jax(entry: Entry, value: np.ndarray, config: BertConfig, target: s
         value = value.reshape(d, d) if layout == "qkv" else value.reshape(-1, d)
     elif layout == "qkv_bias":
         value = value.reshape(d)
-    elif layout == "nsp":
+    elif layout in ("nsp", "task_output"):
         return value.T
     if layout in ("dense", "qkv", "attn_out") and target == "hf":
         value = value.T

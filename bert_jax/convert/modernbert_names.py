@@ -126,6 +126,45 @@ def entries(config: ModernBertConfig, with_heads: bool = True) -> list[Entry]:
     return table
 
 
+def task_entries(config: ModernBertConfig, outputs: int, encoder_key: str = "bert") -> list[Entry]:
+    """Every weight of a fine-tuned ModernBERT model (the fine-tuning state's tree: the encoder
+    under `encoder_key`, the head under "classifier") with its name in transformers'
+    ModernBertFor<task> classes, which all have the same head: `head.dense`, `head.norm` (the
+    MLM head's transform, under classifier/head) and `classifier` (under classifier/output, a
+    bias always: an nn.Linear), `outputs` wide (`task_heads.HeadKind.num_outputs`)."""
+    d = config.hidden_size
+    table = [
+        dataclasses.replace(entry, path=(encoder_key, *entry.path[1:]))
+        for entry in entries(config, with_heads=False)
+    ]
+    table += [
+        dataclasses.replace(entry, path=("classifier", *entry.path))
+        for entry in entries(config, with_heads=True)
+        if entry.path[0] == "head"
+    ]
+    table.append(
+        Entry(
+            ("classifier", "output", "kernel"),
+            "classifier.weight",
+            "dense",
+            (d, outputs),
+            (outputs, d),
+            head=True,
+        )  # fmt: skip
+    )
+    table.append(
+        Entry(
+            ("classifier", "output", "bias"),
+            "classifier.bias",
+            "vector",
+            (outputs,),
+            (outputs,),
+            head=True,
+        )  # fmt: skip
+    )
+    return table
+
+
 def _vocab_rows(entry: Entry) -> bool:
     return entry.path[-1] in ("embedding", "decoder_bias")
 

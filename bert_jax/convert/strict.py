@@ -43,6 +43,9 @@ class ConversionReport:
     tokenizer: str | None = None
     written: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    # A fine-tuned model's head, as the summary names it ("classification head,
+    # BertForSequenceClassification"); None for a pretrained model (MLM/NSP heads or none).
+    task_head: str | None = None
 
     def ignored_by_reason(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -71,7 +74,7 @@ class ConversionReport:
                 f"{cfg.num_attention_heads} heads, intermediate {cfg.intermediate_size}, "
                 f"vocab {cfg.vocab_size}, hidden_act {cfg.hidden_act!r}"
             )
-        heads = (
+        heads = self.task_head or (
             "MLM and NSP heads converted"
             if self.has_heads
             else "encoder only (no MLM/NSP pretraining heads in the output)"
