@@ -23,6 +23,7 @@ from bert_jax.core.model import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.finetune.heads import modernbert_pooled, per_token, pooled
+from bert_jax.finetune.tuning.settings import load_pretrained
 from bert_jax.inference.predict import predict
 from tests.convert_fixtures import random_params
 from tests.helpers import REAL_SENTENCES, minilm_dir
@@ -295,6 +296,8 @@ def test_a_transformers_model_imports_as_a_fine_tuned_model(family, tmp_path):
         loaded = model_dir.load_model_dir(ours)
         assert loaded.task["head"] == head and loaded.task["labels"] == _task(head)["labels"]
         assert loaded.task["name"] == TASKS[head]
+        encoder = load_pretrained(str(ours))  # what `finetune --model` starts from
+        assert encoder.bert_params.keys() == loaded.params["bert"].keys() and encoder.tokenizer
         _check_predictions(head, ours, source)
         back = tmp_path / f"{head}-back"
         assert cli.main(["convert", "--from", "bert-jax", str(ours), "--to", "hf", str(back)]) == 0
