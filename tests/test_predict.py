@@ -314,3 +314,48 @@ def test_a_model_without_a_head_and_a_foreign_output_are_refused(pair_model, tmp
     assert cli.main(argv) == 2
     assert "exists and does not hold predictions" in capsys.readouterr().err
     assert notes.read_text() == "my notes\n" and os.path.exists(pair_model)
+
+
+def _random_head_model(root, head: str, **task) -> str:
+    """A fine-tuned model directory of a head kind with a random head (nothing trained)."""
+    import numpy as np
+
+    from bert_jax.convert import model_dir as model_format
+
+    config, params = tiny_encoder()
+    entry = {"name": "t", "head": head, "labels": [], "max_seq_length": 32, **task}
+    shapes = model_format.expected_tree(config, False, entry)["classifier"]
+    rng = np.random.default_rng(0)
+    head_params = {
+        layer: {name: rng.normal(size=shape).astype(np.float32) for name, shape in leaves.items()}
+        for layer, leaves in shapes.items()
+    }
+    params = {"bert": params["bert"], "classifier": head_params}
+    return save_model_dir(root / head, config, params, fixture_tokenizer(), task=entry)
+
+
+def test_unanswerable_questions_and_any_number_of_endings(tmp_path):
+    """A SQuAD v2.0 model answers "" or the context's characters; multiple choice takes rows of
+    different numbers of endings (each number its own batches)."""
+    from bert_jax.inference.predict import predict
+
+    span = _random_head_model(tmp_path, "span", options={"version": "v2.0", "doc_stride": 8})
+    context = "my color is red . my city is paris . my animal is a small grey cat ."
+    rows = [{"question": q, "context": context} for q in ("what is my city ?", "who am i ?")]
+    answers = predict(span, rows, log=lambda line: None)
+    assert [a["id"] for a in answers] == ["0", "1"]
+    assert all(a["answer"] in context and 0 < a["score"] <= 1 for a in answers)
+    choices = _random_head_model(tmp_path, "multiple_choice")
+    rows = [
+        {"context": "the cat", "endings": ["sat", "ran", "slept"]},
+        {
+            "id": "b",
+            "context": "the dog",
+            "start": "it",
+            "endings": ["ate", "barked", "hid", "ran"],
+        },
+    ]
+    chosen = predict(choices, rows, log=lambda line: None)
+    assert [c["id"] for c in chosen] == ["0", "b"]
+    for row, choice in zip(rows, chosen, strict=True):
+        assert choice["ending"] == row["endings"][choice["label"]] and 0 < choice["score"] <= 1
