@@ -20,6 +20,11 @@ median of `--runs` runs taken in turns (local, Beam, local, ...), so that a chan
 both alike; a Beam line's ratios are the medians of its runs' ratios to the local run just
 before. Run it with nothing else on the machine; where that cannot be, say the load
 that it printed beside the figures.
+
+Where /proc is there (Linux), every run also says when each of its worker processes was last
+busy, and its CPU seconds ("workers busy until 10.2 s, 10.4 s of 10.9 s wall (CPU 5.1, 5.3)"):
+the processes of a run should finish together, a worker that ends seconds before the other is
+idle while the run waits (sampled every 0.1 s from each process's CPU time).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,19 +76,87 @@ def write_corpus(path: str, megabytes: float) -> int:
     return words
 
 
-def run_once(python: str, argv: list[str]) -> tuple[float, float]:
-    """One command: its wall and CPU seconds (the machine's load average, before it, is kept in
-    ``LOADS``)."""
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_by_process() -> dict[int, tuple[int, float]]:
+    """Every process's parent and CPU seconds (user + system), from /proc; {} without it."""
+    found = {}
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        found[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)
+    return found
+
+
+class BusyWatch(threading.Thread):
+    """The processes below ``root``: when each was last seen using CPU (seconds after
+    ``started``) and its CPU seconds, sampled every ``every`` seconds."""
+
+    def __init__(self, root: int, started: float, every: float = 0.1):
+        super().__init__(daemon=True)
+        self.root, self.started, self.every = root, started, every
+        self.busy: dict[int, list[float]] = {}  # pid -> [last busy, CPU seconds]
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every):
+            now = time.perf_counter() - self.started
+            table = _cpu_by_process()
+            below, todo = set(), [self.root]
+            while todo:
+                pid = todo.pop()
+                below.add(pid)
+                todo.extend(p for p, (parent, _) in table.items() if parent == pid)
+            for pid in below - {self.root}:
+                seen = self.busy.setdefault(pid, [now, 0.0])
+                if table[pid][1] > seen[1]:
+                    seen[:] = [now, table[pid][1]]
+
+    def workers(self, least_cpu: float = 0.5) -> list[tuple[float, float]]:
+        """(last busy, CPU seconds) of each process that did work (``least_cpu``), by when it
+        was last busy."""
+        return sorted((last, cpu) for last, cpu in self.busy.values() if cpu >= least_cpu)
+
+
+def run_once(python: str, argv: list[str]) -> tuple[float, float, list[tuple[float, float]]]:
+    """One command: its wall and CPU seconds, and its worker processes' (last busy, CPU
+    seconds) (the machine's load average, before it, is kept in ``LOADS``)."""
     LOADS.append(os.getloadavg()[0])
     started = time.perf_counter()
-    done = subprocess.run(
-        [python, "-c", _CHILD, *argv], capture_output=True, text=True, cwd=REPO, check=False
+    child = subprocess.Popen(
+        [python, "-c", _CHILD, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
+    watch = BusyWatch(child.pid, started)
+    watch.start()
+    stdout, stderr = child.communicate()
     wall = time.perf_counter() - started
-    found = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("CPU ")]
+    watch.done.set()
+    watch.join()
+    found = [json.loads(line[4:]) for line in stdout.splitlines() if line.startswith("CPU ")]
     if not found or found[0]["code"] != 0:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
-    return wall, found[0]["cpu"]
+        raise SystemExit(f"{' '.join(argv)} failed:\n{stderr[-3000:]}")
+    return wall, found[0]["cpu"], watch.workers()
+
+
+def busy_words(wall: float, workers: list[tuple[float, float]]) -> str:
+    """ "workers busy until 10.2 s, 10.4 s of 10.9 s wall (CPU 5.1, 5.3)"."""
+    if not workers:
+        return f"{wall:.1f} s wall, no worker process of its own (or no /proc to see one)"
+    until = ", ".join(f"{last:.1f} s" for last, _ in workers)
+    cpu = ", ".join(f"{cpu:.1f}" for _, cpu in workers)
+    return f"workers busy until {until} of {wall:.1f} s wall (CPU {cpu})"
 
 
 LOADS: list[float] = []
@@ -130,6 +204,7 @@ def main() -> None:
         "Beam / local, wall | Beam / local, CPU |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    busy: list[str] = []  # each run's worker processes, in words
     try:
         for megabytes in sizes:
             corpus = os.path.join(work, f"corpus-{megabytes:g}MB.txt")
@@ -156,7 +231,12 @@ def main() -> None:
                         output = os.path.join(work, "out")
                         shutil.rmtree(output, ignore_errors=True)
                         argv = [*common, "--output", output, *extra]
-                        measured[name].append(run_once(python, argv))
+                        wall, cpu, workers = run_once(python, argv)
+                        measured[name].append((wall, cpu))
+                        busy.append(
+                            f"{name}, {count} process(es), {megabytes:g} MB: "
+                            f"{busy_words(wall, workers)}"
+                        )
                         digests[name] = records_digest(output)
                     if len({json.dumps(d, sort_keys=True) for d in digests.values()}) != 1:
                         raise SystemExit(
@@ -183,6 +263,9 @@ def main() -> None:
             f"\nLoad average (1 min) before each run: {min(LOADS):.1f} to {max(LOADS):.1f}, median "
             f"{statistics.median(LOADS):.1f}, on {os.cpu_count()} cores."
         )
+        print("\nEach run's worker processes (when last busy, CPU seconds):")
+        for line in busy:
+            print(f"  {line}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

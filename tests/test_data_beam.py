@@ -341,3 +341,29 @@ def test_a_run_shows_bert_jax_progress_and_hides_beams_lines(corpora, tmp_path):
         corpora, tmp_path / "verbose", *TWO_PROCESSES, "--default_sdk_harness_log_level=INFO"
     )
     assert "apache_beam" in asked and "groups written 4/4" in asked
+
+
+def test_a_run_refused_after_its_workers_started_leaves_none(corpora, tmp_path):
+    """The FnApiRunner's worker processes start before the command's own checks (to import Beam
+    meanwhile): a check that refuses the run (--max-seq-length past every size preset) is still
+    its one line, and ends them: no process of theirs and no folder of theirs is left."""
+    argv = [*_argv(corpora["parquet"], tmp_path / "never", "--runner", "beam")]
+    argv[argv.index("--max-seq-length") + 1] = "100000"
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "bert_jax.cli", *argv, "--", *TWO_PROCESSES],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "TMPDIR": str(temporary)},
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and "--max-seq-length" in err[0], done.stderr
+    assert os.listdir(temporary) == []  # Standbys' folder and the workers' log: removed
+    assert not (tmp_path / "never").exists()
+    # A waiting worker process ends with the command (it watches its parent): none is left.
+    mine = subprocess.run(["pgrep", "-f", str(temporary)], capture_output=True, text=True)
+    assert mine.stdout.strip() == "", mine.stdout

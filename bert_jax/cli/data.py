@@ -139,15 +139,9 @@ def _add_data(subparsers) -> None:
 
 
 def _prepare(args) -> int:
-    import logging
     import shlex
-    import sys
 
-    from bert_jax.data.preparation.local_runner import prepare_records
-    from bert_jax.data.preparation.settings import PrepareSettings
-    from bert_jax.runtime import declarations
     from bert_jax.runtime.errors import UserError
-    from bert_jax.training import config_checks
 
     for flag in _SEVERAL_MACHINES:
         if getattr(args, flag[2:].replace("-", "_")) is not None:
@@ -166,6 +160,28 @@ def _prepare(args) -> int:
     if missing:
         verb = "is" if len(missing) == 1 else "are"
         raise UserError(f"{' and '.join(missing)} {verb} required")
+    workers = None
+    if args.runner == "beam" and not args.dry_run:
+        # The FnApiRunner's worker processes start now, to import Beam while this process
+        # imports the rest (beam_workers.LocalWorkers); prepare_with_beam closes them.
+        from bert_jax.data.preparation.beam_workers import LocalWorkers
+
+        workers = LocalWorkers(beam_args)
+    try:
+        return _prepare_checked(args, beam_args, workers)
+    finally:
+        if workers is not None:  # closed by prepare_with_beam, unless a check refused the run
+            workers.close()
+
+
+def _prepare_checked(args, beam_args: list[str], workers) -> int:
+    import logging
+    import sys
+
+    from bert_jax.data.preparation.local_runner import prepare_records
+    from bert_jax.data.preparation.settings import PrepareSettings
+    from bert_jax.runtime import declarations
+    from bert_jax.training import config_checks
 
     # Records no size preset can read are refused before any work (--max-seq-length 100000).
     config_checks.check_sequence_length(args.max_seq_length, "--max-seq-length")
@@ -177,7 +193,13 @@ def _prepare(args) -> int:
         from bert_jax.data.preparation import beam_pipeline as beam
 
         result = beam.prepare_with_beam(
-            args.input, args.tokenizer, args.output, settings, beam_args, dry_run=args.dry_run
+            args.input,
+            args.tokenizer,
+            args.output,
+            settings,
+            beam_args,
+            dry_run=args.dry_run,
+            workers=workers,
         )
         if isinstance(result, str) or result is None:
             print(

@@ -52,8 +52,6 @@ import logging
 import os
 import pickle
 import re
-import shutil
-import tempfile
 import time
 import traceback
 
@@ -331,46 +329,41 @@ def prepare_with_beam(
     *,
     dry_run: bool = False,
     output_what: str = "--output",
+    workers: beam_workers.LocalWorkers | None = None,
 ):
     """``data prepare --runner beam``: the records of ``local_runner.prepare_records`` written by a
     Beam pipeline run with ``beam_args``. Returns the PrepareResult where the runner waits for
     the job (the FnApiRunner, or Dataflow without ``--no_wait``), else None; with ``dry_run``,
-    the text of ``describe_beam_run`` (nothing is written or run)."""
+    the text of ``describe_beam_run`` (nothing is written or run). ``workers``: the
+    FnApiRunner's worker processes, started by the caller ahead (``beam_workers.LocalWorkers``;
+    closed here), else started here."""
     started = time.time()
     if dry_run:
+        if workers is not None:
+            workers.close()
         checked = prepare_lib.check_run(sources, tokenizer, output_dir, settings, output_what)
         return describe_beam_run(checked, beam_args)
+    if workers is None:
+        workers = beam_workers.LocalWorkers(beam_args)
     # Beam logs as it is imported (to the root logger): hidden from the start, until its option
     # says otherwise.
     hide = beam_watch.HideBeam(logging.ERROR)
     handlers = logging.getLogger().handlers or [logging.lastResort]
     for handler in handlers:
         handler.addFilter(hide)
-    # The FnApiRunner's worker processes start first, to import Beam while this process does.
-    count, shown = beam_workers.planned(beam_args)
-    workers_log = None  # what they print, kept where the job fails with a bug
-    if count and not shown:
-        workers_log = os.path.join(tempfile.mkdtemp(prefix="bert-jax-beam-"), "workers.log")
-    standbys = beam_workers.Standbys(count, workers_log) if count else None
     failed = True
     try:
         job = (sources, tokenizer, output_dir, settings, beam_args, output_what, started)
-        result = _run(*job, hide, standbys)
+        result = _run(*job, hide, workers.standbys)
         failed = False
         return result
     except UserError:
         failed = False  # one line says it all
         raise
     finally:
-        if standbys is not None:
-            standbys.close()
+        workers.close(failed)
         for handler in handlers:
             handler.removeFilter(hide)
-        if workers_log is not None:
-            if failed and os.path.exists(workers_log):
-                logger.error("Beam's worker processes' output: %s", workers_log)
-            else:
-                shutil.rmtree(os.path.dirname(workers_log), ignore_errors=True)
 
 
 def _run(sources, tokenizer, output_dir, settings, beam_args, output_what, started, hide, standbys):

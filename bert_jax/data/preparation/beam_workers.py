@@ -1,13 +1,15 @@
 """The FnApiRunner's worker processes on this machine (``--direct_running_mode=multi_processing``):
-started ahead, while this process imports Beam and builds the pipeline, and quick to leave.
+started ahead, as soon as the command knows it runs Beam (``LocalWorkers``), and quick to leave.
 
 Beam starts its worker processes when the pipeline's first stage runs, each importing Beam
-(about 0.7 s) while this process waits; on a small input that is a good part of the job. So
-``Standbys`` starts them first: each imports Beam's worker and the pipeline's steps, then waits
-for Beam's call. The command Beam is given (``local_runner``) is a small interpreter without
-site-packages that claims a waiting process (renames its ``slot-I``), hands it its environment
-(Beam's addresses, the worker's id and options: ``env-I``) and waits for it to end (the lock
-``lock-I`` that the waiting process holds for life), ending with its exit status (``status-I``).
+(about a CPU second) while this process waits; on a small input that is a good part of the job.
+So ``Standbys`` starts them first, before the command imports the rest of bert-jax (JAX among
+it), imports Beam and checks the run: each imports Beam's worker and the pipeline's steps on a
+core this process leaves idle meanwhile, then waits for Beam's call. The command Beam is given
+(``local_runner``) is a small interpreter without site-packages that claims a waiting process
+(renames its ``slot-I``), hands it its environment (Beam's addresses, the worker's id and
+options: ``env-I``) and waits for it to end (the lock ``lock-I`` that the waiting process holds
+for life), ending with its exit status (``status-I``).
 Where no process waits (Beam asks for more than were started), it becomes Beam's worker itself.
 
 A worker ends, once Beam's worker loop returns, without the interpreter's teardown: the runner
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import logging
 import multiprocessing
 import os
 import shlex
@@ -30,6 +33,8 @@ import sys
 import tempfile
 
 from bert_jax.data.preparation.beam_watch import LOG_LEVEL_OPTION
+
+logger = logging.getLogger(__name__)
 
 # Beam's worker, then out without the interpreter's teardown.
 _RUN_WORKER = (
@@ -134,6 +139,37 @@ class Standbys:
                 process.kill()
             process.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class LocalWorkers:
+    """The FnApiRunner's worker processes on this machine that ``beam_args`` ask for
+    (``Standbys``; none for another runner), started as soon as the command knows
+    it runs Beam: each imports Beam and the pipeline's steps (about a CPU second) while the
+    launching process imports the rest and checks the run, so they are ready, together, when
+    the first stage starts. What they print goes to a file kept only where the job fails with
+    a bug (unless Beam's log level option shows it)."""
+
+    def __init__(self, beam_args: list[str]):
+        count, shown = planned(beam_args)
+        self.log = None
+        if count and not shown:
+            self.log = os.path.join(tempfile.mkdtemp(prefix="bert-jax-beam-"), "workers.log")
+        self.standbys = Standbys(count, self.log) if count else None
+        self.closed = False
+
+    def close(self, failed: bool = False) -> None:
+        """Ends the processes Beam did not call; their output's file goes, unless ``failed``
+        (a bug, not a user error: its path is logged). Once: a second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.standbys is not None:
+            self.standbys.close()
+        if self.log is not None:
+            if failed and os.path.exists(self.log):
+                logger.error("Beam's worker processes' output: %s", self.log)
+            else:
+                shutil.rmtree(os.path.dirname(self.log), ignore_errors=True)
 
 
 class _Parser(argparse.ArgumentParser):
