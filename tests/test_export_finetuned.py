@@ -65,11 +65,15 @@ def _config(family: str, tokenizer) -> BertConfig | ModernBertConfig:
 
 
 def _task(head: str) -> dict:
-    options = {"doc_stride": 32, "max_query_length": 16} if head == "span" else {}
-    labels = LABELS.get(head, [])
-    return {"name": TASKS[head], "head": head, "labels": labels, "max_seq_length": 64}  | {
-        "settings": {"eval_batch_size": 4}, "options": options
-    }  # fmt: skip
+    """The task entry `finetune` would write for the head kind (model_dir's format)."""
+    return {
+        "name": TASKS[head],
+        "head": head,
+        "labels": LABELS.get(head, []),
+        "max_seq_length": 64,
+        "settings": {"eval_batch_size": 4},
+        "options": {"doc_stride": 32, "max_query_length": 16} if head == "span" else {},
+    }
 
 
 @pytest.fixture(scope="module", params=["bert", "modernbert"])
@@ -104,25 +108,23 @@ def family(request, tmp_path_factory):
     return request.param, root, config, tokenizer, models
 
 
-def _module(config, head: str, width: int):
-    """bert-jax's module of the head (what fine-tuning trains and predict runs)."""
-    modern = isinstance(config, ModernBertConfig)
-    if head in ("classification", "regression"):
-        cls = (
-            modernbert_pooled.ModernBertForSequenceClassification
-            if modern
-            else pooled.BertForSequenceClassification
-        )
-        return cls(config, width)
-    if head == "multiple_choice":
-        return (
-            modernbert_pooled.ModernBertForMultipleChoice
-            if modern
-            else pooled.BertForMultipleChoice
-        )(config)
-    return (per_token.ModernBertForTokenOutputs if modern else per_token.BertForTokenOutputs)(
-        config, width
-    )
+# bert-jax's module of each head kind (what fine-tuning trains and predict runs), per family.
+MODULES = {
+    "bert": {
+        "classification": pooled.BertForSequenceClassification,
+        "multiple_choice": lambda config, width: pooled.BertForMultipleChoice(config),
+        "tokens": per_token.BertForTokenOutputs,
+    },
+    "modernbert": {
+        "classification": modernbert_pooled.ModernBertForSequenceClassification,
+        "multiple_choice": lambda config, width: modernbert_pooled.ModernBertForMultipleChoice(
+            config
+        ),
+        "tokens": per_token.ModernBertForTokenOutputs,
+    },
+}
+MODULE_OF_HEAD = {"classification": "classification", "regression": "classification"}
+MODULE_OF_HEAD |= {"multiple_choice": "multiple_choice", "span": "tokens", "tags": "tokens"}
 
 
 def _inputs(fast, head: str) -> dict:
@@ -165,7 +167,7 @@ def test_export_loads_strictly_and_gives_bert_jax_logits(family):
         ).numpy()
         params = model_dir.load_model_dir(model).params
         segments = inputs.get("token_type_ids", torch.zeros_like(inputs["input_ids"]))
-        forward = jax.jit(_module(config, head, width).apply)
+        forward = jax.jit(MODULES[name][MODULE_OF_HEAD[head]](config, width).apply)
         arrays = [inputs[key].numpy() for key in ("input_ids", "attention_mask")]
         ours = np.asarray(forward({"params": params}, *arrays, segments.numpy()))
         if head in ("span", "tags"):  # padding positions differ by definition: the real ones
