@@ -110,6 +110,9 @@ def test_two_beam_workers_write_the_records_of_the_local_path(corpora, kind, tmp
     outcome = run_cli(capsys, [*_argv(inputs, beam, "--runner", "beam"), "--", *TWO_PROCESSES])
     assert outcome.code == 0, outcome.err
     _assert_same_records(local, beam)
+    # The same held-out count of the corpus, and why, that the summary says.
+    held = [json.loads((d / "stats-0-of-1.json").read_text())["heldout"] for d in (local, beam)]
+    assert held[0] == held[1] and held[0]["of_corpus"]["documents"] > held[0]["documents"] > 0
     config = json.loads((beam / "prepare_config.json").read_text())
     assert config["num_groups"] == 3 and config["format_version"] == FORMAT_VERSION
     plan = check_run(inputs, embedded_spm_dir(), tmp_path / "plan", _settings())
