@@ -142,6 +142,30 @@ def reference_model(cls, head: str, params: dict, **config_fields):
     return model
 
 
+def span_padding_masked(cls):
+    """transformers' question-answering model `cls` with the padding masked out of its span
+    softmax, as bert-jax's span loss has it: the logits at padding positions set to
+    `token_tuning.PADDING_LOGIT`, then its loss (the mean of the start and end cross-entropies).
+    Unmasked, its loss would depend on how far a batch is padded."""
+
+    class SpanPaddingMasked(cls):
+        def forward(self, attention_mask, start_positions, end_positions, **inputs):
+            outputs = super().forward(attention_mask=attention_mask, **inputs)
+            padding = attention_mask == 0
+            losses = [
+                torch.nn.functional.cross_entropy(
+                    logits.masked_fill(padding, token_loop.PADDING_LOGIT), positions
+                )
+                for logits, positions in (
+                    (outputs.start_logits, start_positions),
+                    (outputs.end_logits, end_positions),
+                )
+            ]
+            return types.SimpleNamespace(loss=(losses[0] + losses[1]) / 2)
+
+    return SpanPaddingMasked
+
+
 def trainer_defaults() -> dict:
     """TrainingArguments' defaults, read from the dataclass (building one needs `accelerate`)."""
     return {f.name: f.default for f in dataclasses.fields(transformers.TrainingArguments)}
@@ -285,7 +309,9 @@ def test_squad_steps_equal_transformers():
         key: arrays[key] for key in (*token_loop.MODEL_KEYS, "start_positions", "end_positions")
     }
     recorder, before, after = train_ours(tuner, lambda r: token_loop.gather_rows(inputs, r))
-    reference = reference_model(transformers.BertForQuestionAnswering, "qa_outputs", before)
+    reference = reference_model(
+        span_padding_masked(transformers.BertForQuestionAnswering), "qa_outputs", before
+    )
 
     def to_inputs(batch):
         return {

@@ -62,9 +62,9 @@ def test_run_steps_takes_every_batch_of_every_epoch_with_the_recipe_rates_and_re
     assert evaluated == [3, 6]  # after each epoch; the end is the second epoch's
     assert [h["epoch"] for h in trained.history] == [1.0, 2.0]
     progress = [line for line in lines if " loss " in line]
-    assert len(progress) == 2
+    assert len(progress) == 3  # every ceil(6 / 4) = 2 steps: a short run logs at least 4 times
     pattern = (
-        r"TASK step (3|6)/6 loss 2\.0000 lr \S+ [\d.]+ steps/s [\d.]+ examples/s ETA \d+m\d\ds"
+        r"TASK step (2|4|6)/6 loss 2\.0000 lr \S+ [\d.]+ steps/s [\d.]+ examples/s ETA \d+m\d\ds"
     )
     assert all(re.fullmatch(pattern, line) for line in progress), progress
 
@@ -79,3 +79,23 @@ def test_the_recipes_differ_in_warmup_rounding_and_where_the_decay_starts():
     np.testing.assert_allclose(ours[:4], [0.0, 0.5, 1.0, 22 / 23])  # the peak, then the decay
     np.testing.assert_allclose(original[:3], [0.0, 0.5, 1 - 2 / 25])  # google-research/bert's
     np.testing.assert_allclose(hf[:5], [0.0, 1 / 3, 2 / 3, 1.0, 21 / 22])  # from the warmup's end
+
+
+def test_a_short_run_logs_progress_at_least_four_times():
+    """39 steps at --log-every 100 (a short GLUE run) log at steps 10, 20, 30 and 39; a long run
+    keeps --log-every."""
+    settings = loop.FinetuneSettings(epochs=1.0, batch_size=4, log_every=100)
+    lines = []
+    tuning_loop.run_steps(
+        CountingTuner(),
+        types.SimpleNamespace(params=0),
+        jax.random.key(0),
+        settings,
+        39 * 4,
+        lambda rows: {"weights": (rows >= 0).astype(np.float32)},
+        lambda params: {},
+        lines.append,
+    )
+    logged = [int(re.match(r"step (\d+)/39 ", line)[1]) for line in lines if " loss " in line]
+    assert logged == [10, 20, 30, 39]
+    assert tuning_loop.log_interval(100, 1000) == 100 and tuning_loop.log_interval(100, 2) == 1

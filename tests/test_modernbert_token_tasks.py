@@ -30,6 +30,7 @@ from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an aut
     SETTINGS,
     one_device_mesh,
     one_torch_thread,
+    span_padding_masked,
 )
 from tests.test_modernbert_finetune import _steps_equal
 from tests.test_ner import _synthetic_conll as synthetic_conll
@@ -205,8 +206,8 @@ def test_span_steps_equal_transformers_question_answering(dirs):
     # Every padding query within reach of a real key in the sliding-window layer: one out of
     # reach has every key masked, and there transformers' eager attention (the mask added to the
     # scores) passes gradient to its scores where ours (`jnp.where`) passes none, to values the
-    # forward pass does not read (the row's weights are uniform on both sides). Span losses
-    # read padding positions, so that gradient reaches the loss; tags' losses do not.
+    # forward pass does not read (the row's weights are uniform on both sides). With the padding
+    # masked out of the span softmax no loss reads those positions (as tags' losses do not).
     arrays = _modernbert_rows(rng, SEQ_LEN - CONFIG.local_attention // 2)
     lengths = arrays["input_mask"].sum(axis=1)
     starts = np.array([rng.integers(0, n - 1) for n in lengths], np.int32)
@@ -219,7 +220,7 @@ def test_span_steps_equal_transformers_question_answering(dirs):
         token_loop.SPAN,
         2,
         arrays,
-        transformers.ModernBertForQuestionAnswering,
+        span_padding_masked(transformers.ModernBertForQuestionAnswering),
         lambda batch: {
             "start_positions": batch["start_positions"].astype(np.int64),
             "end_positions": batch["end_positions"].astype(np.int64),

@@ -37,9 +37,10 @@ from bert_jax.finetune.reports import run_report
 from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tuning import tuning_loop
+from bert_jax.finetune.tuning.batches import Buckets, row_lengths
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
-from bert_jax.finetune.tuning.token_tuning import gather_rows, predict_logits
+from bert_jax.finetune.tuning.token_tuning import predict_logits
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 
@@ -189,9 +190,11 @@ def run_feature_ner(
     bound = _BoundTuner(tuner, jax.device_put(encoder_params, tuner.replicated))
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     kept: dict[str, Any] = {}
+    # At the stored length: the tagger's LSTM reads every word position, padding included.
+    buckets = Buckets((length,))
 
     def score(sentences, windows, arrays, params):
-        words = predict_logits(bound, params, arrays, settings.eval_batch_size, _KEYS)
+        words = predict_logits(bound, params, arrays, settings.eval_batch_size, _KEYS, buckets)
         logits = feature_tagger.token_logits(words, arrays, length)
         predicted = ner.predicted_tags(sentences, windows, logits, labels, iob1)
         return ner.conlleval([s.tags for s in sentences], predicted), predicted
@@ -207,10 +210,12 @@ def run_feature_ner(
         dropout_rng,
         settings,
         len(train_windows),
-        lambda rows: gather_rows(inputs, rows),
+        lambda rows: buckets.gather(inputs, rows),
         evaluate,
         log,
         name=f"conll2003[{variant}]",
+        lengths=row_lengths(inputs["input_mask"]),
+        buckets=buckets,
     )
     outputs = {"dev_predictions.txt": ner.conll_text(dev, kept["dev"])}
     result: dict[str, Any] = {"dev_metrics": trained.dev}

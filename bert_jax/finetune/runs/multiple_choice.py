@@ -44,10 +44,11 @@ from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.tasks import glue_metrics, swag
 from bert_jax.finetune.tuning import tuning_loop
+from bert_jax.finetune.tuning.batches import Buckets, row_lengths
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
-from bert_jax.finetune.tuning.token_tuning import MODEL_KEYS, gather_rows, predict_logits
+from bert_jax.finetune.tuning.token_tuning import MODEL_KEYS, predict_logits
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
 
@@ -213,9 +214,15 @@ def train_and_predict(
     state = tuner.init(init_rng, encoder.bert_params)
     train_inputs = {key: arrays["train"][key] for key in (*MODEL_KEYS, "labels")}
     kept: dict[str, np.ndarray] = {}
+    buckets = Buckets.for_settings(settings)  # a row's length: its longest choice's
+
+    def predicted(params, split):
+        return predict_logits(
+            tuner, params, arrays[split], settings.eval_batch_size, buckets=buckets
+        )
 
     def evaluate(params):
-        kept["dev"] = predict_logits(tuner, params, arrays["dev"], settings.eval_batch_size)
+        kept["dev"] = predicted(params, "dev")
         return accuracy(kept["dev"], arrays["dev"]["labels"])
 
     trained = tuning_loop.run_steps(
@@ -224,10 +231,12 @@ def train_and_predict(
         dropout_rng,
         settings,
         len(splits["train"]),
-        lambda rows: gather_rows(train_inputs, rows),
+        lambda rows: buckets.gather(train_inputs, rows),
         evaluate,
         log,
         name=swag.TASK_NAME,
+        lengths=row_lengths(train_inputs["input_mask"]),
+        buckets=buckets,
     )
     if on_trained is not None:
         on_trained({"params": trained.state.params})
@@ -238,9 +247,7 @@ def train_and_predict(
     share = 100.0 * majority["counts"][choice] / max(len(dev_labels), 1)
     summary = {"dev": {swag.TASK_NAME: glue_metrics.class_summary(_choices(kept["dev"]), ENDINGS)}}
     if "test" in arrays:
-        scores = predict_logits(
-            tuner, trained.state.params, arrays["test"], settings.eval_batch_size
-        )
+        scores = predicted(trained.state.params, "test")
         outputs["test_predictions.csv"] = predictions_csv(splits["test"], scores)
         summary["test"] = {"test": glue_metrics.class_summary(_choices(scores), ENDINGS)}
     result = {

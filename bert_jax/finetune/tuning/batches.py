@@ -1,7 +1,16 @@
-"""A task's splits as fixed-length arrays, and the fixed-shape batches a run reads from them.
+"""A task's splits as fixed-length arrays, and the batches a run reads from them, each padded to
+its length bucket.
 
-Batches have a fixed shape: the last training and evaluation batches are filled up with rows of
-weight 0. The training order is deterministic given the seed.
+Splits keep every row at `max_seq_length` (the stored arrays); a batch is cut from them to the
+shortest bucket (`bucket_lengths`) that holds its longest real row (`padded_length`), so the
+compiled steps see a handful of static shapes and no step computes more than about half again
+the positions its rows need. Padding is masked everywhere it could count (attention's keys, the
+pooled mean, the per-token losses), so a batch's outputs at its real positions do not depend on
+which bucket it was padded to. `gather_rows` is the one gather every task uses, for training,
+evaluation and prediction.
+
+The last training and evaluation batches are filled up with rows of weight 0. The training order
+is deterministic given the seed; `group_by_length` orders rows into batches of similar length.
 """
 
 from __future__ import annotations
@@ -98,11 +107,20 @@ def num_train_steps(num_examples: int, epochs: float, batch_size: int) -> int:
     return max(1, math.ceil(epochs * steps_per_epoch(num_examples, batch_size)))
 
 
-def train_order(num_examples: int, epochs: float, batch_size: int, seed: int) -> np.ndarray:
+def train_order(
+    num_examples: int,
+    epochs: float,
+    batch_size: int,
+    seed: int,
+    lengths: np.ndarray | None = None,
+) -> np.ndarray:
     """Row indices of every training batch, [steps, batch_size]; -1 marks padding rows.
 
     Each epoch is a fresh permutation cut into `steps_per_epoch` batches, the last one partial, so
-    every example is seen once per epoch; a fractional last epoch takes its first batches.
+    every example is seen once per epoch; a fractional last epoch takes its first batches. With
+    `lengths` (each row's real tokens: `group_by_length`), each permutation is then cut into
+    mega-batches of `group_size` rows, each sorted by length (longest first), as transformers'
+    LengthGroupedSampler does: batches of similar length, in an order still drawn by the seed.
     """
     if num_examples <= 0:
         raise UserError("no training examples")
@@ -114,8 +132,28 @@ def train_order(num_examples: int, epochs: float, batch_size: int, seed: int) ->
     epochs_started = math.ceil(total / per_epoch)
     order = np.full((epochs_started, per_epoch * batch_size), -1, np.int64)
     for epoch in range(epochs_started):
-        order[epoch, :num_examples] = rng.permutation(num_examples)
+        permutation = rng.permutation(num_examples)
+        if lengths is not None:
+            permutation = grouped_by_length(permutation, lengths, batch_size)
+        order[epoch, :num_examples] = permutation
     return order.reshape(epochs_started * per_epoch, batch_size)[:total]
+
+
+def group_size(num_examples: int, batch_size: int) -> int:
+    """Rows in a `group_by_length` mega-batch: transformers' rule, 50 batches, fewer where the
+    data holds less than 200 batches (a quarter of the data's batches), at least one batch."""
+    return max(1, min(num_examples // (batch_size * 4), 50)) * batch_size
+
+
+def grouped_by_length(permutation: np.ndarray, lengths: np.ndarray, batch_size: int) -> np.ndarray:
+    """`permutation` with each mega-batch of `group_size` rows sorted by length, longest first
+    (ties keep the permutation's order): the same rows, in batches of similar length."""
+    size = group_size(len(permutation), batch_size)
+    grouped = [
+        chunk[np.argsort(-lengths[chunk], kind="stable")]
+        for chunk in np.split(permutation, range(size, len(permutation), size))
+    ]
+    return np.concatenate(grouped)
 
 
 def epoch_end_steps(num_examples: int, epochs: float, batch_size: int) -> list[int]:
@@ -134,12 +172,134 @@ def host_rows(global_rows: np.ndarray) -> np.ndarray:
     return global_rows[index * share : (index + 1) * share]
 
 
-def gather_batch(split: EncodedSplit, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Features, labels and weights of `rows`; padding rows (-1) repeat row 0 with weight 0."""
-    valid = rows >= 0
-    picked = np.where(valid, rows, 0)
-    batch = {key: split.features[key][picked] for key in FEATURE_KEYS}
+# ------------------------------------------------------------------------------------------------
+# Length buckets
+# ------------------------------------------------------------------------------------------------
+
+# The shortest bucket: GLUE's single sentences are 10-30 tokens, and below 16 a step's fixed
+# costs outweigh the positions saved (each bucket more is one compile more).
+SHORTEST_BUCKET = 16
+
+
+def bucket_lengths(max_seq_length: int) -> tuple[int, ...]:
+    """The lengths a batch may be padded to: 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, ...
+    (each power of two and the 1.5x one between) below `max_seq_length`, then `max_seq_length`.
+
+    Each bucket is at most 1.5x the one below, so a batch computes at most 1.5x the positions its
+    longest row needs (about 1.2x on average), and their number grows with the log of the length
+    (7 at 128, 10 at 384, 11 at 512): a run compiles the few its batches reach (random batches of
+    16 or 32 rows reach 1-3, their longest rows being alike). Every bucket is a multiple of 8
+    (the sublane tile of accelerators). Multiples of 16 or 32 would fit mid-length batches closer
+    but take 24-32 shapes at 384-512, a compile each where a run reaches them (evaluation sorts
+    its rows by length and reaches every one); measured on prose SWAG rows at 128 tokens,
+    multiples of 16 pad 1.81x the real tokens and this ladder 2.05x, with one shape fewer.
+    """
+    ladder, power = [], SHORTEST_BUCKET
+    while power < max_seq_length:  # 16, 24, 32, 48, ...
+        ladder += [length for length in (power, power * 3 // 2) if length < max_seq_length]
+        power *= 2
+    return (*ladder, max_seq_length)
+
+
+def padded_length(real_lengths: np.ndarray | Sequence[int], buckets: Sequence[int]) -> int:
+    """The length a batch is padded to: the shortest of `buckets` (ascending) that holds its
+    longest row (`real_lengths`: each row's real tokens, `row_lengths`); the longest bucket for an
+    empty batch. A row longer than every bucket is a ValueError (the buckets end at the stored
+    length, which holds every row)."""
+    longest = int(np.max(real_lengths)) if len(real_lengths) else buckets[-1]
+    for length in buckets:
+        if length >= longest:
+            return int(length)
+    raise ValueError(f"a row of {longest} tokens is longer than every bucket {tuple(buckets)}")
+
+
+def row_lengths(input_mask: np.ndarray) -> np.ndarray:
+    """Each row's real tokens, [N] from `input_mask` [N, ..., L]: one past its last unmasked
+    position (a multiple-choice row: its longest choice)."""
+    if input_mask.shape[-1] == 0:
+        return np.zeros(len(input_mask), np.int64)
+    positions = np.arange(1, input_mask.shape[-1] + 1)
+    ends = np.max(np.where(input_mask != 0, positions, 0), axis=-1)
+    return ends.reshape(len(input_mask), -1).max(axis=1)
+
+
+def gather_rows(
+    arrays: Mapping[str, np.ndarray], rows: np.ndarray, buckets: Sequence[int] | None = None
+) -> dict[str, np.ndarray]:
+    """This host's share of the global batch `rows` (row indices of `arrays`; -1: a padding row,
+    which repeats row 0 with weight 0), with its `weights` (and `label_weights`, where given,
+    times them).
+
+    `arrays` hold one row per example; those shaped like `input_ids` ([N, ..., L]: the token
+    arrays, per-token labels) are cut on their last axis to the bucket of the global batch's
+    longest real row (`padded_length` over `buckets`, default `bucket_lengths(L)`; `(L,)` keeps
+    the stored length), the same on every host; the rest ([N] labels, answer positions) are
+    taken whole.
+    """
+    stored = arrays["input_ids"].shape[1:]
+    buckets = bucket_lengths(stored[-1]) if buckets is None else buckets
+    real = rows[rows >= 0]
+    length = min(padded_length(row_lengths(arrays["input_mask"][real]), buckets), stored[-1])
+    local = host_rows(rows)
+    valid = local >= 0
+    picked = np.where(valid, local, 0)
+    batch = {
+        key: (value[..., :length] if value.shape[1:] == stored else value)[picked]
+        for key, value in arrays.items()
+    }
     batch["weights"] = valid.astype(np.float32)
-    if split.labels is not None:
-        batch["labels"] = split.labels[picked]
+    if "label_weights" in batch:
+        batch["label_weights"] = batch["label_weights"] * batch["weights"][:, None]
     return batch
+
+
+def gather_batch(
+    split: EncodedSplit, rows: np.ndarray, buckets: Sequence[int] | None = None
+) -> dict[str, np.ndarray]:
+    """`gather_rows` of a sentence task's split: features, labels (where the split has them),
+    weights."""
+    arrays = dict(split.features)
+    if split.labels is not None:
+        arrays["labels"] = split.labels
+    return gather_rows(arrays, rows, buckets)
+
+
+@dataclasses.dataclass
+class Buckets:
+    """A run's buckets (`for_settings`), and the padded lengths its batches took: the shapes its
+    train and predict steps compiled, which `summary` gives in one line."""
+
+    lengths: tuple[int, ...]
+    used: dict[str, set[int]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def for_settings(cls, settings: Any) -> Buckets:
+        """`bucket_lengths(max_seq_length)`, or that length alone with `pad_to_max_length`."""
+        length = settings.max_seq_length
+        return cls((length,) if settings.pad_to_max_length else bucket_lengths(length))
+
+    def gather(
+        self, arrays: Mapping[str, np.ndarray], rows: np.ndarray, kind: str = "train"
+    ) -> dict[str, np.ndarray]:
+        """`gather_rows` over these buckets, its length noted under `kind` (train, predict)."""
+        batch = gather_rows(arrays, rows, self.lengths)
+        self.used.setdefault(kind, set()).add(int(batch["input_ids"].shape[-1]))
+        return batch
+
+    def summary(self) -> str:
+        """`compiled shapes: train 2 (64, 96), predict 3 (64, 96, 128) of buckets 32, ...`."""
+        kinds = ", ".join(
+            f"{kind} {len(used)} ({', '.join(map(str, sorted(used)))})"
+            for kind, used in sorted(self.used.items(), key=lambda item: item[0] != "train")
+        )
+        return f"compiled shapes: {kinds or 'none'} of buckets {', '.join(map(str, self.lengths))}"
+
+
+def predict_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """The global batches prediction takes over rows of `lengths` (`row_lengths`): every row once,
+    in order of length, so that each batch pads to the bucket of rows like it; the last batch is
+    filled up with -1 (padding rows). A row's outputs do not depend on its batch."""
+    order = np.argsort(lengths, kind="stable")
+    padded = np.full(steps_per_epoch(len(order), batch_size) * batch_size, -1, np.int64)
+    padded[: len(order)] = order
+    return list(padded.reshape(-1, batch_size))

@@ -36,7 +36,14 @@ from bert_jax.finetune.heads.pooled import BertForSequenceClassification, Classi
 from bert_jax.finetune.tasks import glue_metrics
 from bert_jax.finetune.tasks.glue import SentenceTask
 from bert_jax.finetune.tuning import tuning_loop
-from bert_jax.finetune.tuning.batches import EncodedSplit, TaskData, gather_batch, host_rows
+from bert_jax.finetune.tuning.batches import (
+    Buckets,
+    EncodedSplit,
+    TaskData,
+    bucket_lengths,
+    predict_batches,
+    row_lengths,
+)
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
@@ -171,19 +178,25 @@ class FinetuneResult:
 
 
 def predict_split(
-    tuner: FineTuner, params: Any, split: EncodedSplit, eval_batch_size: int
+    tuner: FineTuner,
+    params: Any,
+    split: EncodedSplit,
+    eval_batch_size: int,
+    buckets: Buckets | None = None,
 ) -> np.ndarray:
-    """Raw outputs for every row of `split`, [N, num_labels]; the last batch is padded."""
-    outputs = []
-    for start in range(0, len(split), eval_batch_size):
-        rows = np.arange(start, start + eval_batch_size)
-        rows = np.where(rows < len(split), rows, -1)
-        batch = gather_batch(split, host_rows(rows))
-        batch.pop("labels", None)
+    """Raw outputs for every row of `split`, [N, num_labels], in the split's order; rows are
+    predicted in batches of similar length (`batches.predict_batches`), each padded to its bucket
+    (`buckets`: the run's; default `batches.bucket_lengths` of the split's stored length)."""
+    buckets = buckets or Buckets(bucket_lengths(split.features["input_ids"].shape[-1]))
+    outputs = None
+    for rows in predict_batches(row_lengths(split.features["input_mask"]), eval_batch_size):
+        batch = buckets.gather(split.features, rows, "predict")
         batch.pop("weights")
-        logits = tuner.predict(params, tuner.global_batch(batch))
-        outputs.append(np.asarray(logits)[rows >= 0])
-    return np.concatenate(outputs)
+        logits = np.asarray(tuner.predict(params, tuner.global_batch(batch)))
+        if outputs is None:
+            outputs = np.zeros((len(split), *logits.shape[1:]), logits.dtype)
+        outputs[rows[rows >= 0]] = logits[rows >= 0]
+    return outputs if outputs is not None else np.zeros((0, tuner.num_labels), np.float32)
 
 
 def predictions_from_outputs(task: SentenceTask, outputs: np.ndarray) -> np.ndarray:
@@ -208,13 +221,14 @@ def evaluate(
     dev: Mapping[str, EncodedSplit],
     batch_size: int,
     kept: dict[str, np.ndarray] | None = None,
+    buckets: Buckets | None = None,
 ) -> dict[str, dict[str, float]]:
     """GLUE metrics on every dev split, keyed by report name; `kept` (when given) receives the
     predictions, by split."""
     results = {}
     for split, encoded in dev.items():
         predictions = predictions_from_outputs(
-            task, predict_split(tuner, params, encoded, batch_size)
+            task, predict_split(tuner, params, encoded, batch_size, buckets)
         )
         if kept is not None:
             kept[split] = predictions
@@ -254,16 +268,22 @@ def finetune(
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
     kept: dict[str, np.ndarray] = {}  # the last evaluation's dev predictions
+    buckets = Buckets.for_settings(settings)
+    train = dict(data.train.features, labels=data.train.labels)
     trained = tuning_loop.run_steps(
         tuner,
         state,
         dropout_rng,
         settings,
         len(data.train),
-        lambda rows: gather_batch(data.train, rows),
-        lambda params: evaluate(tuner, params, task, data.dev, settings.eval_batch_size, kept),
+        lambda rows: buckets.gather(train, rows),
+        lambda params: evaluate(
+            tuner, params, task, data.dev, settings.eval_batch_size, kept, buckets
+        ),
         log,
         name=task.name,
+        lengths=row_lengths(data.train.features["input_mask"]),
+        buckets=buckets,
     )
     state, dev_metrics = trained.state, trained.dev
     if on_trained is not None:
@@ -280,7 +300,7 @@ def finetune(
         )
     test_predictions = {}
     for split, encoded in data.test.items():
-        outputs = predict_split(tuner, state.params, encoded, settings.eval_batch_size)
+        outputs = predict_split(tuner, state.params, encoded, settings.eval_batch_size, buckets)
         predictions = predictions_from_outputs(task, outputs)
         summaries["test"][split] = glue_metrics.prediction_summary(task, predictions, train_labels)
         test_predictions[split] = (list(encoded.guids), submission_strings(task, predictions))

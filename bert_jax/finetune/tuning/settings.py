@@ -141,6 +141,20 @@ class FinetuneSettings:
         trial=True,
         metavar="START",
     )
+    # Batches are padded to a length bucket (`batches.bucket_lengths`); the padding is masked, so
+    # this changes how fast a run is, not what it computes (to float rounding): no trial key.
+    pad_to_max_length: bool = setting(
+        False,
+        "pad every batch to --max-seq-length (one compiled shape) instead of to the shortest "
+        "length bucket that holds its longest row",
+    )
+    # transformers' name. It changes which rows share a batch, so what a run computes.
+    group_by_length: bool = setting(
+        False,
+        "draw training batches of similar length (each mega-batch of 50 shuffled batches sorted "
+        "by length, as transformers' LengthGroupedSampler): shorter padded steps, another order",
+        trial=True,
+    )
     eval_every_epoch: bool = setting(False, "also evaluate on dev after every epoch")
     mesh_shape: tuple[int, int, int] = setting(
         (-1, 1, 1),

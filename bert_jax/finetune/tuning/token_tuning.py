@@ -9,6 +9,12 @@ own). What differs is the model (`per_token.BertForTokenOutputs`, or for a Moder
 ModernBertForTokenClassification), the loss (`span_loss` or `token_loss`) and what prediction
 returns (logits at every position, handed to the task's own post-processing).
 
+Padding positions are masked out of the per-token outputs (`masked_padding`: their logits are
+`PADDING_LOGIT`), so the span softmax runs over the window's real tokens only. google-research/bert
+and transformers' BertForQuestionAnswering run it over the padding as well, which makes their loss
+depend on how far a batch is padded (to max_seq_length, or to its longest row with transformers'
+data collator); masked, a batch's loss, gradients and logits are the same at every bucket.
+
 A run is deterministic given its seed (head initialisation, shuffling, dropout).
 """
 
@@ -35,7 +41,13 @@ from bert_jax.finetune.heads.per_token import (
 )
 from bert_jax.finetune.heads.pooled import ClassifierHead
 from bert_jax.finetune.tuning import tuning_loop
-from bert_jax.finetune.tuning.batches import host_rows
+from bert_jax.finetune.tuning.batches import (
+    Buckets,
+    bucket_lengths,
+    gather_rows,
+    predict_batches,
+    row_lengths,
+)
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
@@ -48,6 +60,18 @@ TARGET_KEYS = {SPAN: ("start_positions", "end_positions"), TAGS: ("labels", "lab
 
 
 TokenModel = BertForTokenOutputs | ModernBertForTokenOutputs
+# The logit of every output at a padding position: no softmax over positions (the span's) or
+# classes gives it weight, and no top-n of positions picks it. Finite, so that a loss that
+# multiplies a padding position by weight 0 stays 0.
+PADDING_LOGIT = -1e4
+
+__all__ = ["gather_rows"]  # the gather every task's batches use (`batches.gather_rows`)
+
+
+def masked_padding(logits_BxLxC: Array, input_mask_BxL: Array) -> Array:
+    """Per-token outputs with every padding position's set to `PADDING_LOGIT`."""
+    real = input_mask_BxL[..., None] != 0
+    return jnp.where(real, logits_BxLxC, jnp.asarray(PADDING_LOGIT, logits_BxLxC.dtype))
 
 
 def head_loss_fn(model: TokenModel, kind: str) -> trainer.LossFn:
@@ -60,6 +84,7 @@ def head_loss_fn(model: TokenModel, kind: str) -> trainer.LossFn:
             deterministic=False,
             rngs={"dropout": dropout_rng},
         )
+        logits = masked_padding(logits, batch["input_mask"])
         if kind == SPAN:
             sums = span_loss(
                 logits,
@@ -75,7 +100,10 @@ def head_loss_fn(model: TokenModel, kind: str) -> trainer.LossFn:
 
 
 def _predict(params: Any, batch: Mapping[str, Array], *, model: TokenModel) -> Array:
-    return model.apply({"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True)
+    logits = model.apply(
+        {"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True
+    )
+    return masked_padding(logits, batch["input_mask"])
 
 
 class TokenTuner(HeadTuner):
@@ -130,37 +158,36 @@ def _token_tuner(config, num_outputs, kind, mesh, head_dropout, settings) -> Tok
     return TokenTuner(config, num_outputs, kind, mesh, head_dropout, settings)
 
 
-def gather_rows(arrays: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The rows of every array; padding rows (-1) repeat row 0 with weight 0 (also on tags)."""
-    valid = rows >= 0
-    picked = np.where(valid, rows, 0)
-    batch = {key: value[picked] for key, value in arrays.items()}
-    batch["weights"] = valid.astype(np.float32)
-    if "label_weights" in batch:
-        batch["label_weights"] = batch["label_weights"] * batch["weights"][:, None]
-    return batch
-
-
 def predict_logits(
-    tuner: TokenTuner,
+    tuner: Any,
     params: Any,
     arrays: Mapping[str, np.ndarray],
     batch_size: int,
     keys: Sequence[str] = MODEL_KEYS,
+    buckets: Buckets | None = None,
 ) -> np.ndarray:
-    """Logits [N, ...] for every row of `arrays` (the last batch is padded): `tuner` is anything
-    with `global_batch` and `predict(params, batch)`; `keys` are the arrays its model reads."""
-    count = len(arrays["input_ids"])
+    """Logits [N, ...] for every row of `arrays`, in their order: `tuner` is anything with
+    `global_batch` and `predict(params, batch)`; `keys` are the arrays its model reads. Rows are
+    predicted in batches of similar length (`batches.predict_batches`), each padded to its bucket
+    (`buckets`: the run's; default `batches.bucket_lengths` of the stored length); per-token
+    outputs ([N, L, ...]) come back at the stored length L, `PADDING_LOGIT` past each batch's."""
     inputs = {key: arrays[key] for key in keys}
-    outputs = []
-    for start in range(0, count, batch_size):
-        rows = np.arange(start, start + batch_size)
-        rows = np.where(rows < count, rows, -1)
-        batch = gather_rows(inputs, host_rows(rows))
+    stored = inputs["input_ids"].shape[-1]
+    buckets = buckets or Buckets(bucket_lengths(stored))
+    outputs = None
+    for rows in predict_batches(row_lengths(inputs["input_mask"]), batch_size):
+        batch = buckets.gather(inputs, rows, "predict")
         batch.pop("weights")
-        logits = tuner.predict(params, tuner.global_batch(batch))
-        outputs.append(np.asarray(logits)[rows >= 0])
-    return np.concatenate(outputs)
+        length = batch["input_ids"].shape[-1]
+        logits = np.asarray(tuner.predict(params, tuner.global_batch(batch)))
+        if logits.ndim >= 3:  # per token: back to the stored length
+            padding = [(0, 0), (0, stored - length)] + [(0, 0)] * (logits.ndim - 2)
+            logits = np.pad(logits, padding, constant_values=PADDING_LOGIT)
+        if outputs is None:
+            outputs = np.zeros((len(inputs["input_ids"]), *logits.shape[1:]), logits.dtype)
+        outputs[rows[rows >= 0]] = logits[rows >= 0]
+    assert outputs is not None, "no rows to predict"
+    return outputs
 
 
 def train_and_evaluate(
@@ -192,9 +219,13 @@ def train_and_evaluate(
     count = len(train_arrays["input_ids"])
     inputs = {key: train_arrays[key] for key in (*MODEL_KEYS, *TARGET_KEYS[kind])}
     kept: dict[str, np.ndarray] = {}
+    buckets = Buckets.for_settings(settings)
+
+    def predicted(params, arrays):
+        return predict_logits(tuner, params, arrays, settings.eval_batch_size, buckets=buckets)
 
     def evaluate_params(params):
-        kept["logits"] = predict_logits(tuner, params, eval_arrays, settings.eval_batch_size)
+        kept["logits"] = predicted(params, eval_arrays)
         return evaluate(kept["logits"])
 
     trained = tuning_loop.run_steps(
@@ -203,16 +234,17 @@ def train_and_evaluate(
         dropout_rng,
         settings,
         count,
-        lambda rows: gather_rows(inputs, rows),
+        lambda rows: buckets.gather(inputs, rows),
         evaluate_params,
         log,
+        lengths=row_lengths(inputs["input_mask"]),
+        buckets=buckets,
     )
     state = trained.state
     if on_trained is not None:
         on_trained({"params": state.params})
     final_logits = {
-        name: predict_logits(tuner, state.params, arrays, settings.eval_batch_size)
-        for name, arrays in (final_arrays or {}).items()
+        name: predicted(state.params, arrays) for name, arrays in (final_arrays or {}).items()
     }
     return {
         "dev_metrics": trained.dev,

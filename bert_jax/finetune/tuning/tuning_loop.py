@@ -1,8 +1,9 @@
 """The fine-tuning step loop every task shares (GLUE in `sentence_tuning.py`, SQuAD and CoNLL-2003
 in `token_tuning.py`): the checks before anything compiles, the optimizer and learning-rate
-schedule of the chosen recipe (`settings.OPTIMIZERS`), the steps over shuffled rows with a
-progress line (loss, learning rate, rate, ETA) every `log_every` steps, and evaluation after
-every epoch (`eval_every_epoch`) and at the end.
+schedule of the chosen recipe (`settings.OPTIMIZERS`), the steps over shuffled rows (grouped by
+length with `group_by_length`) with a progress line (loss, learning rate, rate, ETA) every
+`log_every` steps (at least four times a run), evaluation after every epoch
+(`eval_every_epoch`) and at the end, and one line on the shapes the run compiled.
 
 Every recipe takes an epoch as `batches.steps_per_epoch` batches, the last one partial and
 weighted by its real rows (the loss is a mean over them). The optimizer has a unit schedule
@@ -29,8 +30,8 @@ from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.core.trainer import TrainState
 from bert_jax.finetune.heads import modernbert_pooled
 from bert_jax.finetune.tuning.batches import (
+    Buckets,
     epoch_end_steps,
-    host_rows,
     steps_per_epoch,
     train_order,
 )
@@ -170,16 +171,29 @@ def run_steps(
     evaluate: Callable[[Any], Any],
     log: Callable[[str], None],
     name: str = "",
+    lengths: np.ndarray | None = None,
+    buckets: Buckets | None = None,
 ) -> Trained:
-    """Trains on `count` rows (`rows_batch(row indices)` gives this host's batch) for
-    `settings.epochs`; `evaluate(params)` after every epoch (with `eval_every_epoch`) and at the
-    end. Log lines start with `name`."""
+    """Trains on `count` rows (`rows_batch(global row indices)` gives this host's batch: see
+    `batches.gather_rows`) for `settings.epochs`; `evaluate(params)` after every epoch (with
+    `eval_every_epoch`) and at the end. Log lines start with `name`. `lengths`: each row's real
+    tokens (`batches.row_lengths`), which `group_by_length` orders by; `buckets`: the run's, whose
+    compiled shapes are logged once at the end."""
     prefix = f"{name} " if name else ""
-    order = train_order(count, settings.epochs, settings.batch_size, settings.seed)
+    if settings.group_by_length and lengths is None:
+        raise ValueError("group_by_length needs the rows' lengths")
+    order = train_order(
+        count,
+        settings.epochs,
+        settings.batch_size,
+        settings.seed,
+        lengths if settings.group_by_length else None,
+    )
     num_steps = len(order)
     rates = learning_rates(settings, num_steps)
     per_epoch = steps_per_epoch(count, settings.batch_size)
     progress = Progress(num_steps, settings.batch_size)
+    every = log_interval(settings.log_every, num_steps)
     eval_after = (
         set(epoch_end_steps(count, settings.epochs, settings.batch_size))
         if settings.eval_every_epoch
@@ -188,14 +202,14 @@ def run_steps(
     history: list[dict[str, Any]] = []
     totals = window = dev = None
     for step in range(num_steps):
-        batch = tuner.global_batch(rows_batch(host_rows(order[step])))
+        batch = tuner.global_batch(rows_batch(order[step]))
         state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
         sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
         # Summed on device: nothing waits for a step until a log line needs the numbers.
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         window = sums if window is None else jax.tree.map(jnp.add, window, sums)
         done = step + 1
-        if done % settings.log_every == 0 or done == num_steps or progress.due():
+        if done % every == 0 or done == num_steps or progress.due():
             loss = _mean_loss(window)  # waits for the step: the clock reads finished work
             log(f"{prefix}{progress.line(done, loss, float(rates[step]))}")
             window = None
@@ -207,7 +221,15 @@ def run_steps(
             history.append({"step": done, "epoch": round(epoch, 3), "dev": dev})
             log(f"{prefix}step {done} dev: {figures(dev, name)}")
     assert totals is not None
+    if buckets is not None:
+        log(f"{prefix}{buckets.summary()}")
     return Trained(state, _mean_loss(totals), num_steps, history, dev)
+
+
+def log_interval(log_every: int, num_steps: int) -> int:
+    """Steps between progress lines: `log_every`, or fewer where a run is short, so that every
+    run shows at least four lines (39 steps at log_every 100: every 10)."""
+    return max(1, min(log_every, math.ceil(num_steps / 4)))
 
 
 class Progress:
