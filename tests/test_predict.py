@@ -199,12 +199,19 @@ DOCS_RUNS = {"runs/sst2": "glue-SST-2", "runs/squad11": "squad-v1.1", "runs/ner"
 
 
 def docs_predict_commands() -> list[list[str]]:
-    """The `bert-jax predict` commands of docs/finetuning.md's "After fine-tuning" section."""
+    """The commands of docs/finetuning.md's blocks marked as run here (tests/test_predict.py)."""
     with open(os.path.join(DOCS, "finetuning.md"), encoding="utf-8") as f:
-        text = f.read()
-    section = text.split("## After fine-tuning: predict and export", 1)[1].split("\n## ", 1)[0]
-    lines = [line for line in section.splitlines() if line.startswith("bert-jax predict ")]
-    return [shlex.split(line)[1:] for line in lines]
+        lines = f.read().splitlines()
+    commands, mine, in_block = [], False, False
+    for line in lines:
+        if line.startswith("```"):
+            in_block, mine = (not in_block), mine and not in_block
+            continue
+        if line.strip() == "<!-- test: elsewhere tests/test_predict.py -->":
+            mine = True
+        elif in_block and mine and line.startswith("bert-jax "):
+            commands.append(shlex.split(line)[1:])
+    return commands
 
 
 def run_docs_commands(tmp_path, monkeypatch) -> None:
