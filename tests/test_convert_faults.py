@@ -68,6 +68,7 @@ def test_a_modernbert_config_without_its_layer_count_names_the_key(sources, tmp_
         ("modernbert", "model.layers.1.attn.Wo.weight", False),  # the encoder's: no hint
         ("modernbert", "head.dense.weight", True),  # the head's: the encoder converts alone
         ("bert", "bert.encoder.layer.0.output.dense.weight", False),
+        ("bert", "classifier.bias", True),  # a BertForSequenceClassification's head
     ],
 )
 def test_drop_heads_is_suggested_only_where_it_helps(
@@ -77,3 +78,7 @@ def test_drop_heads_is_suggested_only_where_it_helps(
     assert outcome.code == 2 and "Traceback" not in outcome.err
     assert f"missing tensor '{tensor}'" in outcome.err
     assert (HINT in outcome.err) == hint, outcome.err
+    if hint:  # and it does help: the encoder converts alone
+        source = tmp_path / f"{family}-damaged"
+        argv = ["convert", "--from", "hf", str(source), "--to", "bert-jax", str(tmp_path / "out")]
+        assert run_cli(capsys, [*argv, HINT]).code == 0

@@ -27,7 +27,15 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.convert import hf, hf_modernbert, mapping, model_dir, modernbert_names, task_heads
+from bert_jax.convert import (
+    hf,
+    hf_modernbert,
+    mapping,
+    model_dir,
+    modernbert_names,
+    strict,
+    task_heads,
+)
 from bert_jax.convert.hf import HF_EXPORT_MARKER
 from bert_jax.convert.safetensors import write_safetensors
 from bert_jax.convert.strict import ConversionError, ConversionReport
@@ -123,12 +131,19 @@ def params_from_state(
     task: Mapping[str, Any],
     origin: str,
     report: ConversionReport | None = None,
+    drop_heads: bool = False,
 ) -> dict[str, Any]:
     """A fine-tuned model's params from the tensors of a transformers task class, strictly:
-    every weight of the class present with its shape, every tensor used (the decoder ModernBERT
-    ties aside); a `ConversionError` naming each problem before anything is read otherwise."""
+    every weight of the class present with its shape, every tensor used; a `ConversionError`
+    naming each problem before anything is read otherwise (with `strict.DROP_HEADS_HINT` where
+    the encoder alone would convert). `drop_heads`: the encoder alone, the head's tensors
+    ignored."""
     table = _table(config, task)
+    encoder = [row for row in table if row[0].path[0] == task_heads.ENCODER_KEY]
+    if drop_heads:
+        table = encoder
     problems = []
+    encoder_problems = 0
     for entry, _, _, shape in table:
         if entry.hf not in shapes:
             problems.append(f"missing tensor {entry.hf!r} (shape {shape})")
@@ -137,8 +152,17 @@ def params_from_state(
                 f"tensor {entry.hf!r} has shape {tuple(shapes[entry.hf])} but this config and "
                 f"head need {tuple(shape)}"
             )
+        else:
+            continue
+        encoder_problems += entry.path[0] == task_heads.ENCODER_KEY
     wanted = {entry.hf for entry, *_ in table}
-    unused = sorted(name for name in shapes if name not in wanted)
+    prefix = encoder[0][0].hf.split(".")[0] + "."  # the encoder's names: "bert." or "model."
+    ignored = {
+        name: "head dropped on request (encoder-only output)"
+        for name in shapes
+        if drop_heads and name not in wanted and not name.startswith(prefix)
+    }
+    unused = sorted(name for name in shapes if name not in wanted and name not in ignored)
     if unused:
         shown = ", ".join(repr(name) for name in unused[:8])
         problems.append(
@@ -146,9 +170,11 @@ def params_from_state(
             f"{shown}{' and more' if len(unused) > 8 else ''}"
         )
     if problems:
+        hint = "" if drop_heads or encoder_problems else f"\n{strict.DROP_HEADS_HINT}"
         raise ConversionError(
             f"{origin} does not match the model ({len(problems)} problem(s)):\n  - "
             + "\n  - ".join(problems)
+            + hint
         )
     params: dict[str, Any] = {}
     for entry, to_ours, _, _ in table:
@@ -162,6 +188,7 @@ def params_from_state(
     if report is not None:
         report.config, report.has_heads = config, False
         report.tensors_read, report.used = len(shapes), sorted(wanted)
+        report.ignored = dict(sorted(ignored.items()))
         report.num_parameters = sum(int(np.prod(shape)) for *_, shape in table)
         if fresh:
             report.notes.append(f"no pooler in transformers' class: {', '.join(fresh)} fresh")
@@ -220,8 +247,11 @@ def _max_seq_length(path: str, positions: int) -> int:
     return min(length, positions)
 
 
-def _read_hf(path: str, report: ConversionReport) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """(config, params, task) of a transformers task-class directory."""
+def _read_hf(
+    path: str, report: ConversionReport, drop_heads: bool = False
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(config, params, task) of a transformers task-class directory (`drop_heads`: the
+    encoder's params alone)."""
     values = hf_modernbert.read_config_json(path)
     if values is None:
         raise ConversionError(f"{path} has no readable config.json")
@@ -235,7 +265,8 @@ def _read_hf(path: str, report: ConversionReport) -> tuple[Any, dict[str, Any], 
         config = hf.config_from_hf(checkpoint.config)
         shapes, read = checkpoint.shapes, checkpoint.read
     task = task_from_hf(values, path)
-    return config, params_from_state(shapes, read, config, task, origin, report), task
+    params = params_from_state(shapes, read, config, task, origin, report, drop_heads)
+    return config, params, task
 
 
 def write_hf_dir(
@@ -296,7 +327,7 @@ def convert(
         values = hf_modernbert.read_config_json(src) or {}
         modern = values.get("model_type") == hf_modernbert.MODEL_TYPE
         report = (hf_modernbert.ModernBertReport if modern else ConversionReport)("hf", src)
-        config, params, task = _read_hf(src, report)
+        config, params, task = _read_hf(src, report, drop_heads)
         tok_origin = src if has_tokenizer_files(src) else None
     else:
         loaded = load_model_dir(src)
@@ -333,6 +364,8 @@ def convert(
     else:
         labels = ", ".join(task["labels"]) or "none named"
         report.task_head = f"{task['head']} head ({architecture}; labels: {labels})"
+        if dst_format == "hf" and not modern and not mapping.TASK_OUTPUTS[task["head"]][1]:
+            report.notes.append(f"BERT's pooler left out: {architecture} has none")
     if dst_format == "bert-jax":
         model_dir.save_model_dir(
             dst,
