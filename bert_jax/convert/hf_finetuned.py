@@ -30,6 +30,7 @@ from flax import traverse_util
 from bert_jax.convert import (
     hf,
     hf_modernbert,
+    hf_tokenizer,
     mapping,
     model_dir,
     modernbert_names,
@@ -291,7 +292,9 @@ def write_hf_dir(
         return written
     if family == hf_modernbert.MODEL_TYPE:
         return written + hf_modernbert.write_hf_tokenizer(path, config, tokenizer)
-    return written + hf.write_hf_tokenizer(path, tokenizer, config.max_position_embeddings)
+    return written + hf_tokenizer.write_hf_tokenizer(
+        path, tokenizer, config.max_position_embeddings
+    )
 
 
 # --- `bert-jax convert` ---

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import hf, model_dir, modernbert_names, strict
+from bert_jax.convert import hf, hf_tokenizer, model_dir, modernbert_names, strict
 from bert_jax.convert.hf import HF_EXPORT_KIND, HF_EXPORT_MARKER
 from bert_jax.convert.mapping import get_path, set_path
 from bert_jax.convert.safetensors import read_safetensors, write_safetensors
@@ -316,10 +316,10 @@ def write_hf_dir(
 def write_hf_tokenizer(path: str, config: ModernBertConfig, tokenizer: Any) -> list[str]:
     """The tokenizer's files for transformers in `path`; the names written. A BPE tokenizer is
     written as tokenizer.json with a `PreTrainedTokenizerFast` tokenizer_config.json (what
-    ModernBERT's directory holds); WordPiece and SentencePiece as `hf.write_hf_tokenizer`
+    ModernBERT's directory holds); WordPiece and SentencePiece as `hf_tokenizer.write_hf_tokenizer`
     writes them, without token types."""
     if tokenizer.kind != HfBpeTokenizer.kind:
-        return hf.write_hf_tokenizer(
+        return hf_tokenizer.write_hf_tokenizer(
             path, tokenizer, config.max_position_embeddings, MODEL_INPUT_NAMES
         )
     before = set(fs.listdir(path))
