@@ -19,8 +19,8 @@ The model is all-MiniLM-L6-v2 (real BERT weights, 6 layers, hidden 384, shipped 
     conll  token tagging (CoNLL-2003 columns: capitalised words inside a sentence tagged MISC)
 
 Each side runs as its own process, timed whole (start-up, reading, tokenising, compiling, the
-training epochs and the dev evaluation at the end: "compile included"), its peak resident memory
-from the kernel (`os.wait4`). Examples a second = training examples x epochs / the process's
+training epochs, the dev evaluation and the trained model written at the end: "compile
+included"), its peak resident memory from the kernel (`os.wait4`). Examples a second = training examples x epochs / the process's
 wall time. transformers runs as its examples do: a plain PyTorch loop, batches shuffled and padded
 to their longest row (its data collators), torch AdamW (weight decay 0.01 off biases and
 LayerNorm, eps 1e-8), gradient clipping at 1.0, a linear schedule after a 10% warmup, dropout
@@ -384,6 +384,9 @@ def run_transformers(args: argparse.Namespace) -> int:
                 kept = gold != -100
                 correct += int((predicted[kept] == gold[kept]).sum())
                 total += int(kept.sum())
+    # Kept as Trainer.save_model keeps it (bert-jax finetune writes its model directory too).
+    model.save_pretrained(args.output)
+    tokenizer.save_pretrained(args.output)
     print(
         json.dumps(
             {
@@ -434,50 +437,24 @@ def bert_jax_model(workdir: str) -> str:
 def run_side(side: str, kind: str, args: argparse.Namespace, data: str, run: int) -> dict:
     out = os.path.join(args.workdir, "runs", f"{kind}-{side}-{run}")
     os.makedirs(out, exist_ok=True)
+    recipe = [
+        *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size)),
+        *("--learning-rate", str(args.learning_rate), "--max-seq-length", str(args.max_seq_length)),
+    ]
     if side == "bert-jax":
         bin_dir = os.path.dirname(sys.executable)
         command = [
-            os.path.join(bin_dir, "bert-jax"),
-            "finetune",
-            "--task",
-            BERT_JAX_TASK[kind],
-            "--model",
-            bert_jax_model(args.workdir),
-            "--data",
-            data,
-            "--workdir",
-            os.path.join(out, "workdir"),
-            "--overwrite",
-            "--optimizer",
-            "adamw-hf",
-            "--epochs",
-            str(args.epochs),
-            "--batch-size",
-            str(args.batch_size),
-            "--learning-rate",
-            str(args.learning_rate),
-            "--max-seq-length",
-            str(args.max_seq_length),
+            *(os.path.join(bin_dir, "bert-jax"), "finetune", "--task", BERT_JAX_TASK[kind]),
+            *("--model", bert_jax_model(args.workdir), "--data", data),
+            *("--workdir", os.path.join(out, "workdir"), "--overwrite", "--optimizer", "adamw-hf"),
+            *recipe,
             *shlex.split(args.bert_jax_flags),
         ]
     else:
         command = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--run-transformers",
-            kind,
-            "--model",
-            minilm_hf_dir(),
-            "--data",
-            data,
-            "--epochs",
-            str(args.epochs),
-            "--batch-size",
-            str(args.batch_size),
-            "--learning-rate",
-            str(args.learning_rate),
-            "--max-seq-length",
-            str(args.max_seq_length),
+            *(sys.executable, os.path.abspath(__file__), "--run-transformers", kind),
+            *("--model", minilm_hf_dir(), "--data", data, "--output", os.path.join(out, "model")),
+            *recipe,
         ]
     figures = timed(command, os.path.join(out, "log.txt"))
     examples = count_train_examples(kind, data)
@@ -518,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_transformers:
         args.kind = args.run_transformers
