@@ -2,7 +2,9 @@
 
 A `Task` says which run trains it (its family), how users may spell its name, the metrics it
 reports (the paper's first), the paper's recipe where it differs from `FinetuneSettings`' defaults,
-the paper's figures, and its place in `bert-jax glue`'s sweep and in the reports. The family's
+the paper's figures, the dev metric a run is selected by and its direction (`selected_by`,
+`higher_is_better`: what a sweep's selection, a run's `selection_score` and the checkpoint curve
+read), and its place in `bert-jax glue`'s sweep and in the reports. The family's
 module beside this one (`glue`, `squad`, `conll`, `swag`) holds its reader, features and metrics,
 and its tasks (a family's own record type adds what its run needs, e.g. `glue.SentenceTask`).
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 # Families: which run trains a task (`runs.one_task` holds one run per family).
 SENTENCE = "sentence"  # a classifier (or regressor) on the pooled [CLS]: GLUE and tasks like it
@@ -50,16 +54,42 @@ class Task:
     report_columns: tuple[str, ...] = ()
     benchmark: str | None = None  # "GLUE": counts in the official GLUE average
     train_size: str | None = None  # as the paper's table lists it (`392k`)
+    # The dev metric runs are selected by (one of `metrics`; default: the paper's, the first) and
+    # whether a higher figure is the better one.
+    selected_by: str = ""
+    higher_is_better: bool = True
 
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"task {self.name}: family {self.family!r} is not one of {FAMILIES}")
         if not self.metrics:
             raise ValueError(f"task {self.name}: no metrics")
+        if not self.selected_by:
+            object.__setattr__(self, "selected_by", self.metrics[0])
+        if self.selected_by not in self.metrics:
+            raise ValueError(
+                f"task {self.name}: selected_by={self.selected_by!r} is not one of its metrics "
+                f"{self.metrics}"
+            )
+
+    def selection_score(self, dev_metrics: Mapping[str, Any]) -> float:
+        """The figure runs of this task are compared by: `selected_by` on dev, averaged over the
+        dev evaluations where a run has several (GLUE's {report name: metrics}: MNLI's m and mm)."""
+        if self.selected_by in dev_metrics:
+            return float(dev_metrics[self.selected_by])
+        values = [m[self.selected_by] for m in dev_metrics.values() if isinstance(m, Mapping)]
+        if not values:
+            raise KeyError(f"task {self.name}: no {self.selected_by!r} in {sorted(dev_metrics)}")
+        return float(np.mean(values))
+
+    def is_better(self, score: float, than: float) -> bool:
+        """Whether a run scoring `score` is selected over one scoring `than` (a tie is not)."""
+        return score > than if self.higher_is_better else score < than
 
     @property
     def paper_metric(self) -> str:
-        """The metric the paper reports first (what a sweep selects by and a curve plots)."""
+        """The metric the paper reports first (its reports' column; runs are selected by
+        `selected_by`, this one unless the task names another)."""
         return self.metrics[0]
 
     @property
