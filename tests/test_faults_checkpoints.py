@@ -347,6 +347,8 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_last_checkpoint(
     from orbax.checkpoint._src.path import async_path
 
     workdir = copy_run(run, tmp_path)
+    # Resumed at step 4 (a finished run is not resumed on a longer schedule), so step 8 is saved.
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "8"))
     original = async_path.write_text
 
     async def full_disk(path, text):
@@ -355,17 +357,17 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_last_checkpoint(
         return await original(path, text)
 
     monkeypatch.setattr(async_path, "write_text", full_disk)
-    before = tree_digest(os.path.join(workdir, "checkpoints", "8"))
-    outcome = run_cli(capsys, pretrain_argv(shared_dirs, workdir, total_steps=9))
+    before = tree_digest(os.path.join(workdir, "checkpoints", "4"))
+    outcome = run_cli(capsys, pretrain_argv(shared_dirs, workdir, total_steps=8))
     assert_user_error(
         outcome,
-        "no space left on device saving checkpoint step 9",
+        "no space left on device saving checkpoint step 8",
         "_METADATA",
-        "the previous checkpoint, step 8, is intact",
+        "the previous checkpoint, step 4, is intact",
         only_line=False,
     )
     assert "Traceback" not in outcome.err and len(outcome.err.splitlines()) < 10, outcome.err
-    assert tree_digest(os.path.join(workdir, "checkpoints", "8")) == before
+    assert tree_digest(os.path.join(workdir, "checkpoints", "4")) == before
     assert not os.path.exists(os.path.join(workdir, workdir_lib.LOCK_NAME))
 
 

@@ -332,7 +332,7 @@ def check_same_schedule(stored: dict, where: str, step: int, config, fix_hint: s
 
 def _schedule_differences(stored: dict, here: dict) -> list[tuple[str, object, object]]:
     """(key, there, here) of the schedule's settings that differ: total_steps, the optimizer's
-    and each phase's (their data aside)."""
+    and those of each phase that has steps in either run (their data aside)."""
     from bert_jax.training import config_lib
 
     differ = []
@@ -340,6 +340,8 @@ def _schedule_differences(stored: dict, here: dict) -> list[tuple[str, object, o
         differ.append(("total_steps", stored.get("total_steps"), here.get("total_steps")))
     for section in ("optimizer", *config_lib.PHASE_KEYS):
         theirs, ours = stored.get(section) or {}, here.get(section) or {}
+        if section != "optimizer" and not theirs.get("fraction") and not ours.get("fraction"):
+            continue  # a phase of no steps in either run: its settings decide nothing
         for key in sorted(set(theirs) | set(ours)):
             if key != "data" and theirs.get(key) != ours.get(key):
                 differ.append((f"{section}.{key}", theirs.get(key), ours.get(key)))
