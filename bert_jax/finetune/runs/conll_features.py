@@ -38,6 +38,7 @@ from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.batches import Buckets, row_lengths
+from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.finetune.tuning.token_tuning import predict_logits
@@ -218,29 +219,27 @@ def run_feature_ner(
         buckets=buckets,
     )
     outputs = {"dev_predictions.txt": ner.conll_text(dev, kept["dev"])}
-    result: dict[str, Any] = {"dev_metrics": trained.dev}
+    details: dict[str, Any] = {}
     if test is not None:
         test_windows, test_arrays = prepared(test)
         params = trained.state.params
-        result["test_metrics"], predicted = score(test, test_windows, test_arrays, params)
+        details["test_metrics"], predicted = score(test, test_windows, test_arrays, params)
         outputs["test_predictions.txt"] = ner.conll_text(test, predicted)
-    result.update(
-        task=ner.TASK_NAME,
+    details.update(
         features=variant,
         layers=list(tuner.layers),
         lstm_size=lstm_size,
         layer_weights=_layer_weights(trained.state.params),
-        history=trained.history,
-        train_loss=trained.train_loss,
         num_train_features=len(train_windows),
-        num_train_steps=trained.num_steps,
-        skipped_steps=int(trained.state.skipped),
-        seconds=time.time() - started,
         labels=list(labels),
-        num_train_examples=len(train_split),
+    )
+    finished = FinetuneResult.of_run(
+        TASK, settings, trained, len(train_split), time.time() - started, details=details
+    )
+    result = finished.to_json()
+    result.update(
         model=fs.abspath(model) if isinstance(model, str) else encoder.source,
         data=data,
-        settings=settings.to_dict(),
         options={"document_context": document_context},
         finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )

@@ -6,8 +6,9 @@ Workdir layout:
     steps/step=<N>/...         one ordinary run of the task (its result.json, predictions, plot)
                                from the params of checkpoint N
                                (`load_model.load_workdir_checkpoint`)
-    curve.json, curve.md       step -> the task's dev score (GLUE: the paper's metric; SQuAD,
-                               CoNLL-2003: F1; SWAG: accuracy), in percent
+    curve.json, curve.md       step -> the run's selection score: the task's `selected_by` on
+                               dev (GLUE: the paper's metric; SQuAD, CoNLL-2003: F1; SWAG:
+                               accuracy), in percent
     plots/curve.png            the score against the step
 
 Resumable like the sweep: a step whose `result.json` exists (same settings, same checkpoint) is

@@ -46,6 +46,7 @@ from bert_jax.finetune.tasks import glue_metrics, swag
 from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.batches import Buckets, row_lengths
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.finetune.tuning.token_tuning import MODEL_KEYS, predict_logits
@@ -163,7 +164,8 @@ def run_swag(
         return finished
     encoder = load_pretrained(model) if isinstance(model, str) else model
     trained: dict[str, Any] = {}
-    result, outputs = train_and_predict(encoder, splits, settings, log, mesh, trained.update)
+    finished, outputs = train_and_predict(encoder, splits, settings, log, mesh, trained.update)
+    result = finished.to_json()
     result.update(
         model=model_name,
         data=data,
@@ -197,8 +199,8 @@ def train_and_predict(
     log: Callable[[str], None],
     mesh: jax.sharding.Mesh | None = None,
     on_trained: Callable[[Mapping[str, Any]], None] | None = None,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The run on read splits: result.json's figures and the prediction files' text;
+) -> tuple[FinetuneResult, dict[str, str]]:
+    """The run on read splits: its `FinetuneResult` and the prediction files' text;
     `on_trained`, when given, receives {"params": the trained params} (the model to keep)."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
@@ -250,20 +252,16 @@ def train_and_predict(
         scores = predicted(trained.state.params, "test")
         outputs["test_predictions.csv"] = predictions_csv(splits["test"], scores)
         summary["test"] = {"test": glue_metrics.class_summary(_choices(scores), ENDINGS)}
-    result = {
-        "task": swag.TASK_NAME,
-        "dev_metrics": trained.dev,
-        "history": trained.history,
-        "train_loss": trained.train_loss,
-        "num_train_examples": len(splits["train"]),
-        "num_train_steps": trained.num_steps,
-        "skipped_steps": int(trained.state.skipped),
-        "seconds": time.time() - started,
-        "settings": settings.to_dict(),
+    result = FinetuneResult.of_run(
+        swag.TASKS[0],
+        settings,
+        trained,
+        len(splits["train"]),
+        time.time() - started,
         # The ending most often gold on dev, picked for every example (`references`).
-        "dev_baseline": {swag.TASK_NAME: {"prediction": choice, "metrics": {"accuracy": share}}},
-        "prediction_summary": summary,
-    }
+        dev_baseline={swag.TASK_NAME: {"prediction": choice, "metrics": {"accuracy": share}}},
+        prediction_summary=summary,
+    )
     return result, outputs
 
 

@@ -33,6 +33,7 @@ from bert_jax.finetune.tasks.task import (
     name_key,
 )
 from bert_jax.finetune.tuning import settings as run_settings
+from bert_jax.finetune.tuning.result import FinetuneResult, result_task
 from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
@@ -200,9 +201,7 @@ def _run(model, task: Task, data, workdir, settings, options: TaskOptions, log) 
 
 
 def dev_score(result: Mapping[str, Any]) -> tuple[str, float]:
-    """The figure a curve plots for a run: the task's paper metric on dev, in percent (a sentence
-    task's selection score: the mean over its dev splits)."""
-    task = registry.get(result["task"], feature_based=result.get("features") is not None)
-    if "selection_score" in result:
-        return f"dev {task.paper_metric}", float(result["selection_score"])
-    return f"dev {task.paper_metric}", float(result["dev_metrics"][task.paper_metric])
+    """The figure a curve plots for a run (its result.json): the run's selection score, the
+    task's `selected_by` on dev in percent (a sentence task's: the mean over its dev splits)."""
+    task = result_task(result)
+    return f"dev {task.selected_by}", FinetuneResult.from_json(dict(result)).selection_score

@@ -32,6 +32,7 @@ from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tasks import registry, squad, squad_answers
 from bert_jax.finetune.tasks.task import SPANS, Task
 from bert_jax.finetune.tuning import token_tuning as token_loop
+from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
 from bert_jax.runtime import fs
@@ -103,16 +104,12 @@ def run_token_task(
     finetune_workdir.check_workdir(workdir)
     encoder = load_pretrained(model) if isinstance(model, str) else model
     trained: dict[str, Any] = {}
-    if version is not None:
-        result, outputs = _run_squad(
-            encoder, version, splits, settings, options, log, mesh, trained.update
-        )
-    else:
-        result, outputs = _run_ner(encoder, splits, settings, options, log, mesh, trained.update)
+    run = _run_squad if version is not None else _run_ner
+    finished, outputs = run(encoder, task, splits, settings, options, log, mesh, trained.update)
+    result = finished.to_json()
     result.update(
         model=fs.abspath(model) if isinstance(model, str) else encoder.source,
         data=data,
-        settings=settings.to_dict(),
         options=dataclasses.asdict(options),
         finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
@@ -164,7 +161,9 @@ def _read_squad(version, data, options):
     return squad.read_json(train_path)[0], squad.read_json(dev_path)[0]
 
 
-def _run_squad(encoder, version, splits, settings, options, log, mesh, on_trained=None):
+def _run_squad(encoder, task, splits, settings, options, log, mesh, on_trained=None):
+    """SQuAD's run: its `FinetuneResult` and the prediction files' text."""
+    version = task.version
     train, dev = splits
     windows = dict(
         tokenizer=encoder.tokenizer,
@@ -210,24 +209,26 @@ def _run_squad(encoder, version, splits, settings, options, log, mesh, on_traine
         mesh=mesh,
         on_trained=on_trained,
     )
-    run.pop("final_logits")
-    found = answers(run.pop("logits"))
+    found = answers(run.logits)
     outputs = {
         "predictions.json": _json_text(found.predictions),
         "nbest_predictions.json": _json_text(found.nbest),
     }
     if version == "v2.0":
         outputs["null_odds.json"] = _json_text(found.null_odds)
-    run.update(
-        task=f"squad/{version}",
-        num_train_examples=len(train),
+    details = dict(
+        num_train_features=run.num_train_features,
         num_dev_examples=len(dev),
         skipped_train_answers=train_features.skipped_answers,
     )
-    return run, outputs
+    result = FinetuneResult.of_run(
+        task, settings, run.trained, len(train), run.seconds, details=details
+    )
+    return result, outputs
 
 
-def _run_ner(encoder, splits, settings, options, log, mesh, on_trained=None):
+def _run_ner(encoder, task, splits, settings, options, log, mesh, on_trained=None):
+    """CoNLL-2003's run: its `FinetuneResult` and the prediction files' text."""
     train, dev, test = splits
     labels = ner.label_list(train)
     iob1 = ner.uses_iob1(train)
@@ -259,13 +260,16 @@ def _run_ner(encoder, splits, settings, options, log, mesh, on_trained=None):
         mesh=mesh,
         on_trained=on_trained,
     )
-    _, dev_predicted = score(dev, dev_features, run.pop("logits"))
+    _, dev_predicted = score(dev, dev_features, run.logits)
     outputs = {"dev_predictions.txt": ner.conll_text(dev, dev_predicted)}
-    final_logits = run.pop("final_logits")
+    details: dict[str, Any] = {"num_train_features": run.num_train_features}
     if test is not None:
-        run["test_metrics"], test_predicted = score(test, test_features, final_logits["test"])
+        details["test_metrics"], test_predicted = score(
+            test, test_features, run.final_logits["test"]
+        )
         outputs["test_predictions.txt"] = ner.conll_text(test, test_predicted)
-    run.update(
-        task=ner.TASK_NAME, labels=list(labels), num_train_examples=len(train), iob1=bool(iob1)
+    details.update(labels=list(labels), iob1=bool(iob1))
+    result = FinetuneResult.of_run(
+        task, settings, run.trained, len(train), run.seconds, details=details
     )
-    return run, outputs
+    return result, outputs

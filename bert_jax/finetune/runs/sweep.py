@@ -17,9 +17,10 @@ Why this file is long: it holds the sweep's whole protocol, each piece short and
 trials and their directories, reuse of finished ones, the run of one (`finetune` is one trial),
 selection and the kept models, the submission copy and the sweep's options.
 
-Selection (best on dev): per task, the selected trial is the one with the highest dev score in the
-paper's metric (MNLI: the mean of matched and mismatched accuracy); ties go to the earlier trial
-in sweep order.
+Selection (best on dev): per task, the selected trial is the one with the best `selection_score`,
+the dev figure the task is selected by in its direction (`Task.selected_by`, `higher_is_better`;
+GLUE's: the paper's metric, MNLI's the mean of matched and mismatched accuracy); ties go to the
+earlier trial in sweep order.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from bert_jax.finetune.tasks.glue import (
     submission_file,
 )
 from bert_jax.finetune.tuning.batches import TaskData, load_task_data
-from bert_jax.finetune.tuning.sentence_tuning import FinetuneResult, finetune, make_mesh
+from bert_jax.finetune.tuning.result import FinetuneResult, read_back
+from bert_jax.finetune.tuning.sentence_tuning import finetune, make_mesh
 from bert_jax.finetune.tuning.settings import (
     DEFAULTS,
     SWEPT,
@@ -170,8 +172,9 @@ def as_run(saved_settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_matching(path: str, settings: FinetuneSettings, model: str) -> dict[str, Any] | None:
-    """A finished run's `result.json` at `path` (None when absent); a UserError when it was run
-    with other settings or another model (shared by every resumable fine-tuning run)."""
+    """A finished run's `result.json` at `path` (None when absent; `result.read_back`: with its
+    selection score where an older run wrote none); a UserError when it was run with other
+    settings or another model (shared by every resumable fine-tuning run)."""
     if not fs.exists(path):
         return None
     with fs.open(path, encoding="utf-8") as f:
@@ -190,7 +193,7 @@ def load_matching(path: str, settings: FinetuneSettings, model: str) -> dict[str
             f"{path} is a finished trial with different settings ({'; '.join(differ)}); use "
             "another --workdir, or delete it to run the trial again"
         )
-    return record
+    return read_back(record)
 
 
 def is_writer() -> bool:
@@ -225,7 +228,9 @@ def run_trial(
         encoder, task_data, trial_settings, mesh=mesh, log=log, on_trained=trained.update
     )
     record = trial_record(trial, result, model, data, run_id)
-    now_selected = selected is None or record["selection_score"] > selected["selection_score"]
+    now_selected = selected is None or trial.task.is_better(
+        record["selection_score"], selected["selection_score"]
+    )
     entry = sentence_task_entry(trial.task, trial_settings)
     finetuned_model.keep(directory, settings, now_selected, encoder, trained["params"], entry)
     if is_writer():
@@ -287,12 +292,14 @@ def sentence_task_entry(task: SentenceTask, settings: FinetuneSettings) -> dict[
 
 
 def select_trials(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per task, the selected trial's record: the highest selection score (the earliest on
-    ties)."""
+    """Per task, the selected trial's record: the best selection score in the task's direction
+    (`Task.is_better`; the earliest on ties)."""
     selected: dict[str, dict[str, Any]] = {}
     for record in records:
         current = selected.get(record["task"])
-        if current is None or record["selection_score"] > current["selection_score"]:
+        if current is None or get_task(record["task"]).is_better(
+            record["selection_score"], current["selection_score"]
+        ):
             selected[record["task"]] = record
     return selected
 

@@ -17,7 +17,6 @@ seed (head initialisation, shuffling and dropout).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
@@ -45,6 +44,7 @@ from bert_jax.finetune.tuning.batches import (
     row_lengths,
 )
 from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
 Array = jax.Array
@@ -147,36 +147,6 @@ def _fine_tuner(config, num_labels, mesh, settings, rules) -> FineTuner:
 # ------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class FinetuneResult:
-    """What one run produced. `dev_metrics` is keyed by report name (`CoLA`, `MNLI-m`, ...)."""
-
-    task: str
-    settings: dict[str, Any]
-    dev_metrics: dict[str, dict[str, float]]
-    selection_score: float
-    train_loss: float
-    num_train_examples: int
-    num_train_steps: int
-    skipped_steps: int
-    seconds: float
-    history: list[dict[str, Any]]
-    # By dev report name: what predicting one thing scores (`glue_metrics.constant_baseline`).
-    dev_baseline: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    # {"dev": {report name: summary}, "test": {split: summary}}: how the final predictions
-    # spread (`glue_metrics.prediction_summary`; `single` names a model that predicts one thing).
-    prediction_summary: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    # Test split -> (guids, prediction strings as the GLUE server expects them).
-    test_predictions: dict[str, tuple[list[str], list[str]]] = dataclasses.field(
-        default_factory=dict
-    )
-
-    def to_json(self) -> dict[str, Any]:
-        values = dataclasses.asdict(self)
-        values.pop("test_predictions")
-        return values
-
-
 def predict_split(
     tuner: FineTuner,
     params: Any,
@@ -239,11 +209,6 @@ def evaluate(
     return results
 
 
-def selection_score(task: SentenceTask, dev_metrics: Mapping[str, Mapping[str, float]]) -> float:
-    """What best-on-dev selection compares: the paper's metric, averaged over dev splits."""
-    return float(np.mean([glue_metrics.paper_score(task, m) for m in dev_metrics.values()]))
-
-
 def make_mesh(settings: FinetuneSettings) -> jax.sharding.Mesh:
     return partitioning.make_mesh(settings.mesh_shape)
 
@@ -285,7 +250,7 @@ def finetune(
         lengths=row_lengths(data.train.features["input_mask"]),
         buckets=buckets,
     )
-    state, dev_metrics = trained.state, trained.dev
+    state = trained.state
     if on_trained is not None:
         on_trained({"params": state.params})
     train_labels = data.train.labels
@@ -304,17 +269,12 @@ def finetune(
         predictions = predictions_from_outputs(task, outputs)
         summaries["test"][split] = glue_metrics.prediction_summary(task, predictions, train_labels)
         test_predictions[split] = (list(encoded.guids), submission_strings(task, predictions))
-    return FinetuneResult(
-        task=task.name,
-        settings=settings.to_dict(),
-        dev_metrics=dev_metrics,
-        selection_score=selection_score(task, dev_metrics),
-        train_loss=trained.train_loss,
-        num_train_examples=len(data.train),
-        num_train_steps=trained.num_steps,
-        skipped_steps=int(state.skipped),
-        seconds=time.time() - started,
-        history=trained.history,
+    return FinetuneResult.of_run(
+        task,
+        settings,
+        trained,
+        len(data.train),
+        time.time() - started,
         dev_baseline=baseline,
         prediction_summary=summaries,
         test_predictions=test_predictions,

@@ -20,6 +20,7 @@ A run is deterministic given its seed (head initialisation, shuffling, dropout).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -190,6 +191,18 @@ def predict_logits(
     return outputs
 
 
+@dataclasses.dataclass
+class TokenRun:
+    """What `train_and_evaluate` returns: the shared loop's outcome (what the task's run builds its
+    `result.FinetuneResult` from) and the logits its output files are written from."""
+
+    trained: tuning_loop.Trained
+    seconds: float  # from the tuner's creation to the last prediction
+    num_train_features: int  # the training rows (windows)
+    logits: np.ndarray  # the last evaluation's, of `eval_arrays`
+    final_logits: dict[str, np.ndarray]  # by name, of each of `final_arrays`
+
+
 def train_and_evaluate(
     encoder: PretrainedEncoder,
     kind: str,
@@ -203,10 +216,10 @@ def train_and_evaluate(
     final_arrays: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     on_trained: Callable[[Mapping[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+) -> TokenRun:
     """Fine-tune on `train_arrays`; `evaluate(logits of eval_arrays)` at the end (and after every
-    epoch with `settings.eval_every_epoch`). Returns the last metrics, history and run figures;
-    `logits` holds the final eval logits for the caller's output files, `final_logits` those of
+    epoch with `settings.eval_every_epoch`). Returns the loop's outcome (the last metrics,
+    history, loss and steps), the final eval logits for the caller's output files and those of
     each of `final_arrays` (e.g. a test split), predicted once at the end. `mesh` defaults to
     one of `settings.mesh_shape` over every device. `on_trained`, when given, receives
     {"params": the trained params} (the model to keep)."""
@@ -240,20 +253,10 @@ def train_and_evaluate(
         lengths=row_lengths(inputs["input_mask"]),
         buckets=buckets,
     )
-    state = trained.state
     if on_trained is not None:
-        on_trained({"params": state.params})
+        on_trained({"params": trained.state.params})
     final_logits = {
-        name: predicted(state.params, arrays) for name, arrays in (final_arrays or {}).items()
+        name: predicted(trained.state.params, arrays)
+        for name, arrays in (final_arrays or {}).items()
     }
-    return {
-        "dev_metrics": trained.dev,
-        "history": trained.history,
-        "train_loss": trained.train_loss,
-        "num_train_features": count,
-        "num_train_steps": trained.num_steps,
-        "skipped_steps": int(state.skipped),
-        "seconds": time.time() - started,
-        "logits": kept["logits"],
-        "final_logits": final_logits,
-    }
+    return TokenRun(trained, time.time() - started, count, kept["logits"], final_logits)
