@@ -370,25 +370,30 @@ def _pretrain_here(capsys, argv) -> str:
 
 def test_uncommitted_save_is_set_aside_and_resume_from_reads_the_bucket(emulator, capsys):
     """A save killed midway in a bucket leaves `<step>/` without commit_success.txt (written here
-    by hand: the end-to-end run's step 8 copied as step 10 without its marker, as a SIGKILL
-    between the arrays and the marker leaves it). The next run sets it aside (never deleted),
-    resumes by `config.resume_from` from the other run's checkpoints in the bucket, and saves
-    step 10 again: Orbax's own listing of the bucket must not remember the step set aside."""
+    by hand: the end-to-end run's step 8 copied without its marker, as a SIGKILL between the
+    arrays and the marker leaves it). The next run sets it aside (never deleted), resumes by
+    `config.resume_from` from another run's checkpoint in the bucket (the end-to-end run's step
+    6 with its config.json: the same schedule), and saves step 8 again: Orbax's own listing of
+    the bucket must not remember the step set aside."""
     source, workdir = f"{BUCKET}/run/checkpoints/8", f"{BUCKET}/killed"
     for path in fs.walk_files(source):
         if not path.endswith("/commit_success.txt"):
-            fs.write_bytes(f"{workdir}/checkpoints/10" + path[len(source) :], fs.read_bytes(path))
-    argv = pretrain_argv(f"{BUCKET}/data", workdir, total_steps=10, every=2)
-    out = _pretrain_here(capsys, [*argv, f"--config.resume_from={BUCKET}/run"])
+            fs.write_bytes(f"{workdir}/checkpoints/8" + path[len(source) :], fs.read_bytes(path))
+    earlier = f"{BUCKET}/earlier"  # a run stopped at step 6
+    for path in fs.walk_files(f"{BUCKET}/run/checkpoints/6"):
+        fs.write_bytes(earlier + path[len(f"{BUCKET}/run") :], fs.read_bytes(path))
+    fs.write_bytes(f"{earlier}/config.json", fs.read_bytes(f"{BUCKET}/run/config.json"))
+    argv = pretrain_argv(f"{BUCKET}/data", workdir, total_steps=8, every=2)
+    out = _pretrain_here(capsys, [*argv, f"--config.resume_from={earlier}"])
     assert "set aside checkpoint save(s) an interrupted run never committed" in out, out
-    assert f"starting at step 8 from config.resume_from={BUCKET}/run step 8" in out, out
+    assert f"starting at step 6 from config.resume_from={earlier} step 6" in out, out
     names = fs.listdir(f"{workdir}/checkpoints")
-    aside = [n for n in names if n.startswith("10.uncommitted-")]
-    assert len(aside) == 1 and "10" in names and "8" not in names, names
-    assert fs.exists(f"{workdir}/checkpoints/10/commit_success.txt")
+    aside = [n for n in names if n.startswith("8.uncommitted-")]
+    assert len(aside) == 1 and "8" in names and "6" not in names, names
+    assert fs.exists(f"{workdir}/checkpoints/8/commit_success.txt")
     assert not fs.exists(f"{workdir}/checkpoints/{aside[0]}/commit_success.txt")
     rows = [json.loads(line) for line in fs.read_text(f"{workdir}/metrics.jsonl").splitlines()]
-    assert [r["step"] for r in rows if r["kind"] == "train"] == [9, 10]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [7, 8]
 
 
 def test_init_from_reads_a_model_directory_in_the_bucket(emulator, capsys):
