@@ -11,13 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import cli, encode
+from bert_jax import cli
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.core import partitioning
 from bert_jax.finetune.heads import lstm_tagger as feature_tagger
 from bert_jax.finetune.runs import conll_features as feature_ner
 from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tuning.settings import PretrainedEncoder
+from bert_jax.inference import encode
 from tests.glue_fixtures.tiny import fixture_tokenizer, tiny_encoder
 from tests.test_ner import _synthetic_conll
 

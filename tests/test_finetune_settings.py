@@ -110,6 +110,7 @@ def test_each_declaration_says_its_help_and_range_and_its_default_is_in_range():
         "adam_epsilon",
         "optimizer",
         "decay_from",
+        "group_by_length",
     )
 
 
