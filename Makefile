@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 2
 # package and pytest rewrites every test module again, about 4 s of CPU each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv test test-gcs test-launch test-tpu test-beam demo lint format docs clean bench bench-torch test-bench-torch bench-peer bench-wikipedia gpu-wheels
+.PHONY: venv test test-slow test-gcs test-launch test-tpu test-beam demo lint format docs clean bench bench-torch test-bench-torch bench-peer bench-wikipedia gpu-wheels
 
 # bert-jax with its own dependencies only (2.6 GB: JAX, TensorFlow for tf.data, ...): what
 # `make demo` runs. The dev extra (the tests' references: PyTorch, transformers, ...; MkDocs)
@@ -37,6 +37,12 @@ $(BASE_STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=15 -q
+
+# The end-to-end runs `make test` leaves out (tens of seconds each: a whole pretraining, sweep or
+# fine-tuning to a score, several processes); which and why each is slow: SLOW_END_TO_END in
+# tests/conftest.py. CI runs them after `make test`.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow_e2e -n $(PYTEST_WORKERS) --dist worksteal --durations=15 -q
 
 # gs:// end to end and its faults against a Cloud Storage emulator the tests start on localhost
 # (tests/gcs_emulator.py); one process: the tests share the bucket and run in order.

@@ -58,13 +58,120 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+# The end-to-end tests that `make test` leaves to `make test-slow` (.ci/run runs both), each with
+# why it is slow: each runs a whole command or training to a result, tens of seconds of CPU time
+# on 2 cores, where the faster tests of the same module check the parts it puts together. Keyed by
+# node id without parameters (every parameter moves); they carry the mark `slow_e2e`, which
+# pyproject.toml's addopts deselects. A key that names no test of a collected module fails.
+SLOW_END_TO_END = {
+    # Several processes, each importing JAX and compiling its own steps.
+    "tests/test_distributed.py::test_two_processes_compute_what_one_process_computes":
+        "two 4-device processes and a one-process run of the same pretraining, then a resume",
+    "tests/test_distributed.py::test_a_process_that_dies_stops_the_other":
+        "two pretraining processes; waits out the heartbeat bound after one is killed",
+    "tests/test_distributed.py::test_hosts_with_different_configs_stop_with_a_clear_error":
+        "two `bert-jax pretrain` processes started to the config check",
+    "tests/test_distributed.py::test_compile_only_prints_the_memory_per_device_without_initializing":
+        "compiles the full train step for the 8-device mesh",
+    "tests/test_faults_checkpoints.py::test_disk_full_run_prints_only_its_line_and_resumes_exactly":
+        "a pretraining process that fills its disk, then a second that resumes it",
+    "tests/test_pretrain.py::test_sigkill_after_checkpoint_then_resume_from_is_exact":
+        "a pretraining process killed after a checkpoint, then a resumed run to the end",
+    "tests/test_cli_flags.py::test_no_tensorflow_banner_on_stderr":
+        "two bert-jax processes, each importing TensorFlow",
+    # A whole recipe, sweep or fine-tuning run to a score.
+    "tests/test_readme_recipe.py::test_the_recipe_runs_as_written_at_tiny_scale":
+        "docs/reproduce.md's every step: tokenizer, data, pretraining, GLUE",
+    "tests/test_squad.py::test_minilm_learns_synthetic_squad_end_to_end":
+        "fine-tunes the real 6-layer all-MiniLM-L6-v2 on SQuAD until it answers",
+    "tests/test_feature_ner.py::test_bilstm_tagger_learns_synthetic_conll_through_the_command":
+        "a 4-layer encoder's features and a BiLSTM tagger trained on CoNLL until it learns",
+    "tests/test_squad.py::test_v2_run_writes_the_official_files_with_a_tiny_encoder":
+        "a SQuAD v2 fine-tuning run through the command, predictions and official files",
+    "tests/test_finetune_sweep.py::test_sweep_runs_every_task_writes_reports_and_resumes":
+        "a GLUE sweep over every task, interrupted and resumed",
+    "tests/test_finetune_loop.py::test_finetuning_learns_is_deterministic_and_pads_evaluation":
+        "64 fine-tuning steps to 90% accuracy, twice",
+    "tests/test_finetune_settings.py::test_a_glue_run_records_the_settings_that_ran":
+        "`bert-jax glue` with two learning rates",
+    "tests/test_finetune_baseline.py::test_a_degenerate_model_is_flagged_in_every_report":
+        "`bert-jax glue` over RTE and STS-B and every report",
+    "tests/test_modernbert_finetune.py::test_a_glue_task_fine_tunes_from_a_modernbert_model":
+        "a converted ModernBERT model fine-tuned through the command, twice",
+    "tests/test_modernbert_token_tasks.py::test_squad_fine_tunes_from_a_modernbert_model":
+        "SQuAD fine-tuning from a converted ModernBERT model through the command",
+    "tests/test_modernbert_token_tasks.py::test_conll_fine_tunes_from_a_modernbert_model":
+        "CoNLL-2003 fine-tuning from a converted ModernBERT model through the command",
+    "tests/test_swag.py::test_tiny_encoder_learns_synthetic_swag_resumes_and_refuses_bad_rows":
+        "SWAG fine-tuning until it learns, then a resume",
+    "tests/test_objectives_cli.py::test_each_objective_pretrains_evaluates_and_exports_to_its_class":
+        "per objective: pretraining, evaluation, export and transformers' class on it",
+    "tests/test_side_by_side_benchmark.py::test_a_run_without_optional_flags_writes_its_summary_with_the_defaults":
+        "the side-by-side benchmark's whole fine-tuning run",
+    # Benchmarks and references at full size.
+    "tests/test_bench_torch.py::test_hf_torch_eager_trains_beside_ours_from_the_same_weights":
+        "PyTorch's BertForPreTraining trained beside ours by the benchmark",
+    "tests/test_bench.py::test_bench_times_packed_real_instances_on_the_sharded_step":
+        "the benchmark preparing real instances and timing windows of the sharded step",
+    "tests/test_modernbert_bench.py::test_modernbert_for_masked_lm_trains_beside_ours_from_the_same_weights":
+        "transformers' ModernBertForMaskedLM trained beside ours by the benchmark",
+    "tests/test_fill_mask.py::test_candidates_match_transformers_fill_mask_pipeline":
+        "transformers' fill-mask pipeline on the real all-MiniLM-L6-v2, per tokenizer",
+}  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by mark
 def pytest_collection_modifyitems(config, items):
-    """Modules with a test marked `slow` (tens of seconds each) run first: `make test`'s work
-    stealing (pytest-xdist) balances what is left over the workers, but a long test that starts
-    last has no one to share it. Whole modules move, so that their module fixtures are set up
-    once; the order is otherwise kept."""
+    """Marks the tests of SLOW_END_TO_END `slow_e2e`. Modules with a test marked `slow` (tens of
+    seconds each) run first: `make test`'s work stealing (pytest-xdist) balances what is left over
+    the workers, but a long test that starts last has no one to share it. Whole modules move, so
+    that their module fixtures are set up once; the order is otherwise kept."""
+    modules = {}
+    for item in items:
+        key = item.nodeid.split("[", 1)[0]
+        modules[key.split("::", 1)[0]] = item.module
+        if key in SLOW_END_TO_END:
+            item.add_marker(pytest.mark.slow_e2e(SLOW_END_TO_END[key]))
+    stale = [
+        key
+        for key in SLOW_END_TO_END
+        if key.split("::")[0] in modules
+        and not hasattr(modules[key.split("::")[0]], key.split("::")[1])
+    ]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_END_TO_END names no test: {stale}")
     slow = {item.module for item in items if item.get_closest_marker("slow") is not None}
     items[:] = [i for i in items if i.module in slow] + [i for i in items if i.module not in slow]
+
+
+@pytest.fixture(scope="session")
+def shared_dirs(tmp_path_factory):
+    """One 1000-piece tokenizer and one prepared-data cache for the pretraining runs of every
+    module (test_pretrain's small_config reads them), made once per test process: each module
+    that trained its own tokenizer also prepared the same records again."""
+    from bert_jax.data.sources import embedded as sources
+    from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
+
+    root = tmp_path_factory.mktemp("pretrain_shared")
+    text = root / "corpus.txt"
+    with open(text, "w", encoding="utf-8") as f:
+        for document in sources.embedded_documents("train"):
+            f.write("\n".join(document) + "\n\n")
+    train_sentencepiece([str(text)], 1000, str(root / "tokenizer"), lowercase=True)
+    return {"tokenizer": str(root / "tokenizer"), "cache": str(root / "cache")}
+
+
+@pytest.fixture(scope="session")
+def modernbert_reference(shared_dirs, tmp_path_factory):
+    """The ModernBERT reference run of test_modernbert_pretrain.small_config, once per test
+    process for the modules that read it (its `reference` fixture)."""
+    from bert_jax.training import pretrain
+    from tests.test_modernbert_pretrain import STEPS, small_config
+
+    workdir = str(tmp_path_factory.mktemp("modernbert_reference"))
+    result = pretrain.pretrain(small_config(shared_dirs), workdir)
+    assert result.final_step == STEPS and not result.preempted
+    return workdir, result
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from bert_jax.data.pipeline import input_shards as shards
 from bert_jax.planning import compile_check, cost_model
 from bert_jax.runtime import distributed
 from bert_jax.training import metric_writers, pretrain
-from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, small_config  # noqa: F401
+from tests.test_pretrain import ONE_PHASE, losses_by_step, small_config
 from tests.xla_flags import with_devices
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -24,9 +24,8 @@ from bert_jax.training import metric_writers, pretrain
 from bert_jax.training import workdir as workdir_lib
 from tests.faults import assert_user_error, run_cli, tree_digest
 from tests.helpers import TINY_PRETRAIN_FLAGS
-from tests.test_pretrain import ONE_PHASE, losses_by_step, shared_dirs, sigterm_at, small_config
+from tests.test_pretrain import ONE_PHASE, losses_by_step, sigterm_at, small_config
 
-__all__ = ["shared_dirs"]  # the session fixture, shared with test_pretrain
 # A failed Orbax read's coroutines are collected after the test that caused them; the command
 # itself prints nothing of them (checkpoint_health.read_or_problem).
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -19,7 +19,7 @@ from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import load_model, pretrain
 from tests.test_modernbert_pretrain import reference, small_config  # noqa: F401
-from tests.test_pretrain import losses_by_step, shared_dirs  # noqa: F401
+from tests.test_pretrain import losses_by_step
 
 
 def test_the_workdirs_checkpoint_keeps_the_runs_special_ids(reference):  # noqa: F811

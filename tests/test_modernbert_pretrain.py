@@ -18,7 +18,7 @@ from bert_jax.configs import modernbert as modernbert_configs
 from bert_jax.core import optim
 from bert_jax.training import config_lib, pretrain
 from tests.helpers import set_keys
-from tests.test_pretrain import losses_by_step, shared_dirs, sigterm_at  # noqa: F401
+from tests.test_pretrain import losses_by_step, sigterm_at
 
 STEPS = 8
 
@@ -53,12 +53,11 @@ def small_config(shared_dirs, **overrides):  # noqa: F811
     return config
 
 
-@pytest.fixture(scope="module")
-def reference(shared_dirs, tmp_path_factory):  # noqa: F811
-    workdir = str(tmp_path_factory.mktemp("modernbert_reference"))
-    result = pretrain.pretrain(small_config(shared_dirs), workdir)
-    assert result.final_step == STEPS and not result.preempted
-    return workdir, result
+@pytest.fixture
+def reference(modernbert_reference):
+    """The reference run (tests/conftest.py: one per test process, shared with
+    test_modernbert_loose_ends)."""
+    return modernbert_reference
 
 
 def test_the_run_trains_modernbert_on_the_trapezoid(reference):

@@ -24,21 +24,6 @@ from tests.helpers import SMALL_RUN, pretraining_config
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="session")
-def shared_dirs(tmp_path_factory):
-    """One tokenizer and one prepared-data cache for every run in this module."""
-    from bert_jax.data.sources import embedded as sources
-    from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
-
-    root = tmp_path_factory.mktemp("pretrain_shared")
-    text = root / "corpus.txt"
-    with open(text, "w", encoding="utf-8") as f:
-        for document in sources.embedded_documents("train"):
-            f.write("\n".join(document) + "\n\n")
-    train_sentencepiece([str(text)], 1000, str(root / "tokenizer"), lowercase=True)
-    return {"tokenizer": str(root / "tokenizer"), "cache": str(root / "cache")}
-
-
 def small_config(shared_dirs, total_steps=12, **overrides):
     """BERT-Tiny-shaped but smaller (one layer), two short phases, every step logged. The
     vocabulary is the tokenizer's 1000 tokens, padded to 1024 rows."""
