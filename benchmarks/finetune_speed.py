@@ -19,14 +19,15 @@ The model is all-MiniLM-L6-v2 (real BERT weights, 6 layers, hidden 384, shipped 
     conll  token tagging (CoNLL-2003 columns: capitalised words inside a sentence tagged MISC)
 
 Each side runs as its own process, timed whole (start-up, reading, tokenising, compiling, the
-training epochs, the dev evaluation and the trained model written at the end: "compile
-included"), its peak resident memory from the kernel (`os.wait4`). Examples a second = training examples x epochs / the process's
-wall time. transformers runs as its examples do: a plain PyTorch loop, batches shuffled and padded
-to their longest row (its data collators), torch AdamW (weight decay 0.01 off biases and
-LayerNorm, eps 1e-8), gradient clipping at 1.0, a linear schedule after a 10% warmup, dropout
-0.1, every core. bert-jax runs `bert-jax finetune` with the same recipe (`--optimizer adamw-hf`).
-The table (and WORKDIR/finetune_speed.json) gives each side's median over `--repeats`, the ratio
-of examples a second (bert-jax / transformers) and the machine's load average before each run.
+training epochs, the dev evaluation and the trained model written at the end: "compile included"),
+its peak resident memory from the kernel (`os.wait4`). Examples a second = training examples x
+epochs / the process's wall time. transformers runs as its examples do: a plain PyTorch loop,
+batches shuffled and padded to their longest row (its data collators), torch AdamW (weight decay
+0.01 off biases and LayerNorm, eps 1e-8), gradient clipping at 1.0, a linear schedule after a 10%
+warmup, dropout 0.1, every core. bert-jax runs `bert-jax finetune` with the same recipe
+(`--optimizer adamw-hf`). The table (and WORKDIR/finetune_speed.json) gives each side's median over
+`--repeats`, the ratio of examples a second (bert-jax / transformers) and the machine's load
+average before each run.
 """
 
 from __future__ import annotations
