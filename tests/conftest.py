@@ -117,6 +117,14 @@ SLOW_END_TO_END = {
         "transformers' ModernBertForMaskedLM trained beside ours by the benchmark",
     "tests/test_fill_mask.py::test_candidates_match_transformers_fill_mask_pipeline":
         "transformers' fill-mask pipeline on the real all-MiniLM-L6-v2, per tokenizer",
+    # The whole model's train step compiled for the 8-device mesh, or run in Pallas's interpreter
+    # (test_partitioning keeps BERT's sharded steps in make test, test_attention the kernels).
+    "tests/test_local_attention.py::test_sharded_training_step_with_banded_layers":
+        "the banded model's sharded train step compiled for the 8-device mesh",
+    "tests/test_modernbert.py::test_sharded_training_step_on_the_mesh":
+        "ModernBERT's sharded train step compiled for the 8-device mesh, two steps",
+    "tests/test_attention.py::test_model_pallas_equals_xla_with_dropout":
+        "the whole encoder's forward and gradients in Pallas's interpreter",
 }  # fmt: skip
 
 
