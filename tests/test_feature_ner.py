@@ -4,7 +4,6 @@ gradient reaching BERT, and the BiLSTM learning a synthetic tagging task through
 from __future__ import annotations
 
 import json
-import types
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import cli
-from bert_jax.convert.model_dir import save_model_dir
+from bert_jax.convert.model_dir import ModelDir, save_model_dir
 from bert_jax.core import partitioning
 from bert_jax.finetune.heads import lstm_tagger as feature_tagger
 from bert_jax.finetune.runs import conll_features as feature_ner
@@ -42,11 +41,13 @@ def test_each_variant_selects_the_layers_encode_gives(four_layer):
     ]
     windows = ner.build_features(sentences, four_layer.tokenizer, ("O",), LENGTH)
     arrays = feature_tagger.word_arrays(windows, LENGTH)
-    model = types.SimpleNamespace(
+    model = ModelDir(
+        path="tiny",
         config=four_layer.config,
         params={"bert": four_layer.bert_params},
-        tokenizer=four_layer.tokenizer,
-        path="tiny",
+        has_heads=False,
+        info={},
+        _tokenizer=four_layer.tokenizer,
     )
     texts = [" ".join(s.words) for s in sentences]
     layers_all = ",".join(str(i) for i in range(5))
