@@ -24,9 +24,10 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.convert import hf_finetuned, hf_modernbert, mapping, model_dir
-from bert_jax.convert.hf import HF_EXPORT_KIND, HF_EXPORT_MARKER
-from bert_jax.convert.strict import ConversionError, ConversionReport, check_params
+from bert_jax.convert import hf, hf_finetuned, hf_modernbert, mapping, model_dir
+from bert_jax.convert.hf import HF_EXPORT_KIND, HF_EXPORT_MARKER  # noqa: F401 (read from here)
+from bert_jax.convert.request import Request, source_tokenizer, write_output
+from bert_jax.convert.strict import ConversionReport, check_params
 from bert_jax.core.model import BertConfig
 from bert_jax.runtime import fs
 from bert_jax.runtime import outputs as files
@@ -44,17 +45,6 @@ class Loaded:
     params: dict[str, Any]
     tokenizer: Any  # data.tokenizers.interface.Tokenizer or None
     report: ConversionReport
-
-
-def _describe(tokenizer: Any, origin: str) -> str:
-    case = "lowercased" if tokenizer.lowercase else "cased"
-    return f"{tokenizer.kind}, {tokenizer.vocab_size} entries, {case} (from {origin})"
-
-
-def _load_tokenizer(path: str, lowercase: bool | None):
-    from bert_jax.data.tokenizers.load_or_train import load_tokenizer
-
-    return load_tokenizer(path, lowercase=lowercase)
 
 
 def load_source(
@@ -76,7 +66,6 @@ def load_source(
     """
     src = os.fspath(src)
     report = ConversionReport(source_format=src_format, source=fs.abspath(src))
-    tok = None
     tok_origin = None
     if src_format == "tf1":
         from bert_jax.convert import tf1
@@ -88,8 +77,6 @@ def load_source(
         if checkpoint.vocab_file is not None:
             tok_origin = checkpoint.vocab_file
     elif src_format == "hf":
-        from bert_jax.convert import hf
-
         checkpoint = hf.read_hf_dir(src)
         config = hf.config_from_hf(checkpoint.config)
         params = hf.import_state(
@@ -125,24 +112,7 @@ def load_source(
     else:
         raise UserError(f"unknown source format {src_format!r}; expected one of {SOURCE_FORMATS}")
 
-    if tokenizer is not None:
-        tok_origin = os.fspath(tokenizer)
-    if tok_origin is not None:
-        tok = _load_tokenizer(tok_origin, lowercase)
-        if tok.vocab_size > config.vocab_size:
-            raise ConversionError(
-                f"tokenizer {tok_origin} has {tok.vocab_size} entries but the model's vocab_size "
-                f"is {config.vocab_size} (tensor bert.embeddings.word_embeddings has "
-                f"{config.vocab_size} rows): ids past the embedding table would be produced"
-            )
-        report.tokenizer = _describe(tok, tok_origin)
-        if tok.vocab_size < config.vocab_size:
-            report.notes.append(
-                f"the tokenizer has {tok.vocab_size} entries, the model {config.vocab_size} rows "
-                "(the extra rows are never produced by the tokenizer)"
-            )
-    else:
-        report.notes.append("no tokenizer found in the source; pass --tokenizer to include one")
+    tok = source_tokenizer(tok_origin, tokenizer, lowercase, config, report)
     return Loaded(config, params, tok, report)
 
 
@@ -168,41 +138,16 @@ def convert(
 
     A ModernBERT source (config.json's model_type, `hf_modernbert.is_modernbert`) goes to
     `hf_modernbert.convert`, a fine-tuned one of either family (a task entry, or a transformers
-    task class: `hf_finetuned.is_finetuned`) to `hf_finetuned.convert`; both keep the same
-    promises.
+    task class: `hf_finetuned.is_finetuned`) to `hf_finetuned.convert`, after the destination's
+    checks here; both read and write as this path does (`request.py`).
 
     Raises `ConversionError` (naming the tensor or setting) before writing anything when the
-    source does not convert exactly; `FileExistsError` when `dst` exists and not `overwrite`.
+    source does not convert exactly; `UserError` when `dst` exists and not `overwrite`.
     """
-    if hf_finetuned.is_finetuned(src_format, src):
-        if vocab_pad_multiple is not None:
-            raise UserError(
-                "--vocab-pad-multiple applies to pretrained models, not fine-tuned ones"
-            )
-        return hf_finetuned.convert(
-            src_format,
-            src,
-            dst_format,
-            dst,
-            drop_heads=drop_heads,
-            tokenizer=tokenizer,
-            lowercase=lowercase,
-            overwrite=overwrite,
-            load_model_dir=load_model_dir,
-        )
-    if hf_modernbert.is_modernbert(src_format, src):
-        return hf_modernbert.convert(
-            src_format,
-            src,
-            dst_format,
-            dst,
-            drop_heads=drop_heads,
-            tokenizer=tokenizer,
-            lowercase=lowercase,
-            overwrite=overwrite,
-            vocab_pad_multiple=vocab_pad_multiple,
-            load_model_dir=load_model_dir,
-        )
+    finetuned = hf_finetuned.is_finetuned(src_format, src)
+    if finetuned and vocab_pad_multiple is not None:
+        raise UserError("--vocab-pad-multiple applies to pretrained models, not fine-tuned ones")
+    modern = not finetuned and hf_modernbert.is_modernbert(src_format, src)
     if dst_format not in TARGET_FORMATS:
         raise UserError(f"unknown target format {dst_format!r}; expected one of {TARGET_FORMATS}")
     if vocab_pad_multiple is not None and dst_format != "bert-jax":
@@ -210,24 +155,40 @@ def convert(
             f"--vocab-pad-multiple applies to --to bert-jax only (a {dst_format} checkpoint "
             "holds exactly vocab_size rows)"
         )
-    dst = fs.abspath(os.fspath(dst))
+    request = Request(
+        src_format,
+        fs.abspath(os.fspath(src)),
+        dst_format,
+        fs.abspath(os.fspath(dst)),
+        drop_heads=drop_heads,
+        tokenizer=tokenizer,
+        lowercase=lowercase,
+        overwrite=overwrite,
+        vocab_pad_multiple=vocab_pad_multiple,
+        load_model_dir=load_model_dir,
+    )
+    dst = request.dst
     if (fs.exists(dst) if fs.is_remote(dst) else os.path.lexists(dst)) and not overwrite:
         raise UserError(f"{dst} already exists (pass --overwrite to replace it)")
     # Refuse a destination bert-jax did not write before reading anything (the write checks again).
-    kind = model_dir.MODEL_DIR_KIND if dst_format == "bert-jax" else HF_EXPORT_KIND
-    files.check_replaceable(dst, kind)
-    if fs.abspath(os.fspath(src)) == dst:
+    files.check_replaceable(
+        dst, model_dir.MODEL_DIR_KIND if dst_format == "bert-jax" else HF_EXPORT_KIND
+    )
+    if request.src == dst:
         raise UserError(f"source and destination are the same path: {dst}")
+    if finetuned:
+        return hf_finetuned.convert(request)
+    if modern:
+        return hf_modernbert.convert(request)
     loaded = load_source(
         src_format,
-        src,
+        request.src,
         drop_heads=drop_heads,
         tokenizer=tokenizer,
         lowercase=lowercase,
         load_model_dir=load_model_dir,
     )
     report = loaded.report
-    report.target_format, report.target = dst_format, dst
     if vocab_pad_multiple is not None:
         config = loaded.config.replace(vocab_pad_multiple=vocab_pad_multiple)
         loaded = dataclasses.replace(
@@ -235,28 +196,16 @@ def convert(
         )
         report.config = config
     check_params(loaded.params, loaded.config, f"converted {src_format} params")
-    if dst_format == "bert-jax":
-        model_dir.save_model_dir(
-            dst,
-            loaded.config,
-            loaded.params,
-            loaded.tokenizer,
-            extra={"converted_from": {"format": src_format, "path": report.source}},
-            overwrite=overwrite,
-            what="--to",
-        )
-        report.written = sorted(fs.listdir(dst))
-    else:
-        from bert_jax.convert import hf
-
-        with files.atomic_output_dir(dst, HF_EXPORT_KIND, overwrite, what="--to") as tmp:
-            report.written = hf.write_hf_dir(tmp, loaded.config, loaded.params, loaded.tokenizer)
-            files.write_json_atomic(
-                os.path.join(tmp, HF_EXPORT_MARKER),
-                {"written_by": "bert-jax convert", "from": src_format, "source": report.source},
-            )
-        if not report.has_heads:
-            report.notes.append("written as a BertModel checkpoint (no pretraining heads)")
+    write_output(
+        request,
+        report,
+        loaded.config,
+        loaded.params,
+        loaded.tokenizer,
+        lambda folder: hf.write_hf_dir(folder, loaded.config, loaded.params, loaded.tokenizer),
+    )
+    if dst_format == "hf" and not report.has_heads:
+        report.notes.append("written as a BertModel checkpoint (no pretraining heads)")
     return report
 
 

@@ -37,12 +37,11 @@ from bert_jax.convert import (
     strict,
     task_heads,
 )
-from bert_jax.convert.hf import HF_EXPORT_MARKER
+from bert_jax.convert.request import Request, source_tokenizer, write_output
 from bert_jax.convert.safetensors import write_safetensors
 from bert_jax.convert.strict import ConversionError, ConversionReport
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.runtime import fs
-from bert_jax.runtime import outputs as files
 from bert_jax.runtime.errors import UserError
 
 # The longest sequence an imported model's task entry records where its tokenizer names none.
@@ -290,42 +289,22 @@ def write_hf_dir(
     written = ["config.json", hf.SAFETENSORS_NAME]
     if tokenizer is None:
         return written
-    if family == hf_modernbert.MODEL_TYPE:
-        return written + hf_modernbert.write_hf_tokenizer(path, config, tokenizer)
+    inputs = hf_modernbert.MODEL_INPUT_NAMES if family == hf_modernbert.MODEL_TYPE else None
     return written + hf_tokenizer.write_hf_tokenizer(
-        path, tokenizer, config.max_position_embeddings
+        path, tokenizer, config.max_position_embeddings, inputs
     )
 
 
 # --- `bert-jax convert` ---
 
 
-def convert(
-    src_format: str,
-    src: str | os.PathLike,
-    dst_format: str,
-    dst: str | os.PathLike,
-    *,
-    drop_heads: bool = False,
-    tokenizer: str | os.PathLike | None = None,
-    lowercase: bool | None = None,
-    overwrite: bool = False,
-    load_model_dir: Callable[[str], model_dir.ModelDir] = model_dir.load_model_dir,
-) -> ConversionReport:
+def convert(request: Request) -> ConversionReport:
     """`bert-jax convert` for a fine-tuned source (`is_finetuned`), "hf" or "bert-jax" in and
-    out, checked before anything is written, written atomically (the rules of
-    `between_formats.convert`)."""
-    from bert_jax.data.tokenizers.load_or_train import has_tokenizer_files, load_tokenizer
+    out, once `between_formats.convert` has checked the request's destination: checked before
+    anything is written, written atomically."""
+    from bert_jax.data.tokenizers.load_or_train import has_tokenizer_files
 
-    if dst_format not in ("bert-jax", "hf"):
-        raise UserError(f"unknown target format {dst_format!r}; expected bert-jax or hf")
-    src, dst = fs.abspath(os.fspath(src)), fs.abspath(os.fspath(dst))
-    if (fs.exists(dst) if fs.is_remote(dst) else os.path.lexists(dst)) and not overwrite:
-        raise UserError(f"{dst} already exists (pass --overwrite to replace it)")
-    kind = model_dir.MODEL_DIR_KIND if dst_format == "bert-jax" else hf_modernbert.EXPORT_KIND
-    files.check_replaceable(dst, kind)
-    if src == dst:
-        raise UserError(f"source and destination are the same path: {dst}")
+    src_format, src, drop_heads = request.src_format, request.src, request.drop_heads
     if src_format == "hf":
         values = hf_modernbert.read_config_json(src) or {}
         modern = values.get("model_type") == hf_modernbert.MODEL_TYPE
@@ -333,7 +312,7 @@ def convert(
         config, params, task = _read_hf(src, report, drop_heads)
         tok_origin = src if has_tokenizer_files(src) else None
     else:
-        loaded = load_model_dir(src)
+        loaded = request.load_model_dir(src)
         config, params, task = loaded.config, jax.tree.map(np.asarray, loaded.params), loaded.task
         modern = isinstance(config, ModernBertConfig)
         report = (hf_modernbert.ModernBertReport if modern else ConversionReport)(
@@ -343,22 +322,9 @@ def convert(
         report.config, report.tensors_read, report.used = config, len(flat), sorted(flat)
         report.num_parameters = sum(int(np.size(v)) for v in flat.values())
         tok_origin = loaded.tokenizer_path
-    if tokenizer is not None:
-        tok_origin = os.fspath(tokenizer)
-    tok = None if tok_origin is None else load_tokenizer(tok_origin, lowercase)
-    if tok is not None and tok.vocab_size > config.vocab_size:
-        raise ConversionError(
-            f"tokenizer {tok_origin} has {tok.vocab_size} entries but the model's vocab_size is "
-            f"{config.vocab_size}: ids past the embedding table would be made"
-        )
-    if tok is not None:
-        case = "lowercased" if tok.lowercase else "cased"
-        report.tokenizer = f"{tok.kind}, {tok.vocab_size} entries, {case} (from {tok_origin})"
-    else:
-        report.notes.append("no tokenizer found in the source; pass --tokenizer to include one")
+    tok = source_tokenizer(tok_origin, request.tokenizer, request.lowercase, config, report)
     family = model_dir.model_type(config)
     architecture = task_heads.get(task["head"]).architecture(family)
-    report.target_format, report.target = dst_format, dst
     if drop_heads:  # the encoder alone, as a pretrained model of the family
         encoder = params[task_heads.ENCODER_KEY]
         params = {model_dir.ENCODER_SUBTREES[family]: encoder}
@@ -367,30 +333,15 @@ def convert(
     else:
         labels = ", ".join(task["labels"]) or "none named"
         report.task_head = f"{task['head']} head ({architecture}; labels: {labels})"
-        if dst_format == "hf" and not modern and not mapping.TASK_OUTPUTS[task["head"]][1]:
+        if request.dst_format == "hf" and not modern and not mapping.TASK_OUTPUTS[task["head"]][1]:
             report.notes.append(f"BERT's pooler left out: {architecture} has none")
-    if dst_format == "bert-jax":
-        model_dir.save_model_dir(
-            dst,
-            config,
-            params,
-            tok,
-            extra={"converted_from": {"format": src_format, "path": report.source}},
-            overwrite=overwrite,
-            what="--to",
-            task=task,
-        )
-        report.written = sorted(fs.listdir(dst))
-        return report
-    with files.atomic_output_dir(dst, hf_modernbert.EXPORT_KIND, overwrite, what="--to") as tmp:
+
+    def write_hf(folder: str) -> list[str]:
         if task is None and modern:
-            report.written = hf_modernbert.write_hf_dir(tmp, config, params, tok)
-        elif task is None:
-            report.written = hf.write_hf_dir(tmp, config, params, tok)
-        else:
-            report.written = write_hf_dir(tmp, config, params, task, tok)
-        files.write_json_atomic(
-            os.path.join(tmp, HF_EXPORT_MARKER),
-            {"written_by": "bert-jax convert", "from": src_format, "source": report.source},
-        )
+            return hf_modernbert.write_hf_dir(folder, config, params, tok)
+        if task is None:
+            return hf.write_hf_dir(folder, config, params, tok)
+        return write_hf_dir(folder, config, params, task, tok)
+
+    write_output(request, report, config, params, tok, write_hf, task=task)
     return report

@@ -16,7 +16,6 @@ is written, written atomically, an earlier export of the same kind replaced only
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -26,14 +25,12 @@ import jax
 import numpy as np
 
 from bert_jax.convert import hf, hf_tokenizer, model_dir, modernbert_names, strict
-from bert_jax.convert.hf import HF_EXPORT_KIND, HF_EXPORT_MARKER
 from bert_jax.convert.mapping import get_path, set_path
+from bert_jax.convert.request import Request, source_tokenizer, write_output
 from bert_jax.convert.safetensors import read_safetensors, write_safetensors
 from bert_jax.convert.strict import ConversionError, ConversionReport
 from bert_jax.core.modernbert_config import COMPUTATION, GLOBAL, SLIDING, ModernBertConfig
-from bert_jax.data.tokenizers.hf_bpe import TOKENIZER_JSON, HfBpeTokenizer
 from bert_jax.runtime import fs
-from bert_jax.runtime import outputs as files
 from bert_jax.runtime.declarations import declared_fields
 from bert_jax.runtime.errors import UserError
 
@@ -52,10 +49,6 @@ MODEL_INPUT_NAMES = ("input_ids", "attention_mask")
 _DERIVED = ("global_attn_every_n_layers", "global_rope_theta", "local_rope_theta")
 _HF_ACTIVATION_ALIASES = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 _HF_ACTIVATIONS = {"gelu_tanh": "gelu_new"}  # ours -> transformers' name of the same function
-# An export holds the files of a BERT one, or ModernBERT's tokenizer.json.
-EXPORT_KIND = dataclasses.replace(
-    HF_EXPORT_KIND, holds=lambda name: HF_EXPORT_KIND.holds(name) or name == TOKENIZER_JSON
-)
 
 
 class ModernBertReport(ConversionReport):
@@ -310,43 +303,11 @@ def write_hf_dir(
         f.write("\n")
     write_safetensors(os.path.join(path, hf.SAFETENSORS_NAME), state, {"format": "pt"})
     written = ["config.json", hf.SAFETENSORS_NAME]
-    return written if tokenizer is None else written + write_hf_tokenizer(path, config, tokenizer)
-
-
-def write_hf_tokenizer(path: str, config: ModernBertConfig, tokenizer: Any) -> list[str]:
-    """The tokenizer's files for transformers in `path`; the names written. A BPE tokenizer is
-    written as tokenizer.json with a `PreTrainedTokenizerFast` tokenizer_config.json (what
-    ModernBERT's directory holds); WordPiece and SentencePiece as `hf_tokenizer.write_hf_tokenizer`
-    writes them, without token types."""
-    if tokenizer.kind != HfBpeTokenizer.kind:
-        return hf_tokenizer.write_hf_tokenizer(
-            path, tokenizer, config.max_position_embeddings, MODEL_INPUT_NAMES
-        )
-    before = set(fs.listdir(path))
-    tokenizer.save(path)
-    special = dict(
-        zip(
-            ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
-            tokenizer.convert_ids_to_tokens(
-                [tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id]
-                + [tokenizer.mask_id]
-            ),
-        )
+    if tokenizer is None:
+        return written
+    return written + hf_tokenizer.write_hf_tokenizer(
+        path, tokenizer, config.max_position_embeddings, MODEL_INPUT_NAMES
     )
-    tok_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": config.max_position_embeddings,
-        "model_input_names": list(MODEL_INPUT_NAMES),
-        **special,
-    }
-    for name, payload in (
-        ("tokenizer_config.json", tok_config),
-        ("special_tokens_map.json", special),
-    ):
-        with fs.open(os.path.join(path, name), "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-            f.write("\n")
-    return sorted(name for name in fs.listdir(path) if name not in before)
 
 
 # --- `bert-jax convert` ---
@@ -364,45 +325,24 @@ def _repad(params: dict[str, Any], config: ModernBertConfig) -> dict[str, Any]:
     return out
 
 
-def convert(
-    src_format: str,
-    src: str | os.PathLike,
-    dst_format: str,
-    dst: str | os.PathLike,
-    *,
-    drop_heads: bool = False,
-    tokenizer: str | os.PathLike | None = None,
-    lowercase: bool | None = None,
-    overwrite: bool = False,
-    vocab_pad_multiple: int | None = None,
-    load_model_dir: Callable[[str], model_dir.ModelDir] = model_dir.load_model_dir,
-) -> ConversionReport:
-    """`bert-jax convert` for a ModernBERT source (`is_modernbert`): "hf" or "bert-jax" in,
-    "bert-jax" or "hf" out, checked before anything is written, written atomically."""
-    from bert_jax.data.tokenizers.load_or_train import has_tokenizer_files, load_tokenizer
+def convert(request: Request) -> ConversionReport:
+    """`bert-jax convert` for a ModernBERT source (`is_modernbert`), "hf" or "bert-jax" in,
+    "bert-jax" or "hf" out, once `between_formats.convert` has checked the request's
+    destination: checked before anything is written, written atomically."""
+    from bert_jax.data.tokenizers.load_or_train import has_tokenizer_files
 
-    if dst_format not in ("bert-jax", "hf"):
-        raise UserError(f"unknown target format {dst_format!r}; expected bert-jax or hf")
-    if vocab_pad_multiple is not None and dst_format != "bert-jax":
-        raise UserError("--vocab-pad-multiple applies to --to bert-jax only")
-    src, dst = fs.abspath(os.fspath(src)), fs.abspath(os.fspath(dst))
-    if (fs.exists(dst) if fs.is_remote(dst) else os.path.lexists(dst)) and not overwrite:
-        raise UserError(f"{dst} already exists (pass --overwrite to replace it)")
-    kind = model_dir.MODEL_DIR_KIND if dst_format == "bert-jax" else EXPORT_KIND
-    files.check_replaceable(dst, kind)
-    if src == dst:
-        raise UserError(f"source and destination are the same path: {dst}")
+    src_format, src = request.src_format, request.src
     report = ModernBertReport(source_format=src_format, source=src)
     tok_origin = None
     if src_format == "hf":
-        config, params = params_from_hf_dir(src, drop_heads=drop_heads, report=report)
+        config, params = params_from_hf_dir(src, drop_heads=request.drop_heads, report=report)
         tok_origin = src if has_tokenizer_files(src) else None
     else:
-        loaded = load_model_dir(src)
+        loaded = request.load_model_dir(src)
         if not isinstance(loaded.config, ModernBertConfig):
             raise UserError(f"{src} holds a {type(loaded.config).__name__}, not ModernBERT")
         config, params = loaded.config, jax.tree.map(np.asarray, loaded.params)
-        if drop_heads and loaded.has_heads:
+        if request.drop_heads and loaded.has_heads:
             params = {"model": params["model"]}
             report.notes.append("the model's MLM head was dropped")
         report.source, report.config, report.has_heads = loaded.path, config, "head" in params
@@ -410,43 +350,20 @@ def convert(
         report.tensors_read = len(report.used)
         report.num_parameters = modernbert_names.count_parameters(config, report.has_heads)
         tok_origin = loaded.tokenizer_path
-    if tokenizer is not None:
-        tok_origin = os.fspath(tokenizer)
-    tok = None if tok_origin is None else load_tokenizer(tok_origin, lowercase)
-    if tok is not None:
-        if tok.vocab_size > config.vocab_size:
-            raise ConversionError(
-                f"tokenizer {tok_origin} has {tok.vocab_size} entries but the model's "
-                f"vocab_size is {config.vocab_size}: ids past the embedding table would be made"
-            )
-        case = "lowercased" if tok.lowercase else "cased"
-        report.tokenizer = f"{tok.kind}, {tok.vocab_size} entries, {case} (from {tok_origin})"
-    else:
-        report.notes.append("no tokenizer found in the source; pass --tokenizer to include one")
-    if vocab_pad_multiple is not None:
-        config = config.replace(vocab_pad_multiple=vocab_pad_multiple)
+    tok = source_tokenizer(tok_origin, request.tokenizer, request.lowercase, config, report)
+    if request.vocab_pad_multiple is not None:
+        config = config.replace(vocab_pad_multiple=request.vocab_pad_multiple)
         params = _repad(params, config)
         report.config = config
     modernbert_names.check_params(params, config, f"converted {src_format} params")
-    report.target_format, report.target = dst_format, dst
-    if dst_format == "bert-jax":
-        model_dir.save_model_dir(
-            dst,
-            config,
-            params,
-            tok,
-            extra={"converted_from": {"format": src_format, "path": report.source}},
-            overwrite=overwrite,
-            what="--to",
-        )
-        report.written = sorted(fs.listdir(dst))
-        return report
-    with files.atomic_output_dir(dst, EXPORT_KIND, overwrite, what="--to") as tmp:
-        report.written = write_hf_dir(tmp, config, params, tok)
-        files.write_json_atomic(
-            os.path.join(tmp, HF_EXPORT_MARKER),
-            {"written_by": "bert-jax convert", "from": src_format, "source": report.source},
-        )
-    if not report.has_heads:
+    write_output(
+        request,
+        report,
+        config,
+        params,
+        tok,
+        lambda folder: write_hf_dir(folder, config, params, tok),
+    )
+    if request.dst_format == "hf" and not report.has_heads:
         report.notes.append("written as a ModernBertModel checkpoint (no MLM head)")
     return report

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bert_jax.convert.strict import ConversionError
-from bert_jax.data.tokenizers.hf_bpe import TOKENIZER_JSON
+from bert_jax.data.tokenizers.hf_bpe import TOKENIZER_JSON, HfBpeTokenizer
 from bert_jax.runtime import fs
 
 
@@ -39,8 +39,9 @@ def write_hf_tokenizer(
     BertTokenizer (do_lower_case), which also reads vocab.txt; SentencePiece's names
     PreTrainedTokenizerFast, the tokenizer.json as written. Either reads the five special tokens
     written in text ("[MASK]", ...) as bert-jax's tokenizers do
-    (tests/test_data_special_tokens.py). `model_input_names`: the inputs the model's forward
-    takes, where they are not BERT's three (ModernBERT has no token types).
+    (tests/test_data_special_tokens.py). A BPE tokenizer (ModernBERT's) saves transformers'
+    tokenizer.json itself, named PreTrainedTokenizerFast alike. `model_input_names`: the inputs
+    the model's forward takes, where they are not BERT's three (ModernBERT has no token types).
     """
     from bert_jax.data.tokenizers import interface as tokenizer_lib
 
@@ -71,12 +72,15 @@ def write_hf_tokenizer(
             tokenize_chinese_chars=True,
             strip_accents=None,
         )
+    elif tokenizer.kind == HfBpeTokenizer.kind:  # its own file is transformers' tokenizer.json
+        spec = None
+        tok_config.update(tokenizer_class="PreTrainedTokenizerFast")
     else:
         with fs.open(os.path.join(path, tokenizer_lib.SPM_NAME), "rb") as f:
             spec = sentencepiece_tokenizer_json(f.read(), tokenizer.lowercase, special)
         tok_config.update(tokenizer_class="PreTrainedTokenizerFast")
-    with fs.open(os.path.join(path, TOKENIZER_JSON), "w", encoding="utf-8") as f:
-        json.dump(spec, f, ensure_ascii=False)
+    if spec is not None:  # one write: json.dump writes a vocabulary's file in ~10^5 pieces
+        fs.write_text(os.path.join(path, TOKENIZER_JSON), json.dumps(spec, ensure_ascii=False))
     files.append(TOKENIZER_JSON)
     for name, payload in (
         ("tokenizer_config.json", tok_config),
