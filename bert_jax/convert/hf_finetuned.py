@@ -190,8 +190,11 @@ def params_from_state(
         report.tensors_read, report.used = len(shapes), sorted(wanted)
         report.ignored = dict(sorted(ignored.items()))
         report.num_parameters = sum(int(np.prod(shape)) for *_, shape in table)
-        if fresh:
-            report.notes.append(f"no pooler in transformers' class: {', '.join(fresh)} fresh")
+        if fresh:  # with --drop-heads, the output's only weights not read from the source
+            where = " (random) in the encoder-only output" if drop_heads else ""
+            report.notes.append(
+                f"no pooler in transformers' class: {', '.join(fresh)} fresh{where}"
+            )
     return params
 
 
