@@ -6,7 +6,8 @@ bert-jax's forward of the same params to 1e-5 on real sentences, and transformer
 (text-classification, question-answering, token-classification) give `bert-jax predict`'s
 predictions on the same inputs (multiple choice has no pipeline: the class's logits). And `convert
 --from hf` of a transformers model of each class (random weights, "fine-tuned elsewhere") gives a
-fine-tuned model directory that `predict` reads and that exports back to the same tensors."""
+fine-tuned model directory with the task entry and tokenizer, that `predict` reads and that exports
+back to the same tensors."""
 
 from __future__ import annotations
 
@@ -78,8 +79,9 @@ def _task(head: str) -> dict:
 
 @pytest.fixture(scope="module", params=["bert", "modernbert"])
 def family(request, tmp_path_factory):
-    """(family, root, config, tokenizer, {head: (fine-tuned dir, its export)}): one random
-    encoder per family, each head kind fine-tuned on it (random heads), saved and exported."""
+    """(family, root, config, tokenizer, {head: (fine-tuned dir, its export, its params)}): one
+    random encoder per family, each head kind fine-tuned on it (random heads), saved and
+    exported."""
     root = tmp_path_factory.mktemp(request.param)
     tokenizer = load_tokenizer(minilm_dir())
     config = _config(request.param, tokenizer)
@@ -104,7 +106,7 @@ def family(request, tmp_path_factory):
         model = model_dir.save_model_dir(root / head, config, params, tokenizer, task=task)
         out = root / f"{head}-hf"
         assert cli.main(["convert", "--from", "bert-jax", model, "--to", "hf", str(out)]) == 0
-        models[head] = (model, out)
+        models[head] = (model, out, params)
     return request.param, root, config, tokenizer, models
 
 
@@ -144,7 +146,10 @@ def _inputs(fast, head: str) -> dict:
 
 def test_export_loads_strictly_and_gives_bert_jax_logits(family):
     name, _, config, _, models = family
-    for head, (model, out) in models.items():
+    # One transformers tokenizer for the family: every export holds the same files (the
+    # pipelines below load each export's own).
+    fast = transformers.AutoTokenizer.from_pretrained(models["classification"][1])
+    for head, (_, out, params) in models.items():
         task = _task(head)
         cls = AUTO_CLASSES[head]
         theirs, info = cls.from_pretrained(out, output_loading_info=True)
@@ -156,7 +161,6 @@ def test_export_loads_strictly_and_gives_bert_jax_logits(family):
         if task["labels"]:
             assert theirs.config.id2label == dict(enumerate(task["labels"]))
         assert theirs.config.problem_type == task_heads.get(head).problem_type
-        fast = transformers.AutoTokenizer.from_pretrained(out)
         inputs = _inputs(fast, head)
         with torch.no_grad():
             output = theirs.eval()(**inputs)
@@ -165,7 +169,6 @@ def test_export_loads_strictly_and_gives_bert_jax_logits(family):
             if head == "span"
             else output.logits
         ).numpy()
-        params = model_dir.load_model_dir(model).params
         segments = inputs.get("token_type_ids", torch.zeros_like(inputs["input_ids"]))
         forward = jax.jit(MODULES[name][MODULE_OF_HEAD[head]](config, width).apply)
         arrays = [inputs[key].numpy() for key in ("input_ids", "attention_mask")]
@@ -187,7 +190,9 @@ def _pipeline_predictions(head: str, hf_dir) -> list:
             return [{"score": f["score"]} for f in found]
         return [{"label": f["label"], "score": f["score"]} for f in found]
     if head == "span":
-        return [_best_span(hf_dir, question, context) for question, context in QUESTIONS]
+        fast = transformers.AutoTokenizer.from_pretrained(hf_dir)
+        model = AUTO_CLASSES["span"].from_pretrained(hf_dir)
+        return [_best_span(fast, model, question, context) for question, context in QUESTIONS]
     pipe = transformers.pipeline("token-classification", model=str(hf_dir), device="cpu")
     tags = []
     for words in WORDS:  # the tag at each word's first sub-token, as bert-jax reads them
@@ -198,16 +203,15 @@ def _pipeline_predictions(head: str, hf_dir) -> list:
     return tags
 
 
-def _best_span(hf_dir, question: str, context: str, longest: int = 30) -> str:
+def _best_span(fast, model, question: str, context: str, longest: int = 30) -> str:
     """The answer of transformers' QA class as its (v4) question-answering pipeline read it (the
     pipeline is gone from transformers 5): the context span of the highest start + end logit,
     start <= end, at most `longest` tokens, cut from the context by the tokenizer's offsets."""
-    fast = transformers.AutoTokenizer.from_pretrained(hf_dir)
     encoded = fast(question, context, return_offsets_mapping=True, return_tensors="pt")
     offsets = encoded.pop("offset_mapping")[0].tolist()
     in_context = [i for i, s in enumerate(encoded.sequence_ids(0)) if s == 1]
     with torch.no_grad():
-        out = AUTO_CLASSES["span"].from_pretrained(hf_dir)(**encoded)
+        out = model(**encoded)
     start, end = out.start_logits[0].numpy(), out.end_logits[0].numpy()
     best = max(
         ((s, e) for s in in_context for e in in_context if s <= e < s + longest),
@@ -258,7 +262,7 @@ def _check_predictions(head: str, model, hf_dir) -> None:
 
 def test_transformers_pipelines_give_bert_jax_predictions(family):
     _, _, _, _, models = family
-    for head, (model, out) in models.items():
+    for head, (model, out, _) in models.items():
         _check_predictions(head, model, out)
 
 
@@ -284,23 +288,40 @@ def _transformers_model(name: str, config, head: str, seed: int):
     return model
 
 
-def test_a_transformers_model_imports_as_a_fine_tuned_model(family, tmp_path):
-    name, root, config, _, models = family
-    for head, (_, exported) in models.items():
+def test_a_transformers_model_imports_as_a_fine_tuned_model(family, tmp_path, capsys):
+    """Each class's model converts to a fine-tuned model directory with the task entry, the
+    tokenizer and the encoder `finetune --model` reads, and back to the very same tensors: with
+    the export's logits equal to transformers' (above), the import's forward is transformers'.
+    `predict` reads one of them (token classification: BERT's class without a pooler)."""
+    name, root, config, tokenizer, models = family
+    fast = transformers.AutoTokenizer.from_pretrained(models["classification"][1])
+    for head, (_, _, params) in models.items():
         source = tmp_path / f"{head}-elsewhere"
         original = _transformers_model(name, config, head, seed=len(head))
         original.save_pretrained(source)
-        transformers.AutoTokenizer.from_pretrained(exported).save_pretrained(source)
+        fast.save_pretrained(source)
         ours = tmp_path / f"{head}-imported"
         assert (
             cli.main(["convert", "--from", "hf", str(source), "--to", "bert-jax", str(ours)]) == 0
         )
-        loaded = model_dir.load_model_dir(ours)
-        assert loaded.task["head"] == head and loaded.task["labels"] == _task(head)["labels"]
-        assert loaded.task["name"] == TASKS[head]
+        task = model_dir.read_config(ours)[1]["task"]
+        expected = {**_task(head), "settings": {}, "options": {}}
+        assert task == expected | {"max_seq_length": config.max_position_embeddings}, task
         encoder = load_pretrained(str(ours))  # what `finetune --model` starts from
-        assert encoder.bert_params.keys() == loaded.params["bert"].keys() and encoder.tokenizer
-        _check_predictions(head, ours, source)
+        assert encoder.bert_params.keys() == params["bert"].keys()
+        assert (encoder.tokenizer.kind, encoder.tokenizer.lowercase) == ("wordpiece", True)
+        ids = [encoder.tokenizer.encode(s) for s in REAL_SENTENCES]
+        assert ids == [tokenizer.encode(s) for s in REAL_SENTENCES]
+        if head == "tags":
+            _check_predictions(head, ours, source)
+            # The encoder alone: BERT's class has no pooler, so the output's is fresh, and said.
+            encoder_only = str(tmp_path / "tags-encoder")
+            capsys.readouterr()
+            argv = ["convert", "--from", "hf", str(source), "--to", "bert-jax", encoder_only]
+            assert cli.main([*argv, "--drop-heads"]) == 0
+            fresh = "bert/pooler/bias fresh (random) in the encoder-only output"
+            assert (fresh in capsys.readouterr().out) == (name == "bert")
+            assert model_dir.read_config(encoder_only)[1].get("task") is None
         back = tmp_path / f"{head}-back"
         assert cli.main(["convert", "--from", "bert-jax", str(ours), "--to", "hf", str(back)]) == 0
         weights = read_safetensors(back / "model.safetensors")
