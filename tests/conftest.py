@@ -104,6 +104,10 @@ SLOW_END_TO_END = {
         "CoNLL-2003 fine-tuning from a converted ModernBERT model through the command",
     "tests/test_swag.py::test_tiny_encoder_learns_synthetic_swag_resumes_and_refuses_bad_rows":
         "SWAG fine-tuning until it learns, then a resume",
+    "tests/test_ner.py::test_tiny_encoder_learns_synthetic_conll_end_to_end":
+        "four epochs of CoNLL-2003 fine-tuning to F1 90, predictions scored again, a plot",
+    "tests/test_modernbert_finetune.py::test_the_glue_sweep_runs_a_modernbert_model":
+        "`bert-jax glue` over a converted ModernBERT model",
     "tests/test_objectives_cli.py::test_each_objective_pretrains_evaluates_and_exports_to_its_class":
         "per objective: pretraining, evaluation, export and transformers' class on it",
     "tests/test_side_by_side_benchmark.py::test_a_run_without_optional_flags_writes_its_summary_with_the_defaults":
