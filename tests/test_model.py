@@ -29,6 +29,21 @@ def _hf_pretraining_model(config: BertConfig, seed: int = 0):
     return model
 
 
+def _init(model, inputs, seed: int = 0):
+    """`model.init` compiled, unboxed: an eager init runs op by op (about 3 CPU-s in a fresh
+    process, against about 1 s compiled)."""
+    return nn.meta.unbox(jax.jit(model.init)(jax.random.key(seed), **inputs))
+
+
+@pytest.fixture(scope="module")
+def tiny_variables():
+    """BertForPreTraining(tiny_config())'s initial variables, shared by the tests that read that
+    model (its parameters do not depend on the batch's shape, nor on the compute dtype)."""
+    return _init(
+        BertForPreTraining(tiny_config()), trainer.model_inputs(trainer.dummy_batch(1, 8, 2))
+    )
+
+
 def _torch_inputs(batch):
     return dict(
         input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
@@ -46,8 +61,9 @@ def test_pretraining_outputs_match_transformers(hidden_act):
     batch = random_batch(np.random.default_rng(0), 4, 32, 6, config.vocab_size)
     assert batch["input_mask"].min() == 0, "the batch must contain padding"
 
-    ours = BertForPreTraining(config).apply(
-        {"params": params}, **trainer.model_inputs(batch), deterministic=True
+    model = BertForPreTraining(config)
+    ours = jax.jit(lambda variables, inputs: model.apply(variables, **inputs, deterministic=True))(
+        {"params": params}, trainer.model_inputs(batch)
     )
     with torch.no_grad():
         ref = hf_model(**_torch_inputs(batch), output_hidden_states=True)
@@ -116,7 +132,7 @@ def test_real_minilm_weights_match_transformers():
     params = hf_convert.params_from_hf(state, config)
 
     encoded = tokenizer(REAL_SENTENCES, padding=True, return_tensors="np")
-    ours = BertModel(config).apply(
+    ours = jax.jit(BertModel(config).apply)(
         {"params": params["bert"]},
         encoded["input_ids"],
         encoded["attention_mask"],
@@ -165,11 +181,11 @@ def test_parameter_counts_match_the_paper():
     assert large_encoder + pooler(1024) == 335_141_888
 
 
-def test_outputs_finite_with_and_without_jit_and_in_bfloat16():
+def test_outputs_finite_with_and_without_jit_and_in_bfloat16(tiny_variables):
     config = tiny_config()
     batch = random_batch(np.random.default_rng(2), 2, 16, 4, config.vocab_size)
     model = BertForPreTraining(config)
-    params = nn.meta.unbox(model.init(jax.random.key(0), **trainer.model_inputs(batch))["params"])
+    params = tiny_variables["params"]
     eager = model.apply({"params": params}, **trainer.model_inputs(batch))
     jitted = jax.jit(lambda p, b: model.apply({"params": p}, **b))(
         params, trainer.model_inputs(batch)
@@ -179,9 +195,11 @@ def test_outputs_finite_with_and_without_jit_and_in_bfloat16():
     np.testing.assert_allclose(eager["mlm_logits"], jitted["mlm_logits"], atol=1e-5)
 
     bf16 = BertForPreTraining(config.replace(dtype="bfloat16"))
-    bf16_params = nn.meta.unbox(bf16.init(jax.random.key(0), **trainer.model_inputs(batch)))
-    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16_params))
-    out = jax.jit(bf16.apply)(bf16_params, **trainer.model_inputs(batch))
+    bf16_shapes = jax.eval_shape(bf16.init, jax.random.key(0), **trainer.model_inputs(batch))
+    bf16_shapes = nn.meta.unbox(bf16_shapes)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16_shapes))
+    assert jax.tree.structure(bf16_shapes) == jax.tree.structure(tiny_variables)
+    out = jax.jit(bf16.apply)(tiny_variables, **trainer.model_inputs(batch))
     assert out["sequence_output"].dtype == jnp.bfloat16
     assert out["mlm_logits"].dtype == jnp.float32
     assert np.isfinite(np.asarray(out["mlm_logits"])).all()
@@ -190,26 +208,28 @@ def test_outputs_finite_with_and_without_jit_and_in_bfloat16():
 
 
 @pytest.mark.parametrize("impl", ["xla", "dot_product"])
-def test_attention_implementations_agree(impl):
+def test_attention_implementations_agree(impl, tiny_variables):
     config = tiny_config()
     batch = random_batch(np.random.default_rng(3), 3, 16, 4, config.vocab_size)
     reference = BertForPreTraining(config.replace(attention_impl="xla"))
-    params = nn.meta.unbox(reference.init(jax.random.key(0), **trainer.model_inputs(batch)))
-    expected = reference.apply(params, **trainer.model_inputs(batch))
-    got = BertForPreTraining(config.replace(attention_impl=impl)).apply(
+    params = tiny_variables
+    expected = jax.jit(reference.apply)(params, **trainer.model_inputs(batch))
+    got = jax.jit(BertForPreTraining(config.replace(attention_impl=impl)).apply)(
         params, **trainer.model_inputs(batch)
     )
     np.testing.assert_allclose(got["sequence_output"], expected["sequence_output"], atol=1e-5)
 
 
-def test_dropout_is_active_in_training_and_fused_attention_refuses_it():
+def test_dropout_is_active_in_training_and_fused_attention_refuses_it(tiny_variables):
     config = tiny_config()
     batch = random_batch(np.random.default_rng(4), 2, 16, 4, config.vocab_size)
     model = BertForPreTraining(config)
-    params = nn.meta.unbox(model.init(jax.random.key(0), **trainer.model_inputs(batch)))
-    run = lambda key: model.apply(  # noqa: E731
-        params, **trainer.model_inputs(batch), deterministic=False, rngs={"dropout": key}
-    )["nsp_logits"]
+    params = tiny_variables
+    run = jax.jit(
+        lambda key: model.apply(
+            params, **trainer.model_inputs(batch), deterministic=False, rngs={"dropout": key}
+        )["nsp_logits"]
+    )
     assert not np.allclose(run(jax.random.key(1)), run(jax.random.key(2)))
     fused = BertForPreTraining(config.replace(attention_impl="dot_product"))
     with pytest.raises(ValueError, match="attention_probs_dropout_prob"):
@@ -236,7 +256,7 @@ def test_sparse_last_layer_gives_the_dense_losses_and_gradients():
     batch["masked_lm_positions"][0, 1] = batch["masked_lm_positions"][0, 0]
     dense = BertForPreTraining(config)
     sparse = BertForPreTraining(config.replace(sparse_last_layer=True))
-    params = nn.meta.unbox(dense.init(jax.random.key(0), **trainer.model_inputs(batch))["params"])
+    params = _init(dense, trainer.model_inputs(batch))["params"]
 
     def run(model):
         def loss(p):
@@ -254,8 +274,8 @@ def test_sparse_last_layer_gives_the_dense_losses_and_gradients():
         g_s = _at(grads_s, path)
         np.testing.assert_allclose(g_s, g_d, rtol=1e-4, atol=1e-7, err_msg=str(path))
 
-    out_d = dense.apply({"params": params}, **trainer.model_inputs(batch))
-    out_s = sparse.apply({"params": params}, **trainer.model_inputs(batch))
+    out_d = jax.jit(dense.apply)({"params": params}, **trainer.model_inputs(batch))
+    out_s = jax.jit(sparse.apply)({"params": params}, **trainer.model_inputs(batch))
     picked = np.take_along_axis(
         np.asarray(out_d["sequence_output"]), batch["masked_lm_positions"][..., None], axis=1
     )
@@ -268,34 +288,44 @@ def test_sparse_last_layer_gives_the_dense_losses_and_gradients():
         np.testing.assert_array_equal(h_s, h_d)
 
 
+REMAT_BATCH = random_batch(np.random.default_rng(7), 4, 32, 6, tiny_config().vocab_size)
+
+
+def _remat_step(model):
+    def loss(p):
+        sums = trainer.compute_sums(p, REMAT_BATCH, model, False, jax.random.key(3))
+        return losses.pretraining_loss(sums)
+
+    return jax.jit(jax.value_and_grad(loss))
+
+
+@pytest.fixture(scope="module")
+def plain_step():
+    """The model without remat: its parameters, and its loss and gradients (dropout on), which
+    each remat policy's are compared with (computed once)."""
+    plain = BertForPreTraining(tiny_config(num_hidden_layers=2))
+    params = _init(plain, trainer.model_inputs(REMAT_BATCH))["params"]
+    return plain, params, _remat_step(plain)(params)
+
+
 @pytest.mark.parametrize("remat", ["full", "dots"])
-def test_remat_gives_the_same_losses_and_gradients(remat):
+def test_remat_gives_the_same_losses_and_gradients(remat, plain_step):
     """Rematerialized layers (dropout on, same key): same loss and gradients, same parameter
     names, each layer under jax.checkpoint."""
     config = tiny_config(num_hidden_layers=2)
-    batch = random_batch(np.random.default_rng(7), 4, 32, 6, config.vocab_size)
-    plain = BertForPreTraining(config)
+    batch = REMAT_BATCH
+    plain, params, (loss_p, grads_p) = plain_step
     again = BertForPreTraining(config.replace(remat=remat))
-    params = nn.meta.unbox(plain.init(jax.random.key(0), **trainer.model_inputs(batch))["params"])
     shapes = jax.eval_shape(lambda: again.init(jax.random.key(0), **trainer.model_inputs(batch)))
     assert jax.tree.structure(nn.meta.unbox(shapes["params"])) == jax.tree.structure(params)
-
-    def step(model):
-        def loss(p):
-            sums = trainer.compute_sums(p, batch, model, False, jax.random.key(3))
-            return losses.pretraining_loss(sums)
-
-        return jax.jit(jax.value_and_grad(loss))
-
-    loss_p, grads_p = step(plain)(params)
-    loss_r, grads_r = step(again)(params)
+    loss_r, grads_r = _remat_step(again)(params)
     np.testing.assert_allclose(loss_r, loss_p, rtol=1e-6)
     for path, g_p in jax.tree_util.tree_leaves_with_path(grads_p):
         np.testing.assert_allclose(_at(grads_r, path), g_p, rtol=1e-5, atol=1e-7, err_msg=str(path))
     # One jax.checkpoint (primitive "remat2") per layer in the gradient's program. What that
     # saves is the compiler's to show, at real sizes: README, TPU (Large, seq 512, on v5p-16).
     for model, count in ((plain, 0), (again, config.num_hidden_layers)):
-        jaxpr = jax.make_jaxpr(step(model))(params).jaxpr
+        jaxpr = jax.make_jaxpr(_remat_step(model))(params).jaxpr
         names = [eqn.primitive.name for eqn in _primitives(jaxpr)]
         assert names.count("remat2") == count, names.count("remat2")
     with pytest.raises(ValueError, match="remat"):
@@ -327,7 +357,7 @@ def test_embedding_lookups_read_the_same_rows_with_the_same_gradients():
     weights = jnp.asarray(np.random.default_rng(6).standard_normal((3, 9, 64)), jnp.float32)
     gather = Embed(7, None, config, lookup="gather")
     one_hot = Embed(7, None, config, lookup="one_hot")
-    params = nn.meta.unbox(gather.init(jax.random.key(0), ids))
+    params = nn.meta.unbox(jax.jit(gather.init)(jax.random.key(0), ids))
 
     def objective(module, p):
         return jnp.sum(module.apply(p, ids) * weights)
@@ -336,8 +366,8 @@ def test_embedding_lookups_read_the_same_rows_with_the_same_gradients():
     with pytest.raises(ValueError, match="one_hot"):
         Embed(7, None, config, lookup="onehot").init(jax.random.key(0), ids)
     np.testing.assert_allclose(
-        jax.grad(lambda p: objective(one_hot, p))(params)["params"]["embedding"],
-        jax.grad(lambda p: objective(gather, p))(params)["params"]["embedding"],
+        jax.jit(jax.grad(lambda p: objective(one_hot, p)))(params)["params"]["embedding"],
+        jax.jit(jax.grad(lambda p: objective(gather, p)))(params)["params"]["embedding"],
         rtol=1e-6,
         atol=1e-6,
     )
@@ -346,23 +376,23 @@ def test_embedding_lookups_read_the_same_rows_with_the_same_gradients():
     batch = random_batch(np.random.default_rng(7), 3, 16, 4, config.vocab_size)
     model = BertModel(config)
     inputs = {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")}
-    params = nn.meta.unbox(model.init(jax.random.key(1), **inputs))
+    params = _init(model, inputs, seed=1)
     explicit = np.broadcast_to(np.arange(16, dtype=np.int32), (3, 16))
 
     def pooled(p, **extra):
         return jnp.sum(model.apply(p, **inputs, **extra)["pooled_output"])
 
-    value, grads = jax.value_and_grad(pooled)(params)
-    value_explicit, grads_explicit = jax.value_and_grad(lambda p: pooled(p, position_ids=explicit))(
-        params
-    )
+    value, grads = jax.jit(jax.value_and_grad(pooled))(params)
+    value_explicit, grads_explicit = jax.jit(
+        jax.value_and_grad(lambda p: pooled(p, position_ids=explicit))
+    )(params)
     np.testing.assert_allclose(value, value_explicit, rtol=1e-6)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_explicit)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_bf16_gradients_never_scatter_add_in_bf16(packed):
+def test_bf16_gradients_never_scatter_add_in_bf16(packed, tiny_variables):
     """Embedding gradients accumulate in float32. GPUs run a bf16 scatter-add as
     compare-and-swap loops; where every token updates the same rows (token types, positions)
     those serialize: 75 of 142 ms of a BERT-Base step at batch 256 x 128 on one H100."""
@@ -375,7 +405,7 @@ def test_bf16_gradients_never_scatter_add_in_bf16(packed):
             3, axis=0
         )
     model = BertForPreTraining(config)
-    params = nn.meta.unbox(model.init(jax.random.key(0), **trainer.model_inputs(batch))["params"])
+    params = tiny_variables["params"]  # float32, as a bfloat16 model's (test above)
 
     def loss(p):
         sums = trainer.compute_sums(
@@ -409,19 +439,19 @@ def test_padded_vocabulary_computes_what_the_unpadded_model_does():
     inputs = trainer.model_inputs(batch)
     model, padded_model = BertForPreTraining(config), BertForPreTraining(padded_config)
 
-    fresh = nn.meta.unbox(padded_model.init(jax.random.key(3), **inputs)["params"])
+    fresh = _init(padded_model, inputs, seed=3)["params"]
     fresh_table = fresh["bert"]["embeddings"]["word_embeddings"]["embedding"]
     assert fresh_table.shape == (384, config.hidden_size)
     assert not np.any(fresh_table[300:]) and np.all(np.std(fresh_table[:300], axis=1) > 0)
     assert fresh["predictions"]["output_bias"].shape == (384,)
 
-    params = nn.meta.unbox(model.init(jax.random.key(0), **inputs)["params"])
+    params = _init(model, inputs)["params"]
     # Nonzero biases, so that a padding column leaking into the softmax would show.
     params["predictions"]["output_bias"] = jnp.linspace(-1.0, 1.0, config.vocab_size)
     padded = mapping.repad_vocab(jax.device_get(params), padded_config)
 
-    out = model.apply({"params": params}, **inputs)
-    out_padded = padded_model.apply({"params": padded}, **inputs)
+    out = jax.jit(model.apply)({"params": params}, **inputs)
+    out_padded = jax.jit(padded_model.apply)({"params": padded}, **inputs)
     assert out_padded["mlm_logits"].shape == out["mlm_logits"].shape == (4, 6, 300)
     assert "mlm_logits_padded" not in out
     full = np.asarray(out_padded["mlm_logits_padded"])
