@@ -2,7 +2,8 @@
 one gather every task uses, `group_by_length`'s order, and, for every head (sentence single and
 pair, regression, multiple choice, span, tags) of both families (BERT, ModernBERT with its
 sliding window and mean pooling), dropout off: two steps on bucketed batches give the losses,
-logits and updated parameters of the same steps padded to max_seq_length."""
+logits and updated parameters of the same steps padded to max_seq_length; and a batch split
+into micro-batches (`micro_batch_tokens`) updates as the whole batch does."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from bert_jax.finetune.runs import multiple_choice as swag_task
 from bert_jax.finetune.tasks import swag
 from bert_jax.finetune.tuning import batches, tuning_loop
 from bert_jax.finetune.tuning import sentence_tuning as loop
+from bert_jax.finetune.tuning import settings as settings_module
 from bert_jax.finetune.tuning import token_tuning as token_loop
 from tests.glue_fixtures.tiny import tiny_encoder
 from tests.modernbert_fixtures import CONFIG as MODERNBERT_CONFIG
@@ -283,6 +285,50 @@ def test_bucketed_steps_equal_the_fixed_length_steps(head, family):
         logits, fixed_logits = (_centred(x, real) for x in (logits, fixed_logits))
     # Per-token logits come back at max_seq_length, the padding at PADDING_LOGIT in both runs.
     np.testing.assert_allclose(logits, fixed_logits, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+# Micro-batches: a batch over `micro_batch_tokens` runs split, its update the whole batch's.
+MICRO_BUDGETS = {"choice": 128, "tags": 64}  # 4 rows x 4 choices x 32: 4 of 1 row; 4 x 32: 2 of 2
+
+
+def test_micro_batch_count_is_the_fewest_equal_splits_within_the_budget():
+    assert batches.micro_batch_count(16, 4 * 96, 2048) == 4  # SWAG: 4 rows of 384 positions
+    assert batches.micro_batch_count(16, 128, 2048) == 1
+    assert batches.micro_batch_count(16, 128, 0) == 1  # never split
+    assert batches.micro_batch_count(12, 100, 250) == 6  # 2 rows; 5 do not divide 12
+    assert batches.micro_batch_count(16, 4 * 128, 256) == 16  # over budget at one row: the most
+    assert batches.micro_batch_count(16, 4 * 128, 256, divisor=4) == 4  # 4 rows per device set
+    assert settings_module.declaration("micro_batch_tokens").step
+
+
+@pytest.mark.parametrize("head", sorted(MICRO_BUDGETS))
+def test_micro_batched_steps_equal_the_whole_batch_steps(head):
+    """Dropout off, the second batch with a padding row (weight 0; tags: labelled tokens of
+    uneven count per row): each micro-batch's loss over the whole batch's weight adds up to
+    the whole batch's loss, gradients and updated parameters."""
+    whole_tuner, arrays = _case(head, "bert")
+    split = dataclasses.replace(SETTINGS, micro_batch_tokens=MICRO_BUDGETS[head])
+    if head == "choice":
+        split_tuner = swag_task.choice_tuner(_config("bert"), _mesh(), split)
+    else:
+        split_tuner = token_loop.token_tuner(
+            _config("bert"), 5, token_loop.TAGS, _mesh(), 0.0, split
+        )
+    assert split_tuner is not whole_tuner
+    losses, _, params, logits, _ = _two_steps(split_tuner, arrays, (MAX_LEN,), "bert")
+    whole_losses, _, whole_params, whole_logits, _ = _two_steps(
+        whole_tuner, arrays, (MAX_LEN,), "bert"
+    )
+    np.testing.assert_allclose(losses, whole_losses, rtol=TOLERANCE, atol=TOLERANCE)
+    for (path, ours), whole in zip(
+        jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(whole_params)
+    ):
+        name = jax.tree_util.keystr(path)
+        if name not in SHIFTS.get(head, ()):
+            np.testing.assert_allclose(ours, whole, atol=TOLERANCE, err_msg=name)
+    if head == "choice":
+        logits, whole_logits = (_centred(x, np.ones_like(x)) for x in (logits, whole_logits))
+    np.testing.assert_allclose(logits, whole_logits, rtol=TOLERANCE, atol=TOLERANCE)
 
 
 def _centred(logits, real):

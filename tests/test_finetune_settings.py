@@ -283,6 +283,7 @@ def test_tuners_are_shared_by_trials_that_differ_only_outside_the_step():
         "adam_bias_correction",
         "adam_epsilon",
         "optimizer",
+        "micro_batch_tokens",
     }
 
 

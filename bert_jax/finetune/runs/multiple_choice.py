@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core import partitioning, trainer
+from bert_jax.core import partitioning
 from bert_jax.core.model import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.finetune.heads import modernbert_pooled
@@ -45,7 +45,7 @@ from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.tasks import glue_metrics, swag
 from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.batches import Buckets, row_lengths
-from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
 from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
@@ -65,8 +65,9 @@ def task_settings(overrides: Mapping[str, Any]) -> FinetuneSettings:
     return settings_for(swag.TASKS[0], overrides)
 
 
-def choice_loss(model: nn.Module) -> trainer.LossFn:
-    """Cross-entropy over the choices, averaged over the batch's rows of nonzero weight."""
+def choice_loss(model: nn.Module) -> SumsFn:
+    """Cross-entropy over the choices, summed over a (micro-)batch's rows (`HeadTuner`'s
+    `sums_fn`: its loss is the sum over the whole batch's weight)."""
 
     def loss_fn(params, batch, dropout_rng):
         scores = model.apply(
@@ -75,8 +76,7 @@ def choice_loss(model: nn.Module) -> trainer.LossFn:
             deterministic=False,
             rngs={"dropout": dropout_rng},
         )
-        sums = classification_loss(scores, batch["labels"], batch["weights"])
-        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
+        return classification_loss(scores, batch["labels"], batch["weights"])
 
     return loss_fn
 

@@ -303,3 +303,22 @@ def predict_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
     padded = np.full(steps_per_epoch(len(order), batch_size) * batch_size, -1, np.int64)
     padded[: len(order)] = order
     return list(padded.reshape(-1, batch_size))
+
+
+def micro_batch_count(rows: int, positions_per_row: int, budget: int, divisor: int = 1) -> int:
+    """The micro-batches a training batch of `rows` (each `positions_per_row` padded positions:
+    a multiple-choice row counts every choice) runs as: the fewest that split it into equal
+    micro-batches of a multiple of `divisor` rows (the data-parallel size) holding at most
+    `budget` positions each; where none does, the most there can be; 1 with `budget` 0.
+
+    SWAG's 16 rows of 4 choices at 96 tokens under 2048: 4 (4 rows, 1536 positions each)."""
+    if budget <= 0:
+        return 1
+    fewest = 1
+    for count in range(1, rows + 1):
+        if rows % count or (rows // count) % divisor:
+            continue
+        fewest = count
+        if rows // count * positions_per_row <= budget:
+            break
+    return fewest

@@ -1,12 +1,18 @@
 """A pretrained BERT encoder with a fresh head on a mesh, compiled once: the sharded state born
 from the loaded encoder and the head's own init, the train step (`trainer.update` with the
 learning rate as an argument) and the predict step. GLUE's `sentence_tuning.FineTuner` and the token
-tasks' `token_tuning.TokenTuner` are this with their model, head and loss.
+tasks' `token_tuning.TokenTuner` are this with their model, head and loss sums.
+
+A training batch of more padded positions than `micro_batch_tokens` runs as micro-batches
+(`batches.micro_batch_count`, `trainer.update`'s accumulation), each loss divided by the whole
+batch's weight, so the update is the whole batch's while the step holds one micro-batch's
+activations (SWAG's 16 x 4 x 128 positions: 3.3 GB of working memory whole).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,23 +24,29 @@ import numpy as np
 from bert_jax.core import partitioning, trainer
 from bert_jax.core.trainer import TrainState
 from bert_jax.finetune.tuning import tuning_loop
+from bert_jax.finetune.tuning.batches import micro_batch_count
 from bert_jax.finetune.tuning.settings import FinetuneSettings
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
+# `sums_fn(params, batch, dropout_rng)`: the head's sums over the batch's rows, at least
+# "loss_sum" and "weight" (the sum of the batch's "label_weights" where it has them, else of its
+# "weights").
+SumsFn = Callable[[Any, Mapping[str, Array], Array], dict[str, Array]]
 
 
 class HeadTuner(trainer.ShardedSteps):
     """`model` (an encoder under `bert/` and `head` under `classifier/`), the recipe's optimizer
     (`tuning_loop.make_optimizer(settings)`: the settings that shape the step) with a unit schedule,
-    the mesh and rules, bound together and compiled once."""
+    the mesh and rules, bound together and compiled once. The loss is `sums_fn`'s "loss_sum" over
+    the whole batch's weight."""
 
     def __init__(
         self,
         model: nn.Module,
         head: nn.Module,
         head_input: Array,
-        loss_fn: trainer.LossFn,
+        sums_fn: SumsFn,
         predict_fn: Callable[..., Array],
         mesh: jax.sharding.Mesh,
         settings: FinetuneSettings,
@@ -61,7 +73,8 @@ class HeadTuner(trainer.ShardedSteps):
             in_shardings=(self.state_shardings.params,),
             out_shardings=self.state_shardings.opt_state,
         )
-        step = functools.partial(trainer.update, loss_fn=loss_fn, tx=self.tx)
+        self.micro_batch_tokens = settings.micro_batch_tokens
+        step = functools.partial(self._update, sums_fn=sums_fn)
         self._train_step = self.jit_train_step(step, num_scalars=2)  # rng, learning rate
         self._predict_step = self.jit_params_fn(functools.partial(predict_fn, model=model))
 
@@ -74,6 +87,35 @@ class HeadTuner(trainer.ShardedSteps):
         # Two counters, two buffers: the train step donates each of them.
         step, skipped = (jax.device_put(jnp.zeros((), jnp.int32), self.replicated) for _ in "ab")
         return TrainState(step, params, self._init_opt_state(params), skipped)
+
+    def _update(
+        self,
+        state: TrainState,
+        batch: Mapping[str, Array],
+        rng: Array,
+        learning_rate: Array,
+        *,
+        sums_fn: SumsFn,
+    ) -> tuple[TrainState, dict[str, Array]]:
+        """`trainer.update` with the head's mean loss, in as many micro-batches as the batch's
+        shape needs (`micro_batch_count`); each micro-batch's loss sum is divided by the whole
+        batch's weight (known before the forward pass), so the gradients add up to the whole
+        batch's."""
+        weights = batch["label_weights"] if "label_weights" in batch else batch["weights"]
+        total = jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
+
+        def loss_fn(params, micro_batch, dropout_rng):
+            sums = sums_fn(params, micro_batch, dropout_rng)
+            return sums["loss_sum"] / total, sums
+
+        rows, *positions = batch["input_ids"].shape
+        data_parallel = math.prod(self.mesh.shape[a] for a in partitioning.BATCH_AXES)
+        count = micro_batch_count(
+            rows, math.prod(positions), self.micro_batch_tokens, data_parallel
+        )
+        return trainer.update(
+            state, batch, rng, learning_rate, loss_fn=loss_fn, tx=self.tx, accum_steps=count
+        )
 
     def train_step(
         self, state: TrainState, batch: Mapping[str, Array], rng: Array, learning_rate: float

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core import partitioning, trainer
+from bert_jax.core import partitioning
 from bert_jax.core.model import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.finetune.heads import modernbert_pooled
@@ -43,7 +43,7 @@ from bert_jax.finetune.tuning.batches import (
     predict_batches,
     row_lengths,
 )
-from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
 from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
@@ -56,9 +56,9 @@ logger = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------------------
 
 
-def classifier_loss(model: BertForSequenceClassification, regression: bool) -> trainer.LossFn:
-    """The head's loss on a batch, averaged over its rows of nonzero weight (`trainer.update`'s
-    `loss_fn`); the aux are the head's sums."""
+def classifier_loss(model: BertForSequenceClassification, regression: bool) -> SumsFn:
+    """The head's loss sums on a (micro-)batch (`HeadTuner`'s `sums_fn`: its loss is their
+    "loss_sum" over the whole batch's weight)."""
 
     def loss_fn(params, batch, dropout_rng):
         logits = model.apply(
@@ -69,8 +69,7 @@ def classifier_loss(model: BertForSequenceClassification, regression: bool) -> t
             deterministic=False,
             rngs={"dropout": dropout_rng},
         )
-        sums = head_loss(logits, batch["labels"], batch["weights"], regression)
-        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
+        return head_loss(logits, batch["labels"], batch["weights"], regression)
 
     return loss_fn
 

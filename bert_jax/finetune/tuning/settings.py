@@ -148,6 +148,17 @@ class FinetuneSettings:
         "pad every batch to --max-seq-length (one compiled shape) instead of to the shortest "
         "length bucket that holds its longest row",
     )
+    # A split batch's rows draw other dropout masks than the whole batch's, so this shapes the
+    # step; with dropout off the update is the whole batch's (to float rounding).
+    micro_batch_tokens: int = setting(
+        2048,
+        "padded positions a training micro-batch holds at most: a batch with more runs as "
+        "micro-batches whose gradients add up to the whole batch's, which caps the step's "
+        "memory (0: never split)",
+        low=0,
+        step=True,
+        metavar="N",
+    )
     # transformers' name. It changes which rows share a batch, so what a run computes.
     group_by_length: bool = setting(
         False,

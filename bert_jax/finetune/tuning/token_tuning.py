@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.core import partitioning, trainer
+from bert_jax.core import partitioning
 from bert_jax.core.model import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.finetune.heads.modernbert_pooled import ModernBertClassifierHead
@@ -49,7 +49,7 @@ from bert_jax.finetune.tuning.batches import (
     predict_batches,
     row_lengths,
 )
-from bert_jax.finetune.tuning.head_tuner import HeadTuner
+from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
 Array = jax.Array
@@ -75,8 +75,9 @@ def masked_padding(logits_BxLxC: Array, input_mask_BxL: Array) -> Array:
     return jnp.where(real, logits_BxLxC, jnp.asarray(PADDING_LOGIT, logits_BxLxC.dtype))
 
 
-def head_loss_fn(model: TokenModel, kind: str) -> trainer.LossFn:
-    """`trainer.update`'s loss: the head's loss averaged over the batch's weight; aux are sums."""
+def head_loss_fn(model: TokenModel, kind: str) -> SumsFn:
+    """The head's loss sums on a (micro-)batch (`HeadTuner`'s `sums_fn`: its loss is their
+    "loss_sum" over the whole batch's weight: its rows', or its labelled tokens' for tags)."""
 
     def loss_fn(params, batch, dropout_rng):
         logits = model.apply(
@@ -87,15 +88,13 @@ def head_loss_fn(model: TokenModel, kind: str) -> trainer.LossFn:
         )
         logits = masked_padding(logits, batch["input_mask"])
         if kind == SPAN:
-            sums = span_loss(
+            return span_loss(
                 logits,
                 batch["start_positions"],
                 batch["end_positions"],
                 batch["weights"],
             )
-        else:
-            sums = token_loss(logits, batch["labels"], batch["label_weights"])
-        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
+        return token_loss(logits, batch["labels"], batch["label_weights"])
 
     return loss_fn
 
