@@ -26,7 +26,8 @@ batches shuffled and padded to their longest row (its data collators), torch Ada
 0.01 off biases and LayerNorm, eps 1e-8), gradient clipping at 1.0, a linear schedule after a 10%
 warmup, dropout 0.1, every core. bert-jax runs `bert-jax finetune` with the same recipe
 (`--optimizer adamw-hf`). The table (and WORKDIR/finetune_speed.json) gives each side's median over
-`--repeats`, the ratio of examples a second (bert-jax / transformers) and the machine's load
+`--repeats`, the ratio of examples a second (bert-jax / transformers), each side's CPU seconds
+(user + system, the steadier figure on a shared machine) and the machine's load
 average before each run.
 """
 
@@ -408,7 +409,8 @@ def run_transformers(args: argparse.Namespace) -> int:
 
 
 def timed(command: list[str], log_path: str) -> dict[str, Any]:
-    """Runs `command`, its output into `log_path`: wall seconds, peak RSS (GB) from the kernel."""
+    """Runs `command`, its output into `log_path`: wall seconds, CPU seconds (user + system: on a
+    shared machine the steadier measure of the work) and peak RSS (GB), from the kernel."""
     load = os.getloadavg()[0]
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -420,7 +422,12 @@ def timed(command: list[str], log_path: str) -> dict[str, Any]:
         with open(log_path, encoding="utf-8") as f:
             tail = f.read()[-3000:]
         raise SystemExit(f"{shlex.join(command)} exited {code}:\n{tail}")
-    return {"wall_s": wall, "peak_rss_gb": usage.ru_maxrss / 1024**2, "load_before": load}
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_gb": usage.ru_maxrss / 1024**2,
+        "load_before": load,
+    }
 
 
 def bert_jax_model(workdir: str) -> str:
@@ -518,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                 figures = run_side(side, kind, args, data, run)
                 results[kind][side].append(figures)
                 print(
-                    f"{kind} {side} run {run}: {figures['wall_s']:.1f} s, "
+                    f"{kind} {side} run {run}: {figures['wall_s']:.1f} s "
+                    f"({figures['cpu_s']:.1f} CPU s), "
                     f"{figures['examples_per_s']:.2f} examples/s, "
                     f"peak {figures['peak_rss_gb']:.2f} GB, load {figures['load_before']:.2f}",
                     flush=True,
@@ -534,18 +542,21 @@ def main(argv: list[str] | None = None) -> int:
 def table(results: dict[str, dict[str, list[dict]]]) -> str:
     lines = [
         "| task | bert-jax examples/s | transformers examples/s | ratio | bert-jax peak GB "
-        "| transformers peak GB | load before |",
-        "|---|---|---|---|---|---|---|",
+        "| transformers peak GB | CPU s (bert-jax / transformers) | load before |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for kind, sides in results.items():
         ours = statistics.median(f["examples_per_s"] for f in sides["bert-jax"])
         peer = statistics.median(f["examples_per_s"] for f in sides["transformers"])
         ours_gb = statistics.median(f["peak_rss_gb"] for f in sides["bert-jax"])
         peer_gb = statistics.median(f["peak_rss_gb"] for f in sides["transformers"])
+        ours_cpu = statistics.median(f["cpu_s"] for f in sides["bert-jax"])
+        peer_cpu = statistics.median(f["cpu_s"] for f in sides["transformers"])
         loads = [f["load_before"] for side in sides.values() for f in side]
         lines.append(
             f"| {kind} ({BERT_JAX_TASK[kind]}) | {ours:.2f} | {peer:.2f} | {ours / peer:.2f}x "
-            f"| {ours_gb:.2f} | {peer_gb:.2f} | {min(loads):.1f}-{max(loads):.1f} |"
+            f"| {ours_gb:.2f} | {peer_gb:.2f} | {ours_cpu:.0f} / {peer_cpu:.0f} "
+            f"({peer_cpu / ours_cpu:.2f}x) | {min(loads):.1f}-{max(loads):.1f} |"
         )
     return "\n".join(lines)
 
