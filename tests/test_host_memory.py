@@ -146,17 +146,26 @@ def test_a_compiling_child_drops_only_the_jax_platforms_bert_jax_chose(monkeypat
 
 def test_ctrl_c_stops_the_child_without_its_stack(tmp_path):
     """Ctrl-C reaches the whole process group: the child ignores it (no KeyboardInterrupt stack
-    of its own), the parent is interrupted, and the child is gone with it."""
+    of its own), the parent is interrupted, and the child is gone with it. Both Pythons start
+    with SIGINT handled as a terminal's foreground command has it: a test run started in the
+    background (`make test &`, nohup) ignores SIGINT, and a Python started so keeps ignoring it."""
     import signal
     import subprocess
     import sys
     import textwrap
 
-    assert host_memory.run_watched(children.waits, 0.0, what="waiting")  # SIGINT ignored there
+    ours = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert host_memory.run_watched(children.waits, 0.0, what="waiting")  # SIGINT ignored there
+    finally:
+        signal.signal(signal.SIGINT, ours)
     started = tmp_path / "started"
     script = textwrap.dedent(
         f"""
         import pathlib
+        import signal
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from bert_jax.runtime import host_memory
         from tests import host_memory_children as children
 
