@@ -12,8 +12,9 @@ the line before a code block, which holds for the block's commands (docs/develop
 
 Each command runs in a directory of its own, where the paths it reads (`--model runs/base`,
 `--data glue_data`, `--input 'corpus/*.txt'`, ...) are links to tiny inputs built once
-(`inputs`): a 300-piece tokenizer, records, a 2-layer model that carries that tokenizer, a TF1
-checkpoint, a Hugging Face directory, and GLUE, SQuAD, CoNLL-2003 and SWAG files of a few rows.
+(`inputs`): a 300-piece tokenizer and records of 60 documents, a 1-layer model that carries that
+tokenizer, a TF1 checkpoint, a Hugging Face directory, and GLUE, SQuAD, CoNLL-2003 and SWAG files
+of a few rows (each command's cost is its compiles: the smallest inputs that run it).
 Commands that differ only in their paths run once (`signature`); tests/test_readme.py parses
 every command.
 """
@@ -218,7 +219,7 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     paths = {"glue": GLUE_DIR}
     corpus = root / "corpus"
     corpus.mkdir()
-    documents = embedded_documents("all")[:120]
+    documents = embedded_documents("all")[:60]
     for shard in range(3):
         text = "\n\n".join("\n".join(doc) for doc in documents[shard::3])
         (corpus / f"part-{shard}.txt").write_text(text + "\n", encoding="utf-8")
@@ -242,7 +243,7 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     paths.update(tok=str(root / "tok"), records128=str(root / "data128"))
     paths["records512"] = str(root / "data512")
 
-    config = tiny_config(vocab_size=320, max_position_embeddings=512)
+    config = tiny_config(vocab_size=320, max_position_embeddings=512, num_hidden_layers=1)
     params = convert_fixtures.random_params(config)
     paths["model"] = model_dir.save_model_dir(root / "model", config, params, root / "tok")
     paths["tf1"] = convert_fixtures.write_tf1_checkpoint(
