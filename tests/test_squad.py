@@ -22,8 +22,13 @@ from bert_jax.finetune.tasks.squad import SquadDataError, SquadExample
 from tests.glue_fixtures.tiny import tiny_pretrained
 from tests.helpers import minilm_dir
 
-# The module (the package re-exports its `squad` function under the same name).
-tm_squad = importlib.import_module("torchmetrics.functional.text.squad")
+
+def _torchmetrics_squad():
+    """torchmetrics' SQuAD module (the package re-exports its `squad` function under the same
+    name), imported by the tests that read it: about 3 CPU-s, which every test process that
+    collects this file would pay."""
+    return importlib.import_module("torchmetrics.functional.text.squad")
+
 
 # (prediction, gold answers): articles, punctuation, case, whitespace, several gold answers,
 # partial overlaps, repeated tokens, an empty prediction, non-ASCII punctuation.
@@ -43,7 +48,7 @@ CASES = [
 
 
 def _tm_scores(prediction: str, golds: list[str]) -> tuple[float, float]:
-    out = tm_squad.squad(
+    out = _torchmetrics_squad().squad(
         {"prediction_text": prediction, "id": "q"},
         {"answers": {"answer_start": [0] * len(golds), "text": golds}, "id": "q"},
     )
@@ -68,7 +73,7 @@ def test_v1_metric_matches_torchmetrics():
         # torchmetrics computes in float32: equal to its resolution.
         assert 100 * f1s[f"q{i}"] == pytest.approx(tm_f1, abs=1e-4), CASES[i]
     ours = squad_answers.evaluate(dataset, predictions, "v1.1")
-    theirs = tm_squad.squad(
+    theirs = _torchmetrics_squad().squad(
         [{"prediction_text": p, "id": f"q{i}"} for i, (p, _) in enumerate(CASES)],
         [
             {"answers": {"answer_start": [0], "text": g}, "id": f"q{i}"}
@@ -83,6 +88,7 @@ def test_v1_metric_matches_torchmetrics():
 def _official_v2(dataset, preds, na_probs, thresh):
     """The v2.0 script's flow written out on its own (no package ships it offline): gold answers
     normalising to nothing dropped, thresholding, HasAns/NoAns, the best-threshold sweep."""
+    tm_squad = _torchmetrics_squad()
     has_ans, exact, f1s = {}, {}, {}
     for qa in dataset[0]["paragraphs"][0]["qas"]:
         qid = qa["id"]
