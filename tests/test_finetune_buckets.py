@@ -161,12 +161,19 @@ def _rows(rng: np.random.Generator, shape: tuple[int, ...], vocab: int, pad: int
     return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
 
 
+# The fewest layers that hold what is compared (each test compiles four steps per model): BERT's
+# one, ModernBERT's global layer and sliding-window layer.
+LAYERS = {"bert": 1, "modernbert": 2}
+
+
 @functools.cache
 def _config(family: str, pooling: str = "cls"):
     if family == "bert":
-        config, _ = tiny_encoder()
+        config, _ = tiny_encoder(num_hidden_layers=LAYERS["bert"])
         return config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return with_dropout(MODERNBERT_CONFIG, 0.0).replace(classifier_pooling=pooling)
+    config = with_dropout(MODERNBERT_CONFIG, 0.0).replace(num_hidden_layers=LAYERS["modernbert"])
+    assert config.global_attn_every_n_layers == 2  # layer 0 global, layer 1 in its window
+    return config.replace(classifier_pooling=pooling)
 
 
 @functools.cache
@@ -213,7 +220,7 @@ def _encoder_params(family: str):
     """BERT's: the shared tiny encoder's. ModernBERT's: random (no compile): kernels and
     embeddings N(0, 0.05), LayerNorm scales near 1, biases near 0."""
     if family == "bert":
-        return tiny_encoder()[1]["bert"]
+        return tiny_encoder(num_hidden_layers=LAYERS["bert"])[1]["bert"]
     tuner, _ = _case("tags", family)
     rng = np.random.default_rng(0)
 
@@ -251,7 +258,7 @@ SHIFTS = {
     "span": (
         "['classifier']['output']['bias']",
         "['classifier']['head']['norm']['bias']",
-        "['bert']['encoder']['layer_1']['output_LayerNorm']['bias']",  # BERT's last
+        "['bert']['encoder']['layer_0']['output_LayerNorm']['bias']",  # BERT's last
     ),
 }
 
