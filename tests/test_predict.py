@@ -239,7 +239,7 @@ def run_docs_commands(tmp_path, monkeypatch) -> None:
 def test_each_head_kind_predicts_as_its_run_did(tmp_path, capsys, monkeypatch):
     """One test (the runs are its cost; a fixture shared by several tests could run on several
     workers): each kind fine-tuned, its workdir read by predict."""
-    config, params = tiny_encoder()
+    config, params = tiny_encoder(num_hidden_layers=1)  # a run costs its compiles: one layer
     tokenizer = fixture_tokenizer()
     model = save_model_dir(tmp_path / "tiny", config, params, tokenizer)
     data = {"glue/SST-2": GLUE_DIR, "glue/STS-B": GLUE_DIR}
