@@ -56,7 +56,7 @@ CHOICES = [("The cat sat on the", ["mat.", "moon.", "idea of it.", "rug by the d
 def _config(family: str, tokenizer) -> BertConfig | ModernBertConfig:
     if family == "bert":
         return BertConfig(
-            vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+            vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
             num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
         )  # fmt: skip
     ids = dict(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id)
