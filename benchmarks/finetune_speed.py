@@ -80,8 +80,9 @@ def _words(sentence: str) -> list[str]:
 def write_squad(directory: str, train_size: int, dev_size: int, seed: int = 0) -> None:
     """train-v1.1.json and dev-v1.1.json: a paragraph of two to four consecutive sentences of one
     document; the question is one of its sentences with a word of five letters or more replaced
-    by "what"; the answer is that word where it stands in the paragraph. Train and dev come from
-    different documents."""
+    by "what" (at most 120 characters, so the question and some context fit in 128 tokens); the
+    answer is that word where it stands in the paragraph. Train and dev come from different
+    documents."""
     from finetune_side_by_side import _prose_documents
 
     rng = np.random.default_rng(seed)
@@ -103,6 +104,8 @@ def write_squad(directory: str, train_size: int, dev_size: int, seed: int = 0) -
                 continue
             word = candidates[int(rng.integers(0, len(candidates)))]
             question = f"{asked[: word.start()]}what{asked[word.end() :]}".rstrip(" .") + "?"
+            if len(question) > 120:  # a question of at most ~60 tokens leaves the context room
+                continue
             answer_start = context.index(asked) + word.start()
             number = len(paragraphs)
             paragraphs.append(
