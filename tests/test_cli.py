@@ -101,8 +101,8 @@ def test_every_argparse_command_runs_something_and_names_itself_for_errors():
     leaves = {path: (leaf, run) for path, leaf, run in _leaves(cli.build_parser())}
     assert set(leaves) >= {"pretrain", "plan", "bench"}  # listed only: absl parses them
     del leaves["pretrain"], leaves["plan"], leaves["bench"]
-    # tokenizer train, data prepare, eval, 5 more, launch tpu (9: with watch and status), slurm
-    assert len(leaves) == 18
+    # tokenizer train, data prepare, eval, 6 more, launch tpu (9: with watch and status), slurm
+    assert len(leaves) == 19
     for path, (leaf, run) in leaves.items():
         assert leaf.get_default("command_name") == path and callable(run), path
 
@@ -175,9 +175,11 @@ def test_config_file_errors_are_one_line(capsys, tmp_path):
     assert "Error whilst parsing config file: unknown model size 'hugee'" in message
     argv = ["bench", "--config", TINY, "--config.phase1.batch_size=1.5"]
     message = _user_error(capsys, argv, "bench")
-    assert message.startswith("flag --config.phase1.batch_size=1.5: invalid literal for int()")
+    assert message == (
+        "--config.phase1.batch_size=1.5: an integer setting takes a whole number, not '1.5'\n"
+    )
     message = _user_error(capsys, ["bench", "--config", TINY, "--steps", "x"], "bench")
-    assert message.startswith("flag --steps=x: invalid literal")
+    assert message == "--steps=x: an integer setting takes a whole number, not 'x'\n"
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["pretrain", "--config", TINY, "--workdirr", "w"])
     assert exit_info.value.code == 2
@@ -293,7 +295,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(encode, "encode_file", bug)
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["encode", "--model", "m", "--input", "t.txt", "--output", "o.npy"])
-    monkeypatch.setattr(config_checks, "describe", bug)
+    monkeypatch.setattr(config_checks, "dry_run_outline", bug)
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["pretrain", "--config", TINY, "--dry-run"])
     # A config file with a bug is not mistaken for an override typo.
@@ -417,7 +419,7 @@ def test_console_script_exit_statuses(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     code = (
-        "import sys; from bert_jax import cli, encode\n"
+        "import sys; from bert_jax import cli\nfrom bert_jax.inference import encode\n"
         "def bug(*a, **k): raise ValueError('shapes (3,) and (4,) differ')\n"
         "encode.encode_file = bug\n"
         "sys.exit(cli.main(['encode', '--model', 'm', '--input', 't', '--output', 'o.npy']))\n"

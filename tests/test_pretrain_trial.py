@@ -90,8 +90,9 @@ def test_the_runs_first_line_says_its_plan():
     config.total_steps = 60
     line = pretrain.opening_line(config, "/w")
     assert line == (
-        "bert-jax pretrain: 2 layers, hidden 128, vocab 4000 (from the tokenizer); 60 steps in "
-        "2 phase(s), lr 0.001 after warmup 6 steps; a line every 10 steps, checkpoint every 50 "
+        "bert-jax pretrain: 2 layers, hidden 128, vocab 4000 (from the tokenizer); 60 steps "
+        "(config.total_steps) in 2 phase(s), lr 0.001 after warmup 6 steps; a line every 10 "
+        "steps, checkpoint every 50 "
         "and at the end, eval every 100 steps and at the end (10 batches of 32, at each phase's "
         "sequence length); workdir /w"
     )

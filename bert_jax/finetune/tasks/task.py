@@ -15,8 +15,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 # Families: which run trains a task (`runs.one_task` holds one run per family).
 SENTENCE = "sentence"  # a classifier (or regressor) on the pooled [CLS]: GLUE and tasks like it
 SPANS = "spans"  # start/end logits at every token: SQuAD
@@ -80,7 +78,7 @@ class Task:
         values = [m[self.selected_by] for m in dev_metrics.values() if isinstance(m, Mapping)]
         if not values:
             raise KeyError(f"task {self.name}: no {self.selected_by!r} in {sorted(dev_metrics)}")
-        return float(np.mean(values))
+        return float(sum(values)) / len(values)  # np.mean's figure; --help imports no NumPy
 
     def is_better(self, score: float, than: float) -> bool:
         """Whether a run scoring `score` is selected over one scoring `than` (a tie is not)."""
