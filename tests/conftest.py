@@ -112,6 +112,50 @@ SLOW_END_TO_END = {
         "per objective: pretraining, evaluation, export and transformers' class on it",
     "tests/test_side_by_side_benchmark.py::test_a_run_without_optional_flags_writes_its_summary_with_the_defaults":
         "the side-by-side benchmark's whole fine-tuning run",
+    # Pretraining runs to their end, several per test: make test keeps the parts they put
+    # together (the train step, the checkpointer, the data position, the config checks).
+    "tests/test_pretrain.py::test_phase_switch_at_ninety_percent_with_the_schedule":
+        "the 12-step two-phase reference run (the module's other runs compare with it)",
+    "tests/test_pretrain.py::test_sigterm_then_resume_is_exact":
+        "a pretraining run stopped by SIGTERM at step 6, resumed to the end",
+    "tests/test_pretrain.py::test_workdir_is_a_model_for_later_commands":
+        "encode, convert and fine-tuning on the reference run's workdir",
+    "tests/test_pretrain.py::test_init_from_a_model_directory":
+        "a second pretraining run that starts from the reference run's model",
+    "tests/test_pretrain.py::test_the_run_draws_its_curves":
+        "reads the reference run's plot (the run is its cost)",
+    "tests/test_pretrain.py::test_a_finished_run_is_not_resumed_on_another_schedule":
+        "a copy of the reference run refused, then resumed on its own schedule",
+    "tests/test_pretrain.py::test_injected_nan_is_skipped_and_counted":
+        "a pretraining run with a non-finite batch injected",
+    "tests/test_pretrain.py::test_too_many_non_finite_steps_stop_with_the_checkpoint_intact":
+        "a pretraining run stopped by non-finite steps",
+    "tests/test_faults_checkpoints.py::test_truncated_latest_checkpoint_resumes_from_the_one_before_exactly":
+        "a run resumed past a truncated checkpoint, preempted and resumed again to the end",
+    "tests/test_modernbert_pretrain.py::test_sigterm_then_resume_is_exact":
+        "a ModernBERT pretraining run stopped by SIGTERM, resumed to the end",
+    "tests/test_pretrain_eval.py::test_a_run_on_records_evaluates_on_their_held_out_records_as_said":
+        "a pretraining run evaluating its held-out records twice",
+    "tests/test_pretrain_eval.py::test_a_run_on_a_corpus_evaluates_on_what_its_preparation_held_out":
+        "prepares the embedded corpus, then a pretraining run evaluating what it held out",
+    "tests/test_pretrain_eval.py::test_a_run_on_records_without_held_out_records_evaluates_nothing_and_draws_no_eval":
+        "a pretraining run on records without held-out records",
+    "tests/test_heldout_nsp_baseline.py::test_pretraining_says_them_in_its_eval_line_metrics_plot_and_final_line":
+        "a pretraining run with evaluations, its metrics and plot",
+    "tests/test_data_pipeline.py::test_restoring_the_position_in_a_new_process_continues_exactly":
+        "a second Python process importing TensorFlow to continue both pipelines",
+    # Fine-tuning commands to their end (make test keeps each task's steps against transformers).
+    "tests/test_predict.py::test_each_head_kind_predicts_as_its_run_did":
+        "five fine-tuning runs, one per head kind, each then predicted through the command",
+    "tests/test_finetune_curve.py::test_each_checkpoint_curve_runs_resumes_and_plots":
+        "a fine-tuning run per pretraining checkpoint, resumed, and the plot",
+    "tests/test_finetuned_model_dir.py::test_the_sweep_keeps_the_selected_trials_model_only":
+        "`bert-jax glue` with two learning rates",
+    "tests/test_finetune_baseline.py::test_the_finetune_summary_shows_the_baseline_and_the_warning":
+        "a fine-tuning run through the command",
+    "tests/test_docs_commands.py::test_a_documented_command_runs":
+        "every command the README and docs show, run as written at small sizes (pretraining, "
+        "fine-tuning, the GLUE sweep among them)",
     # Benchmarks and references at full size.
     "tests/test_bench_torch.py::test_hf_torch_eager_trains_beside_ours_from_the_same_weights":
         "PyTorch's BertForPreTraining trained beside ours by the benchmark",
