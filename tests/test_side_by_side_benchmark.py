@@ -60,7 +60,7 @@ def test_the_paired_spread_test_sees_what_levenes_misses_when_scores_move_togeth
     for _ in range(200):
         head = rng.normal(95.0, 2.0, size=12)
         ours, theirs = (head + rng.normal(0.0, 0.5, size=12) for _ in side_by_side.STACKS)
-        rejected += side_by_side.paired(_runs(ours, theirs))["swap_spread_p"] < 0.05
+        rejected += side_by_side.swap_spread_p(ours, theirs, resamples=2000) < 0.05
     assert 2 <= rejected <= 20, rejected
 
 
