@@ -6,6 +6,7 @@ original variable names by hand (tests/convert_fixtures.py), not through our map
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from bert_jax.convert.hf import HF_DIR_FILES
 from bert_jax.convert.model_dir import ModelDirError, load_model_dir, save_model_dir
 from bert_jax.convert.strict import ConversionError
 from bert_jax.core import trainer
-from bert_jax.core.model import BertForPreTraining, BertModel
+from bert_jax.core.model import BertForPreTraining
 from tests.convert_fixtures import (
     google_bert_config,
     hf_state_dict_from_tf1,
@@ -55,13 +56,21 @@ def _torch_inputs(batch):
     )
 
 
+@functools.cache
+def _pretraining_forward(config):
+    """bert-jax BertForPreTraining's outputs, compiled once per config (every batch here is
+    3 x 24): run eagerly, a forward goes op by op, seconds of CPU time. Every position goes
+    through the last layer, to compare the whole sequence output."""
+    model = BertForPreTraining(config.replace(sparse_last_layer=False))
+    return jax.jit(
+        lambda params, inputs: model.apply({"params": params}, **inputs, deterministic=True)
+    )
+
+
 def _compare_pretraining(params, config, hf_model, seed: int = 0, label: str = "") -> None:
     """bert-jax BertForPreTraining vs a transformers BertForPreTraining on a padded batch."""
     batch = random_batch(np.random.default_rng(seed), 3, 24, 5, config.vocab_size)
-    # Every position through the last layer, to compare the whole sequence output.
-    ours = BertForPreTraining(config.replace(sparse_last_layer=False)).apply(
-        {"params": params}, **trainer.model_inputs(batch), deterministic=True
-    )
+    ours = _pretraining_forward(config)(params, trainer.model_inputs(batch))
     with torch.no_grad():
         ref = hf_model(**_torch_inputs(batch), output_hidden_states=True)
         pooled = hf_model.bert(**_torch_inputs(batch)).pooler_output
@@ -129,7 +138,8 @@ def test_tf1_checkpoint_converts_to_what_the_original_graph_computes(tf1_setup, 
     erf_reference = transformers.BertForPreTraining(hf_config(config.replace(hidden_act="gelu")))
     erf_reference.load_state_dict(state, strict=False)
     batch = random_batch(np.random.default_rng(0), 3, 24, 5, config.vocab_size)
-    ours = BertModel(loaded.config).apply({"params": params["bert"]}, **_encoder_inputs(batch))
+    # The encoder's output, from the forward compiled above (BertModel of params["bert"]).
+    ours = _pretraining_forward(loaded.config)(params, trainer.model_inputs(batch))
     with torch.no_grad():
         erf = erf_reference.eval().bert(**_torch_inputs(batch)).last_hidden_state.numpy()
     assert np.max(np.abs(np.asarray(ours["sequence_output"]) - erf)) > 1e-4
@@ -144,10 +154,6 @@ def test_tf1_checkpoint_converts_to_what_the_original_graph_computes(tf1_setup, 
     assert not any(info.values()), info
     assert exported.config.hidden_act == "gelu_new"
     _compare_pretraining(params, loaded.config, exported.eval(), label="tf1->hf")
-
-
-def _encoder_inputs(batch):
-    return {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")}
 
 
 def _rewrite_tf1(tf1_setup, tmp_path, *, drop=None, reshape=None, vocab_size=None, vocab_txt=None):
