@@ -35,12 +35,29 @@ def with_dropout(config: ModernBertConfig, rate: float) -> ModernBertConfig:
     )
 
 
-def pool(hidden_BxLxD: Array, input_mask_BxL: Array, pooling: str) -> Array:
-    """The first token's state ("cls"), or the mean over the real tokens ("mean")."""
+def pool(
+    hidden_BxLxD: Array,
+    input_mask_BxL: Array,
+    pooling: str,
+    packed_segment_ids_BxL: Array | None = None,
+    cls_positions_BxN: Array | None = None,
+) -> Array:
+    """The first token's state ("cls"), or the mean over the real tokens ("mean"): [B, D]; of
+    packed rows (`cls_positions` [B, N]: where row n starts; its tokens carry packed segment id
+    n + 1), each row's: [B, N, D]."""
+    if cls_positions_BxN is None:
+        if pooling == "cls":
+            return hidden_BxLxD[:, 0]
+        mask = input_mask_BxL.astype(hidden_BxLxD.dtype)[..., None]
+        return jnp.sum(hidden_BxLxD * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
     if pooling == "cls":
-        return hidden_BxLxD[:, 0]
-    mask = input_mask_BxL.astype(hidden_BxLxD.dtype)[..., None]
-    return jnp.sum(hidden_BxLxD * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+        positions = cls_positions_BxN.astype(jnp.int32)[..., None]
+        return jnp.take_along_axis(hidden_BxLxD, positions, axis=1)
+    rows = jnp.arange(1, cls_positions_BxN.shape[1] + 1, dtype=jnp.int32)
+    member = packed_segment_ids_BxL[:, None, :] == rows[None, :, None]
+    member = jnp.logical_and(member, input_mask_BxL[:, None, :] != 0).astype(hidden_BxLxD.dtype)
+    total = jnp.einsum("bnl,bld->bnd", member, hidden_BxLxD)
+    return total / jnp.maximum(jnp.sum(member, axis=2), 1.0)[..., None]
 
 
 class ModernBertClassifierHead(nn.Module):
@@ -80,13 +97,26 @@ class ModernBertForSequenceClassification(nn.Module):
         input_mask: Array,
         segment_ids: Array | None = None,
         deterministic: bool = True,
+        position_ids: Array | None = None,
+        packed_segment_ids: Array | None = None,
+        cls_positions: Array | None = None,
     ) -> Array:
         del segment_ids
         cfg = self.config
         outputs = ModernBertModel(cfg, name="bert")(
-            input_ids, input_mask, deterministic=deterministic
+            input_ids,
+            input_mask,
+            position_ids=position_ids,
+            packed_segment_ids=packed_segment_ids,
+            deterministic=deterministic,
         )
-        pooled = pool(outputs["sequence_output"], input_mask, cfg.classifier_pooling)
+        pooled = pool(
+            outputs["sequence_output"],
+            input_mask,
+            cfg.classifier_pooling,
+            packed_segment_ids,
+            cls_positions,
+        )
         head = ModernBertClassifierHead(cfg, self.num_labels, name="classifier")
         return head(pooled, deterministic=deterministic)
 
@@ -96,7 +126,8 @@ class ModernBertForMultipleChoice(ModernBertForSequenceClassification):
     [batch, choices, length], float32 scores [batch, choices] (softmax over the choices).
 
     transformers' CLS pooling here takes each row's first real token; our rows are padded on
-    the right, where that is the first token, as `pool` takes it."""
+    the right, where that is the first token, as `pool` takes it. Packed (`cls_positions`
+    [batch, slots, choices]): scores [batch, slots, choices]."""
 
     num_labels: int = 1
 
@@ -106,11 +137,18 @@ class ModernBertForMultipleChoice(ModernBertForSequenceClassification):
         input_mask: Array,
         segment_ids: Array | None = None,
         deterministic: bool = True,
+        position_ids: Array | None = None,
+        packed_segment_ids: Array | None = None,
+        cls_positions: Array | None = None,
     ) -> Array:
         length = input_ids.shape[-1]
+        packed = cls_positions is not None
         scores = super().__call__(
             input_ids.reshape(-1, length),
             input_mask.reshape(-1, length),
             deterministic=deterministic,
+            position_ids=position_ids,
+            packed_segment_ids=packed_segment_ids,
+            cls_positions=cls_positions.reshape(len(input_ids), -1) if packed else None,
         )
-        return scores.reshape(input_ids.shape[:-1])
+        return scores.reshape(cls_positions.shape if packed else input_ids.shape[:-1])

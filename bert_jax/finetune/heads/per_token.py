@@ -2,7 +2,8 @@
 
 `BertForTokenOutputs` is `BertModel` (parameters under `bert/`, so a model directory's encoder loads
 as is) followed by dropout and one dense layer under `classifier/output/` applied at every position:
-[batch, length, num_outputs] float32 logits. For SQuAD `num_outputs` is 2 (start and end logits;
+[batch, length, num_outputs] float32 logits (packed rows, `tuning/packing.py`: the same, each
+row's tokens attending to its own). For SQuAD `num_outputs` is 2 (start and end logits;
 the original run_squad has no dropout before this layer, so its rate is 0 there); for NER it is the
 number of tags.
 
@@ -42,9 +43,16 @@ class BertForTokenOutputs(nn.Module):
         input_mask: Array,
         segment_ids: Array,
         deterministic: bool = True,
+        position_ids: Array | None = None,
+        packed_segment_ids: Array | None = None,
     ) -> Array:
         outputs = BertModel(self.config, name="bert")(
-            input_ids, input_mask, segment_ids, deterministic=deterministic
+            input_ids,
+            input_mask,
+            segment_ids,
+            position_ids=position_ids,
+            packed_segment_ids=packed_segment_ids,
+            deterministic=deterministic,
         )
         head = ClassifierHead(self.config, self.num_outputs, self.head_dropout, name="classifier")
         return head(outputs["sequence_output"], deterministic=deterministic)
@@ -65,10 +73,16 @@ class ModernBertForTokenOutputs(nn.Module):
         input_mask: Array,
         segment_ids: Array | None = None,
         deterministic: bool = True,
+        position_ids: Array | None = None,
+        packed_segment_ids: Array | None = None,
     ) -> Array:
         del segment_ids
         outputs = ModernBertModel(self.config, name="bert")(
-            input_ids, input_mask, deterministic=deterministic
+            input_ids,
+            input_mask,
+            position_ids=position_ids,
+            packed_segment_ids=packed_segment_ids,
+            deterministic=deterministic,
         )
         head = ModernBertClassifierHead(self.config, self.num_outputs, name="classifier")
         return head(outputs["sequence_output"], deterministic=deterministic)

@@ -44,7 +44,9 @@ class ClassifierHead(nn.Module):
 class BertForSequenceClassification(nn.Module):
     """BERT + `ClassifierHead` on the pooled [CLS]; returns float32 logits [batch, num_labels].
 
-    `num_labels=1` is regression: the single output is the predicted score.
+    `num_labels=1` is regression: the single output is the predicted score. Packed rows
+    (`tuning/packing.py`: `position_ids`, `packed_segment_ids`, `cls_positions` [batch, slots])
+    give [batch, slots, num_labels], one per row's [CLS].
     """
 
     config: BertConfig
@@ -58,9 +60,18 @@ class BertForSequenceClassification(nn.Module):
         input_mask: Array,
         segment_ids: Array,
         deterministic: bool = True,
+        position_ids: Array | None = None,
+        packed_segment_ids: Array | None = None,
+        cls_positions: Array | None = None,
     ) -> Array:
         outputs = BertModel(self.config, name="bert")(
-            input_ids, input_mask, segment_ids, deterministic=deterministic
+            input_ids,
+            input_mask,
+            segment_ids,
+            position_ids=position_ids,
+            packed_segment_ids=packed_segment_ids,
+            cls_positions=cls_positions,
+            deterministic=deterministic,
         )
         head = ClassifierHead(
             self.config, self.num_labels, self.classifier_dropout, name="classifier"
@@ -71,7 +82,9 @@ class BertForSequenceClassification(nn.Module):
 class BertForMultipleChoice(nn.Module):
     """BERT + `ClassifierHead` with one output on each choice's pooled [CLS] (SWAG): inputs
     [batch, choices, length], float32 scores [batch, choices] (softmax over the choices), as
-    Hugging Face's `BertForMultipleChoice`. The head's one vector is the only new parameter."""
+    Hugging Face's `BertForMultipleChoice`. The head's one vector is the only new parameter.
+    Packed (`cls_positions` [batch, slots, choices], each choice a row of its own): scores
+    [batch, slots, choices]."""
 
     config: BertConfig
     classifier_dropout: float = 0.1
@@ -83,21 +96,30 @@ class BertForMultipleChoice(nn.Module):
         input_mask: Array,
         segment_ids: Array,
         deterministic: bool = True,
+        position_ids: Array | None = None,
+        packed_segment_ids: Array | None = None,
+        cls_positions: Array | None = None,
     ) -> Array:
         length = input_ids.shape[-1]
+        packed = cls_positions is not None
         outputs = BertModel(self.config, name="bert")(
             input_ids.reshape(-1, length),
             input_mask.reshape(-1, length),
             segment_ids.reshape(-1, length),
+            position_ids=position_ids,
+            packed_segment_ids=packed_segment_ids,
+            cls_positions=cls_positions.reshape(len(input_ids), -1) if packed else None,
             deterministic=deterministic,
         )
         head = ClassifierHead(self.config, 1, self.classifier_dropout, name="classifier")
         scores = head(outputs["pooled_output"], deterministic=deterministic)
-        return scores.reshape(input_ids.shape[:-1])
+        return scores.reshape(cls_positions.shape if packed else input_ids.shape[:-1])
 
 
 def classification_loss(logits_BxC: Array, labels_B: Array, weights_B: Array) -> dict[str, Array]:
-    """Softmax cross-entropy and accuracy, summed over rows with weight (padding rows have 0)."""
+    """Softmax cross-entropy and accuracy, summed over rows with weight (padding rows have 0).
+    Packed outputs ([batch, slots, C], labels and weights [batch, slots]) count each slot."""
+    logits_BxC, labels_B, weights_B = flat_rows(logits_BxC, labels_B, weights_B)
     log_probs = jax.nn.log_softmax(logits_BxC.astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(log_probs, labels_B[:, None].astype(jnp.int32), axis=-1)[:, 0]
     weights = weights_B.astype(jnp.float32)
@@ -111,9 +133,16 @@ def classification_loss(logits_BxC: Array, labels_B: Array, weights_B: Array) ->
 
 def regression_loss(predictions_Bx1: Array, targets_B: Array, weights_B: Array) -> dict[str, Array]:
     """Squared error summed over rows with weight (the mean is taken on the host)."""
+    predictions_Bx1, targets_B, weights_B = flat_rows(predictions_Bx1, targets_B, weights_B)
     error = predictions_Bx1[:, 0].astype(jnp.float32) - targets_B.astype(jnp.float32)
     weights = weights_B.astype(jnp.float32)
     return {"loss_sum": jnp.sum(jnp.square(error) * weights), "weight": jnp.sum(weights)}
+
+
+def flat_rows(outputs: Array, labels: Array, weights: Array) -> tuple[Array, Array, Array]:
+    """Outputs [..., C] and labels, weights [...] as [rows, C] and [rows]: a packed batch's
+    [batch, slots] examples as rows."""
+    return outputs.reshape(-1, outputs.shape[-1]), labels.reshape(-1), weights.reshape(-1)
 
 
 def head_loss(logits: Array, labels: Array, weights: Array, regression: bool) -> dict[str, Array]:

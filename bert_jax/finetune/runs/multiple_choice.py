@@ -44,8 +44,9 @@ from bert_jax.finetune.runs import workdir as finetune_workdir
 from bert_jax.finetune.runs.sweep import RESULT_NAME, load_matching
 from bert_jax.finetune.tasks import glue_metrics, swag
 from bert_jax.finetune.tuning import tuning_loop
-from bert_jax.finetune.tuning.batches import Buckets, row_lengths
+from bert_jax.finetune.tuning.batches import row_lengths
 from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
+from bert_jax.finetune.tuning.packing import batches_for, packing_inputs
 from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
@@ -75,6 +76,7 @@ def choice_loss(model: nn.Module) -> SumsFn:
             *(batch[key] for key in MODEL_KEYS),
             deterministic=False,
             rngs={"dropout": dropout_rng},
+            **packing_inputs(batch),
         )
         return classification_loss(scores, batch["labels"], batch["weights"])
 
@@ -82,7 +84,12 @@ def choice_loss(model: nn.Module) -> SumsFn:
 
 
 def _predict(params: Any, batch: Mapping[str, Array], *, model: nn.Module) -> Array:
-    return model.apply({"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True)
+    return model.apply(
+        {"params": params},
+        *(batch[key] for key in MODEL_KEYS),
+        deterministic=True,
+        **packing_inputs(batch),
+    )
 
 
 class ChoiceTuner(HeadTuner):
@@ -216,7 +223,10 @@ def train_and_predict(
     state = tuner.init(init_rng, encoder.bert_params)
     train_inputs = {key: arrays["train"][key] for key in (*MODEL_KEYS, "labels")}
     kept: dict[str, np.ndarray] = {}
-    buckets = Buckets.for_settings(settings)  # a row's length: its longest choice's
+    # Bucketed, a row's length is its longest choice's; packed, its choices' together.
+    buckets = batches_for(
+        settings, [train_inputs, *(arrays[s] for s in arrays if s != "train")], mesh
+    )
 
     def predicted(params, split):
         return predict_logits(

@@ -44,6 +44,7 @@ from bert_jax.finetune.tuning.batches import (
     row_lengths,
 )
 from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
+from bert_jax.finetune.tuning.packing import Packing, batches_for, packing_inputs
 from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
@@ -68,6 +69,7 @@ def classifier_loss(model: BertForSequenceClassification, regression: bool) -> S
             batch["segment_ids"],
             deterministic=False,
             rngs={"dropout": dropout_rng},
+            **packing_inputs(batch),
         )
         return head_loss(logits, batch["labels"], batch["weights"], regression)
 
@@ -83,6 +85,7 @@ def predict_step(
         batch["input_mask"],
         batch["segment_ids"],
         deterministic=True,
+        **packing_inputs(batch),
     )
 
 
@@ -151,11 +154,18 @@ def predict_split(
     params: Any,
     split: EncodedSplit,
     eval_batch_size: int,
-    buckets: Buckets | None = None,
+    buckets: Buckets | Packing | None = None,
 ) -> np.ndarray:
     """Raw outputs for every row of `split`, [N, num_labels], in the split's order; rows are
     predicted in batches of similar length (`batches.predict_batches`), each padded to its bucket
-    (`buckets`: the run's; default `batches.bucket_lengths` of the split's stored length)."""
+    (`buckets`: the run's; default `batches.bucket_lengths` of the split's stored length), or
+    packed (the run's `packing.Packing`)."""
+    if isinstance(buckets, Packing):
+        return buckets.predict(
+            dict(split.features),
+            lambda batch: tuner.predict(params, tuner.global_batch(batch)),
+            fill=0.0,
+        )
     buckets = buckets or Buckets(bucket_lengths(split.features["input_ids"].shape[-1]))
     outputs = None
     for rows in predict_batches(row_lengths(split.features["input_mask"]), eval_batch_size):
@@ -190,7 +200,7 @@ def evaluate(
     dev: Mapping[str, EncodedSplit],
     batch_size: int,
     kept: dict[str, np.ndarray] | None = None,
-    buckets: Buckets | None = None,
+    buckets: Buckets | Packing | None = None,
 ) -> dict[str, dict[str, float]]:
     """GLUE metrics on every dev split, keyed by report name; `kept` (when given) receives the
     predictions, by split."""
@@ -232,8 +242,9 @@ def finetune(
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
     state = tuner.init(init_rng, encoder.bert_params)
     kept: dict[str, np.ndarray] = {}  # the last evaluation's dev predictions
-    buckets = Buckets.for_settings(settings)
     train = dict(data.train.features, labels=data.train.labels)
+    splits = [train, *(split.features for split in (*data.dev.values(), *data.test.values()))]
+    buckets = batches_for(settings, splits, mesh)
     trained = tuning_loop.run_steps(
         tuner,
         state,

@@ -148,6 +148,16 @@ class FinetuneSettings:
         "pad every batch to --max-seq-length (one compiled shape) instead of to the shortest "
         "length bucket that holds its longest row",
     )
+    # Packing changes which positions a row's tokens take, so with dropout on the masks drawn
+    # differ; with dropout off a packed step is the bucketed one (to float rounding): no trial
+    # key, and the compiled step is the same function (its batches carry the packing arrays).
+    packing: bool = setting(
+        False,
+        "pack several examples into each sequence (attention kept within each example; "
+        "positions restart per example) instead of padding each to its length bucket: fewer "
+        "padded positions and fewer compiled shapes; SQuAD's spans are not packed, and "
+        "--pad-to-max-length turns it off",
+    )
     # A split batch's rows draw other dropout masks than the whole batch's, so this shapes the
     # step; with dropout off the update is the whole batch's (to float rounding).
     micro_batch_tokens: int = setting(

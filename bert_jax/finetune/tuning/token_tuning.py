@@ -41,7 +41,7 @@ from bert_jax.finetune.heads.per_token import (
     token_loss,
 )
 from bert_jax.finetune.heads.pooled import ClassifierHead
-from bert_jax.finetune.tuning import tuning_loop
+from bert_jax.finetune.tuning import packing, tuning_loop
 from bert_jax.finetune.tuning.batches import (
     Buckets,
     bucket_lengths,
@@ -50,6 +50,7 @@ from bert_jax.finetune.tuning.batches import (
     row_lengths,
 )
 from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
+from bert_jax.finetune.tuning.packing import TOKEN_PACKING_KEYS, Packing, packing_inputs
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
 Array = jax.Array
@@ -85,6 +86,7 @@ def head_loss_fn(model: TokenModel, kind: str) -> SumsFn:
             *(batch[key] for key in MODEL_KEYS),
             deterministic=False,
             rngs={"dropout": dropout_rng},
+            **packing_inputs(batch, TOKEN_PACKING_KEYS),
         )
         logits = masked_padding(logits, batch["input_mask"])
         if kind == SPAN:
@@ -101,7 +103,10 @@ def head_loss_fn(model: TokenModel, kind: str) -> SumsFn:
 
 def _predict(params: Any, batch: Mapping[str, Array], *, model: TokenModel) -> Array:
     logits = model.apply(
-        {"params": params}, *(batch[key] for key in MODEL_KEYS), deterministic=True
+        {"params": params},
+        *(batch[key] for key in MODEL_KEYS),
+        deterministic=True,
+        **packing_inputs(batch, TOKEN_PACKING_KEYS),
     )
     return masked_padding(logits, batch["input_mask"])
 
@@ -164,14 +169,19 @@ def predict_logits(
     arrays: Mapping[str, np.ndarray],
     batch_size: int,
     keys: Sequence[str] = MODEL_KEYS,
-    buckets: Buckets | None = None,
+    buckets: Buckets | Packing | None = None,
 ) -> np.ndarray:
     """Logits [N, ...] for every row of `arrays`, in their order: `tuner` is anything with
     `global_batch` and `predict(params, batch)`; `keys` are the arrays its model reads. Rows are
     predicted in batches of similar length (`batches.predict_batches`), each padded to its bucket
-    (`buckets`: the run's; default `batches.bucket_lengths` of the stored length); per-token
-    outputs ([N, L, ...]) come back at the stored length L, `PADDING_LOGIT` past each batch's."""
+    (`buckets`: the run's; default `batches.bucket_lengths` of the stored length), or packed
+    (the run's `packing.Packing`); per-token outputs ([N, L, ...]) come back at the stored
+    length L, `PADDING_LOGIT` past each row's."""
     inputs = {key: arrays[key] for key in keys}
+    if isinstance(buckets, Packing):
+        return buckets.predict(
+            inputs, lambda batch: tuner.predict(params, tuner.global_batch(batch)), PADDING_LOGIT
+        )
     stored = inputs["input_ids"].shape[-1]
     buckets = buckets or Buckets(bucket_lengths(stored))
     outputs = None
@@ -231,7 +241,8 @@ def train_and_evaluate(
     count = len(train_arrays["input_ids"])
     inputs = {key: train_arrays[key] for key in (*MODEL_KEYS, *TARGET_KEYS[kind])}
     kept: dict[str, np.ndarray] = {}
-    buckets = Buckets.for_settings(settings)
+    packed = [inputs, eval_arrays, *(final_arrays or {}).values()]
+    buckets = packing.batches_for(settings, packed, mesh, packs=kind == TAGS)
 
     def predicted(params, arrays):
         return predict_logits(tuner, params, arrays, settings.eval_batch_size, buckets=buckets)

@@ -35,6 +35,7 @@ from bert_jax.finetune.tuning.batches import (
     steps_per_epoch,
     train_order,
 )
+from bert_jax.finetune.tuning.packing import Packing
 from bert_jax.finetune.tuning.settings import OPTIMIZERS, FinetuneSettings
 from bert_jax.runtime.errors import UserError
 from bert_jax.training.step_log import format_duration
@@ -172,13 +173,14 @@ def run_steps(
     log: Callable[[str], None],
     name: str = "",
     lengths: np.ndarray | None = None,
-    buckets: Buckets | None = None,
+    buckets: Buckets | Packing | None = None,
 ) -> Trained:
     """Trains on `count` rows (`rows_batch(global row indices)` gives this host's batch: see
     `batches.gather_rows`) for `settings.epochs`; `evaluate(params)` after every epoch (with
     `eval_every_epoch`) and at the end. Log lines start with `name`. `lengths`: each row's real
-    tokens (`batches.row_lengths`), which `group_by_length` orders by; `buckets`: the run's, whose
-    compiled shapes are logged once at the end."""
+    tokens (`batches.row_lengths`), which `group_by_length` orders by; `buckets`: the run's
+    (length buckets, or its `packing.Packing`, which chooses its sequence counts from the whole
+    order first), whose compiled shapes are logged once at the end."""
     prefix = f"{name} " if name else ""
     if settings.group_by_length and lengths is None:
         raise ValueError("group_by_length needs the rows' lengths")
@@ -190,6 +192,8 @@ def run_steps(
         lengths if settings.group_by_length else None,
     )
     num_steps = len(order)
+    if isinstance(buckets, Packing):  # its sequence counts, from the whole run's batches
+        buckets.plan(order)
     rates = learning_rates(settings, num_steps)
     per_epoch = steps_per_epoch(count, settings.batch_size)
     progress = Progress(num_steps, settings.batch_size)

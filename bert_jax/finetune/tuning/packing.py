@@ -1,0 +1,317 @@
+"""Packed fine-tuning batches (`packing`): several examples laid end to end in sequences of one
+static length, instead of one example a row padded to its bucket (`batches.Buckets`).
+
+A unit is what a head reads as one: a sentence (pair) row, a CoNLL sentence, or a multiple-choice
+example's choices (each choice a row of its own). Units are packed first-fit decreasing into
+sequences of `length` positions, at most `slots` units a sequence, each row keeping its own
+tokens and segment ids, with `position_ids` restarting at 0, `packed_segment_ids` (1, 2, ...: a
+row's id within its sequence; 0 on padding) so that attention stays within the row, and
+`cls_positions` [sequences, slots, choices] where each row starts (the pooled heads read there).
+Per-example arrays (labels, [N]) become [sequences, slots], with `weights` 1 where a slot holds
+an example; per-token arrays ([N, L]: tags and their weights) are laid out as the tokens are.
+Everything has the sequences as its leading axis, so micro-batches and data-parallel shards
+split a packed batch as they split a bucketed one.
+
+Static shapes: one `length` (the bucket that holds the longest unit of every split the run
+packs) and, for training, a few sequence counts chosen up front from the run's whole order
+(`plan`): the fewest sequences each batch needs, rounded up to a count that splits into equal
+micro-batches within `micro_batch_tokens`, then the smallest set of counts where each count
+more saves at least `COMPILE_COST_STEPS` full steps of positions. Prediction packs a whole split
+at once and runs it in batches of one count. With dropout off a packed step computes what the
+bucketed step does, to float rounding (tests/test_finetune_packing.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from bert_jax.finetune.tuning.batches import Buckets, bucket_lengths, host_rows, padded_length
+
+# The arrays a packed batch adds to the model's inputs (the heads take them as keywords).
+PACKING_KEYS = ("position_ids", "packed_segment_ids", "cls_positions")
+# What the per-token heads read of them (they pool nothing).
+TOKEN_PACKING_KEYS = PACKING_KEYS[:2]
+# A shape more costs a compile; on the CPUs and accelerators measured, one compile costs about
+# as much as a few full training steps of a small encoder, so a second sequence count is taken
+# only where it saves at least that many steps' positions over the run.
+COMPILE_COST_STEPS = 4.0
+
+
+def packing_inputs(batch: Mapping[str, Any], keys: Sequence[str] = PACKING_KEYS) -> dict[str, Any]:
+    """The packing arrays of `batch` that `keys` names, as the heads' keywords: none for a
+    bucketed batch."""
+    return {key: batch[key] for key in keys if key in batch}
+
+
+def row_spans(input_mask: np.ndarray) -> np.ndarray:
+    """Each row's real tokens, [N, choices] from `input_mask` [N, L] or [N, choices, L]: one
+    past its last unmasked position."""
+    mask = input_mask.reshape(len(input_mask), -1, input_mask.shape[-1])
+    positions = np.arange(1, mask.shape[-1] + 1)
+    return np.max(np.where(mask != 0, positions, 0), axis=-1)
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int, slots: int) -> list[list[int]]:
+    """Indices of `lengths` packed into bins of `capacity` positions and at most `slots` units:
+    longest first, each into the first bin with room (ties and bins keep the given order)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for index in np.argsort(-np.asarray(lengths), kind="stable"):
+        size = int(lengths[index])
+        if size > capacity:
+            raise ValueError(f"a unit of {size} tokens is longer than the packed length {capacity}")
+        for b, left in enumerate(room):
+            if left >= size and len(bins[b]) < slots:
+                bins[b].append(int(index))
+                room[b] -= size
+                break
+        else:
+            bins.append([int(index)])
+            room.append(capacity - size)
+    return bins
+
+
+def chosen_counts(needed: Sequence[int], compile_cost: float) -> tuple[int, ...]:
+    """The sequence counts a run compiles: covering every batch's `needed` count (each batch
+    takes the smallest chosen count that holds it), at the least padded sequences plus
+    `compile_cost` sequences for each count (a dynamic programme over the distinct needs)."""
+    values = sorted(set(int(n) for n in needed))
+    counts = [sum(1 for n in needed if n == v) for v in values]
+    best = [0.0] + [math.inf] * len(values)
+    previous = [0] * (len(values) + 1)
+    for j in range(1, len(values) + 1):
+        for i in range(j):  # values[i:j] padded up to values[j - 1]
+            cost = best[i] + sum(counts[i:j]) * values[j - 1] + compile_cost
+            if cost < best[j]:
+                best[j], previous[j] = cost, i
+    chosen, j = [], len(values)
+    while j > 0:
+        chosen.append(values[j - 1])
+        j = previous[j]
+    return tuple(sorted(chosen))
+
+
+def rounded_count(needed: int, per_micro_batch: int, divisor: int) -> int:
+    """`needed` sequences rounded up to a count that divides over `divisor` (devices of the
+    batch axes) and, where it needs more than one micro-batch of at most `per_micro_batch`
+    sequences, runs as the fewest equal ones that fit (`batches.micro_batch_count`'s split):
+    7 at 5 a micro-batch is 8 (two of 4), not 10."""
+    per_micro_batch = max(per_micro_batch, divisor)
+    splits = math.ceil(needed / per_micro_batch)
+    each = divisor * math.ceil(math.ceil(needed / splits) / divisor)
+    return max(divisor, splits * each)
+
+
+@dataclasses.dataclass
+class Packing:
+    """A run's packing: the training sequences' `length`, the `slots` (units) a sequence holds
+    at most, the counts its training batches take (`plan`), the prediction batches' length and
+    count, and the shapes its train and predict steps compiled, which `summary` gives in one
+    line (as `batches.Buckets` does for buckets)."""
+
+    length: int
+    slots: int
+    per_micro_batch: int  # sequences of a training micro-batch (micro_batch_tokens // length)
+    train_lengths: np.ndarray  # each training unit's real tokens
+    predict_length: int
+    predict_slots: int
+    predict_count: int
+    divisor: int = 1
+    train_counts: tuple[int, ...] = ()
+    used: dict[str, set[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def for_units(
+        cls,
+        unit_lengths: Sequence[np.ndarray],
+        settings: Any,
+        divisor: int = 1,
+        choices: int = 1,
+    ) -> Packing:
+        """The packing of a run over splits of these `unit_lengths` (each unit's real tokens;
+        the training split's first). Training sequences are as long as the bucket
+        (`bucket_lengths` of `choices` x `max_seq_length`) of the longest training unit,
+        prediction's as that of the longest unit of any split; a sequence holds at most as
+        many units as the shortest training unit fits; a prediction batch holds about
+        `eval_batch_size` examples of the training split's mean length."""
+        ladder = bucket_lengths(choices * settings.max_seq_length)
+        train = np.asarray(unit_lengths[0])
+        length = padded_length([int(np.max(train, initial=2))], ladder)
+        longest = max(int(np.max(lengths, initial=2)) for lengths in unit_lengths)
+        predict_length = padded_length([longest], ladder)
+        shortest = max(int(np.min(train)) if len(train) else 2, 2)  # [CLS] and [SEP] at least
+        mean = float(np.mean(train)) if len(train) else float(length)
+        budget = settings.micro_batch_tokens
+        per_micro_batch = max(1, budget // length) if budget > 0 else 1 << 30
+        needed = math.ceil(settings.eval_batch_size * mean / predict_length)
+        return cls(
+            length=length,
+            slots=max(1, length // shortest),
+            per_micro_batch=per_micro_batch,
+            train_lengths=train,
+            predict_length=predict_length,
+            predict_slots=max(1, predict_length // shortest),
+            predict_count=rounded_count(needed, 1 << 30, divisor),
+            divisor=divisor,
+        )
+
+    def needed(self, lengths: np.ndarray) -> int:
+        """The sequences a batch of units of `lengths` packs into, rounded (`rounded_count`)."""
+        bins = first_fit_decreasing(lengths, self.length, self.slots)
+        return rounded_count(len(bins), self.per_micro_batch, self.divisor)
+
+    def plan(self, order: np.ndarray) -> None:
+        """Choose the training counts from the run's whole order ([steps, batch_size] rows of
+        the training split, -1: none)."""
+        needed = [self.needed(self.train_lengths[rows[rows >= 0]]) for rows in order]
+        self.train_counts = chosen_counts(needed, COMPILE_COST_STEPS * max(needed))
+
+    def gather(
+        self, arrays: Mapping[str, np.ndarray], rows: np.ndarray, kind: str = "train"
+    ) -> dict[str, np.ndarray]:
+        """The packed training batch of global `rows` (-1: none), this host's share of its
+        sequences (see the module's docstring for the arrays)."""
+        real = rows[rows >= 0]
+        spans = row_spans(arrays["input_mask"][real])
+        bins = first_fit_decreasing(spans.sum(axis=1), self.length, self.slots)
+        need = rounded_count(len(bins), self.per_micro_batch, self.divisor)
+        count = next((c for c in self.train_counts if c >= need), need)
+        batch, _ = self.packed(arrays, real, spans, bins, (count, self.length, self.slots))
+        self.used.setdefault(kind, set()).add((count, self.length))
+        return batch
+
+    def packed(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        units: np.ndarray,
+        spans: np.ndarray,
+        bins: list[list[int]],
+        shape: tuple[int, int, int],
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """`shape`'s sequences, length and slots (this host's share of the sequences) holding
+        `bins` (lists of indices into `units`,
+        the rows of `arrays`; `spans` their rows' tokens, [units, choices]), and where each unit
+        went in the global batch: [units, 3] (sequence, slot, start of its first row)."""
+        stored = arrays["input_ids"].shape[1:]
+        choices = spans.shape[1]
+        count, length, slots = shape
+        sequences = host_rows(np.arange(count))
+        first = int(sequences[0])
+        shape = (len(sequences), length)
+        out = {
+            key: np.zeros(shape, arrays[key].dtype)
+            for key in ("input_ids", "input_mask", "segment_ids")
+        }
+        out["position_ids"] = np.zeros(shape, np.int32)
+        out["packed_segment_ids"] = np.zeros(shape, np.int32)
+        out["cls_positions"] = np.zeros((len(sequences), slots, choices), np.int32)
+        out["weights"] = np.zeros((len(sequences), slots), np.float32)
+        per_token = [
+            key for key, value in arrays.items() if key not in out and value.shape[1:] == stored
+        ]
+        per_unit = [key for key in arrays if key not in out and key not in per_token]
+        for key in per_token:
+            out[key] = np.zeros(shape, arrays[key].dtype)
+        for key in per_unit:
+            out[key] = np.zeros((len(sequences), slots), arrays[key].dtype)
+        where = np.full((len(units), 3), -1, np.int64)
+        for sequence, members in enumerate(bins):
+            local = sequence - first
+            offset = 0
+            for slot, index in enumerate(members):
+                unit = int(units[index])
+                where[index] = (sequence, slot, offset)
+                if not 0 <= local < len(sequences):  # another host's sequence
+                    offset += int(spans[index].sum())
+                    continue
+                out["weights"][local, slot] = 1.0
+                for key in per_unit:
+                    out[key][local, slot] = arrays[key][unit]
+                for choice in range(choices):
+                    size = int(spans[index, choice])
+                    cut = slice(offset, offset + size)
+                    source = (unit, choice) if len(stored) == 2 else (unit,)
+                    for key in ("input_ids", "input_mask", "segment_ids", *per_token):
+                        out[key][local, cut] = arrays[key][source][:size]
+                    out["position_ids"][local, cut] = np.arange(size)
+                    out["packed_segment_ids"][local, cut] = slot * choices + choice + 1
+                    out["cls_positions"][local, slot, choice] = offset
+                    offset += size
+        if choices == 1:
+            out["cls_positions"] = out["cls_positions"][..., 0]
+        return out, where
+
+    def predict(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        predict_fn: Callable[[dict[str, np.ndarray]], np.ndarray],
+        fill: float,
+    ) -> np.ndarray:
+        """Outputs of every row of `arrays` (the model's inputs), in their order: the split
+        packed at once, run `predict_count` sequences at a time (`predict_fn(batch)` gives the
+        global outputs: [sequences, slots, ...] per example, or [sequences, length, ...] per
+        token, which come back at the stored length with `fill` past each row's tokens)."""
+        stored = arrays["input_ids"].shape[-1]
+        units = np.arange(len(arrays["input_ids"]))
+        spans = row_spans(arrays["input_mask"])
+        length, slots, count = self.predict_length, self.predict_slots, self.predict_count
+        bins = first_fit_decreasing(spans.sum(axis=1), length, slots)
+        outputs = None
+        for start in range(0, len(bins), count):
+            chunk = bins[start : start + count]
+            batch, where = self.packed(arrays, units, spans, chunk, (count, length, slots))
+            self.used.setdefault("predict", set()).add((count, length))
+            batch.pop("weights")
+            logits = np.asarray(predict_fn(batch))
+            placed = np.flatnonzero(where[:, 0] >= 0)
+            sequence, slot, offset = where[placed].T
+            if logits.shape[1] == length:  # per token (more positions than slots)
+                values = np.full((len(placed), stored, *logits.shape[2:]), fill, logits.dtype)
+                for i, (s, o) in enumerate(zip(sequence, offset)):
+                    size = int(spans[placed[i], 0])
+                    values[i, :size] = logits[s, o : o + size]
+            else:
+                values = logits[sequence, slot]
+            if outputs is None:
+                outputs = np.zeros((len(units), *values.shape[1:]), values.dtype)
+            outputs[placed] = values
+        assert outputs is not None, "no rows to predict"
+        return outputs
+
+    def summary(self) -> str:
+        """`compiled shapes: train 2 (8x384, 10x384), predict 1 (10x512) (sequences x length),
+        packed: up to 4 examples a sequence`."""
+        kinds = ", ".join(
+            f"{kind} {len(used)} ({', '.join(f'{c}x{n}' for c, n in sorted(used))})"
+            for kind, used in sorted(self.used.items(), key=lambda item: item[0] != "train")
+        )
+        return (
+            f"compiled shapes: {kinds or 'none'} (sequences x length), packed: up to "
+            f"{self.slots} examples a sequence"
+        )
+
+
+def batches_for(
+    settings: Any,
+    splits: Sequence[Mapping[str, np.ndarray]],
+    mesh: Any,
+    packs: bool = True,
+) -> Buckets | Packing:
+    """A run's batches: packed (`settings.packing`, where the head `packs` and batches are not
+    padded to `max_seq_length`) over `splits` (the arrays of every split the run packs, with
+    `input_mask` [N, L] or [N, choices, L]; the training split's first), else length buckets
+    (`Buckets.for_settings`)."""
+    if not (settings.packing and packs) or settings.pad_to_max_length:
+        return Buckets.for_settings(settings)
+    from bert_jax.core import partitioning
+
+    masks = [split["input_mask"] for split in splits]
+    divisor = math.prod(mesh.shape[axis] for axis in partitioning.BATCH_AXES)
+    choices = masks[0].shape[1] if masks[0].ndim == 3 else 1
+    lengths = [row_spans(mask).sum(axis=1) for mask in masks]
+    return Packing.for_units(lengths, settings, divisor, choices)
