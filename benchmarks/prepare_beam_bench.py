@@ -104,6 +104,7 @@ class BusyWatch(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.started, self.every = root, started, every
         self.busy: dict[int, list[float]] = {}  # pid -> [last busy, CPU seconds]
+        self.parents: set[int] = set()  # processes below the root that started another
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -116,14 +117,20 @@ class BusyWatch(threading.Thread):
                 below.add(pid)
                 todo.extend(p for p, (parent, _) in table.items() if parent == pid)
             for pid in below - {self.root}:
+                self.parents.add(table[pid][0])
                 seen = self.busy.setdefault(pid, [now, 0.0])
                 if table[pid][1] > seen[1]:
                     seen[:] = [now, table[pid][1]]
 
     def workers(self, least_cpu: float = 0.5) -> list[tuple[float, float]]:
         """(last busy, CPU seconds) of each process that did work (``least_cpu``), by when it
-        was last busy."""
-        return sorted((last, cpu) for last, cpu in self.busy.values() if cpu >= least_cpu)
+        was last busy; not those that started others (Beam's workers are forked from the
+        process that imported Beam for them: its own CPU seconds are that import)."""
+        return sorted(
+            (last, cpu)
+            for pid, (last, cpu) in self.busy.items()
+            if cpu >= least_cpu and pid not in self.parents
+        )
 
 
 def run_once(python: str, argv: list[str]) -> tuple[float, float, list[tuple[float, float]]]:

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -372,3 +373,26 @@ def test_a_run_refused_after_its_workers_started_leaves_none(corpora, tmp_path):
     # A waiting worker process ends with the command (it watches its parent): none is left.
     mine = subprocess.run(["pgrep", "-f", str(temporary)], capture_output=True, text=True)
     assert mine.stdout.strip() == "", mine.stdout
+
+
+def test_the_waiting_workers_share_one_import_and_end_with_close(tmp_path):
+    """Standbys: one process imports Beam and the steps, then forks the waiting workers (its
+    children: Beam is imported once, not per worker); close ends them all and the folder."""
+    from bert_jax.data.preparation.beam_workers import Standbys
+
+    standbys = Standbys(2, str(tmp_path / "workers.log"))
+    server = standbys.server
+    waiting = []
+    for _ in range(600):  # the import: seconds on a busy machine
+        found = subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True)
+        waiting = found.stdout.split()
+        if len(waiting) == 2 or server.poll() is not None:
+            break
+        time.sleep(0.1)
+    try:
+        assert len(waiting) == 2, (tmp_path / "workers.log").read_text()
+    finally:
+        standbys.close()
+    assert server.returncode is not None and not os.path.exists(standbys.directory)
+    for pid in waiting:
+        assert not os.path.exists(f"/proc/{pid}"), pid

@@ -17,6 +17,7 @@ import threading
 
 from bert_jax.data.preparation import groups as groups_lib
 from bert_jax.data.preparation import progress as prepare_lib
+from bert_jax.data.preparation.beam_workers import LOG_LEVEL_OPTION
 from bert_jax.runtime import fs
 from bert_jax.runtime.errors import UserError
 
@@ -32,8 +33,6 @@ COUNTERS = (
 )
 # A user error raised in a step crosses the runner as text: this mark finds its line again.
 USER_ERROR_MARK = "[bert-jax user error] "
-# Beam's own option for its log level; without it Beam's lines below ERROR are hidden.
-LOG_LEVEL_OPTION = "default_sdk_harness_log_level"
 # How often the launching machine looks for new shards (a bucket's listing costs a request).
 _POLL_SECONDS = {"local": 1.0, "remote": 10.0}
 
