@@ -185,11 +185,14 @@ def test_fused_kernel_reads_the_sliding_window_and_packing(monkeypatch):
         ),
     )
     inputs = {k: jnp.asarray(v) for k, v in trainer.model_inputs(batch).items()}
-    params = ModernBertForMaskedLM(config).init(jax.random.key(0), **inputs)["params"]
-    einsums = ModernBertForMaskedLM(config).apply({"params": params}, **inputs)["mlm_logits"]
-    monkeypatch.setattr(attention, "force_interpret", True)
+    # transformers' random weights (flax's init of this model compiles for over 10 CPU-s), each
+    # forward compiled (eagerly, the interpreter's loops go op by op).
+    params = params_from_hf(hf_masked_lm(config, seed=3), config)
+    einsums = jax.jit(ModernBertForMaskedLM(config).apply)({"params": params}, **inputs)
+    einsums = einsums["mlm_logits"]
+    monkeypatch.setattr(attention, "force_interpret", True)  # read when the kernel is traced
     fused = ModernBertForMaskedLM(config.replace(attention_impl="pallas"))
-    logits = fused.apply({"params": params}, **inputs)["mlm_logits"]
+    logits = jax.jit(fused.apply)({"params": params}, **inputs)["mlm_logits"]
     real = batch["input_mask"].astype(bool)
     assert np.abs(np.asarray(logits) - np.asarray(einsums))[real].max() <= TOLERANCE
 
@@ -263,9 +266,9 @@ def test_convert_in_and_out_is_strict_and_equal(hf_dir, tmp_path, capsys):
     assert ids == fast(SENTENCE)["input_ids"]
     with torch.no_grad():
         reference = model(input_ids=torch.tensor([ids])).logits.numpy()
-    ours = ModernBertForMaskedLM(loaded.config).apply(
+    ours = jax.jit(ModernBertForMaskedLM(loaded.config).apply)(
         {"params": loaded.params}, jnp.asarray([ids]), jnp.ones((1, len(ids)), jnp.int32)
-    )["mlm_logits"]
+    )["mlm_logits"]  # compiled: eagerly, the forward goes op by op
     assert np.abs(np.asarray(ours) - reference).max() <= TOLERANCE
 
     assert cli.main(["convert", "--from", "bert-jax", str(out), "--to", "hf", str(back)]) == 0
