@@ -65,12 +65,12 @@ def test_each_variant_selects_the_layers_encode_gives(four_layer):
         "sum_all": (1, 2, 3, 4),
     }
     config = four_layer.config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    # Compiled, once per set of layers (eagerly, each 4-layer forward goes op by op).
+    word_features = jax.jit(feature_tagger.word_features, static_argnames=("config", "layers"))
     for variant in feature_tagger.VARIANTS:
         mode, layers = feature_tagger.variant_layers(variant, 4)
         assert layers == want_layers[variant], variant
-        picked = feature_tagger.word_features(
-            four_layer.bert_params, arrays, config=config, layers=layers
-        )
+        picked = word_features(four_layer.bert_params, arrays, config=config, layers=layers)
         mix = feature_tagger.LayerMix(mode)
         weights = np.linspace(0.1, 0.4, len(layers)).astype(np.float32)
         params = (
@@ -90,8 +90,10 @@ def test_each_variant_selects_the_layers_encode_gives(four_layer):
                 reference = 2.0 * np.einsum("k,wkd->wd", weights / weights.sum(), reference)
             np.testing.assert_allclose(mixed[row, :count], reference, atol=2e-5, err_msg=variant)
     # Frozen: no gradient reaches the encoder's parameters.
-    grads = jax.grad(
-        lambda p: jnp.sum(feature_tagger.word_features(p, arrays, config=config, layers=(4,)))
+    grads = jax.jit(
+        jax.grad(
+            lambda p: jnp.sum(feature_tagger.word_features(p, arrays, config=config, layers=(4,)))
+        )
     )(four_layer.bert_params)
     assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree.leaves(grads))
     with pytest.raises(ValueError, match="not one of"):
