@@ -4,6 +4,8 @@ determinism, padding, and loading a pretrained encoder."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import flax.linen as nn
 import jax
@@ -132,6 +134,26 @@ def test_pretrained_params_are_loaded_and_checked():
     del broken["pooler"]
     with pytest.raises(ValueError, match=r"missing \['pooler'\]"):
         tuner.init(jax.random.key(0), broken)
+
+
+def test_a_single_run_encoder_hands_its_params_to_the_state():
+    """`bert-jax finetune`'s encoder (`single_run`) lets go of its params once the state holds
+    them: the run keeps one copy of the weights, not two."""
+    shared = tiny_pretrained()
+    tuner = loop.fine_tuner(shared.config, 2, partitioning.make_mesh((-1, 1, 1)))
+    own = jax.tree.map(np.array, shared.bert_params)  # this run's copy, nobody else's
+    kernel = weakref.ref(own["pooler"]["kernel"])
+    encoder = dataclasses.replace(shared, params=own, single_run=True)
+    del own
+    state = tuner.init(jax.random.key(0), encoder.bert_params)
+    gc.collect()
+    assert kernel() is None  # no host copy left
+    np.testing.assert_array_equal(
+        np.asarray(state.params["bert"]["pooler"]["kernel"]), shared.bert_params["pooler"]["kernel"]
+    )
+    with pytest.raises(RuntimeError, match="read once"):
+        encoder.bert_params  # noqa: B018
+    assert shared.bert_params is shared.bert_params  # a sweep's encoder keeps them
 
 
 def test_settings_are_checked_before_compiling():

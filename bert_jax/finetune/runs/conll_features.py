@@ -172,7 +172,7 @@ def run_feature_ner(
     ner.check_files(data)
     train_split, dev, test = (ner.read_split(data, split) for split in ("train", "dev", "test"))
     finetune_workdir.check_workdir(workdir)
-    encoder = load_pretrained(model) if isinstance(model, str) else model
+    encoder = load_pretrained(model, single_run=True) if isinstance(model, str) else model
     started = time.time()
     labels = ner.label_list(train_split)
     iob1 = ner.uses_iob1(train_split)

@@ -65,7 +65,7 @@ def encoder_at(pretrain_workdir: str, step: int) -> PretrainedEncoder:
     from bert_jax.training import load_model
 
     loaded = load_model.load_workdir_checkpoint(pretrain_workdir, step=step)
-    encoder = PretrainedEncoder.from_model_dir(loaded)
+    encoder = PretrainedEncoder.from_model_dir(loaded, single_run=True)  # one run's
     return dataclasses.replace(encoder, source=f"{pretrain_workdir}@step={step}")
 
 

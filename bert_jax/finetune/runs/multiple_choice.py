@@ -169,7 +169,7 @@ def run_swag(
         log(f"swag: finished earlier in {workdir}, reports rewritten")
         _write_reports(fs.abspath(workdir), finished)
         return finished
-    encoder = load_pretrained(model) if isinstance(model, str) else model
+    encoder = load_pretrained(model, single_run=True) if isinstance(model, str) else model
     trained: dict[str, Any] = {}
     finished, outputs = train_and_predict(encoder, splits, settings, log, mesh, trained.update)
     result = finished.to_json()

@@ -102,7 +102,7 @@ def run_token_task(
         ner.check_files(data)
         splits = tuple(ner.read_split(data, split) for split in ("train", "dev", "test"))
     finetune_workdir.check_workdir(workdir)
-    encoder = load_pretrained(model) if isinstance(model, str) else model
+    encoder = load_pretrained(model, single_run=True) if isinstance(model, str) else model
     trained: dict[str, Any] = {}
     run = _run_squad if version is not None else _run_ner
     finished, outputs = run(encoder, task, splits, settings, options, log, mesh, trained.update)

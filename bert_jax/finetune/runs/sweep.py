@@ -262,7 +262,8 @@ def run_single(
     # model directory leaves no new workdir behind.
     finetune_workdir.check_workdir(workdir)
     mesh = make_mesh(settings)
-    encoder = load_pretrained(model) if isinstance(model, str) else model
+    # Loaded here, the encoder is this run's alone: its params go into the state once.
+    encoder = load_pretrained(model, single_run=True) if isinstance(model, str) else model
     workdir = finetune_workdir.open_workdir(workdir, "finetune", writer=is_writer())
     test_splits = available_test_splits(data, spec) if predict_test else []
     task_data = load_task_data(data, spec, encoder.tokenizer, settings.max_seq_length, test_splits)

@@ -255,30 +255,54 @@ def swept_option(name: str) -> str:
     return f"{name}s"
 
 
+# What a single-run encoder holds once its params went into a run's training state.
+_HANDED_OVER = "handed over to the run's training state"
+
+
 @dataclasses.dataclass(frozen=True)
 class PretrainedEncoder:
     """What fine-tuning needs from a model directory: config, the encoder's params (BERT's `bert`
     subtree, ModernBERT's `model`, a fine-tuned model's `bert`: `ModelDir.encoder_params`) and
-    tokenizer."""
+    tokenizer.
+
+    `single_run`: the encoder was loaded by one run for itself (`load_pretrained(path,
+    single_run=True)`: `bert-jax finetune`), which reads `bert_params` once, to place them in its
+    training state. Read, the encoder lets go of them, so the run holds one copy of the weights
+    (its state's) instead of two for its whole length; a second read is a bug (RuntimeError).
+    A sweep's encoder (the default) keeps its params for every trial."""
 
     config: BertConfig | ModernBertConfig
-    bert_params: Any
+    params: Any = dataclasses.field(repr=False)  # read as `bert_params`
     tokenizer: Any
     source: str = ""
+    single_run: bool = False
+
+    @property
+    def bert_params(self) -> Any:
+        params = self.params
+        if self.single_run:
+            if params is _HANDED_OVER:
+                raise RuntimeError(
+                    f"the params of the encoder from {self.source or 'memory'} were {params}: "
+                    "a single-run encoder is read once (load it with single_run=False to reuse it)"
+                )
+            object.__setattr__(self, "params", _HANDED_OVER)  # the state holds the only copy
+        return params
 
     @classmethod
-    def from_model_dir(cls, model_dir: Any) -> PretrainedEncoder:
+    def from_model_dir(cls, model_dir: Any, single_run: bool = False) -> PretrainedEncoder:
         """From `load_model.load_model_dir(...)`'s ModelDir of either family."""
         encoder = model_dir.encoder_params
-        return cls(model_dir.config, encoder, model_dir.tokenizer, str(model_dir.path))
+        return cls(model_dir.config, encoder, model_dir.tokenizer, str(model_dir.path), single_run)
 
 
-def load_pretrained(path: str) -> PretrainedEncoder:
+def load_pretrained(path: str, single_run: bool = False) -> PretrainedEncoder:
     """A model directory or pretraining workdir, through `load_model.load_model_dir` (the loader
-    every command uses); the params come to the host and are placed on the mesh per trial."""
+    every command uses); the params come to the host and are placed on the mesh per trial
+    (`single_run`: by the one run that loads it, see `PretrainedEncoder`)."""
     from bert_jax.training import load_model
 
-    return PretrainedEncoder.from_model_dir(load_model.load_model_dir(path))
+    return PretrainedEncoder.from_model_dir(load_model.load_model_dir(path), single_run)
 
 
 def task_settings(task: Task, overrides: Mapping[str, Any] | None = None) -> FinetuneSettings:
