@@ -37,11 +37,13 @@ def _init(model, inputs, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def tiny_variables():
-    """BertForPreTraining(tiny_config())'s initial variables, shared by the tests that read that
-    model (its parameters do not depend on the batch's shape, nor on the compute dtype)."""
-    return _init(
-        BertForPreTraining(tiny_config()), trainer.model_inputs(trainer.dummy_batch(1, 8, 2))
-    )
+    """Variables of BertForPreTraining(tiny_config()), shared by the tests that read that model
+    (its parameters do not depend on the batch's shape, nor on the compute dtype): transformers'
+    model's, converted, so no init is compiled for them (an init program compiles in about twice
+    a forward's CPU time; test_padded_vocabulary runs the model's init)."""
+    config = tiny_config()
+    state_dict = _hf_pretraining_model(config, seed=3).state_dict()
+    return {"params": hf_convert.params_from_hf(state_dict, config)}
 
 
 def _torch_inputs(batch):
@@ -95,7 +97,8 @@ def test_loss_and_gradient_norm_match_transformers():
         return losses.pretraining_loss(trainer.compute_sums(p, batch, model, deterministic=True))
 
     loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
-    grad_norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
+    # In NumPy: each eager jnp operation on a new shape compiles a program of its own.
+    grad_norm = float(np.sqrt(sum(np.sum(np.asarray(g) ** 2) for g in jax.tree.leaves(grads))))
 
     labels = np.full(batch["input_ids"].shape, -100, np.int64)
     for row in range(len(labels)):
@@ -248,25 +251,32 @@ def test_config_errors_name_the_setting():
         BertConfig(hidden_act="gelu_fast")
 
 
-def test_sparse_last_layer_gives_the_dense_losses_and_gradients():
+def test_sparse_last_layer_gives_the_dense_losses_and_gradients(tiny_variables):
     """The last layer only where the heads read: same logits, losses and gradients."""
-    config = tiny_config(num_hidden_layers=3, sparse_last_layer=False)
+    # Two layers: the first runs every position in both models, the last only the heads' in one.
+    config = tiny_config(sparse_last_layer=False)
     batch = random_batch(np.random.default_rng(5), 4, 32, 6, config.vocab_size)
     # A repeated position and the padding slot's position 0 (weight 0) must both work.
     batch["masked_lm_positions"][0, 1] = batch["masked_lm_positions"][0, 0]
     dense = BertForPreTraining(config)
     sparse = BertForPreTraining(config.replace(sparse_last_layer=True))
-    params = _init(dense, trainer.model_inputs(batch))["params"]
+    params = tiny_variables["params"]  # the parameters do not depend on sparse_last_layer
 
     def run(model):
+        """Outputs, loss, sums and gradients: one compiled program per model."""
+
         def loss(p):
             sums = trainer.compute_sums(p, batch, model, deterministic=True)
             return losses.pretraining_loss(sums), sums
 
-        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+        def both(p):
+            outputs = model.apply({"params": p}, **trainer.model_inputs(batch))
+            return outputs, jax.value_and_grad(loss, has_aux=True)(p)
 
-    (loss_d, sums_d), grads_d = run(dense)
-    (loss_s, sums_s), grads_s = run(sparse)
+        return jax.jit(both)(params)
+
+    out_d, ((loss_d, sums_d), grads_d) = run(dense)
+    out_s, ((loss_s, sums_s), grads_s) = run(sparse)
     np.testing.assert_allclose(loss_s, loss_d, rtol=1e-6)
     for key in sums_d:
         np.testing.assert_allclose(sums_s[key], sums_d[key], rtol=1e-6, err_msg=key)
@@ -274,8 +284,6 @@ def test_sparse_last_layer_gives_the_dense_losses_and_gradients():
         g_s = _at(grads_s, path)
         np.testing.assert_allclose(g_s, g_d, rtol=1e-4, atol=1e-7, err_msg=str(path))
 
-    out_d = jax.jit(dense.apply)({"params": params}, **trainer.model_inputs(batch))
-    out_s = jax.jit(sparse.apply)({"params": params}, **trainer.model_inputs(batch))
     picked = np.take_along_axis(
         np.asarray(out_d["sequence_output"]), batch["masked_lm_positions"][..., None], axis=1
     )
@@ -299,13 +307,19 @@ def _remat_step(model):
     return jax.jit(jax.value_and_grad(loss))
 
 
+def _remat_count(traced) -> int:
+    """The jax.checkpoint equations (primitive "remat2") in a traced step's program."""
+    return [eqn.primitive.name for eqn in _primitives(traced.jaxpr.jaxpr)].count("remat2")
+
+
 @pytest.fixture(scope="module")
-def plain_step():
-    """The model without remat: its parameters, and its loss and gradients (dropout on), which
-    each remat policy's are compared with (computed once)."""
+def plain_step(tiny_variables):
+    """The model without remat: its parameters, its loss and gradients (dropout on), which each
+    remat policy's are compared with (computed once), and its program's remat count."""
     plain = BertForPreTraining(tiny_config(num_hidden_layers=2))
-    params = _init(plain, trainer.model_inputs(REMAT_BATCH))["params"]
-    return plain, params, _remat_step(plain)(params)
+    params = tiny_variables["params"]
+    traced = _remat_step(plain).trace(params)
+    return params, traced.lower().compile()(params), _remat_count(traced)
 
 
 @pytest.mark.parametrize("remat", ["full", "dots"])
@@ -314,20 +328,20 @@ def test_remat_gives_the_same_losses_and_gradients(remat, plain_step):
     names, each layer under jax.checkpoint."""
     config = tiny_config(num_hidden_layers=2)
     batch = REMAT_BATCH
-    plain, params, (loss_p, grads_p) = plain_step
+    params, (loss_p, grads_p), plain_count = plain_step
     again = BertForPreTraining(config.replace(remat=remat))
     shapes = jax.eval_shape(lambda: again.init(jax.random.key(0), **trainer.model_inputs(batch)))
     assert jax.tree.structure(nn.meta.unbox(shapes["params"])) == jax.tree.structure(params)
-    loss_r, grads_r = _remat_step(again)(params)
+    # Traced once: the program it runs is the one whose equations are counted below.
+    traced = _remat_step(again).trace(params)
+    loss_r, grads_r = traced.lower().compile()(params)
     np.testing.assert_allclose(loss_r, loss_p, rtol=1e-6)
     for path, g_p in jax.tree_util.tree_leaves_with_path(grads_p):
         np.testing.assert_allclose(_at(grads_r, path), g_p, rtol=1e-5, atol=1e-7, err_msg=str(path))
-    # One jax.checkpoint (primitive "remat2") per layer in the gradient's program. What that
-    # saves is the compiler's to show, at real sizes: README, TPU (Large, seq 512, on v5p-16).
-    for model, count in ((plain, 0), (again, config.num_hidden_layers)):
-        jaxpr = jax.make_jaxpr(_remat_step(model))(params).jaxpr
-        names = [eqn.primitive.name for eqn in _primitives(jaxpr)]
-        assert names.count("remat2") == count, names.count("remat2")
+    # One jax.checkpoint per layer in the gradient's program. What that saves is the compiler's
+    # to show, at real sizes: README, TPU (Large, seq 512, on v5p-16).
+    assert plain_count == 0, plain_count
+    assert _remat_count(traced) == config.num_hidden_layers, _remat_count(traced)
     with pytest.raises(ValueError, match="remat"):
         BertConfig(remat="some")
 
@@ -351,7 +365,7 @@ def _primitives(jaxpr) -> list:
     return found
 
 
-def test_embedding_lookups_read_the_same_rows_with_the_same_gradients():
+def test_embedding_lookups_read_the_same_rows_with_the_same_gradients(tiny_variables):
     config = tiny_config()
     ids = jnp.asarray(np.random.default_rng(5).integers(0, 7, size=(3, 9)), jnp.int32)
     weights = jnp.asarray(np.random.default_rng(6).standard_normal((3, 9, 64)), jnp.float32)
@@ -376,7 +390,7 @@ def test_embedding_lookups_read_the_same_rows_with_the_same_gradients():
     batch = random_batch(np.random.default_rng(7), 3, 16, 4, config.vocab_size)
     model = BertModel(config)
     inputs = {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")}
-    params = _init(model, inputs, seed=1)
+    params = {"params": tiny_variables["params"]["bert"]}  # BertForPreTraining's encoder
     explicit = np.broadcast_to(np.arange(16, dtype=np.int32), (3, 16))
 
     def pooled(p, **extra):
@@ -432,7 +446,8 @@ def test_bf16_gradients_never_scatter_add_in_bf16(packed, tiny_variables):
 def test_padded_vocabulary_computes_what_the_unpadded_model_does():
     """Padding rows (init zero, logits cut off): same outputs, losses and gradients; the padding
     rows' gradients are exactly zero, so AdamW with weight decay leaves them at zero."""
-    config = tiny_config(vocab_size=300)
+    # One layer: the padding concerns the embeddings and the heads only.
+    config = tiny_config(vocab_size=300, num_hidden_layers=1)
     padded_config = config.replace(vocab_pad_multiple=128)
     assert padded_config.padded_vocab_size == 384
     batch = random_batch(np.random.default_rng(7), 4, 32, 6, config.vocab_size)
@@ -445,13 +460,23 @@ def test_padded_vocabulary_computes_what_the_unpadded_model_does():
     assert not np.any(fresh_table[300:]) and np.all(np.std(fresh_table[:300], axis=1) > 0)
     assert fresh["predictions"]["output_bias"].shape == (384,)
 
-    params = _init(model, inputs)["params"]
+    # The unpadded model's parameters: the fresh ones cut to 300 rows (one init compiled, not two).
+    params = mapping.repad_vocab(jax.device_get(fresh), config)
+    assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (300, 64)
     # Nonzero biases, so that a padding column leaking into the softmax would show.
     params["predictions"]["output_bias"] = jnp.linspace(-1.0, 1.0, config.vocab_size)
     padded = mapping.repad_vocab(jax.device_get(params), padded_config)
 
-    out = jax.jit(model.apply)({"params": params}, **inputs)
-    out_padded = jax.jit(padded_model.apply)({"params": padded}, **inputs)
+    def run(m, p):
+        """Outputs, loss and gradients: one compiled program per model."""
+
+        def loss(p):
+            return losses.pretraining_loss(trainer.compute_sums(p, batch, m, deterministic=True))
+
+        return jax.jit(lambda p: (m.apply({"params": p}, **inputs), jax.value_and_grad(loss)(p)))(p)
+
+    out, (loss, grads) = run(model, params)
+    out_padded, (loss_padded, grads_padded) = run(padded_model, padded)
     assert out_padded["mlm_logits"].shape == out["mlm_logits"].shape == (4, 6, 300)
     assert "mlm_logits_padded" not in out
     full = np.asarray(out_padded["mlm_logits_padded"])
@@ -460,14 +485,6 @@ def test_padded_vocabulary_computes_what_the_unpadded_model_does():
     for key in ("mlm_logits", "nsp_logits", "pooled_output"):
         np.testing.assert_allclose(out_padded[key], out[key], atol=1e-5, err_msg=key)
 
-    def run(m, p):
-        def loss(p):
-            return losses.pretraining_loss(trainer.compute_sums(p, batch, m, deterministic=True))
-
-        return jax.jit(jax.value_and_grad(loss))(p)
-
-    loss, grads = run(model, params)
-    loss_padded, grads_padded = run(padded_model, padded)
     np.testing.assert_allclose(loss_padded, loss, rtol=1e-6)
     want = mapping.repad_vocab(jax.device_get(grads), padded_config)
     for path, g in jax.tree_util.tree_leaves_with_path(grads_padded):
