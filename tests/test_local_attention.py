@@ -62,8 +62,13 @@ def _both(length, window, instances, packed, dtype="float32", seed=0):
     qkv = [
         jnp.asarray(rng.normal(size=(len(instances), length, 2, 4)), jnp.float32) for _ in range(3)
     ]
-    full_mask = sliding_window(attention_mask(input_mask, segments), length, window)
-    band = local_attention.band_mask(input_mask, segments, window)
+    # Both masks in one compiled program (op by op, each operation compiles alone).
+    full_mask, band = jax.jit(
+        lambda mask, ids: (
+            sliding_window(attention_mask(mask, ids), length, window),
+            local_attention.band_mask(mask, ids, window),
+        )
+    )(input_mask, segments)
     settings = SETTINGS | {"dtype": dtype}
 
     def banded(q, k, v):
@@ -127,7 +132,10 @@ def test_dropout_in_blocks_keeps_its_rate(dropout_impl):
     banded = InModule(
         lambda *a: local_attention.attend_in_bands(*a, band, dtype="float32", **settings)
     )
-    out = banded.apply({}, query, query, value, rngs={"dropout": jax.random.key(0)})
+    # Compiled: run op by op, the blocked program compiles each of its many operations alone.
+    out = jax.jit(lambda q, v, key: banded.apply({}, q, q, v, rngs={"dropout": key}))(
+        query, value, jax.random.key(0)
+    )
     sums = np.asarray(out)[:, window:-window, :, 0]  # rows whose window lies inside the row
     # Each is (kept of window + 1) / (window + 1) / (1 - rate): mean 1 over many rows.
     assert abs(sums.mean() - 1.0) < 0.05
@@ -151,7 +159,8 @@ def test_fused_kernel_in_blocks_drops_what_the_einsums_drop(monkeypatch):
         module = InModule(
             lambda *a: local_attention.attend_in_bands(*a, band, impl=impl, **settings)
         )
-        return np.asarray(module.apply({}, *qkv, rngs={"dropout": jax.random.key(1)}))
+        apply = jax.jit(lambda key, *a: module.apply({}, *a, rngs={"dropout": key}))
+        return np.asarray(apply(jax.random.key(1), *qkv))
 
     einsums = run("xla")
     settings["deterministic"] = True
@@ -194,7 +203,7 @@ def test_model_with_banded_layers_equals_the_full_path(monkeypatch):
     inputs = _inputs(31, packed=True)
     assert local_attention.use_bands(31, config.local_attention)
     module = ModernBertForMaskedLM(config)
-    params = module.init(jax.random.key(0), **inputs)["params"]
+    params = jax.jit(module.init)(jax.random.key(0), **inputs)["params"]
 
     def loss(params):
         logits = module.apply({"params": params}, **inputs)["mlm_logits"]
@@ -218,7 +227,8 @@ def test_banded_model_equals_transformers():
     model = hf_masked_lm(config, seed=0)
     params = params_from_hf(model, config)
     inputs = _inputs(length, packed=False)
-    ours = ModernBertForMaskedLM(config).apply({"params": params}, **inputs)["mlm_logits"]
+    apply = jax.jit(ModernBertForMaskedLM(config).apply)
+    ours = apply({"params": params}, **inputs)["mlm_logits"]
     with torch.no_grad():
         theirs = model(
             input_ids=torch.tensor(np.asarray(inputs["input_ids"])).long(),
