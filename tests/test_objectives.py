@@ -45,12 +45,17 @@ def _torch_inputs(batch):
 
 
 def _ours(config, params, batch):
+    """Outputs, loss sums and the held-out evaluation, compiled (run op by op, a forward costs
+    several times its compile): the sums are the evaluation's step, one program."""
     model = BertForPreTraining(config)
     inputs = trainer.model_inputs(trainer.objective_batch(batch, config.objective))
-    outputs = model.apply({"params": params}, **inputs, deterministic=True)
-    sums = trainer.compute_sums(params, batch, model, deterministic=True)
+    outputs = jax.jit(lambda p, i: model.apply({"params": p}, **i, deterministic=True))(
+        params, inputs
+    )
+    eval_step = jax.jit(functools.partial(trainer.eval_step, model=model))
+    sums = eval_step(params, batch)
     held_out = heldout_eval.evaluate(
-        lambda local: trainer.eval_step(params, local, model=model),
+        lambda local: eval_step(params, local),
         [batch],
         config.vocab_size,
         config.objective,
@@ -127,11 +132,12 @@ def test_causal_encoder_sees_no_later_token_and_pools_the_last_real_one():
     batch = random_batch(np.random.default_rng(2), 2, 16, 2, config.vocab_size)
     model = BertModel(config)
     inputs = {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")}
-    params = nn.meta.unbox(model.init(jax.random.key(0), **inputs)["params"])
-    before = model.apply({"params": params}, **inputs)
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), **inputs)["params"])
+    apply = jax.jit(lambda p, i: model.apply({"params": p}, **i))
+    before = apply(params, inputs)
     later = dict(inputs, input_ids=inputs["input_ids"].copy())
     later["input_ids"][:, 5:] = 7  # every token from position 5 on changes
-    after = model.apply({"params": params}, **later)
+    after = apply(params, later)
     np.testing.assert_array_equal(before["sequence_output"][:, :5], after["sequence_output"][:, :5])
     assert not np.allclose(before["sequence_output"][:, 5:], after["sequence_output"][:, 5:])
     last = batch["input_mask"].sum(axis=1) - 1
