@@ -60,6 +60,17 @@ def _loss_and_grads(fn, query, key, value, weights):
     return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(query, key, value)
 
 
+def _loss_and_grads_of_mask(fn):
+    """`fn(q, k, v, mask)`'s output and the gradients of sum(output * weights), compiled once
+    for every mask of a shape (each compile of the interpreted kernel costs seconds)."""
+
+    def loss(q, k, v, mask, weights):
+        out = fn(q, k, v, mask)
+        return jnp.sum(out * weights), out
+
+    return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))
+
+
 @pytest.mark.parametrize("rate", [0.0, 0.1])
 @pytest.mark.parametrize(
     ("queries", "keys", "block_q", "block_k"),
@@ -71,23 +82,27 @@ def test_kernel_equals_einsum_path(rate, queries, keys, block_q, block_k):
     query, key, value = _qkv(rng, 2, queries, keys)
     weights = jnp.asarray(rng.normal(size=query.shape), jnp.float32)
     words = hash_key_words(jax.random.key(5))
+
+    # The masks are arguments: those of one shape (padding, packed and causal at 24 x 24) share
+    # a program.
+    @_loss_and_grads_of_mask
+    def fused(q, k, v, mask):
+        return attention.flash_attention(
+            q, k, v, mask, dropout_rate=rate, dropout_words=words, block_q=block_q,
+            block_k=block_k, interpret=True,
+        )  # fmt: skip
+
+    @_loss_and_grads_of_mask
+    def einsum(q, k, v, mask):
+        return attention.reference_attention(q, k, v, mask, words, rate)
+
     for name, mask in _masks(rng, 2, queries, keys).items():
         if mask is not None and mask.shape[2] not in (1, queries):
             continue  # a full-length mask and a query subset do not go together
         if name == "causal" and queries != keys:
             continue
-
-        def fused(q, k, v, mask=mask):
-            return attention.flash_attention(
-                q, k, v, mask, dropout_rate=rate, dropout_words=words, block_q=block_q,
-                block_k=block_k, interpret=True,
-            )  # fmt: skip
-
-        def einsum(q, k, v, mask=mask):
-            return attention.reference_attention(q, k, v, mask, words, rate)
-
-        (_, got), got_grads = _loss_and_grads(fused, query, key, value, weights)
-        (_, want), want_grads = _loss_and_grads(einsum, query, key, value, weights)
+        (_, got), got_grads = fused(query, key, value, mask, weights)
+        (_, want), want_grads = einsum(query, key, value, mask, weights)
         np.testing.assert_allclose(got, want, atol=TOL, rtol=0, err_msg=name)
         for g, w, what in zip(got_grads, want_grads, "qkv", strict=True):
             np.testing.assert_allclose(g, w, atol=TOL, rtol=0, err_msg=f"{name} d{what}")
@@ -98,13 +113,13 @@ def test_dropout_drops_the_rate_and_depends_on_the_key():
     query, key, value = _qkv(rng, 1, 16, 16)
     value = jnp.ones_like(value)  # each output is then the kept share of its probabilities
 
-    def run(seed):
-        words = hash_key_words(jax.random.key(seed))
+    @jax.jit  # one program for both keys (op by op, each operation compiles alone)
+    def run(words):
         return attention.flash_attention(
             query, key, value, dropout_rate=0.5, dropout_words=words, interpret=True
         )
 
-    a, b = run(0), run(1)
+    a, b = run(hash_key_words(jax.random.key(0))), run(hash_key_words(jax.random.key(1)))
     assert not np.allclose(a, b)
     np.testing.assert_allclose(float(a.mean()), 1.0, atol=0.15)
 
@@ -170,15 +185,16 @@ def test_cpu_falls_back_to_einsum_with_one_line(monkeypatch, caplog):
     config = tiny_config(num_hidden_layers=2, attention_impl="pallas")
     ids = jnp.ones((1, 8), jnp.int32)
     model = BertModel(config, add_pooler=False)
+    # Compiled (op by op, each operation compiles alone); each call its own trace, as each
+    # eager call was, so the fallback is met three times and said once.
     with caplog.at_level(logging.WARNING, logger="bert_jax"):
-        params = model.init(jax.random.key(0), ids, ids, ids * 0)
-        out = model.apply(params, ids, ids, ids * 0)["sequence_output"]
-        model.apply(params, ids, ids, ids * 0)
+        params = jax.jit(model.init)(jax.random.key(0), ids, ids, ids * 0)
+        out = jax.jit(lambda p: model.apply(p, ids, ids, ids * 0))(params)["sequence_output"]
+        jax.jit(lambda p: model.apply(p, ids, ids, ids * 0))(params)
     lines = [r.getMessage() for r in caplog.records if "attention_impl='pallas'" in r.getMessage()]
     assert len(lines) == 1 and "einsum" in lines[0], lines
-    want = BertModel(config.replace(attention_impl="xla"), add_pooler=False).apply(
-        params, ids, ids, ids * 0
-    )["sequence_output"]
+    reference = BertModel(config.replace(attention_impl="xla"), add_pooler=False)
+    want = jax.jit(lambda p: reference.apply(p, ids, ids, ids * 0))(params)["sequence_output"]
     np.testing.assert_array_equal(out, want)
 
 
