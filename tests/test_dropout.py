@@ -134,14 +134,16 @@ def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps
     hash_words = dropout_module.hash_bits
     bernoulli = jax.random.bernoulli
 
+    # Recorded while the step is traced, and returned by its compiled program (run op by op, a
+    # forward costs several times its compile).
     def recorded_hash(key, shape):
         words = hash_words(key, shape)
-        masks.append(np.asarray(words) >= drop_threshold(0.1))
+        masks.append(words >= drop_threshold(0.1))
         return words
 
     def recorded_bernoulli(key, p=0.5, shape=None):
         keep = bernoulli(key, p=p, shape=shape)
-        masks.append(np.asarray(keep))
+        masks.append(keep)
         return keep
 
     monkeypatch.setattr(dropout_module, "hash_bits", recorded_hash)
@@ -150,17 +152,18 @@ def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps
     model = BertForSequenceClassification(config, 2, 0.1)
     ids = np.random.default_rng(0).integers(5, config.vocab_size, (4, 16)).astype(np.int32)
     inputs = (ids, np.ones_like(ids), np.zeros_like(ids))
-    params = model.init(jax.random.key(0), *inputs)["params"]
+    params = jax.jit(model.init)(jax.random.key(0), *inputs)["params"]
+
+    @jax.jit
+    def step_masks(key):
+        masks.clear()
+        model.apply({"params": params}, *inputs, deterministic=False, rngs={"dropout": key})
+        return list(masks)
+
     steps = []
     for step in range(3):  # train.update's dropout key of each step
-        masks.clear()
-        model.apply(
-            {"params": params},
-            *inputs,
-            deterministic=False,
-            rngs={"dropout": jax.random.fold_in(jax.random.key(1), step)},
-        )
-        steps.append(list(masks))
+        key = jax.random.fold_in(jax.random.key(1), step)
+        steps.append([np.asarray(mask) for mask in step_masks(key)])
     sites = steps[0]
     # Embeddings, 2 x (attention probabilities, attention output, FFN output), classifier.
     assert [m.ndim for m in sites] == [3, 4, 3, 3, 4, 3, 3, 2]
