@@ -128,7 +128,7 @@ def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps
     step, no two steps' masks of a site and no two heads' attention masks are correlated."""
     from bert_jax.core import dropout as dropout_module
     from bert_jax.finetune.heads.pooled import BertForSequenceClassification
-    from tests.helpers import tiny_config
+    from tests.helpers import random_params, tiny_config
 
     masks = []
     hash_words = dropout_module.hash_bits
@@ -152,7 +152,7 @@ def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps
     model = BertForSequenceClassification(config, 2, 0.1)
     ids = np.random.default_rng(0).integers(5, config.vocab_size, (4, 16)).astype(np.int32)
     inputs = (ids, np.ones_like(ids), np.zeros_like(ids))
-    params = jax.jit(model.init)(jax.random.key(0), *inputs)["params"]
+    params = random_params(model, *inputs)["params"]
 
     @jax.jit
     def step_masks(key):

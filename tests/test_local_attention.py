@@ -24,6 +24,7 @@ from bert_jax.core.attend import attend
 from bert_jax.core.model import attention_mask
 from bert_jax.core.modernbert import ModernBertForMaskedLM, sliding_window
 from bert_jax.core.modernbert_config import ModernBertConfig
+from tests.helpers import random_params
 from tests.modernbert_fixtures import TINY as TINY_VALUES
 from tests.modernbert_fixtures import hf_masked_lm, params_from_hf
 
@@ -203,7 +204,7 @@ def test_model_with_banded_layers_equals_the_full_path(monkeypatch):
     inputs = _inputs(31, packed=True)
     assert local_attention.use_bands(31, config.local_attention)
     module = ModernBertForMaskedLM(config)
-    params = jax.jit(module.init)(jax.random.key(0), **inputs)["params"]
+    params = random_params(module, **inputs)["params"]
 
     def loss(params):
         logits = module.apply({"params": params}, **inputs)["mlm_logits"]

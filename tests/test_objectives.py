@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from bert_jax.data.masking.static_rows import mask_rows
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_checks, config_lib, heldout_eval
 from tests.data_fixtures import embedded_spm, embedded_tokenized
-from tests.helpers import hf_config, random_batch, tiny_config
+from tests.helpers import hf_config, random_batch, random_params, tiny_config
 
 
 def _perturbed(model):
@@ -132,7 +131,7 @@ def test_causal_encoder_sees_no_later_token_and_pools_the_last_real_one():
     batch = random_batch(np.random.default_rng(2), 2, 16, 2, config.vocab_size)
     model = BertModel(config)
     inputs = {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")}
-    params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), **inputs)["params"])
+    params = random_params(model, **inputs)["params"]
     apply = jax.jit(lambda p, i: model.apply({"params": p}, **i))
     before = apply(params, inputs)
     later = dict(inputs, input_ids=inputs["input_ids"].copy())
@@ -323,7 +322,7 @@ def test_left_to_right_packed_row_computes_what_its_instances_do_apart():
         "next_sentence_labels": zeros[:1],
         "next_sentence_weights": np.ones((1, 2), np.float32),
     }
-    params = jax.jit(model.init)(jax.random.key(0), **trainer.model_inputs(apart))["params"]
+    params = random_params(model, **trainer.model_inputs(apart))["params"]
     sums = jax.jit(functools.partial(trainer.compute_sums, model=model, deterministic=True))
     sums_apart, sums_packed = sums(params, apart), sums(params, packed)
     assert float(sums_packed["mlm_weight"]) == float(sums_apart["mlm_weight"]) == 8 + 11

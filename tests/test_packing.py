@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import random_params, tiny_config
 
 from bert_jax.core import losses, trainer
 from bert_jax.core.model import BertForPreTraining
@@ -137,10 +136,7 @@ def packed_reference():
     # The reference runs every position through every layer; the packed model only the
     # positions its heads read in the last layer (config.sparse_last_layer, the default).
     reference = BertForPreTraining(config.replace(attention_impl="xla", sparse_last_layer=False))
-    # Compiled: an init run op by op costs several times its compile.
-    params = nn.meta.unbox(
-        jax.jit(reference.init)(jax.random.key(0), **trainer.model_inputs(unpacked))["params"]
-    )
+    params = random_params(reference, **trainer.model_inputs(unpacked))["params"]
     return config, lengths, packed, params, _objective(reference, params, unpacked)
 
 
