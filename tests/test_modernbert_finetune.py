@@ -28,7 +28,7 @@ from bert_jax.finetune.tuning import token_tuning, tuning_loop
 from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.training.load_model import load_model_dir
 from tests.glue_fixtures.tiny import GLUE_DIR
-from tests.modernbert_fixtures import TEXT, modernbert_dirs
+from tests.modernbert_fixtures import CONFIG, TEXT, modernbert_dirs
 from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an autouse fixture)
     NUM_EXAMPLES,
     PARAM_ATOL,
@@ -49,6 +49,16 @@ LOSS_RTOL = 1e-5
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     return modernbert_dirs(tmp_path_factory.mktemp("modernbert_finetune"))
+
+
+@pytest.fixture(scope="module")
+def two_layer_dirs(tmp_path_factory):
+    """A model of `dirs`'s shape with two layers (a global one and a sliding-window one) for the
+    step-for-step tests and the run beside them: each compiles its steps, and a third layer adds
+    compile time but no other kind of layer."""
+    config = CONFIG.replace(num_hidden_layers=2)
+    assert config.layer_types == ("full_attention", "sliding_attention")
+    return modernbert_dirs(tmp_path_factory.mktemp("modernbert_finetune_2"), config)
 
 
 def test_a_glue_task_fine_tunes_from_a_modernbert_model(dirs, tmp_path, capsys):
@@ -85,8 +95,10 @@ def test_the_glue_sweep_runs_a_modernbert_model(dirs, tmp_path, capsys):
     assert all("(paper, test)" in line for line in table.splitlines() if "BERT-" in line)
 
 
-def test_a_task_without_a_modernbert_head_refuses_the_model_in_one_line(dirs, tmp_path, capsys):
-    _, ours, _ = dirs
+def test_a_task_without_a_modernbert_head_refuses_the_model_in_one_line(
+    two_layer_dirs, tmp_path, capsys
+):
+    _, ours, _ = two_layer_dirs
     argv = ["finetune", "--model", str(ours), "--task", "conll2003", "--features", "last"]
     argv += ["--data", str(tmp_path), "--workdir", str(tmp_path / "ner")]
     assert cli.main(argv) == 2
@@ -163,8 +175,8 @@ def _steps_equal(name, tuner, encoder, rows_batch, reference_class, to_inputs, i
     [(3, "cls"), (1, "mean")],
     ids=["classification-cls", "regression-mean"],
 )
-def test_steps_equal_transformers_sequence_classification(dirs, num_labels, pooling):
-    _, ours, _ = dirs
+def test_steps_equal_transformers_sequence_classification(two_layer_dirs, num_labels, pooling):
+    _, ours, _ = two_layer_dirs
     loaded = load_model_dir(ours)
     encoder = PretrainedEncoder(
         loaded.config.replace(classifier_pooling=pooling),
@@ -192,8 +204,8 @@ def test_steps_equal_transformers_sequence_classification(dirs, num_labels, pool
     )
 
 
-def test_swag_steps_equal_transformers_multiple_choice(dirs):
-    _, ours, _ = dirs
+def test_swag_steps_equal_transformers_multiple_choice(two_layer_dirs):
+    _, ours, _ = two_layer_dirs
     encoder = PretrainedEncoder.from_model_dir(load_model_dir(ours))  # the one loader
     config = tuning_loop.run_config(encoder, SETTINGS, one_device_mesh())
     rng = np.random.default_rng(4)
@@ -214,10 +226,10 @@ def test_swag_steps_equal_transformers_multiple_choice(dirs):
     )
 
 
-def test_swag_fine_tunes_from_a_modernbert_model(dirs, tmp_path):
+def test_swag_fine_tunes_from_a_modernbert_model(two_layer_dirs, tmp_path):
     """`finetune --task swag` takes a ModernBERT model; the run, on one device with the parity
     test's step settings (its compiled step reused), reads the model directory as a user's."""
-    _, ours, _ = dirs
+    _, ours, _ = two_layer_dirs
     one_task.check_family(str(ours), registry.get("swag"))  # not refused
     data = tmp_path / "swag"
     data.mkdir()
