@@ -17,7 +17,7 @@ import pytest
 from bert_jax.core import attention
 from bert_jax.core.dropout import hash_key_words
 from bert_jax.core.model import BertConfig, BertModel, attention_mask
-from tests.helpers import tiny_config
+from tests.helpers import random_params, tiny_config
 
 TOL = 2e-6  # float32, different summation order
 
@@ -186,9 +186,9 @@ def test_cpu_falls_back_to_einsum_with_one_line(monkeypatch, caplog):
     ids = jnp.ones((1, 8), jnp.int32)
     model = BertModel(config, add_pooler=False)
     # Compiled (op by op, each operation compiles alone); each call its own trace, as each
-    # eager call was, so the fallback is met three times and said once.
+    # eager call was, so the fallback is met three times (the init's trace too) and said once.
     with caplog.at_level(logging.WARNING, logger="bert_jax"):
-        params = jax.jit(model.init)(jax.random.key(0), ids, ids, ids * 0)
+        params = random_params(model, ids, ids, ids * 0)  # init traced, not compiled
         out = jax.jit(lambda p: model.apply(p, ids, ids, ids * 0))(params)["sequence_output"]
         jax.jit(lambda p: model.apply(p, ids, ids, ids * 0))(params)
     lines = [r.getMessage() for r in caplog.records if "attention_impl='pallas'" in r.getMessage()]
