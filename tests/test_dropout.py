@@ -57,7 +57,9 @@ def test_hash_bits_are_uniform_and_uncorrelated():
     with their neighbours along every axis, across keys and across consecutive steps' keys."""
     shape = (16, 12, 64, 64)  # [batch, heads, queries, keys]: 786k words
     key = jax.random.key(11)
-    bits = np.asarray(hash_bits(key, shape))
+    # One compiled program for the three keys (op by op, each operation compiles alone).
+    bits_of = jax.jit(hash_bits, static_argnums=1)
+    bits = np.asarray(bits_of(key, shape))
     n = bits.size
     bit_means = [np.mean((bits >> b) & 1) for b in range(32)]
     np.testing.assert_allclose(bit_means, 0.5, atol=5 * 0.5 / np.sqrt(n))
@@ -74,7 +76,7 @@ def test_hash_bits_are_uniform_and_uncorrelated():
         b = np.take(keep, np.arange(1, shape[axis]), axis=axis)
         assert corr(a, b) < bound, f"neighbours along axis {axis} are correlated"
     for other in (jax.random.fold_in(key, 1), jax.random.key(12)):
-        assert corr(keep, np.asarray(hash_bits(other, shape)) >= 2**31) < bound
+        assert corr(keep, np.asarray(bits_of(other, shape)) >= 2**31) < bound
     # Neighbouring rows' words are not related by a shift or an xor of their columns.
     rows = bits.reshape(shape[0], -1)
     assert len(np.intersect1d(rows[0], rows[1])) < 10
@@ -98,7 +100,7 @@ def test_gradient_is_the_scaled_mask():
     x = jnp.linspace(-1.0, 1.0, 4096).reshape(8, 512)
     key = jax.random.key(5)
     y = _apply(Dropout(0.25), x, key)
-    grad = jax.grad(lambda v: jnp.sum(_apply(Dropout(0.25), v, key)))(x)
+    grad = jax.jit(jax.grad(lambda v: jnp.sum(_apply(Dropout(0.25), v, key))))(x)
     np.testing.assert_allclose(grad, np.where(np.asarray(y) != 0, 1 / 0.75, 0.0), rtol=1e-6)
 
 
