@@ -5,7 +5,6 @@ token embeddings untrained, as transformers does."""
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +17,7 @@ from bert_jax.core.trainer import pretraining_model
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import load_model, pretrain
+from tests.helpers import random_params
 from tests.test_modernbert_pretrain import reference, small_config  # noqa: F401
 from tests.test_pretrain import losses_by_step
 
@@ -66,11 +66,10 @@ def test_adamw_hf_leaves_modernberts_pad_row_untrained():
     )
     model = pretraining_model(config)
     ids = jnp.array([[2, 5, 0, 7]], jnp.int32)
-    # Compiled: run eagerly, the init and the update go op by op (seconds on CPU).
-    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), ids, jnp.ones_like(ids))["params"])
+    params = random_params(model, ids, jnp.ones_like(ids))["params"]  # the init is not tested
     tx = optim.torch_adamw(lambda _: 1e-3, padding_row=config.pad_token_id)
 
-    @jax.jit
+    @jax.jit  # eagerly, the update goes op by op (seconds on CPU)
     def first_update(params):
         grads = jax.tree.map(jnp.ones_like, params)
         return tx.update(grads, tx.init(params), params)[0]
