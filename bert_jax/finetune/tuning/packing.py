@@ -12,12 +12,13 @@ an example; per-token arrays ([N, L]: tags and their weights) are laid out as th
 Everything has the sequences as its leading axis, so micro-batches and data-parallel shards
 split a packed batch as they split a bucketed one.
 
-Static shapes: one `length` (the bucket that holds the longest unit of every split the run
-packs) and, for training, a few sequence counts chosen up front from the run's whole order
-(`plan`): the fewest sequences each batch needs, rounded up to a count that splits into equal
-micro-batches within `micro_batch_tokens`, then the smallest set of counts where each count
-more saves at least `COMPILE_COST_STEPS` full steps of positions. Prediction packs a whole split
-at once and runs it in batches of one count. With dropout off a packed step computes what the
+Static shapes: for training, one `length` (the bucket that holds the longest training unit)
+and a few sequence counts chosen up front from the run's whole order (`plan`): the fewest
+sequences each batch needs, rounded up to a count that splits into equal micro-batches within
+`micro_batch_tokens`, then the set of counts where each count more saves at least
+`COMPILE_COST_POSITIONS` positions over the run. Prediction packs a whole split at once into
+sequences as long as the longest unit of any split needs, in batches of one count (about
+`eval_batch_size` examples). With dropout off a packed step computes what the
 bucketed step does, to float rounding (tests/test_finetune_packing.py).
 """
 
@@ -36,10 +37,11 @@ from bert_jax.finetune.tuning.batches import Buckets, bucket_lengths, host_rows,
 PACKING_KEYS = ("position_ids", "packed_segment_ids", "cls_positions")
 # What the per-token heads read of them (they pool nothing).
 TOKEN_PACKING_KEYS = PACKING_KEYS[:2]
-# A shape more costs a compile; on the CPUs and accelerators measured, one compile costs about
-# as much as a few full training steps of a small encoder, so a second sequence count is taken
-# only where it saves at least that many steps' positions over the run.
-COMPILE_COST_STEPS = 4.0
+# A shape more costs a compile. Measured on the 2-core CPU with all-MiniLM-L6-v2, a training
+# step's compile costs 12-23 CPU-s, about what training on 8-16 thousand positions costs there
+# (~1.5-2 ms a position); a larger encoder trains fewer positions in that time, an accelerator
+# many more. A sequence count more is taken only where it saves this many positions over the run.
+COMPILE_COST_POSITIONS = 16384
 
 
 def packing_inputs(batch: Mapping[str, Any], keys: Sequence[str] = PACKING_KEYS) -> dict[str, Any]:
@@ -169,7 +171,7 @@ class Packing:
         """Choose the training counts from the run's whole order ([steps, batch_size] rows of
         the training split, -1: none)."""
         needed = [self.needed(self.train_lengths[rows[rows >= 0]]) for rows in order]
-        self.train_counts = chosen_counts(needed, COMPILE_COST_STEPS * max(needed))
+        self.train_counts = chosen_counts(needed, COMPILE_COST_POSITIONS / self.length)
 
     def gather(
         self, arrays: Mapping[str, np.ndarray], rows: np.ndarray, kind: str = "train"

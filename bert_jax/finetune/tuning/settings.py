@@ -152,7 +152,7 @@ class FinetuneSettings:
     # differ; with dropout off a packed step is the bucketed one (to float rounding): no trial
     # key, and the compiled step is the same function (its batches carry the packing arrays).
     packing: bool = setting(
-        False,
+        True,
         "pack several examples into each sequence (attention kept within each example; "
         "positions restart per example) instead of padding each to its length bucket: fewer "
         "padded positions and fewer compiled shapes; SQuAD's spans are not packed, and "
