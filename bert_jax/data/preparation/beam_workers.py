@@ -47,10 +47,14 @@ logger = logging.getLogger(__name__)
 
 # Where no process waits: Beam's worker in a fresh interpreter.
 _WORKER = "from bert_jax.data.preparation import beam_workers\nbeam_workers.be_the_worker()\n"
-# The waiting processes (``serve_standbys``): argv = [directory, INDEX:FD ...].
+# The waiting processes (``serve_standbys``): argv = [directory, INDEX:FD ...]. The process
+# imports Beam's worker and the pipeline's steps (their own imports) before it forks, so that
+# the forks share them. (The pipeline imports this module: the import is the process's, not
+# this module's.)
 _STANDBY = (
     "import sys\n"
-    "from bert_jax.data.preparation import beam_workers\n"
+    "from apache_beam.runners.worker import sdk_worker_main\n"
+    "from bert_jax.data.preparation import beam_pipeline, beam_workers\n"
     "beam_workers.serve_standbys(sys.argv[1], sys.argv[2:])\n"
 )
 # What Beam runs for each worker: argv = [directory].
@@ -147,15 +151,11 @@ _PARENT_POLL_SECONDS = 0.05
 
 
 def serve_standbys(directory: str, held: list[str]) -> None:
-    """``Standbys``' process: imports Beam's worker and the pipeline's steps, then forks a
-    waiting copy per worker (``held``: ``INDEX:FD``, the lock each holds for life; a fork
-    shares what was imported, so Beam is imported once, not once per worker). It stays as
-    their parent: reaps them, and ends them (and itself) when the command ends or asks
-    (SIGTERM, ``Standbys.close``)."""
-    from apache_beam.runners.worker import sdk_worker_main  # noqa: F401 (imported once)
-
-    from bert_jax.data.preparation import beam_pipeline  # noqa: F401 (the steps' own imports)
-
+    """``Standbys``' process (``_STANDBY``, which has imported Beam's worker and the pipeline's
+    steps): forks a waiting copy per worker (``held``: ``INDEX:FD``, the lock each holds for
+    life; a fork shares what was imported, so Beam is imported once, not once per worker). It
+    stays as their parent: reaps them, and ends them (and itself) when the command ends or
+    asks (SIGTERM, ``Standbys.close``)."""
     command = os.getppid()
     locks = [(index, int(fd)) for index, fd in (entry.split(":") for entry in held)]
     children: list[int] = []
