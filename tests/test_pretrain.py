@@ -127,8 +127,11 @@ def test_sigterm_then_resume_is_exact(uninterrupted, shared_dirs, tmp_path):
     assert first.preempted and first.final_step == 7
     saved = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
     assert max(saved) == 7
+    plot = os.path.join(workdir, "plots", "pretraining.png")
+    os.utime(plot, ns=(0, 0))  # a redraw gives it a new time
     second = pretrain.pretrain(small_config(shared_dirs), workdir)
     assert second.final_step == 12 and not second.preempted
+    assert os.stat(plot).st_mtime_ns > 0, "a resume that trains redraws the plot"
 
     assert sorted(losses_by_step(workdir)) == list(range(1, 13))
     assert_same_run(uninterrupted, workdir, range(1, 13), shared_dirs)
@@ -292,7 +295,7 @@ def test_a_finished_run_is_not_resumed_on_another_schedule(uninterrupted, shared
     would be back in phase 1 (round(0.9 x 18) = 16) with the learning rate jumping from the end
     of its decay: refused in one line naming the change and both ways on, before anything is
     compiled or written, in its workdir as through config.resume_from. Rerun with its own
-    schedule, the copy resumes (at its end: nothing to do)."""
+    schedule, the copy resumes (at its end: nothing to do; its plot is kept)."""
     import shutil
 
     from bert_jax.runtime.errors import UserError
@@ -327,8 +330,15 @@ def test_a_finished_run_is_not_resumed_on_another_schedule(uninterrupted, shared
         config = small_config(shared_dirs, total_steps=18, resume_from=copy)
         pretrain.pretrain(config, str(tmp_path / "other"))
 
-    # With its own schedule the copy resumes where it ended.
+    # With its own schedule the copy resumes where it ended, and keeps its plot: no step ran.
+    plot = os.path.join(copy, "plots", "pretraining.png")
+    os.utime(plot, ns=(0, 0))  # a redraw gives it a new time
+    with open(plot, "rb") as f:
+        drawn = f.read()
     assert pretrain.pretrain(small_config(shared_dirs), copy).final_step == 12
+    assert os.stat(plot).st_mtime_ns == 0
+    with open(plot, "rb") as f:
+        assert f.read() == drawn
 
 
 def test_the_first_line_says_how_many_steps_a_size_preset_trains():

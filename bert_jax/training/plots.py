@@ -5,7 +5,9 @@ accuracy (training, held-out, and the held-out most-frequent-token baseline), NS
 (training, held-out, the held-out majority-label baseline, a cross where the model predicts one
 class) and the learning rate. Only what the run measured is drawn: a
 run without evaluation has no held-out lines or baseline in the plot or its legends. The loop
-writes it at each evaluation and at the end; matplotlib's Agg canvas needs no display.
+writes it at each evaluation and at the end; a resume that trains no step (the run was finished)
+keeps the plot it finds, drawn from the same rows (about a CPU-second saved). matplotlib's Agg
+canvas needs no display.
 """
 
 from __future__ import annotations

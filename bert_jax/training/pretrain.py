@@ -13,8 +13,9 @@ Resume order (first that applies):
 
 Workdir layout: `config.json` (the resolved config), `checkpoints/` (Orbax), `metrics.jsonl`,
 `tensorboard/`, `plots/pretraining.png` (loss, accuracies and learning rate; at each eval and the
-end), `tokenizer/` (when one was trained for the run), `data/` (records prepared on the fly),
-`model/` (the exported model directory).
+end, not redrawn by a resume that trains no step when it exists), `tokenizer/` (when one was
+trained for the run), `data/` (records prepared on the fly), `model/` (the exported model
+directory).
 
 Failure behaviour: a non-finite loss or gradient skips the update (train_step) and is counted;
 more than `max_consecutive_nonfinite` in a row stop the run with `NonFiniteError`, leaving the
@@ -172,6 +173,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
         workdir, jax.process_index(), step, total, process_count=jax.process_count()
     )
     plot_path = os.path.join(workdir, plots.PLOT_NAME)
+    started_at = step
     iterator, phase, eval_batches, last_eval, preempted = None, None, None, {}, False
     compiling = False
     try:
@@ -229,7 +231,8 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
                 console(f"preemption requested: saved checkpoint at step {step}; exiting")
                 break
         step_log.flush()
-        if is_main:
+        # A resumed run that trained no step left metrics.jsonl as it was: its plot stands.
+        if is_main and (step > started_at or not fs.exists(plot_path)):
             plots.write_plot(writer.jsonl_path, plot_path)
     finally:
         try:
