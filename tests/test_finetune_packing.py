@@ -85,8 +85,6 @@ def test_a_packed_batch_restarts_positions_and_keeps_each_row_apart():
     assert batch["input_mask"].sum() == spans.sum()  # every real token once, no padding between
     assert batch["cls_positions"].shape[1:] == (run.slots, 4)
     for s, slot in zip(*np.nonzero(batch["weights"])):
-        unit = int(np.flatnonzero(arrays["labels"][:4] == batch["labels"][s, slot])[0])
-        del unit  # labels repeat: the rows are checked through their tokens below
         for choice, start in enumerate(batch["cls_positions"][s, slot]):
             row_id = batch["packed_segment_ids"][s, start]
             assert row_id == slot * 4 + choice + 1
