@@ -15,19 +15,12 @@ import os
 import jax
 
 from bert_jax.planning import cost_model
+from bert_jax.runtime import caches
 from bert_jax.runtime.topology import TpuTarget
 
-CACHE_ENV = "BERT_JAX_CACHE_DIR"
 _CACHE_FORMAT = 1  # bump when what a cache entry holds changes
-
-
-def cache_root() -> str | None:
-    """Where compiled TPU programs' figures are kept: $BERT_JAX_CACHE_DIR (empty: no cache),
-    else $XDG_CACHE_HOME/bert_jax or ~/.cache/bert_jax."""
-    if CACHE_ENV in os.environ:
-        return os.environ[CACHE_ENV] or None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "bert_jax")
+# Where the figures are kept: `tpu_compiles` under bert-jax's one cache root.
+CACHE_ENV, cache_root = caches.CACHE_ENV, caches.cache_root
 
 
 def _versions() -> str:

@@ -8,10 +8,11 @@ imported or executed. Deterministic order for a given Python installation; ``spl
 or "all".
 
 Reading it means parsing some 440 standard-library files (about 11 s on a 2-core machine), so the
-result is kept in a cache file (``$BERT_JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/bert_jax``, else
-``~/.cache/bert_jax``) named by a digest of what it is built from: this Python, the standard
-library's files (path, size, modification time) and the code that extracts the prose. Anything
-else (no cache, an unwritable or damaged one) builds it afresh.
+result is kept in a cache file under bert-jax's cache root (``runtime.caches.cache_root``:
+``$BERT_JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/bert_jax``, else ``~/.cache/bert_jax``) named by
+a digest of what it is built from: this Python, the standard library's files (path, size,
+modification time) and the code that extracts the prose. Anything else (no cache, an unwritable
+or damaged one) builds it afresh.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import zlib
 
 from bert_jax.data import sentences as sentences_module
 from bert_jax.data.sentences import split_sentences
+from bert_jax.runtime import caches
 from bert_jax.runtime.errors import UserError
 from bert_jax.runtime.outputs import write_bytes_atomic
 
@@ -137,15 +139,11 @@ def _build(stdlib: str, paths: list[str]) -> tuple[tuple[str, tuple[str, ...]], 
     return tuple(documents)
 
 
-def cache_dir() -> str:
-    """Where bert-jax keeps what it can rebuild (today: the embedded corpus)."""
-    if os.environ.get("BERT_JAX_CACHE_DIR"):
-        return os.environ["BERT_JAX_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "bert_jax")
-
-
-def _cache_path(stdlib: str, paths: list[str]) -> str:
+def _cache_path(stdlib: str, paths: list[str]) -> str | None:
+    """The corpus's file under bert-jax's cache root (`runtime.caches`), None with caching off."""
+    root = caches.cache_root()
+    if root is None:
+        return None
     digest = hashlib.sha256()
     for code in (__file__, sentences_module.__file__):
         with open(code, "rb") as f:
@@ -154,7 +152,7 @@ def _cache_path(stdlib: str, paths: list[str]) -> str:
     for path in paths:
         stat = os.stat(path)
         digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    return os.path.join(cache_dir(), f"embedded-corpus-{digest.hexdigest()[:24]}.json")
+    return os.path.join(root, f"embedded-corpus-{digest.hexdigest()[:24]}.json")
 
 
 def _read_cache(path: str) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
@@ -171,12 +169,14 @@ def _embedded_corpus() -> tuple[tuple[str, tuple[str, ...]], ...]:
     stdlib = sysconfig.get_paths()["stdlib"]
     paths = _stdlib_files(stdlib)
     cached = _cache_path(stdlib, paths)
-    documents = _read_cache(cached)
+    documents = None if cached is None else _read_cache(cached)
     if documents is None:
         documents = _build(stdlib, paths)
         try:
-            os.makedirs(os.path.dirname(cached), exist_ok=True)
-            write_bytes_atomic(cached, json.dumps(documents, ensure_ascii=False).encode("utf-8"))
+            if cached is not None:
+                os.makedirs(os.path.dirname(cached), exist_ok=True)
+                encoded = json.dumps(documents, ensure_ascii=False).encode("utf-8")
+                write_bytes_atomic(cached, encoded)
         except OSError:
             pass  # a read-only home: rebuilt by the next process
     if len(documents) < 2:
