@@ -107,7 +107,8 @@ def learning_rates(settings: FinetuneSettings, num_steps: int) -> np.ndarray:
         num_steps,
         from_warmup_end=settings.decay_from == "warmup-end",
     )
-    return np.asarray(schedule(jnp.arange(num_steps)), np.float32)
+    # Compiled as one program: run op by op, its eight operations compile one by one.
+    return np.asarray(jax.jit(schedule)(np.arange(num_steps)), np.float32)
 
 
 def run_config(
