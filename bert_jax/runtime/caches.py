@@ -16,11 +16,12 @@ CACHE_ENV = "BERT_JAX_CACHE_DIR"
 
 # JAX's persistent compilation cache, as environment variables (JAX reads them when it is
 # imported; the processes a command starts inherit them). A program is kept when compiling it took
-# at least MIN_COMPILE_SECONDS: a fine-tuning or pretraining step takes seconds to minutes, the
-# single operations run eagerly take milliseconds, which a file each would not repay. The oldest
-# entries go once the directory holds MAX_BYTES.
+# at least MIN_COMPILE_SECONDS: a training step takes seconds to minutes to compile, a fresh head's
+# or optimizer's initialisation tenths of a second; the single operations run eagerly take
+# milliseconds, which a file each would not repay. The oldest entries go once the directory holds
+# MAX_BYTES.
 COMPILED_PROGRAMS_DIR = "xla"
-MIN_COMPILE_SECONDS = 0.5
+MIN_COMPILE_SECONDS = 0.2
 MAX_BYTES = 2 << 30
 JAX_CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
 
