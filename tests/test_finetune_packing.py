@@ -1,21 +1,26 @@
 """Packed fine-tuning batches (finetune/tuning/packing.py): how rows are laid out and how few
-shapes a run takes, and, for every head that packs (sentence single and pair, regression,
-multiple choice, tags) of both families (BERT; ModernBERT with its sliding window, CLS and mean
-pooling), dropout off: two packed steps give the losses, updated parameters and logits of the
-same steps unpacked (each row padded to max_seq_length, as tests/test_finetune_buckets.py checks
-the buckets against)."""
+shapes a run takes, and, for every head (sentence single and pair, regression, multiple choice,
+span, tags) of both families (BERT; ModernBERT with its sliding window, CLS and mean pooling),
+dropout off: two packed steps give the losses, updated parameters and logits of the same steps
+unpacked (each row padded to max_seq_length, as tests/test_finetune_buckets.py checks the buckets
+against); and a tiny SQuAD v2.0 run answers every question as its `--no-packing` run does."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 
 import jax
 import numpy as np
 import pytest
 
+from bert_jax.finetune.runs import squad_and_conll as token_tasks
 from bert_jax.finetune.tuning import batches, packing, tuning_loop
 from bert_jax.finetune.tuning import settings as settings_module
 from bert_jax.finetune.tuning import token_tuning as token_loop
+from bert_jax.finetune.tuning.settings import PretrainedEncoder
+from tests.glue_fixtures.tiny import fixture_tokenizer
 from tests.test_finetune_buckets import (
     BATCH,
     LEARNING_RATE,
@@ -25,6 +30,7 @@ from tests.test_finetune_buckets import (
     TOLERANCE,
     _case,
     _centred,
+    _config,
     _encoder_params,
     _mesh,
     assert_same_update,
@@ -74,7 +80,8 @@ def test_packing_is_a_declared_setting_that_changes_neither_trial_nor_step():
     fixed = dataclasses.replace(PACKED, pad_to_max_length=True)
     _, arrays = _case("tags", "bert")
     assert isinstance(packing.batches_for(fixed, [arrays], _mesh()), batches.Buckets)
-    assert isinstance(packing.batches_for(PACKED, [arrays], _mesh(), packs=False), batches.Buckets)
+    unpacked = dataclasses.replace(PACKED, packing=False)
+    assert isinstance(packing.batches_for(unpacked, [arrays], _mesh()), batches.Buckets)
 
 
 def test_a_packed_batch_restarts_positions_and_keeps_each_row_apart():
@@ -97,8 +104,51 @@ def test_a_packed_batch_restarts_positions_and_keeps_each_row_apart():
     assert batch["weights"].sum() == 4
 
 
+# Windows without the answer (rows 1 and 5): their target is their own [CLS].
+ABSENT = [1, 5]
+
+
+def _span_case(family):
+    """The span head's tuner and rows, `ABSENT`'s targets at their [CLS] (position 0)."""
+    tuner, arrays = _case("span", family)
+    for key in packing.ROW_POSITION_KEYS:
+        arrays[key][ABSENT] = 0
+    return tuner, arrays
+
+
+def test_a_packed_span_target_is_the_same_token_of_its_row():
+    """Several windows share a sequence; each one's start and end name the tokens they named
+    in its own row (a window without the answer: its own [CLS]), and nothing else moves."""
+    _, arrays = _span_case("bert")
+    run = packing.batches_for(PACKED, [arrays], _mesh())
+    run.plan(ORDER)
+    shared = []
+    for rows in ORDER:
+        batch = run.gather(arrays, rows)
+        shared.append(np.max(np.sum(batch["weights"] > 0, axis=1)))
+        for s, slot in zip(*np.nonzero(batch["weights"])):
+            ids = batch["input_ids"][s][batch["packed_segment_ids"][s] == slot + 1]
+            row = next(r for r in rows[rows >= 0] if np.array_equal(ids, _tokens(arrays, r)))
+            for key in packing.ROW_POSITION_KEYS:
+                position = batch[key][s, slot]
+                assert batch["packed_segment_ids"][s, position] == slot + 1
+                assert batch["input_ids"][s, position] == arrays["input_ids"][row, arrays[key][row]]
+                offset = position - arrays[key][row]
+                assert batch["position_ids"][s, offset] == 0  # the row's first token
+                if row in ABSENT:
+                    assert batch["input_ids"][s, position] == 1  # its [CLS]
+    assert shared[0] > 1  # several windows in one sequence (rows 0-3: 6 to 16 tokens)
+    beyond = dict(arrays, end_positions=arrays["input_mask"].sum(axis=1))
+    with pytest.raises(ValueError, match="end_positions of row 0 is past its"):
+        run.gather(beyond, ORDER[0])
+
+
+def _tokens(arrays, row):
+    return arrays["input_ids"][row][arrays["input_mask"][row] > 0]
+
+
 # ------------------------------------------------------------------------------------------------
-# Every head that packs, both families: packed equals unpacked
+# Every head, both families: packed equals unpacked
 # ------------------------------------------------------------------------------------------------
 
 
@@ -119,13 +169,13 @@ def _two_steps(tuner, arrays, run, family):
     return losses, before, params, logits
 
 
-HEADS = ("sentence", "regression", "choice", "tags")
+HEADS = ("sentence", "regression", "choice", "span", "tags")
 
 
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 @pytest.mark.parametrize("head", HEADS)
 def test_packed_steps_equal_the_unpacked_steps(head, family):
-    tuner, arrays = _case(head, family)
+    tuner, arrays = _span_case(family) if head == "span" else _case(head, family)
     run = packing.batches_for(PACKED, [arrays], _mesh())
     assert isinstance(run, packing.Packing)
     run.plan(ORDER)
@@ -139,8 +189,9 @@ def test_packed_steps_equal_the_unpacked_steps(head, family):
     assert count * length < BATCH * arrays["input_ids"][0].size
     np.testing.assert_allclose(losses, fixed_losses, rtol=TOLERANCE, atol=TOLERANCE)
     assert_same_update(head, before, params, fixed_params)
-    if head in SHIFTS:
-        logits, fixed_logits = (_centred(x, np.ones_like(x)) for x in (logits, fixed_logits))
+    if head in SHIFTS:  # the scores up to the shift those biases add to each row's (output's)
+        real = arrays["input_mask"][..., None] > 0 if head == "span" else np.ones_like(logits)
+        logits, fixed_logits = (_centred(x, real) for x in (logits, fixed_logits))
     np.testing.assert_allclose(logits, fixed_logits, rtol=TOLERANCE, atol=TOLERANCE)
 
 
@@ -167,3 +218,77 @@ def test_a_packed_run_prints_its_compiled_shapes_once():
     assert len(shapes) == 1, lines
     assert run.train_counts and len(run.used["train"]) <= len(run.train_counts)
     assert shapes[0].startswith("compiled shapes: train ") and f"x{run.length}" in shapes[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# SQuAD: the task's answers, packed and not
+# ------------------------------------------------------------------------------------------------
+
+
+def _tiny_squad(words):
+    """SQuAD v2.0 questions on contexts of `words`, every other one of 2 to 5 (short windows,
+    several to a sequence), the others of 20 to 40 (cut into windows: the max-context rule);
+    every third question unanswerable."""
+    rng = np.random.default_rng(0)
+    paragraphs = []
+    for index in range(24):
+        size = int(rng.integers(2, 6) if index % 2 else rng.integers(20, 41))
+        context = " ".join(rng.choice(words, size)) + "."
+        answer = context.split()[int(rng.integers(0, 3))]
+        qa = {"id": f"q{index}", "question": f"where is {words[index % 5]}?", "answers": []}
+        if index % 3:
+            qa["answers"] = [{"text": answer, "answer_start": context.index(answer)}]
+        qa["is_impossible"] = not qa["answers"]
+        paragraphs.append({"context": context, "qas": [qa]})
+    return {"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]}
+
+
+def test_squad_answers_every_question_as_its_unpacked_run(tmp_path):
+    """`finetune --task squad/v2.0` on the tiny encoder, dropout off, packed and with
+    `--no-packing`: the same answers (n-best lists included) and null odds, from one train and
+    one predict shape packed. (The span head and settings of the steps above: the unpacked
+    run's shapes are test_finetune_buckets' span case's, read from the compilation cache.)"""
+    tokenizer = fixture_tokenizer()
+    encoder = PretrainedEncoder(_config("bert"), _encoder_params("bert"), tokenizer, "tiny")
+    words = [t for t in tokenizer.vocab[120:] if t.isalpha() and len(t) > 3][:12]
+    data = tmp_path / "squad"
+    data.mkdir()
+    payload = json.dumps(_tiny_squad(words))
+    for split in ("train", "dev"):
+        (data / f"{split}-v2.0.json").write_text(payload, encoding="utf-8")
+    # The threshold: the tiny model's null odds after its 10 steps are 0.08-0.56, about half
+    # the questions answered.
+    options = token_tasks.SpanOptions(
+        doc_stride=8, max_query_length=6, max_answer_length=4, null_score_diff_threshold=0.4
+    )
+    found, lines = {}, []
+    for packs in (True, False):
+        settings = dataclasses.replace(SETTINGS, epochs=1.0, packing=packs)
+        workdir = tmp_path / f"packing-{packs}"
+        result = token_tasks.run_token_task(
+            encoder, "squad/v2.0", str(data), str(workdir), settings, options, lines.append, _mesh()
+        )
+        assert result["num_train_features"] > 24  # some contexts take several windows
+        found[packs] = {
+            name: json.loads((workdir / f"{name}.json").read_text())
+            for name in ("predictions", "nbest_predictions", "null_odds")
+        }
+    shapes = [line for line in lines if "compiled shapes" in line]
+    packed_shapes = re.fullmatch(
+        r"compiled shapes: train 1 \(.*\), predict 1 \(.*up to (\d+) .*", shapes[0]
+    )
+    assert packed_shapes and int(packed_shapes[1]) > 1, shapes  # several windows a sequence
+    assert "of buckets" in shapes[1], shapes
+    packed, unpacked = found[True], found[False]
+    assert packed["predictions"] == unpacked["predictions"]
+    answered = [answer for answer in packed["predictions"].values() if answer]
+    assert 0 < len(answered) < len(packed["predictions"])  # answers and abstentions both
+    for qid, nbest in packed["nbest_predictions"].items():
+        theirs = unpacked["nbest_predictions"][qid]
+        assert [n["text"] for n in nbest] == [n["text"] for n in theirs]
+        for key in ("start_logit", "end_logit", "probability"):
+            ours, fixed = (np.array([n[key] for n in entries]) for entries in (nbest, theirs))
+            if key != "probability":  # up to the shift SHIFTS["span"]'s biases add
+                ours, fixed = ours - ours[0], fixed - fixed[0]
+            np.testing.assert_allclose(ours, fixed, atol=1e-4)
+    assert packed["null_odds"] == pytest.approx(unpacked["null_odds"], abs=1e-4)

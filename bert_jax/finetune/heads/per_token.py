@@ -92,10 +92,12 @@ def span_loss(
     logits_BxLx2: Array, start_positions_B: Array, end_positions_B: Array, weights_B: Array
 ) -> dict[str, Array]:
     """SQuAD's loss: the mean of the start and the end cross-entropy over positions, summed over
-    rows with weight. The softmax runs over every position of the window, padding included, as
-    google-research/bert's run_squad and Hugging Face's `BertForQuestionAnswering` compute it;
-    position 0 ([CLS]) is the target of an unanswerable question or of a window that does not
-    hold the answer."""
+    rows with weight. The softmax runs over every position of each row it is given, as
+    google-research/bert's run_squad and Hugging Face's `BertForQuestionAnswering` compute it
+    (the tuner gives padding `token_tuning.PADDING_LOGIT`, so a window's real tokens count; a
+    packed batch comes as one row per slot, `token_tuning.slot_rows`, its targets positions in
+    that row); the row's [CLS] (position 0 unpacked) is the target of an unanswerable question
+    or of a window that does not hold the answer."""
     weights = weights_B.astype(jnp.float32)
     total = jnp.zeros((), jnp.float32)
     for index, positions in enumerate((start_positions_B, end_positions_B)):

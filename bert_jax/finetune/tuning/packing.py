@@ -1,14 +1,16 @@
 """Packed fine-tuning batches (`packing`): several examples laid end to end in sequences of one
 static length, instead of one example a row padded to its bucket (`batches.Buckets`).
 
-A unit is what a head reads as one: a sentence (pair) row, a CoNLL sentence, or a multiple-choice
-example's choices (each choice a row of its own). Units are packed first-fit decreasing into
-sequences of `length` positions, at most `slots` units a sequence, each row keeping its own
-tokens and segment ids, with `position_ids` restarting at 0, `packed_segment_ids` (1, 2, ...: a
-row's id within its sequence; 0 on padding) so that attention stays within the row, and
-`cls_positions` [sequences, slots, choices] where each row starts (the pooled heads read there).
+A unit is what a head reads as one: a sentence (pair) row, a CoNLL sentence, a SQuAD window, or
+a multiple-choice example's choices (each choice a row of its own). Units are packed first-fit
+decreasing into sequences of `length` positions, at most `slots` units a sequence, each row
+keeping its own tokens and segment ids, with `position_ids` restarting at 0, `packed_segment_ids`
+(1, 2, ...: a row's id within its sequence; 0 on padding) so that attention stays within the row,
+and `cls_positions` [sequences, slots, choices] where each row starts (the pooled heads read there).
 Per-example arrays (labels, [N]) become [sequences, slots], with `weights` 1 where a slot holds
-an example; per-token arrays ([N, L]: tags and their weights) are laid out as the tokens are.
+an example; those that are positions in the example's row (`ROW_POSITION_KEYS`: a SQuAD window's
+answer start and end, 0 its [CLS]) become positions in its sequence (the row's offset added);
+per-token arrays ([N, L]: tags and their weights) are laid out as the tokens are.
 Everything has the sequences as its leading axis, so micro-batches and data-parallel shards
 split a packed batch as they split a bucketed one.
 
@@ -37,6 +39,9 @@ from bert_jax.finetune.tuning.batches import Buckets, bucket_lengths, host_rows,
 PACKING_KEYS = ("position_ids", "packed_segment_ids", "cls_positions")
 # What the per-token heads read of them (they pool nothing).
 TOKEN_PACKING_KEYS = PACKING_KEYS[:2]
+# The per-example arrays that are positions in the example's (first) row: packed, they become
+# positions in the sequence, the row's offset added (a row's [CLS], 0, becomes its offset).
+ROW_POSITION_KEYS = ("start_positions", "end_positions")
 # A shape more costs a compile. Measured on the 2-core CPU with all-MiniLM-L6-v2, a training
 # step's compile costs 12-23 CPU-s, about what training on 8-16 thousand positions costs there
 # (~1.5-2 ms a position); a larger encoder trains fewer positions in that time, an accelerator
@@ -217,6 +222,13 @@ class Packing:
             key for key, value in arrays.items() if key not in out and value.shape[1:] == stored
         ]
         per_unit = [key for key in arrays if key not in out and key not in per_token]
+        positions = [key for key in ROW_POSITION_KEYS if key in per_unit]
+        for key in positions:  # else the position would name another row's token
+            sizes = spans.sum(axis=1)
+            beyond = np.flatnonzero((arrays[key][units] < 0) | (arrays[key][units] >= sizes))
+            if len(beyond):
+                index = int(beyond[0])
+                raise ValueError(f"{key} of row {units[index]} is past its {sizes[index]} tokens")
         for key in per_token:
             out[key] = np.zeros(shape, arrays[key].dtype)
         for key in per_unit:
@@ -234,6 +246,8 @@ class Packing:
                 out["weights"][local, slot] = 1.0
                 for key in per_unit:
                     out[key][local, slot] = arrays[key][unit]
+                for key in positions:
+                    out[key][local, slot] += offset
                 for choice in range(choices):
                     size = int(spans[index, choice])
                     cut = slice(offset, offset + size)
@@ -302,13 +316,12 @@ def batches_for(
     settings: Any,
     splits: Sequence[Mapping[str, np.ndarray]],
     mesh: Any,
-    packs: bool = True,
 ) -> Buckets | Packing:
-    """A run's batches: packed (`settings.packing`, where the head `packs` and batches are not
-    padded to `max_seq_length`) over `splits` (the arrays of every split the run packs, with
+    """A run's batches: packed (`settings.packing`, where batches are not padded to
+    `max_seq_length`) over `splits` (the arrays of every split the run packs, with
     `input_mask` [N, L] or [N, choices, L]; the training split's first), else length buckets
     (`Buckets.for_settings`)."""
-    if not (settings.packing and packs) or settings.pad_to_max_length:
+    if not settings.packing or settings.pad_to_max_length:
         return Buckets.for_settings(settings)
     from bert_jax.core import partitioning
 

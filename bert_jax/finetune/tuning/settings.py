@@ -155,9 +155,8 @@ class FinetuneSettings:
         True,
         "pack several examples into each sequence (attention kept within each example; "
         "positions restart per example) instead of padding each to its length bucket: fewer "
-        "padded positions and compiled shapes, so less time on every head that packs (on by "
-        "default for that); question answering's windows, which fill their sequences, are not "
-        "packed; --pad-to-max-length turns it off",
+        "padded positions and compiled shapes, so less time (on by default for that); "
+        "--pad-to-max-length turns it off",
     )
     # A split batch's rows draw other dropout masks than the whole batch's, so this shapes the
     # step; with dropout off the update is the whole batch's (to float rounding). 512: on the

@@ -14,6 +14,9 @@ Padding positions are masked out of the per-token outputs (`masked_padding`: the
 and transformers' BertForQuestionAnswering run it over the padding as well, which makes their loss
 depend on how far a batch is padded (to max_seq_length, or to its longest row with transformers'
 data collator); masked, a batch's loss, gradients and logits are the same at every bucket.
+Packed (`tuning/packing.py`: several windows or sentences in one sequence, each attending to its
+own), the span softmax of each slot runs over that slot's own tokens (`slot_rows`), so a packed
+step computes what the bucketed one does.
 
 A run is deterministic given its seed (head initialisation, shuffling, dropout).
 """
@@ -57,8 +60,8 @@ Array = jax.Array
 SPAN = "span"
 TAGS = "tags"
 MODEL_KEYS = ("input_ids", "input_mask", "segment_ids")
-# The per-row training targets each kind of head reads.
-TARGET_KEYS = {SPAN: ("start_positions", "end_positions"), TAGS: ("labels", "label_weights")}
+# The per-row training targets each kind of head reads (a span's: positions in its row).
+TARGET_KEYS = {SPAN: packing.ROW_POSITION_KEYS, TAGS: ("labels", "label_weights")}
 
 
 TokenModel = BertForTokenOutputs | ModernBertForTokenOutputs
@@ -76,6 +79,18 @@ def masked_padding(logits_BxLxC: Array, input_mask_BxL: Array) -> Array:
     return jnp.where(real, logits_BxLxC, jnp.asarray(PADDING_LOGIT, logits_BxLxC.dtype))
 
 
+def slot_rows(logits_SxLxC: Array, packed_segment_ids_SxL: Array, slots: int) -> Array:
+    """A packed batch's per-token outputs as one row per slot, [sequences x slots, L, C]: its
+    sequence's outputs at the slot's own tokens (`packed_segment_ids` slot + 1), `PADDING_LOGIT`
+    at every other position (padding and the other slots' rows), as `masked_padding` leaves an
+    unpacked row's. A slot's targets are positions in its sequence (`packing.ROW_POSITION_KEYS`)."""
+    ids = jnp.arange(1, slots + 1, dtype=packed_segment_ids_SxL.dtype)
+    own_SxKxL = packed_segment_ids_SxL[:, None, :] == ids[None, :, None]
+    fill = jnp.asarray(PADDING_LOGIT, logits_SxLxC.dtype)
+    rows = jnp.where(own_SxKxL[..., None], logits_SxLxC[:, None], fill)
+    return rows.reshape(-1, *rows.shape[2:])
+
+
 def head_loss_fn(model: TokenModel, kind: str) -> SumsFn:
     """The head's loss sums on a (micro-)batch (`HeadTuner`'s `sums_fn`: its loss is their
     "loss_sum" over the whole batch's weight: its rows', or its labelled tokens' for tags)."""
@@ -90,11 +105,14 @@ def head_loss_fn(model: TokenModel, kind: str) -> SumsFn:
         )
         logits = masked_padding(logits, batch["input_mask"])
         if kind == SPAN:
+            weights = batch["weights"]
+            if "packed_segment_ids" in batch:  # [sequences, slots] targets: one row a slot
+                logits = slot_rows(logits, batch["packed_segment_ids"], weights.shape[-1])
             return span_loss(
                 logits,
-                batch["start_positions"],
-                batch["end_positions"],
-                batch["weights"],
+                batch["start_positions"].reshape(-1),
+                batch["end_positions"].reshape(-1),
+                weights.reshape(-1),
             )
         return token_loss(logits, batch["labels"], batch["label_weights"])
 
@@ -242,7 +260,7 @@ def train_and_evaluate(
     inputs = {key: train_arrays[key] for key in (*MODEL_KEYS, *TARGET_KEYS[kind])}
     kept: dict[str, np.ndarray] = {}
     packed = [inputs, eval_arrays, *(final_arrays or {}).values()]
-    buckets = packing.batches_for(settings, packed, mesh, packs=kind == TAGS)
+    buckets = packing.batches_for(settings, packed, mesh)
 
     def predicted(params, arrays):
         return predict_logits(tuner, params, arrays, settings.eval_batch_size, buckets=buckets)
