@@ -30,6 +30,12 @@ def random_params(module, *args, seed: int = 0, **kwargs) -> dict:
     import jax
 
     shapes = nn.meta.unbox(jax.eval_shape(module.init, jax.random.key(0), *args, **kwargs))
+    return _random_like(shapes, seed)
+
+
+def _random_like(shapes, seed: int) -> dict:
+    import jax
+
     rng = np.random.default_rng(seed)
 
     def leaf(path, shape):
@@ -38,6 +44,21 @@ def random_params(module, *args, seed: int = 0, **kwargs) -> dict:
         return (1.0 + 5 * noise if near_one else noise).astype(shape.dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+
+def random_state(steps, seed: int = 0):
+    """A trainer's (`trainer.ShardedSteps` with a `tx`) step-0 TrainState, placed on its mesh:
+    random_params' draws over its init's parameter shapes and its optimizer's fresh slots. Only
+    the optimizer's init compiles (a model's init program compiles in about a train step's CPU
+    time): for tests that train but do not test the init."""
+    import flax.linen as nn
+    import jax
+
+    from bert_jax.core.trainer import TrainState
+
+    params = _random_like(nn.meta.unbox(steps.state_shapes.params), seed)
+    create = jax.jit(lambda p: TrainState.create(p, steps.tx), out_shardings=steps.state_shardings)
+    return create(params)
 
 
 def random_batch(
