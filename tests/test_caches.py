@@ -55,8 +55,12 @@ def test_a_jax_cache_the_user_set_stands(bare_env, tmp_path, users):
     assert "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ
 
 
-def test_no_cache_root_keeps_nothing(bare_env):
-    bare_env.setenv(caches.CACHE_ENV, "")
+@pytest.mark.parametrize("root", ["", "a file"])
+def test_no_cache_root_or_an_unwritable_one_keeps_nothing(bare_env, tmp_path, root):
+    if root:  # unwritable for root too: a file where the directory would be
+        root = tmp_path / root
+        root.write_text("not a directory")
+    bare_env.setenv(caches.CACHE_ENV, str(root))
     assert caches.keep_compiled_programs() is None
     assert caches.JAX_CACHE_DIR_ENV not in os.environ
 

@@ -40,14 +40,21 @@ def keep_compiled_programs() -> str | None:
     in `cache_root()`/xla, so a command run again with the same model and shapes reads its
     compiled steps back instead of compiling them (a fine-tuning step of all-MiniLM-L6-v2 takes
     7-8 s to compile on a 2-core CPU). A cache the user configured for JAX
-    ($JAX_COMPILATION_CACHE_DIR, set empty to turn it off) stands, and with no cache root nothing
-    is kept. Returns the directory in use, or None. Must run before JAX is imported."""
+    ($JAX_COMPILATION_CACHE_DIR, set empty to turn it off) stands; with no cache root, or one
+    bert-jax cannot write, nothing is kept. Returns the directory in use, or None. Must run before
+    JAX is imported."""
     if JAX_CACHE_DIR_ENV in os.environ:
         return os.environ[JAX_CACHE_DIR_ENV] or None
     root = cache_root()
     if root is None:
         return None
     directory = os.path.join(root, COMPILED_PROGRAMS_DIR)
+    try:  # a directory bert-jax cannot write (a read-only home): compile afresh, warn of nothing
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return None
     os.environ[JAX_CACHE_DIR_ENV] = directory
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", str(MIN_COMPILE_SECONDS))
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(MAX_BYTES))
