@@ -36,20 +36,32 @@ def _qkv(rng, batch, queries, keys, heads=2, head_dim=8):
 def _masks(rng, batch, queries, keys):
     """Name -> (boolean mask, query positions or None) of every kind the model makes, and more."""
     lengths = rng.integers(keys // 2, keys + 1, size=batch)
-    input_mask = jnp.asarray(np.arange(keys)[None, :] < lengths[:, None])
-    segments = jnp.asarray(np.cumsum(rng.random((batch, keys)) < 0.15, axis=1), jnp.int32)
-    positions = jnp.asarray(
-        np.sort(rng.choice(keys, size=(batch, queries), replace=True), axis=1), jnp.int32
+    input_mask = np.arange(keys)[None, :] < lengths[:, None]
+    segments = np.cumsum(rng.random((batch, keys)) < 0.15, axis=1).astype(np.int32)
+    positions = np.sort(rng.choice(keys, size=(batch, queries), replace=True), axis=1)
+    padding, packed, packed_query_subset, causal = _model_masks(
+        input_mask, segments, positions.astype(np.int32)
     )
-    causal = jnp.asarray(np.tril(np.ones((keys, keys), bool)))[None, None]
     return {
-        "padding": attention_mask(input_mask),
-        "packed": attention_mask(input_mask, segments),
-        "packed_query_subset": attention_mask(input_mask, segments, positions),
-        "causal": jnp.logical_and(causal, attention_mask(input_mask)),
+        "padding": padding,
+        "packed": packed,
+        "packed_query_subset": packed_query_subset,
+        "causal": causal,
         "per_head": jnp.asarray(rng.random((batch, 2, queries, keys)) < 0.7),
         "none": None,
     }
+
+
+@jax.jit  # one program per shape (op by op, each operation compiles alone)
+def _model_masks(input_mask, segments, positions):
+    keys = input_mask.shape[1]
+    causal = jnp.tril(jnp.ones((keys, keys), bool))[None, None]
+    return (
+        attention_mask(input_mask),
+        attention_mask(input_mask, segments),
+        attention_mask(input_mask, segments, positions),
+        jnp.logical_and(causal, attention_mask(input_mask)),
+    )
 
 
 def _loss_and_grads(fn, query, key, value, weights):
@@ -224,8 +236,12 @@ def test_pallas_refuses_prng_dropout(monkeypatch):
     config = tiny_config(num_hidden_layers=1, attention_impl="pallas", dropout_impl="prng")
     ids = jnp.ones((1, 8), jnp.int32)
     model = BertModel(config, add_pooler=False)
-    params = model.init(jax.random.key(0), ids, ids, ids * 0)
-    with pytest.raises(Exception, match="dropout_impl='hash'"):
-        model.apply(
-            params, ids, ids, ids * 0, deterministic=False, rngs={"dropout": jax.random.key(1)}
+    params = random_params(model, ids, ids, ids * 0)  # the init is not under test
+    # Traced under jit: eagerly, the layers before the refusal run op by op, each compiled alone.
+    apply = jax.jit(
+        lambda p: model.apply(
+            p, ids, ids, ids * 0, deterministic=False, rngs={"dropout": jax.random.key(1)}
         )
+    )
+    with pytest.raises(Exception, match="dropout_impl='hash'"):
+        apply(params)
