@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -36,10 +38,22 @@ def _trainer(mesh_shape, config=None, devices=None):
     return ShardedTrainer(config, tx, mesh, schedule=schedule)
 
 
-def _run(trainer, steps=3, dropout_rng=None):
+@functools.cache
+def _mesh_trainer(mesh_shape):
+    """The padded model's trainer on `mesh_shape`, shared by the tests that read that mesh (its
+    steps traced and compiled once)."""
+    return _trainer(mesh_shape)
+
+
+def _run(trainer, steps=3, dropout_rng=None, initial=None):
+    """`steps` steps from the trainer's init (key 0), or from `initial` (a host copy of a
+    state, e.g. the one-device init's) placed on the trainer's mesh: no init compiled."""
     # Pretraining's dropout keys (rbg) and hash masks (the model's default).
     dropout_rng = init_and_dropout_keys(0, "rbg")[1] if dropout_rng is None else dropout_rng
-    state = trainer.init(jax.random.key(0))
+    if initial is None:
+        state = trainer.init(jax.random.key(0))
+    else:
+        state = jax.device_put(initial, trainer.state_shardings)
     rng = np.random.default_rng(0)
     losses = []
     for _ in range(steps):
@@ -52,8 +66,17 @@ def _run(trainer, steps=3, dropout_rng=None):
 
 
 @pytest.fixture(scope="module")
-def single_device_run():
-    return _run(_trainer((1, 1, 1), devices=jax.devices()[:1]))
+def one_device_init():
+    """The one-device init (key 0) as a host copy: the start of the runs whose init is not
+    what they test (each mesh's own init is held to it below)."""
+    trainer = _trainer((1, 1, 1), devices=jax.devices()[:1])
+    return trainer, jax.device_get(trainer.init(jax.random.key(0)))
+
+
+@pytest.fixture(scope="module")
+def single_device_run(one_device_init):
+    trainer, initial = one_device_init
+    return _run(trainer, initial=initial)
 
 
 def _spec(array) -> P:
@@ -65,7 +88,7 @@ def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
     """Same losses and parameters as one device, with pretraining's dropout (hash masks, rbg
     keys) on; the rules place every parameter as documented."""
     assert jax.device_count() == 8
-    trainer = _trainer(mesh_shape)
+    trainer = _mesh_trainer(mesh_shape)
     state, losses = _run(trainer)
     ref_state, ref_losses = single_device_run
 
@@ -115,16 +138,17 @@ def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
     assert shard.size == layer["intermediate"]["kernel"].size // (fsdp * tensor)
 
 
-def test_sharded_optimizer_state_matches_one_device(single_device_run):
+def test_sharded_optimizer_state_matches_one_device(one_device_init, single_device_run):
     """ZeRO stage 1 on (4, 2, 1): the Adam slots are split over data x fsdp, the parameters
-    stay as the rules put them (embed over fsdp only), and the numbers are one device's."""
+    stay as the rules put them (embed over fsdp only), and the numbers are one device's (from
+    the one-device init, placed with the ZeRO shardings)."""
     config = _padded_config()
     schedule = optim.warmup_decay(1e-3, warmup_steps=2, total_steps=10)
     mesh = partitioning.make_mesh((4, 2, 1))
     trainer = ShardedTrainer(
         config, optim.bert_adamw(schedule), mesh, schedule=schedule, shard_optimizer_state=True
     )
-    state, losses = _run(trainer)
+    state, losses = _run(trainer, initial=one_device_init[1])
     ref_state, ref_losses = single_device_run
     np.testing.assert_allclose(losses, ref_losses, atol=1e-5, rtol=0)
     for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
@@ -148,12 +172,14 @@ def test_sharded_optimizer_state_matches_one_device(single_device_run):
     )
 
 
-def test_prng_dropout_masks_are_the_same_on_any_mesh(single_device_run):
+def test_prng_dropout_masks_are_the_same_on_any_mesh(one_device_init, single_device_run):
     """Masks drawn through jax.random with rbg keys ("prng") are also the same however the batch
-    and the model are split (the default hash masks are checked on every mesh above)."""
+    and the model are split (the default hash masks are checked on every mesh above). Both runs
+    start from the one-device init (the inits on the meshes are held to it above)."""
     config = _padded_config(dropout_impl="prng")
-    _, want = _run(_trainer((1, 1, 1), config, devices=jax.devices()[:1]), 2)
-    _, got = _run(_trainer((2, 2, 2), config), 2)
+    initial = one_device_init[1]
+    _, want = _run(_trainer((1, 1, 1), config, devices=jax.devices()[:1]), 2, initial=initial)
+    _, got = _run(_trainer((2, 2, 2), config), 2, initial=initial)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     _, hash_losses = single_device_run
     assert abs(hash_losses[0] - want[0]) > 1e-4, "the loss did not depend on the dropout masks"
@@ -173,8 +199,7 @@ def test_padded_vocabulary_adds_no_collectives():
     import collections
     import re
 
-    def collectives(config):
-        trainer = _trainer((1, 2, 4), config=config)
+    def collectives(trainer):
         batch = trainer.global_batch(random_batch(np.random.default_rng(0), 16, 32, 5, 510))
         rng = init_and_dropout_keys(0, "rbg")[1]
         with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
@@ -183,15 +208,16 @@ def test_padded_vocabulary_adds_no_collectives():
         ops = "all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute"
         return collections.Counter(re.findall(rf"= \S+ ({ops})\(", text))
 
-    unpadded = collectives(tiny_config(vocab_size=512, num_hidden_layers=LAYERS))
+    unpadded_config = tiny_config(vocab_size=512, num_hidden_layers=LAYERS)
+    unpadded = collectives(_trainer((1, 2, 4), config=unpadded_config))
     # The program of the (1, 2, 4) run above (510 rows padded to 512, its batch shape and
     # dropout key type): compiled once, then read from the persistent compilation cache.
-    padded = collectives(_padded_config())
+    padded = collectives(_mesh_trainer((1, 2, 4)))
     assert sum(unpadded.values()) > 0 and padded == unpadded
 
 
 def test_batch_not_divisible_names_the_setting():
-    trainer = _trainer((8, 1, 1))
+    trainer = _mesh_trainer((8, 1, 1))
     batch = random_batch(np.random.default_rng(0), 6, 32, 5, trainer.config.vocab_size)
     with pytest.raises(ValueError, match="batch_size=6 .*data-parallel size 8"):
         trainer.global_batch(batch)
