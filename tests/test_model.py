@@ -15,7 +15,17 @@ from bert_jax.convert import mapping
 from bert_jax.core import losses, trainer
 from bert_jax.core.layers import Embed
 from bert_jax.core.model import BertConfig, BertForPreTraining, BertModel
-from tests.helpers import REAL_SENTENCES, hf_config, minilm_dir, random_batch, tiny_config
+from tests.helpers import (
+    REAL_SENTENCES,
+    hf_config,
+    minilm_dir,
+    one_torch_thread,
+    random_batch,
+    tiny_config,
+)
+
+# transformers' models (the references) run on one PyTorch thread: tests/helpers.py says why.
+_torch_threads = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 def _hf_pretraining_model(config: BertConfig, seed: int = 0):
