@@ -220,15 +220,22 @@ def test_outputs_finite_with_and_without_jit_and_in_bfloat16(tiny_variables):
     np.testing.assert_allclose(out["nsp_logits"], eager["nsp_logits"], atol=5e-2)
 
 
+ATTENTION_BATCH = random_batch(np.random.default_rng(3), 3, 16, 4, tiny_config().vocab_size)
+
+
+@pytest.fixture(scope="module")
+def xla_attention_output(tiny_variables):
+    """The reference both implementations are compared with: XLA's attention, computed once."""
+    reference = BertForPreTraining(tiny_config().replace(attention_impl="xla"))
+    return jax.jit(reference.apply)(tiny_variables, **trainer.model_inputs(ATTENTION_BATCH))
+
+
 @pytest.mark.parametrize("impl", ["xla", "dot_product"])
-def test_attention_implementations_agree(impl, tiny_variables):
+def test_attention_implementations_agree(impl, tiny_variables, xla_attention_output):
     config = tiny_config()
-    batch = random_batch(np.random.default_rng(3), 3, 16, 4, config.vocab_size)
-    reference = BertForPreTraining(config.replace(attention_impl="xla"))
-    params = tiny_variables
-    expected = jax.jit(reference.apply)(params, **trainer.model_inputs(batch))
+    expected = xla_attention_output
     got = jax.jit(BertForPreTraining(config.replace(attention_impl=impl)).apply)(
-        params, **trainer.model_inputs(batch)
+        tiny_variables, **trainer.model_inputs(ATTENTION_BATCH)
     )
     np.testing.assert_allclose(got["sequence_output"], expected["sequence_output"], atol=1e-5)
 
