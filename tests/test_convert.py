@@ -36,17 +36,7 @@ from tests.convert_fixtures import (
     write_tf1_checkpoint,
     write_vocab,
 )
-from tests.helpers import (
-    REAL_SENTENCES,
-    hf_config,
-    minilm_dir,
-    one_torch_thread,
-    random_batch,
-    tiny_config,
-)
-
-# transformers' models (the references) run on one PyTorch thread: tests/helpers.py says why.
-_torch_threads = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
+from tests.helpers import REAL_SENTENCES, hf_config, minilm_dir, random_batch, tiny_config
 
 
 def _close(ours, ref, what: str, atol: float = 1e-5) -> float:

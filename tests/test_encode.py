@@ -16,10 +16,7 @@ from bert_jax.inference import encode as encode_lib
 from bert_jax.training.load_model import load_model_dir
 from tests import faults
 from tests.convert_fixtures import random_params, write_vocab
-from tests.helpers import REAL_SENTENCES, minilm_dir, one_torch_thread, tiny_config
-
-# transformers' models (the references) run on one PyTorch thread: tests/helpers.py says why.
-_torch_threads = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
+from tests.helpers import REAL_SENTENCES, minilm_dir, tiny_config
 
 # Six sentences in batches of four: the last batch is padded with two empty rows.
 BATCH_SIZE = 4

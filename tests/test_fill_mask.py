@@ -23,10 +23,7 @@ from bert_jax.data.sources import embedded as corpus
 from bert_jax.data.tokenizers.sentencepiece import train_sentencepiece
 from bert_jax.inference.fill_mask import fill_mask
 from tests.convert_fixtures import random_params
-from tests.helpers import minilm_dir, one_torch_thread, tiny_config
-
-# transformers' models (the references) run on one PyTorch thread: tests/helpers.py says why.
-_torch_threads = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
+from tests.helpers import minilm_dir, tiny_config
 
 TOP_K = 5
 TEXTS = [
