@@ -263,7 +263,7 @@ def test_squad_answers_every_question_as_its_unpacked_run(tmp_path):
     )
     found, lines = {}, []
     for packs in (True, False):
-        settings = dataclasses.replace(SETTINGS, epochs=1.0, packing=packs)
+        settings = dataclasses.replace(SETTINGS, epochs=1.0, packing=packs, keep_models="none")
         workdir = tmp_path / f"packing-{packs}"
         result = token_tasks.run_token_task(
             encoder, "squad/v2.0", str(data), str(workdir), settings, options, lines.append, _mesh()
