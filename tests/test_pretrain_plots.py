@@ -25,6 +25,15 @@ def _write_rows(log_dir, nsp: bool) -> str:
     return writer.jsonl_path
 
 
+def test_an_evaluation_redraws_the_plot_once_it_is_a_minute_old(monkeypatch):
+    now = 1000.0
+    monkeypatch.setattr(plots.time, "monotonic", lambda: now)
+    assert not plots.due(now)
+    assert not plots.due(now - plots.REDRAW_SECONDS + 1)
+    assert plots.due(now - plots.REDRAW_SECONDS)
+    assert plots.REDRAW_SECONDS == 60.0  # "a minute", as docs/pretraining.md says
+
+
 @pytest.mark.parametrize("nsp", [True, False])
 def test_the_plot_is_drawn_from_the_runs_metrics(tmp_path, nsp):
     jsonl = _write_rows(tmp_path / "run", nsp)

@@ -12,8 +12,8 @@ Resume order (first that applies):
   4. scratch (random init from `config.seed`).
 
 Workdir layout: `config.json` (the resolved config), `checkpoints/` (Orbax), `metrics.jsonl`,
-`tensorboard/`, `plots/pretraining.png` (loss, accuracies and learning rate; at each eval and the
-end, not redrawn by a resume that trains no step when it exists), `tokenizer/` (when one was
+`tensorboard/`, `plots/pretraining.png` (loss, accuracies and learning rate; at the end and at an
+eval a minute after the last drawing, not redrawn by a resume that trains no step when it exists), `tokenizer/` (when one was
 trained for the run), `data/` (records prepared on the fly), `model/` (the exported model
 directory).
 
@@ -176,6 +176,7 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
     started_at = step
     iterator, phase, eval_batches, last_eval, preempted = None, None, None, {}, False
     compiling = False
+    plotted_at = time.monotonic()  # the plot of a run shorter than plots.REDRAW_SECONDS: at its end
     try:
         while step < total:
             if phase is None or step >= phase.end:  # a new phase: its own inputs
@@ -222,8 +223,9 @@ def _pretrain_locked(config, workdir: str, is_main: bool, step_hook) -> Pretrain
                     last_eval = _evaluate_and_log(
                         trainer, state, eval_batches, step, writer, console
                     )
-                    if is_main:
+                    if is_main and plots.due(plotted_at):
                         plots.write_plot(writer.jsonl_path, plot_path)
+                        plotted_at = time.monotonic()
                 # Evaluation time is not training throughput.
                 step_log.window.throughput.reset()
                 step_log.paused()
