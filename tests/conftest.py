@@ -2,6 +2,7 @@
 
 import gc
 import os
+import sys
 
 import pytest
 
@@ -46,6 +47,22 @@ import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_platforms", "cpu")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """PyTorch (transformers' reference models) on one thread in every test process: `make test`
+    runs a worker per core, and a second PyTorch thread only waits for a core by spinning (a tiny
+    model's forward cost several times its one-thread CPU time on the loaded 2-core machine)."""
+    if "torch" not in sys.modules:  # collecting imports it; a run that needs none imports none
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def pytest_collection_finish(session):

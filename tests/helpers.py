@@ -216,15 +216,3 @@ def compile_in_process(patch) -> None:
     patch.setattr(compile_check, "_compiling", compile_check._compiling)
     patch.setattr(compile_check, "_host_limit", compile_check._host_limit)
     patch.setattr(host_memory, "run_watched", in_process)
-
-
-def one_torch_thread():
-    """A module-scoped fixture body: PyTorch's reference models on one thread, then its count
-    as it was. On a loaded 2-core machine, PyTorch's threads wait for each other by spinning:
-    a small model's forward then costs several times its CPU time on one thread."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -27,11 +27,8 @@ from bert_jax.finetune.heads import modernbert_pooled, per_token, pooled
 from bert_jax.finetune.tuning.settings import load_pretrained
 from bert_jax.inference.predict import predict
 from tests.convert_fixtures import random_params
-from tests.helpers import REAL_SENTENCES, minilm_dir, one_torch_thread
+from tests.helpers import REAL_SENTENCES, minilm_dir
 from tests.modernbert_fixtures import TINY, hf_masked_lm, params_from_hf
-
-# transformers' models (the references) run on one PyTorch thread: tests/helpers.py says why.
-_torch_threads = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 TOLERANCE = 1e-5
 LABELS = {

@@ -48,15 +48,6 @@ SETTINGS = loop.FinetuneSettings(
 LOSS_RTOL = PARAM_ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Torch's tiny steps: one thread (a second one only waits on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def parity_encoder(layers: int = 1) -> PretrainedEncoder:
     """The tiny random BERT encoder these tests start from, one layer deep unless said: a step's
     cost is its compile, and every layer runs the same code (tests/test_model.py holds deeper

@@ -19,13 +19,9 @@ from tests.helpers import (
     REAL_SENTENCES,
     hf_config,
     minilm_dir,
-    one_torch_thread,
     random_batch,
     tiny_config,
 )
-
-# transformers' models (the references) run on one PyTorch thread: tests/helpers.py says why.
-_torch_threads = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 def _hf_pretraining_model(config: BertConfig, seed: int = 0):

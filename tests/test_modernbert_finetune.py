@@ -29,12 +29,11 @@ from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.training.load_model import load_model_dir
 from tests.glue_fixtures.tiny import GLUE_DIR
 from tests.modernbert_fixtures import CONFIG, TEXT, modernbert_dirs
-from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an autouse fixture)
+from tests.test_finetune_parity import (
     NUM_EXAMPLES,
     PARAM_ATOL,
     SETTINGS,
     one_device_mesh,
-    one_torch_thread,
     token_rows,
     train_ours,
     train_reference,

@@ -24,12 +24,11 @@ from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.training.load_model import load_model_dir
 from tests.modernbert_fixtures import CONFIG, SPECIALS, bpe_tokenizer_json, modernbert_dirs
-from tests.test_finetune_parity import (  # noqa: F401 (one_torch_thread: an autouse fixture)
+from tests.test_finetune_parity import (
     NUM_EXAMPLES,
     SEQ_LEN,
     SETTINGS,
     one_device_mesh,
-    one_torch_thread,
     span_padding_masked,
 )
 from tests.test_modernbert_finetune import _steps_equal
