@@ -131,6 +131,12 @@ SLOW_END_TO_END = {
         "per objective: pretraining, evaluation, export and transformers' class on it",
     "tests/test_side_by_side_benchmark.py::test_a_run_without_optional_flags_writes_its_summary_with_the_defaults":
         "the side-by-side benchmark's whole fine-tuning run",
+    "tests/test_finetune_sweep.py::test_finetune_command_runs_one_setting":
+        "`bert-jax finetune` on RTE through the command, its result and prediction files",
+    "tests/test_finetune_registry.py::test_a_pair_task_in_one_module_runs_and_is_reported":
+        "a registered task fine-tuned alone, then swept, to its reports",
+    "tests/test_modernbert_finetune.py::test_swag_fine_tunes_from_a_modernbert_model":
+        "a SWAG fine-tuning run from a converted ModernBERT model",
     # Pretraining runs to their end, several per test: make test keeps the parts they put
     # together (the train step, the checkpointer, the data position, the config checks).
     "tests/test_pretrain.py::test_phase_switch_at_ninety_percent_with_the_schedule":
@@ -161,6 +167,11 @@ SLOW_END_TO_END = {
         "a pretraining run on records without held-out records",
     "tests/test_heldout_nsp_baseline.py::test_pretraining_says_them_in_its_eval_line_metrics_plot_and_final_line":
         "a pretraining run with evaluations, its metrics and plot",
+    "tests/test_packing.py::test_pretraining_phase_with_packing_runs":
+        "a pretraining run with packed batches (test_packing's other tests keep the packed "
+        "losses and gradients equal to the unpacked ones)",
+    "tests/test_faults_checkpoints.py::test_damaged_latest_checkpoint_is_set_aside":
+        "per damaged file, a pretraining run resumed past the damaged checkpoint",
     "tests/test_data_pipeline.py::test_restoring_the_position_in_a_new_process_continues_exactly":
         "a second Python process importing TensorFlow to continue both pipelines",
     # Fine-tuning commands to their end (make test keeps each task's steps against transformers).
