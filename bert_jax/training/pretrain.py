@@ -13,9 +13,9 @@ Resume order (first that applies):
 
 Workdir layout: `config.json` (the resolved config), `checkpoints/` (Orbax), `metrics.jsonl`,
 `tensorboard/`, `plots/pretraining.png` (loss, accuracies and learning rate; at the end and at an
-eval a minute after the last drawing, not redrawn by a resume that trains no step when it exists), `tokenizer/` (when one was
-trained for the run), `data/` (records prepared on the fly), `model/` (the exported model
-directory).
+eval a minute after the last drawing, not redrawn by a resume that trains no step when it
+exists), `tokenizer/` (when one was trained for the run), `data/` (records prepared on the fly),
+`model/` (the exported model directory).
 
 Failure behaviour: a non-finite loss or gradient skips the update (train_step) and is counted;
 more than `max_consecutive_nonfinite` in a row stop the run with `NonFiniteError`, leaving the
