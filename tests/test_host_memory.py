@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bert_jax.planning import compile_check
-from bert_jax.runtime import host_memory, topology
+from bert_jax.runtime import caches, host_memory, topology
 from bert_jax.runtime.errors import UserError
 from tests import host_memory_children as children
 from tests.test_topology import small_config
@@ -79,7 +79,7 @@ def test_a_watched_compile_check_equals_one_in_process():
 def test_a_program_too_large_for_the_host_is_remembered_for_that_limit(monkeypatch, tmp_path):
     """The compile cache keeps the verdict with the limit it was stopped at: a run under that
     limit or less is refused at once, one with more memory compiles again."""
-    monkeypatch.setenv(compile_check.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(caches.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(host_memory, "limit_bytes", lambda: 8 * 1024**3)
 
     def stopped(fn, *args, what, on_note, limit, **_):

@@ -16,7 +16,7 @@ from bert_jax import cli
 from bert_jax.cli import config_flags
 from bert_jax.cli import plan as plan_cli
 from bert_jax.planning import compile_check, cost_model, plan
-from bert_jax.runtime import errors, host_memory, topology
+from bert_jax.runtime import caches, errors, host_memory, topology
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import config_lib, step_log
 from tests import faults
@@ -397,7 +397,7 @@ def test_ctrl_c_during_the_search_is_one_line_saying_how_to_go_on(monkeypatch, c
         return scripted(config, target, **kwargs)
 
     monkeypatch.setattr(compile_check, "check", interrupted)
-    monkeypatch.setenv(compile_check.CACHE_ENV, "/tmp/plan-cache")
+    monkeypatch.setenv(caches.CACHE_ENV, "/tmp/plan-cache")
     argv = ["plan", "--config", f"{BASE}:base", "--topology", "v5p-16"]
     assert cli.main(argv) == errors.EXIT_INTERRUPTED == 130
     captured = capsys.readouterr()
@@ -442,7 +442,7 @@ def compiled_plans(tmp_path_factory):
     cache = tmp_path_factory.mktemp("compile_cache")
     found = {}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(compile_check.CACHE_ENV, str(cache))
+        patch.setenv(caches.CACHE_ENV, str(cache))
         compile_in_process(patch)
         for name, space in TOPOLOGIES.items():
             target = topology.parse(name)
@@ -510,7 +510,7 @@ def test_flags_from_the_plan_json_round_trip(compiled_plans, tmp_path):
 def test_the_dry_runs_compile_time_is_this_hosts_cached_mean(monkeypatch, tmp_path):
     """The per-compile figure of the dry run's estimate: the mean of the compiles in this host's
     compile cache, else the documented typical one."""
-    monkeypatch.setenv(compile_check.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(caches.CACHE_ENV, str(tmp_path))
     assert plan.compile_seconds_estimate()[0] == plan.TYPICAL_COMPILE_SECONDS
     folder = tmp_path / "tpu_compiles"
     folder.mkdir()

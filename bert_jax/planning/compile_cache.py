@@ -19,8 +19,6 @@ from bert_jax.runtime import caches
 from bert_jax.runtime.topology import TpuTarget
 
 _CACHE_FORMAT = 1  # bump when what a cache entry holds changes
-# Where the figures are kept: `tpu_compiles` under bert-jax's one cache root.
-CACHE_ENV, cache_root = caches.CACHE_ENV, caches.cache_root
 
 
 def _versions() -> str:
@@ -67,7 +65,7 @@ class CompiledFigures:
 
 
 def cache_path(key: str) -> str | None:
-    root = cache_root()
+    root = caches.cache_root()  # figures go in its `tpu_compiles`
     return os.path.join(root, "tpu_compiles", f"{key}.json") if root else None
 
 

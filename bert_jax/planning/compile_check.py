@@ -18,7 +18,7 @@ compile time. Step times are estimates of XLA's cost model (see `cost_model.py` 
 read), not measurements: the compile proves that the program fits and is valid for that chip,
 not how fast it runs.
 
-For TPU targets every compile's figures are cached on disk (`compile_cache.py`; `cache_root()`:
+For TPU targets every compile's figures are cached on disk (`compile_cache.py`; `caches.cache_root`:
 $BERT_JAX_CACHE_DIR, else ~/.cache/bert_jax) under a hash of the lowered program, its compiler
 options, the topology and the jax and libtpu versions (`program_key`): lowering takes seconds
 where compiling takes minutes, so a second check or `plan` of the same program reads the figures
@@ -46,9 +46,7 @@ from bert_jax.core import optim, partitioning
 from bert_jax.core.trainer import ShardedTrainer, dummy_batch
 from bert_jax.planning import compile_cache, cost_model
 from bert_jax.planning.compile_cache import (  # noqa: F401  (part of this module's API)
-    CACHE_ENV,
     CompiledFigures,
-    cache_root,
     program_key,
 )
 from bert_jax.planning.compile_report import (  # noqa: F401  (part of this module's API)

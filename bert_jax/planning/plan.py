@@ -24,7 +24,7 @@ from typing import Any
 import ml_collections
 
 from bert_jax.core.bert_config import REMAT_POLICIES
-from bert_jax.planning import compile_cache, search
+from bert_jax.planning import search
 from bert_jax.planning.candidates import (
     GIB,
     Candidate,
@@ -35,7 +35,7 @@ from bert_jax.planning.candidates import (
     format_plan,
     ms,
 )
-from bert_jax.runtime import hardware
+from bert_jax.runtime import caches, hardware
 from bert_jax.runtime.errors import UserError, user_path
 from bert_jax.runtime.topology import TpuTarget
 from bert_jax.training import config_checks, config_lib
@@ -220,7 +220,7 @@ def search_size(
 def compile_seconds_estimate() -> tuple[float, str]:
     """(seconds, where the figure comes from) of one compile: the mean of the compiles in this
     host's compile cache, else TYPICAL_COMPILE_SECONDS."""
-    root = compile_cache.cache_root()
+    root = caches.cache_root()
     seconds = []
     folder = os.path.join(root, "tpu_compiles") if root else ""
     if folder and os.path.isdir(folder):
@@ -264,12 +264,12 @@ class SearchProgress:
 
     def stopped_line(self, command: str = "the same command") -> str:
         """One line for an interrupted search: what was done, and how to go on."""
-        root = compile_cache.cache_root()
+        root = caches.cache_root()
         kept = (
             f"kept in the compile cache {root}: run {command} again to go on; what was "
             "compiled is read back in seconds"
             if root
-            else f"the compile cache is off ({compile_cache.CACHE_ENV} is empty): running "
+            else f"the compile cache is off ({caches.CACHE_ENV} is empty): running "
             f"{command} again compiles them again"
         )
         return (

@@ -25,7 +25,7 @@ prunes what cannot win or cannot differ; every pruned candidate is kept in the p
 
 Two settings that lower to the same program (the same `compile_check.program_key`: lowered text,
 compiler options, topology, versions) are compiled once; the later one is reported as pruned.
-Compiled figures are cached on disk by that key (`compile_check.cache_root()`), so a re-plan
+Compiled figures are cached on disk by that key (`runtime.caches.cache_root()`), so a re-plan
 lowers but does not compile again. On a host without TPU chips each candidate compiles in a
 child process stopped at the host's memory limit (`host_memory`): a program too large to
 compile here, or one whose compile crashes XLA, is a candidate that does not fit, with the
