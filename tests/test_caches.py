@@ -103,3 +103,17 @@ def test_a_command_run_again_reads_its_compiled_programs_back(tmp_path):
     assert second.stdout == first.stdout
     assert "Persistent compilation cache hit" in second.stderr
     assert sorted(os.listdir(kept)) == entries
+
+
+def test_every_command_but_one_that_times_its_compiles_keeps_compiled_programs(monkeypatch):
+    from bert_jax import cli
+    from bert_jax.cli import config_flags
+
+    kept = []
+    monkeypatch.setattr(caches, "keep_compiled_programs", lambda: kept.append(True))
+    monkeypatch.setattr(config_flags.ConfigCommand, "main", lambda self, argv: 0)
+    for command in ("bench", "pretrain", "plan"):
+        kept.clear()
+        assert cli.main([command]) == 0
+        assert kept == ([] if command == "bench" else [True]), command
+    assert [c.name for c in cli._CONFIG_COMMANDS.values() if c.times_compiles] == ["bench"]

@@ -49,9 +49,6 @@ _FAMILIES = (
     bench,
     launch,
 )
-# Commands whose output times their compiles (`bench` reports the step's compile seconds beside
-# its throughput): they compile afresh instead of reading JAX's persistent compilation cache.
-_TIMING_COMPILES = frozenset({"bench"})
 # Their arguments go to absl (config_flags) instead of argparse.
 _CONFIG_COMMANDS: dict[str, config_flags.ConfigCommand] = {
     command.name: command for command in (pretrain.COMMAND, plan.COMMAND, bench.COMMAND)
@@ -119,12 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_tensorflow()
     # libtpu (bert-jax[tpu]) on a host without TPU chips: quiet, and loadable by many processes.
     topology.quiet_runtime_without_chips()
-    if not (argv and argv[0] in _TIMING_COMPILES):
-        caches.keep_compiled_programs()
     if argv and argv[0] in _CONFIG_COMMANDS:
         command = _CONFIG_COMMANDS[argv[0]]
+        if not command.times_compiles:
+            caches.keep_compiled_programs()
         name, run = command.name, lambda: command.main(argv[1:])
     else:
+        caches.keep_compiled_programs()
         args = build_parser().parse_args(argv)
         name, run = args.command_name, lambda: args.run(args)
     try:

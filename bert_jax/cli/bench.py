@@ -36,5 +36,6 @@ COMMAND = ConfigCommand(
     ),
     run=_run,
     aliases=(("seq_len", "max_seq_length"), ("batch", "batch_size")),
+    times_compiles=True,  # the report gives the step's compile seconds
 )
 add_to = COMMAND.add_to

@@ -47,6 +47,9 @@ class ConfigCommand:
     # What `--config-help` prints: every setting of the config family (given the config when
     # --config names one, else None). None: the command has no --config-help.
     settings_help: Callable[[Any], str] | None = None
+    # Its report times its compiles (`bench`): it compiles afresh instead of reading the programs
+    # earlier commands kept (`runtime.caches.keep_compiled_programs`).
+    times_compiles: bool = False
 
     def add_to(self, subparsers) -> None:
         """Lists the command in `bert-jax --help`; `bert_jax.cli.main` hands its argv to `parse`."""
