@@ -36,8 +36,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 # fresh machine, as in CI, `make test` took 321 s with the cache JAX fills as it goes and 283 s
 # without (598 against 533 CPU-s on 2 cores, idle): every compile pays for its cache key and the
 # larger ones for a write, and few programs are compiled twice by different processes. A
-# developer rerunning the suite may keep one (docs/development.md: 226 s from the second run,
-# 312 s for the run that fills it). Set empty rather than left unset, so that the
+# developer rerunning the suite may keep one (docs/development.md; on this tree 312 s for the run
+# that fills it, 226 s for the runs after it). Set empty rather than left unset, so that the
 # `bert-jax` processes the tests start (which keep a cache by default) compile afresh too.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
