@@ -39,6 +39,7 @@ def test_compiled_programs_are_kept_under_the_root(bare_env, tmp_path):
     bare_env.setenv(caches.CACHE_ENV, str(tmp_path / "root"))
     directory = caches.keep_compiled_programs()
     assert directory == str(tmp_path / "root" / caches.COMPILED_PROGRAMS_DIR)
+    assert not os.path.exists(tmp_path / "root")  # made when JAX writes, not by `--help`
     assert os.environ[caches.JAX_CACHE_DIR_ENV] == directory
     assert float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]) == (
         caches.MIN_COMPILE_SECONDS

@@ -49,13 +49,18 @@ def keep_compiled_programs() -> str | None:
     if root is None:
         return None
     directory = os.path.join(root, COMPILED_PROGRAMS_DIR)
-    try:  # a directory bert-jax cannot write (a read-only home): compile afresh, warn of nothing
-        os.makedirs(directory, exist_ok=True)
-    except OSError:
-        return None
-    if not os.access(directory, os.W_OK | os.X_OK):
+    if not _writable(directory):  # a read-only home: compile afresh, warn of nothing
         return None
     os.environ[JAX_CACHE_DIR_ENV] = directory
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", str(MIN_COMPILE_SECONDS))
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(MAX_BYTES))
     return directory
+
+
+def _writable(directory: str) -> bool:
+    """Whether `directory` is, or could be made, a directory this process writes: it or its
+    nearest existing ancestor is a writable directory (nothing is created until JAX writes)."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
