@@ -223,8 +223,8 @@ class Packing:
         ]
         per_unit = [key for key in arrays if key not in out and key not in per_token]
         positions = [key for key in ROW_POSITION_KEYS if key in per_unit]
+        sizes = spans.sum(axis=1)
         for key in positions:  # else the position would name another row's token
-            sizes = spans.sum(axis=1)
             beyond = np.flatnonzero((arrays[key][units] < 0) | (arrays[key][units] >= sizes))
             if len(beyond):
                 index = int(beyond[0])
