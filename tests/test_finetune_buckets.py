@@ -1,9 +1,10 @@
 """Batches padded to length buckets (finetune/tuning/batches.py): which bucket a batch takes, the
-one gather every task uses, `group_by_length`'s order, and, for every head (sentence single and
-pair, regression, multiple choice, span, tags) of both families (BERT, ModernBERT with its
-sliding window and mean pooling), dropout off: two steps on bucketed batches give the losses,
-logits and updated parameters of the same steps padded to max_seq_length; and a batch split
-into micro-batches (`micro_batch_tokens`) updates as the whole batch does."""
+one gather every task uses, `group_by_length`'s order, and a batch split into micro-batches
+(`micro_batch_tokens`) updating as the whole batch does; with the parts both comparisons read: for
+every head (sentence single and pair, regression, multiple choice, span, tags) of both families
+(BERT, ModernBERT with its sliding window and mean pooling), dropout off, the cases and the two
+steps padded to max_seq_length that bucketed and packed steps must equal (one fixed-length run
+per case for both: tests/test_finetune_packing.py compares them)."""
 
 from __future__ import annotations
 
@@ -139,7 +140,7 @@ def test_group_by_length_is_a_declared_trial_setting_and_padding_is_not():
 
 
 # ------------------------------------------------------------------------------------------------
-# Every head, both families: bucketed equals padded to max_seq_length
+# Every head, both families: the cases, and their steps padded to max_seq_length
 # ------------------------------------------------------------------------------------------------
 
 
@@ -161,9 +162,13 @@ def _rows(rng: np.random.Generator, shape: tuple[int, ...], vocab: int, pad: int
     return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
 
 
-# The fewest layers that hold what is compared (each test compiles four steps per model): BERT's
-# one, ModernBERT's global layer and sliding-window layer.
+# The fewest layers that hold what is compared (each case compiles four steps per model, and its
+# packed run two more): BERT's one, ModernBERT's global layer and sliding-window layer.
 LAYERS = {"bert": 1, "modernbert": 2}
+# The two training batches every comparison takes (the second with a padding row).
+ORDER = np.array([[0, 1, 2, 3], [4, 5, 6, -1]])
+# Span windows without the answer (rows 1 and 5): their target is their own [CLS].
+ABSENT = [1, 5]
 
 
 @functools.cache
@@ -184,7 +189,8 @@ def _mesh():
 
 
 def _case(head: str, family: str):
-    """(tuner, the train arrays, the model's input keys) of `head` for `family`."""
+    """(tuner, the train arrays) of `head` for `family` (span: `ABSENT`'s targets at their
+    [CLS], position 0)."""
     config = _config(family, "mean" if head == "regression" else "cls")
     rng = np.random.default_rng(len(head))
     vocab, pad = config.vocab_size, config.pad_token_id
@@ -206,6 +212,7 @@ def _case(head: str, family: str):
         starts = np.array([rng.integers(0, n - 1) for n in lengths], np.int32)
         arrays["start_positions"] = starts
         arrays["end_positions"] = np.minimum(starts + 2, lengths - 1).astype(np.int32)
+        arrays["start_positions"][ABSENT] = arrays["end_positions"][ABSENT] = 0
         kind, outputs = token_loop.SPAN, 2
     else:
         arrays["labels"] = rng.integers(0, 5, (NUM_ROWS, MAX_LEN)).astype(np.int32)
@@ -231,22 +238,31 @@ def _encoder_params(family: str):
     return jax.tree_util.tree_map_with_path(draw, tuner.abstract_bert)
 
 
-def _two_steps(tuner, arrays, buckets, family):
-    """Two training steps (rows 0-3, then 4-6 and a padding row) and the logits of every row
-    after them; (losses, params before, params after, logits, the run's `Buckets`: the lengths
-    its batches took)."""
+def two_steps(tuner, arrays, run, family):
+    """Two training steps over `ORDER`'s batches and the logits of every row after them, batched
+    by `run` (a `Buckets`, or a planned `packing.Packing`): (losses, params before, params
+    after, logits)."""
     state = tuner.init(jax.random.key(0), _encoder_params(family))
     before = jax.tree.map(np.array, jax.device_get(state.params))
-    run = batches.Buckets(buckets)
     losses = []
-    for rows in (np.arange(0, 4), np.array([4, 5, 6, -1])):
+    for rows in ORDER:
         batch = tuner.global_batch(run.gather(arrays, rows))
         state, metrics = tuner.train_step(state, batch, jax.random.key(1), LEARNING_RATE)
         losses.append(float(metrics["loss"]))
     keys = token_loop.MODEL_KEYS
     logits = token_loop.predict_logits(tuner, state.params, arrays, BATCH, keys, run)
     params = jax.tree.map(np.asarray, jax.device_get(state.params))
-    return losses, before, params, logits, run
+    return losses, before, params, logits
+
+
+@functools.cache
+def fixed_length_steps(head: str, family: str):
+    """`two_steps` of `_case(head, family)` with every batch padded to max_seq_length: the
+    reference the bucketed, packed and micro-batched steps are held to, run once per test
+    process (read only); and its `Buckets`, the lengths its batches took."""
+    tuner, arrays = _case(head, family)
+    run = batches.Buckets((MAX_LEN,))
+    return *two_steps(tuner, arrays, run, family), run
 
 
 HEADS = ("sentence", "regression", "choice", "span", "tags")
@@ -263,24 +279,18 @@ SHIFTS = {
 }
 
 
-@pytest.mark.parametrize("family", ["bert", "modernbert"])
-@pytest.mark.parametrize("head", HEADS)
-def test_bucketed_steps_equal_the_fixed_length_steps(head, family):
-    tuner, arrays = _case(head, family)
-    lengths = batches.row_lengths(arrays["input_mask"])
-    losses, before, params, logits, run = _two_steps(tuner, arrays, BUCKETS, family)
-    fixed = _two_steps(tuner, arrays, (MAX_LEN,), family)
-    fixed_losses, _, fixed_params, fixed_logits, fixed_run = fixed
-    assert max(lengths[:4]) <= 16 < lengths[4] and max(lengths) < MAX_LEN
-    assert run.used == {"train": {16, 32}, "predict": {16, 32}}
-    assert fixed_run.used == {"train": {MAX_LEN}, "predict": {MAX_LEN}}
+def assert_same_steps(head, arrays, steps, fixed):
+    """`steps` (`two_steps`' losses, params before and after, logits) are the fixed-length
+    steps': losses and logits to TOLERANCE, the update as `assert_same_update` has it. Per-token
+    logits come back at max_seq_length, the padding at PADDING_LOGIT in both runs."""
+    losses, before, params, logits = steps
+    fixed_losses, _, fixed_params, fixed_logits = fixed[:4]
     np.testing.assert_allclose(losses, fixed_losses, rtol=TOLERANCE, atol=TOLERANCE)
     assert_same_update(head, before, params, fixed_params)
     if head in SHIFTS:  # the scores up to the shift those biases add to each row's (output's)
         real = arrays["input_mask"][..., None] > 0 if head == "span" else np.ones_like(logits)
         assert np.all(np.where(real, True, logits == token_loop.PADDING_LOGIT))
         logits, fixed_logits = (_centred(x, real) for x in (logits, fixed_logits))
-    # Per-token logits come back at max_seq_length, the padding at PADDING_LOGIT in both runs.
     np.testing.assert_allclose(logits, fixed_logits, rtol=TOLERANCE, atol=TOLERANCE)
 
 
@@ -312,10 +322,9 @@ def test_micro_batched_steps_equal_the_whole_batch_steps(head):
             _config("bert"), 5, token_loop.TAGS, _mesh(), 0.0, split
         )
     assert split_tuner is not whole_tuner
-    losses, _, params, logits, _ = _two_steps(split_tuner, arrays, (MAX_LEN,), "bert")
-    whole_losses, _, whole_params, whole_logits, _ = _two_steps(
-        whole_tuner, arrays, (MAX_LEN,), "bert"
-    )
+    losses, _, params, logits = two_steps(split_tuner, arrays, batches.Buckets((MAX_LEN,)), "bert")
+    # The whole batch's steps: the fixed-length run of the case (whole_tuner's).
+    whole_losses, _, whole_params, whole_logits, _ = fixed_length_steps(head, "bert")
     np.testing.assert_allclose(losses, whole_losses, rtol=TOLERANCE, atol=TOLERANCE)
     for (path, ours), whole in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(whole_params)

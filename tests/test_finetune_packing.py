@@ -1,9 +1,10 @@
 """Packed fine-tuning batches (finetune/tuning/packing.py): how rows are laid out and how few
 shapes a run takes, and, for every head (sentence single and pair, regression, multiple choice,
 span, tags) of both families (BERT; ModernBERT with its sliding window, CLS and mean pooling),
-dropout off: two packed steps give the losses, updated parameters and logits of the same steps
-unpacked (each row padded to max_seq_length, as tests/test_finetune_buckets.py checks the buckets
-against); and a tiny SQuAD v2.0 run answers every question as its `--no-packing` run does."""
+dropout off: two packed steps, and the same steps on batches padded to length buckets
+(finetune/tuning/batches.py), give the losses, updated parameters and logits of the steps with
+every row padded to max_seq_length (the cases: tests/test_finetune_buckets.py); and a tiny SQuAD
+v2.0 run answers every question as its `--no-packing` run does."""
 
 from __future__ import annotations
 
@@ -22,23 +23,23 @@ from bert_jax.finetune.tuning import token_tuning as token_loop
 from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from tests.glue_fixtures.tiny import fixture_tokenizer
 from tests.test_finetune_buckets import (
+    ABSENT,
     BATCH,
-    LEARNING_RATE,
+    BUCKETS,
+    HEADS,
     MAX_LEN,
+    ORDER,
     SETTINGS,
-    SHIFTS,
-    TOLERANCE,
     _case,
-    _centred,
     _config,
     _encoder_params,
     _mesh,
-    assert_same_update,
+    assert_same_steps,
+    fixed_length_steps,
+    two_steps,
 )
 
 PACKED = dataclasses.replace(SETTINGS, packing=True)
-# The two training batches every comparison takes (the second with a padding row).
-ORDER = np.array([[0, 1, 2, 3], [4, 5, 6, -1]])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -104,22 +105,11 @@ def test_a_packed_batch_restarts_positions_and_keeps_each_row_apart():
     assert batch["weights"].sum() == 4
 
 
-# Windows without the answer (rows 1 and 5): their target is their own [CLS].
-ABSENT = [1, 5]
-
-
-def _span_case(family):
-    """The span head's tuner and rows, `ABSENT`'s targets at their [CLS] (position 0)."""
-    tuner, arrays = _case("span", family)
-    for key in packing.ROW_POSITION_KEYS:
-        arrays[key][ABSENT] = 0
-    return tuner, arrays
-
-
 def test_a_packed_span_target_is_the_same_token_of_its_row():
     """Several windows share a sequence; each one's start and end name the tokens they named
-    in its own row (a window without the answer: its own [CLS]), and nothing else moves."""
-    _, arrays = _span_case("bert")
+    in its own row (a window without the answer, `ABSENT`: its own [CLS]), and nothing else
+    moves."""
+    _, arrays = _case("span", "bert")
     run = packing.batches_for(PACKED, [arrays], _mesh())
     run.plan(ORDER)
     shared = []
@@ -148,51 +138,33 @@ def _tokens(arrays, row):
 
 
 # ------------------------------------------------------------------------------------------------
-# Every head, both families: packed equals unpacked
+# Every head, both families: bucketed and packed equal padded to max_seq_length
 # ------------------------------------------------------------------------------------------------
-
-
-def _two_steps(tuner, arrays, run, family):
-    """Two training steps over `ORDER`'s batches and the logits of every row after them, batched
-    by `run` (a `Buckets` or a planned `Packing`): (losses, params before, params after,
-    logits)."""
-    state = tuner.init(jax.random.key(0), _encoder_params(family))
-    before = jax.tree.map(np.array, jax.device_get(state.params))
-    losses = []
-    for rows in ORDER:
-        batch = tuner.global_batch(run.gather(arrays, rows))
-        state, metrics = tuner.train_step(state, batch, jax.random.key(1), LEARNING_RATE)
-        losses.append(float(metrics["loss"]))
-    keys = token_loop.MODEL_KEYS
-    logits = token_loop.predict_logits(tuner, state.params, arrays, BATCH, keys, run)
-    params = jax.tree.map(np.asarray, jax.device_get(state.params))
-    return losses, before, params, logits
-
-
-HEADS = ("sentence", "regression", "choice", "span", "tags")
 
 
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 @pytest.mark.parametrize("head", HEADS)
-def test_packed_steps_equal_the_unpacked_steps(head, family):
-    tuner, arrays = _span_case(family) if head == "span" else _case(head, family)
-    run = packing.batches_for(PACKED, [arrays], _mesh())
-    assert isinstance(run, packing.Packing)
-    run.plan(ORDER)
-    losses, before, params, logits = _two_steps(tuner, arrays, run, family)
-    fixed_losses, _, fixed_params, fixed_logits = _two_steps(
-        tuner, arrays, batches.Buckets((MAX_LEN,)), family
-    )
-    # One training shape and one prediction shape, each fewer positions than padded rows take.
-    assert len(run.used["train"]) == 1 and len(run.used["predict"]) == 1
-    ((count, length),) = run.used["train"]
+def test_bucketed_and_packed_steps_equal_the_fixed_length_steps(head, family):
+    """Both against one fixed-length run of the case: the bucketed run's shapes are two of its
+    own (16 and 32 tokens, the fixed run's one among them); the packed run's one training and
+    one prediction shape take fewer positions than padded rows."""
+    tuner, arrays = _case(head, family)
+    fixed = fixed_length_steps(head, family)
+    assert fixed[-1].used == {"train": {MAX_LEN}, "predict": {MAX_LEN}}
+    lengths = batches.row_lengths(arrays["input_mask"])
+    assert max(lengths[:4]) <= 16 < lengths[4] and max(lengths) < MAX_LEN
+
+    bucketed = batches.Buckets(BUCKETS)
+    assert_same_steps(head, arrays, two_steps(tuner, arrays, bucketed, family), fixed)
+    assert bucketed.used == {"train": {16, 32}, "predict": {16, 32}}
+
+    packed = packing.batches_for(PACKED, [arrays], _mesh())
+    assert isinstance(packed, packing.Packing)
+    packed.plan(ORDER)
+    assert_same_steps(head, arrays, two_steps(tuner, arrays, packed, family), fixed)
+    assert len(packed.used["train"]) == 1 and len(packed.used["predict"]) == 1
+    ((count, length),) = packed.used["train"]
     assert count * length < BATCH * arrays["input_ids"][0].size
-    np.testing.assert_allclose(losses, fixed_losses, rtol=TOLERANCE, atol=TOLERANCE)
-    assert_same_update(head, before, params, fixed_params)
-    if head in SHIFTS:  # the scores up to the shift those biases add to each row's (output's)
-        real = arrays["input_mask"][..., None] > 0 if head == "span" else np.ones_like(logits)
-        logits, fixed_logits = (_centred(x, real) for x in (logits, fixed_logits))
-    np.testing.assert_allclose(logits, fixed_logits, rtol=TOLERANCE, atol=TOLERANCE)
 
 
 def test_a_packed_run_prints_its_compiled_shapes_once():
@@ -247,7 +219,7 @@ def test_squad_answers_every_question_as_its_unpacked_run(tmp_path):
     """`finetune --task squad/v2.0` on the tiny encoder, dropout off, packed and with
     `--no-packing`: the same answers (n-best lists included) and null odds, from one train and
     one predict shape packed. (The span head and settings of the steps above: the unpacked
-    run's shapes are test_finetune_buckets' span case's, read from the compilation cache.)"""
+    run's shapes are the bucketed span case's above, read from the compilation cache.)"""
     tokenizer = fixture_tokenizer()
     encoder = PretrainedEncoder(_config("bert"), _encoder_params("bert"), tokenizer, "tiny")
     words = [t for t in tokenizer.vocab[120:] if t.isalpha() and len(t) > 3][:12]
