@@ -57,12 +57,17 @@ def tiny_encoder(seed: int = 0, **overrides) -> tuple[BertConfig, dict]:
 @functools.lru_cache(maxsize=4)
 def _tiny_encoder(seed: int, overrides: tuple) -> tuple[BertConfig, dict]:
     config = tiny_config(vocab_size=VOCAB_SIZE, **dict(overrides))
-    inputs = model_inputs(dummy_batch(1, 8, 2))
-    init = jax.jit(lambda rng: nn.meta.unbox(BertForPreTraining(config).init(rng, **inputs)))
-    params = jax.tree.map(np.asarray, init(jax.random.key(seed))["params"])
+    params = jax.tree.map(np.asarray, _init(config)(jax.random.key(seed))["params"])
     for leaf in jax.tree.leaves(params):
         leaf.flags.writeable = False
     return config, params
+
+
+@functools.cache
+def _init(config: BertConfig):
+    """The model's initializer, compiled once for every seed."""
+    inputs = model_inputs(dummy_batch(1, 8, 2))
+    return jax.jit(lambda rng: nn.meta.unbox(BertForPreTraining(config).init(rng, **inputs)))
 
 
 def tiny_pretrained(seed: int = 0) -> PretrainedEncoder:
