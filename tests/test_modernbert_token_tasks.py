@@ -160,6 +160,16 @@ def dirs(tmp_path_factory):
     return modernbert_dirs(tmp_path_factory.mktemp("modernbert_token_tasks"))
 
 
+@pytest.fixture(scope="module")
+def two_layer_dirs(tmp_path_factory):
+    """A model of `dirs`'s shape with two layers (a global one and a sliding-window one) for the
+    step-for-step tests: each compiles its steps, and a third layer adds compile time but no
+    other kind of layer (as in test_modernbert_finetune)."""
+    config = CONFIG.replace(num_hidden_layers=2)
+    assert config.layer_types == ("full_attention", "sliding_attention")
+    return modernbert_dirs(tmp_path_factory.mktemp("modernbert_token_tasks_2"), config)
+
+
 def _modernbert_rows(rng: np.random.Generator, min_length: int) -> dict[str, np.ndarray]:
     """Rows of `min_length` to SEQ_LEN tokens: [CLS] (1) random [SEP] (2), then [PAD] (3)."""
     rows = {key: np.zeros((NUM_EXAMPLES, SEQ_LEN), np.int32) for key in token_loop.MODEL_KEYS}
@@ -200,7 +210,7 @@ def _token_steps_equal(dirs, name, kind, num_outputs, arrays, reference_class, t
     )
 
 
-def test_span_steps_equal_transformers_question_answering(dirs):
+def test_span_steps_equal_transformers_question_answering(two_layer_dirs):
     rng = np.random.default_rng(5)
     # Every padding query within reach of a real key in the sliding-window layer: one out of
     # reach has every key masked, and there transformers' eager attention (the mask added to the
@@ -214,7 +224,7 @@ def test_span_steps_equal_transformers_question_answering(dirs):
     ends = np.minimum(starts + rng.integers(0, 3, NUM_EXAMPLES), lengths - 1)
     arrays["end_positions"] = ends.astype(np.int32)
     _token_steps_equal(
-        dirs,
+        two_layer_dirs,
         "SQuAD spans",
         token_loop.SPAN,
         2,
@@ -230,7 +240,7 @@ def test_span_steps_equal_transformers_question_answering(dirs):
     )
 
 
-def test_tag_steps_equal_transformers_token_classification(dirs):
+def test_tag_steps_equal_transformers_token_classification(two_layer_dirs):
     num_tags = 9
     rng = np.random.default_rng(6)
     arrays = _modernbert_rows(rng, 6)
@@ -240,7 +250,7 @@ def test_tag_steps_equal_transformers_token_classification(dirs):
     inner[np.arange(NUM_EXAMPLES), arrays["input_mask"].sum(axis=1) - 1] = False
     arrays["label_weights"] = (inner & (rng.uniform(size=inner.shape) < 0.7)).astype(np.float32)
     _token_steps_equal(
-        dirs,
+        two_layer_dirs,
         "CoNLL tags",
         token_loop.TAGS,
         num_tags,
