@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bert_jax.core.dropout import Dropout, drop_threshold, hash_bits
+from bert_jax.core.dropout import Dropout, drop_threshold, hash_bits, hash_key_words
 from bert_jax.core.model import BertConfig
 
 
@@ -58,7 +58,7 @@ def test_hash_bits_are_uniform_and_uncorrelated():
     shape = (16, 12, 64, 64)  # [batch, heads, queries, keys]: 786k words
     key = jax.random.key(11)
     # One compiled program for the three keys (op by op, each operation compiles alone).
-    bits_of = jax.jit(hash_bits, static_argnums=1)
+    bits_of = jax.jit(lambda key, shape: hash_bits(hash_key_words(key), shape), static_argnums=1)
     bits = np.asarray(bits_of(key, shape))
     n = bits.size
     bit_means = [np.mean((bits >> b) & 1) for b in range(32)]
@@ -110,7 +110,7 @@ def test_edge_cases_and_bad_settings():
     np.testing.assert_array_equal(_apply(Dropout(0.5), x, key, deterministic=True), x)
     np.testing.assert_array_equal(_apply(Dropout(0.0), x, key), x)
     np.testing.assert_array_equal(_apply(Dropout(1.0), x, key), np.zeros((4, 8)))
-    assert hash_bits(key, ()).shape == ()
+    assert hash_bits(hash_key_words(key), ()).shape == ()
     with pytest.raises(ValueError, match=r"rate 1.5 is not in \[0, 1\]"):
         _apply(Dropout(1.5), x, key)
     with pytest.raises(ValueError, match="'philox' is not one of"):
@@ -119,7 +119,7 @@ def test_edge_cases_and_bad_settings():
         BertConfig(dropout_impl="philox")
     # Counted in uint32 within a row of axis 0; a larger row is refused before anything is built.
     with pytest.raises(ValueError, match=r"shape \(1, 65536, 65536\).*dropout_impl='prng'"):
-        hash_bits(key, (1, 65536, 65536))
+        hash_bits(hash_key_words(key), (1, 65536, 65536))
 
 
 @pytest.mark.parametrize("impl", ["hash", "prng"])
@@ -138,8 +138,8 @@ def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps
 
     # Recorded while the step is traced, and returned by its compiled program (run op by op, a
     # forward costs several times its compile).
-    def recorded_hash(key, shape):
-        words = hash_words(key, shape)
+    def recorded_hash(key_words, shape):
+        words = hash_words(key_words, shape)
         masks.append(words >= drop_threshold(0.1))
         return words
 
@@ -183,3 +183,33 @@ def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps
     assert len(pairs) > 30
     for a, b in pairs:
         assert corr(a, b) < 5 / np.sqrt(a.size), (a.shape, corr(a, b))
+
+
+@pytest.mark.parametrize("impl", ["hash", "prng"])
+def test_hash_dropout_derives_each_layers_words_without_a_prng_call(impl):
+    """A hash layer's words are its path and draw count mixed into the step key's words: a
+    model's forward holds no threefry hash (Flax's make_rng and jax.random.bits would add two per
+    dropout layer, each compiled on its own), while "prng" draws through JAX's PRNG; a module that
+    drops twice in one call draws two masks."""
+    from bert_jax.finetune.heads.pooled import BertForSequenceClassification
+    from tests.helpers import random_params, tiny_config
+
+    config = tiny_config(dropout_impl=impl, attention_impl="xla")
+    model = BertForSequenceClassification(config, 2, 0.1)
+    ids = np.full((2, 8), 5, np.int32)
+    inputs = (ids, np.ones_like(ids), np.zeros_like(ids))
+    params = random_params(model, *inputs)
+    forward = jax.make_jaxpr(
+        lambda key: model.apply(params, *inputs, deterministic=False, rngs={"dropout": key})
+    )(jax.random.key(0))
+    drawn = [name for name in ("random_fold_in", "random_bits") if name in str(forward)]
+    assert drawn == ([] if impl == "hash" else ["random_fold_in", "random_bits"])
+
+    class _Twice(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            drop = Dropout(0.5, impl)
+            return drop(x, False), drop(x, False)
+
+    first, second = _Twice().apply({}, jnp.ones((4, 64)), rngs={"dropout": jax.random.key(0)})
+    assert np.mean(np.asarray(first) != np.asarray(second)) > 0.2

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.core import attention as attention_lib
-from bert_jax.core.dropout import Dropout, hash_key_words
+from bert_jax.core.dropout import Dropout
 from bert_jax.runtime.errors import UserError
 
 Array = jax.Array
@@ -58,7 +58,7 @@ def attend(
     if impl == "pallas":
         rate = dropout_rate if dropout_active else 0.0
         # Named as the einsum path's Dropout, so it draws the same key: same dropped elements.
-        words = hash_key_words(Dropout(rate, name="Dropout_0").key()) if rate else None
+        words = Dropout(rate, name="Dropout_0").key_words() if rate else None
         return attention_lib.flash_attention(
             query_BxQxHxK,
             key_BxKxHxK,

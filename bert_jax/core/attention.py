@@ -86,7 +86,7 @@ def reference_attention(
     rate: float,
 ) -> Array:
     """The einsum path of `BertSelfAttention` with hash dropout from `words`
-    (`dropout.hash_key_words` of the layer's key; None or rate 0: no dropout).
+    (`Dropout.key_words` of the layer; None or rate 0: no dropout).
     query [B, Q, H, D], key and value [B, K, H, D], mask broadcastable to [B, H, Q, K]."""
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
     logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
@@ -433,7 +433,7 @@ def flash_attention(
     """Softmax attention, fused, with hash dropout on the probabilities.
 
     query [B, Q, H, D]; key, value [B, K, H, D]; mask boolean, [B or 1, H or 1, Q or 1, K]
-    (True: attend); dropout_words: `dropout.hash_key_words(key)` of the layer's dropout key,
+    (True: attend); dropout_words: the layer's three hash words (`Dropout.key_words`),
     required when dropout_rate > 0. Returns [B, Q, H, D] in query's dtype, equal to
     `reference_attention` up to float summation order."""
     if not 0.0 <= dropout_rate < 1.0:

@@ -16,15 +16,27 @@ element, elementwise, so XLA fuses it into the consumer instead of storing a mas
 element gets the same bit on any mesh, because `iota` is global under SPMD partitioning. An
 element is dropped when its word is below round(rate * 2**32): the rate is exact to 2**-32.
 
+The three words of a layer come from the step's dropout key without a PRNG call
+(`module_key_words`): Flax's `make_rng` would fold the layer's path into the key (one threefry
+hash) and `hash_key_words` draw the words from that (another), two inlined threefry programs per
+dropout layer that XLA compiles one by one. Instead the path and draw count, hashed in Python
+(SHA-1, as Flax does), become constants that a few `mix` rounds combine with the key's own words:
+each layer and draw still gets its own words, every step new ones, and compiling a BERT step
+costs about a second less on CPU.
+
 `impl="prng"` is Flax's `nn.Dropout` (same keys, same masks), for runs that want JAX's PRNG.
 Both scale the kept values by 1 / (1 - rate).
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
+from flax.core import scope as flax_scope
 
 from bert_jax.core.prng_impls import DROPOUT_IMPLEMENTATIONS
 from bert_jax.runtime.errors import UserError
@@ -49,11 +61,42 @@ def hash_key_words(key: Array) -> Array:
     return jax.random.bits(key, (3,), jnp.uint32)
 
 
-def hash_bits(key: Array, shape: tuple[int, ...]) -> Array:
-    """uint32 words of `shape`, a keyed hash of each element's (row, column-in-row) coordinates."""
+def module_key_words(module: nn.Module, collection: str) -> Array:
+    """The three uint32 words of one draw from `module`'s `collection` rng, as `make_rng` would
+    draw it (the module's path and its draw count), without a PRNG call: the path and count
+    hashed at trace time, mixed into the words of the key `apply` was given (see the module's
+    docstring). Falls back to `hash_key_words(module.make_rng(collection))` where the scope holds
+    no key of that collection (Flax then uses "params" or says what is missing)."""
+    scope = module.scope
+    lazy = scope.rngs.get(collection) if scope is not None else None
+    if not isinstance(lazy, flax_scope.LazyRng):
+        return hash_key_words(module.make_rng(collection))
+    scope.rng_counters[collection] += 1  # as make_rng counts draws
+    digest = hashlib.sha1()
+    for part in (*lazy.suffix, scope.rng_counters[collection]):
+        digest.update(b"\0")
+        if isinstance(part, str):
+            digest.update(part.encode("utf-8"))
+        else:
+            digest.update(int(part).to_bytes(8, "big", signed=True))
+    c = np.frombuffer(digest.digest()[:12], ">u4").astype(np.uint32).reshape(3)
+    key = lazy.rng
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    data = key.reshape(-1).astype(jnp.uint32)
+    # Three lanes at once, each its own constant: every word depends on every word of the key.
+    words = _mix(data[0] ^ c)
+    for i in range(1, data.shape[0]):
+        words = _mix(words ^ data[i] ^ np.roll(c, i))
+    return words
+
+
+def hash_bits(words: Array, shape: tuple[int, ...]) -> Array:
+    """uint32 words of `shape`, a hash of each element's (row, column-in-row) coordinates keyed
+    by the three `words` (`module_key_words`, or `hash_key_words` of a key)."""
     shape = tuple(int(d) for d in shape)
     if not shape:
-        return hash_bits(key, (1,)).reshape(())
+        return hash_bits(words, (1,)).reshape(())
     row_size = 1
     for d in shape[1:]:
         row_size *= d
@@ -62,7 +105,7 @@ def hash_bits(key: Array, shape: tuple[int, ...]) -> Array:
             f"hash dropout counts elements in uint32: shape {shape} has {row_size} elements per "
             f"row of axis 0 (at most {_WORD - 1}); use dropout_impl='prng' for this shape"
         )
-    k0, k1, k2 = hash_key_words(key)
+    k0, k1, k2 = words[0], words[1], words[2]
     col = jnp.zeros(shape, jnp.uint32)
     stride = 1
     for axis in range(len(shape) - 1, 0, -1):
@@ -100,15 +143,15 @@ class Dropout(nn.Module):
         if self.rate == 1.0:
             return jnp.zeros_like(inputs)
         keep_prob = 1.0 - self.rate
-        rng = self.make_rng(self.rng_collection)
         if self.impl == "hash":
-            keep = hash_bits(rng, inputs.shape) >= jnp.uint32(drop_threshold(self.rate))
+            bits = hash_bits(self.key_words(), inputs.shape)
+            keep = bits >= jnp.uint32(drop_threshold(self.rate))
         else:
-            keep = jax.random.bernoulli(rng, p=keep_prob, shape=inputs.shape)
+            keep = jax.random.bernoulli(self.make_rng(self.rng_collection), keep_prob, inputs.shape)
         return jax.lax.select(keep, inputs / keep_prob, jnp.zeros_like(inputs))
 
-    def key(self) -> Array:
-        """The key `__call__` would draw: a fused kernel that applies this dropout itself
-        (`attention.py`) takes it from a `Dropout` named as the one it replaces, so both paths
-        drop the same elements."""
-        return self.make_rng(self.rng_collection)
+    def key_words(self) -> Array:
+        """The hash words `__call__` would draw (`module_key_words`): a fused kernel that applies
+        this dropout itself (`attention.py`) takes them from a `Dropout` named as the one it
+        replaces, so both paths drop the same elements."""
+        return module_key_words(self, self.rng_collection)

@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.core.dropout import Dropout
 from bert_jax.core.layers import Dense
 from bert_jax.core.modernbert import ModernBertModel, ModernBertPredictionHead
 from bert_jax.core.modernbert_config import ModernBertConfig
@@ -71,7 +72,7 @@ class ModernBertClassifierHead(nn.Module):
     def __call__(self, pooled_BxD: Array, deterministic: bool = True) -> Array:
         cfg = self.config
         hidden = ModernBertPredictionHead(cfg, name="head")(pooled_BxD)
-        hidden = nn.Dropout(rate=cfg.classifier_dropout)(hidden, deterministic=deterministic)
+        hidden = Dropout(cfg.classifier_dropout, cfg.dropout_impl)(hidden, deterministic)
         logits = Dense(
             features=(self.num_labels,),
             kernel_axes=("embed", None),

@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.core.dropout import Dropout
 from bert_jax.core.layers import Dense
 from bert_jax.core.model import BertConfig, BertModel
 
@@ -30,7 +31,8 @@ class ClassifierHead(nn.Module):
 
     @nn.compact
     def __call__(self, hidden_xD: Array, deterministic: bool = True) -> Array:
-        hidden_xD = nn.Dropout(rate=self.dropout_rate)(hidden_xD, deterministic=deterministic)
+        # The encoder's masks (`config.dropout_impl`): "prng" is Flax's nn.Dropout, same keys.
+        hidden_xD = Dropout(self.dropout_rate, self.config.dropout_impl)(hidden_xD, deterministic)
         logits = Dense(
             features=(self.num_labels,),
             kernel_axes=("embed", None),
