@@ -1,10 +1,11 @@
 """Batches padded to length buckets (finetune/tuning/batches.py): which bucket a batch takes, the
 one gather every task uses, `group_by_length`'s order, and a batch split into micro-batches
-(`micro_batch_tokens`) updating as the whole batch does; with the parts both comparisons read: for
-every head (sentence single and pair, regression, multiple choice, span, tags) of both families
-(BERT, ModernBERT with its sliding window and mean pooling), dropout off, the cases and the two
-steps padded to max_seq_length that bucketed and packed steps must equal (one fixed-length run
-per case for both: tests/test_finetune_packing.py compares them)."""
+(`micro_batch_tokens`) updating as the whole batch does. Also the cases the step comparisons
+share: for every head (sentence single and pair, regression, multiple choice, span, tags) of both
+families (BERT, ModernBERT with its sliding window and mean pooling), dropout off, its rows and
+tuner, and its two steps padded to max_seq_length, run once per test process: the steps the
+bucketed and packed steps must equal (tests/test_finetune_packing.py compares the three), and the
+micro-batched ones here."""
 
 from __future__ import annotations
 
