@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 import types
 
 import jax
@@ -99,3 +100,76 @@ def test_a_short_run_logs_progress_at_least_four_times():
     logged = [int(re.match(r"step (\d+)/39 ", line)[1]) for line in lines if " loss " in line]
     assert logged == [10, 20, 30, 39]
     assert tuning_loop.log_interval(100, 1000) == 100 and tuning_loop.log_interval(100, 2) == 1
+
+
+class AheadTuner(CountingTuner):
+    """A CountingTuner whose `compile_train_step` waits until the state is made: it returns only
+    if it runs on another thread while `state()` does."""
+
+    def __init__(self):
+        super().__init__()
+        self.state_made = threading.Event()
+        self.compiled_for = None
+
+    def compile_train_step(self, batch, rng):
+        assert self.state_made.wait(timeout=60), "the state was not made while this compiled"
+        self.compiled_for = batch
+
+
+def test_the_first_step_compiles_on_another_thread_while_the_state_is_made():
+    settings = loop.FinetuneSettings(epochs=1.0, batch_size=4)
+    tuner = AheadTuner()
+
+    def make_state():
+        tuner.state_made.set()
+        return types.SimpleNamespace(params=0)
+
+    trained = tuning_loop.run_steps(
+        tuner,
+        make_state,
+        jax.random.key(0),
+        settings,
+        6,
+        lambda rows: {"weights": (rows >= 0).astype(np.float32)},
+        lambda params: {},
+        lambda line: None,
+    )
+    assert trained.num_steps == 2 and tuner.rows == [4, 2]
+    assert tuner.compiled_for is not None and int(np.sum(tuner.compiled_for["weights"])) == 4
+
+
+def test_a_step_compiled_ahead_is_the_step_that_runs():
+    """`HeadTuner.compile_train_step` compiles the program the first step then runs: no second
+    compile (the mesh, rules and argument types match `train_step`'s)."""
+    from bert_jax.core import partitioning
+    from tests.helpers import random_params, tiny_config
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: (
+            compiles.append(event)
+            if event == "/jax/core/compile/backend_compile_duration"
+            else None
+        )
+    )
+    config = tiny_config()
+    settings = loop.FinetuneSettings(batch_size=2, max_seq_length=8)
+    tuner = loop.FineTuner(config, 2, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]), settings)
+    ids = np.full((2, 8), 7, np.int32)
+    batch = tuner.global_batch(
+        {
+            "input_ids": ids,
+            "input_mask": np.ones_like(ids),
+            "segment_ids": np.zeros_like(ids),
+            "labels": np.array([0, 1], np.int32),
+            "weights": np.ones(2, np.float32),
+        }
+    )
+    init_rng, dropout_rng = jax.random.split(jax.random.key(0))
+    encoder = random_params(loop.BertForSequenceClassification(config, 2), ids, ids, ids)
+    tuner.compile_train_step(batch, dropout_rng)
+    state = tuner.init(init_rng, encoder["params"]["bert"])
+    before = compiles.count("/jax/core/compile/backend_compile_duration")
+    state, metrics = tuner.train_step(state, batch, dropout_rng, 1e-3)
+    jax.block_until_ready(metrics)
+    assert compiles.count("/jax/core/compile/backend_compile_duration") == before

@@ -220,7 +220,6 @@ def train_and_predict(
     }
     log(f"SWAG: {len(splits['train'])} train, {len(splits['dev'])} dev examples")
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
-    state = tuner.init(init_rng, encoder.bert_params)
     train_inputs = {key: arrays["train"][key] for key in (*MODEL_KEYS, "labels")}
     kept: dict[str, np.ndarray] = {}
     # Bucketed, a row's length is its longest choice's; packed, its choices' together.
@@ -239,7 +238,7 @@ def train_and_predict(
 
     trained = tuning_loop.run_steps(
         tuner,
-        state,
+        lambda: tuner.init(init_rng, encoder.bert_params),
         dropout_rng,
         settings,
         len(splits["train"]),

@@ -240,14 +240,13 @@ def finetune(
     config = tuning_loop.run_config(encoder, settings, mesh)
     tuner = fine_tuner(config, task.num_outputs, mesh, settings, rules)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
-    state = tuner.init(init_rng, encoder.bert_params)
     kept: dict[str, np.ndarray] = {}  # the last evaluation's dev predictions
     train = dict(data.train.features, labels=data.train.labels)
     splits = [train, *(split.features for split in (*data.dev.values(), *data.test.values()))]
     buckets = batches_for(settings, splits, mesh)
     trained = tuning_loop.run_steps(
         tuner,
-        state,
+        lambda: tuner.init(init_rng, encoder.bert_params),
         dropout_rng,
         settings,
         len(data.train),

@@ -255,7 +255,6 @@ def train_and_evaluate(
     config = tuning_loop.run_config(encoder, settings, mesh)
     tuner = token_tuner(config, num_outputs, kind, mesh, head_dropout, settings)
     init_rng, dropout_rng = jax.random.split(jax.random.key(settings.seed))
-    state = tuner.init(init_rng, encoder.bert_params)
     count = len(train_arrays["input_ids"])
     inputs = {key: train_arrays[key] for key in (*MODEL_KEYS, *TARGET_KEYS[kind])}
     kept: dict[str, np.ndarray] = {}
@@ -271,7 +270,7 @@ def train_and_evaluate(
 
     trained = tuning_loop.run_steps(
         tuner,
-        state,
+        lambda: tuner.init(init_rng, encoder.bert_params),
         dropout_rng,
         settings,
         count,

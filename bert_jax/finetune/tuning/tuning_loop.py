@@ -13,6 +13,7 @@ serves every rate of the schedule and of a sweep.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import time
@@ -165,7 +166,7 @@ class Trained:
 
 def run_steps(
     tuner: Tuner,
-    state: TrainState,
+    state: TrainState | Callable[[], TrainState],
     dropout_rng: jax.Array,
     settings: Any,
     count: int,
@@ -177,11 +178,14 @@ def run_steps(
     buckets: Buckets | Packing | None = None,
 ) -> Trained:
     """Trains on `count` rows (`rows_batch(global row indices)` gives this host's batch: see
-    `batches.gather_rows`) for `settings.epochs`; `evaluate(params)` after every epoch (with
-    `eval_every_epoch`) and at the end. Log lines start with `name`. `lengths`: each row's real
-    tokens (`batches.row_lengths`), which `group_by_length` orders by; `buckets`: the run's
-    (length buckets, or its `packing.Packing`, which chooses its sequence counts from the whole
-    order first), whose compiled shapes are logged once at the end."""
+    `batches.gather_rows`) for `settings.epochs`, from `state`, or from what `state()` makes while
+    the first batch's step compiles on another thread (`tuner.compile_train_step`: placing the
+    encoder and initialising the head and optimizer slots compile programs of their own);
+    `evaluate(params)` after every epoch (with `eval_every_epoch`) and at the end. Log lines start
+    with `name`. `lengths`: each row's real tokens (`batches.row_lengths`), which
+    `group_by_length` orders by; `buckets`: the run's (length buckets, or its `packing.Packing`,
+    which chooses its sequence counts from the whole order first), whose compiled shapes are
+    logged once at the end."""
     prefix = f"{name} " if name else ""
     if settings.group_by_length and lengths is None:
         raise ValueError("group_by_length needs the rows' lengths")
@@ -206,8 +210,14 @@ def run_steps(
     )
     history: list[dict[str, Any]] = []
     totals = window = dev = None
+    first = tuner.global_batch(rows_batch(order[0]))
+    if callable(state):
+        with concurrent.futures.ThreadPoolExecutor(1, "compile-ahead") as pool:
+            compiling = pool.submit(tuner.compile_train_step, first, dropout_rng)
+            state = state()
+            compiling.result()
     for step in range(num_steps):
-        batch = tuner.global_batch(rows_batch(order[step]))
+        batch = first if step == 0 else tuner.global_batch(rows_batch(order[step]))
         state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
         sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
         # Summed on device: nothing waits for a step until a log line needs the numbers.
