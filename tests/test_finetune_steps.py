@@ -11,10 +11,11 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bert_jax.finetune.tuning import batches as features
+from bert_jax.finetune.tuning import packing, tuning_loop
 from bert_jax.finetune.tuning import sentence_tuning as loop
-from bert_jax.finetune.tuning import tuning_loop
 
 
 class CountingTuner:
@@ -115,6 +116,10 @@ class AheadTuner(CountingTuner):
         assert self.state_made.wait(timeout=60), "the state was not made while this compiled"
         self.compiled_for = batch
 
+    def compile_predict_step(self, batch):
+        assert self.state_made.wait(timeout=60), "the state was not made while this compiled"
+        self.predict_compiled_for = batch
+
 
 def test_the_first_step_compiles_on_another_thread_while_the_state_is_made():
     settings = loop.FinetuneSettings(epochs=1.0, batch_size=4)
@@ -133,14 +138,46 @@ def test_the_first_step_compiles_on_another_thread_while_the_state_is_made():
         lambda rows: {"weights": (rows >= 0).astype(np.float32)},
         lambda params: {},
         lambda line: None,
+        predict_ahead={"input_ids": np.ones((3, 5), np.int32)},
     )
     assert trained.num_steps == 2 and tuner.rows == [4, 2]
     assert tuner.compiled_for is not None and int(np.sum(tuner.compiled_for["weights"])) == 4
+    assert tuner.predict_compiled_for["input_ids"].shape == (3, 5)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_first_predict_batch_is_the_one_prediction_runs_first(packed):
+    """What the predict step is compiled ahead for is the batch prediction then takes first."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 30, 40)
+    mask = (np.arange(32)[None, :] < lengths[:, None]).astype(np.int32)
+    arrays = {"input_ids": mask * 7, "input_mask": mask, "segment_ids": 0 * mask}
+    settings = loop.FinetuneSettings(max_seq_length=32, eval_batch_size=8, packing=packed)
+    mesh = types.SimpleNamespace(shape={"data": 1, "fsdp": 1, "tensor": 1})
+    batches = packing.batches_for(settings, [arrays], mesh)
+    ahead = packing.first_predict_batch(arrays, settings.eval_batch_size, batches)
+    seen = []
+
+    def predict_fn(batch):
+        seen.append(batch)
+        return np.zeros((*batch["input_ids"].shape[:1], 40, 2), np.float32)
+
+    if packed:
+        batches.predict(arrays, predict_fn, 0.0)
+        first = seen[0]
+    else:
+        rows = features.predict_batches(features.row_lengths(mask), settings.eval_batch_size)[0]
+        first = batches.gather(arrays, rows, "predict")
+        first.pop("weights")
+    assert sorted(ahead) == sorted(first)
+    for key in first:
+        np.testing.assert_array_equal(ahead[key], first[key])
 
 
 def test_a_step_compiled_ahead_is_the_step_that_runs():
-    """`HeadTuner.compile_train_step` compiles the program the first step then runs: no second
-    compile (the mesh, rules and argument types match `train_step`'s)."""
+    """`HeadTuner.compile_train_step` and `compile_predict_step` compile the programs the first
+    step and prediction then run: no second compile (the mesh, rules and argument types match
+    `train_step`'s and `predict`'s)."""
     from bert_jax.core import partitioning
     from tests.helpers import random_params, tiny_config
 
@@ -154,7 +191,9 @@ def test_a_step_compiled_ahead_is_the_step_that_runs():
     )
     config = tiny_config()
     settings = loop.FinetuneSettings(batch_size=2, max_seq_length=8)
-    tuner = loop.FineTuner(config, 2, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]), settings)
+    tuner = loop.FineTuner(
+        config, 2, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]), settings
+    )
     ids = np.full((2, 8), 7, np.int32)
     batch = tuner.global_batch(
         {
@@ -167,9 +206,11 @@ def test_a_step_compiled_ahead_is_the_step_that_runs():
     )
     init_rng, dropout_rng = jax.random.split(jax.random.key(0))
     encoder = random_params(loop.BertForSequenceClassification(config, 2), ids, ids, ids)
+    predict_batch = {key: value for key, value in batch.items() if key != "weights"}
     tuner.compile_train_step(batch, dropout_rng)
+    tuner.compile_predict_step(predict_batch)
     state = tuner.init(init_rng, encoder["params"]["bert"])
     before = compiles.count("/jax/core/compile/backend_compile_duration")
     state, metrics = tuner.train_step(state, batch, dropout_rng, 1e-3)
-    jax.block_until_ready(metrics)
+    jax.block_until_ready((metrics, tuner.predict(state.params, predict_batch)))
     assert compiles.count("/jax/core/compile/backend_compile_duration") == before

@@ -46,7 +46,7 @@ from bert_jax.finetune.tasks import glue_metrics, swag
 from bert_jax.finetune.tuning import tuning_loop
 from bert_jax.finetune.tuning.batches import row_lengths
 from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
-from bert_jax.finetune.tuning.packing import batches_for, packing_inputs
+from bert_jax.finetune.tuning.packing import batches_for, first_predict_batch, packing_inputs
 from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder, load_pretrained
 from bert_jax.finetune.tuning.settings import task_settings as settings_for
@@ -248,6 +248,9 @@ def train_and_predict(
         name=swag.TASK_NAME,
         lengths=row_lengths(train_inputs["input_mask"]),
         buckets=buckets,
+        predict_ahead=first_predict_batch(
+            {key: arrays["dev"][key] for key in MODEL_KEYS}, settings.eval_batch_size, buckets
+        ),
     )
     if on_trained is not None:
         on_trained({"params": trained.state.params})

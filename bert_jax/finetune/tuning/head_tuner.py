@@ -126,15 +126,23 @@ class HeadTuner(trainer.ShardedSteps):
         """Compiles the train step for `batch`'s shapes, running nothing (`run_steps` calls it on
         another thread while the state is being made): the step that follows finds it compiled,
         as the same mesh and rules are active here as in `call`."""
-        state = jax.tree.map(
+        rate = jnp.float32(0.0)  # made outside the mesh, as `train_step` makes its rate
+        state = self._abstract_state()
+        self.call(lambda: self._train_step.lower(state, batch, rng, rate).compile())
+
+    def compile_predict_step(self, batch: Mapping[str, Array]) -> None:
+        """Compiles the predict step for `batch`'s shapes, as `compile_train_step` does."""
+        params = self._abstract_state().params
+        self.call(lambda: self._predict_step.lower(params, batch).compile())
+
+    def _abstract_state(self) -> TrainState:
+        return jax.tree.map(
             lambda shape, sharding: jax.ShapeDtypeStruct(
                 shape.shape, shape.dtype, sharding=sharding
             ),
             nn.meta.unbox(self.state_shapes),
             self.state_shardings,
         )
-        rate = jnp.float32(0.0)  # made outside the mesh, as `train_step` makes its rate
-        self.call(lambda: self._train_step.lower(state, batch, rng, rate).compile())
 
     def predict(self, params: Any, batch: Mapping[str, Array]) -> Array:
         return self.call(self._predict_step, params, batch)

@@ -28,12 +28,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from bert_jax.finetune.tuning.batches import Buckets, bucket_lengths, host_rows, padded_length
+from bert_jax.finetune.tuning.batches import (
+    Buckets,
+    bucket_lengths,
+    host_rows,
+    padded_length,
+    predict_batches,
+    row_lengths,
+)
 
 # The arrays a packed batch adds to the model's inputs (the heads take them as keywords).
 PACKING_KEYS = ("position_ids", "packed_segment_ids", "cls_positions")
@@ -273,16 +280,10 @@ class Packing:
         global outputs: [sequences, slots, ...] per example, or [sequences, length, ...] per
         token, which come back at the stored length with `fill` past each row's tokens)."""
         stored = arrays["input_ids"].shape[-1]
-        units = np.arange(len(arrays["input_ids"]))
         spans = row_spans(arrays["input_mask"])
-        length, slots, count = self.predict_length, self.predict_slots, self.predict_count
-        bins = first_fit_decreasing(spans.sum(axis=1), length, slots)
+        length = self.predict_length
         outputs = None
-        for start in range(0, len(bins), count):
-            chunk = bins[start : start + count]
-            batch, where = self.packed(arrays, units, spans, chunk, (count, length, slots))
-            self.used.setdefault("predict", set()).add((count, length))
-            batch.pop("weights")
+        for batch, where in self._predict_batches(arrays, spans):
             logits = np.asarray(predict_fn(batch))
             placed = np.flatnonzero(where[:, 0] >= 0)
             sequence, slot, offset = where[placed].T
@@ -294,10 +295,25 @@ class Packing:
             else:
                 values = logits[sequence, slot]
             if outputs is None:
-                outputs = np.zeros((len(units), *values.shape[1:]), values.dtype)
+                outputs = np.zeros((len(arrays["input_ids"]), *values.shape[1:]), values.dtype)
             outputs[placed] = values
         assert outputs is not None, "no rows to predict"
         return outputs
+
+    def _predict_batches(
+        self, arrays: Mapping[str, np.ndarray], spans: np.ndarray
+    ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+        """`predict`'s batches of `arrays` (rows of `spans`), without weights, each with where its
+        units sit ([units, 3]: sequence, slot, offset; -1 where none)."""
+        length, slots, count = self.predict_length, self.predict_slots, self.predict_count
+        units = np.arange(len(arrays["input_ids"]))
+        bins = first_fit_decreasing(spans.sum(axis=1), length, slots)
+        for start in range(0, len(bins), count):
+            chunk = bins[start : start + count]
+            batch, where = self.packed(arrays, units, spans, chunk, (count, length, slots))
+            self.used.setdefault("predict", set()).add((count, length))
+            batch.pop("weights")
+            yield batch, where
 
     def summary(self) -> str:
         """`compiled shapes: train 2 (8x384, 10x384), predict 1 (10x512) (sequences x length),
@@ -310,6 +326,21 @@ class Packing:
             f"compiled shapes: {kinds or 'none'} (sequences x length), packed: up to "
             f"{self.slots} examples a sequence"
         )
+
+
+def first_predict_batch(
+    arrays: Mapping[str, np.ndarray], batch_size: int, batches: Buckets | Packing
+) -> dict[str, np.ndarray]:
+    """The first batch prediction over `arrays` runs, without weights (what a predict step
+    compiled ahead of time is compiled for): `Packing.predict`'s, or the first of
+    `batches.predict_batches` padded to its bucket."""
+    if isinstance(batches, Packing):
+        batch, _ = next(batches._predict_batches(arrays, row_spans(arrays["input_mask"])))
+        return batch
+    rows = predict_batches(row_lengths(arrays["input_mask"]), batch_size)[0]
+    batch = batches.gather(arrays, rows, "predict")
+    batch.pop("weights")
+    return batch
 
 
 def batches_for(

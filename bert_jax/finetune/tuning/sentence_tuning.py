@@ -44,7 +44,12 @@ from bert_jax.finetune.tuning.batches import (
     row_lengths,
 )
 from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
-from bert_jax.finetune.tuning.packing import Packing, batches_for, packing_inputs
+from bert_jax.finetune.tuning.packing import (
+    Packing,
+    batches_for,
+    first_predict_batch,
+    packing_inputs,
+)
 from bert_jax.finetune.tuning.result import FinetuneResult
 from bert_jax.finetune.tuning.settings import FinetuneSettings, PretrainedEncoder
 
@@ -258,6 +263,13 @@ def finetune(
         name=task.name,
         lengths=row_lengths(data.train.features["input_mask"]),
         buckets=buckets,
+        predict_ahead=next(
+            (
+                first_predict_batch(dict(split.features), settings.eval_batch_size, buckets)
+                for split in data.dev.values()
+            ),
+            None,
+        ),
     )
     state = trained.state
     if on_trained is not None:

@@ -279,6 +279,9 @@ def train_and_evaluate(
         log,
         lengths=row_lengths(inputs["input_mask"]),
         buckets=buckets,
+        predict_ahead=packing.first_predict_batch(
+            {key: eval_arrays[key] for key in MODEL_KEYS}, settings.eval_batch_size, buckets
+        ),
     )
     if on_trained is not None:
         on_trained({"params": trained.state.params})

@@ -176,11 +176,13 @@ def run_steps(
     name: str = "",
     lengths: np.ndarray | None = None,
     buckets: Buckets | Packing | None = None,
+    predict_ahead: Mapping[str, np.ndarray] | None = None,
 ) -> Trained:
     """Trains on `count` rows (`rows_batch(global row indices)` gives this host's batch: see
     `batches.gather_rows`) for `settings.epochs`, from `state`, or from what `state()` makes while
     the first batch's step compiles on another thread (`tuner.compile_train_step`: placing the
-    encoder and initialising the head and optimizer slots compile programs of their own);
+    encoder and initialising the head and optimizer slots compile programs of their own), and
+    the predict step for `predict_ahead` (this host's first evaluation batch) beside it;
     `evaluate(params)` after every epoch (with `eval_every_epoch`) and at the end. Log lines start
     with `name`. `lengths`: each row's real tokens (`batches.row_lengths`), which
     `group_by_length` orders by; `buckets`: the run's (length buckets, or its `packing.Packing`,
@@ -212,10 +214,14 @@ def run_steps(
     totals = window = dev = None
     first = tuner.global_batch(rows_batch(order[0]))
     if callable(state):
-        with concurrent.futures.ThreadPoolExecutor(1, "compile-ahead") as pool:
-            compiling = pool.submit(tuner.compile_train_step, first, dropout_rng)
+        with concurrent.futures.ThreadPoolExecutor(2, "compile-ahead") as pool:
+            compiling = [pool.submit(tuner.compile_train_step, first, dropout_rng)]
+            if predict_ahead is not None:
+                ahead = tuner.global_batch(predict_ahead)
+                compiling.append(pool.submit(tuner.compile_predict_step, ahead))
             state = state()
-            compiling.result()
+            for done in compiling:
+                done.result()
     for step in range(num_steps):
         batch = first if step == 0 else tuner.global_batch(rows_batch(order[step]))
         state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
