@@ -10,8 +10,6 @@ import functools
 import json
 import os
 import re
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -476,24 +474,18 @@ def test_minilm_encoder_only_round_trips_through_hugging_face(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_bert_jax_to_hf_loads_strictly_and_reproduces_outputs(tmp_path):
+def test_bert_jax_to_hf_loads_strictly_and_reproduces_outputs(tmp_path, capsys):
     config = tiny_config(num_hidden_layers=2)
     params = random_params(config)
     vocab = write_vocab(str(tmp_path / "vocab.txt"), config.vocab_size)
     model_path = save_model_dir(tmp_path / "model", config, params, tokenizer=vocab)
     out = tmp_path / "hf"
-    # Once through the installed console script, to prove the entry point.
-    script = os.path.join(os.path.dirname(sys.executable), "bert-jax")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-    result = subprocess.run(
-        [script, "convert", "--from", "bert-jax", model_path, "--to", "hf", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    # Through the command in this process (tests/test_cli.py runs the installed console script).
+    code, stdout, stderr = _run_cli(
+        capsys, "convert", "--from", "bert-jax", model_path, "--to", "hf", out
     )
-    assert result.returncode == 0, result.stderr
-    assert "config.json, model.safetensors" in result.stdout
+    assert code == 0, stderr
+    assert "config.json, model.safetensors" in stdout
     assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"} <= set(
         os.listdir(out)
     )

@@ -12,13 +12,15 @@ import pytest
 
 from bert_jax import cli
 from bert_jax.convert.model_dir import ModelDir, save_model_dir
-from bert_jax.core import partitioning
+from bert_jax.core import partitioning, trainer
+from bert_jax.core.model import BertForPreTraining
 from bert_jax.finetune.heads import lstm_tagger as feature_tagger
 from bert_jax.finetune.runs import conll_features as feature_ner
 from bert_jax.finetune.tasks import conll as ner
 from bert_jax.finetune.tuning.settings import PretrainedEncoder
 from bert_jax.inference import encode
-from tests.glue_fixtures.tiny import fixture_tokenizer, tiny_encoder
+from tests.glue_fixtures.tiny import VOCAB_SIZE, fixture_tokenizer
+from tests.helpers import random_params, tiny_config
 from tests.test_ner import _synthetic_conll
 
 LENGTH = 16
@@ -26,7 +28,11 @@ LENGTH = 16
 
 @pytest.fixture(scope="module")
 def four_layer():
-    config, params = tiny_encoder(0, num_hidden_layers=4)
+    """A random 4-layer tiny encoder (BERT's init scale; no init program compiled: the init is
+    not what these tests test)."""
+    config = tiny_config(vocab_size=VOCAB_SIZE, num_hidden_layers=4)
+    inputs = trainer.model_inputs(trainer.dummy_batch(1, 8, 2))
+    params = random_params(BertForPreTraining(config), **inputs)["params"]
     return PretrainedEncoder(config, params["bert"], fixture_tokenizer(), "tiny-4-layers")
 
 

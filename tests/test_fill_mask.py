@@ -1,7 +1,8 @@
 """`bert-jax fill-mask` and `fill_mask()`: the same token ids, order and probabilities as
 transformers' `pipeline("fill-mask")` on the model `bert-jax convert --to hf` exports, for a
 WordPiece model (real all-MiniLM-L6-v2 weights and vocabulary under a random masked-LM head) and a
-SentencePiece one (a tokenizer trained here); and bad input refused in one line."""
+SentencePiece one (a tokenizer trained here); the command's output, and bad input refused in one
+line, on a small random model of MiniLM's vocabulary."""
 
 from __future__ import annotations
 
@@ -47,13 +48,49 @@ def _with_random_head(encoder_dir, out, seed=0):
     return out
 
 
-@pytest.fixture(scope="module")
-def wordpiece_model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wordpiece")
-    convert("hf", minilm_dir(), "bert-jax", root / "encoder")
+def _wordpiece_model(root, hf_encoder):
+    """A Hugging Face encoder converted, under a random head, and exported back: (the bert-jax
+    model, its Hugging Face export); the encoder alone stays beside the model (`encoder/`)."""
+    convert("hf", hf_encoder, "bert-jax", root / "encoder")
     model = _with_random_head(root / "encoder", root / "model")
     convert("bert-jax", model, "hf", root / "hf")
     return model, root / "hf"
+
+
+@pytest.fixture(scope="module")
+def wordpiece_model(tmp_path_factory):
+    """The real all-MiniLM-L6-v2 encoder (6 layers, 384 wide) under a random head."""
+    return _wordpiece_model(tmp_path_factory.mktemp("wordpiece"), minilm_dir())
+
+
+@pytest.fixture(scope="module")
+def small_wordpiece_model(tmp_path_factory):
+    """all-MiniLM-L6-v2's WordPiece vocabulary and tokenizer files with a random one-layer,
+    32-wide encoder in place of its weights (512 positions, as MiniLM's), under a random head:
+    for the tests of the command's output and refusals, which the encoder's size does not
+    change (test_candidates_match_transformers_fill_mask_pipeline reads the real weights)."""
+    import shutil
+
+    import torch
+
+    from tests.helpers import hf_config
+
+    root = tmp_path_factory.mktemp("small_wordpiece")
+    hf_encoder = root / "hf_encoder"
+    hf_encoder.mkdir()
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(os.path.join(minilm_dir(), name), hf_encoder / name)
+    config = tiny_config(
+        vocab_size=30522,
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(hf_config(config)).save_pretrained(hf_encoder)
+    return _wordpiece_model(root, hf_encoder)
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +146,10 @@ def test_candidates_match_transformers_fill_mask_pipeline(kind, request):
         assert any(c.token == "\u2581" + c.token_str for c in every)
 
 
-def test_the_command_prints_for_people_and_json_for_scripts(wordpiece_model, tmp_path, capsys):
-    model, hf_dir = wordpiece_model
+def test_the_command_prints_for_people_and_json_for_scripts(
+    small_wordpiece_model, tmp_path, capsys
+):
+    model, hf_dir = small_wordpiece_model
     texts = tmp_path / "texts.txt"
     texts.write_text(f"{TEXTS[0]}\n\n{TEXTS[1]}\n", encoding="utf-8")  # a blank line is skipped
     argv = ["fill-mask", "--model", str(model), "--top-k", "3"]
@@ -134,8 +173,8 @@ def test_the_command_prints_for_people_and_json_for_scripts(wordpiece_model, tmp
     assert len(out) == 5
 
 
-def test_bad_input_is_one_line(wordpiece_model, tmp_path, capsys):
-    model, _ = wordpiece_model
+def test_bad_input_is_one_line(small_wordpiece_model, tmp_path, capsys):
+    model, _ = small_wordpiece_model
 
     def error(*argv) -> str:
         assert cli.main(["fill-mask", "--model", str(model), *argv]) == 2
@@ -157,8 +196,8 @@ def test_bad_input_is_one_line(wordpiece_model, tmp_path, capsys):
     assert "--input" in error("--input", str(tmp_path / "missing.txt"))
 
 
-def test_a_model_without_a_masked_lm_head_is_refused(wordpiece_model, tmp_path, capsys):
-    model, _ = wordpiece_model
+def test_a_model_without_a_masked_lm_head_is_refused(small_wordpiece_model, tmp_path, capsys):
+    model, _ = small_wordpiece_model
     encoder = model.parent / "encoder"  # real MiniLM weights, no pretraining heads
     assert cli.main(["fill-mask", "--model", str(encoder), TEXTS[0]]) == 2
     err = capsys.readouterr().err.strip()
