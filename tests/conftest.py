@@ -77,7 +77,9 @@ def pytest_collection_finish(session):
 
 # The end-to-end tests that `make test` leaves to `make test-slow` (.ci/run runs both), each with
 # why it is slow: each runs a whole command or training to a result, tens of seconds of CPU time
-# on 2 cores, where the faster tests of the same module check the parts it puts together. Keyed by
+# on 2 cores, where the faster tests of the same module check the parts it puts together; or
+# compiles further cases of a program (more meshes, settings, kernel shapes) whose main cases
+# `make test` keeps, seconds each where `make test` has about 4 minutes for ~1,500 tests. Keyed by
 # node id without parameters (every parameter moves); they carry the mark `slow_e2e`, which
 # pyproject.toml's addopts deselects. tests/test_ci_targets.py checks that each key names a test.
 SLOW_END_TO_END = {
@@ -98,6 +100,10 @@ SLOW_END_TO_END = {
         "a pretraining process killed after a checkpoint, then a resumed run to the end",
     "tests/test_cli_flags.py::test_no_tensorflow_banner_on_stderr":
         "two bert-jax processes, each importing TensorFlow",
+    "tests/test_cli.py::test_console_script_exit_statuses":
+        "two processes importing the library, a command of the installed entry point among them",
+    "tests/test_fill_mask.py::test_the_python_api_prints_nothing_of_libtpu_without_a_chip":
+        "a Python process importing JAX and the library to fill masks and encode",
     # A whole recipe, sweep or fine-tuning run to a score.
     "tests/test_readme_recipe.py::test_the_recipe_runs_as_written_at_tiny_scale":
         "docs/reproduce.md's every step: tokenizer, data, pretraining, GLUE",
@@ -172,6 +178,10 @@ SLOW_END_TO_END = {
         "losses and gradients equal to the unpacked ones)",
     "tests/test_faults_checkpoints.py::test_damaged_latest_checkpoint_is_set_aside":
         "per damaged file, a pretraining run resumed past the damaged checkpoint",
+    "tests/test_faults_checkpoints.py::test_disk_full_during_a_save_is_one_line_and_keeps_the_last_checkpoint":
+        "a pretraining run resumed at step 4 and trained to the save that fails",
+    "tests/test_modernbert_loose_ends.py::test_init_from_a_modernbert_model":
+        "a ModernBERT pretraining run started from the reference run's model",
     "tests/test_data_pipeline.py::test_restoring_the_position_in_a_new_process_continues_exactly":
         "a second Python process importing TensorFlow to continue both pipelines",
     # Fine-tuning commands to their end (make test keeps each task's steps against transformers).
@@ -203,6 +213,25 @@ SLOW_END_TO_END = {
         "ModernBERT's sharded train step compiled for the 8-device mesh, two steps",
     "tests/test_attention.py::test_model_pallas_equals_xla_with_dropout":
         "the whole encoder's forward and gradients in Pallas's interpreter",
+    # Further cases of a compiled program whose main cases make test keeps, a few seconds of
+    # compiling each.
+    "tests/test_attention.py::test_kernel_equals_einsum_path_in_the_other_cases":
+        "the kernels' forward and backward in Pallas's interpreter for two more shape and rate "
+        "cases (test_kernel_equals_einsum_path keeps each shape, dropout on and off)",
+    "tests/test_partitioning.py::test_sharded_training_on_more_meshes_matches_one_device":
+        "BERT's train step compiled for two more 8-device meshes, data-only and 4-way FSDP "
+        "(make test keeps (2, 2, 2) and (1, 2, 4))",
+    "tests/test_partitioning.py::test_sharded_optimizer_state_matches_one_device":
+        "BERT's train step with ZeRO's optimizer-state shardings compiled for the (4, 2, 1) mesh",
+    "tests/test_model.py::test_remat_of_the_dots_policy_gives_the_same_losses_and_gradients":
+        "the gradients' program compiled for a second remat policy (make test keeps full remat "
+        "against the plain model)",
+    "tests/test_encode.py::test_minilm_features_of_inner_layers_match_transformers":
+        "the real all-MiniLM-L6-v2 compiled through `bert-jax encode` for two inner layers "
+        "(make test keeps each pooling at the last layer, and two layers through the Python API)",
+    "tests/test_partitioning.py::test_prng_dropout_masks_are_the_same_on_any_mesh":
+        "BERT's train step with jax.random's dropout masks compiled for one device and for the "
+        "(2, 2, 2) mesh (make test keeps the default hash masks on its meshes)",
 }  # fmt: skip
 
 

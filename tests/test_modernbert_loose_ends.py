@@ -36,7 +36,7 @@ def test_the_workdirs_checkpoint_keeps_the_runs_special_ids(reference):  # noqa:
     assert config == load_model.load_model_dir(f"{workdir}/model", load_params=False).config
 
 
-def test_init_from_a_modernbert_model_and_a_family_mismatch(reference, shared_dirs, tmp_path):  # noqa: F811
+def test_init_from_a_modernbert_model(reference, shared_dirs, tmp_path):  # noqa: F811
     workdir, _ = reference
     model = f"{workdir}/model"
     exported = load_model.load_model_dir(model).params
@@ -47,6 +47,10 @@ def test_init_from_a_modernbert_model_and_a_family_mismatch(reference, shared_di
     assert result.last_train["loss"] < losses_by_step(workdir)[1] - 0.05
     assert exported["model"]["embeddings"]["tok_embeddings"]["embedding"].shape[0] >= 1000
 
+
+def test_init_from_a_model_of_the_other_family_is_refused(reference, shared_dirs, tmp_path):  # noqa: F811
+    workdir, _ = reference
+    model = f"{workdir}/model"
     bert_config = bert_configs.get_config("tiny")
     bert_config.init_from = model
     bert_config.data.tokenizer = shared_dirs["tokenizer"]
