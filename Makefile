@@ -38,9 +38,9 @@ $(BASE_STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=15 -q
 
-# The end-to-end runs `make test` leaves out (tens of seconds each: a whole pretraining, sweep or
-# fine-tuning to a score, several processes); which and why each is slow: SLOW_END_TO_END in
-# tests/conftest.py. CI runs them after `make test`.
+# The end-to-end runs `make test` leaves out (a whole pretraining, sweep or fine-tuning to a
+# score, several processes) and further cases of a compiled program whose main cases it keeps;
+# which and why each is slow: SLOW_END_TO_END in tests/conftest.py. CI runs them after `make test`.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow_e2e -n $(PYTEST_WORKERS) --dist worksteal --durations=15 -q
 
