@@ -235,6 +235,9 @@ SLOW_END_TO_END = {
     "tests/test_partitioning.py::test_prng_dropout_masks_are_the_same_on_any_mesh":
         "BERT's train step with jax.random's dropout masks compiled for one device and for the "
         "(2, 2, 2) mesh (make test keeps the default hash masks on its meshes)",
+    "tests/test_train.py::test_lamb_trains":
+        "LAMB's train step compiled and trained 20 steps until the loss falls (make test trains "
+        "the default AdamW until it overfits)",
 }  # fmt: skip
 
 
