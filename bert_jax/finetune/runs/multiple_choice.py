@@ -123,7 +123,7 @@ def choice_tuner(config, mesh, settings: FinetuneSettings) -> ChoiceTuner:
     return _choice_tuner(config, mesh, settings.step_settings())
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=8)
 def _choice_tuner(config, mesh, settings) -> ChoiceTuner:
     return ChoiceTuner(config, mesh, settings)
 

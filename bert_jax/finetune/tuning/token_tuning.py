@@ -176,7 +176,7 @@ def token_tuner(
     return _token_tuner(config, num_outputs, kind, mesh, head_dropout, settings.step_settings())
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def _token_tuner(config, num_outputs, kind, mesh, head_dropout, settings) -> TokenTuner:
     return TokenTuner(config, num_outputs, kind, mesh, head_dropout, settings)
 
