@@ -80,8 +80,9 @@ def pytest_collection_finish(session):
 # on 2 cores, where the faster tests of the same module check the parts it puts together; or
 # compiles further cases of a program (more meshes, settings, kernel shapes) whose main cases
 # `make test` keeps, seconds each where `make test` has about 4 minutes for ~1,500 tests. Keyed by
-# node id without parameters (every parameter moves); they carry the mark `slow_e2e`, which
-# pyproject.toml's addopts deselects. tests/test_ci_targets.py checks that each key names a test.
+# node id without parameters (every parameter moves) or with them (that case alone moves); they
+# carry the mark `slow_e2e`, which pyproject.toml's addopts deselects. tests/test_ci_targets.py
+# checks that each key names a test.
 SLOW_END_TO_END = {
     # Several processes, each importing JAX and compiling its own steps.
     "tests/test_caches.py::test_a_command_run_again_reads_its_compiled_programs_back":
@@ -98,6 +99,12 @@ SLOW_END_TO_END = {
         "a pretraining process that fills its disk, then a second that resumes it",
     "tests/test_pretrain.py::test_sigkill_after_checkpoint_then_resume_from_is_exact":
         "a pretraining process killed after a checkpoint, then a resumed run to the end",
+    "tests/test_host_memory.py::test_a_child_past_the_limit_is_stopped_and_named":
+        "a child process that imports JAX, then grows until the watcher stops it",
+    "tests/test_metric_writers.py::test_tensorboard_is_written_without_importing_torch":
+        "a Python process that imports bert-jax and tensorboardX with PyTorch hidden",
+    "tests/test_bench.py::test_bench_and_the_train_step_import_without_tensorflow":
+        "a Python process that imports bert-jax's bench and train step with TensorFlow barred",
     "tests/test_cli_flags.py::test_no_tensorflow_banner_on_stderr":
         "two bert-jax processes, each importing TensorFlow",
     "tests/test_cli.py::test_console_script_exit_statuses":
@@ -145,6 +152,13 @@ SLOW_END_TO_END = {
         "a SWAG fine-tuning run from a converted ModernBERT model",
     # Pretraining runs to their end, several per test: make test keeps the parts they put
     # together (the train step, the checkpointer, the data position, the config checks).
+    "tests/test_modernbert_pretrain.py::test_the_run_trains_modernbert_on_the_trapezoid":
+        "reads the ModernBERT reference run (tests/conftest.py's modernbert_reference), a whole "
+        "pretraining run its other readers share (test_modernbert keeps its steps in make test)",
+    "tests/test_modernbert_pretrain.py::test_the_export_is_a_transformers_modernbert_computing_the_same":
+        "reads the ModernBERT reference run, then exports it to transformers",
+    "tests/test_modernbert_loose_ends.py::test_the_workdirs_checkpoint_keeps_the_runs_special_ids":
+        "reads the ModernBERT reference run's checkpoint",
     "tests/test_pretrain.py::test_phase_switch_at_ninety_percent_with_the_schedule":
         "the 12-step two-phase reference run (the module's other runs compare with it)",
     "tests/test_pretrain.py::test_sigterm_then_resume_is_exact":
@@ -235,6 +249,13 @@ SLOW_END_TO_END = {
     "tests/test_partitioning.py::test_prng_dropout_masks_are_the_same_on_any_mesh":
         "BERT's train step with jax.random's dropout masks compiled for one device and for the "
         "(2, 2, 2) mesh (make test keeps the default hash masks on its meshes)",
+    "tests/test_finetune_packing.py::test_bucketed_and_packed_steps_equal_the_fixed_length_steps[regression-modernbert]":
+        "ModernBERT's regression head bucketed and packed against its fixed-length run (make "
+        "test keeps every head on BERT, and ModernBERT's sentence and span heads)",
+    "tests/test_finetune_packing.py::test_bucketed_and_packed_steps_equal_the_fixed_length_steps[choice-modernbert]":
+        "ModernBERT's multiple-choice head, as above",
+    "tests/test_finetune_packing.py::test_bucketed_and_packed_steps_equal_the_fixed_length_steps[tags-modernbert]":
+        "ModernBERT's tagging head, as above",
     "tests/test_train.py::test_lamb_trains":
         "LAMB's train step compiled and trained 20 steps until the loss falls (make test trains "
         "the default AdamW until it overfits)",
@@ -248,8 +269,10 @@ def pytest_collection_modifyitems(config, items):
     the workers, but a long test that starts last has no one to share it. Whole modules move, so
     that their module fixtures are set up once; the order is otherwise kept."""
     for item in items:
-        key = item.nodeid.split("[", 1)[0]
-        if key in SLOW_END_TO_END:
+        key = next(
+            (k for k in (item.nodeid, item.nodeid.split("[", 1)[0]) if k in SLOW_END_TO_END), None
+        )
+        if key is not None:
             item.add_marker(pytest.mark.slow_e2e(SLOW_END_TO_END[key]))
     slow = {item.module for item in items if item.get_closest_marker("slow") is not None}
     items[:] = [i for i in items if i.module in slow] + [i for i in items if i.module not in slow]

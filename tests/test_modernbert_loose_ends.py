@@ -5,12 +5,15 @@ token embeddings untrained, as transformers does."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bert_jax.configs import bert as bert_configs
+from bert_jax.convert import model_dir
 from bert_jax.core import optim
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.core.trainer import pretraining_model
@@ -48,11 +51,21 @@ def test_init_from_a_modernbert_model(reference, shared_dirs, tmp_path):  # noqa
     assert exported["model"]["embeddings"]["tok_embeddings"]["embedding"].shape[0] >= 1000
 
 
-def test_init_from_a_model_of_the_other_family_is_refused(reference, shared_dirs, tmp_path):  # noqa: F811
-    workdir, _ = reference
-    model = f"{workdir}/model"
+def test_init_from_a_model_of_the_other_family_is_refused(shared_dirs, tmp_path):
+    """Refused from the model directory's config.json, before anything is built or read."""
+    model = tmp_path / "modernbert_model"
+    model.mkdir()
+    config = ModernBertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+    )
+    payload = model_dir.config_dict(config, has_heads=True, tokenizer=None, extra=None)
+    (model / model_dir.CONFIG_NAME).write_text(json.dumps(payload), encoding="utf-8")
     bert_config = bert_configs.get_config("tiny")
-    bert_config.init_from = model
+    bert_config.init_from = str(model)
     bert_config.data.tokenizer = shared_dirs["tokenizer"]
     with pytest.raises(UserError, match=r"config\.init_from=.* is a modernbert model; this run"):
         pretrain.pretrain(bert_config, str(tmp_path / "bert_from_modernbert"))
