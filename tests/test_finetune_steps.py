@@ -189,7 +189,7 @@ def test_a_step_compiled_ahead_is_the_step_that_runs():
             else None
         )
     )
-    config = tiny_config()
+    config = tiny_config(num_hidden_layers=1)
     settings = loop.FinetuneSettings(batch_size=2, max_seq_length=8)
     tuner = loop.FineTuner(
         config, 2, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]), settings
