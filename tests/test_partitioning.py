@@ -229,7 +229,7 @@ def test_padded_vocabulary_adds_no_collectives():
     unpadded_config = tiny_config(vocab_size=512, num_hidden_layers=LAYERS)
     unpadded = collectives(_trainer((1, 2, 4), config=unpadded_config))
     # The program of the (1, 2, 4) run above (510 rows padded to 512, its batch shape and
-    # dropout key type): compiled once, then read from the persistent compilation cache.
+    # dropout key type): the same cached trainer (`_mesh_trainer`), so it is compiled once.
     padded = collectives(_mesh_trainer((1, 2, 4)))
     assert sum(unpadded.values()) > 0 and padded == unpadded
 
