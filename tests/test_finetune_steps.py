@@ -174,6 +174,38 @@ def test_the_first_predict_batch_is_the_one_prediction_runs_first(packed):
         np.testing.assert_array_equal(ahead[key], first[key])
 
 
+def test_an_error_making_the_state_is_raised_without_waiting_for_the_compile():
+    """A user error while the state is made (an encoder that does not fit, say) is raised while
+    the compile ahead is still running."""
+    from bert_jax.runtime.errors import UserError
+
+    release, finished = threading.Event(), threading.Event()
+
+    class SlowTuner(CountingTuner):
+        def compile_train_step(self, batch, rng):
+            release.wait(timeout=60)
+            finished.set()
+
+    def make_state():
+        raise UserError("pretrained encoder params do not fit the model")
+
+    settings = loop.FinetuneSettings(epochs=1.0, batch_size=4)
+    with pytest.raises(UserError, match="do not fit"):
+        tuning_loop.run_steps(
+            SlowTuner(),
+            make_state,
+            jax.random.key(0),
+            settings,
+            6,
+            lambda rows: {"weights": (rows >= 0).astype(np.float32)},
+            lambda params: {},
+            lambda line: None,
+        )
+    assert not finished.is_set()
+    release.set()
+    assert finished.wait(timeout=60)
+
+
 def test_a_step_compiled_ahead_is_the_step_that_runs():
     """`HeadTuner.compile_train_step` and `compile_predict_step` compile the programs the first
     step and prediction then run: no second compile (the mesh, rules and argument types match

@@ -214,7 +214,8 @@ def run_steps(
     totals = window = dev = None
     first = tuner.global_batch(rows_batch(order[0]))
     if callable(state):
-        with concurrent.futures.ThreadPoolExecutor(2, "compile-ahead") as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(2, "compile-ahead")
+        try:
             compiling = [pool.submit(tuner.compile_train_step, first, dropout_rng)]
             if predict_ahead is not None:
                 ahead = tuner.global_batch(predict_ahead)
@@ -222,6 +223,8 @@ def run_steps(
             state = state()
             for done in compiling:
                 done.result()
+        finally:  # an error making the state is raised at once, not after the compiles
+            pool.shutdown(wait=False, cancel_futures=True)
     for step in range(num_steps):
         batch = first if step == 0 else tuner.global_batch(rows_batch(order[step]))
         state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
