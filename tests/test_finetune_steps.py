@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bert_jax.finetune.tuning import batches as features
-from bert_jax.finetune.tuning import packing, tuning_loop
+from bert_jax.finetune.tuning import packing, token_tuning, tuning_loop
 from bert_jax.finetune.tuning import sentence_tuning as loop
 
 
@@ -121,25 +121,30 @@ class AheadTuner(CountingTuner):
         self.predict_compiled_for = batch
 
 
+def _run_six_rows(tuner, state, **more):
+    """`run_steps` over 6 rows in batches of 4 (two steps) for one epoch, evaluating nothing."""
+    return tuning_loop.run_steps(
+        tuner,
+        state,
+        jax.random.key(0),
+        loop.FinetuneSettings(epochs=1.0, batch_size=4),
+        6,
+        lambda rows: {"weights": (rows >= 0).astype(np.float32)},
+        lambda params: {},
+        lambda line: None,
+        **more,
+    )
+
+
 def test_the_first_step_compiles_on_another_thread_while_the_state_is_made():
-    settings = loop.FinetuneSettings(epochs=1.0, batch_size=4)
     tuner = AheadTuner()
 
     def make_state():
         tuner.state_made.set()
         return types.SimpleNamespace(params=0)
 
-    trained = tuning_loop.run_steps(
-        tuner,
-        make_state,
-        jax.random.key(0),
-        settings,
-        6,
-        lambda rows: {"weights": (rows >= 0).astype(np.float32)},
-        lambda params: {},
-        lambda line: None,
-        predict_ahead={"input_ids": np.ones((3, 5), np.int32)},
-    )
+    ahead = {"input_ids": np.ones((3, 5), np.int32)}
+    trained = _run_six_rows(tuner, make_state, predict_ahead=ahead)
     assert trained.num_steps == 2 and tuner.rows == [4, 2]
     assert tuner.compiled_for is not None and int(np.sum(tuner.compiled_for["weights"])) == 4
     assert tuner.predict_compiled_for["input_ids"].shape == (3, 5)
@@ -158,17 +163,17 @@ def test_the_first_predict_batch_is_the_one_prediction_runs_first(packed):
     ahead = packing.first_predict_batch(arrays, settings.eval_batch_size, batches)
     seen = []
 
-    def predict_fn(batch):
-        seen.append(batch)
-        return np.zeros((*batch["input_ids"].shape[:1], 40, 2), np.float32)
+    class Recorder:
+        def global_batch(self, batch):
+            return batch
 
-    if packed:
-        batches.predict(arrays, predict_fn, 0.0)
-        first = seen[0]
-    else:
-        rows = features.predict_batches(features.row_lengths(mask), settings.eval_batch_size)[0]
-        first = batches.gather(arrays, rows, "predict")
-        first.pop("weights")
+        def predict(self, params, batch):
+            seen.append(batch)
+            rows = len(batch["input_ids"])
+            return np.zeros((rows, 40, 2) if packed else (rows, 2), np.float32)
+
+    token_tuning.predict_logits(Recorder(), None, arrays, settings.eval_batch_size, buckets=batches)
+    first = seen[0]
     assert sorted(ahead) == sorted(first)
     for key in first:
         np.testing.assert_array_equal(ahead[key], first[key])
@@ -189,18 +194,8 @@ def test_an_error_making_the_state_is_raised_without_waiting_for_the_compile():
     def make_state():
         raise UserError("pretrained encoder params do not fit the model")
 
-    settings = loop.FinetuneSettings(epochs=1.0, batch_size=4)
     with pytest.raises(UserError, match="do not fit"):
-        tuning_loop.run_steps(
-            SlowTuner(),
-            make_state,
-            jax.random.key(0),
-            settings,
-            6,
-            lambda rows: {"weights": (rows >= 0).astype(np.float32)},
-            lambda params: {},
-            lambda line: None,
-        )
+        _run_six_rows(SlowTuner(), make_state)
     assert not finished.is_set()
     release.set()
     assert finished.wait(timeout=60)

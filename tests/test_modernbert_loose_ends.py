@@ -51,18 +51,23 @@ def test_init_from_a_modernbert_model(reference, shared_dirs, tmp_path):  # noqa
     assert exported["model"]["embeddings"]["tok_embeddings"]["embedding"].shape[0] >= 1000
 
 
+# One layer, 64 ids padded to a multiple of 8, [PAD] at 0.
+TINY_MODERNBERT = ModernBertConfig(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=24,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    pad_token_id=0,
+    vocab_pad_multiple=8,
+)
+
+
 def test_init_from_a_model_of_the_other_family_is_refused(shared_dirs, tmp_path):
     """Refused from the model directory's config.json, before anything is built or read."""
     model = tmp_path / "modernbert_model"
     model.mkdir()
-    config = ModernBertConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-    )
-    payload = model_dir.config_dict(config, has_heads=True, tokenizer=None, extra=None)
+    payload = model_dir.config_dict(TINY_MODERNBERT, has_heads=True, tokenizer=None, extra=None)
     (model / model_dir.CONFIG_NAME).write_text(json.dumps(payload), encoding="utf-8")
     bert_config = bert_configs.get_config("tiny")
     bert_config.init_from = str(model)
@@ -72,15 +77,7 @@ def test_init_from_a_model_of_the_other_family_is_refused(shared_dirs, tmp_path)
 
 
 def test_adamw_hf_leaves_modernberts_pad_row_untrained():
-    config = ModernBertConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        pad_token_id=0,
-        vocab_pad_multiple=8,
-    )
+    config = TINY_MODERNBERT
     model = pretraining_model(config)
     ids = jnp.array([[2, 5, 0, 7]], jnp.int32)
     params = random_params(model, ids, jnp.ones_like(ids))["params"]  # the init is not tested

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -285,6 +285,16 @@ class Buckets:
         batch = gather_rows(arrays, rows, self.lengths)
         self.used.setdefault(kind, set()).add(int(batch["input_ids"].shape[-1]))
         return batch
+
+    def predicting(
+        self, arrays: Mapping[str, np.ndarray], batch_size: int
+    ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """Prediction's batches of `arrays` (`predict_batches` of their rows, each padded to its
+        bucket, without weights), each with its global rows (-1: padding)."""
+        for rows in predict_batches(row_lengths(arrays["input_mask"]), batch_size):
+            batch = self.gather(arrays, rows, "predict")
+            batch.pop("weights")
+            yield rows, batch
 
     def summary(self) -> str:
         """`compiled shapes: train 2 (64, 96), predict 3 (64, 96, 128) of buckets 32, ...`."""

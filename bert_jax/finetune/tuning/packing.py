@@ -38,8 +38,6 @@ from bert_jax.finetune.tuning.batches import (
     bucket_lengths,
     host_rows,
     padded_length,
-    predict_batches,
-    row_lengths,
 )
 
 # The arrays a packed batch adds to the model's inputs (the heads take them as keywords).
@@ -333,13 +331,11 @@ def first_predict_batch(
 ) -> dict[str, np.ndarray]:
     """The first batch prediction over `arrays` runs, without weights (what a predict step
     compiled ahead of time is compiled for): `Packing.predict`'s, or the first of
-    `batches.predict_batches` padded to its bucket."""
+    `Buckets.predicting`."""
     if isinstance(batches, Packing):
         batch, _ = next(batches._predict_batches(arrays, row_spans(arrays["input_mask"])))
         return batch
-    rows = predict_batches(row_lengths(arrays["input_mask"]), batch_size)[0]
-    batch = batches.gather(arrays, rows, "predict")
-    batch.pop("weights")
+    _, batch = next(batches.predicting(arrays, batch_size))
     return batch
 
 

@@ -40,7 +40,6 @@ from bert_jax.finetune.tuning.batches import (
     EncodedSplit,
     TaskData,
     bucket_lengths,
-    predict_batches,
     row_lengths,
 )
 from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
@@ -173,9 +172,7 @@ def predict_split(
         )
     buckets = buckets or Buckets(bucket_lengths(split.features["input_ids"].shape[-1]))
     outputs = None
-    for rows in predict_batches(row_lengths(split.features["input_mask"]), eval_batch_size):
-        batch = buckets.gather(split.features, rows, "predict")
-        batch.pop("weights")
+    for rows, batch in buckets.predicting(split.features, eval_batch_size):
         logits = np.asarray(tuner.predict(params, tuner.global_batch(batch)))
         if outputs is None:
             outputs = np.zeros((len(split), *logits.shape[1:]), logits.dtype)

@@ -49,7 +49,6 @@ from bert_jax.finetune.tuning.batches import (
     Buckets,
     bucket_lengths,
     gather_rows,
-    predict_batches,
     row_lengths,
 )
 from bert_jax.finetune.tuning.head_tuner import HeadTuner, SumsFn
@@ -203,9 +202,7 @@ def predict_logits(
     stored = inputs["input_ids"].shape[-1]
     buckets = buckets or Buckets(bucket_lengths(stored))
     outputs = None
-    for rows in predict_batches(row_lengths(inputs["input_mask"]), batch_size):
-        batch = buckets.gather(inputs, rows, "predict")
-        batch.pop("weights")
+    for rows, batch in buckets.predicting(inputs, batch_size):
         length = batch["input_ids"].shape[-1]
         logits = np.asarray(tuner.predict(params, tuner.global_batch(batch)))
         if logits.ndim >= 3:  # per token: back to the stored length
