@@ -82,7 +82,8 @@ def pytest_collection_finish(session):
 # `make test` keeps, seconds each where `make test` has about 4 minutes for ~1,500 tests. Keyed by
 # node id without parameters (every parameter moves) or with them (that case alone moves); they
 # carry the mark `slow_e2e`, which pyproject.toml's addopts deselects. tests/test_ci_targets.py
-# checks that each key names a test.
+# checks that each key names a test (not a case's parameters: a renamed case would run in
+# `make test` again).
 SLOW_END_TO_END = {
     # Several processes, each importing JAX and compiling its own steps.
     "tests/test_caches.py::test_a_command_run_again_reads_its_compiled_programs_back":
@@ -229,18 +230,22 @@ SLOW_END_TO_END = {
         "the whole encoder's forward and gradients in Pallas's interpreter",
     # Further cases of a compiled program whose main cases make test keeps, a few seconds of
     # compiling each.
-    "tests/test_attention.py::test_kernel_equals_einsum_path_in_the_other_cases":
-        "the kernels' forward and backward in Pallas's interpreter for two more shape and rate "
-        "cases (test_kernel_equals_einsum_path keeps each shape, dropout on and off)",
-    "tests/test_partitioning.py::test_sharded_training_on_more_meshes_matches_one_device":
-        "BERT's train step compiled for two more 8-device meshes, data-only and 4-way FSDP "
-        "(make test keeps (2, 2, 2) and (1, 2, 4))",
+    "tests/test_attention.py::test_kernel_equals_einsum_path[24-24-16-16-0.0]":
+        "the kernels' forward and backward in Pallas's interpreter without dropout on the block "
+        "shape (make test keeps it with dropout, and the gathered shape without)",
+    "tests/test_attention.py::test_kernel_equals_einsum_path[7-40-16-32-0.1]":
+        "the same with dropout on the gathered shape",
+    "tests/test_partitioning.py::test_sharded_training_matches_one_device[8x1x1]":
+        "BERT's train step compiled for the data-only 8-device mesh (make test keeps (2, 2, 2) "
+        "and (1, 2, 4))",
+    "tests/test_partitioning.py::test_sharded_training_matches_one_device[2x4x1]":
+        "the same for the 4-way FSDP mesh",
     "tests/test_partitioning.py::test_sharded_optimizer_state_matches_one_device":
         "BERT's train step with ZeRO's optimizer-state shardings compiled for the (4, 2, 1) mesh",
     "tests/test_model.py::test_outputs_without_jit_equal_the_compiled_ones":
         "the model's forward op by op, each operation compiled alone (make test keeps the "
         "compiled forward, float32 and bfloat16)",
-    "tests/test_model.py::test_remat_of_the_dots_policy_gives_the_same_losses_and_gradients":
+    "tests/test_model.py::test_remat_gives_the_same_losses_and_gradients[dots]":
         "the gradients' program compiled for a second remat policy (make test keeps full remat "
         "against the plain model)",
     "tests/test_encode.py::test_minilm_features_of_inner_layers_match_transformers":

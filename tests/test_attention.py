@@ -86,24 +86,18 @@ def _loss_and_grads_of_mask(fn):
 # (queries, keys, block_q, block_k, dropout rate): two blocks each way, the causal mask among
 # them; 7 gathered queries of 40 positions, both padded to their blocks. `make test` runs each
 # shape once, dropout on in one and off in the other; `make test-slow` the other two
-# (tests/conftest.py).
-KERNEL_CASES = [(24, 24, 16, 16, 0.1), (7, 40, 16, 32, 0.0)]
-MORE_KERNEL_CASES = [(24, 24, 16, 16, 0.0), (7, 40, 16, 32, 0.1)]
+# (tests/conftest.py names them).
+KERNEL_CASES = [
+    (24, 24, 16, 16, 0.1),
+    (7, 40, 16, 32, 0.0),
+    (24, 24, 16, 16, 0.0),
+    (7, 40, 16, 32, 0.1),
+]
 
 
 @pytest.mark.parametrize(("queries", "keys", "block_q", "block_k", "rate"), KERNEL_CASES)
 def test_kernel_equals_einsum_path(queries, keys, block_q, block_k, rate):
     """Outputs and gradients (the Pallas backward kernels) for every kind of mask."""
-    _check_kernel(queries, keys, block_q, block_k, rate)
-
-
-@pytest.mark.parametrize(("queries", "keys", "block_q", "block_k", "rate"), MORE_KERNEL_CASES)
-def test_kernel_equals_einsum_path_in_the_other_cases(queries, keys, block_q, block_k, rate):
-    """The same with each shape's other dropout rate."""
-    _check_kernel(queries, keys, block_q, block_k, rate)
-
-
-def _check_kernel(queries, keys, block_q, block_k, rate):
     rng = np.random.default_rng(queries + keys)
     query, key, value = _qkv(rng, 2, queries, keys)
     weights = jnp.asarray(rng.normal(size=query.shape), jnp.float32)

@@ -353,18 +353,11 @@ def plain_step(tiny_variables):
     return params, traced.lower().compile()(params), _remat_count(traced)
 
 
-def test_remat_gives_the_same_losses_and_gradients(plain_step):
+# make test checks "full"; make test-slow "dots" too (tests/conftest.py names it).
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_gives_the_same_losses_and_gradients(remat, plain_step):
     """Rematerialized layers (dropout on, same key): same loss and gradients, same parameter
     names, each layer under jax.checkpoint."""
-    _check_remat("full", plain_step)
-
-
-def test_remat_of_the_dots_policy_gives_the_same_losses_and_gradients(plain_step):
-    """The same with the policy that keeps the weight matmuls' outputs."""
-    _check_remat("dots", plain_step)
-
-
-def _check_remat(remat, plain_step):
     config = tiny_config(num_hidden_layers=2)
     batch = REMAT_BATCH
     params, (loss_p, grads_p), plain_count = plain_step

@@ -17,8 +17,9 @@ from tests.helpers import random_batch, tiny_config
 # `make test` trains on the meshes that split every axis (2, 2, 2: the batch, the layers and the
 # vocabulary each 2-way) and 4-way tensor parallelism (1, 2, 4: the padded table divided over 4);
 # `make test-slow` on pure data parallelism over 8 and 4-way FSDP (tests/conftest.py).
-MESHES = [(2, 2, 2), (1, 2, 4)]
-MORE_MESHES = [(8, 1, 1), (2, 4, 1)]
+# make test trains on the first two (every axis split; tensor=4, where the vocabulary pads),
+# make test-slow on the other two as well (tests/conftest.py names them).
+MESHES = [(2, 2, 2), (1, 2, 4), (8, 1, 1), (2, 4, 1)]
 # 510 rows do not divide over tensor=4; padded to 512 they do. Every run of this module uses the
 # padded table, so each mesh also checks that the padding shards and stays zero (one compile per
 # mesh serves both properties).
@@ -95,16 +96,6 @@ def _spec(array) -> P:
 def test_sharded_training_matches_one_device(mesh_shape, single_device_run):
     """Same losses and parameters as one device, with pretraining's dropout (hash masks, rbg
     keys) on; the rules place every parameter as documented."""
-    _check_sharded_training(mesh_shape, single_device_run)
-
-
-@pytest.mark.parametrize("mesh_shape", MORE_MESHES, ids=_mesh_id)
-def test_sharded_training_on_more_meshes_matches_one_device(mesh_shape, single_device_run):
-    """The same on the other meshes."""
-    _check_sharded_training(mesh_shape, single_device_run)
-
-
-def _check_sharded_training(mesh_shape, single_device_run):
     assert jax.device_count() == 8
     trainer = _mesh_trainer(mesh_shape)
     state, losses = _run(trainer)
