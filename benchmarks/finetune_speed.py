@@ -27,8 +27,10 @@ batches shuffled and padded to their longest row (its data collators), torch Ada
 0.01 off biases and LayerNorm, eps 1e-8), gradient clipping at 1.0, a linear schedule after a 10%
 warmup, dropout 0.1, every core. bert-jax runs `bert-jax finetune` with the same recipe
 (`--optimizer adamw-hf`). The table (and WORKDIR/finetune_speed.json) gives each side's median over
-`--repeats`, the ratio of examples a second (bert-jax / transformers), each side's CPU seconds
-(user + system, the steadier figure on a shared machine) and the machine's load
+`--repeats`, the ratio of examples a second (bert-jax / transformers), the same for the training
+loop alone (transformers' loop, timed inside its process; bert-jax's steps, result.json's
+`train_seconds`: no start-up, compile of the first step, evaluation or saving), each side's CPU
+seconds (user + system, the steadier figure on a shared machine) and the machine's load
 average before each run.
 
 `bert-jax` commands keep what they compile in JAX's persistent compilation cache, so a second run
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -333,8 +336,6 @@ def _collate(kind: str, rows: list[dict[str, Any]], pad_id: int):
 
 def run_transformers(args: argparse.Namespace) -> int:
     """One side's process: fine-tune and evaluate on dev; prints one JSON line."""
-    import math
-
     import torch
     import transformers
 
@@ -495,10 +496,16 @@ def run_side(
     figures["examples_per_s"] = examples * args.epochs / figures["wall_s"]
     if side == "bert-jax":
         with open(os.path.join(out, "workdir", "result.json"), encoding="utf-8") as f:
-            figures["dev"] = json.load(f).get("dev_metrics")
+            result = json.load(f)
+        figures["dev"] = result.get("dev_metrics")
+        train_seconds = result.get("train_seconds")
     else:
         with open(os.path.join(out, "log.txt"), encoding="utf-8") as f:
             figures["dev"] = json.loads(f.read().strip().splitlines()[-1])
+        train_seconds = figures["dev"]["train_seconds"]
+    if train_seconds:  # the training loop alone: no start-up, compile, evaluation or saving
+        figures["train_seconds"] = train_seconds
+        figures["train_examples_per_s"] = examples * args.epochs / train_seconds
     return figures
 
 
@@ -595,17 +602,19 @@ def table(results: dict[str, dict[str, list[dict]]]) -> str:
             lines = [
                 "| task | "
                 + " | ".join(f"{name} examples/s" for name in names)
-                + " | CPU s ("
+                + " | training loop examples/s ("
+                + " / ".join(names)
+                + ") | CPU s ("
                 + " / ".join(names)
                 + ") | peak GB ("
                 + " / ".join(names)
                 + ") | load before |",
-                "|---|" + "---|" * (len(names) + 3),
+                "|---|" + "---|" * (len(names) + 4),
             ]
         medians = {
-            (name, figure): statistics.median(f[figure] for f in runs[name])
+            (name, figure): statistics.median(f.get(figure, math.nan) for f in runs[name])
             for name in names
-            for figure in ("examples_per_s", "peak_rss_gb", "cpu_s")
+            for figure in ("examples_per_s", "train_examples_per_s", "peak_rss_gb", "cpu_s")
         }
         peer = medians.get((SIDES[1], "examples_per_s"))
         speeds = []
@@ -613,13 +622,21 @@ def table(results: dict[str, dict[str, list[dict]]]) -> str:
             speed = medians[name, "examples_per_s"]
             ratio = f" ({speed / peer:.2f}x)" if peer and name != SIDES[1] else ""
             speeds.append(f"{speed:.2f}{ratio}")
+        peer_loop = medians.get((SIDES[1], "train_examples_per_s"), math.nan)
+        loops = " / ".join(
+            "-"  # a run that did not record its loop's time
+            if math.isnan(loop := medians[name, "train_examples_per_s"])
+            else f"{loop:.2f}"
+            + (f" ({loop / peer_loop:.2f}x)" if name != SIDES[1] and peer_loop > 0 else "")
+            for name in names
+        )
         cpu = " / ".join(f"{medians[name, 'cpu_s']:.0f}" for name in names)
         memory = " / ".join(f"{medians[name, 'peak_rss_gb']:.2f}" for name in names)
         loads = [f["load_before"] for run in runs.values() for f in run]
         lines.append(
             f"| {kind} ({BERT_JAX_TASK[kind]}) | "
             + " | ".join(speeds)
-            + f" | {cpu} | {memory} | {min(loads):.1f}-{max(loads):.1f} |"
+            + f" | {loops} | {cpu} | {memory} | {min(loads):.1f}-{max(loads):.1f} |"
         )
     return "\n".join(lines)
 

@@ -109,7 +109,7 @@ def test_glue_s_selection_score_is_the_paper_metric_over_its_dev_splits():
 def test_a_run_s_result_is_built_from_the_loop_s_outcome():
     saved = json.loads(SWAG)
     state = dataclasses.make_dataclass("State", ["skipped"])(np.int32(0))
-    trained = Trained(state, 1.5, 3, saved["history"], saved["dev_metrics"])
+    trained = Trained(state, 1.5, 3, saved["history"], saved["dev_metrics"], train_seconds=1.25)
     settings = dataclasses.make_dataclass("S", [], namespace={"to_dict": lambda self: {"x": 1}})()
     result = FinetuneResult.of_run(registry.get("swag"), settings, trained, 16, 2.0)
     assert result.selection_score == saved["dev_metrics"]["accuracy"]
@@ -120,6 +120,7 @@ def test_a_run_s_result_is_built_from_the_loop_s_outcome():
         1.5,
         {"x": 1},
     )
+    assert (written["seconds"], written["train_seconds"]) == (2.0, 1.25)
     with pytest.raises(ValueError, match="overwrite the result's own fields"):
         dataclasses.replace(result, details={"task": "other"}).to_json()
 

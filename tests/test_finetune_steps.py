@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+import time
 import types
 
 import jax
@@ -44,8 +45,10 @@ def test_run_steps_takes_every_batch_of_every_epoch_with_the_recipe_rates_and_re
 
     def evaluate(params):
         evaluated.append(int(params))
+        time.sleep(0.1)  # left out of the steps' time
         return {"accuracy": 1.0}
 
+    started = time.perf_counter()
     trained = tuning_loop.run_steps(
         tuner,
         types.SimpleNamespace(params=0),  # the state: the steps taken
@@ -57,6 +60,8 @@ def test_run_steps_takes_every_batch_of_every_epoch_with_the_recipe_rates_and_re
         lines.append,
         name="TASK",
     )
+    wall = time.perf_counter() - started
+    assert 0.0 < trained.train_seconds <= wall - 0.2  # two evaluations of 0.1 s left out
     assert trained.num_steps == 6 == 2 * features.steps_per_epoch(10, 4)
     assert tuner.rows == [4, 4, 2, 4, 4, 2]
     np.testing.assert_allclose(tuner.rates, tuning_loop.learning_rates(settings, 6))

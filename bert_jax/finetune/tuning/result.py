@@ -20,8 +20,9 @@ from typing import Any
 from bert_jax.finetune.tasks import registry
 from bert_jax.finetune.tasks.task import Task
 
-# Written only where a run records them (GLUE's and SWAG's runs do; SQuAD's and CoNLL's not).
-_WHERE_RECORDED = ("dev_baseline", "prediction_summary")
+# Written only where a run records them (GLUE's and SWAG's runs record the first two, SQuAD's
+# and CoNLL's not; a result.json read back from before runs timed their steps has no third).
+_WHERE_RECORDED = ("dev_baseline", "prediction_summary", "train_seconds")
 
 
 @dataclasses.dataclass
@@ -41,6 +42,9 @@ class FinetuneResult:
     skipped_steps: int
     seconds: float
     history: list[dict[str, Any]]  # {"step", "epoch", "dev"} per evaluation
+    # Of `seconds`, the training steps' (`tuning_loop.Trained.train_seconds`); None in a
+    # result.json written before runs recorded it.
+    train_seconds: float | None = None
     # By dev report name: what predicting one thing scores (`glue_metrics.constant_baseline`).
     dev_baseline: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     # {"dev": {report name: summary}, "test": {split: summary}}: how the final predictions
@@ -77,6 +81,7 @@ class FinetuneResult:
             skipped_steps=int(trained.state.skipped),
             seconds=seconds,
             history=trained.history,
+            train_seconds=trained.train_seconds,
             **fields,
         )
 
@@ -88,7 +93,7 @@ class FinetuneResult:
             if field.name not in ("details", "test_predictions")
         }
         for name in _WHERE_RECORDED:
-            if not values[name]:
+            if values[name] is None or values[name] == {}:
                 del values[name]
         clash = set(values) & set(self.details)
         if clash:

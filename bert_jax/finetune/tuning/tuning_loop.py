@@ -162,6 +162,9 @@ class Trained:
     num_steps: int
     history: list[dict[str, Any]]  # {"step", "epoch", "dev"} per evaluation
     dev: Any  # the last evaluation's result
+    # The steps' wall time: from the first step (its program compiled, the state made) to the
+    # last step's end, evaluation left out (what a peer's training loop alone takes).
+    train_seconds: float | None = None
 
 
 def run_steps(
@@ -225,6 +228,8 @@ def run_steps(
                 done.result()
         finally:  # an error making the state is raised at once, not after the compiles
             pool.shutdown(wait=False, cancel_futures=True)
+    training = time.perf_counter()
+    evaluating_seconds = 0.0
     for step in range(num_steps):
         batch = first if step == 0 else tuner.global_batch(rows_batch(order[step]))
         state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
@@ -238,16 +243,25 @@ def run_steps(
             log(f"{prefix}{progress.line(done, loss, float(rates[step]))}")
             window = None
         if done in eval_after or done == num_steps:
+            jax.block_until_ready(state.params)  # the steps' time ends here
             evaluating = time.perf_counter()
             dev = evaluate(state.params)
             progress.pause(time.perf_counter() - evaluating)
+            evaluating_seconds += time.perf_counter() - evaluating
             epoch = min(done / per_epoch, settings.epochs)
             history.append({"step": done, "epoch": round(epoch, 3), "dev": dev})
             log(f"{prefix}step {done} dev: {figures(dev, name)}")
     assert totals is not None
     if buckets is not None:
         log(f"{prefix}{buckets.summary()}")
-    return Trained(state, _mean_loss(totals), num_steps, history, dev)
+    return Trained(
+        state,
+        _mean_loss(totals),
+        num_steps,
+        history,
+        dev,
+        train_seconds=time.perf_counter() - training - evaluating_seconds,
+    )
 
 
 def log_interval(log_every: int, num_steps: int) -> int:
