@@ -88,6 +88,8 @@ SLOW_END_TO_END = {
     # Several processes, each importing JAX and compiling its own steps.
     "tests/test_caches.py::test_a_command_run_again_reads_its_compiled_programs_back":
         "two `bert-jax fill-mask` processes, the second reading the first's compiled programs",
+    "tests/test_step_buffers.py::test_a_program_run_inline_reuses_its_temporaries_and_one_run_on_jax_s_thread_does_not":
+        "two processes, each starting JAX's CPU runtime its own way (inline, on its thread)",
     "tests/test_distributed.py::test_two_processes_compute_what_one_process_computes":
         "two 4-device processes and a one-process run of the same pretraining, then a resume",
     "tests/test_distributed.py::test_a_process_that_dies_stops_the_other":

@@ -134,7 +134,9 @@ def _task_options(args):
 
 def _run_finetune(args) -> int:
     from bert_jax.finetune.runs import one_task as run
+    from bert_jax.runtime import step_buffers
 
+    step_buffers.run_cpu_programs_inline()  # before JAX's CPU backend starts
     _print_progress()
     options = _task_options(args)
     if args.each_checkpoint:

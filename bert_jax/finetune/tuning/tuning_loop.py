@@ -38,6 +38,7 @@ from bert_jax.finetune.tuning.batches import (
 )
 from bert_jax.finetune.tuning.packing import Packing
 from bert_jax.finetune.tuning.settings import OPTIMIZERS, FinetuneSettings
+from bert_jax.runtime import step_buffers
 from bert_jax.runtime.errors import UserError
 from bert_jax.training.step_log import format_duration
 
@@ -230,27 +231,28 @@ def run_steps(
             pool.shutdown(wait=False, cancel_futures=True)
     training = time.perf_counter()
     evaluating_seconds = 0.0
-    for step in range(num_steps):
-        batch = first if step == 0 else tuner.global_batch(rows_batch(order[step]))
-        state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
-        sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
-        # Summed on device: nothing waits for a step until a log line needs the numbers.
-        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-        window = sums if window is None else jax.tree.map(jnp.add, window, sums)
-        done = step + 1
-        if done % every == 0 or done == num_steps or progress.due():
-            loss = _mean_loss(window)  # waits for the step: the clock reads finished work
-            log(f"{prefix}{progress.line(done, loss, float(rates[step]))}")
-            window = None
-        if done in eval_after or done == num_steps:
-            jax.block_until_ready(state.params)  # the steps' time ends here
-            evaluating = time.perf_counter()
-            dev = evaluate(state.params)
-            progress.pause(time.perf_counter() - evaluating)
-            evaluating_seconds += time.perf_counter() - evaluating
-            epoch = min(done / per_epoch, settings.epochs)
-            history.append({"step": done, "epoch": round(epoch, 3), "dev": dev})
-            log(f"{prefix}step {done} dev: {figures(dev, name)}")
+    with step_buffers.keep_step_buffers():  # each step reuses the last one's temporaries
+        for step in range(num_steps):
+            batch = first if step == 0 else tuner.global_batch(rows_batch(order[step]))
+            state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
+            sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
+            # Summed on device: nothing waits for a step until a log line needs the numbers.
+            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+            window = sums if window is None else jax.tree.map(jnp.add, window, sums)
+            done = step + 1
+            if done % every == 0 or done == num_steps or progress.due():
+                loss = _mean_loss(window)  # waits for the step: the clock reads finished work
+                log(f"{prefix}{progress.line(done, loss, float(rates[step]))}")
+                window = None
+            if done in eval_after or done == num_steps:
+                jax.block_until_ready(state.params)  # the steps' time ends here
+                evaluating = time.perf_counter()
+                dev = evaluate(state.params)
+                progress.pause(time.perf_counter() - evaluating)
+                evaluating_seconds += time.perf_counter() - evaluating
+                epoch = min(done / per_epoch, settings.epochs)
+                history.append({"step": done, "epoch": round(epoch, 3), "dev": dev})
+                log(f"{prefix}step {done} dev: {figures(dev, name)}")
     assert totals is not None
     if buckets is not None:
         log(f"{prefix}{buckets.summary()}")
