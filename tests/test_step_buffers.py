@@ -59,7 +59,7 @@ faults = {}
 for kept in ("default", "kept"):
     faults[kept] = []
     with step_buffers.keep_step_buffers() if kept == "kept" else contextlib.nullcontext():
-        for _ in range(6):
+        for _ in range(8):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             jax.block_until_ready(step(w, x))
             faults[kept].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -68,7 +68,7 @@ print(json.dumps(faults))
 
 
 def _step_faults(mode: str) -> dict[str, list[int]]:
-    """Page faults of each of six steps run `mode` ("inline" or on JAX's thread), with malloc's
+    """Page faults of each of eight steps run `mode` ("inline" or on JAX's thread), with malloc's
     defaults and inside `keep_step_buffers`."""
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": ""}
     out = subprocess.run(
@@ -81,11 +81,10 @@ def _step_faults(mode: str) -> dict[str, list[int]]:
 def test_a_program_run_inline_reuses_its_temporaries_and_one_run_on_jax_s_thread_does_not():
     """On JAX's own thread (the default) the block comes from that thread's malloc arena, which
     maps a block this large afresh whatever the main heap is told; inline it comes from the
-    main heap, which `keep_step_buffers` keeps: after the step that grows it, most steps take
-    no fresh page (one may, where a small block has taken the freed one's place)."""
+    main heap, which `keep_step_buffers` keeps: once the heap has grown (a step or two, more
+    where small blocks take the freed one's place first), no step pages its block in again."""
     inline, threaded = _step_faults("inline"), _step_faults("threaded")
-    assert min(inline["default"]) > 1000 and min(threaded["default"]) > 1000, (inline, threaded)
-    reused = inline["kept"][1:]
-    assert sorted(reused)[len(reused) // 2] <= 50, inline  # the median step: none
-    assert sum(reused) <= sum(inline["default"][1:]) / 2, inline
-    assert min(threaded["kept"]) > 1000, threaded
+    fresh = min(inline["default"] + threaded["default"])  # a block paged in: ~18,000 faults
+    assert fresh > 1000, (inline, threaded)
+    assert max(inline["kept"][4:]) < fresh / 20, inline  # the last four steps: a few small blocks
+    assert min(threaded["kept"]) > fresh / 2, threaded
