@@ -236,7 +236,8 @@ def run_steps(
             batch = first if step == 0 else tuner.global_batch(rows_batch(order[step]))
             state, step_metrics = tuner.train_step(state, batch, dropout_rng, float(rates[step]))
             sums = {k: step_metrics[k] for k in ("loss_sum", "weight")}
-            # Summed on device: nothing waits for a step until a log line needs the numbers.
+            # Summed on device: where programs run asynchronously, nothing waits for a step
+            # until a log line needs the numbers.
             totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
             window = sums if window is None else jax.tree.map(jnp.add, window, sums)
             done = step + 1
