@@ -86,23 +86,38 @@ def test_packing_is_a_declared_setting_that_changes_neither_trial_nor_step():
 
 
 def test_a_packed_batch_restarts_positions_and_keeps_each_row_apart():
+    """Multiple choice: a lane per choice, each as long as the longest row (not the four
+    choices end to end); choice c of every example of a sequence lies in its lane c, in the
+    same slot, each row's tokens whole and in order."""
     _, arrays = _case("choice", "bert")
     run = packing.batches_for(PACKED, [arrays], _mesh())
     run.plan(ORDER)
     batch = run.gather(arrays, ORDER[0])
     spans = packing.row_spans(arrays["input_mask"][:4])  # [4 examples, 4 choices]
+    longest = int(packing.row_spans(arrays["input_mask"]).max())
+    assert run.length == batches.padded_length([longest], batches.bucket_lengths(MAX_LEN))
     assert batch["input_mask"].sum() == spans.sum()  # every real token once, no padding between
+    assert batch["input_ids"].shape[1:] == (4, run.length)
     assert batch["cls_positions"].shape[1:] == (run.slots, 4)
+    seen = []
     for s, slot in zip(*np.nonzero(batch["weights"])):
         for choice, start in enumerate(batch["cls_positions"][s, slot]):
-            row_id = batch["packed_segment_ids"][s, start]
-            assert row_id == slot * 4 + choice + 1
-            size = int(np.sum(batch["packed_segment_ids"][s] == row_id))
+            lane = (s, choice)
+            assert batch["packed_segment_ids"][lane][start] == slot + 1
+            size = int(np.sum(batch["packed_segment_ids"][lane] == slot + 1))
             np.testing.assert_array_equal(
-                batch["position_ids"][s, start : start + size], range(size)
+                batch["position_ids"][lane][start : start + size], range(size)
             )
-            assert batch["input_ids"][s, start] == 1  # the row's [CLS]
+            seen.append(batch["input_ids"][lane][start : start + size])
+            assert seen[-1][0] == 1  # the row's [CLS]
     assert batch["weights"].sum() == 4
+    rows = [_tokens_of_choice(arrays, r, c) for r in ORDER[0][ORDER[0] >= 0] for c in range(4)]
+    assert sorted(map(tuple, seen)) == sorted(map(tuple, rows))
+
+
+def _tokens_of_choice(arrays, row, choice):
+    mask = arrays["input_mask"][row, choice]
+    return arrays["input_ids"][row, choice][mask != 0]
 
 
 def test_a_packed_span_target_is_the_same_token_of_its_row():

@@ -25,6 +25,7 @@ from bert_jax.core.dropout import Dropout
 from bert_jax.core.layers import Dense
 from bert_jax.core.modernbert import ModernBertModel, ModernBertPredictionHead
 from bert_jax.core.modernbert_config import ModernBertConfig
+from bert_jax.finetune.heads.pooled import choice_rows, choice_scores, lane_cls_positions
 
 Array = jax.Array
 
@@ -128,7 +129,8 @@ class ModernBertForMultipleChoice(ModernBertForSequenceClassification):
 
     transformers' CLS pooling here takes each row's first real token; our rows are padded on
     the right, where that is the first token, as `pool` takes it. Packed (`cls_positions`
-    [batch, slots, choices]): scores [batch, slots, choices]."""
+    [batch, slots, choices], a lane per choice, as `pooled.BertForMultipleChoice` takes them):
+    scores [batch, slots, choices]."""
 
     num_labels: int = 1
 
@@ -143,13 +145,12 @@ class ModernBertForMultipleChoice(ModernBertForSequenceClassification):
         cls_positions: Array | None = None,
     ) -> Array:
         length = input_ids.shape[-1]
-        packed = cls_positions is not None
         scores = super().__call__(
-            input_ids.reshape(-1, length),
-            input_mask.reshape(-1, length),
+            choice_rows(input_ids, length),
+            choice_rows(input_mask, length),
             deterministic=deterministic,
-            position_ids=position_ids,
-            packed_segment_ids=packed_segment_ids,
-            cls_positions=cls_positions.reshape(len(input_ids), -1) if packed else None,
+            position_ids=choice_rows(position_ids, length),
+            packed_segment_ids=choice_rows(packed_segment_ids, length),
+            cls_positions=lane_cls_positions(cls_positions),
         )
-        return scores.reshape(cls_positions.shape if packed else input_ids.shape[:-1])
+        return choice_scores(scores, input_ids.shape[:-1], cls_positions)

@@ -85,8 +85,8 @@ class BertForMultipleChoice(nn.Module):
     """BERT + `ClassifierHead` with one output on each choice's pooled [CLS] (SWAG): inputs
     [batch, choices, length], float32 scores [batch, choices] (softmax over the choices), as
     Hugging Face's `BertForMultipleChoice`. The head's one vector is the only new parameter.
-    Packed (`cls_positions` [batch, slots, choices], each choice a row of its own): scores
-    [batch, slots, choices]."""
+    Packed (`cls_positions` [batch, slots, choices]; every input [batch, choices, length], a lane
+    per choice): scores [batch, slots, choices]."""
 
     config: BertConfig
     classifier_dropout: float = 0.1
@@ -103,19 +103,43 @@ class BertForMultipleChoice(nn.Module):
         cls_positions: Array | None = None,
     ) -> Array:
         length = input_ids.shape[-1]
-        packed = cls_positions is not None
         outputs = BertModel(self.config, name="bert")(
-            input_ids.reshape(-1, length),
-            input_mask.reshape(-1, length),
-            segment_ids.reshape(-1, length),
-            position_ids=position_ids,
-            packed_segment_ids=packed_segment_ids,
-            cls_positions=cls_positions.reshape(len(input_ids), -1) if packed else None,
+            choice_rows(input_ids, length),
+            choice_rows(input_mask, length),
+            choice_rows(segment_ids, length),
+            position_ids=choice_rows(position_ids, length),
+            packed_segment_ids=choice_rows(packed_segment_ids, length),
+            cls_positions=lane_cls_positions(cls_positions),
             deterministic=deterministic,
         )
         head = ClassifierHead(self.config, 1, self.classifier_dropout, name="classifier")
         scores = head(outputs["pooled_output"], deterministic=deterministic)
-        return scores.reshape(cls_positions.shape if packed else input_ids.shape[:-1])
+        return choice_scores(scores, input_ids.shape[:-1], cls_positions)
+
+
+def choice_rows(x_BxCxL: Array | None, length: int) -> Array | None:
+    """[batch, choices, length] as the encoder's rows, [batch * choices, length] (choice c of
+    example b, or lane c of packed sequence b, is row b * choices + c); None stays None."""
+    return None if x_BxCxL is None else x_BxCxL.reshape(-1, length)
+
+
+def lane_cls_positions(cls_positions_BxNxC: Array | None) -> Array | None:
+    """Packed multiple choice's [CLS] positions by lane: [batch * choices, slots] (lane c of
+    sequence b is row b * choices + c), as the encoder sees the lanes; None unpacked."""
+    if cls_positions_BxNxC is None:
+        return None
+    return jnp.swapaxes(cls_positions_BxNxC, 1, 2).reshape(-1, cls_positions_BxNxC.shape[1])
+
+
+def choice_scores(
+    scores: Array, batch_shape: tuple[int, ...], cls_positions: Array | None
+) -> Array:
+    """One score per choice, from the head's outputs on the encoder's rows: [batch, choices],
+    or packed ([batch * choices, slots, 1], by lane) [batch, slots, choices]."""
+    if cls_positions is None:
+        return scores.reshape(batch_shape)
+    batch, slots, choices = cls_positions.shape
+    return jnp.swapaxes(scores.reshape(batch, choices, slots), 1, 2)
 
 
 def classification_loss(logits_BxC: Array, labels_B: Array, weights_B: Array) -> dict[str, Array]:

@@ -2,11 +2,14 @@
 static length, instead of one example a row padded to its bucket (`batches.Buckets`).
 
 A unit is what a head reads as one: a sentence (pair) row, a CoNLL sentence, a SQuAD window, or
-a multiple-choice example's choices (each choice a row of its own). Units are packed first-fit
-decreasing into sequences of `length` positions, at most `slots` units a sequence, each row
-keeping its own tokens and segment ids, with `position_ids` restarting at 0, `packed_segment_ids`
-(1, 2, ...: a row's id within its sequence; 0 on padding) so that attention stays within the row,
-and `cls_positions` [sequences, slots, choices] where each row starts (the pooled heads read there).
+a multiple-choice example's choices. Units are packed first-fit decreasing into sequences of
+`length` positions, at most `slots` units a sequence, each row keeping its own tokens and segment
+ids, with `position_ids` restarting at 0, `packed_segment_ids` (1, 2, ...: the unit's slot + 1;
+0 on padding) so that attention stays within the row, and `cls_positions` [sequences, slots,
+choices] where each row starts (the pooled heads read there). A multiple-choice sequence is one
+lane per choice ([sequences, choices, length]): choice c of every unit it holds lies in lane c,
+so a lane is as long as the longest row, not four of them, and attention, whose cost grows with
+the length, runs over rows of that length (SWAG's 128 instead of 512).
 Per-example arrays (labels, [N]) become [sequences, slots], with `weights` 1 where a slot holds
 an example; those that are positions in the example's row (`ROW_POSITION_KEYS`: a SQuAD window's
 answer start and end, 0 its [CLS]) become positions in its sequence (the row's offset added);
@@ -69,18 +72,24 @@ def row_spans(input_mask: np.ndarray) -> np.ndarray:
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int, slots: int) -> list[list[int]]:
-    """Indices of `lengths` packed into bins of `capacity` positions and at most `slots` units:
-    longest first, each into the first bin with room (ties and bins keep the given order)."""
+    """Indices of `lengths` ([units], or [units, lanes]: a unit takes its own length in each
+    lane) packed into bins of `capacity` positions a lane and at most `slots` units: longest
+    (over its lanes) first, each into the first bin with room in every lane (ties and bins keep
+    the given order)."""
+    sizes = np.asarray(lengths, np.int64)
+    sizes = sizes.reshape(len(sizes), -1)
     bins: list[list[int]] = []
-    room: list[int] = []
-    for index in np.argsort(-np.asarray(lengths), kind="stable"):
-        size = int(lengths[index])
-        if size > capacity:
-            raise ValueError(f"a unit of {size} tokens is longer than the packed length {capacity}")
+    room: list[np.ndarray] = []
+    for index in np.argsort(-sizes.sum(axis=1), kind="stable"):
+        size = sizes[index]
+        if np.any(size > capacity):
+            raise ValueError(
+                f"a unit of {int(size.max())} tokens is longer than the packed length {capacity}"
+            )
         for b, left in enumerate(room):
-            if left >= size and len(bins[b]) < slots:
+            if len(bins[b]) < slots and np.all(left >= size):
                 bins[b].append(int(index))
-                room[b] -= size
+                left -= size
                 break
         else:
             bins.append([int(index)])
@@ -121,19 +130,20 @@ def rounded_count(needed: int, per_micro_batch: int, divisor: int) -> int:
 
 @dataclasses.dataclass
 class Packing:
-    """A run's packing: the training sequences' `length`, the `slots` (units) a sequence holds
-    at most, the counts its training batches take (`plan`), the prediction batches' length and
-    count, and the shapes its train and predict steps compiled, which `summary` gives in one
-    line (as `batches.Buckets` does for buckets)."""
+    """A run's packing: the training sequences' `length` (a lane's, for multiple choice), the
+    `slots` (units) a sequence holds at most, the counts its training batches take (`plan`), the
+    prediction batches' length and count, and the shapes its train and predict steps compiled,
+    which `summary` gives in one line (as `batches.Buckets` does for buckets)."""
 
     length: int
     slots: int
-    per_micro_batch: int  # sequences of a training micro-batch (micro_batch_tokens // length)
-    train_lengths: np.ndarray  # each training unit's real tokens
+    per_micro_batch: int  # sequences of a training micro-batch (its tokens // positions a sequence)
+    train_lengths: np.ndarray  # each training unit's real tokens, [units, choices]
     predict_length: int
     predict_slots: int
     predict_count: int
     divisor: int = 1
+    choices: int = 1  # lanes a sequence has: the rows a unit has
     train_counts: tuple[int, ...] = ()
     used: dict[str, set[tuple[int, int]]] = dataclasses.field(default_factory=dict)
 
@@ -145,22 +155,25 @@ class Packing:
         divisor: int = 1,
         choices: int = 1,
     ) -> Packing:
-        """The packing of a run over splits of these `unit_lengths` (each unit's real tokens;
-        the training split's first). Training sequences are as long as the bucket
-        (`bucket_lengths` of `choices` x `max_seq_length`) of the longest training unit,
-        prediction's as that of the longest unit of any split; a sequence holds at most as
-        many units as the shortest training unit fits; a prediction batch holds about
+        """The packing of a run over splits of these `unit_lengths` (each unit's real tokens,
+        [units] or [units, choices] by row; the training split's first). Training sequences
+        (lanes) are as long as the bucket (`bucket_lengths` of `max_seq_length`) of the longest
+        training row, prediction's as that of the longest row of any split; a sequence holds at
+        most as many units as the shortest training row fits; a prediction batch holds about
         `eval_batch_size` examples of the training split's mean length."""
-        ladder = bucket_lengths(choices * settings.max_seq_length)
-        train = np.asarray(unit_lengths[0])
+        ladder = bucket_lengths(settings.max_seq_length)
+        splits = [
+            np.asarray(lengths, np.int64).reshape(len(lengths), choices) for lengths in unit_lengths
+        ]
+        train = splits[0]
         length = padded_length([int(np.max(train, initial=2))], ladder)
-        longest = max(int(np.max(lengths, initial=2)) for lengths in unit_lengths)
+        longest = max(int(np.max(lengths, initial=2)) for lengths in splits)
         predict_length = padded_length([longest], ladder)
-        shortest = max(int(np.min(train)) if len(train) else 2, 2)  # [CLS] and [SEP] at least
-        mean = float(np.mean(train)) if len(train) else float(length)
+        shortest = max(int(np.min(train)) if train.size else 2, 2)  # [CLS] and [SEP] at least
+        mean = float(np.mean(train.sum(axis=1))) if len(train) else float(choices * length)
         budget = settings.micro_batch_tokens
-        per_micro_batch = max(1, budget // length) if budget > 0 else 1 << 30
-        needed = math.ceil(settings.eval_batch_size * mean / predict_length)
+        per_micro_batch = max(1, budget // (choices * length)) if budget > 0 else 1 << 30
+        needed = math.ceil(settings.eval_batch_size * mean / (choices * predict_length))
         return cls(
             length=length,
             slots=max(1, length // shortest),
@@ -170,10 +183,12 @@ class Packing:
             predict_slots=max(1, predict_length // shortest),
             predict_count=rounded_count(needed, 1 << 30, divisor),
             divisor=divisor,
+            choices=choices,
         )
 
     def needed(self, lengths: np.ndarray) -> int:
-        """The sequences a batch of units of `lengths` packs into, rounded (`rounded_count`)."""
+        """The sequences a batch of units of `lengths` ([units, choices]) packs into, rounded
+        (`rounded_count`)."""
         bins = first_fit_decreasing(lengths, self.length, self.slots)
         return rounded_count(len(bins), self.per_micro_batch, self.divisor)
 
@@ -181,7 +196,9 @@ class Packing:
         """Choose the training counts from the run's whole order ([steps, batch_size] rows of
         the training split, -1: none)."""
         needed = [self.needed(self.train_lengths[rows[rows >= 0]]) for rows in order]
-        self.train_counts = chosen_counts(needed, COMPILE_COST_POSITIONS / self.length)
+        self.train_counts = chosen_counts(
+            needed, COMPILE_COST_POSITIONS / (self.choices * self.length)
+        )
 
     def gather(
         self, arrays: Mapping[str, np.ndarray], rows: np.ndarray, kind: str = "train"
@@ -190,7 +207,7 @@ class Packing:
         sequences (see the module's docstring for the arrays)."""
         real = rows[rows >= 0]
         spans = row_spans(arrays["input_mask"][real])
-        bins = first_fit_decreasing(spans.sum(axis=1), self.length, self.slots)
+        bins = first_fit_decreasing(spans, self.length, self.slots)
         need = rounded_count(len(bins), self.per_micro_batch, self.divisor)
         count = next((c for c in self.train_counts if c >= need), need)
         batch, _ = self.packed(arrays, real, spans, bins, (count, self.length, self.slots))
@@ -214,7 +231,7 @@ class Packing:
         count, length, slots = shape
         sequences = host_rows(np.arange(count))
         first = int(sequences[0])
-        shape = (len(sequences), length)
+        shape = (len(sequences), choices, length)
         out = {
             key: np.zeros(shape, arrays[key].dtype)
             for key in ("input_ids", "input_mask", "segment_ids")
@@ -241,30 +258,32 @@ class Packing:
         where = np.full((len(units), 3), -1, np.int64)
         for sequence, members in enumerate(bins):
             local = sequence - first
-            offset = 0
+            offsets = np.zeros(choices, np.int64)  # each lane's next free position
             for slot, index in enumerate(members):
                 unit = int(units[index])
-                where[index] = (sequence, slot, offset)
+                where[index] = (sequence, slot, offsets[0])
                 if not 0 <= local < len(sequences):  # another host's sequence
-                    offset += int(spans[index].sum())
+                    offsets += spans[index]
                     continue
                 out["weights"][local, slot] = 1.0
                 for key in per_unit:
                     out[key][local, slot] = arrays[key][unit]
                 for key in positions:
-                    out[key][local, slot] += offset
+                    out[key][local, slot] += offsets[0]
                 for choice in range(choices):
                     size = int(spans[index, choice])
-                    cut = slice(offset, offset + size)
+                    cut = (local, choice, slice(offsets[choice], offsets[choice] + size))
                     source = (unit, choice) if len(stored) == 2 else (unit,)
                     for key in ("input_ids", "input_mask", "segment_ids", *per_token):
-                        out[key][local, cut] = arrays[key][source][:size]
-                    out["position_ids"][local, cut] = np.arange(size)
-                    out["packed_segment_ids"][local, cut] = slot * choices + choice + 1
-                    out["cls_positions"][local, slot, choice] = offset
-                    offset += size
+                        out[key][cut] = arrays[key][source][:size]
+                    out["position_ids"][cut] = np.arange(size)
+                    out["packed_segment_ids"][cut] = slot + 1
+                    out["cls_positions"][local, slot, choice] = offsets[choice]
+                    offsets[choice] += size
         if choices == 1:
             out["cls_positions"] = out["cls_positions"][..., 0]
+            for key in (*PACKING_KEYS[:2], "input_ids", "input_mask", "segment_ids", *per_token):
+                out[key] = out[key][:, 0]
         return out, where
 
     def predict(
@@ -305,7 +324,7 @@ class Packing:
         units sit ([units, 3]: sequence, slot, offset; -1 where none)."""
         length, slots, count = self.predict_length, self.predict_slots, self.predict_count
         units = np.arange(len(arrays["input_ids"]))
-        bins = first_fit_decreasing(spans.sum(axis=1), length, slots)
+        bins = first_fit_decreasing(spans, length, slots)
         for start in range(0, len(bins), count):
             chunk = bins[start : start + count]
             batch, where = self.packed(arrays, units, spans, chunk, (count, length, slots))
@@ -315,13 +334,15 @@ class Packing:
 
     def summary(self) -> str:
         """`compiled shapes: train 2 (8x384, 10x384), predict 1 (10x512) (sequences x length),
-        packed: up to 4 examples a sequence`."""
+        packed: up to 4 examples a sequence`; multiple choice's `6x4x128` (sequences x choices
+        x length)."""
+        lanes, axes = (f"x{self.choices}", " x choices") if self.choices > 1 else ("", "")
         kinds = ", ".join(
-            f"{kind} {len(used)} ({', '.join(f'{c}x{n}' for c, n in sorted(used))})"
+            f"{kind} {len(used)} ({', '.join(f'{c}{lanes}x{n}' for c, n in sorted(used))})"
             for kind, used in sorted(self.used.items(), key=lambda item: item[0] != "train")
         )
         return (
-            f"compiled shapes: {kinds or 'none'} (sequences x length), packed: up to "
+            f"compiled shapes: {kinds or 'none'} (sequences{axes} x length), packed: up to "
             f"{self.slots} examples a sequence"
         )
 
@@ -355,5 +376,4 @@ def batches_for(
     masks = [split["input_mask"] for split in splits]
     divisor = math.prod(mesh.shape[axis] for axis in partitioning.BATCH_AXES)
     choices = masks[0].shape[1] if masks[0].ndim == 3 else 1
-    lengths = [row_spans(mask).sum(axis=1) for mask in masks]
-    return Packing.for_units(lengths, settings, divisor, choices)
+    return Packing.for_units([row_spans(mask) for mask in masks], settings, divisor, choices)
