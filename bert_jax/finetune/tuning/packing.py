@@ -78,22 +78,22 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int, slots: int) -> list
     the given order)."""
     sizes = np.asarray(lengths, np.int64)
     sizes = sizes.reshape(len(sizes), -1)
+    longest = int(sizes.max(initial=0))
+    if longest > capacity:
+        raise ValueError(f"a unit of {longest} tokens is longer than the packed length {capacity}")
+    rows = sizes.tolist()  # Python ints: a plan packs every batch of a run
     bins: list[list[int]] = []
-    room: list[np.ndarray] = []
-    for index in np.argsort(-sizes.sum(axis=1), kind="stable"):
-        size = sizes[index]
-        if np.any(size > capacity):
-            raise ValueError(
-                f"a unit of {int(size.max())} tokens is longer than the packed length {capacity}"
-            )
-        for b, left in enumerate(room):
-            if len(bins[b]) < slots and np.all(left >= size):
-                bins[b].append(int(index))
-                left -= size
+    room: list[list[int]] = []
+    for index in np.argsort(-sizes.sum(axis=1), kind="stable").tolist():
+        size = rows[index]
+        for members, left in zip(bins, room):
+            if len(members) < slots and all(r >= n for r, n in zip(left, size)):
+                members.append(index)
+                left[:] = [r - n for r, n in zip(left, size)]
                 break
         else:
-            bins.append([int(index)])
-            room.append(capacity - size)
+            bins.append([index])
+            room.append([capacity - n for n in size])
     return bins
 
 
