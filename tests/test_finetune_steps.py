@@ -109,15 +109,18 @@ def test_a_short_run_logs_progress_at_least_four_times():
 
 
 class AheadTuner(CountingTuner):
-    """A CountingTuner whose `compile_train_step` waits until the state is made: it returns only
-    if it runs on another thread while `state()` does."""
+    """A CountingTuner whose `compile_train_step` is lowered at once and then waits until the
+    state is made: it returns only if it runs on another thread while `state()` does, and
+    nothing else starts before it is lowered."""
 
     def __init__(self):
         super().__init__()
         self.state_made = threading.Event()
         self.compiled_for = None
 
-    def compile_train_step(self, batch, rng):
+    def compile_train_step(self, batch, rng, lowered):
+        assert not self.state_made.is_set(), "the state was made before the step was lowered"
+        lowered.set()
         assert self.state_made.wait(timeout=60), "the state was not made while this compiled"
         self.compiled_for = batch
 
@@ -192,7 +195,8 @@ def test_an_error_making_the_state_is_raised_without_waiting_for_the_compile():
     release, finished = threading.Event(), threading.Event()
 
     class SlowTuner(CountingTuner):
-        def compile_train_step(self, batch, rng):
+        def compile_train_step(self, batch, rng, lowered):
+            lowered.set()
             release.wait(timeout=60)
             finished.set()
 
@@ -239,7 +243,14 @@ def test_a_step_compiled_ahead_is_the_step_that_runs():
     init_rng, dropout_rng = jax.random.split(jax.random.key(0))
     encoder = random_params(loop.BertForSequenceClassification(config, 2), ids, ids, ids)
     predict_batch = {key: value for key, value in batch.items() if key != "weights"}
-    tuner.compile_train_step(batch, dropout_rng)
+    lowered = threading.Event()
+    tuner.compile_train_step(batch, dropout_rng, lowered)
+    assert lowered.is_set()
+    # A batch that does not lower (no labels) still sets the event `run_steps` waits on.
+    lowered = threading.Event()
+    with pytest.raises(KeyError):
+        tuner.compile_train_step(predict_batch, dropout_rng, lowered)
+    assert lowered.is_set()
     tuner.compile_predict_step(predict_batch)
     state = tuner.init(init_rng, encoder["params"]["bert"])
     before = compiles.count("/jax/core/compile/backend_compile_duration")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -122,13 +123,22 @@ class HeadTuner(trainer.ShardedSteps):
     ) -> tuple[TrainState, dict[str, Array]]:
         return self.call(self._train_step, state, batch, rng, jnp.float32(learning_rate))
 
-    def compile_train_step(self, batch: Mapping[str, Array], rng: Array) -> None:
+    def compile_train_step(
+        self, batch: Mapping[str, Array], rng: Array, lowered: threading.Event | None = None
+    ) -> None:
         """Compiles the train step for `batch`'s shapes, running nothing (`run_steps` calls it on
         another thread while the state is being made): the step that follows finds it compiled,
-        as the same mesh and rules are active here as in `call`."""
+        as the same mesh and rules are active here as in `call`. Sets `lowered` once the step is
+        traced and lowered (Python, holding the GIL), before XLA compiles it (outside it), or
+        where that fails."""
         rate = jnp.float32(0.0)  # made outside the mesh, as `train_step` makes its rate
         state = self._abstract_state()
-        self.call(lambda: self._train_step.lower(state, batch, rng, rate).compile())
+        try:
+            step = self.call(lambda: self._train_step.lower(state, batch, rng, rate))
+        finally:
+            if lowered is not None:
+                lowered.set()
+        self.call(step.compile)
 
     def compile_predict_step(self, batch: Mapping[str, Array]) -> None:
         """Compiles the predict step for `batch`'s shapes, as `compile_train_step` does."""
