@@ -109,23 +109,25 @@ def test_a_short_run_logs_progress_at_least_four_times():
 
 
 class AheadTuner(CountingTuner):
-    """A CountingTuner whose `compile_train_step` is lowered at once and then waits until the
-    state is made: it returns only if it runs on another thread while `state()` does, and
-    nothing else starts before it is lowered."""
+    """A CountingTuner that checks the order `run_steps` keeps: the train step is lowered
+    before anything else starts, the predict step compiles beside it (it returns only once that
+    has started), and the state is made once the train step is compiled."""
 
     def __init__(self):
         super().__init__()
         self.state_made = threading.Event()
+        self.predict_started = threading.Event()
         self.compiled_for = None
 
     def compile_train_step(self, batch, rng, lowered):
-        assert not self.state_made.is_set(), "the state was made before the step was lowered"
+        assert not self.predict_started.is_set(), "the predict step started before lowering"
         lowered.set()
-        assert self.state_made.wait(timeout=60), "the state was not made while this compiled"
+        assert self.predict_started.wait(timeout=60), "the predict step did not compile beside"
+        assert not self.state_made.is_set(), "the state was made while this compiled"
         self.compiled_for = batch
 
     def compile_predict_step(self, batch):
-        assert self.state_made.wait(timeout=60), "the state was not made while this compiled"
+        self.predict_started.set()
         self.predict_compiled_for = batch
 
 
@@ -144,10 +146,11 @@ def _run_six_rows(tuner, state, **more):
     )
 
 
-def test_the_first_step_compiles_on_another_thread_while_the_state_is_made():
+def test_the_first_step_compiles_on_another_thread_then_the_state_is_made():
     tuner = AheadTuner()
 
     def make_state():
+        assert tuner.compiled_for is not None, "the state was made before the step compiled"
         tuner.state_made.set()
         return types.SimpleNamespace(params=0)
 
@@ -187,9 +190,9 @@ def test_the_first_predict_batch_is_the_one_prediction_runs_first(packed):
         np.testing.assert_array_equal(ahead[key], first[key])
 
 
-def test_an_error_making_the_state_is_raised_without_waiting_for_the_compile():
+def test_an_error_making_the_state_is_raised_without_waiting_for_the_predict_compile():
     """A user error while the state is made (an encoder that does not fit, say) is raised while
-    the compile ahead is still running."""
+    the predict step's compile ahead is still running."""
     from bert_jax.runtime.errors import UserError
 
     release, finished = threading.Event(), threading.Event()
@@ -197,14 +200,17 @@ def test_an_error_making_the_state_is_raised_without_waiting_for_the_compile():
     class SlowTuner(CountingTuner):
         def compile_train_step(self, batch, rng, lowered):
             lowered.set()
+
+        def compile_predict_step(self, batch):
             release.wait(timeout=60)
             finished.set()
 
     def make_state():
         raise UserError("pretrained encoder params do not fit the model")
 
+    ahead = {"input_ids": np.ones((3, 5), np.int32)}
     with pytest.raises(UserError, match="do not fit"):
-        _run_six_rows(SlowTuner(), make_state)
+        _run_six_rows(SlowTuner(), make_state, predict_ahead=ahead)
     assert not finished.is_set()
     release.set()
     assert finished.wait(timeout=60)

@@ -43,6 +43,19 @@ def test_inside_a_freed_block_is_taken_again_without_fresh_pages():
     assert max(inside) <= 2, inside
 
 
+@needs_glibc
+def test_freed_memory_goes_back_to_the_kernel():
+    """`release_freed_memory` hands back what malloc kept free: inside `keep_step_buffers` a
+    freed block is taken again without fresh pages, and after the release it pages in afresh."""
+    size = 48 << 20
+    with step_buffers.keep_step_buffers():
+        _faults_of_a_fresh_block(size)
+        kept = _faults_of_a_fresh_block(size)
+        step_buffers.release_freed_memory()
+        released = _faults_of_a_fresh_block(size)
+    assert kept <= 2 and released > 20, (kept, released)
+
+
 _STEPS = """
 import contextlib, json, resource, sys
 import jax, jax.numpy as jnp

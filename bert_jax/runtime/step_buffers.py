@@ -54,11 +54,21 @@ def _glibc() -> ctypes.CDLL | None:
         return None
 
 
+def release_freed_memory() -> None:
+    """Give the pages malloc holds free, in every arena, back to the kernel (`malloc_trim`): after
+    a compile, whose working memory is freed but kept by malloc, so that what the run makes next
+    does not add to it in the process's peak. Nothing without glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 @contextlib.contextmanager
 def keep_step_buffers() -> Iterator[None]:
     """Inside: malloc serves large blocks from its heap (no mmap) and keeps up to 1 GiB freed at
     the heap's top, so each step's temporaries reuse the last step's pages. On leaving, the
-    defaults come back and the heap's free pages go back to the kernel (`malloc_trim`)."""
+    defaults come back and the free pages malloc holds go back to the kernel
+    (`release_freed_memory`)."""
     libc = _glibc()
     if libc is None:
         yield
@@ -70,4 +80,4 @@ def keep_step_buffers() -> Iterator[None]:
     finally:
         libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
         libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
-        libc.malloc_trim(0)
+        release_freed_memory()

@@ -127,7 +127,7 @@ class HeadTuner(trainer.ShardedSteps):
         self, batch: Mapping[str, Array], rng: Array, lowered: threading.Event | None = None
     ) -> None:
         """Compiles the train step for `batch`'s shapes, running nothing (`run_steps` calls it on
-        another thread while the state is being made): the step that follows finds it compiled,
+        another thread, before the state is made): the step that follows finds it compiled,
         as the same mesh and rules are active here as in `call`. Sets `lowered` once the step is
         traced and lowered (Python, holding the GIL), before XLA compiles it (outside it), or
         where that fails."""
