@@ -195,17 +195,19 @@ def test_an_error_making_the_state_is_raised_without_waiting_for_the_predict_com
     the predict step's compile ahead is still running."""
     from bert_jax.runtime.errors import UserError
 
-    release, finished = threading.Event(), threading.Event()
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
 
     class SlowTuner(CountingTuner):
         def compile_train_step(self, batch, rng, lowered):
             lowered.set()
 
         def compile_predict_step(self, batch):
+            started.set()
             release.wait(timeout=60)
             finished.set()
 
     def make_state():
+        assert started.wait(timeout=60)  # the predict step is compiling
         raise UserError("pretrained encoder params do not fit the model")
 
     ahead = {"input_ids": np.ones((3, 5), np.int32)}
