@@ -131,9 +131,9 @@ class HeadTuner(trainer.ShardedSteps):
         as the same mesh and rules are active here as in `call`. Sets `lowered` once the step is
         traced and lowered (Python, holding the GIL), before XLA compiles it (outside it), or
         where that fails."""
-        rate = jnp.float32(0.0)  # made outside the mesh, as `train_step` makes its rate
-        state = self._abstract_state()
         try:
+            rate = jnp.float32(0.0)  # made outside the mesh, as `train_step` makes its rate
+            state = self._abstract_state()
             step = self.call(lambda: self._train_step.lower(state, batch, rng, rate))
         finally:
             if lowered is not None:
