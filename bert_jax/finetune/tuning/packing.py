@@ -280,10 +280,11 @@ class Packing:
                     out["packed_segment_ids"][cut] = slot + 1
                     out["cls_positions"][local, slot, choice] = offsets[choice]
                     offsets[choice] += size
-        if choices == 1:
+        if choices == 1:  # one lane: the arrays laid out by lane lose that axis
+            out = {
+                key: value[:, 0] if value.shape == shape else value for key, value in out.items()
+            }
             out["cls_positions"] = out["cls_positions"][..., 0]
-            for key in (*PACKING_KEYS[:2], "input_ids", "input_mask", "segment_ids", *per_token):
-                out[key] = out[key][:, 0]
         return out, where
 
     def predict(
