@@ -111,24 +111,31 @@ def test_a_short_run_logs_progress_at_least_four_times():
 class AheadTuner(CountingTuner):
     """A CountingTuner that checks the order `run_steps` keeps: the train step is lowered
     before anything else starts, the predict step compiles beside it (it returns only once that
-    has started), and the state is made once the train step is compiled."""
+    has started), the state's init compiles beside it, and the state is made once the train step
+    is compiled."""
 
     def __init__(self):
         super().__init__()
         self.state_made = threading.Event()
         self.predict_started = threading.Event()
+        self.init_compiled = threading.Event()
         self.compiled_for = None
 
     def compile_train_step(self, batch, rng, lowered):
         assert not self.predict_started.is_set(), "the predict step started before lowering"
         lowered.set()
         assert self.predict_started.wait(timeout=60), "the predict step did not compile beside"
+        assert self.init_compiled.wait(timeout=60), "the state's init did not compile beside"
         assert not self.state_made.is_set(), "the state was made while this compiled"
         self.compiled_for = batch
 
     def compile_predict_step(self, batch):
         self.predict_started.set()
         self.predict_compiled_for = batch
+
+    def compile_init(self, rng):
+        assert self.predict_started.is_set(), "the init compiled before the predict step started"
+        self.init_compiled.set()
 
 
 def _run_six_rows(tuner, state, **more):
@@ -206,6 +213,9 @@ def test_an_error_making_the_state_is_raised_without_waiting_for_the_predict_com
             release.wait(timeout=60)
             finished.set()
 
+        def compile_init(self, rng):
+            pass
+
     def make_state():
         assert started.wait(timeout=60)  # the predict step is compiling
         raise UserError("pretrained encoder params do not fit the model")
@@ -219,9 +229,9 @@ def test_an_error_making_the_state_is_raised_without_waiting_for_the_predict_com
 
 
 def test_a_step_compiled_ahead_is_the_step_that_runs():
-    """`HeadTuner.compile_train_step` and `compile_predict_step` compile the programs the first
-    step and prediction then run: no second compile (the mesh, rules and argument types match
-    `train_step`'s and `predict`'s)."""
+    """`HeadTuner.compile_train_step`, `compile_predict_step` and `compile_init` compile the
+    programs the first step, prediction and the state's init then run: no second compile (the
+    mesh, rules and argument types match `train_step`'s, `predict`'s and `init`'s)."""
     from bert_jax.core import partitioning
     from tests.helpers import random_params, tiny_config
 
@@ -260,8 +270,9 @@ def test_a_step_compiled_ahead_is_the_step_that_runs():
         tuner.compile_train_step(predict_batch, dropout_rng, lowered)
     assert lowered.is_set()
     tuner.compile_predict_step(predict_batch)
-    state = tuner.init(init_rng, encoder["params"]["bert"])
+    tuner.compile_init(dropout_rng)  # a key of init_rng's type: the programs init runs
     before = compiles.count("/jax/core/compile/backend_compile_duration")
+    state = tuner.init(init_rng, encoder["params"]["bert"])
     state, metrics = tuner.train_step(state, batch, dropout_rng, 1e-3)
     jax.block_until_ready((metrics, tuner.predict(state.params, predict_batch)))
     assert compiles.count("/jax/core/compile/backend_compile_duration") == before

@@ -86,7 +86,8 @@ class HeadTuner(trainer.ShardedSteps):
             "classifier": self._init_head(rng),
         }
         # Two counters, two buffers: the train step donates each of them.
-        step, skipped = (jax.device_put(jnp.zeros((), jnp.int32), self.replicated) for _ in "ab")
+        # From host zeros: `jnp.zeros` would compile a program of its own.
+        step, skipped = (jax.device_put(np.zeros((), np.int32), self.replicated) for _ in "ab")
         return TrainState(step, params, self._init_opt_state(params), skipped)
 
     def _update(
@@ -139,6 +140,13 @@ class HeadTuner(trainer.ShardedSteps):
             if lowered is not None:
                 lowered.set()
         self.call(step.compile)
+
+    def compile_init(self, rng: Array) -> None:
+        """Compiles what `init` runs, the head's init and the optimizer slots' init, running
+        nothing (`run_steps` calls it while the train step compiles, before the state is made);
+        `rng` is a key like `init`'s (only its type counts)."""
+        self._init_head.lower(rng).compile()
+        self._init_opt_state.lower(self._abstract_state().params).compile()
 
     def compile_predict_step(self, batch: Mapping[str, Array]) -> None:
         """Compiles the predict step for `batch`'s shapes, as `compile_train_step` does."""
