@@ -30,6 +30,7 @@ Both scale the kept values by 1 / (1 - rate).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import jax
@@ -80,20 +81,28 @@ def module_key_words(module: nn.Module, collection: str) -> Array:
         else:
             digest.update(int(part).to_bytes(8, "big", signed=True))
     c = np.frombuffer(digest.digest()[:12], ">u4").astype(np.uint32).reshape(3)
-    key = lazy.rng
+    return _key_words(lazy.rng, c)
+
+
+@jax.jit
+def _key_words(key: Array, c: Array) -> Array:
+    """`module_key_words`' mixing of the key's words with the path's constants `c`. Jitted: a
+    step's dropout layers share one traced program instead of each tracing its own ops."""
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
     data = key.reshape(-1).astype(jnp.uint32)
     # Three lanes at once, each its own constant: every word depends on every word of the key.
     words = _mix(data[0] ^ c)
     for i in range(1, data.shape[0]):
-        words = _mix(words ^ data[i] ^ np.roll(c, i))
+        words = _mix(words ^ data[i] ^ jnp.roll(c, i))
     return words
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def hash_bits(words: Array, shape: tuple[int, ...]) -> Array:
     """uint32 words of `shape`, a hash of each element's (row, column-in-row) coordinates keyed
-    by the three `words` (`module_key_words`, or `hash_key_words` of a key)."""
+    by the three `words` (`module_key_words`, or `hash_key_words` of a key). Jitted, the shape
+    static: a step's dropout layers of one shape trace it once."""
     shape = tuple(int(d) for d in shape)
     if not shape:
         return hash_bits(words, (1,)).reshape(())
