@@ -480,6 +480,21 @@ def test_finetune_with_a_truncated_config_json(run, tmp_path, capsys):
     assert tree_digest(tmp_path) == before
 
 
+def test_finetune_with_a_truncated_params_file(run, tmp_path, capsys):
+    """finetune reads the params while its first step compiles (after the data and the stored
+    tree's check): a damaged array file is still one line naming the params, and the run's
+    workdir keeps nothing of the run."""
+    model = str(tmp_path / "model")
+    shutil.copytree(os.path.join(run[0], "model"), model)
+    truncate(largest_file(os.path.join(model, "params", "**", "d", "*")))
+    before = tree_digest(tmp_path)
+    data = os.path.join(REPO, "tests", "glue_fixtures")
+    argv = ["finetune", "--task", "glue/RTE", "--model", model, "--data", data]
+    outcome = run_cli(capsys, [*argv, "--workdir", str(tmp_path / "ft"), "--max-seq-length", "32"])
+    assert_user_error(outcome, f"cannot read the saved params in {model}/params", "Error reading")
+    assert tree_digest(tmp_path) == before
+
+
 def test_encode_from_a_workdir_with_a_damaged_checkpoint(run, tmp_path, capsys, texts):
     workdir = copy_run(run, tmp_path)
     shutil.rmtree(os.path.join(workdir, "model"))  # unexported: the latest checkpoint is read

@@ -161,8 +161,15 @@ def test_the_first_step_compiles_on_another_thread_then_the_state_is_made():
         tuner.state_made.set()
         return types.SimpleNamespace(params=0)
 
+    read = []
+
+    def while_compiling():  # what reads the encoder's params
+        assert tuner.init_compiled.is_set() and tuner.compiled_for is None
+        read.append(True)
+
     ahead = {"input_ids": np.ones((3, 5), np.int32)}
-    trained = _run_six_rows(tuner, make_state, predict_ahead=ahead)
+    trained = _run_six_rows(tuner, make_state, predict_ahead=ahead, while_compiling=while_compiling)
+    assert read == [True]
     assert trained.num_steps == 2 and tuner.rows == [4, 2]
     assert tuner.compiled_for is not None and int(np.sum(tuner.compiled_for["weights"])) == 4
     assert tuner.predict_compiled_for["input_ids"].shape == (3, 5)

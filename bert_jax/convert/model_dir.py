@@ -51,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -86,7 +86,8 @@ class ModelDirError(UserError):
 
 @dataclasses.dataclass
 class ModelDir:
-    """A loaded model directory. `params` is None when loaded with `load_params=False`."""
+    """A loaded model directory. `params` is None when loaded with `load_params=False`, and
+    until first used when loaded with `defer_params=True` (`read_params`)."""
 
     path: str
     config: ModelConfig
@@ -94,6 +95,17 @@ class ModelDir:
     has_heads: bool
     info: dict[str, Any]  # the "bert_jax" block of config.json
     _tokenizer: Any = dataclasses.field(default=None, repr=False)
+    _read: Callable[[], dict[str, Any]] | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def can_read_params(self) -> bool:
+        """Its params are still unread (`load_model_dir(defer_params=True)`)."""
+        return self._read is not None
+
+    def read_params(self) -> None:
+        """Reads the params now where `load_model_dir(defer_params=True)` left them unread."""
+        if self._read is not None:
+            self.params, self._read = self._read(), None
 
     @property
     def tokenizer_path(self) -> str | None:
@@ -138,6 +150,7 @@ class ModelDir:
     @property
     def encoder_params(self) -> Any:
         """The encoder's subtree of the params (BERT's with its pooler)."""
+        self.read_params()
         if self.params is None or self.encoder_key not in self.params:
             raise ModelDirError(
                 f"model directory {self.path} has no {self.encoder_key!r} parameters"
@@ -469,6 +482,7 @@ def load_model_dir(
     sharding: Any = None,
     load_params: bool = True,
     load_tokenizer: bool = False,
+    defer_params: bool = False,
 ) -> ModelDir:
     """Loads a model directory (or `<workdir>/model`, what a finished pretraining run exported).
 
@@ -478,12 +492,13 @@ def load_model_dir(
     used for every parameter; a tree of shardings (e.g. from `param_shardings` for a mesh, for the
     full BertForPreTraining tree) restores each parameter straight onto the mesh; for an
     encoder-only directory the matching subtree is used. The tokenizer loads on first use of
-    `ModelDir.tokenizer`, or now with `load_tokenizer=True`.
+    `ModelDir.tokenizer`, or now with `load_tokenizer=True`. `defer_params`: the stored tree is
+    checked now, its arrays read on first use (`ModelDir.read_params`, `encoder_params`).
     """
     directory = resolve(path)
     config, info = read_config(directory)
     has_heads = bool(info.get("has_pretraining_heads"))
-    params = None
+    params = read = None
     if load_params:
         params_dir = os.path.join(directory, info.get("params", PARAMS_DIR))
         if not fs.isdir(params_dir):
@@ -501,8 +516,13 @@ def load_model_dir(
         )
         # A target sharded over a (multi-host) mesh needs every process; a local one does not.
         local = sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding)
-        params = _read_params(params_dir, lambda: _restore(params_dir, target, local))
-    model = ModelDir(directory, config, params, has_heads, info)
+
+        def read() -> Any:
+            return _read_params(params_dir, lambda: _restore(params_dir, target, local))
+
+        if not defer_params:
+            params, read = read(), None
+    model = ModelDir(directory, config, params, has_heads, info, _read=read)
     if load_tokenizer and model.has_tokenizer:
         model.tokenizer  # noqa: B018 (loads and caches)
     return model

@@ -36,17 +36,23 @@ def load_model_dir(
     sharding: Any = None,
     load_params: bool = True,
     load_tokenizer: bool = False,
+    defer_params: bool = False,
 ) -> ModelDir:
     """Loads MODEL: a model directory (`bert_jax.convert.model_dir.load_model_dir`, whose
-    docstring says what `sharding` takes), or a pretraining workdir, through its exported model
-    or, while it has none, its latest checkpoint (`load_workdir_checkpoint`)."""
+    docstring says what `sharding` and `defer_params` take), or a pretraining workdir, through
+    its exported model or, while it has none, its latest checkpoint (`load_workdir_checkpoint`,
+    which reads the params now)."""
     topology.quiet_library_runtime()  # before the params meet a device: no libtpu noise
     if is_unexported_workdir(path):
         return load_workdir_checkpoint(
             path, sharding=sharding, load_params=load_params, load_tokenizer=load_tokenizer
         )
     return model_format.load_model_dir(
-        path, sharding=sharding, load_params=load_params, load_tokenizer=load_tokenizer
+        path,
+        sharding=sharding,
+        load_params=load_params,
+        load_tokenizer=load_tokenizer,
+        defer_params=defer_params,
     )
 
 

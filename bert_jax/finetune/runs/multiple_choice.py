@@ -251,6 +251,7 @@ def train_and_predict(
         predict_ahead=first_predict_batch(
             {key: arrays["dev"][key] for key in MODEL_KEYS}, settings.eval_batch_size, buckets
         ),
+        while_compiling=encoder.read_params,
     )
     if on_trained is not None:
         on_trained({"params": trained.state.params})

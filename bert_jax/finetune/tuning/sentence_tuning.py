@@ -267,6 +267,7 @@ def finetune(
             ),
             None,
         ),
+        while_compiling=encoder.read_params,
     )
     state = trained.state
     if on_trained is not None:

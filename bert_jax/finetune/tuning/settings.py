@@ -273,7 +273,10 @@ class PretrainedEncoder:
     single_run=True)`: `bert-jax finetune`), which reads `bert_params` once, to place them in its
     training state. Read, the encoder lets go of them, so the run holds one copy of the weights
     (its state's) instead of two for its whole length; a second read is a bug (RuntimeError).
-    A sweep's encoder (the default) keeps its params for every trial."""
+    A sweep's encoder (the default) keeps its params for every trial.
+
+    Loaded from a model directory, the params are read from it when first used (`read_params`,
+    which `run_steps` calls while the first step compiles), its stored tree checked at load."""
 
     config: BertConfig | ModernBertConfig
     params: Any = dataclasses.field(repr=False)  # read as `bert_params`
@@ -281,8 +284,14 @@ class PretrainedEncoder:
     source: str = ""
     single_run: bool = False
 
+    def read_params(self) -> None:
+        """Reads the params from the model directory now, if they are still unread there."""
+        if isinstance(self.params, _Unread):
+            object.__setattr__(self, "params", self.params.model_dir.encoder_params)
+
     @property
     def bert_params(self) -> Any:
+        self.read_params()
         params = self.params
         if self.single_run:
             if params is _HANDED_OVER:
@@ -295,18 +304,34 @@ class PretrainedEncoder:
 
     @classmethod
     def from_model_dir(cls, model_dir: Any, single_run: bool = False) -> PretrainedEncoder:
-        """From `load_model.load_model_dir(...)`'s ModelDir of either family."""
-        encoder = model_dir.encoder_params
+        """From `load_model.load_model_dir(...)`'s ModelDir of either family (its params read
+        when first used where the ModelDir left them unread)."""
+        if model_dir.params is None and model_dir.can_read_params:
+            encoder = _Unread(model_dir)
+        else:
+            encoder = model_dir.encoder_params
         return cls(model_dir.config, encoder, model_dir.tokenizer, str(model_dir.path), single_run)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unread:
+    """A `PretrainedEncoder`'s params still in their model directory."""
+
+    model_dir: Any
+
+    def __repr__(self) -> str:
+        return f"<unread params of {self.model_dir.path}>"
 
 
 def load_pretrained(path: str, single_run: bool = False) -> PretrainedEncoder:
     """A model directory or pretraining workdir, through `load_model.load_model_dir` (the loader
-    every command uses); the params come to the host and are placed on the mesh per trial
-    (`single_run`: by the one run that loads it, see `PretrainedEncoder`)."""
+    every command uses); the params come to the host when first used (a model directory's; a
+    workdir's checkpoint now) and are placed on the mesh per trial (`single_run`: by the one run
+    that loads it, see `PretrainedEncoder`)."""
     from bert_jax.training import load_model
 
-    return PretrainedEncoder.from_model_dir(load_model.load_model_dir(path), single_run)
+    model_dir = load_model.load_model_dir(path, defer_params=True)
+    return PretrainedEncoder.from_model_dir(model_dir, single_run)
 
 
 def task_settings(task: Task, overrides: Mapping[str, Any] | None = None) -> FinetuneSettings:

@@ -279,6 +279,7 @@ def train_and_evaluate(
         predict_ahead=packing.first_predict_batch(
             {key: eval_arrays[key] for key in MODEL_KEYS}, settings.eval_batch_size, buckets
         ),
+        while_compiling=encoder.read_params,
     )
     if on_trained is not None:
         on_trained({"params": trained.state.params})

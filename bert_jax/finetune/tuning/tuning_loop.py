@@ -182,12 +182,14 @@ def run_steps(
     lengths: np.ndarray | None = None,
     buckets: Buckets | Packing | None = None,
     predict_ahead: Mapping[str, np.ndarray] | None = None,
+    while_compiling: Callable[[], object] | None = None,
 ) -> Trained:
     """Trains on `count` rows (`rows_batch(global row indices)` gives this host's batch: see
     `batches.gather_rows`) for `settings.epochs`, from `state`, or from what `state()` makes
     once the first batch's step is compiled (`tuner.compile_train_step`, on another thread, with
     the predict step for `predict_ahead`, this host's first evaluation batch, beside it from when
-    the train step is lowered) and its compiler's freed memory is handed back;
+    the train step is lowered, and `while_compiling()` on this thread: reading the encoder's
+    params, say) and its compiler's freed memory is handed back;
     `evaluate(params)` after every epoch (with `eval_every_epoch`) and at the end. Log lines start
     with `name`. `lengths`: each row's real tokens (`batches.row_lengths`), which
     `group_by_length` orders by; `buckets`: the run's (length buckets, or its `packing.Packing`,
@@ -233,6 +235,8 @@ def run_steps(
             # What makes the state compiles here, while this thread would wait anyway: made
             # after the compile, the state then costs its transfers, not two more compiles.
             tuner.compile_init(dropout_rng)
+            if while_compiling is not None:
+                while_compiling()
             # The state is made once the train step is compiled and malloc has handed back what
             # its compiler freed: XLA's working memory while compiling it was the run's peak, and
             # the state made beside it added its size (SST-2 on all-MiniLM-L6-v2: 1.09-1.24 GB
