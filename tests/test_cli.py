@@ -143,6 +143,19 @@ def test_help_imports_no_library_and_module_entry_point_works():
     assert proc.returncode == 0 and "usage: bert-jax tokenizer" in proc.stdout, proc.stderr
 
 
+def test_the_console_script_exits_with_mains_code_its_objects_kept_from_the_collector():
+    """`console_main` (the `bert-jax` script, `python -m bert_jax.cli`) exits with what `main`
+    returned, after freezing what is alive (shutdown's collections then skip it)."""
+    code = (
+        "import gc\nfrom bert_jax import cli\ncli.main = lambda: 3\n"
+        "try:\n    cli.console_main()\n"
+        "except SystemExit as exit:\n    print(exit.code, gc.get_freeze_count() > 0)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and proc.stdout.split() == ["3", "True"], proc.stderr
+
+
 def test_console_script_runs():
     script = os.path.join(os.path.dirname(sys.executable), "bert-jax")
     proc = subprocess.run([script, "pretrain", "--help"], capture_output=True, text=True)

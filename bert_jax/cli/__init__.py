@@ -110,6 +110,18 @@ def quiet_tensorflow() -> None:
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
+def console_main() -> None:
+    """The `bert-jax` command: `main`, then the exit. What is alive by then stays out of the
+    cyclic garbage collector's passes (`gc.freeze`): at interpreter shutdown they walked every
+    object JAX, Flax and Orbax leave behind, 0.3-0.4 s of each command's exit (a fine-tune's
+    0.57-0.73 s from `main` returning to the process ending, 0.27-0.33 s frozen). Reference
+    counts still free everything and close what is open; Python never promised to finalize
+    cycles still alive at exit, and bert-jax closes its writers and files itself."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     collect_garbage_less_often()
