@@ -111,14 +111,15 @@ def test_a_short_run_logs_progress_at_least_four_times():
 class AheadTuner(CountingTuner):
     """A CountingTuner that checks the order `run_steps` keeps: the train step is lowered
     before anything else starts, the predict step compiles beside it (it returns only once that
-    has started), the state's init compiles beside it, and the state is made once the train step
-    is compiled."""
+    has started), the state's init compiles and the encoder's params are read beside it, and the
+    state is made once the train step is compiled."""
 
     def __init__(self):
         super().__init__()
         self.state_made = threading.Event()
         self.predict_started = threading.Event()
         self.init_compiled = threading.Event()
+        self.params_read = threading.Event()
         self.compiled_for = None
 
     def compile_train_step(self, batch, rng, lowered):
@@ -126,6 +127,7 @@ class AheadTuner(CountingTuner):
         lowered.set()
         assert self.predict_started.wait(timeout=60), "the predict step did not compile beside"
         assert self.init_compiled.wait(timeout=60), "the state's init did not compile beside"
+        assert self.params_read.wait(timeout=60), "the params were not read while this compiled"
         assert not self.state_made.is_set(), "the state was made while this compiled"
         self.compiled_for = batch
 
@@ -161,15 +163,13 @@ def test_the_first_step_compiles_on_another_thread_then_the_state_is_made():
         tuner.state_made.set()
         return types.SimpleNamespace(params=0)
 
-    read = []
-
     def while_compiling():  # what reads the encoder's params
-        assert tuner.init_compiled.is_set() and tuner.compiled_for is None
-        read.append(True)
+        assert tuner.init_compiled.is_set() and not tuner.params_read.is_set()
+        tuner.params_read.set()
 
     ahead = {"input_ids": np.ones((3, 5), np.int32)}
     trained = _run_six_rows(tuner, make_state, predict_ahead=ahead, while_compiling=while_compiling)
-    assert read == [True]
+    assert tuner.params_read.is_set()
     assert trained.num_steps == 2 and tuner.rows == [4, 2]
     assert tuner.compiled_for is not None and int(np.sum(tuner.compiled_for["weights"])) == 4
     assert tuner.predict_compiled_for["input_ids"].shape == (3, 5)

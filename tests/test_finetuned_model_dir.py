@@ -141,14 +141,14 @@ def test_a_fine_tuned_directory_still_reads_as_an_encoder(encoders, family, tmp_
     config, encoder, _ = encoders[family]
     path = _save(encoders, family, "span", tmp_path / "m")
     deferred = load_model_dir(path, defer_params=True)  # the tree checked, nothing read yet
-    assert deferred.params is None and deferred.can_read_params
+    assert deferred.params is None and deferred.has_unread_params
     loaded = load_pretrained(path)  # reads its params when first used
     assert "unread params" in repr(loaded.params)
     loaded.read_params()
     assert "unread params" not in repr(loaded.params)
     assert jax.tree.map(np.shape, loaded.bert_params) == jax.tree.map(np.shape, encoder)
     assert jax.tree.map(np.shape, deferred.encoder_params) == jax.tree.map(np.shape, encoder)
-    assert not deferred.can_read_params
+    assert not deferred.has_unread_params
     assert all(
         np.array_equal(a, b)
         for a, b in zip(jax.tree.leaves(loaded.bert_params), jax.tree.leaves(encoder), strict=True)

@@ -98,8 +98,8 @@ class ModelDir:
     _read: Callable[[], dict[str, Any]] | None = dataclasses.field(default=None, repr=False)
 
     @property
-    def can_read_params(self) -> bool:
-        """Its params are still unread (`load_model_dir(defer_params=True)`)."""
+    def has_unread_params(self) -> bool:
+        """Its params are still in the directory (`load_model_dir(defer_params=True)`)."""
         return self._read is not None
 
     def read_params(self) -> None:

@@ -306,10 +306,7 @@ class PretrainedEncoder:
     def from_model_dir(cls, model_dir: Any, single_run: bool = False) -> PretrainedEncoder:
         """From `load_model.load_model_dir(...)`'s ModelDir of either family (its params read
         when first used where the ModelDir left them unread)."""
-        if model_dir.params is None and model_dir.can_read_params:
-            encoder = _Unread(model_dir)
-        else:
-            encoder = model_dir.encoder_params
+        encoder = _Unread(model_dir) if model_dir.has_unread_params else model_dir.encoder_params
         return cls(model_dir.config, encoder, model_dir.tokenizer, str(model_dir.path), single_run)
 
 
