@@ -109,34 +109,38 @@ def test_a_short_run_logs_progress_at_least_four_times():
 
 
 class AheadTuner(CountingTuner):
-    """A CountingTuner that checks the order `run_steps` keeps: the train step is lowered
-    before anything else starts, the predict step compiles beside it (it returns only once that
-    has started), the state's init compiles and the encoder's params are read beside it, and the
-    state is made once the train step is compiled."""
+    """A CountingTuner that checks the order `run_steps` keeps: the predict step is lowered
+    before anything else starts and compiles while the train step is lowered (it returns only
+    once that has happened), the state's init compiles and the encoder's params are read while
+    the train step compiles, and the state is made once the train step is compiled."""
 
     def __init__(self):
         super().__init__()
         self.state_made = threading.Event()
-        self.predict_started = threading.Event()
+        self.predict_lowered = threading.Event()
+        self.train_lowered = threading.Event()
         self.init_compiled = threading.Event()
         self.params_read = threading.Event()
         self.compiled_for = None
 
     def compile_train_step(self, batch, rng, lowered):
-        assert not self.predict_started.is_set(), "the predict step started before lowering"
+        assert self.predict_lowered.is_set(), "the train step was lowered before the predict step"
+        self.train_lowered.set()
         lowered.set()
-        assert self.predict_started.wait(timeout=60), "the predict step did not compile beside"
         assert self.init_compiled.wait(timeout=60), "the state's init did not compile beside"
         assert self.params_read.wait(timeout=60), "the params were not read while this compiled"
         assert not self.state_made.is_set(), "the state was made while this compiled"
         self.compiled_for = batch
 
-    def compile_predict_step(self, batch):
-        self.predict_started.set()
+    def compile_predict_step(self, batch, lowered):
+        assert not self.train_lowered.is_set(), "the train step started before the predict step"
+        self.predict_lowered.set()
+        lowered.set()
+        assert self.train_lowered.wait(timeout=60), "the predict step did not compile beside"
         self.predict_compiled_for = batch
 
     def compile_init(self, rng):
-        assert self.predict_started.is_set(), "the init compiled before the predict step started"
+        assert self.train_lowered.is_set(), "the init compiled before the train step was lowered"
         self.init_compiled.set()
 
 
@@ -215,7 +219,8 @@ def test_an_error_making_the_state_is_raised_without_waiting_for_the_predict_com
         def compile_train_step(self, batch, rng, lowered):
             lowered.set()
 
-        def compile_predict_step(self, batch):
+        def compile_predict_step(self, batch, lowered):
+            lowered.set()
             started.set()
             release.wait(timeout=60)
             finished.set()
@@ -276,7 +281,9 @@ def test_a_step_compiled_ahead_is_the_step_that_runs():
     with pytest.raises(KeyError):
         tuner.compile_train_step(predict_batch, dropout_rng, lowered)
     assert lowered.is_set()
-    tuner.compile_predict_step(predict_batch)
+    lowered = threading.Event()
+    tuner.compile_predict_step(predict_batch, lowered)
+    assert lowered.is_set()
     tuner.compile_init(dropout_rng)  # a key of init_rng's type: the programs init runs
     before = compiles.count("/jax/core/compile/backend_compile_duration")
     state = tuner.init(init_rng, encoder["params"]["bert"])

@@ -148,10 +148,18 @@ class HeadTuner(trainer.ShardedSteps):
         self._init_head.lower(rng).compile()
         self._init_opt_state.lower(self._abstract_state().params).compile()
 
-    def compile_predict_step(self, batch: Mapping[str, Array]) -> None:
-        """Compiles the predict step for `batch`'s shapes, as `compile_train_step` does."""
-        params = self._abstract_state().params
-        self.call(lambda: self._predict_step.lower(params, batch).compile())
+    def compile_predict_step(
+        self, batch: Mapping[str, Array], lowered: threading.Event | None = None
+    ) -> None:
+        """Compiles the predict step for `batch`'s shapes, as `compile_train_step` does (and
+        sets `lowered` as it does)."""
+        try:
+            params = self._abstract_state().params
+            step = self.call(lambda: self._predict_step.lower(params, batch))
+        finally:
+            if lowered is not None:
+                lowered.set()
+        self.call(step.compile)
 
     def _abstract_state(self) -> TrainState:
         return jax.tree.map(

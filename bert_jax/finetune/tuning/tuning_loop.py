@@ -187,8 +187,8 @@ def run_steps(
     """Trains on `count` rows (`rows_batch(global row indices)` gives this host's batch: see
     `batches.gather_rows`) for `settings.epochs`, from `state`, or from what `state()` makes
     once the first batch's step is compiled (`tuner.compile_train_step`, on another thread, with
-    the predict step for `predict_ahead`, this host's first evaluation batch, beside it from when
-    the train step is lowered, and `while_compiling()` on this thread: reading the encoder's
+    the predict step for `predict_ahead`, this host's first evaluation batch, lowered before it
+    and compiling beside it, and `while_compiling()` on this thread: reading the encoder's
     params, say) and its compiler's freed memory is handed back;
     `evaluate(params)` after every epoch (with `eval_every_epoch`) and at the end. Log lines start
     with `name`. `lengths`: each row's real tokens (`batches.row_lengths`), which
@@ -223,15 +223,20 @@ def run_steps(
     if callable(state):
         pool = concurrent.futures.ThreadPoolExecutor(2, "compile-ahead")
         try:
-            lowered = threading.Event()
-            compiling = [pool.submit(tuner.compile_train_step, first, dropout_rng, lowered)]
-            # Tracing the train step is Python under the GIL, and the first step waits for it:
-            # the state and the predict step (Python too) start once it is lowered, while XLA
-            # compiles it outside the GIL. Started together, they made the first step ~1 s later.
-            lowered.wait()
+            # Tracing is Python under the GIL, one thread at a time, and XLA compiles outside it:
+            # the predict step is traced first (a forward pass, a fraction of the train step's
+            # trace) and XLA compiles it on the other core while the train step is traced, which
+            # otherwise ran on one core alone; traced side by side instead, the two made the
+            # first step ~1 s later.
+            compiling = []
             if predict_ahead is not None:
+                predict_lowered = threading.Event()
                 ahead = tuner.global_batch(predict_ahead)
-                compiling.append(pool.submit(tuner.compile_predict_step, ahead))
+                compiling.append(pool.submit(tuner.compile_predict_step, ahead, predict_lowered))
+                predict_lowered.wait()
+            lowered = threading.Event()
+            compiling.insert(0, pool.submit(tuner.compile_train_step, first, dropout_rng, lowered))
+            lowered.wait()
             # What makes the state compiles here, while this thread would wait anyway: made
             # after the compile, the state then costs its transfers, not two more compiles.
             tuner.compile_init(dropout_rng)
