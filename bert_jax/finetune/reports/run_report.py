@@ -22,6 +22,14 @@ def _shown(task: Task) -> list[str]:
     return [task.metrics[1], task.metrics[0]] if task.family == SPANS else [task.paper_metric]
 
 
+def load_plotting() -> None:
+    """Imports what `plot_history` draws with (matplotlib's figure and Agg canvas: ~0.5 s of
+    Python). A run that plots calls it while its first step compiles (`run_steps`'
+    `while_compiling`), where a core would otherwise wait, instead of after training."""
+    from matplotlib.backends import backend_agg  # noqa: F401
+    from matplotlib import figure  # noqa: F401
+
+
 def plot_history(path: str, result: Mapping[str, Any]) -> None:
     """Dev EM and F1 (SQuAD), span F1 (CoNLL-2003) or accuracy (SWAG) after each evaluation,
     with the paper's dev figures as lines (evaluations after every epoch with

@@ -251,7 +251,8 @@ def train_and_predict(
         predict_ahead=first_predict_batch(
             {key: arrays["dev"][key] for key in MODEL_KEYS}, settings.eval_batch_size, buckets
         ),
-        while_compiling=encoder.read_params,
+        # The params read, and the plot at the end's imports, while the first step compiles.
+        while_compiling=tuning_loop.in_order(encoder.read_params, run_report.load_plotting),
     )
     if on_trained is not None:
         on_trained({"params": trained.state.params})

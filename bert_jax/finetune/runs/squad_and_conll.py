@@ -208,6 +208,7 @@ def _run_squad(encoder, task, splits, settings, options, log, mesh, on_trained=N
         log=log,
         mesh=mesh,
         on_trained=on_trained,
+        while_compiling=run_report.load_plotting,  # for the plot at the end
     )
     found = answers(run.logits)
     outputs = {
@@ -259,6 +260,7 @@ def _run_ner(encoder, task, splits, settings, options, log, mesh, on_trained=Non
         final_arrays={} if test_features is None else {"test": test_features.arrays},
         mesh=mesh,
         on_trained=on_trained,
+        while_compiling=run_report.load_plotting,  # for the plot at the end
     )
     _, dev_predicted = score(dev, dev_features, run.logits)
     outputs = {"dev_predictions.txt": ner.conll_text(dev, dev_predicted)}

@@ -240,13 +240,16 @@ def train_and_evaluate(
     final_arrays: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     on_trained: Callable[[Mapping[str, Any]], None] | None = None,
+    while_compiling: Callable[[], object] | None = None,
 ) -> TokenRun:
     """Fine-tune on `train_arrays`; `evaluate(logits of eval_arrays)` at the end (and after every
     epoch with `settings.eval_every_epoch`). Returns the loop's outcome (the last metrics,
     history, loss and steps), the final eval logits for the caller's output files and those of
     each of `final_arrays` (e.g. a test split), predicted once at the end. `mesh` defaults to
     one of `settings.mesh_shape` over every device. `on_trained`, when given, receives
-    {"params": the trained params} (the model to keep)."""
+    {"params": the trained params} (the model to keep); `while_compiling`, when given, runs
+    after the encoder's params are read, while the first step compiles (what the caller needs
+    later, imported ahead: `run_report.load_plotting`)."""
     started = time.time()
     mesh = mesh if mesh is not None else partitioning.make_mesh(settings.mesh_shape)
     config = tuning_loop.run_config(encoder, settings, mesh)
@@ -279,7 +282,7 @@ def train_and_evaluate(
         predict_ahead=packing.first_predict_batch(
             {key: eval_arrays[key] for key in MODEL_KEYS}, settings.eval_batch_size, buckets
         ),
-        while_compiling=encoder.read_params,
+        while_compiling=tuning_loop.in_order(encoder.read_params, while_compiling),
     )
     if on_trained is not None:
         on_trained({"params": trained.state.params})

@@ -291,6 +291,17 @@ def run_steps(
     )
 
 
+def in_order(*calls: Callable[[], object] | None) -> Callable[[], None]:
+    """One `while_compiling` for `run_steps` from several (None: nothing), called in order."""
+
+    def call_each() -> None:
+        for call in calls:
+            if call is not None:
+                call()
+
+    return call_each
+
+
 def log_interval(log_every: int, num_steps: int) -> int:
     """Steps between progress lines: `log_every`, or fewer where a run is short, so that every
     run shows at least four lines (39 steps at log_every 100: every 10)."""
