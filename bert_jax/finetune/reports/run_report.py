@@ -23,8 +23,8 @@ def _shown(task: Task) -> list[str]:
 
 
 def load_plotting() -> None:
-    """Imports what `plot_history` draws with (matplotlib's figure and Agg canvas: ~0.5 s of
-    Python). A run that plots calls it while its first step compiles (`run_steps`'
+    """Imports what `plot_history` draws with (matplotlib's figure and Agg canvas: 0.3-0.6 s
+    of Python). A run that plots calls it while its first step compiles (`run_steps`'
     `while_compiling`), where a core would otherwise wait, instead of after training."""
     from matplotlib import figure  # noqa: F401
     from matplotlib.backends import backend_agg  # noqa: F401
