@@ -129,6 +129,7 @@ def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps
     transformers' places) draws its own mask: the rate is kept at each site, and no two masks of a
     step, no two steps' masks of a site and no two heads' attention masks are correlated."""
     from bert_jax.core import dropout as dropout_module
+    from bert_jax.core import shared_layers
     from bert_jax.finetune.heads.pooled import BertForSequenceClassification
     from tests.helpers import random_params, tiny_config
 
@@ -150,6 +151,9 @@ def test_a_fine_tuning_models_masks_are_independent_across_sites_heads_and_steps
 
     monkeypatch.setattr(dropout_module, "hash_bits", recorded_hash)
     monkeypatch.setattr(jax.random, "bernoulli", recorded_bernoulli)
+    # Each layer traced as a module, so each records its masks: a shared layer trace records
+    # them once, inside its own trace (test_model checks the shared layers draw these masks).
+    monkeypatch.setattr(shared_layers, "can_share", lambda *args, **kwargs: False)
     config = tiny_config(dropout_impl=impl, attention_impl="xla")
     model = BertForSequenceClassification(config, 2, 0.1)
     ids = np.random.default_rng(0).integers(5, config.vocab_size, (4, 16)).astype(np.int32)

@@ -12,14 +12,15 @@ import transformers
 
 from bert_jax.convert import hf as hf_convert
 from bert_jax.convert import mapping
-from bert_jax.core import losses, trainer
+from bert_jax.core import losses, shared_layers, trainer
 from bert_jax.core.layers import Embed
-from bert_jax.core.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.core.model import BertConfig, BertForPreTraining, BertLayer, BertModel
 from tests.helpers import (
     REAL_SENTENCES,
     hf_config,
     minilm_dir,
     random_batch,
+    random_params,
     tiny_config,
 )
 
@@ -376,6 +377,55 @@ def test_remat_gives_the_same_losses_and_gradients(remat, plain_step):
     assert _remat_count(traced) == config.num_hidden_layers, _remat_count(traced)
     with pytest.raises(ValueError, match="remat"):
         BertConfig(remat="some")
+
+
+# make test checks remat "none"; make test-slow "full" too (tests/conftest.py names it).
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_layers_share_one_trace_and_draw_each_layers_own_masks(remat, monkeypatch):
+    """The encoder's layers run as calls of one traced layer (one for the sparse last layer),
+    and with dropout on their loss and gradients are bit for bit those of the layers applied
+    one by one as modules: each layer still draws its own masks."""
+    config = tiny_config(num_hidden_layers=3, remat=remat)
+    model = BertForPreTraining(config)
+    inputs = trainer.model_inputs(REMAT_BATCH)
+    params = random_params(model, **inputs)["params"]
+    forward = jax.make_jaxpr(
+        lambda p: model.apply(
+            {"params": p}, **inputs, deterministic=False, rngs={"dropout": jax.random.key(3)}
+        )
+    )(params)
+    calls = [
+        eqn.params["jaxpr"]
+        for eqn in _primitives(forward.jaxpr)
+        if eqn.primitive.name == "jit" and eqn.params["name"] == "_apply"
+    ]
+    assert len(calls) == config.num_hidden_layers
+    assert len({id(jaxpr) for jaxpr in calls}) == 2  # every position, the heads' positions
+    shared = _remat_step(model)(params)
+    monkeypatch.setattr(shared_layers, "can_share", lambda *args, **kwargs: False)
+    one_by_one = _remat_step(model)(params)
+    assert jax.tree.structure(shared) == jax.tree.structure(one_by_one)
+    for (path, value), again in zip(
+        jax.tree_util.tree_leaves_with_path(one_by_one), jax.tree.leaves(shared), strict=True
+    ):
+        np.testing.assert_array_equal(again, value, err_msg=jax.tree_util.keystr(path))
+
+
+def test_a_shared_layer_refuses_a_dropout_draw_it_does_not_declare(monkeypatch):
+    """A draw at a site missing from the layer's DROPOUT_SITES would get no constants of its
+    own: tracing stops there, naming the site."""
+    monkeypatch.setattr(BertLayer, "DROPOUT_SITES", {("Dropout_0",): 2})
+    config = tiny_config(num_hidden_layers=1)
+    model = BertForPreTraining(config)
+    inputs = trainer.model_inputs(REMAT_BATCH)
+    params = random_params(model, **inputs)["params"]
+    with pytest.raises(LookupError, match=r"\('attention', 'Dropout_0', 1\)"):
+        jax.eval_shape(
+            lambda p: model.apply(
+                {"params": p}, **inputs, deterministic=False, rngs={"dropout": jax.random.key(3)}
+            ),
+            params,
+        )
 
 
 def _at(tree, path):

@@ -30,8 +30,11 @@ Both scale the kept values by 1 / (1 - rate).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -67,21 +70,57 @@ def module_key_words(module: nn.Module, collection: str) -> Array:
     draw it (the module's path and its draw count), without a PRNG call: the path and count
     hashed at trace time, mixed into the words of the key `apply` was given (see the module's
     docstring). Falls back to `hash_key_words(module.make_rng(collection))` where the scope holds
-    no key of that collection (Flax then uses "params" or says what is missing)."""
+    no key of that collection (Flax then uses "params" or says what is missing). Inside
+    `site_constants` (a layer traced once for every layer, `shared_layers.py`) the path's
+    constants are that layer's, given as arguments."""
     scope = module.scope
     lazy = scope.rngs.get(collection) if scope is not None else None
     if not isinstance(lazy, flax_scope.LazyRng):
         return hash_key_words(module.make_rng(collection))
     scope.rng_counters[collection] += 1  # as make_rng counts draws
+    site = (*lazy.suffix, scope.rng_counters[collection])
+    given = _SITE_CONSTANTS.get()
+    if given is None:
+        return _key_words(lazy.rng, path_constants(site))
+    sites_collection, table = given
+    if collection != sites_collection or site not in table:
+        raise LookupError(
+            f"dropout draw {site} ({collection!r}) is not among the shared layer's declared "
+            f"sites {sorted(table)} ({sites_collection!r}): declare it in the layer's "
+            "DROPOUT_SITES"
+        )
+    return _key_words(lazy.rng, table[site])
+
+
+def path_constants(site: tuple[str | int, ...]) -> np.ndarray:
+    """Three uint32 constants of a draw `site` (the rng's path, then the draw count), hashed as
+    Flax hashes the path it folds into a key (SHA-1 of each part)."""
     digest = hashlib.sha1()
-    for part in (*lazy.suffix, scope.rng_counters[collection]):
+    for part in site:
         digest.update(b"\0")
         if isinstance(part, str):
             digest.update(part.encode("utf-8"))
         else:
             digest.update(int(part).to_bytes(8, "big", signed=True))
-    c = np.frombuffer(digest.digest()[:12], ">u4").astype(np.uint32).reshape(3)
-    return _key_words(lazy.rng, c)
+    return np.frombuffer(digest.digest()[:12], ">u4").astype(np.uint32).reshape(3)
+
+
+# (collection, {site: constants}) while a shared layer is traced (`site_constants`).
+_SITE_CONSTANTS: contextvars.ContextVar[tuple[str, dict] | None] = contextvars.ContextVar(
+    "dropout_site_constants", default=None
+)
+
+
+@contextlib.contextmanager
+def site_constants(collection: str, table: dict[tuple, Array]) -> Iterator[None]:
+    """Within: `module_key_words` of `collection` takes each site's constants from `table`
+    (site relative to the traced layer -> its [3] uint32 constants, an argument of the trace)
+    instead of hashing the path, so one trace serves every layer with each layer's own masks."""
+    token = _SITE_CONSTANTS.set((collection, table))
+    try:
+        yield
+    finally:
+        _SITE_CONSTANTS.reset(token)
 
 
 @jax.jit

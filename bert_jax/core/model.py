@@ -27,12 +27,13 @@ the forward pass from attention up, read against the paper's section 3.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.core import shared_layers
 from bert_jax.core.attend import attend
 from bert_jax.core.bert_config import ACTIVATIONS, REMAT_POLICIES, BertConfig
 from bert_jax.core.dropout import Dropout
@@ -138,6 +139,13 @@ class BertLayer(nn.Module):
     """
 
     config: BertConfig
+    # Where the layer draws dropout (path within the layer -> draws a step): the hidden
+    # dropout after attention and after the FFN, the probabilities' in attention
+    # (`shared_layers.py` gives each layer its own masks by these).
+    DROPOUT_SITES: ClassVar[dict[tuple[str, ...], int]] = {
+        ("Dropout_0",): 2,
+        ("attention", "Dropout_0"): 1,
+    }
 
     @nn.compact
     def __call__(
@@ -191,19 +199,39 @@ class BertEncoder(nn.Module):
         With `last_layer_positions` ([batch, q]; `last_layer_mask` holds its q query rows) the
         last layer runs only at those positions and its output is [batch, q, hidden].
         """
+        cfg = self.config
         all_hidden = [hidden]
-        last = self.config.num_hidden_layers - 1
+        last = cfg.num_hidden_layers - 1
+        policy = REMAT_POLICIES[cfg.remat]
         layer_class = BertLayer
-        if self.config.remat != "none":
+        if cfg.remat != "none":
             # `deterministic` (argument 3, counting the module) is a Python bool: static.
-            policy = REMAT_POLICIES[self.config.remat]
             layer_class = nn.remat(BertLayer, policy=policy, static_argnums=(3,))
-        for i in range(self.config.num_hidden_layers):
-            layer = layer_class(self.config, name=f"layer_{i}")
+        dropout_active = not deterministic and (
+            cfg.hidden_dropout_prob > 0 or cfg.attention_probs_dropout_prob > 0
+        )
+        for i in range(cfg.num_hidden_layers):
+            name = f"layer_{i}"
+            mask, positions = mask_Bx1xQxK, None
             if i == last and last_layer_positions is not None:
-                hidden = layer(hidden, last_layer_mask, deterministic, last_layer_positions)
+                mask, positions = last_layer_mask, last_layer_positions
+            if shared_layers.can_share(
+                self, name, dropout_active=dropout_active, dropout_impl=cfg.dropout_impl
+            ):
+                hidden = shared_layers.apply_shared(
+                    self,
+                    BertLayer(cfg, parent=None),
+                    name,
+                    hidden,
+                    mask,
+                    deterministic=deterministic,
+                    query_positions=positions,
+                    dropout_sites=BertLayer.DROPOUT_SITES,
+                    remat=cfg.remat != "none",
+                    remat_policy=policy,
+                )
             else:
-                hidden = layer(hidden, mask_Bx1xQxK, deterministic)
+                hidden = layer_class(cfg, name=name)(hidden, mask, deterministic, positions)
             all_hidden.append(hidden)
         return hidden, tuple(all_hidden)
 
