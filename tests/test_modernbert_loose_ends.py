@@ -14,7 +14,7 @@ import pytest
 
 from bert_jax.configs import bert as bert_configs
 from bert_jax.convert import model_dir
-from bert_jax.core import optim
+from bert_jax.core import hf_adamw
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.core.trainer import pretraining_model
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
@@ -81,7 +81,7 @@ def test_adamw_hf_leaves_modernberts_pad_row_untrained():
     model = pretraining_model(config)
     ids = jnp.array([[2, 5, 0, 7]], jnp.int32)
     params = random_params(model, ids, jnp.ones_like(ids))["params"]  # the init is not tested
-    tx = optim.torch_adamw(lambda _: 1e-3, padding_row=config.pad_token_id)
+    tx = hf_adamw.torch_adamw(lambda _: 1e-3, padding_row=config.pad_token_id)
 
     @jax.jit  # eagerly, the update goes op by op (seconds on CPU)
     def first_update(params):

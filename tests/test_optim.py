@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax.core import optim
+from bert_jax.core import hf_adamw, optim
 
 
 def test_warmup_then_linear_decay_values():
@@ -151,23 +151,37 @@ def test_bert_adamw_equals_optax_adamw_with_the_same_mask():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        {},
-        {"bias_correction": False},
+ONE_PASS_CASES = {
+    "bert-paper": (optim.bert_adamw, optim.bert_adamw_chain, {}),
+    "bert-original-code": (optim.bert_adamw, optim.bert_adamw_chain, {"bias_correction": False}),
+    "bert-plain-adam": (
+        optim.bert_adamw,
+        optim.bert_adamw_chain,
         {"clip_norm": None, "weight_decay": 0.0},
-        {"clip_norm": 1e3},
-    ],
-    ids=["paper", "original-code", "plain-adam", "clip-inactive"],
-)
-def test_bert_adamw_is_its_optax_chain_in_one_pass(settings):
-    """The one-pass update equals the chain of optax transforms, clipping on and off, and keeps
-    the chain's state (so checkpoints restore into either)."""
+    ),
+    "bert-clip-inactive": (optim.bert_adamw, optim.bert_adamw_chain, {"clip_norm": 1e3}),
+    "torch": (hf_adamw.torch_adamw, hf_adamw.torch_adamw_chain, {}),
+    "torch-padding-row": (hf_adamw.torch_adamw, hf_adamw.torch_adamw_chain, {"padding_row": 3}),
+    "torch-plain-adam": (
+        hf_adamw.torch_adamw,
+        hf_adamw.torch_adamw_chain,
+        {"clip_norm": None, "weight_decay": 0.0},
+    ),
+    "torch-clip-inactive": (hf_adamw.torch_adamw, hf_adamw.torch_adamw_chain, {"clip_norm": 1e3}),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_PASS_CASES))
+def test_one_pass_optimizers_are_their_optax_chains(case):
+    """`bert_adamw` and `torch_adamw` (one jitted pass per parameter) equal their chains of
+    optax transforms bit for bit, clipping on and off, and keep the chain's state (so
+    checkpoints restore into either)."""
+    fused_of, chain_of, settings = ONE_PASS_CASES[case]
     rng = np.random.default_rng(1)
     shapes = {
         "embeddings": {"word_embeddings": {"embedding": (50, 8)}, "LayerNorm": {"scale": (8,)}},
         "dense": {"kernel": (8, 16), "bias": (16,)},
+        "other": {"kernel": (8, 16), "bias": (16,)},  # shapes shared: one trace serves both
     }
     params = jax.tree.map(
         lambda s: jnp.asarray(rng.normal(size=s), jnp.float32),
@@ -175,8 +189,8 @@ def test_bert_adamw_is_its_optax_chain_in_one_pass(settings):
         is_leaf=lambda x: isinstance(x, tuple),
     )
     schedule = optim.warmup_decay(1e-2, 2, 10)
-    fused = optim.bert_adamw(schedule, **settings)
-    chain = optim.bert_adamw_chain(schedule, **settings)
+    fused = fused_of(schedule, **settings)
+    chain = chain_of(schedule, **settings)
     p1, p2 = params, params
     s1, s2 = jax.jit(fused.init)(params), jax.jit(chain.init)(params)
     assert jax.tree.structure(s1) == jax.tree.structure(s2)
@@ -186,13 +200,20 @@ def test_bert_adamw_is_its_optax_chain_in_one_pass(settings):
         u1, s1, p1 = step1(g, s1, p1)
         u2, s2, p2 = step2(g, s2, p2)
         for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2), strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9)
+            np.testing.assert_array_equal(a, b)
     assert jax.tree.structure(s1) == jax.tree.structure(s2)
-    for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s2), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
+    for a, b in zip(jax.tree.leaves((s1, p1)), jax.tree.leaves((s2, p2)), strict=True):
+        np.testing.assert_array_equal(a, b)
     if settings.get("weight_decay", 0.01):
         with pytest.raises(ValueError, match="needs the parameters"):
             fused.update(g, s1)
+
+
+def test_global_norm_is_optax_tree_norm():
+    rng = np.random.default_rng(2)
+    tree = {"a": jnp.asarray(rng.normal(size=(7, 3)), jnp.float32), "b": [jnp.float32(-2.5)]}
+    np.testing.assert_array_equal(optim.global_norm(tree), optax.tree.norm(tree))
+    np.testing.assert_array_equal(jax.jit(optim.global_norm)(tree), optax.tree.norm(tree))
 
 
 def test_no_bias_correction_follows_the_original_update_rule():

@@ -9,6 +9,8 @@ for large batches; ModernBERT's StableAdamW is in stable_adamw.py.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -172,47 +174,95 @@ def bert_adamw(
     def update(updates, state, params=None):
         if weight_decay and params is None:
             raise ValueError("bert_adamw with weight decay needs the parameters in update()")
+        keep = norm = None
         if clip_norm:
-            norm = optax.tree.norm(updates)
+            norm = global_norm(updates)
             keep = jnp.squeeze(norm < clip_norm)
-        parts = list(state)  # the chain's states, in order
-        (adam,) = [i for i, part in enumerate(parts) if isinstance(part, _ADAM_STATES)]
-        moments = parts[adam]
-        lr = schedule  # a constant learning rate is a scale with no state
-        for i, part in enumerate(parts):
-            if isinstance(part, optax.ScaleByScheduleState):
-                lr = schedule(part.count)
-                parts[i] = part._replace(count=optax.safe_increment(part.count))
+        parts, moments, count, lr = fused_parts(state, schedule, bias_correction)
+        corrections = None
         if bias_correction:
-            count = optax.safe_increment(moments.count)
-            correction1, correction2 = 1 - b1**count, 1 - b2**count
+            corrections = (1 - b1**count, 1 - b2**count)
         decays = decay_mask(updates) if weight_decay else jax.tree.map(lambda _: False, updates)
-
-        def one(g, m, v, p, decay):
-            if clip_norm:
-                g = jax.lax.select(keep, g, (g / norm.astype(g.dtype)) * clip_norm)
-            m = (1 - b1) * g + b1 * m
-            v = (1 - b2) * g**2 + b2 * v
-            if bias_correction:
-                m_hat = m / correction1.astype(m.dtype)
-                step = m_hat / (jnp.sqrt(v / correction2.astype(v.dtype)) + eps)
-            else:
-                step = m / (jnp.sqrt(v) + eps)
-            if decay:
-                step = step + weight_decay * p
-            return jnp.array(-lr, dtype=step.dtype) * step, m, v
-
         # Without weight decay the parameters are never read; the gradients stand in for them.
         params = updates if params is None else params
-        out = jax.tree.map(one, updates, moments.mu, moments.nu, params, decays)
-        treedef = jax.tree.structure(updates)
-        leaves = treedef.flatten_up_to(out)
-        steps, mu, nu = (treedef.unflatten([leaf[i] for leaf in leaves]) for i in range(3))
+        settings = dict(b1=b1, b2=b2, eps=eps, clip_norm=clip_norm)
+
+        def one(g, m, v, p, decay):
+            return _bert_adamw_leaf(
+                g, m, v, p, keep, norm, corrections, lr,
+                weight_decay=weight_decay if decay else 0.0, **settings,
+            )  # fmt: skip
+
+        steps, mu, nu = map_leaves(one, updates, moments.mu, moments.nu, params, decays)
         moments = moments._replace(mu=mu, nu=nu)
-        parts[adam] = moments._replace(count=count) if bias_correction else moments
+        parts[adam_index(parts)] = moments._replace(count=count) if bias_correction else moments
         return steps, tuple(parts)
 
     return optax.GradientTransformation(chain.init, update)
+
+
+def global_norm(tree: Any) -> jax.Array:
+    """`optax.tree.norm(tree)` (the L2 norm over every leaf), the same sum in the same order,
+    with each leaf's sum of squares a jitted function: a step's leaves of one shape share one
+    trace instead of each tracing its own ops."""
+    sums = [_sum_of_squares(leaf) for leaf in jax.tree.leaves(tree)]
+    return jnp.array(jnp.sqrt(functools.reduce(operator.add, sums, 0)))
+
+
+@functools.partial(jax.jit, inline=True)
+def _sum_of_squares(leaf: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.square(leaf.real) + jnp.square(leaf.imag))
+
+
+def adam_index(parts: list) -> int:
+    (adam,) = [i for i, part in enumerate(parts) if isinstance(part, _ADAM_STATES)]
+    return adam
+
+
+def fused_parts(state: tuple, schedule: Schedule, bias_correction: bool) -> tuple:
+    """A one-pass update's view of its chain's state: the parts (a list, the schedule's count
+    advanced), Adam's moments, Adam's next count and the step's learning rate."""
+    parts = list(state)  # the chain's states, in order
+    moments = parts[adam_index(parts)]
+    lr = schedule  # a constant learning rate is a scale with no state
+    for i, part in enumerate(parts):
+        if isinstance(part, optax.ScaleByScheduleState):
+            lr = schedule(part.count)
+            parts[i] = part._replace(count=optax.safe_increment(part.count))
+    count = optax.safe_increment(moments.count) if bias_correction else None
+    return parts, moments, count, lr
+
+
+def map_leaves(one: Callable, updates: Any, *trees: Any) -> tuple:
+    """`one` over the leaves of `updates` and `trees`; its tuple of results as a tuple of trees
+    shaped as `updates`."""
+    treedef = jax.tree.structure(updates)
+    out = jax.tree.map(one, updates, *trees)
+    leaves = treedef.flatten_up_to(out)
+    return tuple(treedef.unflatten([leaf[i] for leaf in leaves]) for i in range(len(leaves[0])))
+
+
+@functools.partial(
+    jax.jit, inline=True, static_argnames=("b1", "b2", "eps", "clip_norm", "weight_decay")
+)
+def _bert_adamw_leaf(
+    g, m, v, p, keep, norm, corrections, lr, *, b1, b2, eps, clip_norm, weight_decay
+):
+    """One parameter's `bert_adamw` update: (step, m, v). Jitted, its settings static: the
+    parameters of one shape share a trace."""
+    if clip_norm:
+        g = jax.lax.select(keep, g, (g / norm.astype(g.dtype)) * clip_norm)
+    m = (1 - b1) * g + b1 * m
+    v = (1 - b2) * g**2 + b2 * v
+    if corrections is not None:
+        correction1, correction2 = corrections
+        m_hat = m / correction1.astype(m.dtype)
+        step = m_hat / (jnp.sqrt(v / correction2.astype(v.dtype)) + eps)
+    else:
+        step = m / (jnp.sqrt(v) + eps)
+    if weight_decay:
+        step = step + weight_decay * p
+    return jnp.array(-lr, dtype=step.dtype) * step, m, v
 
 
 def bert_adamw_chain(
@@ -358,69 +408,3 @@ def from_config(
     else:
         raise UserError(f"optimizer.name={opt_config.name!r} is not one of {OPTIMIZERS}")
     return tx, schedule
-
-
-# ------------------------------------------------------------------------------------------------
-# Hugging Face's fine-tuning recipe (the `Trainer`'s defaults), for step-for-step comparisons
-# ------------------------------------------------------------------------------------------------
-
-
-def clip_by_global_norm_torch(max_norm: float) -> optax.GradientTransformation:
-    """`torch.nn.utils.clip_grad_norm_`: every gradient times min(1, max_norm / (norm + 1e-6))."""
-
-    def update(updates, state, params=None):
-        del params
-        norm = optax.tree.norm(updates)
-        scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
-        return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
-
-    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
-
-
-# The token-embedding tables whose [PAD] row transformers never trains: BERT's word embeddings,
-# ModernBERT's token embeddings (the tied decoder reads the same table).
-TOKEN_EMBEDDING_TABLES = ("word_embeddings", "tok_embeddings")
-
-
-def no_gradient_to_embedding_row(row: int) -> optax.GradientTransformation:
-    """Zeroes the gradient of one row of the token embeddings (`.../word_embeddings/embedding`,
-    ModernBERT's `.../tok_embeddings/embedding`), as `torch.nn.Embedding(padding_idx=row)` never
-    gives that row one."""
-
-    def update(updates, state, params=None):
-        del params
-
-        def zero_row(path, g):
-            names = [getattr(key, "key", None) for key in path[-2:]]
-            table = names[0] if names[-1:] == ["embedding"] and len(names) == 2 else None
-            return g.at[row].set(0) if table in TOKEN_EMBEDDING_TABLES else g
-
-        return jax.tree_util.tree_map_with_path(zero_row, updates), state
-
-    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
-
-
-def torch_adamw(
-    schedule: Schedule,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    weight_decay: float = 0.01,
-    clip_norm: float | None = 1.0,
-    padding_row: int | None = None,
-) -> optax.GradientTransformation:
-    """`torch.optim.AdamW` as Hugging Face's `Trainer` runs it: gradients clipped by
-    `clip_grad_norm_`, bias-corrected Adam with eps 1e-8 outside the square root, decoupled weight
-    decay (lr * weight_decay * p) on the parameters `decay_mask` marks (the Trainer's groups skip
-    biases and LayerNorm weights alike). `padding_row`: the [PAD] row of the word embeddings gets
-    no gradient, as in `transformers`' BERT (its embedding's `padding_idx`)."""
-    chain = []
-    if padding_row is not None:
-        chain.append(no_gradient_to_embedding_row(padding_row))
-    if clip_norm:
-        chain.append(clip_by_global_norm_torch(clip_norm))
-    chain.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
-    if weight_decay:
-        chain.append(optax.add_decayed_weights(weight_decay, mask=decay_mask))
-    chain.append(optax.scale_by_learning_rate(schedule))
-    return optax.chain(*chain)

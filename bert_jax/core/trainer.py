@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax.core import losses, partitioning
+from bert_jax.core import losses, optim, partitioning
 from bert_jax.core.model import BertConfig, BertForPreTraining
 from bert_jax.core.modernbert import ModernBertForMaskedLM
 from bert_jax.core.modernbert_config import ModernBertConfig
@@ -217,15 +217,14 @@ def update(
 
     if applied is not None:
         grads = jax.lax.with_sharding_constraint(grads, applied)
-    grad_norm = optax.tree.norm(grads)
+    grad_norm = optim.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def apply_update(operands):
         params, opt_state, grads = operands
         updates, opt_state = tx.update(grads, opt_state, params)
-        if learning_rate is not None:
-            updates = jax.tree.map(lambda u: (learning_rate * u).astype(u.dtype), updates)
-        return optax.apply_updates(params, updates), opt_state
+        apply = functools.partial(_apply_update, learning_rate=learning_rate)
+        return jax.tree.map(apply, params, updates), opt_state
 
     def skip_update(operands):
         params, opt_state, _ = operands
@@ -250,6 +249,15 @@ def update(
         "skipped_steps": new_state.skipped,
     }
     return new_state, metrics
+
+
+@functools.partial(jax.jit, inline=True)
+def _apply_update(param: Array, update: Array, learning_rate: Array | None) -> Array:
+    """`optax.apply_updates` of one parameter, its update scaled by `learning_rate` when given.
+    Jitted: the parameters of one shape share a trace."""
+    if learning_rate is not None:
+        update = (learning_rate * update).astype(update.dtype)
+    return jnp.asarray(param + update).astype(jnp.asarray(param).dtype)
 
 
 def pretraining_model(config: BertConfig | ModernBertConfig) -> nn.Module:

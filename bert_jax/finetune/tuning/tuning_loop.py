@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax.core import attention, optim, partitioning
+from bert_jax.core import attention, hf_adamw, optim, partitioning
 from bert_jax.core.model import BertConfig
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.core.trainer import TrainState
@@ -58,7 +58,7 @@ def make_optimizer(
     does (it matters where the loss reads padding positions: SQuAD's softmax over the window)."""
     check_optimizer(settings)
     if settings.optimizer == "adamw-hf":
-        return optim.torch_adamw(
+        return hf_adamw.torch_adamw(
             unit_schedule,
             eps=settings.adam_epsilon,
             weight_decay=settings.weight_decay,

@@ -1,0 +1,145 @@
+"""`torch.optim.AdamW` as Hugging Face's `Trainer` runs it (fine-tuning's "adamw-hf" optimizer,
+for step-for-step comparisons with `transformers`): its gradient clipping, the [PAD] row of the
+word embeddings left untrained, bias-corrected Adam with eps outside the square root, decoupled
+weight decay on the parameters `optim.decay_mask` marks. `torch_adamw` runs it in one jitted
+pass per parameter (as `optim.bert_adamw`); `torch_adamw_chain` is the same as optax transforms,
+the reference for its math and state.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bert_jax.core.optim import (
+    Schedule,
+    adam_index,
+    decay_mask,
+    fused_parts,
+    global_norm,
+    map_leaves,
+)
+
+
+def clip_by_global_norm_torch(max_norm: float) -> optax.GradientTransformation:
+    """`torch.nn.utils.clip_grad_norm_`: every gradient times min(1, max_norm / (norm + 1e-6))."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = global_norm(updates)
+        scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+        return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+# The token-embedding tables whose [PAD] row transformers never trains: BERT's word embeddings,
+# ModernBERT's token embeddings (the tied decoder reads the same table).
+TOKEN_EMBEDDING_TABLES = ("word_embeddings", "tok_embeddings")
+
+
+def no_gradient_to_embedding_row(row: int) -> optax.GradientTransformation:
+    """Zeroes the gradient of one row of the token embeddings (`.../word_embeddings/embedding`,
+    ModernBERT's `.../tok_embeddings/embedding`), as `torch.nn.Embedding(padding_idx=row)` never
+    gives that row one."""
+
+    def update(updates, state, params=None):
+        del params
+
+        def zero_row(path, g):
+            names = [getattr(key, "key", None) for key in path[-2:]]
+            table = names[0] if names[-1:] == ["embedding"] and len(names) == 2 else None
+            return g.at[row].set(0) if table in TOKEN_EMBEDDING_TABLES else g
+
+        return jax.tree_util.tree_map_with_path(zero_row, updates), state
+
+    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+def torch_adamw(
+    schedule: Schedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    clip_norm: float | None = 1.0,
+    padding_row: int | None = None,
+) -> optax.GradientTransformation:
+    """`torch.optim.AdamW` as Hugging Face's `Trainer` runs it: gradients clipped by
+    `clip_grad_norm_`, bias-corrected Adam with eps 1e-8 outside the square root, decoupled weight
+    decay (lr * weight_decay * p) on the parameters `decay_mask` marks (the Trainer's groups skip
+    biases and LayerNorm weights alike). `padding_row`: the [PAD] row of the word embeddings gets
+    no gradient, as in `transformers`' BERT (its embedding's `padding_idx`).
+
+    The math and the state are the optax chain `torch_adamw_chain`'s, in one pass per parameter
+    (as `bert_adamw`): a jitted function per parameter, which the parameters of one shape share,
+    so a step traces the update for a few shapes instead of every transform for every leaf."""
+    chain = torch_adamw_chain(schedule, b1, b2, eps, weight_decay, clip_norm, padding_row)
+    unpadded = no_gradient_to_embedding_row(padding_row) if padding_row is not None else None
+
+    def update(updates, state, params=None):
+        if weight_decay and params is None:
+            raise ValueError("torch_adamw with weight decay needs the parameters in update()")
+        if unpadded is not None:
+            updates, _ = unpadded.update(updates, None)
+        scale = None
+        if clip_norm:
+            scale = jnp.minimum(1.0, clip_norm / (global_norm(updates) + 1e-6))
+        parts, moments, count, lr = fused_parts(state, schedule, bias_correction=True)
+        corrections = (1 - b1**count, 1 - b2**count)
+        decays = decay_mask(updates) if weight_decay else jax.tree.map(lambda _: False, updates)
+        params = updates if params is None else params
+        settings = dict(b1=b1, b2=b2, eps=eps)
+
+        def one(g, m, v, p, decay):
+            return _torch_adamw_leaf(
+                g, m, v, p, scale, corrections, -1 * lr,
+                weight_decay=weight_decay if decay else 0.0, **settings,
+            )  # fmt: skip
+
+        steps, mu, nu = map_leaves(one, updates, moments.mu, moments.nu, params, decays)
+        parts[adam_index(parts)] = moments._replace(count=count, mu=mu, nu=nu)
+        return steps, tuple(parts)
+
+    return optax.GradientTransformation(chain.init, update)
+
+
+@functools.partial(jax.jit, inline=True, static_argnames=("b1", "b2", "eps", "weight_decay"))
+def _torch_adamw_leaf(g, m, v, p, scale, corrections, step_size, *, b1, b2, eps, weight_decay):
+    """One parameter's `torch_adamw` update: (step, m, v), the chain's operations in its order."""
+    if scale is not None:
+        g = (g * scale).astype(g.dtype)
+    m = (1 - b1) * g + b1 * m
+    v = (1 - b2) * g**2 + b2 * v
+    correction1, correction2 = corrections
+    m_hat = m / correction1.astype(m.dtype)
+    v_hat = v / correction2.astype(v.dtype)
+    step = m_hat / (jnp.sqrt(v_hat + 0.0) + eps)
+    if weight_decay:
+        step = step + weight_decay * p
+    return jnp.array(step_size, dtype=step.dtype) * step, m, v
+
+
+def torch_adamw_chain(
+    schedule: Schedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    clip_norm: float | None = 1.0,
+    padding_row: int | None = None,
+) -> optax.GradientTransformation:
+    """`torch_adamw` as a chain of optax transforms: the reference for its math and state."""
+    chain = []
+    if padding_row is not None:
+        chain.append(no_gradient_to_embedding_row(padding_row))
+    if clip_norm:
+        chain.append(clip_by_global_norm_torch(clip_norm))
+    chain.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+    if weight_decay:
+        chain.append(optax.add_decayed_weights(weight_decay, mask=decay_mask))
+    chain.append(optax.scale_by_learning_rate(schedule))
+    return optax.chain(*chain)
