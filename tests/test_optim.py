@@ -197,10 +197,15 @@ def test_one_pass_optimizers_are_their_optax_chains(case):
     step1, step2 = _compiled_step(fused), _compiled_step(chain)
     for scale in (1.0, 0.01, 3.0, 0.001, 1.0):  # global norms ~30, 0.3, 90, 0.03, 30
         g = jax.tree.map(lambda p, s=scale: jnp.asarray(s * rng.normal(size=p.shape), p.dtype), p1)
+        # Given the norm the trainer computed (`grad_norm`), the update is the same.
+        given = jax.jit(lambda g, s, p: fused.update(g, s, p, grad_norm=optim.global_norm(g)))
+        u3, s3 = given(g, s1, p1)
         u1, s1, p1 = step1(g, s1, p1)
         u2, s2, p2 = step2(g, s2, p2)
-        for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2), strict=True):
+        for a, b, c in zip(*map(jax.tree.leaves, (u1, u2, u3)), strict=True):
             np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(c, b)
+        assert jax.tree.structure(s3) == jax.tree.structure(s1)
     assert jax.tree.structure(s1) == jax.tree.structure(s2)
     for a, b in zip(jax.tree.leaves((s1, p1)), jax.tree.leaves((s2, p2)), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -248,3 +253,29 @@ def test_gradients_are_clipped_to_global_norm_one():
     first, _ = optax.clip_by_global_norm(1.0).update(grads, None)
     np.testing.assert_allclose(optax.tree.norm(first), 1.0, rtol=1e-6)
     assert np.isfinite(np.asarray(clipped["kernel"])).all()
+
+
+def test_no_gradient_to_padding_row_is_torchs_padding_idx():
+    """Forward the same table; backward the [PAD] row's gradient is zero, every other row's as
+    without it (`torch.nn.Embedding(padding_idx=...)`); other leaves untouched."""
+    rng = np.random.default_rng(3)
+    params = {
+        "embeddings": {"word_embeddings": {"embedding": jnp.asarray(rng.normal(size=(6, 4)))}},
+        "dense": {"kernel": jnp.asarray(rng.normal(size=(4, 4)))},
+    }
+    ids = jnp.array([0, 2, 0, 5, 2])
+
+    def loss(p):
+        rows = p["embeddings"]["word_embeddings"]["embedding"][ids]
+        return jnp.sum(jnp.tanh(rows @ p["dense"]["kernel"]))
+
+    plain = jax.grad(loss)(params)
+    wrapped = jax.grad(lambda p: loss(hf_adamw.no_gradient_to_padding_row(p, 0)))(params)
+    np.testing.assert_array_equal(
+        loss(hf_adamw.no_gradient_to_padding_row(params, 0)), loss(params)
+    )
+    table, table_plain = (g["embeddings"]["word_embeddings"]["embedding"] for g in (wrapped, plain))
+    assert np.abs(np.asarray(table_plain[0])).sum() > 0
+    np.testing.assert_array_equal(table[0], np.zeros(4))
+    np.testing.assert_array_equal(table[1:], table_plain[1:])
+    np.testing.assert_array_equal(wrapped["dense"]["kernel"], plain["dense"]["kernel"])

@@ -9,6 +9,7 @@ the reference for its math and state.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +60,36 @@ def no_gradient_to_embedding_row(row: int) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
+def no_gradient_to_padding_row(params: Any, row: int) -> Any:
+    """`params` as a loss reads them so that the token embeddings' `row` gets no gradient, as
+    `torch.nn.Embedding(padding_idx=row)` gives it none: the same arrays forward, that row of
+    their cotangent zeroed backward. The gradients, their norm and the clipping are then those of
+    `transformers`' model, and `torch_adamw` needs no `padding_row` of its own."""
+
+    def at(path, leaf):
+        names = [getattr(key, "key", None) for key in path[-2:]]
+        table = names[0] if names[-1:] == ["embedding"] and len(names) == 2 else None
+        return _no_gradient_to_row(leaf, row) if table in TOKEN_EMBEDDING_TABLES else leaf
+
+    return jax.tree_util.tree_map_with_path(at, params)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _no_gradient_to_row(table: jax.Array, row: int) -> jax.Array:
+    return table
+
+
+def _no_gradient_to_row_fwd(table, row):
+    return table, None
+
+
+def _no_gradient_to_row_bwd(row, _, cotangent):
+    return (cotangent.at[row].set(0),)
+
+
+_no_gradient_to_row.defvjp(_no_gradient_to_row_fwd, _no_gradient_to_row_bwd)
+
+
 def torch_adamw(
     schedule: Schedule,
     b1: float = 0.9,
@@ -76,18 +107,23 @@ def torch_adamw(
 
     The math and the state are the optax chain `torch_adamw_chain`'s, in one pass per parameter
     (as `bert_adamw`): a jitted function per parameter, which the parameters of one shape share,
-    so a step traces the update for a few shapes instead of every transform for every leaf."""
+    so a step traces the update for a few shapes instead of every transform for every leaf.
+    `update` takes the gradients' `grad_norm` (`optim.global_norm`) where the caller has it, as
+    `trainer.update` does: the clipping then computes it no second time (without `padding_row`,
+    whose zeroed row changes the norm; `no_gradient_to_padding_row` zeroes it in the loss)."""
     chain = torch_adamw_chain(schedule, b1, b2, eps, weight_decay, clip_norm, padding_row)
     unpadded = no_gradient_to_embedding_row(padding_row) if padding_row is not None else None
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, *, grad_norm=None):
         if weight_decay and params is None:
             raise ValueError("torch_adamw with weight decay needs the parameters in update()")
         if unpadded is not None:
             updates, _ = unpadded.update(updates, None)
+            grad_norm = None  # the norm of the gradients as given, not as clipped
         scale = None
         if clip_norm:
-            scale = jnp.minimum(1.0, clip_norm / (global_norm(updates) + 1e-6))
+            norm = global_norm(updates) if grad_norm is None else grad_norm
+            scale = jnp.minimum(1.0, clip_norm / (norm + 1e-6))
         parts, moments, count, lr = fused_parts(state, schedule, bias_correction=True)
         corrections = (1 - b1**count, 1 - b2**count)
         decays = decay_mask(updates) if weight_decay else jax.tree.map(lambda _: False, updates)
@@ -104,7 +140,7 @@ def torch_adamw(
         parts[adam_index(parts)] = moments._replace(count=count, mu=mu, nu=nu)
         return steps, tuple(parts)
 
-    return optax.GradientTransformation(chain.init, update)
+    return optax.GradientTransformationExtraArgs(chain.init, update)
 
 
 @functools.partial(jax.jit, inline=True, static_argnames=("b1", "b2", "eps", "weight_decay"))

@@ -167,16 +167,17 @@ def bert_adamw(
     so checkpoints are interchangeable). The update computes each parameter's clipped gradient,
     both moments and its update in one elementwise expression, which XLA fuses into fewer passes
     over memory than the chain's transform-by-transform trees (docs/performance.md has the
-    measured figures).
+    measured figures). `update` takes the gradients' `grad_norm` (`global_norm`) where the
+    caller has it, as `trainer.update` does, so the clipping computes it no second time.
     """
     chain = bert_adamw_chain(schedule, b1, b2, eps, weight_decay, clip_norm, bias_correction)
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, *, grad_norm=None):
         if weight_decay and params is None:
             raise ValueError("bert_adamw with weight decay needs the parameters in update()")
         keep = norm = None
         if clip_norm:
-            norm = global_norm(updates)
+            norm = global_norm(updates) if grad_norm is None else grad_norm
             keep = jnp.squeeze(norm < clip_norm)
         parts, moments, count, lr = fused_parts(state, schedule, bias_correction)
         corrections = None
@@ -198,7 +199,7 @@ def bert_adamw(
         parts[adam_index(parts)] = moments._replace(count=count) if bias_correction else moments
         return steps, tuple(parts)
 
-    return optax.GradientTransformation(chain.init, update)
+    return optax.GradientTransformationExtraArgs(chain.init, update)
 
 
 def global_norm(tree: Any) -> jax.Array:

@@ -222,7 +222,14 @@ def update(
 
     def apply_update(operands):
         params, opt_state, grads = operands
-        updates, opt_state = tx.update(grads, opt_state, params)
+        # The norm computed once: the one-pass optimizers clip by it (an extra argument; optax's
+        # chains pass it on to transforms that take it and ignore it elsewhere).
+        extra = (
+            {"grad_norm": grad_norm}
+            if isinstance(tx, optax.GradientTransformationExtraArgs)
+            else {}
+        )
+        updates, opt_state = tx.update(grads, opt_state, params, **extra)
         apply = functools.partial(_apply_update, learning_rate=learning_rate)
         return jax.tree.map(apply, params, updates), opt_state
 

@@ -54,7 +54,8 @@ class HeadTuner(trainer.ShardedSteps):
         rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
     ):
         self.model = model
-        self.tx = tuning_loop.make_optimizer(settings, pad_token_id=model.config.pad_token_id)
+        self.tx = tuning_loop.make_optimizer(settings)
+        self._loss_params = tuning_loop.loss_params(settings, model.config.pad_token_id)
         tokens = np.zeros((1, 8), np.int32)
         inputs = {"input_ids": tokens, "input_mask": np.ones_like(tokens), "segment_ids": tokens}
         init_fn = functools.partial(trainer.init_state, model=model, tx=self.tx, inputs=inputs)
@@ -107,7 +108,7 @@ class HeadTuner(trainer.ShardedSteps):
         total = jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
 
         def loss_fn(params, micro_batch, dropout_rng):
-            sums = sums_fn(params, micro_batch, dropout_rng)
+            sums = sums_fn(self._loss_params(params), micro_batch, dropout_rng)
             return sums["loss_sum"] / total, sums
 
         rows, *positions = batch["input_ids"].shape

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import threading
 import time
@@ -49,13 +50,10 @@ def unit_schedule(count: jax.Array) -> jax.Array:
     return jnp.ones((), jnp.float32)
 
 
-def make_optimizer(
-    settings: FinetuneSettings, pad_token_id: int | None = None
-) -> optax.GradientTransformation:
+def make_optimizer(settings: FinetuneSettings) -> optax.GradientTransformation:
     """The recipe's optimizer (`settings.optimizer`, one of `OPTIMIZERS`) with its weight decay,
     clipping and bias correction, and a unit schedule (the step scales it by the learning rate).
-    `pad_token_id`: "adamw-hf" leaves that word-embedding row untrained, as `transformers`' BERT
-    does (it matters where the loss reads padding positions: SQuAD's softmax over the window)."""
+    The loss reads the params through `loss_params`."""
     check_optimizer(settings)
     if settings.optimizer == "adamw-hf":
         return hf_adamw.torch_adamw(
@@ -63,7 +61,6 @@ def make_optimizer(
             eps=settings.adam_epsilon,
             weight_decay=settings.weight_decay,
             clip_norm=settings.clip_norm or None,
-            padding_row=pad_token_id,
         )
     return optim.bert_adamw(
         unit_schedule,
@@ -72,6 +69,16 @@ def make_optimizer(
         clip_norm=settings.clip_norm or None,
         bias_correction=settings.adam_bias_correction,
     )
+
+
+def loss_params(settings: FinetuneSettings, pad_token_id: int | None) -> Callable[[Any], Any]:
+    """What a fine-tuning loss reads the params through: under "adamw-hf" the word embeddings'
+    `pad_token_id` row gets no gradient, as `transformers`' BERT gives it none (it matters where
+    the loss reads padding positions: SQuAD's softmax over the window), so the gradients and
+    their clipped norm are transformers'; the params as they are otherwise."""
+    if settings.optimizer != "adamw-hf" or pad_token_id is None:
+        return lambda params: params
+    return functools.partial(hf_adamw.no_gradient_to_padding_row, row=pad_token_id)
 
 
 def check_optimizer(settings: FinetuneSettings) -> None:
