@@ -441,3 +441,39 @@ def test_bpe_tokenizer_gives_transformers_ids(tmp_path):
     assert pickle.loads(pickle.dumps(ours)).encode(SENTENCE) == ours.encode(SENTENCE)
     with pytest.raises(UserError, match="keeps case as its file says"):
         load_tokenizer(str(tmp_path / "tokenizer.json"), lowercase=True)
+
+
+def test_layers_share_a_trace_per_kind_and_draw_each_layers_own_masks(monkeypatch):
+    """ModernBERT's layers run as calls of one traced layer per kind (the first, the global
+    ones, the sliding-window ones), and with dropout on their loss and gradients are bit for bit
+    those of the layers applied one by one as modules."""
+    from bert_jax.core import shared_layers
+    from tests.helpers import random_params
+    from tests.modernbert_fixtures import CONFIG
+
+    config = CONFIG.replace(num_hidden_layers=5, attention_dropout=0.1, mlp_dropout=0.1)
+    model = ModernBertForMaskedLM(config)
+    ids = np.random.default_rng(0).integers(5, config.vocab_size, (2, 16)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 11:] = 0
+    params = random_params(model, ids, mask)["params"]
+
+    def loss(p, key):
+        out = model.apply({"params": p}, ids, mask, deterministic=False, rngs={"dropout": key})
+        return jnp.sum(out["mlm_logits"] ** 2)
+
+    forward = jax.make_jaxpr(loss)(params, jax.random.key(1))
+    calls = [
+        eqn.params["jaxpr"]
+        for eqn in forward.jaxpr.eqns
+        if eqn.primitive.name == "jit" and eqn.params["name"] == "_apply"
+    ]
+    assert len(calls) == config.num_hidden_layers
+    assert len({id(jaxpr) for jaxpr in calls}) == 3
+    step = jax.jit(jax.value_and_grad(loss))
+    shared = step(params, jax.random.key(1))
+    monkeypatch.setattr(shared_layers, "can_share", lambda *args, **kwargs: False)
+    one_by_one = jax.jit(jax.value_and_grad(loss))(params, jax.random.key(1))
+    assert not np.array_equal(shared[0], jax.jit(loss)(params, jax.random.key(2)))
+    for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(one_by_one), strict=True):
+        np.testing.assert_array_equal(a, b)

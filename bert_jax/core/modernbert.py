@@ -28,11 +28,13 @@ ModernBertForMaskedLM; "(bias)": only where the config has biases):
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.core import local_attention
+from bert_jax.core import local_attention, shared_layers
 from bert_jax.core.attend import attend
 from bert_jax.core.bert_config import ACTIVATIONS, REMAT_POLICIES
 from bert_jax.core.dropout import Dropout
@@ -156,10 +158,18 @@ class ModernBertMLP(nn.Module):
 
 
 class ModernBertLayer(nn.Module):
-    """One pre-LN block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x))."""
+    """One pre-LN block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)). `first`: layer 0,
+    whose input is the embeddings' norm already (transformers: an Identity there)."""
 
     config: ModernBertConfig
-    index: int
+    first: bool
+    # Where the layer draws dropout (path within the layer -> draws a step), as
+    # `model.BertLayer.DROPOUT_SITES`: attention's probabilities and output, the MLP's.
+    DROPOUT_SITES: ClassVar[dict[tuple[str, ...], int]] = {
+        ("attn", "Dropout_0"): 1,
+        ("attn", "out_drop"): 1,
+        ("mlp", "drop"): 1,
+    }
 
     @nn.compact
     def __call__(
@@ -171,8 +181,7 @@ class ModernBertLayer(nn.Module):
         deterministic: bool,
     ) -> Array:
         cfg = self.config
-        # Layer 0's input is the embeddings' norm already (transformers: an Identity there).
-        normed = hidden if self.index == 0 else norm(cfg, "attn_norm")(hidden)
+        normed = hidden if self.first else norm(cfg, "attn_norm")(hidden)
         attention = ModernBertAttention(cfg, name="attn")
         hidden = hidden + attention(normed, mask_Bx1xQxK, cos, sin, deterministic)
         hidden = hidden + ModernBertMLP(cfg, name="mlp")(
@@ -234,16 +243,36 @@ class ModernBertModel(nn.Module):
                 local_mask = sliding_window(global_mask, length, cfg.local_attention)
             local_angles = rotary_angles(position_ids, cfg.head_dim, cfg.local_rope_theta)
             by_type[SLIDING] = (local_mask, *local_angles)
+        policy = REMAT_POLICIES[cfg.remat]
         layer_class = ModernBertLayer
         if cfg.remat != "none":
             # `deterministic` (argument 5, counting the module) is a Python bool: static.
-            layer_class = nn.remat(
-                ModernBertLayer, policy=REMAT_POLICIES[cfg.remat], static_argnums=(5,)
-            )
+            layer_class = nn.remat(ModernBertLayer, policy=policy, static_argnums=(5,))
+        dropout_active = not deterministic and (cfg.attention_dropout > 0 or cfg.mlp_dropout > 0)
         all_hidden = [hidden]
         for i, kind in enumerate(cfg.layer_types):
             mask, cos, sin = by_type[kind]
-            hidden = layer_class(cfg, i, name=f"layers_{i}")(hidden, mask, cos, sin, deterministic)
+            name = f"layers_{i}"
+            # Layers of one kind after the first share a trace (`shared_layers.py`).
+            if shared_layers.can_share(
+                self, name, dropout_active=dropout_active, dropout_impl=cfg.dropout_impl
+            ):
+                hidden = shared_layers.apply_shared(
+                    self,
+                    ModernBertLayer(cfg, i == 0, parent=None),
+                    name,
+                    hidden,
+                    mask,
+                    cos,
+                    sin,
+                    deterministic=deterministic,
+                    dropout_sites=ModernBertLayer.DROPOUT_SITES,
+                    remat=cfg.remat != "none",
+                    remat_policy=policy,
+                )
+            else:
+                layer = layer_class(cfg, i == 0, name=name)
+                hidden = layer(hidden, mask, cos, sin, deterministic)
             all_hidden.append(hidden)
         sequence_output = norm(cfg, "final_norm")(hidden)
         sequence_output = nn.with_logical_constraint(sequence_output, ("batch", "length", "embed"))
