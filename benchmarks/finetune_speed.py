@@ -253,15 +253,21 @@ def transformers_features(kind: str, data: str, split: str, tokenizer: Any, max_
         return features, "AutoModelForMultipleChoice", 4
     if kind == "squad":
         rows = _squad_rows(os.path.join(data, f"{split}-v1.1.json"))
+        # Every window of each context, as transformers' run_qa.py makes them (overflowing
+        # tokens) and bert-jax trains on them: at this length bert-jax's doc_stride (128) is
+        # longer than a window, so its windows follow one another, no overlap (stride 0).
         encoded = tokenizer(
             [q for q, *_ in rows],
             [c for _, c, *_ in rows],
             truncation="only_second",
             max_length=max_len,
+            stride=0,
+            return_overflowing_tokens=True,
             return_offsets_mapping=True,
         )
         features = []
-        for i, (_, _, answer_start, text) in enumerate(rows):
+        for i, example in enumerate(encoded["overflow_to_sample_mapping"]):
+            _, _, answer_start, text = rows[example]
             offsets, sequence = encoded["offset_mapping"][i], encoded.sequence_ids(i)
             answer_end = answer_start + len(text)
             start = end = 0  # [CLS] when the answer was cut off
@@ -273,7 +279,11 @@ def transformers_features(kind: str, data: str, split: str, tokenizer: Any, max_
             ):
                 start = next(t for t in inside if offsets[t][1] > answer_start)
                 end = max(t for t in inside if offsets[t][0] < answer_end)
-            row = {k: v[i] for k, v in encoded.items() if k != "offset_mapping"}
+            row = {
+                k: v[i]
+                for k, v in encoded.items()
+                if k not in ("offset_mapping", "overflow_to_sample_mapping")
+            }
             features.append({**row, "start_positions": start, "end_positions": end})
         return features, "AutoModelForQuestionAnswering", 2
     name = "eng.train" if split == "train" else "eng.testa"
