@@ -18,6 +18,8 @@ from bert_jax.core import hf_adamw
 from bert_jax.core.modernbert_config import ModernBertConfig
 from bert_jax.core.trainer import pretraining_model
 from bert_jax.data.tokenizers.load_or_train import load_tokenizer
+from bert_jax.finetune.tuning import tuning_loop
+from bert_jax.finetune.tuning.settings import FinetuneSettings
 from bert_jax.runtime.errors import UserError
 from bert_jax.training import load_model, pretrain
 from tests.helpers import random_params
@@ -81,11 +83,16 @@ def test_adamw_hf_leaves_modernberts_pad_row_untrained():
     model = pretraining_model(config)
     ids = jnp.array([[2, 5, 0, 7]], jnp.int32)
     params = random_params(model, ids, jnp.ones_like(ids))["params"]  # the init is not tested
-    tx = hf_adamw.torch_adamw(lambda _: 1e-3, padding_row=config.pad_token_id)
+    settings = FinetuneSettings(optimizer="adamw-hf")
+    tx = hf_adamw.torch_adamw(lambda _: 1e-3)
+    loss_params = tuning_loop.loss_params(settings, config.pad_token_id)
 
     @jax.jit  # eagerly, the update goes op by op (seconds on CPU)
     def first_update(params):
-        grads = jax.tree.map(jnp.ones_like, params)
+        # A gradient of one for every parameter, as the loss reads them under "adamw-hf".
+        grads = jax.grad(lambda p: sum(jnp.sum(leaf) for leaf in jax.tree.leaves(loss_params(p))))(
+            params
+        )
         return tx.update(grads, tx.init(params), params)[0]
 
     updates = first_update(params)

@@ -161,7 +161,6 @@ ONE_PASS_CASES = {
     ),
     "bert-clip-inactive": (optim.bert_adamw, optim.bert_adamw_chain, {"clip_norm": 1e3}),
     "torch": (hf_adamw.torch_adamw, hf_adamw.torch_adamw_chain, {}),
-    "torch-padding-row": (hf_adamw.torch_adamw, hf_adamw.torch_adamw_chain, {"padding_row": 3}),
     "torch-plain-adam": (
         hf_adamw.torch_adamw,
         hf_adamw.torch_adamw_chain,

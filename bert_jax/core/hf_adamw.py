@@ -1,7 +1,8 @@
 """`torch.optim.AdamW` as Hugging Face's `Trainer` runs it (fine-tuning's "adamw-hf" optimizer,
-for step-for-step comparisons with `transformers`): its gradient clipping, the [PAD] row of the
-word embeddings left untrained, bias-corrected Adam with eps outside the square root, decoupled
-weight decay on the parameters `optim.decay_mask` marks. `torch_adamw` runs it in one jitted
+for step-for-step comparisons with `transformers`): its gradient clipping, bias-corrected Adam
+with eps outside the square root, decoupled weight decay on the parameters `optim.decay_mask`
+marks, and the [PAD] row of the token embeddings left untrained (`no_gradient_to_padding_row`,
+what the loss reads the params through). `torch_adamw` runs it in one jitted
 pass per parameter (as `optim.bert_adamw`); `torch_adamw_chain` is the same as optax transforms,
 the reference for its math and state.
 """
@@ -42,29 +43,11 @@ def clip_by_global_norm_torch(max_norm: float) -> optax.GradientTransformation:
 TOKEN_EMBEDDING_TABLES = ("word_embeddings", "tok_embeddings")
 
 
-def no_gradient_to_embedding_row(row: int) -> optax.GradientTransformation:
-    """Zeroes the gradient of one row of the token embeddings (`.../word_embeddings/embedding`,
-    ModernBERT's `.../tok_embeddings/embedding`), as `torch.nn.Embedding(padding_idx=row)` never
-    gives that row one."""
-
-    def update(updates, state, params=None):
-        del params
-
-        def zero_row(path, g):
-            names = [getattr(key, "key", None) for key in path[-2:]]
-            table = names[0] if names[-1:] == ["embedding"] and len(names) == 2 else None
-            return g.at[row].set(0) if table in TOKEN_EMBEDDING_TABLES else g
-
-        return jax.tree_util.tree_map_with_path(zero_row, updates), state
-
-    return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
-
-
 def no_gradient_to_padding_row(params: Any, row: int) -> Any:
     """`params` as a loss reads them so that the token embeddings' `row` gets no gradient, as
     `torch.nn.Embedding(padding_idx=row)` gives it none: the same arrays forward, that row of
     their cotangent zeroed backward. The gradients, their norm and the clipping are then those of
-    `transformers`' model, and `torch_adamw` needs no `padding_row` of its own."""
+    `transformers`' model."""
 
     def at(path, leaf):
         names = [getattr(key, "key", None) for key in path[-2:]]
@@ -97,29 +80,23 @@ def torch_adamw(
     eps: float = 1e-8,
     weight_decay: float = 0.01,
     clip_norm: float | None = 1.0,
-    padding_row: int | None = None,
 ) -> optax.GradientTransformation:
     """`torch.optim.AdamW` as Hugging Face's `Trainer` runs it: gradients clipped by
     `clip_grad_norm_`, bias-corrected Adam with eps 1e-8 outside the square root, decoupled weight
     decay (lr * weight_decay * p) on the parameters `decay_mask` marks (the Trainer's groups skip
-    biases and LayerNorm weights alike). `padding_row`: the [PAD] row of the word embeddings gets
-    no gradient, as in `transformers`' BERT (its embedding's `padding_idx`).
+    biases and LayerNorm weights alike). The [PAD] row's missing gradient is the loss's
+    (`no_gradient_to_padding_row`), as transformers' embedding (`padding_idx`) gives it none.
 
     The math and the state are the optax chain `torch_adamw_chain`'s, in one pass per parameter
     (as `bert_adamw`): a jitted function per parameter, which the parameters of one shape share,
     so a step traces the update for a few shapes instead of every transform for every leaf.
     `update` takes the gradients' `grad_norm` (`optim.global_norm`) where the caller has it, as
-    `trainer.update` does: the clipping then computes it no second time (without `padding_row`,
-    whose zeroed row changes the norm; `no_gradient_to_padding_row` zeroes it in the loss)."""
-    chain = torch_adamw_chain(schedule, b1, b2, eps, weight_decay, clip_norm, padding_row)
-    unpadded = no_gradient_to_embedding_row(padding_row) if padding_row is not None else None
+    `trainer.update` does: the clipping then computes it no second time."""
+    chain = torch_adamw_chain(schedule, b1, b2, eps, weight_decay, clip_norm)
 
     def update(updates, state, params=None, *, grad_norm=None):
         if weight_decay and params is None:
             raise ValueError("torch_adamw with weight decay needs the parameters in update()")
-        if unpadded is not None:
-            updates, _ = unpadded.update(updates, None)
-            grad_norm = None  # the norm of the gradients as given, not as clipped
         scale = None
         if clip_norm:
             norm = global_norm(updates) if grad_norm is None else grad_norm
@@ -166,12 +143,9 @@ def torch_adamw_chain(
     eps: float = 1e-8,
     weight_decay: float = 0.01,
     clip_norm: float | None = 1.0,
-    padding_row: int | None = None,
 ) -> optax.GradientTransformation:
     """`torch_adamw` as a chain of optax transforms: the reference for its math and state."""
     chain = []
-    if padding_row is not None:
-        chain.append(no_gradient_to_embedding_row(padding_row))
     if clip_norm:
         chain.append(clip_by_global_norm_torch(clip_norm))
     chain.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
