@@ -31,7 +31,9 @@ warmup, dropout 0.1, every core. bert-jax runs `bert-jax finetune` with the same
 loop alone (transformers' loop, timed inside its process; bert-jax's steps, result.json's
 `train_seconds`: no start-up, compile of the first step, evaluation or saving), each side's CPU
 seconds (user + system, the steadier figure on a shared machine) and the machine's load
-average before each run.
+average before each run; below it, each bert-jax run's ratio against transformers' run beside it
+(the spread the medians hide), and the CPU the runs shared (its model, CPUs and widest vector
+instructions: the ratios move with them, so a table says which machine it came from).
 
 `bert-jax` commands keep what they compile in JAX's persistent compilation cache, so a second run
 of the same task reads its steps back instead of compiling them. bert-jax runs twice per repeat
@@ -47,6 +49,7 @@ import argparse
 import json
 import math
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -591,10 +594,55 @@ def main(argv: list[str] | None = None) -> int:
                 )
     print()
     print(table(results))
-    summary = {"settings": vars(args), "results": results}
+    print(run_by_run(results))
+    about = machine()
+    print(f"machine: {about['cpu']}, {about['cpus']} CPUs, {about['vector_isa']}")
+    summary = {"settings": vars(args), "machine": about, "results": results}
     with open(os.path.join(args.workdir, "finetune_speed.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return 0
+
+
+def machine() -> dict[str, Any]:
+    """The CPU the runs shared: its model, logical CPUs and widest vector instructions (ratios
+    move with them: a step's matmuls gain more from AVX-512 than PyTorch's did on one machine
+    against another, so a table says which it came from)."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            info = dict(
+                (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in f) if v
+            )
+        cpu = info.get("model name", cpu)
+        if "cpu family" in info:
+            cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
+        flags = set(info.get("flags", "").split())
+    except OSError:  # not Linux: the model name platform gives
+        pass
+    isa = next((name for flag, name in VECTOR_ISAS if flag in flags), "vector instructions unknown")
+    return {"cpu": cpu, "cpus": os.cpu_count(), "vector_isa": isa}
+
+
+# The /proc/cpuinfo flag of each vector instruction set, widest first.
+VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
+
+
+def run_by_run(results: dict[str, dict[str, list[dict]]]) -> str:
+    """Each bert-jax run's examples a second against transformers' run of the same repeat (the
+    two ran beside each other), with the load before each: how far the medians' ratios spread."""
+    lines = []
+    for kind, runs in results.items():
+        peer = runs.get(SIDES[1], [])
+        for name, figures in runs.items():
+            if name == SIDES[1] or not peer:
+                continue
+            pairs = ", ".join(
+                f"{mine['examples_per_s'] / theirs['examples_per_s']:.2f}x "
+                f"(load {mine['load_before']:.1f})"
+                for mine, theirs in zip(figures, peer)
+            )
+            lines.append(f"{kind} {name}, run by run: {pairs}")
+    return "\n".join(lines)
 
 
 def label(side: str, cache: str = "") -> str:
