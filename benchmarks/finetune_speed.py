@@ -603,6 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The /proc/cpuinfo flag of each vector instruction set, widest first.
+VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
+
+
 def machine() -> dict[str, Any]:
     """The CPU the runs shared: its model, logical CPUs and widest vector instructions (ratios
     move with them: a step's matmuls gain more from AVX-512 than PyTorch's did on one machine
@@ -621,10 +625,6 @@ def machine() -> dict[str, Any]:
         pass
     isa = next((name for flag, name in VECTOR_ISAS if flag in flags), "vector instructions unknown")
     return {"cpu": cpu, "cpus": os.cpu_count(), "vector_isa": isa}
-
-
-# The /proc/cpuinfo flag of each vector instruction set, widest first.
-VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
 
 
 def run_by_run(results: dict[str, dict[str, list[dict]]]) -> str:
